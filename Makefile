@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` (main job) and `make test` (the whole check CI runs).
+# Both start from nothing: scripts/bootstrap.sh creates .venv and installs pinned packages.
+SHELL := /bin/bash
+VENV := .venv/bin
+DEMO_ARGS ?=
+
+.PHONY: setup demo test lint typecheck contracts contracts-check pytest clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	@bash scripts/demo.sh $(DEMO_ARGS)
+
+test: setup contracts-check lint typecheck pytest
+
+lint: setup
+	$(VENV)/ruff check game trainer_node auditor_node tests
+	$(VENV)/ruff format --check game trainer_node auditor_node tests
+
+typecheck: setup
+	$(VENV)/mypy
+
+# Rebuild the committed ABI/bytecode from contracts/*.sol with the pinned solc.
+contracts: setup
+	node contracts/build.mjs
+
+# Fail if a fresh compile differs from the committed build output, byte for byte.
+contracts-check: setup
+	node contracts/build.mjs --check
+
+pytest: setup
+	$(VENV)/python -m pytest -n 2 --timeout=900 $(PYTEST_ARGS)
+
+clean:
+	rm -rf .venv contracts/node_modules .pytest_cache .mypy_cache .ruff_cache

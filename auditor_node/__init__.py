@@ -1,0 +1,1 @@
+"""The auditor agent (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Chain backends, deployment and the typed client of the verification game contract."""

@@ -1,0 +1,30 @@
+"""The ``vgame`` command line: one entry point, subcommands, ``--json`` output for scripts."""
+
+from __future__ import annotations
+
+from game.cli.app import app, err_console
+from game.errors import VGameError
+
+
+def _register() -> None:
+    # Each module registers its commands on ``app`` when imported.
+    import importlib
+
+    for name in ("training", "bench"):
+        try:
+            importlib.import_module(f"game.cli.{name}")
+        except ModuleNotFoundError as exc:  # a module not written yet must not break the others
+            if exc.name != f"game.cli.{name}":
+                raise
+
+
+def main() -> None:
+    """Console-script entry point: turn our errors into a one-line message and exit code 2."""
+    _register()
+    try:
+        app()
+    except VGameError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

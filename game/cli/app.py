@@ -1,0 +1,41 @@
+"""The shared Typer application and helpers every subcommand module uses.
+
+Subcommand modules (``training``, ``bench``, ...) import :data:`app` and register commands on it;
+they import torch and web3 inside the command functions so ``vgame --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from game.errors import VGameError
+
+app = typer.Typer(
+    name="vgame",
+    help="Verifiable ML training: bit-exact replay across hardware, settled by an on-chain verification game.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks, reported as ratios measured side by side in one run.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document on stdout (the ``--json`` contract for scripts)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(err: VGameError | str, code: int = 2) -> typer.Exit:
+    """Print an error for people on stderr and return the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {err}")
+    return typer.Exit(code)

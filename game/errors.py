@@ -1,0 +1,49 @@
+"""One exception tree for the whole project.
+
+Every error raised on purpose derives from :class:`VGameError`, mixed with the builtin that best
+describes it, so callers can catch either ``VGameError`` (anything of ours) or the builtin.
+Sub-areas add their own subclasses next to their code but always root them here:
+
+* training core: :class:`TrainingError` and children (rounding, log, transcript, replay);
+* Merkle and hashing: :class:`MerkleError`;
+* chain and contract: :class:`ChainError`, :class:`VerificationGameError` (decoded custom errors);
+* configuration and user input: :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+
+class VGameError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ConfigError(VGameError, ValueError):
+    """A task config, preset name, profile name or CLI argument is invalid."""
+
+
+class MerkleError(VGameError, ValueError):
+    """A Merkle tree, leaf or inclusion proof is malformed."""
+
+
+class TrainingError(VGameError, RuntimeError):
+    """Training, replay or audit could not go on."""
+
+
+class NonFiniteError(TrainingError, ArithmeticError):
+    """NaN or infinity appeared in training; the message names the step and the op."""
+
+
+class RoundingLogError(TrainingError):
+    """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
+
+
+class TranscriptError(TrainingError):
+    """A transcript directory is missing files, inconsistent or does not match its manifest."""
+
+
+class ChainError(VGameError, RuntimeError):
+    """Talking to a chain backend failed (node not reachable, transaction failed, bad key)."""
+
+
+class VerificationGameError(ChainError):
+    """The game contract refused a call; subclasses mirror the contract's custom errors."""

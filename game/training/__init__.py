@@ -1,0 +1,1 @@
+"""Deterministic training core: rounding, rounding log, hashing, RNG, presets, profiles, step engine."""

@@ -1,0 +1,1 @@
+"""The trainer agent (see docs/architecture.md)."""
