@@ -22,7 +22,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-bench_app = typer.Typer(help="Benchmarks, reported as ratios measured side by side in one run.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks, reported as ratios measured side by side in one run.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 
 console = Console()

@@ -1,0 +1,336 @@
+"""The auditor agent: fetch the transcript, replay it on its own profile, challenge and bisect.
+
+Once the task is committed, :meth:`AuditorAgent.step` fetches the sealed transcript named by the
+on-chain ``transcriptId``, checks it against every committed value (spec hash, state root, log
+root, leaf count), replays it on the auditor's own profile with the trainer's rounding log
+(``game.training.session.audit``: after a divergence the auditor keeps its own honest trajectory and
+runs a step without corrections when the trainer's chunk no longer fits) and keeps its own leaves
+in ``workdir/task-<id>/auditor.json``. Bisection answers come from those leaves; the game id is found again
+from ``Challenged`` events, so nothing is sent twice after a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from game.agents import (
+    ActionSink,
+    AgentAction,
+    AgentError,
+    ProgressSink,
+    StateFile,
+    action_from_receipt,
+    atomic_write_bytes,
+    config_path,
+    games_of_task,
+    write_pre_state,
+)
+from game.chain.client import VerificationGameClient
+from game.chain.types import Game, Phase, Task, TaskStatus
+from game.errors import TranscriptError, VerificationGameError
+from game.protocol import decide_challenge, decide_response
+from game.store import BlobStore, StoreError, fetch_directory
+from game.training.transcript import Transcript
+
+log = logging.getLogger(__name__)
+
+ACTOR = "auditor"
+STATE_NAME = "auditor.json"
+TRANSCRIPT_DIR = "transcript"
+STRATEGIES = ("honest", "lying", "silent-after-challenge")
+
+
+class AuditorAgent:
+    """One task's auditor; ``strategy`` picks honest play or a misbehaviour for demos and tests."""
+
+    def __init__(
+        self,
+        client: VerificationGameClient,
+        task_id: int,
+        *,
+        profile: str,
+        workdir: Path,
+        store: BlobStore,
+        data_key: bytes,
+        strategy: str = "honest",
+        seed: int = 0,
+        evidence_dir: Path | None = None,
+        on_action: ActionSink | None = None,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise AgentError(f"auditor strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.client = client
+        self.task_id = task_id
+        self.profile = profile
+        self.workdir = Path(workdir)
+        self.store = store
+        self.data_key = data_key
+        self.strategy = strategy
+        self.seed = seed
+        self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
+        self.on_action = on_action
+        self.progress = progress
+        self.taskdir = self.workdir / f"task-{task_id}"  # one workdir may serve several tasks
+        self.taskdir.mkdir(parents=True, exist_ok=True)
+        self.state = StateFile(self.taskdir / STATE_NAME)
+
+    @property
+    def transcript_dir(self) -> Path:
+        return self.taskdir / TRANSCRIPT_DIR
+
+    @property
+    def verdict(self) -> str | None:
+        """ "match" when its replay reproduced the committed root, "mismatch" when not, None before."""
+        v = self.state.get("verdict")
+        return str(v) if v is not None else None
+
+    @property
+    def leaves(self) -> list[bytes]:
+        """The auditor's own leaves (empty before the replay)."""
+        return [bytes.fromhex(h) for h in self.state.get("leaves", [])]
+
+    # ------------------------------------------------------------------------------- step
+    def step(self) -> list[AgentAction]:
+        """Do everything due now; returns what was done (empty when nothing was due)."""
+        out: list[AgentAction] = []
+        task = self.client.task(self.task_id)
+        if task.status in (TaskStatus.COMMITTED, TaskStatus.FINALIZED):
+            if self.verdict is None:
+                self._replay(task, out)
+            if task.status == TaskStatus.COMMITTED:
+                self._maybe_challenge(task, out)
+                for gid in self.game_ids():
+                    self._play(gid, out)
+        self._withdraw(out)
+        return out
+
+    @property
+    def done(self) -> bool:
+        """Nothing left to do: the task is settled or decided on, own games ended, credit withdrawn."""
+        task = self.client.task(self.task_id)
+        if task.status == TaskStatus.CANCELLED:
+            return self.client.credit() == 0
+        if task.status == TaskStatus.OPEN or self.verdict is None:
+            return False
+        games = self.game_ids()
+        if any(self.client.game(g).phase != Phase.ENDED for g in games):
+            return False
+        if self.client.credit() != 0:
+            return False
+        if games or task.status == TaskStatus.FINALIZED:
+            return True
+        # no game: done unless it still means to challenge while the window is open
+        return not self._wants_challenge(task) or self.client.chain.now() + 1 >= task.window_ends
+
+    def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
+        out.append(action)
+        log.info("auditor task %d: %s %s", self.task_id, action.what, action.detail)
+        if self.on_action is not None:
+            self.on_action(action)
+
+    # ------------------------------------------------------------------------- replay
+    def _fetch(self, task: Task) -> Transcript:
+        """The committed transcript, fetched once, checked against every committed value."""
+        if self.state.get("fetched") != task.transcript_id.hex():
+            tmp = self.taskdir / ".fetching"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+            except StoreError as exc:
+                raise AgentError(f"cannot get the transcript of task {self.task_id}: {exc}") from exc
+            shutil.rmtree(self.transcript_dir, ignore_errors=True)
+            tmp.rename(self.transcript_dir)
+            self.state.update(fetched=task.transcript_id.hex())
+        t = Transcript(self.transcript_dir)
+        try:
+            t.verify()
+        except TranscriptError as exc:
+            raise AgentError(f"the transcript of task {self.task_id} is damaged: {exc}") from exc
+        m = t.manifest
+        checks = (
+            ("spec hash", t.spec_hash, task.spec_hash),
+            ("state root", bytes.fromhex(m.state_root or ""), task.state_root),
+            ("log root", bytes.fromhex(m.log_root or ""), task.log_root),
+            ("leaf count", m.num_leaves, task.num_leaves),
+        )
+        for what, theirs, onchain in checks:
+            if theirs != onchain:
+                raise AgentError(
+                    f"the published transcript's {what} is not the one committed for task {self.task_id}"
+                )
+        return t
+
+    def _replay(self, task: Task, out: list[AgentAction]) -> None:
+        from game.training.session import audit  # torch: only once there is work
+
+        self._fetch(task)
+        progress = self.progress
+
+        def tick(done: int, total: int) -> None:
+            if progress is not None:
+                progress("replay", done, total)
+
+        result = audit(self.transcript_dir, self.profile, use_log=True, progress=tick)
+        verdict = "match" if result.match else "mismatch"
+        self.state.update(
+            leaves=[h.hex() for h in result.leaves],
+            verdict=verdict,
+            first_divergent_step=result.first_divergent_step,
+        )
+        detail = f"{verdict} on {self.profile}, {result.corrections} corrections"
+        if result.first_divergent_step is not None:
+            detail += f", first divergent step {result.first_divergent_step}"
+        self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=detail))
+
+    # ----------------------------------------------------------------------- challenge
+    def _wants_challenge(self, task: Task) -> bool:
+        leaves = self.leaves
+        decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, leaves)
+        return decision.challenge or self.strategy != "honest"
+
+    def _dispute_init(self, task: Task) -> bool:
+        decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, self.leaves)
+        return decision.dispute_init or task.num_leaves == 1
+
+    def game_ids(self) -> list[int]:
+        """This auditor's games on the task (scanned from events; the scan position kept on disk)."""
+        known: list[int] = list(self.state.get("games", []))
+        start = int(self.state.get("scan_from", 0))
+        new, nxt = games_of_task(self.client, self.task_id, start, auditor=self.client.me)
+        merged = known + [g for g in new if g not in known]
+        if merged != known or nxt != start:
+            self.state.update(games=merged, scan_from=nxt)
+        return merged
+
+    def _maybe_challenge(self, task: Task, out: list[AgentAction]) -> None:
+        if self.game_ids() or not self._wants_challenge(task):
+            return
+        if self.client.chain.now() + 1 >= task.window_ends:
+            log.warning("task %d: the window closed before this auditor could challenge", self.task_id)
+            return
+        dispute_init = self._dispute_init(task)
+        try:
+            rec = self.client.challenge(self.task_id, dispute_init)
+        except VerificationGameError as exc:
+            log.warning("challenge of task %d refused: %s", self.task_id, exc)
+            return
+        gid = rec.result
+        if gid is not None:
+            self.state.update(games=[*self.state.get("games", []), gid])
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "challenge",
+                self.task_id,
+                rec,
+                game_id=gid,
+                leaf_index=0 if dispute_init else None,
+                detail="dispute the initial state" if dispute_init else f"[0, {task.num_leaves - 1}]",
+            ),
+        )
+
+    # --------------------------------------------------------------------------- play
+    def _answer(self, g: Game, gid: int) -> bool:
+        if self.strategy == "lying":
+            word = hashlib.sha256(f"vgame-lying-auditor:{self.seed}:{gid}:{g.lo}:{g.hi}".encode()).digest()
+            return bool(word[0] & 1)
+        return decide_response(g, self.leaves)
+
+    def _play(self, gid: int, out: list[AgentAction]) -> None:
+        g = self.client.game(gid)
+        if g.phase == Phase.ENDED:
+            return
+        now = self.client.chain.now()
+        deadline = self.client.deadline(gid)
+        if g.phase == Phase.AWAITING_RESPONSE:
+            if self.strategy == "silent-after-challenge" or now + 1 > deadline:
+                return
+            agree = self._answer(g, gid)
+            try:
+                rec = self.client.respond(gid, agree)
+            except VerificationGameError as exc:
+                log.warning("respond in game %d refused: %s", gid, exc)
+                return
+            self._emit(
+                out,
+                action_from_receipt(
+                    ACTOR,
+                    "respond",
+                    self.task_id,
+                    rec,
+                    game_id=gid,
+                    leaf_index=g.mid,
+                    detail="agree" if agree else "disagree",
+                ),
+            )
+        elif g.phase == Phase.AWAITING_REVEAL and now >= deadline:
+            self._timeout(gid, "trainer silent", out)
+        elif g.phase == Phase.PINNED:
+            if self.strategy != "silent-after-challenge":
+                self._leave_evidence(gid, g, out)
+            if now >= deadline:
+                self._timeout(gid, "judge silent: game void", out)
+
+    def _timeout(self, gid: int, detail: str, out: list[AgentAction]) -> None:
+        try:
+            rec = self.client.timeout(gid)
+        except VerificationGameError as exc:
+            log.info("timeout of game %d not possible yet: %s", gid, exc)
+            return
+        self._emit(out, action_from_receipt(ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=detail))
+
+    def _leave_evidence(self, gid: int, g: Game, out: list[AgentAction]) -> None:
+        """Hand the judge the pre-state of the pinned step (or the config for step 0), once."""
+        if self.evidence_dir is None or gid in self.state.get("evidence_for", []):
+            return
+        t = Transcript(self.transcript_dir)
+        if g.dispute_init:
+            path = config_path(self.evidence_dir, t.spec_hash)
+            atomic_write_bytes(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
+            detail = "task config for step 0"
+        else:
+            data = self._own_state_bytes(t, g.lo)
+            if hashlib.sha256(data).digest() != g.lo_leaf:
+                log.warning("game %d: own state at step %d is not the agreed leaf; no evidence", gid, g.lo)
+                self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
+                return
+            path = write_pre_state(self.evidence_dir, data)
+            detail = f"pre-state of step {g.hi} ({len(data)} bytes)"
+        self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
+        self._emit(
+            out, AgentAction(ACTOR, "evidence", self.task_id, game_id=gid, leaf_index=g.lo, detail=detail)
+        )
+        log.debug("evidence for game %d at %s", gid, path)
+
+    def _own_state_bytes(self, t: Transcript, step: int) -> bytes:
+        """Own canonical state after ``step``, replayed on own profile with the trainer's log."""
+        from game.training.profiles import get_profile
+        from game.training.state import decode_state, encode_state
+        from game.training.step import StepEngine
+
+        engine = StepEngine(t.config, get_profile(self.profile))
+        try:
+            start = t.nearest_checkpoint(step)
+            state = decode_state(t.load_checkpoint(start), t.config)
+        except TranscriptError:
+            start, state = 0, engine.init_state()
+        for s in range(start + 1, step + 1):
+            engine.run_step(state, s, mode="replay", log=t.read_log(s))
+        return encode_state(state)
+
+    # ---------------------------------------------------------------------------- money
+    def _withdraw(self, out: list[AgentAction]) -> None:
+        credit = self.client.credit()
+        if credit == 0:
+            return
+        rec = self.client.withdraw()
+        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=f"{credit} wei"))
+
+
+__all__ = ["STRATEGIES", "AuditorAgent"]

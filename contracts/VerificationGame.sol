@@ -1,0 +1,711 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.30;
+
+import {MerkleProof} from "./MerkleProof.sol";
+
+/// @title VerificationGame
+/// @notice Teutsch-Reitwiessner verification game for ML training. A client escrows a payment for a
+///         task; the trainer commits the Merkle root of its per-step state hashes; any auditor may
+///         challenge within a window; each challenge is a game that bisects [lo, hi] down to one
+///         step with a chess clock per party; the task's judge re-runs that step and rules.
+/// @dev    Interface and money rules: docs/contract.md. No owner, no admin function: every role and
+///         parameter is fixed at task creation. Pull payments only. Every loop is bounded.
+contract VerificationGame {
+    /*//////////////////////////////////////////////////////////////
+                                 TYPES
+    //////////////////////////////////////////////////////////////*/
+
+    enum TaskStatus {
+        None,
+        Open,
+        Committed,
+        Cancelled,
+        Finalized
+    }
+
+    enum Phase {
+        None,
+        AwaitingReveal,
+        AwaitingResponse,
+        Pinned,
+        Ended
+    }
+
+    enum Outcome {
+        None,
+        TrainerWon,
+        AuditorWon,
+        Void
+    }
+
+    enum EndReason {
+        None,
+        Ruling,
+        Timeout,
+        JudgeTimeout
+    }
+
+    /// @notice A task; packed so that a bisection move reads one slot of it for the trainer and the
+    ///         leaf count, and one for the state root.
+    struct Task {
+        // slot 0
+        address client;
+        uint32 clockAllowance;
+        uint32 challengeWindow;
+        TaskStatus status;
+        bool trainerLost;
+        bool anyVoid;
+        // slot 1
+        address trainer;
+        uint64 numLeaves;
+        uint32 liveGames;
+        // slot 2
+        address judge;
+        uint32 judgeWindow;
+        uint64 windowEnds;
+        // slot 3
+        uint128 trainerBond;
+        uint128 auditorBond;
+        // slot 4
+        uint128 payment;
+        // slots 5-10
+        bytes32 specHash;
+        bytes32 stateRoot;
+        bytes32 logRoot;
+        bytes32 transcriptId;
+        bytes32 firstLeaf;
+        bytes32 lastLeaf;
+    }
+
+    /// @notice One challenge as `game(gameId)` returns it (docs/contract.md "Types").
+    struct Game {
+        uint64 lo;
+        uint64 hi;
+        uint48 lastMoveAt;
+        uint32 trainerClock;
+        uint32 auditorClock;
+        Phase phase;
+        address auditor;
+        uint64 taskId;
+        bool disputeInit;
+        Outcome outcome;
+        EndReason reason;
+        bytes32 loLeaf;
+        bytes32 hiLeaf;
+        bytes32 midLeaf;
+    }
+
+    /// @notice A game in storage. Slot 0 holds everything a reveal reads and writes (position, both
+    ///         clocks, phase and task), so a bisection move touches as few cold slots as possible.
+    struct GameSlots {
+        // slot 0
+        uint48 lo;
+        uint48 hi;
+        uint40 lastMoveAt;
+        uint32 trainerClock;
+        uint32 auditorClock;
+        Phase phase;
+        uint48 taskId;
+        // slot 1
+        address auditor;
+        bool disputeInit;
+        Outcome outcome;
+        EndReason reason;
+        // slots 2-4
+        bytes32 loLeaf;
+        bytes32 hiLeaf;
+        bytes32 midLeaf;
+    }
+
+    /*//////////////////////////////////////////////////////////////
+                                 ERRORS
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice Thrown when a task is created without a payment.
+    error ZeroPayment();
+    /// @notice Thrown when the trainer or judge is the zero address, or the trainer is its own judge.
+    error InvalidRoles(address trainer, address judge);
+    /// @notice Thrown when the clock allowance, the challenge window or the judge window is zero.
+    error InvalidDurations(uint32 clockAllowance, uint32 challengeWindow, uint32 judgeWindow);
+    /// @notice Thrown when no task has this id.
+    error TaskNotFound(uint256 taskId);
+    /// @notice Thrown when no game has this id.
+    error GameNotFound(uint256 gameId);
+    /// @notice Thrown when the task's status does not allow the call.
+    error WrongTaskStatus(uint256 taskId, TaskStatus status);
+    /// @notice Thrown when the caller is not the one party allowed to make this call.
+    error Unauthorized(address caller, address expected);
+    /// @notice Thrown when the task's trainer or judge tries to challenge it.
+    error ChallengerNotAllowed(address caller);
+    /// @notice Thrown when the value sent is not exactly the bond the task fixed.
+    error WrongBond(uint256 sent, uint256 required);
+    /// @notice Thrown when a commitment claims zero leaves.
+    error InvalidLeafCount(uint64 numLeaves);
+    /// @notice Thrown when a leaf's inclusion proof does not verify against the state root.
+    error InvalidProof(uint64 index, bytes32 leaf);
+    /// @notice Thrown when a challenge comes at or after the end of the challenge window.
+    error WindowClosed(uint256 taskId, uint64 windowEnds);
+    /// @notice Thrown when a task is finalized before its challenge window ends.
+    error WindowOpen(uint256 taskId, uint64 windowEnds);
+    /// @notice Thrown when a task is finalized while some of its games have not ended.
+    error GamesLive(uint256 taskId, uint32 liveGames);
+    /// @notice Thrown when a bisection is asked for a commitment of one leaf (nothing to bisect).
+    error NothingToBisect(uint256 taskId);
+    /// @notice Thrown when a move, ruling or timeout targets a game that has ended.
+    error GameOver(uint256 gameId, Outcome outcome);
+    /// @notice Thrown when the game's phase does not accept this move.
+    error NotYourTurn(uint256 gameId, Phase phase);
+    /// @notice Thrown when a move or ruling comes after its deadline (the mover must be timed out).
+    error ClockExpired(uint256 gameId, uint64 deadline);
+    /// @notice Thrown when a timeout is claimed at or before the deadline.
+    error ClockRunning(uint256 gameId, uint64 deadline);
+    /// @notice Thrown when an account with no credit withdraws.
+    error NothingToWithdraw(address account);
+    /// @notice Thrown when sending a withdrawal fails (the receiver reverted).
+    error TransferFailed(address account, uint256 amount);
+
+    /*//////////////////////////////////////////////////////////////
+                                 EVENTS
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice A client created a task and escrowed `payment`.
+    event TaskCreated(
+        uint256 indexed taskId,
+        address indexed trainer,
+        address indexed judge,
+        address client,
+        bytes32 specHash,
+        uint128 payment,
+        uint128 trainerBond,
+        uint128 auditorBond,
+        uint32 clockAllowance,
+        uint32 challengeWindow,
+        uint32 judgeWindow
+    );
+    /// @notice The client cancelled a task before the commit; the payment is credited back.
+    event TaskCancelled(uint256 indexed taskId);
+    /// @notice The trainer committed; challenges are accepted until `windowEnds`.
+    event Committed(
+        uint256 indexed taskId,
+        bytes32 stateRoot,
+        bytes32 logRoot,
+        uint64 numLeaves,
+        bytes32 transcriptId,
+        bytes32 firstLeaf,
+        bytes32 lastLeaf,
+        uint64 windowEnds
+    );
+    /// @notice An auditor opened game `gameId` over `[lo, hi]`.
+    event Challenged(
+        uint256 indexed taskId, uint256 indexed gameId, address indexed auditor, bool disputeInit, uint64 lo, uint64 hi
+    );
+    /// @notice The trainer revealed leaf `index`; the auditor's clock runs.
+    event LeafRevealed(uint256 indexed gameId, uint64 index, bytes32 leaf, uint32 trainerClockLeft);
+    /// @notice The auditor answered; the interval is now `[lo, hi]`.
+    event Responded(uint256 indexed gameId, bool agree, uint64 lo, uint64 hi, uint32 auditorClockLeft);
+    /// @notice The game is down to step `step`; the judge must rule by `judgeDeadline`.
+    event StepPinned(
+        uint256 indexed gameId,
+        uint256 indexed taskId,
+        uint64 step,
+        bytes32 preLeaf,
+        bytes32 postLeaf,
+        uint64 judgeDeadline
+    );
+    /// @notice The judge posted the post-state hash it computed.
+    event Ruled(uint256 indexed gameId, bytes32 computed, bool trainerWon);
+    /// @notice A game ended; `winner` is the zero address when the game is void.
+    event GameEnded(
+        uint256 indexed gameId, uint256 indexed taskId, Outcome outcome, EndReason reason, address winner
+    );
+    /// @notice A task was settled after its window; `trainerPaid` says who got the payment.
+    event TaskFinalized(uint256 indexed taskId, bool trainerPaid);
+    /// @notice `amount` was added to `account`'s withdrawable credit.
+    event Credited(address indexed account, uint256 indexed taskId, uint256 amount);
+    /// @notice `account` withdrew `amount`.
+    event Withdrawn(address indexed account, uint256 amount);
+
+    /*//////////////////////////////////////////////////////////////
+                                 STORAGE
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice The longest inclusion proof accepted (a tree of 2^64 leaves is 64 levels deep).
+    uint256 public constant MAX_PROOF_LENGTH = MerkleProof.MAX_PROOF_LENGTH;
+    /// @notice The most leaves a commitment may have (indices are packed as uint48 in storage).
+    uint64 public constant MAX_LEAVES = 2 ** 48;
+
+    // Bit offsets of GameSlots slot 0 as solc packs it (first member in the lowest bits); reveal
+    // reads and writes that slot by hand. tests/contracts check every field through game().
+    // lastMoveAt is a uint40 of seconds: good until the year 36812.
+    uint256 internal constant HI_SHIFT = 48;
+    uint256 internal constant LAST_MOVE_SHIFT = 96;
+    uint256 internal constant TRAINER_CLOCK_SHIFT = 136;
+    uint256 internal constant PHASE_SHIFT = 200;
+    uint256 internal constant TASK_SHIFT = 208;
+    uint256 internal constant MASK48 = (1 << 48) - 1;
+    /// @dev Slot-0 bits a reveal keeps: lo, hi, the auditor's clock and the task (not lastMoveAt,
+    ///      the trainer's clock or the phase, which it rewrites).
+    uint256 internal constant REVEAL_KEEP =
+        ~((((1 << 40) - 1) << LAST_MOVE_SHIFT) | (((1 << 32) - 1) << TRAINER_CLOCK_SHIFT) | (0xff << PHASE_SHIFT));
+
+    uint256 internal _taskCount;
+    uint256 internal _gameCount;
+    mapping(uint256 taskId => Task) internal _tasks;
+    mapping(uint256 gameId => GameSlots) internal _games;
+    mapping(address account => uint256) internal _credit;
+
+    /*//////////////////////////////////////////////////////////////
+                                 TASKS
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice Create a task and escrow `msg.value` as the payment. Roles and parameters are final.
+    /// @param specHash Hash of the canonical task config (dataset hash included): the pre-state of step 0.
+    /// @param trainer The only address that may commit and reveal.
+    /// @param judge The only address that may rule pinned steps.
+    /// @param trainerBond Exact value the trainer posts with its commitment.
+    /// @param auditorBond Exact value each auditor posts with a challenge.
+    /// @param clockAllowance Seconds on each party's chess clock, per game.
+    /// @param challengeWindow Seconds after the commit during which challenges are accepted.
+    /// @param judgeWindow Seconds the judge has to rule once a step is pinned.
+    /// @return taskId The new task's id (ids start at 1).
+    function createTask(
+        bytes32 specHash,
+        address trainer,
+        address judge,
+        uint128 trainerBond,
+        uint128 auditorBond,
+        uint32 clockAllowance,
+        uint32 challengeWindow,
+        uint32 judgeWindow
+    ) external payable returns (uint256 taskId) {
+        // INVARIANT: a task escrows a payment.
+        if (msg.value == 0) revert ZeroPayment();
+        // INVARIANT: trainer and judge exist and are different parties.
+        if (trainer == address(0) || judge == address(0) || trainer == judge) revert InvalidRoles(trainer, judge);
+        // INVARIANT: every clock and window is positive.
+        if (clockAllowance == 0 || challengeWindow == 0 || judgeWindow == 0) {
+            revert InvalidDurations(clockAllowance, challengeWindow, judgeWindow);
+        }
+        taskId = ++_taskCount;
+        Task storage t = _tasks[taskId];
+        t.client = msg.sender;
+        t.clockAllowance = clockAllowance;
+        t.challengeWindow = challengeWindow;
+        t.status = TaskStatus.Open;
+        t.trainer = trainer;
+        t.judge = judge;
+        t.judgeWindow = judgeWindow;
+        t.trainerBond = trainerBond;
+        t.auditorBond = auditorBond;
+        // The whole ether supply is far below 2^128 wei, so the cast cannot truncate.
+        t.payment = uint128(msg.value);
+        t.specHash = specHash;
+        emit TaskCreated(
+            taskId,
+            trainer,
+            judge,
+            msg.sender,
+            specHash,
+            uint128(msg.value),
+            trainerBond,
+            auditorBond,
+            clockAllowance,
+            challengeWindow,
+            judgeWindow
+        );
+    }
+
+    /// @notice Cancel a task the trainer has not committed to; the payment is credited to the client.
+    /// @param taskId The task.
+    function cancel(uint256 taskId) external {
+        Task storage t = _task(taskId);
+        // INVARIANT: only an uncommitted task can be cancelled.
+        if (t.status != TaskStatus.Open) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: only the client cancels.
+        if (msg.sender != t.client) revert Unauthorized(msg.sender, t.client);
+        t.status = TaskStatus.Cancelled;
+        emit TaskCancelled(taskId);
+        _addCredit(t.client, taskId, t.payment);
+    }
+
+    /// @notice The trainer's commitment: roots, leaf count and both end leaves with their proofs.
+    /// @dev Verifying leaf 0 and leaf N-1 here fixes the bisection's endpoints for every game.
+    /// @param taskId The task.
+    /// @param stateRoot Root of the tree of per-step state hashes (leaf i = state after step i).
+    /// @param logRoot Root of the tree of rounding-log chunk hashes.
+    /// @param numLeaves N, the number of state leaves (steps + 1).
+    /// @param transcriptId Where the transcript can be fetched (content hash or locator hash).
+    /// @param firstLeaf Leaf 0, the initial state hash.
+    /// @param firstProof Inclusion proof of leaf 0.
+    /// @param lastLeaf Leaf N-1, the final state hash.
+    /// @param lastProof Inclusion proof of leaf N-1.
+    function commit(
+        uint256 taskId,
+        bytes32 stateRoot,
+        bytes32 logRoot,
+        uint64 numLeaves,
+        bytes32 transcriptId,
+        bytes32 firstLeaf,
+        bytes32[] calldata firstProof,
+        bytes32 lastLeaf,
+        bytes32[] calldata lastProof
+    ) external payable {
+        Task storage t = _task(taskId);
+        // INVARIANT: a task is committed once, and not after a cancel.
+        if (t.status != TaskStatus.Open) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: only the task's trainer commits.
+        if (msg.sender != t.trainer) revert Unauthorized(msg.sender, t.trainer);
+        // INVARIANT: the trainer posts exactly its bond.
+        if (msg.value != t.trainerBond) revert WrongBond(msg.value, t.trainerBond);
+        // INVARIANT: a commitment has at least the initial state, and at most MAX_LEAVES leaves.
+        if (numLeaves == 0 || numLeaves > MAX_LEAVES) revert InvalidLeafCount(numLeaves);
+        // INVARIANT: the initial and final leaves are in the committed tree.
+        if (!MerkleProof.verify(stateRoot, 0, numLeaves, firstLeaf, firstProof)) revert InvalidProof(0, firstLeaf);
+        if (!MerkleProof.verify(stateRoot, numLeaves - 1, numLeaves, lastLeaf, lastProof)) {
+            revert InvalidProof(numLeaves - 1, lastLeaf);
+        }
+        uint64 windowEnds = uint64(block.timestamp) + t.challengeWindow;
+        t.status = TaskStatus.Committed;
+        t.numLeaves = numLeaves;
+        t.windowEnds = windowEnds;
+        t.stateRoot = stateRoot;
+        t.logRoot = logRoot;
+        t.transcriptId = transcriptId;
+        t.firstLeaf = firstLeaf;
+        t.lastLeaf = lastLeaf;
+        emit Committed(taskId, stateRoot, logRoot, numLeaves, transcriptId, firstLeaf, lastLeaf, windowEnds);
+    }
+
+    /// @notice Settle a task after its window, once every game has ended (see docs/contract.md).
+    /// @param taskId The task.
+    function finalize(uint256 taskId) external {
+        Task storage t = _task(taskId);
+        // INVARIANT: only a committed task is settled, and only once.
+        if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: challenges are accepted until the window ends.
+        if (block.timestamp < t.windowEnds) revert WindowOpen(taskId, t.windowEnds);
+        // INVARIANT: every game has ended.
+        if (t.liveGames != 0) revert GamesLive(taskId, t.liveGames);
+        t.status = TaskStatus.Finalized;
+        bool trainerPaid = !t.trainerLost && !t.anyVoid;
+        emit TaskFinalized(taskId, trainerPaid);
+        if (trainerPaid) {
+            _addCredit(t.trainer, taskId, uint256(t.payment) + t.trainerBond);
+        } else {
+            _addCredit(t.client, taskId, t.payment);
+            // A void game shows no fault: the trainer keeps its bond unless it lost a game.
+            if (!t.trainerLost) _addCredit(t.trainer, taskId, t.trainerBond);
+        }
+    }
+
+    /*//////////////////////////////////////////////////////////////
+                                 GAMES
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice Challenge a commitment by posting the auditor bond; opens a new game.
+    /// @param taskId The committed task.
+    /// @param disputeInit True to dispute leaf 0 (the initialisation from the spec): pinned at once at
+    ///        step 0. False to bisect [0, N-1] with leaf 0 agreed and leaf N-1 disputed.
+    /// @return gameId The new game's id (ids start at 1).
+    function challenge(uint256 taskId, bool disputeInit) external payable returns (uint256 gameId) {
+        Task storage t = _task(taskId);
+        // INVARIANT: only a committed, unsettled task can be challenged.
+        if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: challenges come before the window ends.
+        if (block.timestamp >= t.windowEnds) revert WindowClosed(taskId, t.windowEnds);
+        // INVARIANT: the trainer and the judge cannot be auditors of the task.
+        if (msg.sender == t.trainer || msg.sender == t.judge) revert ChallengerNotAllowed(msg.sender);
+        // INVARIANT: the auditor posts exactly its bond.
+        if (msg.value != t.auditorBond) revert WrongBond(msg.value, t.auditorBond);
+        uint64 n = t.numLeaves;
+        // INVARIANT: a bisection needs two leaves.
+        if (!disputeInit && n == 1) revert NothingToBisect(taskId);
+
+        gameId = ++_gameCount;
+        ++t.liveGames;
+        GameSlots storage g = _games[gameId];
+        uint32 clock = t.clockAllowance;
+        // lo = hi = 0 for a disputeInit game: the pre-state of step 0 is the spec itself.
+        uint48 hi = disputeInit ? 0 : uint48(n - 1);
+        bool pinned = disputeInit || n == 2;
+        g.lo = 0;
+        g.hi = hi;
+        g.lastMoveAt = uint40(block.timestamp);
+        g.trainerClock = clock;
+        g.auditorClock = clock;
+        g.phase = pinned ? Phase.Pinned : Phase.AwaitingReveal;
+        // taskId <= _taskCount, which cannot reach 2^48 (one transaction per task).
+        g.taskId = uint48(taskId);
+        g.auditor = msg.sender;
+        g.disputeInit = disputeInit;
+        bytes32 preLeaf = disputeInit ? t.specHash : t.firstLeaf;
+        bytes32 postLeaf = disputeInit ? t.firstLeaf : t.lastLeaf;
+        g.loLeaf = preLeaf;
+        g.hiLeaf = postLeaf;
+        // Pre-fill the reveal slot so that every reveal rewrites a non-zero slot (cheaper).
+        g.midLeaf = postLeaf;
+        emit Challenged(taskId, gameId, msg.sender, disputeInit, 0, hi);
+        if (pinned) emit StepPinned(gameId, taskId, hi, preLeaf, postLeaf, uint64(block.timestamp) + t.judgeWindow);
+    }
+
+    /// @notice Trainer's move: reveal leaf mid = (lo + hi) / 2 with its proof against the state root.
+    /// @param gameId The game.
+    /// @param leaf The trainer's state hash after step mid.
+    /// @param proof Inclusion proof of `leaf` at index mid in the tree of N leaves.
+    function reveal(uint256 gameId, bytes32 leaf, bytes32[] calldata proof) external {
+        GameSlots storage g = _games[gameId];
+        // The hot path of the game: slot 0 is read once and written once, by hand (see GameSlots).
+        uint256 word;
+        assembly ("memory-safe") {
+            word := sload(g.slot)
+        }
+        Phase phase = Phase(uint8(word >> PHASE_SHIFT));
+        // INVARIANT: the game exists.
+        if (phase == Phase.None) revert GameNotFound(gameId);
+        Task storage t = _tasks[word >> TASK_SHIFT];
+        // INVARIANT: only the trainer reveals, and only when the auditor has answered the last leaf.
+        _checkTurn(gameId, phase, Phase.AwaitingReveal, t.trainer);
+        // INVARIANT: the trainer's clock has time left.
+        uint32 left = _spend(gameId, uint40(word >> LAST_MOVE_SHIFT), uint32(word >> TRAINER_CLOCK_SHIFT));
+        uint48 mid = uint48(((word & MASK48) + ((word >> HI_SHIFT) & MASK48)) >> 1);
+        // INVARIANT: the revealed leaf is leaf mid of the committed tree.
+        if (!MerkleProof.verify(t.stateRoot, mid, t.numLeaves, leaf, proof)) revert InvalidProof(mid, leaf);
+        word = (word & REVEAL_KEEP) | (block.timestamp << LAST_MOVE_SHIFT) | (uint256(left) << TRAINER_CLOCK_SHIFT)
+            | (uint256(Phase.AwaitingResponse) << PHASE_SHIFT);
+        assembly ("memory-safe") {
+            sstore(g.slot, word)
+        }
+        g.midLeaf = leaf;
+        emit LeafRevealed(gameId, mid, leaf, left);
+    }
+
+    /// @notice Auditor's move: agree with the revealed leaf (lo = mid) or dispute it (hi = mid).
+    /// @dev At hi == lo + 1 the step hi is pinned and the judge's window opens.
+    /// @param gameId The game.
+    /// @param agree True when the auditor's own state hash at mid equals the revealed leaf.
+    function respond(uint256 gameId, bool agree) external {
+        GameSlots storage g = _game(gameId);
+        // INVARIANT: only the auditor responds, and only to a revealed leaf.
+        _checkTurn(gameId, g.phase, Phase.AwaitingResponse, g.auditor);
+        // INVARIANT: the auditor's clock has time left.
+        uint32 left = _spend(gameId, g.lastMoveAt, g.auditorClock);
+        uint48 lo = g.lo;
+        uint48 hi = g.hi;
+        uint48 mid = uint48((uint256(lo) + hi) / 2);
+        bytes32 midLeaf = g.midLeaf;
+        if (agree) {
+            lo = mid;
+            g.loLeaf = midLeaf;
+        } else {
+            hi = mid;
+            g.hiLeaf = midLeaf;
+        }
+        bool pinned = hi == lo + 1;
+        g.lo = lo;
+        g.hi = hi;
+        g.lastMoveAt = uint40(block.timestamp);
+        g.auditorClock = left;
+        g.phase = pinned ? Phase.Pinned : Phase.AwaitingReveal;
+        emit Responded(gameId, agree, lo, hi, left);
+        if (pinned) {
+            uint256 taskId = g.taskId;
+            uint64 judgeDeadline = uint64(block.timestamp) + _tasks[taskId].judgeWindow;
+            emit StepPinned(gameId, taskId, hi, g.loLeaf, g.hiLeaf, judgeDeadline);
+        }
+    }
+
+    /// @notice The judge's ruling on the pinned step: the post-state hash it computed by re-running it.
+    /// @param gameId The pinned game.
+    /// @param computedPostState The judge's state hash after step hi, from leaf lo's state.
+    function rule(uint256 gameId, bytes32 computedPostState) external {
+        GameSlots storage g = _game(gameId);
+        Task storage t = _tasks[g.taskId];
+        // INVARIANT: only the task's judge rules, and only a pinned step.
+        _checkTurn(gameId, g.phase, Phase.Pinned, t.judge);
+        uint64 judgeDeadline = uint64(g.lastMoveAt) + t.judgeWindow;
+        // INVARIANT: the ruling comes by the judge's deadline.
+        if (block.timestamp > judgeDeadline) revert ClockExpired(gameId, judgeDeadline);
+        bool trainerWon = computedPostState == g.hiLeaf;
+        emit Ruled(gameId, computedPostState, trainerWon);
+        _end(gameId, g, t, trainerWon ? Outcome.TrainerWon : Outcome.AuditorWon, EndReason.Ruling);
+    }
+
+    /// @notice End a game whose mover's clock ran out (the mover loses) or whose judge deadline passed
+    ///         (the game is void). Anyone may call it.
+    /// @param gameId The game.
+    function timeout(uint256 gameId) external {
+        GameSlots storage g = _game(gameId);
+        Phase phase = g.phase;
+        // INVARIANT: an ended game stays ended.
+        if (phase == Phase.Ended) revert GameOver(gameId, g.outcome);
+        Task storage t = _tasks[g.taskId];
+        uint64 due = _deadline(g, t);
+        // INVARIANT: a timeout needs the deadline to have passed.
+        if (block.timestamp <= due) revert ClockRunning(gameId, due);
+        if (phase == Phase.AwaitingReveal) {
+            _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
+        } else if (phase == Phase.AwaitingResponse) {
+            _end(gameId, g, t, Outcome.TrainerWon, EndReason.Timeout);
+        } else {
+            _end(gameId, g, t, Outcome.Void, EndReason.JudgeTimeout);
+        }
+    }
+
+    /*//////////////////////////////////////////////////////////////
+                                 MONEY
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice Send the caller all of its credit.
+    function withdraw() external {
+        uint256 amount = _credit[msg.sender];
+        // INVARIANT: there is something to withdraw.
+        if (amount == 0) revert NothingToWithdraw(msg.sender);
+        _credit[msg.sender] = 0;
+        emit Withdrawn(msg.sender, amount);
+        (bool sent,) = msg.sender.call{value: amount}("");
+        if (!sent) revert TransferFailed(msg.sender, amount);
+    }
+
+    /*//////////////////////////////////////////////////////////////
+                                 VIEWS
+    //////////////////////////////////////////////////////////////*/
+
+    /// @notice The task `taskId`; reverts TaskNotFound for an unknown id.
+    function task(uint256 taskId) external view returns (Task memory) {
+        return _task(taskId);
+    }
+
+    /// @notice The game `gameId`; reverts GameNotFound for an unknown id.
+    function game(uint256 gameId) external view returns (Game memory) {
+        GameSlots storage g = _game(gameId);
+        return Game({
+            lo: g.lo,
+            hi: g.hi,
+            lastMoveAt: g.lastMoveAt,
+            trainerClock: g.trainerClock,
+            auditorClock: g.auditorClock,
+            phase: g.phase,
+            auditor: g.auditor,
+            taskId: g.taskId,
+            disputeInit: g.disputeInit,
+            outcome: g.outcome,
+            reason: g.reason,
+            loLeaf: g.loLeaf,
+            hiLeaf: g.hiLeaf,
+            midLeaf: g.midLeaf
+        });
+    }
+
+    /// @notice Withdrawable credit of `account`.
+    function credit(address account) external view returns (uint256) {
+        return _credit[account];
+    }
+
+    /// @notice Number of tasks created; ids run from 1 to this.
+    function taskCount() external view returns (uint256) {
+        return _taskCount;
+    }
+
+    /// @notice Number of games opened; ids run from 1 to this.
+    function gameCount() external view returns (uint256) {
+        return _gameCount;
+    }
+
+    /// @notice Seconds left on both clocks now; the running clock is reduced by the time elapsed.
+    /// @return trainer The trainer's clock.
+    /// @return auditor The auditor's clock.
+    function clockLeft(uint256 gameId) external view returns (uint32 trainer, uint32 auditor) {
+        GameSlots storage g = _game(gameId);
+        trainer = g.trainerClock;
+        auditor = g.auditorClock;
+        uint256 elapsed = block.timestamp - g.lastMoveAt;
+        if (g.phase == Phase.AwaitingReveal) trainer = elapsed >= trainer ? 0 : uint32(trainer - elapsed);
+        if (g.phase == Phase.AwaitingResponse) auditor = elapsed >= auditor ? 0 : uint32(auditor - elapsed);
+    }
+
+    /// @notice The time after which `timeout` succeeds: the mover's clock end, or the judge's deadline
+    ///         when pinned; 0 once the game has ended.
+    function deadline(uint256 gameId) external view returns (uint64) {
+        GameSlots storage g = _game(gameId);
+        if (g.phase == Phase.Ended) return 0;
+        return _deadline(g, _tasks[g.taskId]);
+    }
+
+    /// @notice True when `leaf` is leaf `index` of the tree of `size` leaves with `root` (the same
+    ///         check reveal and commit make); lets agents check a proof before sending it.
+    function verifyLeaf(bytes32 root, uint64 index, uint64 size, bytes32 leaf, bytes32[] calldata proof)
+        external
+        view
+        returns (bool)
+    {
+        return MerkleProof.verify(root, index, size, leaf, proof);
+    }
+
+    /*//////////////////////////////////////////////////////////////
+                                 INTERNAL
+    //////////////////////////////////////////////////////////////*/
+
+    function _task(uint256 taskId) internal view returns (Task storage t) {
+        t = _tasks[taskId];
+        if (t.status == TaskStatus.None) revert TaskNotFound(taskId);
+    }
+
+    function _game(uint256 gameId) internal view returns (GameSlots storage g) {
+        g = _games[gameId];
+        if (g.phase == Phase.None) revert GameNotFound(gameId);
+    }
+
+    /// @dev Checks shared by every move, in the documented order: ended, phase, caller.
+    function _checkTurn(uint256 gameId, Phase phase, Phase expected, address mover) internal view {
+        if (phase == Phase.Ended) revert GameOver(gameId, _games[gameId].outcome);
+        if (phase != expected) revert NotYourTurn(gameId, phase);
+        if (msg.sender != mover) revert Unauthorized(msg.sender, mover);
+    }
+
+    /// @dev The mover's clock after this move; reverts ClockExpired when the move comes too late.
+    function _spend(uint256 gameId, uint40 lastMoveAt, uint32 clock) internal view returns (uint32) {
+        uint256 elapsed = block.timestamp - lastMoveAt;
+        if (elapsed > clock) revert ClockExpired(gameId, uint64(lastMoveAt) + clock);
+        return uint32(clock - elapsed);
+    }
+
+    function _deadline(GameSlots storage g, Task storage t) internal view returns (uint64) {
+        Phase phase = g.phase;
+        uint64 last = g.lastMoveAt;
+        if (phase == Phase.AwaitingReveal) return last + g.trainerClock;
+        if (phase == Phase.AwaitingResponse) return last + g.auditorClock;
+        return last + t.judgeWindow;
+    }
+
+    /// @dev Ends a game and credits its bonds (docs/contract.md "Money"). Effects only, no transfer.
+    function _end(uint256 gameId, GameSlots storage g, Task storage t, Outcome outcome, EndReason reason) internal {
+        g.phase = Phase.Ended;
+        g.outcome = outcome;
+        g.reason = reason;
+        --t.liveGames;
+        uint256 taskId = g.taskId;
+        address auditor = g.auditor;
+        address winner;
+        uint256 amount = t.auditorBond;
+        if (outcome == Outcome.TrainerWon) {
+            winner = t.trainer;
+        } else if (outcome == Outcome.AuditorWon) {
+            winner = auditor;
+            if (!t.trainerLost) {
+                // The trainer's bond goes to the first auditor that wins; later winners get their bond back.
+                t.trainerLost = true;
+                amount += t.trainerBond;
+            }
+        } else {
+            t.anyVoid = true;
+        }
+        emit GameEnded(gameId, taskId, outcome, reason, winner);
+        _addCredit(winner == address(0) ? auditor : winner, taskId, amount);
+    }
+
+    function _addCredit(address account, uint256 taskId, uint256 amount) internal {
+        if (amount == 0) return;
+        _credit[account] += amount;
+        emit Credited(account, taskId, amount);
+    }
+}

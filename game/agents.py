@@ -1,0 +1,288 @@
+"""What every agent shares: the action record, its sinks, on-disk progress and the driving loop.
+
+Why one module: the trainer and auditor agents (``trainer_node``, ``auditor_node``) and the judge
+(:mod:`game.judge`) all follow the same rules. An agent's ``step()`` does what is due *now*, read
+from chain state and its own files, and returns at once (it never sleeps and never waits for the
+chain); a long-lived process (``vgame node``) or the demo calls it in a loop. Everything an agent
+must not forget across a crash is either on chain or in a small JSON file in its ``workdir``,
+written atomically, so an agent object recreated from scratch goes on exactly where the old one
+stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from game.chain.types import Phase, TaskStatus
+from game.errors import VGameError
+
+if TYPE_CHECKING:
+    from game.chain.backends import Chain
+    from game.chain.client import VerificationGameClient
+    from game.chain.types import TxReceipt
+
+log = logging.getLogger(__name__)
+
+ACTORS = ("client", "trainer", "auditor", "judge")
+WHATS = (
+    "train",
+    "publish",
+    "commit",
+    "replay",
+    "challenge",
+    "reveal",
+    "respond",
+    "evidence",
+    "rule",
+    "timeout",
+    "finalize",
+    "withdraw",
+    "idle",
+)
+
+
+class AgentError(VGameError, RuntimeError):
+    """An agent cannot go on (its config is not the task's, its transcript disagrees with the chain)."""
+
+
+@dataclass(frozen=True)
+class AgentAction:
+    """One thing an agent did (a transaction, or off-chain work worth showing)."""
+
+    actor: str  # "client" | "trainer" | "auditor" | "judge"
+    what: str  # one of WHATS
+    task_id: int
+    game_id: int | None = None
+    leaf_index: int | None = None
+    gas_used: int | None = None
+    tx_hash: str | None = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "actor": self.actor,
+            "what": self.what,
+            "task_id": self.task_id,
+            "game_id": self.game_id,
+            "leaf_index": self.leaf_index,
+            "gas_used": self.gas_used,
+            "tx_hash": self.tx_hash,
+            "detail": self.detail,
+        }
+
+
+#: agents call it for every action (the demo's live table)
+ActionSink = Callable[[AgentAction], None]
+#: ``(label, done, total)`` for training and replay progress bars
+ProgressSink = Callable[[str, int, int], None]
+
+
+class Agent(Protocol):
+    """What the driving loop needs from an agent."""
+
+    def step(self) -> list[AgentAction]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+# ------------------------------------------------------------------------------------------------
+# Small crash-safe files
+# ------------------------------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write so that a crash leaves the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class StateFile:
+    """A small JSON document in an agent's workdir, rewritten atomically on every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {}
+        if path.is_file():
+            try:
+                loaded = json.loads(path.read_text("utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise AgentError(
+                    f"agent state {path} is unreadable ({exc}); delete it to start over"
+                ) from exc
+            if not isinstance(loaded, dict):
+                raise AgentError(f"agent state {path} is not a JSON object; delete it to start over")
+            self.data = loaded
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def update(self, **changes: Any) -> None:
+        self.data.update(changes)
+        atomic_write_bytes(self.path, (json.dumps(self.data, indent=1, sort_keys=True) + "\n").encode())
+
+
+# ------------------------------------------------------------------------------------------------
+# Evidence handed to the judge (content-addressed: the judge trusts only hashes)
+# ------------------------------------------------------------------------------------------------
+
+
+def pre_state_path(evidence_dir: Path, state_hash: bytes) -> Path:
+    """Where canonical state bytes hashing to ``state_hash`` are left for the judge."""
+    return Path(evidence_dir) / f"{state_hash.hex()}.state"
+
+
+def config_path(evidence_dir: Path, spec_hash: bytes) -> Path:
+    """Where a task config whose spec hash is ``spec_hash`` is left for the judge (JSON of to_dict)."""
+    return Path(evidence_dir) / f"{spec_hash.hex()}.task.json"
+
+
+def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
+    """Leave state bytes for the judge under their own hash; returns the path."""
+    path = pre_state_path(evidence_dir, hashlib.sha256(data).digest())
+    if not path.is_file():
+        atomic_write_bytes(path, data)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers of the agents
+# ------------------------------------------------------------------------------------------------
+
+
+def action_from_receipt(
+    actor: str,
+    what: str,
+    task_id: int,
+    receipt: TxReceipt,
+    *,
+    game_id: int | None = None,
+    leaf_index: int | None = None,
+    detail: str = "",
+) -> AgentAction:
+    return AgentAction(
+        actor=actor,
+        what=what,
+        task_id=task_id,
+        game_id=game_id,
+        leaf_index=leaf_index,
+        gas_used=receipt.gas_used,
+        tx_hash=receipt.tx_hash,
+        detail=detail,
+    )
+
+
+def games_of_task(
+    client: VerificationGameClient, task_id: int, from_block: int, *, auditor: str | None = None
+) -> tuple[list[int], int]:
+    """Game ids of ``task_id`` opened in blocks ``from_block..`` (by ``auditor`` if given).
+
+    Returns the ids and the next block to scan from (the scan is bounded by the block number read
+    first, so a game opened meanwhile is seen by the next call, never skipped).
+    """
+    last = client.chain.block_number()
+    if last < from_block:
+        return [], from_block
+    filters: dict[str, Any] = {"task_id": task_id}
+    if auditor is not None:
+        filters["auditor"] = auditor
+    events = client.get_events("Challenged", from_block, last, **filters)
+    return [int(e.game_id) for e in events], last + 1  # type: ignore[attr-defined]
+
+
+def next_due_time(client: VerificationGameClient, task_ids: Iterable[int]) -> int | None:
+    """The earliest chain time at which something becomes due for ``task_ids`` (None: nothing will).
+
+    Live games: their deadline (a timeout is possible right after it). A committed task whose
+    window is still open: ``windowEnds`` (finalize). Drivers of simulated time (the demo, tests)
+    jump the clock there when every agent is idle.
+    """
+    due: list[int] = []
+    for task_id in task_ids:
+        t = client.task(task_id)
+        if t.status != TaskStatus.COMMITTED:
+            continue
+        now = client.chain.now()
+        if t.window_ends > now:
+            due.append(t.window_ends)
+        if t.live_games:
+            ids, _ = games_of_task(client, task_id, 0)
+            for gid in ids:
+                g = client.game(gid)
+                if g.phase != Phase.ENDED:
+                    due.append(client.deadline(gid) + 1)
+    return min(due) if due else None
+
+
+def drive(
+    agents: Sequence[Agent],
+    client: VerificationGameClient,
+    task_ids: Iterable[int],
+    *,
+    max_rounds: int = 500,
+    on_round: Callable[[int], None] | None = None,
+) -> list[AgentAction]:
+    """Step every agent until all are done, jumping the chain's clock whenever all are idle.
+
+    For simulated time only (embedded chain, anvil): real networks cannot move time, and there
+    the ``vgame node`` processes simply wait. Returns every action taken, in order.
+    """
+    chain: Chain = client.chain
+    ids = list(task_ids)
+    actions: list[AgentAction] = []
+    for round_no in range(max_rounds):
+        if all(a.done for a in agents):
+            return actions
+        did: list[AgentAction] = []
+        for agent in agents:
+            if not agent.done:
+                did.extend(a for a in agent.step() if a.what != "idle")
+        actions.extend(did)
+        if on_round is not None:
+            on_round(round_no)
+        if did:
+            continue
+        due = next_due_time(client, ids)
+        if due is None:
+            raise AgentError("every agent is idle, none is done, and nothing on chain will become due")
+        chain.time_travel(max(1, due - chain.now()))
+    raise AgentError(f"agents not done after {max_rounds} rounds")
+
+
+__all__ = [
+    "ACTORS",
+    "WHATS",
+    "ActionSink",
+    "Agent",
+    "AgentAction",
+    "AgentError",
+    "ProgressSink",
+    "StateFile",
+    "action_from_receipt",
+    "atomic_write_bytes",
+    "config_path",
+    "drive",
+    "games_of_task",
+    "next_due_time",
+    "pre_state_path",
+    "write_pre_state",
+]

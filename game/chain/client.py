@@ -1,0 +1,462 @@
+"""The typed client of the VerificationGame contract: one method per contract function.
+
+Transactions are pre-checked against the state read from the chain, in the contract's own check
+order, and refused with the very exception class the contract would revert with, so a caller
+learns the reason without paying gas. What a pre-check cannot know for sure (conditions that hinge
+on the next block's timestamp, like ``ClockRunning`` or ``WindowOpen``) is left to the gas
+estimate, which reverts just as freely and is decoded into the same classes.
+``prechecks=False`` sends anyway (tests use it to reach the contract's own reverts), and
+``fixed_gas`` skips the estimate too, so a doomed call is mined, paid for and decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from eth_abi import decode as abi_decode
+from eth_account.signers.local import LocalAccount
+from hexbytes import HexBytes
+from web3 import Web3
+
+from game.chain import errors as E
+from game.chain.artifacts import GAME_CONTRACT, abi_types, load_artifact
+from game.chain.backends import Chain, Reverted
+from game.chain.events import ContractEvent, EventDecoder, EventPoller, get_events
+from game.chain.tx import GasPolicy, TxSender
+from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.merkle import InclusionProof, MerkleTree, verify_proof
+
+log = logging.getLogger(__name__)
+
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+MAX_PROOF_LENGTH = 64  # the contract's bound on proof length (MerkleProof.sol)
+
+ProofLike = InclusionProof | Sequence[bytes]
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a client sends."""
+
+    prechecks: bool = True  # refuse locally, for free, what the contract would refuse
+    fixed_gas: int | None = None  # skip the estimate and buy this much gas (reverts get mined)
+    policy: GasPolicy = field(default_factory=GasPolicy)
+
+
+class VerificationGameClient:
+    """One signer's view of one deployed game contract."""
+
+    def __init__(
+        self,
+        chain: Chain,
+        address: str,
+        account: LocalAccount,
+        *,
+        options: ClientOptions | None = None,
+        prechecks: bool | None = None,
+    ) -> None:
+        self.chain = chain
+        self.address = Web3.to_checksum_address(address)
+        self.account = account
+        opts = options or ClientOptions()
+        if prechecks is not None:
+            opts = replace(opts, prechecks=prechecks)
+        self.options = opts
+        self.artifact = load_artifact(GAME_CONTRACT)
+        self.contract = chain.w3.eth.contract(address=self.address, abi=self.artifact.abi_list)
+        self.events = _decoder()
+        self.sender = TxSender(chain, opts.policy)
+
+    # ------------------------------------------------------------ variants
+    def as_account(self, account: LocalAccount) -> VerificationGameClient:
+        """The same contract and options, signing as ``account``."""
+        return VerificationGameClient(self.chain, self.address, account, options=self.options)
+
+    def with_options(self, **changes: Any) -> VerificationGameClient:
+        """A copy with some :class:`ClientOptions` changed (e.g. ``prechecks=False``)."""
+        return VerificationGameClient(
+            self.chain, self.address, self.account, options=replace(self.options, **changes)
+        )
+
+    @property
+    def me(self) -> str:
+        return str(self.account.address)
+
+    # --------------------------------------------------------------- views
+    def task(self, task_id: int) -> Task:
+        """``task(taskId)``; raises :class:`TaskNotFound` for an unknown id."""
+        return Task.from_abi(self._view("task", task_id)[0])
+
+    def game(self, game_id: int) -> Game:
+        """``game(gameId)``; raises :class:`GameNotFound` for an unknown id."""
+        return Game.from_abi(self._view("game", game_id)[0])
+
+    def credit(self, account: str | None = None) -> int:
+        return int(self._view("credit", Web3.to_checksum_address(account or self.me))[0])
+
+    def clock_left(self, game_id: int) -> tuple[int, int]:
+        """(trainer, auditor) seconds left now, the running clock reduced by the time elapsed."""
+        trainer, auditor = self._view("clockLeft", game_id)
+        return int(trainer), int(auditor)
+
+    def deadline(self, game_id: int) -> int:
+        """Time after which ``timeout`` succeeds; 0 once the game has ended."""
+        return int(self._view("deadline", game_id)[0])
+
+    def task_count(self) -> int:
+        return int(self._view("taskCount")[0])
+
+    def game_count(self) -> int:
+        return int(self._view("gameCount")[0])
+
+    def verify_leaf(self, root: bytes, index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bool:
+        return bool(self._view("verifyLeaf", root, index, size, leaf, list(proof))[0])
+
+    def handle(self, game_id: int) -> GameHandle:
+        return GameHandle(self, game_id)
+
+    # --------------------------------------------------------- transactions
+    def create_task(
+        self,
+        spec_hash: bytes,
+        trainer: str,
+        judge: str,
+        *,
+        payment: int,
+        trainer_bond: int,
+        auditor_bond: int,
+        clock_allowance: int,
+        challenge_window: int,
+        judge_window: int,
+    ) -> TxReceipt:
+        """Client: post a task and escrow ``payment``; ``receipt.result`` is the new task id."""
+
+        def check() -> None:
+            if payment == 0:
+                raise E.ZeroPayment()
+            if ZERO_ADDRESS in (trainer, judge) or trainer.lower() == judge.lower():
+                raise E.InvalidRoles(trainer, judge)
+            if 0 in (clock_allowance, challenge_window, judge_window):
+                raise E.InvalidDurations(clock_allowance, challenge_window, judge_window)
+
+        args = [
+            spec_hash,
+            Web3.to_checksum_address(trainer),
+            Web3.to_checksum_address(judge),
+            trainer_bond,
+            auditor_bond,
+            clock_allowance,
+            challenge_window,
+            judge_window,
+        ]
+        return self._transact("createTask", args, payment, check, result=("TaskCreated", "task_id"))
+
+    def cancel(self, task_id: int) -> TxReceipt:
+        """Client: withdraw an uncommitted task; the payment is credited back."""
+
+        def check() -> None:
+            t = self.task(task_id)
+            if t.status != TaskStatus.OPEN:
+                raise E.WrongTaskStatus(task_id, t.status)
+            self._require_caller(t.client)
+
+        return self._transact("cancel", [task_id], 0, check)
+
+    def commit(
+        self,
+        task_id: int,
+        state_root: bytes,
+        log_root: bytes,
+        num_leaves: int,
+        transcript_id: bytes,
+        first_leaf: bytes,
+        first_proof: ProofLike,
+        last_leaf: bytes,
+        last_proof: ProofLike,
+        *,
+        bond: int | None = None,
+    ) -> TxReceipt:
+        """Trainer: commit the state root (and log root) with the bond (read from the task by default)."""
+        first = _siblings(first_proof)
+        last = _siblings(last_proof)
+        task = self.task(task_id) if bond is None or self.options.prechecks else None
+        value = bond if bond is not None else task.trainer_bond  # type: ignore[union-attr]
+
+        def check() -> None:
+            assert task is not None
+            if task.status != TaskStatus.OPEN:
+                raise E.WrongTaskStatus(task_id, task.status)
+            self._require_caller(task.trainer)
+            if value != task.trainer_bond:
+                raise E.WrongBond(value, task.trainer_bond)
+            if num_leaves == 0:
+                raise E.InvalidLeafCount(num_leaves)
+            for index, leaf, proof in ((0, first_leaf, first), (num_leaves - 1, last_leaf, last)):
+                if not _proof_ok(state_root, index, num_leaves, leaf, proof):
+                    raise E.InvalidProof(index, leaf)
+
+        args = [task_id, state_root, log_root, num_leaves, transcript_id, first_leaf, first, last_leaf, last]
+        return self._transact("commit", args, value, check)
+
+    def commit_tree(
+        self,
+        task_id: int,
+        tree: MerkleTree,
+        log_root: bytes,
+        transcript_id: bytes,
+        *,
+        bond: int | None = None,
+    ) -> TxReceipt:
+        """Trainer: :meth:`commit` the whole state tree (proofs of the first and last leaf built here)."""
+        n = tree.size
+        return self.commit(
+            task_id,
+            tree.root,
+            log_root,
+            n,
+            transcript_id,
+            tree.leaf(0),
+            tree.proof(0),
+            tree.leaf(n - 1),
+            tree.proof(n - 1),
+            bond=bond,
+        )
+
+    def challenge(self, task_id: int, dispute_init: bool = False, *, bond: int | None = None) -> TxReceipt:
+        """Auditor: open a game against the commitment; ``receipt.result`` is the game id."""
+        task = self.task(task_id) if bond is None or self.options.prechecks else None
+        value = bond if bond is not None else task.auditor_bond  # type: ignore[union-attr]
+
+        def check() -> None:
+            assert task is not None
+            if task.status != TaskStatus.COMMITTED:
+                raise E.WrongTaskStatus(task_id, task.status)
+            if self.chain.now() + 1 >= task.window_ends:  # the next block is at least a second later
+                raise E.WindowClosed(task_id, task.window_ends)
+            if self.me.lower() in (task.trainer.lower(), task.judge.lower()):
+                raise E.ChallengerNotAllowed(self.me)
+            if value != task.auditor_bond:
+                raise E.WrongBond(value, task.auditor_bond)
+            if not dispute_init and task.num_leaves == 1:
+                raise E.NothingToBisect(task_id)
+
+        return self._transact(
+            "challenge", [task_id, dispute_init], value, check, result=("Challenged", "game_id")
+        )
+
+    def reveal(self, game_id: int, leaf: bytes, proof: ProofLike) -> TxReceipt:
+        """Trainer: reveal leaf ``mid`` of the game's interval with its proof."""
+        siblings = _siblings(proof)
+
+        def check() -> None:
+            g = self.game(game_id)
+            t = self.task(g.task_id)
+            self._check_turn(game_id, g, Phase.AWAITING_REVEAL, t.trainer)
+            self._check_clock(game_id, g.last_move_at + g.trainer_clock)
+            if not _proof_ok(t.state_root, g.mid, t.num_leaves, leaf, siblings):
+                raise E.InvalidProof(g.mid, leaf)
+
+        return self._transact("reveal", [game_id, leaf, siblings], 0, check)
+
+    def reveal_from(self, game_id: int, tree: MerkleTree) -> TxReceipt:
+        """Trainer: reveal the leaf the game asks for next, taken from ``tree`` (the committed one)."""
+        mid = self.game(game_id).mid
+        return self.reveal(game_id, tree.leaf(mid), tree.proof(mid))
+
+    def respond(self, game_id: int, agree: bool) -> TxReceipt:
+        """Auditor: agree (``lo = mid``) or disagree (``hi = mid``) with the revealed leaf."""
+
+        def check() -> None:
+            g = self.game(game_id)
+            self._check_turn(game_id, g, Phase.AWAITING_RESPONSE, g.auditor)
+            self._check_clock(game_id, g.last_move_at + g.auditor_clock)
+
+        return self._transact("respond", [game_id, agree], 0, check)
+
+    def rule(self, game_id: int, computed_post_state: bytes) -> TxReceipt:
+        """Judge: post the post-state hash of the pinned step as re-computed."""
+
+        def check() -> None:
+            g = self.game(game_id)
+            t = self.task(g.task_id)
+            self._check_turn(game_id, g, Phase.PINNED, t.judge)
+            self._check_clock(game_id, g.last_move_at + t.judge_window)
+
+        return self._transact("rule", [game_id, computed_post_state], 0, check)
+
+    def timeout(self, game_id: int) -> TxReceipt:
+        """Anyone: end a game whose mover (or judge) ran out of time."""
+
+        def check() -> None:
+            g = self.game(game_id)
+            if g.phase == Phase.ENDED:
+                raise E.GameOver(game_id, g.outcome)
+            # ClockRunning hinges on the next block's timestamp: the estimate settles it, for free
+
+        return self._transact("timeout", [game_id], 0, check)
+
+    def finalize(self, task_id: int) -> TxReceipt:
+        """Anyone: settle a task after its window, once all its games ended."""
+
+        def check() -> None:
+            t = self.task(task_id)
+            if t.status != TaskStatus.COMMITTED:
+                raise E.WrongTaskStatus(task_id, t.status)
+            # WindowOpen hinges on the next block's timestamp (left to the estimate); GamesLive is
+            # only certain once the window has surely closed, because the contract checks it second
+            if t.live_games and self.chain.now() + 1 >= t.window_ends:
+                raise E.GamesLive(task_id, t.live_games)
+
+        return self._transact("finalize", [task_id], 0, check)
+
+    def withdraw(self) -> TxReceipt:
+        """Anyone: collect this account's credit."""
+
+        def check() -> None:
+            if self.credit() == 0:
+                raise E.NothingToWithdraw(self.me)
+
+        return self._transact("withdraw", [], 0, check)
+
+    # --------------------------------------------------------------- events
+    def get_events(
+        self, name: str | None = None, from_block: int = 0, to_block: int | str = "latest", **filters: Any
+    ) -> list[ContractEvent]:
+        return get_events(
+            self.chain, self.address, name, from_block, to_block, decoder=self.events, **filters
+        )
+
+    def poller(
+        self, names: Iterable[str] | None = None, from_block: int | None = None, **filters: Any
+    ) -> EventPoller:
+        """An :class:`EventPoller` starting at ``from_block`` (default: the next block)."""
+        start = self.chain.block_number() + 1 if from_block is None else from_block
+        return EventPoller(self.chain, self.address, names, start, dict(filters), self.events)
+
+    # ------------------------------------------------------------ internals
+    def _require_caller(self, expected: str) -> None:
+        if self.me.lower() != expected.lower():
+            raise E.Unauthorized(self.me, Web3.to_checksum_address(expected))
+
+    def _check_turn(self, game_id: int, g: Game, expected: Phase, mover: str) -> None:
+        """The contract's ``_checkTurn``: ended, then phase, then caller."""
+        if g.phase == Phase.ENDED:
+            raise E.GameOver(game_id, g.outcome)
+        if g.phase != expected:
+            raise E.NotYourTurn(game_id, g.phase)
+        self._require_caller(mover)
+
+    def _check_clock(self, game_id: int, deadline: int) -> None:
+        # the move lands in a block at least one second after the latest: certainly too late if so
+        if self.chain.now() + 1 > deadline:
+            raise E.ClockExpired(game_id, deadline)
+
+    def _view(self, fn: str, *args: Any) -> tuple[Any, ...]:
+        data = self.contract.encode_abi(fn, list(args))
+        try:
+            raw = self.chain.call({"to": self.address, "data": data, "from": self.me})
+        except Reverted as rev:
+            raise E.decode_revert(rev.data) from None
+        entry = self.artifact.entry("function", fn)
+        types = [_out_type(o) for o in entry["outputs"]]
+        return tuple(abi_decode(types, raw))
+
+    def _transact(
+        self,
+        fn: str,
+        args: list[Any],
+        value: int,
+        check: Callable[[], None] | None,
+        *,
+        result: tuple[str, str] | None = None,
+    ) -> TxReceipt:
+        if self.options.prechecks and check is not None:
+            check()
+        data = self.contract.encode_abi(fn, args)
+        try:
+            sent = self.sender.send(
+                self.account, {"to": self.address, "data": data, "value": value}, gas=self.options.fixed_gas
+            )
+        except Reverted as rev:
+            raise E.decode_revert(rev.data) from None
+        rec = sent.receipt
+        events = self.events.decode_receipt(rec, self.address)
+        value_out: int | None = None
+        if result is not None:
+            ev = next((e for e in events if e.name == result[0]), None)
+            value_out = int(getattr(ev, result[1])) if ev is not None else None
+        out = TxReceipt(
+            function=fn,
+            tx_hash="0x" + HexBytes(rec["transactionHash"]).hex().removeprefix("0x"),
+            block_number=int(rec["blockNumber"]),
+            gas_used=int(rec["gasUsed"]),
+            gas_limit=sent.gas_limit,
+            events=events,
+            result=value_out,
+        )
+        log.debug("%s(%s) by %s: gas %d", fn, args, self.me, out.gas_used)
+        return out
+
+
+class GameHandle:
+    """A game that reads through to the contract on every access (never stale)."""
+
+    def __init__(self, client: VerificationGameClient, game_id: int) -> None:
+        self.client = client
+        self.game_id = game_id
+
+    @property
+    def state(self) -> Game:
+        return self.client.game(self.game_id)
+
+    @property
+    def phase(self) -> Phase:
+        return self.state.phase
+
+    @property
+    def task(self) -> Task:
+        return self.client.task(self.state.task_id)
+
+    def clock_left(self) -> tuple[int, int]:
+        return self.client.clock_left(self.game_id)
+
+    def deadline(self) -> int:
+        return self.client.deadline(self.game_id)
+
+    def __repr__(self) -> str:
+        return f"GameHandle({self.game_id} at {self.client.address})"
+
+
+def _siblings(proof: ProofLike) -> list[bytes]:
+    if isinstance(proof, InclusionProof):
+        return [bytes(s) for s in proof.siblings]
+    return [bytes(s) for s in proof]
+
+
+def _proof_ok(root: bytes, index: int, size: int, leaf: bytes, siblings: list[bytes]) -> bool:
+    """The contract's ``MerkleProof.verify``, locally (same tree: ``game.merkle``)."""
+    if not 0 <= index < size or len(siblings) > MAX_PROOF_LENGTH or len(leaf) != 32:
+        return False
+    return verify_proof(root, leaf, InclusionProof(index=index, size=size, siblings=tuple(siblings)))
+
+
+def _out_type(output: dict[str, Any]) -> str:
+    return abi_types({"name": "", "inputs": [output]})[0]
+
+
+_DECODER: EventDecoder | None = None
+
+
+def _decoder() -> EventDecoder:
+    global _DECODER
+    if _DECODER is None:
+        _DECODER = EventDecoder()
+    return _DECODER
+
+
+def connect_client(chain: Chain, address: str, account_index: int = 0, **kw: Any) -> VerificationGameClient:
+    """Shorthand: a client for ``chain.account(account_index)``."""
+    return VerificationGameClient(chain, address, chain.account(account_index), **kw)

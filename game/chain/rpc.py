@@ -1,0 +1,140 @@
+"""Any JSON-RPC endpoint (a testnet, an L2, a node of your own) with one signing key.
+
+The key comes from ``--key`` (hex private key or keystore file), else ``VGAME_PRIVATE_KEY``,
+else ``VGAME_KEYSTORE`` (an encrypted JSON keystore; the password from ``VGAME_KEYSTORE_PASSWORD``
+or an interactive prompt). The key never leaves this process: transactions are signed locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, cast
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+from web3.providers import JSONBaseProvider
+from web3.types import RPCEndpoint, RPCResponse
+
+from game.chain.backends import Chain
+from game.errors import ChainError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def load_account(key: str | None = None) -> LocalAccount:
+    """A ``LocalAccount`` from a hex key or keystore path, falling back to the environment."""
+    key = key or os.environ.get("VGAME_PRIVATE_KEY") or os.environ.get("VGAME_KEYSTORE")
+    if not key:
+        raise ConfigError(
+            "a JSON-RPC chain needs a signing key: pass --key 0x... or a keystore file, "
+            "or set VGAME_PRIVATE_KEY / VGAME_KEYSTORE"
+        )
+    hexkey = key[2:] if key.startswith("0x") else key
+    if len(hexkey) == 64 and all(c in "0123456789abcdefABCDEF" for c in hexkey):
+        acct: LocalAccount = Account.from_key(bytes.fromhex(hexkey))
+        return acct
+    path = Path(key).expanduser()
+    if not path.is_file():
+        raise ConfigError("the key is neither a 32-byte hex private key nor a keystore file")
+    try:
+        keystore = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"keystore {path.name} is not readable JSON: {exc}") from exc
+    password = os.environ.get("VGAME_KEYSTORE_PASSWORD")
+    if password is None:
+        password = getpass.getpass(f"password for keystore {path.name}: ")
+    try:
+        secret = Account.decrypt(keystore, password)
+    except ValueError as exc:
+        raise ConfigError(f"could not decrypt keystore {path.name}: wrong password or corrupt file") from exc
+    acct = Account.from_key(secret)
+    return acct
+
+
+class RpcChain(Chain):
+    """A chain we do not control: no time travel, no snapshots, one account (the key's)."""
+
+    kind = "rpc"
+    supports_time_travel = False
+
+    def __init__(self, url: str, *, key: str | None = None, timeout: float = 30.0) -> None:
+        provider: Any
+        if url.startswith(("ws://", "wss://")):
+            provider = SyncWebSocketProvider(url, timeout=timeout)
+        else:
+            provider = Web3.HTTPProvider(url, request_kwargs={"timeout": timeout})
+        w3 = Web3(provider)
+        try:
+            chain_id = int(w3.eth.chain_id)
+        except Exception as exc:
+            raise ChainError(f"no JSON-RPC node answers at {_redact(url)}: {exc}") from exc
+        super().__init__(w3, [load_account(key)])
+        self.url = url
+        log.info("connected to %s (chain id %d) as %s", _redact(url), chain_id, self.accounts[0].address)
+
+    def describe(self) -> str:
+        return f"JSON-RPC {_redact(self.url)} (chain id {self.chain_id})"
+
+    def close(self) -> None:
+        provider = self.w3.provider
+        if isinstance(provider, SyncWebSocketProvider):
+            provider.close()
+        super().close()
+
+
+class SyncWebSocketProvider(JSONBaseProvider):
+    """Blocking JSON-RPC over one websocket (web3 8 only ships an async websocket provider).
+
+    Requests are strictly one at a time, so the next message on the socket is our answer.
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        super().__init__()
+        self.url = url
+        self.timeout = timeout
+        self._ws: Any = None
+        self._stack = contextlib.ExitStack()
+        self._lock = threading.Lock()
+
+    def _socket(self) -> Any:
+        if self._ws is None:
+            from websockets.sync.client import connect as ws_connect
+
+            self._ws = self._stack.enter_context(
+                ws_connect(self.url, open_timeout=self.timeout, max_size=None)
+            )
+        return self._ws
+
+    def close(self) -> None:
+        with self._lock:
+            self._stack.close()
+            self._ws = None
+
+    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        request = self.encode_rpc_request(method, params)
+        with self._lock:
+            ws = self._socket()
+            ws.send(request.decode())
+            raw = ws.recv(timeout=self.timeout)
+        return cast(RPCResponse, self.decode_rpc_response(raw if isinstance(raw, bytes) else raw.encode()))
+
+    def is_connected(self, show_traceback: bool = False) -> bool:
+        try:
+            return "result" in self.make_request(RPCEndpoint("web3_clientVersion"), [])
+        except Exception:
+            if show_traceback:
+                raise
+            return False
+
+
+def _redact(url: str) -> str:
+    """Drop the path/query of a URL: provider URLs often embed an API key there."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"

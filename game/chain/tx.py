@@ -1,0 +1,232 @@
+"""Sending one transaction safely: gas with headroom, nonces, fees, receipts, idempotent retries.
+
+Agents in deployed dispute games lost because they under-estimated gas or raced their own nonces
+(BoLD #355, Dave #233). So every transaction here is: estimated (a revert surfaces now, for free,
+with its decoded reason), given ``estimate * headroom + margin`` gas, signed locally with an
+explicit nonce, broadcast, and waited for. Retries never double-execute: a transient failure
+re-broadcasts the *same* signed bytes (same hash, so at most one lands), and only a transaction
+that provably had no effect (out of gas, or its nonce went to nothing of ours) is re-signed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from eth_account.signers.local import LocalAccount
+from eth_utils import ValidationError
+from hexbytes import HexBytes
+from web3 import Web3
+from web3.exceptions import TimeExhausted, TransactionNotFound, Web3RPCError
+
+from game.chain.backends import Chain, Reverted
+from game.errors import ChainError
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class GasPolicy:
+    """How much gas to buy and how hard to try."""
+
+    headroom: float = 1.25  # x the node's estimate: state may change between estimate and inclusion
+    margin: int = 20_000  # + flat gas: covers cold-slot surprises and refund-capped estimates
+    max_attempts: int = 4  # broadcasts per transaction, counting out-of-gas and transient retries
+    oog_bump: float = 1.5  # x the previous limit after an out-of-gas revert
+    receipt_timeout: float = 120.0  # seconds to wait for inclusion before re-broadcasting
+    backoff: float = 0.5  # seconds before a retry, doubled each time
+
+
+def gas_limit(estimate: int, policy: GasPolicy, block_gas_limit: int | None = None) -> int:
+    """``estimate * headroom + margin``, never above the block gas limit."""
+    limit = int(estimate * policy.headroom) + policy.margin
+    if block_gas_limit is not None:
+        limit = min(limit, block_gas_limit)
+    return limit
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A mined, successful transaction and what it took to get it there."""
+
+    receipt: Any  # the node's receipt (web3 AttributeDict)
+    gas_limit: int  # the gas bought for the attempt that landed
+    attempts: int  # broadcasts made (1 unless something was retried)
+
+
+class NonceBook:
+    """Next nonce per address for one chain, so quick successive sends never reuse one."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def take(self, chain: Chain, address: str) -> int:
+        nonce = max(chain.nonce(address), self._next.get(address, 0))
+        self._next[address] = nonce + 1
+        return nonce
+
+    def forget(self, address: str) -> None:
+        self._next.pop(address, None)
+
+
+def nonce_book(chain: Chain) -> NonceBook:
+    book = getattr(chain, "_vgame_nonce_book", None)
+    if book is None:
+        book = NonceBook()
+        chain._vgame_nonce_book = book  # type: ignore[attr-defined]
+    return book
+
+
+class TxSender:
+    """Estimate, sign, send and confirm transactions on one chain."""
+
+    def __init__(self, chain: Chain, policy: GasPolicy | None = None) -> None:
+        self.chain = chain
+        self.policy = policy or GasPolicy()
+
+    @property
+    def w3(self) -> Web3:
+        return self.chain.w3
+
+    def estimate(self, account: LocalAccount, tx: dict[str, Any]) -> int:
+        """The node's gas estimate; raises :class:`Reverted` (raw data) when the call would revert."""
+        return self.chain.estimate_gas({**tx, "from": account.address})
+
+    def transfer(self, account: LocalAccount, to: str, wei: int) -> Sent:
+        return self.send(account, {"to": Web3.to_checksum_address(to), "value": wei, "data": b""}, gas=21_000)
+
+    def send(self, account: LocalAccount, tx: dict[str, Any], *, gas: int | None = None) -> Sent:
+        """Send ``tx`` (``to``, ``data``, ``value``) from ``account``; return it once mined.
+
+        ``gas=None`` estimates (a would-be revert raises :class:`Reverted` before anything is sent).
+        A fixed ``gas`` skips the estimate, so a reverting call is mined and paid for; its reason
+        is recovered by replaying it and raised as :class:`Reverted` too.
+        """
+        policy = self.policy
+        latest = self.w3.eth.get_block("latest")
+        block_limit = int(latest["gasLimit"])
+        limit = gas if gas is not None else gas_limit(self.estimate(account, tx), policy, block_limit)
+        base = {
+            "to": tx.get("to"),
+            "data": tx.get("data", b""),
+            "value": int(tx.get("value", 0)),
+            "chainId": self.chain.chain_id,
+        }
+        if base["to"] is None:
+            base.pop("to")
+        book = nonce_book(self.chain)
+        attempt = 0
+        signed: Any = None
+        nonce = -1
+        while True:
+            attempt += 1
+            if signed is None:
+                nonce = book.take(self.chain, account.address)
+                signed = account.sign_transaction(
+                    {**base, **self._fees(latest), "gas": limit, "nonce": nonce}
+                )
+            tx_hash = HexBytes(signed.hash)
+            try:
+                self._broadcast(signed.raw_transaction)
+                receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=policy.receipt_timeout)
+            except TimeExhausted:
+                log.warning(
+                    "tx %s not mined in %.0f s; re-broadcasting", tx_hash.hex(), policy.receipt_timeout
+                )
+                if attempt >= policy.max_attempts:
+                    raise ChainError(
+                        f"transaction {tx_hash.hex()} was not mined after {attempt} tries"
+                    ) from None
+                continue  # same signed bytes: idempotent
+            except _TRANSIENT as exc:
+                mined = self._receipt_if_mined(tx_hash)
+                if mined is not None:
+                    receipt = mined
+                else:
+                    if attempt >= policy.max_attempts:
+                        raise ChainError(f"node unreachable while sending {tx_hash.hex()}: {exc}") from exc
+                    log.warning("transient error sending %s (%s); retrying", tx_hash.hex(), exc)
+                    time.sleep(policy.backoff * 2 ** (attempt - 1))
+                    continue
+            except Web3RPCError as exc:
+                msg = str(exc).lower()
+                mined = self._receipt_if_mined(tx_hash)
+                if mined is not None:
+                    receipt = mined
+                elif "nonce too low" in msg or "nonce is too low" in msg:
+                    # our nonce went to another transaction of this account: ours never ran
+                    book.forget(account.address)
+                    if attempt >= policy.max_attempts:
+                        raise ChainError(f"could not find a free nonce for {account.address}") from exc
+                    signed = None
+                    continue
+                else:
+                    book.forget(account.address)
+                    raise ChainError(f"the node refused the transaction: {exc}") from exc
+            except ValidationError as exc:  # py-evm's refusal (e.g. intrinsic gas too low)
+                book.forget(account.address)
+                raise ChainError(f"the node refused the transaction: {exc}") from exc
+            if receipt["status"] == 1:
+                log.debug(
+                    "tx %s mined in block %d, gas %d/%d",
+                    tx_hash.hex(),
+                    receipt["blockNumber"],
+                    receipt["gasUsed"],
+                    limit,
+                )
+                return Sent(receipt=receipt, gas_limit=limit, attempts=attempt)
+            # reverted on-chain: out of gas is ours to fix, anything else is the contract's answer
+            if receipt["gasUsed"] >= limit * 0.98:
+                new_limit = min(int(limit * policy.oog_bump), block_limit)
+                if attempt >= policy.max_attempts or new_limit <= limit:
+                    raise ChainError(
+                        f"transaction ran out of gas at a limit of {limit} after {attempt} tries"
+                    )
+                log.warning("tx %s ran out of gas at %d; retrying with %d", tx_hash.hex(), limit, new_limit)
+                limit, signed = new_limit, None
+                latest = self.w3.eth.get_block("latest")
+                continue
+            raise self._replay_revert(account, base, receipt)
+
+    def _fees(self, latest: Any) -> dict[str, int]:
+        base_fee = latest.get("baseFeePerGas")
+        if base_fee is None:
+            return {"gasPrice": int(self.w3.eth.gas_price)}
+        try:
+            tip = int(self.w3.eth.max_priority_fee)
+        except Exception:  # nodes without eth_maxPriorityFeePerGas
+            tip = 10**9
+        return {"maxFeePerGas": 2 * int(base_fee) + tip, "maxPriorityFeePerGas": tip}
+
+    def _broadcast(self, raw: bytes) -> None:
+        try:
+            self.w3.eth.send_raw_transaction(raw)
+        except Web3RPCError as exc:
+            msg = str(exc).lower()
+            if "already known" in msg or "known transaction" in msg or "already imported" in msg:
+                return  # a previous broadcast of these exact bytes reached the node
+            raise
+
+    def _receipt_if_mined(self, tx_hash: HexBytes) -> Any:
+        try:
+            return self.w3.eth.get_transaction_receipt(tx_hash)
+        except (TransactionNotFound, *_TRANSIENT):
+            return None
+
+    def _replay_revert(self, account: LocalAccount, base: dict[str, Any], receipt: Any) -> Exception:
+        """Re-run a mined, failed call on the state before its block to learn why it reverted."""
+        call = {k: v for k, v in base.items() if k != "chainId"}
+        call["from"] = account.address
+        try:
+            self.chain.call(call, max(0, int(receipt["blockNumber"]) - 1))
+        except Reverted as rev:
+            return rev
+        return ChainError(
+            f"transaction {HexBytes(receipt['transactionHash']).hex()} reverted on-chain "
+            f"(gas used {receipt['gasUsed']}) and a replay did not reproduce it"
+        )

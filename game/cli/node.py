@@ -1,0 +1,172 @@
+"""``vgame node trainer|auditor|judge``: one agent as a long-lived process on a shared chain.
+
+The process loops ``agent.step()`` with a sleep of ``--poll`` seconds between calls until the agent
+is done. Everything it must remember is on chain or in ``--workdir``, so a node killed at any
+moment (even with SIGKILL) and started again with the same arguments carries on where it stopped.
+An embedded chain lives inside one process, so nodes talk to a JSON-RPC node: ``--chain URL``, or
+``--chain anvil`` for a local anvil already listening on port 8545.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from game.cli.app import app, console, err_console
+from game.errors import ChainError, ConfigError
+
+if TYPE_CHECKING:
+    from game.agents import AgentAction
+
+log = logging.getLogger(__name__)
+
+#: where ``--chain anvil`` looks for a running anvil (its default port)
+LOCAL_ANVIL_URL = "http://127.0.0.1:8545"
+
+
+class Role(StrEnum):
+    trainer = "trainer"
+    auditor = "auditor"
+    judge = "judge"
+
+
+def chain_url(spec: str) -> str:
+    """The JSON-RPC URL a node connects to for ``--chain``."""
+    if spec == "embedded":
+        raise ConfigError(
+            "an embedded chain lives inside one process and cannot be shared by nodes: "
+            "use `vgame demo` for it, or run nodes on --chain anvil / an http(s) URL"
+        )
+    if spec == "anvil":
+        return LOCAL_ANVIL_URL
+    if spec.startswith(("http://", "https://", "ws://", "wss://")):
+        return spec
+    raise ConfigError(f"--chain {spec!r}: use anvil or an http(s)/ws(s) JSON-RPC URL")
+
+
+def _line(a: AgentAction) -> str:
+    parts = [f"[bold]{a.actor}[/]", a.what, f"task {a.task_id}"]
+    if a.game_id is not None:
+        parts.append(f"game {a.game_id}")
+    if a.leaf_index is not None:
+        parts.append(f"leaf {a.leaf_index}")
+    if a.gas_used is not None:
+        parts.append(f"gas {a.gas_used}")
+    if a.detail:
+        parts.append(f"- {a.detail}")
+    return "  ".join(parts)
+
+
+@app.command("node")
+def node_cmd(
+    role: Annotated[Role, typer.Argument(help="Which agent to run.")],
+    contract: Annotated[str, typer.Option("--contract", help="Address of the deployed game contract.")],
+    task: Annotated[int, typer.Option("--task", help="Task id to work on.")],
+    store: Annotated[Path, typer.Option("--store", help="Blob store directory (shared with the others).")],
+    workdir: Annotated[Path, typer.Option("--workdir", help="This node's own files (progress, transcript).")],
+    chain: Annotated[
+        str, typer.Option("--chain", help="anvil (local, port 8545) or a JSON-RPC URL.")
+    ] = "anvil",
+    key: Annotated[
+        str | None, typer.Option("--key", help="Hex private key or keystore file (else VGAME_PRIVATE_KEY).")
+    ] = None,
+    data_key: Annotated[
+        str | None, typer.Option("--data-key", help="The task's 64-hex data key (else VGAME_DATA_KEY).")
+    ] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
+    ] = "cpu-1t",
+    config: Annotated[Path | None, typer.Option("--config", help="Task config TOML (trainer).")] = None,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="Auditor: honest, lying, silent-after-challenge.")
+    ] = ("honest"),
+    seed: Annotated[int, typer.Option("--seed", help="Auditor: seed of the lying strategy.")] = 0,
+    evidence_dir: Annotated[
+        Path | None, typer.Option("--evidence-dir", help="Directory where the judge's evidence is left.")
+    ] = None,
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between steps.")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
+) -> None:
+    """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
+    import json
+
+    from game.agents import AgentError
+    from game.chain.client import VerificationGameClient
+    from game.chain.rpc import RpcChain
+    from game.store import BlobStore, parse_key
+
+    logging.basicConfig(
+        level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    hexkey = data_key or os.environ.get("VGAME_DATA_KEY")
+    if not hexkey:
+        raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
+    dkey = parse_key(hexkey)
+    rpc = RpcChain(chain_url(chain), key=key)
+    client = VerificationGameClient(rpc, contract, rpc.account(0))
+    blobs = BlobStore(store)
+    agent: Any
+    if role == Role.trainer:
+        from game.training.config import load_config
+        from trainer_node.agent import TrainerAgent
+
+        if config is None:
+            raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
+        agent = TrainerAgent(
+            client, task, load_config(config), profile=profile, workdir=workdir, store=blobs, data_key=dkey
+        )
+    elif role == Role.auditor:
+        from auditor_node.agent import AuditorAgent
+
+        agent = AuditorAgent(
+            client,
+            task,
+            profile=profile,
+            workdir=workdir,
+            store=blobs,
+            data_key=dkey,
+            strategy=strategy,
+            seed=seed,
+            evidence_dir=evidence_dir,
+        )
+    else:
+        from game.judge import Judge
+
+        agent = Judge(
+            client,
+            profile=profile,
+            workdir=workdir,
+            store=blobs,
+            data_key=dkey,
+            evidence_dir=evidence_dir,
+            task_id=task,
+        )
+    if not as_json:
+        err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
+    while True:
+        try:
+            actions = agent.step()
+        except AgentError:
+            raise  # this node cannot go on (wrong config, lost workdir): say so and stop
+        except ChainError as exc:  # a node hiccup or a refused transaction: try again next round
+            err_console.print(f"[yellow]warning:[/] {exc}")
+            actions = []
+        for a in actions:
+            if as_json:
+                sys.stdout.write(json.dumps(a.to_dict()) + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(_line(a))
+        if agent.done:
+            if not as_json:
+                err_console.print(f"{role.value} node: task {task} is done")
+            return
+        if not actions:
+            time.sleep(poll)

@@ -1,0 +1,305 @@
+"""``vgame task ...``: the client's part of a task from the shell (the API is :mod:`game.tasks`).
+
+A task lives on a chain that outlives one command, so these commands talk to a running node by its
+JSON-RPC URL (``--chain http://127.0.0.1:8545`` for a local anvil you started, or a testnet) and sign
+with ``--key`` (or ``VGAME_PRIVATE_KEY``). ``embedded`` and ``anvil`` start a fresh chain per
+command, which would forget the task at once, so they are refused here with a hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from game.cli.app import app, console, emit_json
+from game.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eth_typing import ChecksumAddress
+
+    from game.chain.client import VerificationGameClient
+    from game.chain.types import TxReceipt
+
+task_app = typer.Typer(
+    help="The client's part: post a task, read it, cancel, finalize, reclaim; make a data key.",
+    no_args_is_help=True,
+)
+app.add_typer(task_app, name="task")
+
+ChainOpt = Annotated[
+    str,
+    typer.Option(
+        "--chain", envvar="VGAME_CHAIN", help="JSON-RPC URL of a running node (e.g. http://127.0.0.1:8545)."
+    ),
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option("--key", help="Signing key: 0x-hex private key or keystore file (or VGAME_PRIVATE_KEY)."),
+]
+ContractOpt = Annotated[
+    str, typer.Option("--contract", envvar="VGAME_CONTRACT", help="Address of the deployed game contract.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
+
+
+@contextmanager
+def _client(chain: str, key: str | None, contract: str | None) -> Iterator[VerificationGameClient]:
+    """A client of the deployed contract on a running node, signing with ``key``."""
+    if not chain:
+        raise ConfigError("--chain is required: the JSON-RPC URL of a running node (or set VGAME_CHAIN)")
+    if chain in ("embedded", "anvil"):
+        raise ConfigError(
+            f"--chain {chain} starts a fresh chain for this one command, which forgets the task at once; "
+            "pass the JSON-RPC URL of a running node (start one with `anvil`), or use `vgame demo`"
+        )
+    from game.chain.backends import connect
+    from game.chain.client import VerificationGameClient
+
+    with connect(chain, key=key) as ch:
+        if contract is None:
+            yield VerificationGameClient(ch, "0x" + "00" * 20, ch.account(0))
+            return
+        if not ch.w3.eth.get_code(_address(contract)):
+            raise ConfigError(f"no contract at {contract} on {ch.describe()}")
+        yield VerificationGameClient(ch, contract, ch.account(0))
+
+
+def _address(text: str) -> ChecksumAddress:
+    from web3 import Web3
+
+    if not Web3.is_address(text):
+        raise ConfigError(f"{text!r} is not an address (0x followed by 40 hex digits)")
+    return Web3.to_checksum_address(text)
+
+
+def _tx_doc(rec: TxReceipt) -> dict[str, Any]:
+    return {
+        "function": rec.function,
+        "tx_hash": rec.tx_hash,
+        "block": rec.block_number,
+        "gas_used": rec.gas_used,
+    }
+
+
+def _report(rec: TxReceipt | None, what: str, as_json: bool, **extra: Any) -> None:
+    doc: dict[str, Any] = {"done": rec is not None, **extra}
+    if rec is not None:
+        doc["tx"] = _tx_doc(rec)
+    if as_json:
+        emit_json(doc)
+        return
+    if rec is None:
+        console.print(f"nothing to {what}")
+        return
+    console.print(f"[bold green]{what}[/] tx {rec.tx_hash} (gas {rec.gas_used:,})")
+
+
+# ----------------------------------------------------------------------------------------------
+# keygen, deploy
+# ----------------------------------------------------------------------------------------------
+
+
+@task_app.command("keygen")
+def keygen_cmd(
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the key to this file (mode 600).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a fresh 256-bit data key: hand it to the trainer, auditor and judge, never on-chain."""
+    from game.store import new_key
+
+    key = new_key().hex()
+    if out is not None:
+        _write_secret(out, key)
+    if as_json:
+        emit_json({"data_key": key, "file": str(out) if out else None})
+        return
+    console.print(key)
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text + "\n", encoding="ascii")
+
+
+@task_app.command("deploy")
+def deploy_cmd(chain: ChainOpt = "", key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Deploy the game contract (once per chain; every task of every client can use it)."""
+    from game.chain.deploy import deploy_contract
+
+    with _client(chain, key, None) as c:
+        dep = deploy_contract(c.chain, c.account)
+    if as_json:
+        emit_json({"contract": dep.address, "tx_hash": dep.tx_hash, "gas_used": dep.gas_used})
+        return
+    console.print(f"[bold green]deployed[/] the game at {dep.address} (gas {dep.gas_used:,})")
+
+
+# ----------------------------------------------------------------------------------------------
+# create
+# ----------------------------------------------------------------------------------------------
+
+
+@task_app.command("create")
+def create_cmd(
+    config: Annotated[Path, typer.Option("--config", help="TOML task config (its spec hash goes on-chain).")],
+    trainer: Annotated[str, typer.Option("--trainer", help="The trainer's address.")],
+    judge: Annotated[str, typer.Option("--judge", help="The judge's address.")],
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    payment: Annotated[int, typer.Option("--payment", help="Payment escrowed, in wei.")] = 10**15,
+    trainer_bond: Annotated[int, typer.Option("--trainer-bond", help="Trainer's bond, in wei.")] = 5 * 10**14,
+    auditor_bond: Annotated[int, typer.Option("--auditor-bond", help="Each auditor's bond, in wei.")] = 10
+    ** 14,
+    clock: Annotated[int, typer.Option("--clock", help="Seconds per party per game (chess clock).")] = 3600,
+    window: Annotated[
+        int, typer.Option("--window", help="Challenge window after the commit, seconds.")
+    ] = 86400,
+    judge_window: Annotated[
+        int, typer.Option("--judge-window", help="Seconds the judge has to rule.")
+    ] = 3600,
+    data_key: Annotated[
+        str | None, typer.Option("--data-key", help="Use this data key (64 hex) instead of a fresh one.")
+    ] = None,
+    data_key_out: Annotated[
+        Path | None, typer.Option("--data-key-out", help="Write the data key to this file (mode 600).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
+    from game.store import new_key, parse_key
+    from game.tasks import TaskTerms, post_task
+    from game.training.config import load_config
+
+    cfg = load_config(config)
+    terms = TaskTerms(
+        payment=payment,
+        trainer_bond=trainer_bond,
+        auditor_bond=auditor_bond,
+        clock_allowance=clock,
+        challenge_window=window,
+        judge_window=judge_window,
+    )
+    trainer_addr, judge_addr = _address(trainer), _address(judge)
+    dkey = parse_key(data_key) if data_key else new_key()
+    with _client(chain, key, _required_contract(contract)) as c:
+        rec = post_task(c, cfg.spec_hash(), trainer=trainer_addr, judge=judge_addr, terms=terms)
+    if data_key_out is not None:
+        _write_secret(data_key_out, dkey.hex())
+    doc = {
+        "task_id": rec.result,
+        "spec_hash": cfg.spec_hash().hex(),
+        "data_key": dkey.hex(),
+        "data_key_file": str(data_key_out) if data_key_out else None,
+        "terms": terms.to_dict(),
+        "tx": _tx_doc(rec),
+    }
+    if as_json:
+        emit_json(doc)
+        return
+    console.print(f"[bold green]task {rec.result}[/] posted (tx {rec.tx_hash}, gas {rec.gas_used:,})")
+    console.print(f"  spec hash  {doc['spec_hash']}")
+    console.print(f"  data key   {doc['data_key']}  (give it to the trainer, auditors and judge)")
+
+
+def _required_contract(contract: str) -> str:
+    if not contract:
+        raise ConfigError(
+            "--contract is required (or set VGAME_CONTRACT); deploy one with `vgame task deploy`"
+        )
+    return _address(contract)
+
+
+# ----------------------------------------------------------------------------------------------
+# show, cancel, finalize, reclaim
+# ----------------------------------------------------------------------------------------------
+
+
+@task_app.command("show")
+def show_cmd(
+    task_id: Annotated[int, typer.Argument(help="Task id (1, 2, ...).")],
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """The task's state and every game played against it."""
+    from game.tasks import describe_task
+
+    with _client(chain, key, _required_contract(contract)) as c:
+        doc = describe_task(c, task_id)
+    if as_json:
+        emit_json(doc)
+        return
+    table = Table(title=f"task {task_id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for k, v in doc.items():
+        if k != "games":
+            table.add_row(k, str(v))
+    console.print(table)
+    if doc["games"]:
+        games = Table(title="games")
+        for col in ("game_id", "phase", "lo", "hi", "pinned_step", "outcome", "reason", "winner"):
+            games.add_column(col)
+        for g in doc["games"]:
+            games.add_row(
+                *(
+                    str(g[col])
+                    for col in ("game_id", "phase", "lo", "hi", "pinned_step", "outcome", "reason", "winner")
+                )
+            )
+        console.print(games)
+
+
+@task_app.command("cancel")
+def cancel_cmd(
+    task_id: Annotated[int, typer.Argument(help="Task id.")],
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a task nobody has committed to yet; the payment is credited back (then `reclaim`)."""
+    with _client(chain, key, _required_contract(contract)) as c:
+        rec = c.cancel(task_id)
+    _report(rec, "cancelled", as_json, task_id=task_id)
+
+
+@task_app.command("finalize")
+def finalize_cmd(
+    task_id: Annotated[int, typer.Argument(help="Task id.")],
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Settle a task after its challenge window, once every game has ended (anyone may)."""
+    with _client(chain, key, _required_contract(contract)) as c:
+        rec = c.finalize(task_id)
+    _report(rec, "finalized", as_json, task_id=task_id)
+
+
+@task_app.command("reclaim")
+def reclaim_cmd(
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Withdraw this account's credit: the payment after a successful challenge or a cancel."""
+    from game.tasks import reclaim
+
+    with _client(chain, key, _required_contract(contract)) as c:
+        credit = c.credit()
+        rec = reclaim(c)
+    _report(rec, "reclaimed", as_json, amount=credit if rec is not None else 0)

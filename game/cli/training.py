@@ -1,0 +1,288 @@
+"""``vgame profiles | train | audit | replay-step | divergence``: the training core from the shell.
+
+Torch is imported inside the commands (through ``game.training.session``) so ``vgame --help`` and the
+chain commands stay fast. Every command prints for people by default and one JSON document with
+``--json``. Bad input raises :class:`~game.errors.ConfigError` or :class:`~game.errors.TranscriptError`,
+which ``game.cli.main`` prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from game.cli.app import app, console, emit_json, err_console
+from game.errors import ConfigError
+
+if TYPE_CHECKING:
+    from game.training.config import TaskConfig
+    from game.training.session import DivergenceResult
+
+ProgressFn = Callable[[int, int], None]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
+    """A rich progress bar on stderr for people; nothing when ``quiet`` (``--json``)."""
+    if quiet:
+        yield None
+        return
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _task_config(
+    preset: str | None,
+    config: Path | None,
+    steps: int | None,
+    seed: int | None,
+    bits: int | None,
+    tau: float | None,
+) -> TaskConfig:
+    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last."""
+    from game.training.config import TaskConfig, load_config
+
+    overrides: dict[str, Any] = {}
+    for key, value in (("steps", steps), ("seed", seed), ("bits", bits), ("tau", tau)):
+        if value is not None:
+            overrides[key] = float(value) if key == "tau" else value
+    if config is not None:
+        cfg = load_config(config)
+        if preset is not None and preset != cfg.preset:
+            raise ConfigError(
+                f"--preset {preset} disagrees with preset {cfg.preset!r} in {config}; pass only one of them"
+            )
+        return cfg.replace(**overrides) if overrides else cfg
+    if preset is None:
+        raise ConfigError("no task given: pass --preset NAME or --config FILE.toml (see `vgame profiles`)")
+    return TaskConfig.for_preset(preset, **overrides)
+
+
+def _check_profile(name: str) -> None:
+    from game.training.profiles import get_profile
+
+    get_profile(name)  # raises ConfigError listing the valid names
+
+
+# ----------------------------------------------------------------------------------------------
+# profiles
+# ----------------------------------------------------------------------------------------------
+
+
+@app.command("profiles")
+def profiles_cmd(as_json: JsonOpt = False) -> None:
+    """List the hardware profiles a trainer or auditor can run on."""
+    from game.training.profiles import list_profiles
+
+    rows = [_profile_row(p) for p in list_profiles()]
+    if as_json:
+        emit_json({"profiles": rows})
+        return
+    table = Table(title="hardware profiles")
+    table.add_column("name", style="bold")
+    table.add_column("available")
+    table.add_column("description")
+    for row in rows:
+        table.add_row(row["name"], "yes" if row["available"] else "no", row["description"])
+    console.print(table)
+
+
+def _profile_row(profile: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": str(profile["name"]),
+        "available": bool(profile["available"]),
+        "description": str(profile["description"]),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# train
+# ----------------------------------------------------------------------------------------------
+
+
+@app.command("train")
+def train_cmd(
+    out: Annotated[
+        Path, typer.Option("--out", help="Transcript directory (resumed if it holds a partial run).")
+    ],
+    preset: Annotated[str | None, typer.Option("--preset", help="Task preset, e.g. mlp-digits.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML task config.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps S.")] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
+    ] = "cpu-1t",
+    seed: Annotated[int | None, typer.Option("--seed", help="Task seed.")] = None,
+    bits: Annotated[int | None, typer.Option("--bits", help="Rounding grid bits, 16..32.")] = None,
+    tau: Annotated[
+        float | None, typer.Option("--tau", help="Log threshold, a fraction of the grid ulp.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots)."""
+    cfg = _task_config(preset, config, steps, seed, bits, tau)
+    _check_profile(profile)
+    from game.training.session import train
+
+    with _progress(f"train {cfg.preset} on {profile}", as_json) as update:
+        result = train(cfg, profile, out, progress=update)
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+        return
+    console.print(f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {profile}")
+    if result.resumed_from is not None:
+        console.print(f"  resumed after step {result.resumed_from}")
+    console.print(f"  transcript  {result.out_dir}")
+    console.print(f"  spec hash   {doc['spec_hash']}")
+    console.print(f"  state root  {doc['state_root']}")
+    console.print(f"  log root    {doc['log_root']}")
+    console.print(f"  log size    {doc['log_bytes']} bytes")
+
+
+# ----------------------------------------------------------------------------------------------
+# audit
+# ----------------------------------------------------------------------------------------------
+
+
+@app.command("audit")
+def audit_cmd(
+    transcript: Annotated[Path, typer.Option("--transcript", help="The trainer's transcript directory.")],
+    profile: Annotated[str, typer.Option("--profile", help="The auditor's hardware profile.")],
+    no_log: Annotated[
+        bool, typer.Option("--no-log", help="Ignore the trainer's rounding log (shows why it is needed).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-train as the auditor (Algorithm 3) and compare state roots; exit code 1 on a mismatch."""
+    _check_profile(profile)
+    from game.training.session import audit
+
+    with _progress(f"audit on {profile}", as_json) as update:
+        result = audit(transcript, profile, use_log=not no_log, progress=update)
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+    elif result.match:
+        console.print(f"[bold green]match[/]: {result.steps} steps replayed on {profile}")
+        console.print(f"  state root   {doc['auditor_state_root']}")
+        console.print(f"  corrections  {result.corrections} (trainer directions applied by rev)")
+    else:
+        console.print(f"[bold red]MISMATCH[/]: first divergent step {result.first_divergent_step}")
+        console.print(f"  trainer root  {doc['trainer_state_root']}")
+        console.print(f"  auditor root  {doc['auditor_state_root']}")
+    if not result.match:
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# replay-step
+# ----------------------------------------------------------------------------------------------
+
+
+@app.command("replay-step")
+def replay_step_cmd(
+    transcript: Annotated[Path, typer.Option("--transcript", help="The trainer's transcript directory.")],
+    step: Annotated[int, typer.Option("--step", help="The step j to re-run from the state at j-1.")],
+    profile: Annotated[str, typer.Option("--profile", help="Hardware profile to re-run it on.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-run one step with its log chunk (the judge's primitive) and compare with the trainer's leaf."""
+    _check_profile(profile)
+    from game.training.session import replay_step
+
+    result = replay_step(transcript, step, profile)
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+        return
+    verdict = "[bold green]matches[/]" if result.matches_transcript else "[bold red]differs from[/]"
+    console.print(f"step {result.step}: state hash {doc['state_hash']} {verdict} the transcript's leaf")
+
+
+# ----------------------------------------------------------------------------------------------
+# divergence
+# ----------------------------------------------------------------------------------------------
+
+
+@app.command("divergence")
+def divergence_cmd(
+    preset: Annotated[str, typer.Option("--preset", help="Task preset.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for divergence.png and divergence.json.")],
+    steps: Annotated[int, typer.Option("--steps", help="Steps to train each pair for.")] = 20,
+    trainer_profile: Annotated[str, typer.Option("--trainer-profile")] = "cpu-1t",
+    auditor_profile: Annotated[str, typer.Option("--auditor-profile")] = "noisy",
+    seed: Annotated[int | None, typer.Option("--seed", help="Task seed.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Weight distance between two profiles per step: fp32, fp64+rounding without and with the log."""
+    cfg = _task_config(preset, None, steps, seed, None, None)
+    _check_profile(trainer_profile)
+    _check_profile(auditor_profile)
+    from game.training.session import divergence
+
+    with _progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:
+        result = divergence(cfg, steps, trainer_profile, auditor_profile, progress=update)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = result.to_dict()
+    (out / "divergence.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot_divergence(result, out / "divergence.png")
+    doc = {**doc, "png": str(out / "divergence.png"), "json": str(out / "divergence.json")}
+    if as_json:
+        emit_json(doc)
+        return
+    table = Table(title=f"L2 weight distance after {steps} steps ({trainer_profile} vs {auditor_profile})")
+    table.add_column("series")
+    table.add_column("final distance", justify="right")
+    for name, values in result.series.items():
+        table.add_row(name, f"{values[-1]:.3e}")
+    console.print(table)
+    console.print(f"wrote {doc['png']} and {doc['json']}")
+
+
+def plot_divergence(result: DivergenceResult, path: Path) -> None:
+    """Log-scale plot of the three series (paper Figure 5); exact zeros sit on a marked floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positive = [v for values in result.series.values() for v in values if v > 0]
+    floor = 10 ** math.floor(math.log10(min(positive))) / 10 if positive else 1e-12
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = {"fp32": "-o", "fp64+rounding, no log": "-s", "fp64+rounding, with log": "-^"}
+    steps = list(range(len(next(iter(result.series.values())))))
+    for name, values in result.series.items():
+        zero = all(v == 0 for v in values)
+        label = f"{name} (identical: 0 at every step)" if zero else name
+        ax.plot(steps, [max(v, floor) for v in values], styles.get(name, "-"), label=label, markersize=3)
+    ax.axhline(floor, color="grey", linewidth=0.6, linestyle=":")
+    ax.text(0, floor, " exact 0 drawn here", va="bottom", fontsize=7, color="grey")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("L2 distance of weights")
+    ax.set_title(f"{result.preset}: {result.trainer_profile} vs {result.auditor_profile}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,644 @@
+"""Run one scenario end to end on a chain: client, trainer, auditor and judge, all by transaction.
+
+Why an orchestrator and not three processes: the demo and the scenario tests must be one command
+on an in-process chain. The agents here are the very objects the long-lived nodes loop over
+(``TrainerAgent``, ``AuditorAgent``, ``Judge``): each ``step()`` does whatever is due *now* and
+never sleeps. The loop steps every active agent; when a whole round does nothing, the only thing
+left is time, so it moves the chain's clock just past the next relevant deadline (the challenge
+window's end, a game's clock or the judge's deadline), or, on a chain whose clock cannot move,
+sleeps until then. It stops once the task is settled and every credit is withdrawn, then checks
+the money: the contract holds nothing and every party's balance moved exactly as the rules say.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from game.errors import ConfigError, VGameError
+from game.scenarios import Scenario, get_scenario
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from game.agents import AgentAction
+    from game.chain.backends import Chain
+    from game.chain.client import VerificationGameClient
+    from game.chain.types import Game, Task
+    from game.tasks import TaskTerms
+    from game.training.config import TaskConfig
+
+log = logging.getLogger(__name__)
+
+#: The demo's default task: the CI-sized Shakespeare GPT, short enough for 2 cores in < 3 minutes.
+DEFAULT_PRESET = "gpt-shakespeare"
+DEFAULT_STEPS = 50
+DEFAULT_TRAINER_PROFILE = "cpu-1t"
+DEFAULT_AUDITOR_PROFILE = "noisy"
+DEFAULT_JUDGE_PROFILE = "splitk-16"
+
+PARTIES = ("client", "trainer", "auditor", "judge")
+#: Actions that are moves of a verification game (what the live table counts as "moves").
+GAME_MOVES = frozenset({"challenge", "reveal", "respond", "rule", "timeout"})
+#: Idle rounds with nothing ahead before the demo gives up, and the nap between them on a real chain.
+STUCK_ROUNDS = 5
+REALTIME_STUCK_ROUNDS = 60  # a testnet's next block may be many seconds away
+REALTIME_NAP_S = 2.0
+#: Ether given to each fresh account on a chain with a single funded key (a testnet).
+FRESH_ACCOUNT_FUNDS = 5 * 10**15
+
+ActionSink = Callable[["AgentAction"], None]
+ProgressSink = Callable[[str, int, int], None]
+
+
+class DemoError(VGameError, RuntimeError):
+    """The scenario could not be played to its end (nothing left to do, yet the task is not settled)."""
+
+
+@dataclass(frozen=True)
+class PartyBalance:
+    """One party's money over the run (wei): what moved, what the rules say should have moved."""
+
+    address: str
+    start: int
+    end: int
+    gas_cost: int  # fees paid for the transactions this party sent
+    expected_change: int  # change the rules promise, before fees
+
+    @property
+    def change(self) -> int:
+        return self.end - self.start
+
+    @property
+    def ok(self) -> bool:
+        return self.change == self.expected_change - self.gas_cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "start": self.start,
+            "end": self.end,
+            "change": self.change,
+            "gas_cost": self.gas_cost,
+            "expected_change": self.expected_change,
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True)
+class GameSummary:
+    game_id: int
+    auditor: str
+    outcome: str  # trainer_won | auditor_won | void
+    reason: str  # ruling | timeout | judge_timeout
+    winner: str | None
+    pinned_step: int | None
+    dispute_init: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What happened; :meth:`to_dict` is the ``vgame demo --json`` document."""
+
+    scenario: str
+    disputed_step: int | None  # the step the judge re-ran (None when no game was pinned)
+    winner: str  # "trainer" | "auditor" | "void"
+    trainer_paid: bool
+    moves: int  # game moves: challenge, reveal, respond, rule, timeout
+    transactions: int  # every transaction of the run after deployment
+    gas_total: int
+    balances_ok: bool
+    trainer_profile: str
+    auditor_profile: str
+    judge_profile: str
+    expected_winner: str
+    deviation_step: int | None  # S, for the scenarios where the trainer deviates
+    chain: str
+    preset: str
+    steps: int
+    task_id: int
+    contract: str
+    contract_balance: int
+    end_reason: str | None  # how the (first) game ended
+    games: tuple[GameSummary, ...]
+    balances: dict[str, PartyBalance]
+    actions: tuple[AgentAction, ...] = field(repr=False)
+    elapsed_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "disputed_step": self.disputed_step,
+            "winner": self.winner,
+            "trainer_paid": self.trainer_paid,
+            "moves": self.moves,
+            "transactions": self.transactions,
+            "gas_total": self.gas_total,
+            "balances_ok": self.balances_ok,
+            "trainer_profile": self.trainer_profile,
+            "auditor_profile": self.auditor_profile,
+            "judge_profile": self.judge_profile,
+            "expected_winner": self.expected_winner,
+            "deviation_step": self.deviation_step,
+            "end_reason": self.end_reason,
+            "chain": self.chain,
+            "preset": self.preset,
+            "steps": self.steps,
+            "task_id": self.task_id,
+            "contract": self.contract,
+            "contract_balance": self.contract_balance,
+            "games": [g.to_dict() for g in self.games],
+            "balances": {k: v.to_dict() for k, v in self.balances.items()},
+            "actions": [a.to_dict() for a in self.actions],
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def demo_config(preset: str = DEFAULT_PRESET, steps: int | None = DEFAULT_STEPS) -> TaskConfig:
+    """The preset's example task (``game/training/presets/<preset>.toml``), with ``steps`` if given."""
+    from game.training.config import example_config
+
+    cfg = example_config(preset)
+    return cfg.replace(steps=steps) if steps is not None else cfg
+
+
+def run_scenario(
+    name: str,
+    *,
+    chain_spec: str = "embedded",
+    preset: str = DEFAULT_PRESET,
+    steps: int | None = DEFAULT_STEPS,
+    config: TaskConfig | None = None,
+    poison_step: int | None = None,
+    trainer_profile: str = DEFAULT_TRAINER_PROFILE,
+    auditor_profile: str = DEFAULT_AUDITOR_PROFILE,
+    judge_profile: str = DEFAULT_JUDGE_PROFILE,
+    auditor_seed: int = 0,
+    terms: TaskTerms | None = None,
+    workdir: Path | None = None,
+    chain: Chain | None = None,
+    key: str | None = None,
+    on_action: ActionSink | None = None,
+    progress: ProgressSink | None = None,
+    max_rounds: int = 500,
+) -> DemoResult:
+    """Play scenario ``name`` to the end and report who won and whether the money adds up.
+
+    ``config`` (a whole task) overrides ``preset``/``steps``; ``poison_step`` is the step S where
+    the trainer deviates (default: the middle step). ``chain`` reuses an open chain (a fresh
+    contract is deployed on it either way); otherwise ``chain_spec`` is connected and closed here.
+    """
+    scenario = get_scenario(name)
+    if len({trainer_profile, auditor_profile}) < 2:
+        raise ConfigError(
+            f"trainer and auditor must run on different profiles (both {trainer_profile!r}): "
+            "the demo shows replication across hardware"
+        )
+    cfg = config if config is not None else demo_config(preset, steps)
+    if poison_step is not None and not scenario.takes_step:
+        raise ConfigError(f"scenario {name!r} has no deviating step; drop --poison-step")
+    deviation = scenario.make_deviation(cfg, poison_step)
+    step_s = getattr(deviation, "step", None)
+    with ExitStack() as stack:
+        if chain is None:
+            from game.chain.backends import connect
+
+            chain = stack.enter_context(connect(chain_spec, key=key))
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgame-demo-")))
+        run = _Run(
+            scenario=scenario,
+            chain=chain,
+            cfg=cfg,
+            deviation=deviation,
+            deviation_step=step_s,
+            profiles=(trainer_profile, auditor_profile, judge_profile),
+            auditor_seed=auditor_seed,
+            terms=terms,
+            workdir=Path(workdir),
+            on_action=on_action,
+            progress=progress,
+        )
+        return run.play(max_rounds)
+    raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+
+
+class _Run:
+    """One scenario on one chain: the parties, their agents, the loop and the final accounting."""
+
+    def __init__(
+        self,
+        *,
+        scenario: Scenario,
+        chain: Chain,
+        cfg: TaskConfig,
+        deviation: Any,
+        deviation_step: int | None,
+        profiles: tuple[str, str, str],
+        auditor_seed: int,
+        terms: TaskTerms | None,
+        workdir: Path,
+        on_action: ActionSink | None,
+        progress: ProgressSink | None,
+    ) -> None:
+        from game.tasks import REALTIME_TERMS, TaskTerms
+
+        self.scenario = scenario
+        self.chain = chain
+        self.cfg = cfg
+        self.deviation = deviation
+        self.deviation_step = deviation_step
+        self.profiles = profiles
+        self.auditor_seed = auditor_seed
+        self.terms = terms or (TaskTerms() if chain.supports_time_travel else REALTIME_TERMS)
+        self.workdir = workdir
+        self.on_action = on_action
+        self.progress = progress
+        self.actions: list[AgentAction] = []
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ setup
+    def _accounts(self) -> dict[str, LocalAccount]:
+        """Four distinct accounts; on a chain with one funded key, three fresh funded ones."""
+        chain = self.chain
+        if len(chain.accounts) >= len(PARTIES):
+            return {p: chain.account(i) for i, p in enumerate(PARTIES)}
+        client = chain.account(0)
+        out = {"client": client}
+        for p in PARTIES[1:]:
+            out[p] = chain.new_account(FRESH_ACCOUNT_FUNDS)
+            log.info("funded a fresh %s account %s", p, out[p].address)
+        return out
+
+    def record(self, action: AgentAction) -> None:
+        self.actions.append(action)
+        if action.what != "idle":
+            log.info(
+                "%s %s task %s game %s leaf %s gas %s %s",
+                action.actor,
+                action.what,
+                action.task_id,
+                action.game_id,
+                action.leaf_index,
+                action.gas_used,
+                action.detail,
+            )
+        if self.on_action is not None:
+            self.on_action(action)
+
+    def play(self, max_rounds: int) -> DemoResult:
+        from auditor_node.agent import AuditorAgent
+        from game.agents import AgentAction
+        from game.chain.client import VerificationGameClient
+        from game.chain.deploy import deploy
+        from game.judge import Judge
+        from game.store import BlobStore, new_key
+        from game.tasks import post_task
+        from trainer_node.agent import TrainerAgent
+
+        chain = self.chain
+        accounts = self._accounts()
+        address = deploy(chain, accounts["client"])
+        clients = {p: VerificationGameClient(chain, address, acct) for p, acct in accounts.items()}
+        start = {p: chain.balance(a.address) for p, a in accounts.items()}
+        first_block = chain.block_number() + 1
+
+        data_key = new_key()
+        store = BlobStore(self.workdir / "store")
+        evidence = self.workdir / "evidence"
+        trainer_profile, auditor_profile, judge_profile = self.profiles
+        receipt = post_task(
+            clients["client"],
+            self.cfg.spec_hash(),
+            trainer=accounts["trainer"].address,
+            judge=accounts["judge"].address,
+            terms=self.terms,
+        )
+        task_id = receipt.result
+        if task_id is None:
+            raise DemoError("createTask emitted no TaskCreated event")
+        self.record(
+            AgentAction(
+                actor="client",
+                what="post",
+                task_id=task_id,
+                gas_used=receipt.gas_used,
+                tx_hash=receipt.tx_hash,
+                detail=f"payment {self.terms.payment / 10**18:g} ETH, spec {self.cfg.spec_hash().hex()[:12]}…",
+            )
+        )
+        agents: dict[str, Any] = {
+            "trainer": TrainerAgent(
+                clients["trainer"],
+                task_id,
+                self.cfg,
+                profile=trainer_profile,
+                workdir=self.workdir / "trainer",
+                store=store,
+                data_key=data_key,
+                deviation=self.deviation,
+                on_action=self.record,
+                progress=self.progress,
+            ),
+            "auditor": AuditorAgent(
+                clients["auditor"],
+                task_id,
+                profile=auditor_profile,
+                workdir=self.workdir / "auditor",
+                store=store,
+                data_key=data_key,
+                strategy=self.scenario.auditor_strategy,
+                seed=self.auditor_seed,
+                evidence_dir=evidence,
+                on_action=self.record,
+                progress=self.progress,
+            ),
+            "judge": Judge(
+                clients["judge"],
+                profile=judge_profile,
+                workdir=self.workdir / "judge",
+                store=store,
+                data_key=data_key,
+                evidence_dir=evidence,
+                on_action=self.record,
+            ),
+        }
+        client = clients["client"]
+        stuck = 0
+        for _ in range(max_rounds):
+            acted = False
+            for party, agent in agents.items():
+                if self._silenced(party, client, task_id):
+                    continue
+                done = agent.step()
+                acted = acted or any(a.what != "idle" for a in done)
+            if self._settled(clients, task_id):
+                break
+            if acted:
+                stuck = 0
+                continue
+            if self._client_chores(client, task_id):
+                stuck = 0
+                continue
+            if self._wait_for_next_deadline(client, task_id):
+                stuck = 0
+                continue
+            # Nothing ahead, yet not settled: a deadline passed in the latest block and a move
+            # needs a later one. Give the chain a block (or, for real, a moment) a few times.
+            stuck += 1
+            if stuck > (STUCK_ROUNDS if self.chain.supports_time_travel else REALTIME_STUCK_ROUNDS):
+                raise DemoError(self._stuck_message(client, task_id))
+            if self.chain.supports_time_travel:
+                self.chain.time_travel(1)
+            else:
+                time.sleep(REALTIME_NAP_S)
+        else:
+            raise DemoError(f"scenario {self.scenario.name!r} did not settle in {max_rounds} rounds")
+        return self._result(clients, accounts, address, task_id, start, first_block)
+
+    # ------------------------------------------------------------------ loop helpers
+    def _silenced(self, party: str, client: VerificationGameClient, task_id: int) -> bool:
+        """The scenario's silent party stops moving once a game against the task is open."""
+        if self.scenario.silent_after_challenge != party:
+            return False
+        from game.tasks import task_game_ids
+
+        return bool(task_game_ids(client, task_id))
+
+    def _settled(self, clients: dict[str, VerificationGameClient], task_id: int) -> bool:
+        from game.chain.types import TaskStatus
+
+        t = clients["client"].task(task_id)
+        if t.status not in (TaskStatus.FINALIZED, TaskStatus.CANCELLED):
+            return False
+        return all(c.credit() == 0 for c in clients.values())
+
+    def _client_chores(self, client: VerificationGameClient, task_id: int) -> bool:
+        """What the client does when the agents have nothing to do: settle, then reclaim."""
+        from game.agents import AgentAction
+        from game.tasks import finalize_if_due, reclaim
+
+        rec = finalize_if_due(client, task_id)
+        what = "finalize"
+        if rec is None:
+            t = client.task(task_id)
+            if t.status.name not in ("FINALIZED", "CANCELLED"):
+                return False
+            rec = reclaim(client)
+            what = "withdraw"
+        if rec is None:
+            return False
+        self.record(
+            AgentAction(
+                actor="client", what=what, task_id=task_id, gas_used=rec.gas_used, tx_hash=rec.tx_hash
+            )
+        )
+        return True
+
+    def _next_deadline(self, client: VerificationGameClient, task_id: int) -> int | None:
+        """The earliest time after which something becomes possible: window end, clocks, judge."""
+        from game.chain.types import Phase, TaskStatus
+        from game.tasks import task_games
+
+        t = client.task(task_id)
+        now = self.chain.now()
+        cands: list[int] = []
+        if t.status == TaskStatus.COMMITTED and t.window_ends > now:
+            cands.append(t.window_ends)
+        for gid, g in task_games(client, task_id):
+            if g.phase != Phase.ENDED:
+                d = client.deadline(gid)
+                if d >= now:
+                    cands.append(d + 1)  # timeout needs now > deadline
+        return min(cands) if cands else None
+
+    def _wait_for_next_deadline(self, client: VerificationGameClient, task_id: int) -> bool:
+        target = self._next_deadline(client, task_id)
+        if target is None:
+            return False
+        now = self.chain.now()
+        if self.chain.supports_time_travel:
+            self.chain.time_travel(max(1, target - now))
+            log.info("time travel %d s to %d (next deadline)", target - now, target)
+            return True
+        # a real chain: wait for real, in short naps, so the agents keep watching meanwhile
+        time.sleep(min(5.0, max(REALTIME_NAP_S, float(target - now))))
+        return True
+
+    def _stuck_message(self, client: VerificationGameClient, task_id: int) -> str:
+        from game.tasks import describe_task
+
+        state = describe_task(client, task_id)
+        games = ", ".join(f"game {g['game_id']} {g['phase']}" for g in state["games"]) or "no games"
+        return (
+            f"scenario {self.scenario.name!r} is stuck: no agent acts and no deadline is ahead "
+            f"(task {task_id} {state['status']}, {games})"
+        )
+
+    # ------------------------------------------------------------------ accounting
+    def _result(
+        self,
+        clients: dict[str, VerificationGameClient],
+        accounts: dict[str, LocalAccount],
+        address: str,
+        task_id: int,
+        start: dict[str, int],
+        first_block: int,
+    ) -> DemoResult:
+        from game.tasks import game_winner, task_games
+
+        client = clients["client"]
+        chain = self.chain
+        task = client.task(task_id)
+        games = task_games(client, task_id)
+        summaries = tuple(
+            GameSummary(
+                game_id=gid,
+                auditor=g.auditor,
+                outcome=g.outcome.name.lower(),
+                reason=g.reason.name.lower(),
+                winner=game_winner(g),
+                pinned_step=g.pinned_step,
+                dispute_init=g.dispute_init,
+            )
+            for gid, g in games
+        )
+        finalized = client.get_events("TaskFinalized", task_id=task_id)
+        trainer_paid = bool(finalized and finalized[0].trainer_paid)  # type: ignore[attr-defined]
+        fees = self._fees(accounts)
+        expected = expected_changes(task, [g for _, g in games])
+        balances = {
+            p: PartyBalance(
+                address=acct.address,
+                start=start[p],
+                end=chain.balance(acct.address),
+                gas_cost=fees.get(acct.address.lower(), 0),
+                expected_change=expected.get(acct.address.lower(), 0),
+            )
+            for p, acct in accounts.items()
+        }
+        contract_balance = chain.balance(address)
+        tx_hashes = {a.tx_hash for a in self.actions if a.tx_hash}
+        winners = [s.winner for s in summaries if s.winner]
+        if "auditor" in winners:
+            winner = "auditor"
+        elif winners:
+            winner = winners[0]
+        else:
+            winner = "trainer" if trainer_paid else "none"
+        pinned = [s.pinned_step for s in summaries if s.pinned_step is not None]
+        return DemoResult(
+            scenario=self.scenario.name,
+            disputed_step=pinned[0] if pinned else None,
+            winner=winner,
+            trainer_paid=trainer_paid,
+            moves=sum(1 for a in self.actions if a.what in GAME_MOVES and a.tx_hash),
+            transactions=len(tx_hashes),
+            gas_total=sum(a.gas_used or 0 for a in _unique_txs(self.actions)),
+            balances_ok=contract_balance == 0 and all(b.ok for b in balances.values()),
+            trainer_profile=self.profiles[0],
+            auditor_profile=self.profiles[1],
+            judge_profile=self.profiles[2],
+            expected_winner=self.scenario.winner,
+            deviation_step=self.deviation_step,
+            chain=chain.kind,
+            preset=self.cfg.preset,
+            steps=self.cfg.steps,
+            task_id=task_id,
+            contract=address,
+            contract_balance=contract_balance,
+            end_reason=summaries[0].reason if summaries else None,
+            games=summaries,
+            balances=balances,
+            actions=tuple(self.actions),
+            elapsed_s=time.monotonic() - self.started,
+        )
+
+    def _fees(self, accounts: dict[str, LocalAccount]) -> dict[str, int]:
+        """Fees per sender (lower-case address) of every transaction the run reported."""
+        ours = {a.address.lower() for a in accounts.values()}
+        fees: dict[str, int] = {}
+        for a in _unique_txs(self.actions):
+            rec = self.chain.w3.eth.get_transaction_receipt(a.tx_hash)  # type: ignore[arg-type]
+            sender = str(rec["from"]).lower()
+            if sender not in ours:
+                continue
+            price = int(rec.get("effectiveGasPrice", 0) or 0)
+            fees[sender] = fees.get(sender, 0) + int(rec["gasUsed"]) * price
+        return fees
+
+
+def _unique_txs(actions: list[AgentAction] | tuple[AgentAction, ...]) -> list[AgentAction]:
+    seen: set[str] = set()
+    out = []
+    for a in actions:
+        if a.tx_hash and a.tx_hash not in seen:
+            seen.add(a.tx_hash)
+            out.append(a)
+    return out
+
+
+def expected_changes(task: Task, games: list[Game]) -> dict[str, int]:
+    """Each address's balance change (before fees) that ``docs/contract.md``'s money tables promise.
+
+    Computed from the final task and game outcomes alone, independently of the contract's own
+    bookkeeping, so a wrong credit anywhere shows up as a balance that does not add up.
+    """
+    from game.chain.types import Outcome, TaskStatus
+
+    out: dict[str, int] = {}
+
+    def add(addr: str, wei: int) -> None:
+        out[addr.lower()] = out.get(addr.lower(), 0) + wei
+
+    client, trainer = task.client, task.trainer
+    add(client, -task.payment)
+    if task.status == TaskStatus.CANCELLED:
+        add(client, task.payment)
+        return out
+    if task.num_leaves:
+        add(trainer, -task.trainer_bond)
+    first_loss = True
+    for g in games:
+        add(g.auditor, -task.auditor_bond)
+        if g.outcome == Outcome.TRAINER_WON:
+            add(trainer, task.auditor_bond)
+        elif g.outcome == Outcome.AUDITOR_WON:
+            add(g.auditor, task.auditor_bond + (task.trainer_bond if first_loss else 0))
+            first_loss = False
+        elif g.outcome == Outcome.VOID:
+            add(g.auditor, task.auditor_bond)
+    if task.status == TaskStatus.FINALIZED:
+        if task.trainer_lost:
+            add(client, task.payment)
+        elif task.any_void:
+            add(client, task.payment)
+            add(trainer, task.trainer_bond)
+        else:
+            add(trainer, task.payment + task.trainer_bond)
+    return out
+
+
+__all__ = [
+    "DEFAULT_AUDITOR_PROFILE",
+    "DEFAULT_JUDGE_PROFILE",
+    "DEFAULT_PRESET",
+    "DEFAULT_STEPS",
+    "DEFAULT_TRAINER_PROFILE",
+    "DemoError",
+    "DemoResult",
+    "GameSummary",
+    "PartyBalance",
+    "demo_config",
+    "expected_changes",
+    "run_scenario",
+]

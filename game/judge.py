@@ -1,0 +1,359 @@
+"""The judge: re-run the single pinned step on its own profile and post the resulting state hash.
+
+Why it verifies everything first: the judge's ruling moves bonds, so it must be computed from
+inputs the chain itself vouches for. The config must hash to the task's spec hash; the log chunk
+of the step must hash to leaf ``step`` of the log tree whose root was committed (checked with a
+Merkle proof built from the transcript's chunk hashes); the pre-state must hash to the game's agreed
+leaf. Bad evidence raises an :class:`EvidenceError` naming what failed and never becomes a ruling;
+a judge that cannot gather valid evidence does not rule, and after the judge deadline anyone can
+void the game.
+
+Evidence comes from the published transcript (fetched with the data key) and, for the pre-state,
+from an evidence directory where anyone may leave state bytes under their hash (the auditor does);
+without one the judge rebuilds the pre-state from the transcript's nearest checkpoint, itself
+checked against the committed state tree, by replaying with the trainer's log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from game.agents import ActionSink, AgentAction, StateFile, action_from_receipt, config_path, pre_state_path
+from game.chain.client import VerificationGameClient
+from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
+from game.merkle import InclusionProof, MerkleTree, verify_proof
+from game.store import BlobStore, StoreError, fetch_directory
+from game.training.config import TaskConfig
+from game.training.transcript import Transcript
+
+if TYPE_CHECKING:
+    from game.training.state import TrainState
+    from game.training.step import StepEngine
+
+log = logging.getLogger(__name__)
+
+ACTOR = "judge"
+STATE_NAME = "judge.json"
+
+
+class EvidenceError(VGameError, ValueError):
+    """Evidence for a ruling is missing or does not match what the chain committed."""
+
+
+class ConfigEvidenceError(EvidenceError):
+    """The task config does not hash to the task's spec hash."""
+
+
+class ChunkEvidenceError(EvidenceError):
+    """The log chunk of the pinned step is not leaf ``step`` of the committed log tree."""
+
+
+class PreStateEvidenceError(EvidenceError):
+    """The pre-state bytes do not hash to the game's agreed leaf (or cannot be rebuilt)."""
+
+
+class TranscriptEvidenceError(EvidenceError):
+    """The published transcript is unavailable or disagrees with the committed roots."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a ruling is computed from; :meth:`Judge.check` verifies it against the chain."""
+
+    config: TaskConfig
+    chunk: bytes = b""  # the log chunk of the pinned step (unused at step 0)
+    chunk_proof: InclusionProof | None = None  # its proof in the log tree (None at step 0)
+    pre_state: bytes | None = None  # canonical state bytes after step - 1 (None at step 0)
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """A ruling as computed (and sent, when ``tx`` is set)."""
+
+    game_id: int
+    step: int
+    computed: bytes  # the post-state hash the judge computed
+    trainer_leaf: bytes  # the trainer's committed post-state (the game's hi leaf)
+    trainer_right: bool
+    tx: TxReceipt | None = None
+
+
+class Judge:
+    """Rules on every pinned game of the tasks that name this account as judge."""
+
+    def __init__(
+        self,
+        client: VerificationGameClient,
+        *,
+        profile: str,
+        workdir: Path,
+        store: BlobStore,
+        data_key: bytes,
+        evidence_dir: Path | None = None,
+        on_action: ActionSink | None = None,
+        task_id: int | None = None,
+    ) -> None:
+        self.client = client
+        self.profile = profile
+        self.workdir = Path(workdir)
+        self.store = store
+        self.data_key = data_key
+        self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
+        self.on_action = on_action
+        self.task_id = task_id  # only this task (a node started with --task); None: every task
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.state = StateFile(self.workdir / STATE_NAME)
+        self.last_errors: dict[int, EvidenceError] = {}
+
+    # ------------------------------------------------------------------------------- step
+    def step(self) -> list[AgentAction]:
+        """Rule on every pinned game of ours whose judge deadline has not passed."""
+        out: list[AgentAction] = []
+        for gid in self.pinned_games():
+            g = self.client.game(gid)
+            if g.phase != Phase.PINNED or self.client.chain.now() + 1 > self.client.deadline(gid):
+                continue
+            try:
+                ruling = self.rule_on(gid)
+            except EvidenceError as exc:
+                self.last_errors[gid] = exc
+                log.warning("game %d: no ruling: %s", gid, exc)
+                continue
+            except VerificationGameError as exc:
+                log.warning("game %d: ruling refused: %s", gid, exc)
+                continue
+            assert ruling.tx is not None
+            who = "trainer" if ruling.trainer_right else "auditor"
+            action = action_from_receipt(
+                ACTOR,
+                "rule",
+                g.task_id,
+                ruling.tx,
+                game_id=gid,
+                leaf_index=ruling.step,
+                detail=f"step {ruling.step}: computed {ruling.computed.hex()[:12]}..., {who} right",
+            )
+            out.append(action)
+            log.info("judge: %s", action.detail)
+            if self.on_action is not None:
+                self.on_action(action)
+        return out
+
+    @property
+    def done(self) -> bool:
+        """Only a judge bound to one task is ever done: once that task is settled."""
+        if self.task_id is None:
+            return False
+        return self.client.task(self.task_id).status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED)
+
+    def pinned_games(self) -> list[int]:
+        """Games pinned so far on tasks this account judges (scan position kept on disk)."""
+        known: list[int] = list(self.state.get("games", []))
+        start = int(self.state.get("scan_from", 0))
+        last = self.client.chain.block_number()
+        if last < start:
+            return known
+        filters = {} if self.task_id is None else {"task_id": self.task_id}
+        new = []
+        for ev in self.client.get_events("StepPinned", start, last, **filters):
+            gid = int(ev.game_id)  # type: ignore[attr-defined]
+            judge = self.client.task(int(ev.task_id)).judge  # type: ignore[attr-defined]
+            if judge.lower() == self.client.me.lower() and gid not in known:
+                new.append(gid)
+        self.state.update(games=known + new, scan_from=last + 1)
+        return known + new
+
+    # ---------------------------------------------------------------------------- ruling
+    def rule_on(self, game_id: int, evidence: Evidence | None = None) -> Ruling:
+        """Verify the evidence (gathered when not given), compute the step, post the ruling."""
+        ruling = self.evaluate(game_id, evidence)
+        tx = self.client.rule(game_id, ruling.computed)
+        return Ruling(
+            ruling.game_id, ruling.step, ruling.computed, ruling.trainer_leaf, ruling.trainer_right, tx
+        )
+
+    def evaluate(self, game_id: int, evidence: Evidence | None = None) -> Ruling:
+        """The ruling the judge would post (nothing is sent); raises EvidenceError on bad evidence."""
+        g = self.client.game(game_id)
+        if g.phase != Phase.PINNED:
+            raise EvidenceError(f"game {game_id} is in phase {g.phase.name}, not pinned: nothing to rule on")
+        task = self.client.task(g.task_id)
+        ev = evidence if evidence is not None else self.gather(game_id)
+        self.check(g, task, ev)
+        step = g.hi
+        computed = self._compute(g, ev)
+        return Ruling(game_id, step, computed, g.hi_leaf, computed == g.hi_leaf)
+
+    # ------------------------------------------------------------------------- checking
+    @staticmethod
+    def check(g: Game, task: Task, ev: Evidence) -> None:
+        """Raise the EvidenceError subclass naming the first input that the chain does not vouch for."""
+        spec = ev.config.spec_hash()
+        if spec != task.spec_hash:
+            raise ConfigEvidenceError(
+                f"the config hashes to {spec.hex()[:16]}..., the task's spec hash is {task.spec_hash.hex()[:16]}..."
+            )
+        step = g.hi
+        if g.dispute_init or step == 0:
+            return
+        chunk_hash = hashlib.sha256(ev.chunk).digest()
+        proof = ev.chunk_proof
+        if (
+            proof is None
+            or proof.index != step
+            or proof.size != task.num_leaves
+            or not verify_proof(task.log_root, chunk_hash, proof)
+        ):
+            raise ChunkEvidenceError(
+                f"the log chunk given for step {step} (hash {chunk_hash.hex()[:16]}...) is not leaf {step} "
+                "of the committed log tree"
+            )
+        if ev.pre_state is None:
+            raise PreStateEvidenceError(f"no pre-state for step {step}")
+        pre = hashlib.sha256(ev.pre_state).digest()
+        if pre != g.lo_leaf:
+            raise PreStateEvidenceError(
+                f"the pre-state hashes to {pre.hex()[:16]}..., the agreed leaf {g.lo} is {g.lo_leaf.hex()[:16]}..."
+            )
+
+    # ------------------------------------------------------------------------ computing
+    def _engine(self, cfg: TaskConfig) -> StepEngine:
+        from game.training.profiles import get_profile
+        from game.training.step import StepEngine
+
+        return StepEngine(cfg, get_profile(self.profile))
+
+    def _compute(self, g: Game, ev: Evidence) -> bytes:
+        from game.training.roundlog import decode_chunk
+        from game.training.state import decode_state, state_hash
+
+        engine = self._engine(ev.config)
+        if g.dispute_init or g.hi == 0:
+            return state_hash(engine.init_state())
+        assert ev.pre_state is not None
+        step = g.hi
+        state = decode_state(ev.pre_state, ev.config)
+        try:
+            step_log = decode_chunk(ev.chunk, ev.config.spec_hash(), step)
+            return engine.run_step(state, step, mode="replay", log=step_log).leaf
+        except RoundingLogError as exc:
+            # The committed chunk does not fit the step's computation: the trainer's own fault. The
+            # step is run without corrections, which no honest trainer's leaf can be told from.
+            log.info(
+                "step %d: the committed log chunk does not fit (%s); running it without the log", step, exc
+            )
+            state = decode_state(ev.pre_state, ev.config)
+            return engine.run_step(state, step, mode="round").leaf
+
+    # ------------------------------------------------------------------------ gathering
+    def gather(self, game_id: int) -> Evidence:
+        """Collect the evidence for a pinned game from the transcript and the evidence directory."""
+        g = self.client.game(game_id)
+        task = self.client.task(g.task_id)
+        t: Transcript | None
+        try:
+            t = self._transcript(g.task_id, task)
+        except TranscriptEvidenceError:
+            if not (g.dispute_init or g.hi == 0):
+                raise
+            t = None
+        if g.dispute_init or g.hi == 0:
+            return Evidence(config=self._config(task, t))
+        assert t is not None
+        step = g.hi
+        hashes = t.chunk_hashes()
+        try:
+            chunk = t.chunk_bytes(step)
+        except (TranscriptError, RoundingLogError) as exc:
+            raise ChunkEvidenceError(f"the transcript's chunk of step {step} is unusable: {exc}") from exc
+        proof = MerkleTree(hashes).proof(step)
+        return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=self._pre_state(g, t))
+
+    def _transcript(self, task_id: int, task: Task) -> Transcript:
+        """The task's published transcript, fetched once, its roots checked against the chain."""
+        dest = self.workdir / "transcripts" / str(task_id)
+        marker = self.state.get("fetched", {})
+        if marker.get(str(task_id)) != task.transcript_id.hex():
+            tmp = self.workdir / "transcripts" / f".{task_id}.fetching"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+            except StoreError as exc:
+                raise TranscriptEvidenceError(f"cannot get the transcript of task {task_id}: {exc}") from exc
+            shutil.rmtree(dest, ignore_errors=True)
+            tmp.rename(dest)
+            self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
+        try:
+            t = Transcript(dest)
+            leaves, hashes = t.leaves(), t.chunk_hashes()
+        except TranscriptError as exc:
+            raise TranscriptEvidenceError(f"the transcript of task {task_id} is unreadable: {exc}") from exc
+        if len(leaves) != task.num_leaves or MerkleTree(leaves).root != task.state_root:
+            raise TranscriptEvidenceError(
+                f"the transcript's leaves are not the committed state tree of task {task_id}"
+            )
+        if len(hashes) != task.num_leaves or MerkleTree(hashes).root != task.log_root:
+            raise TranscriptEvidenceError(
+                f"the transcript's chunk hashes are not the committed log tree of task {task_id}"
+            )
+        return t
+
+    def _config(self, task: Task, t: Transcript | None) -> TaskConfig:
+        if t is not None:
+            return t.config
+        if self.evidence_dir is not None:
+            path = config_path(self.evidence_dir, task.spec_hash)
+            if path.is_file():
+                try:
+                    return TaskConfig.from_dict(json.loads(path.read_text("utf-8")))
+                except (VGameError, ValueError) as exc:
+                    raise ConfigEvidenceError(f"the config left at {path.name} is invalid: {exc}") from exc
+        raise ConfigEvidenceError("no task config: the transcript is unavailable and no config was left")
+
+    def _pre_state(self, g: Game, t: Transcript) -> bytes:
+        """State bytes hashing to the agreed leaf: left by someone, or rebuilt from a checkpoint."""
+        if self.evidence_dir is not None:
+            path = pre_state_path(self.evidence_dir, g.lo_leaf)
+            if path.is_file():
+                data = path.read_bytes()
+                if hashlib.sha256(data).digest() == g.lo_leaf:
+                    return data
+                log.warning("evidence %s does not hash to its name; ignored", path.name)
+        return self._rebuild(t, g.lo, g.lo_leaf)
+
+    def _rebuild(self, t: Transcript, step: int, want: bytes) -> bytes:
+        from game.training.state import decode_state, encode_state
+
+        try:
+            ckpt = t.nearest_checkpoint(step)
+            state: TrainState = decode_state(t.load_checkpoint(ckpt), t.config)
+            engine = self._engine(t.config)
+            for s in range(ckpt + 1, step + 1):
+                engine.run_step(state, s, mode="replay", log=t.read_log(s))
+        except (TranscriptError, RoundingLogError) as exc:
+            raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
+        data = encode_state(state)
+        if hashlib.sha256(data).digest() != want:
+            raise PreStateEvidenceError(
+                f"replaying the transcript from checkpoint {ckpt} does not reproduce the agreed leaf {step}"
+            )
+        return data
+
+
+__all__ = [
+    "ChunkEvidenceError",
+    "ConfigEvidenceError",
+    "Evidence",
+    "EvidenceError",
+    "Judge",
+    "PreStateEvidenceError",
+    "Ruling",
+    "TranscriptEvidenceError",
+]

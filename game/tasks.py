@@ -1,0 +1,188 @@
+"""The client's part of a task: post it, read it, cancel it, settle it, reclaim what it is owed.
+
+Why a module of its own: ``vgame task ...`` and the demo are both clients, and a client script
+should need no CLI. A task is posted from a :class:`~game.training.config.TaskConfig` (only its
+spec hash goes on-chain) and :class:`TaskTerms` (bonds, clocks, window, payment); the roles and
+every term are fixed at creation (``docs/contract.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from game.chain.client import VerificationGameClient
+from game.chain.errors import GamesLive, WindowOpen
+from game.chain.types import Game, Outcome, TaskStatus, TxReceipt
+from game.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ETHER = 10**18
+
+
+@dataclass(frozen=True)
+class TaskTerms:
+    """What a task pays and risks, and how long each party has (seconds)."""
+
+    payment: int = ETHER  # wei escrowed by the client, paid to an unchallenged (or winning) trainer
+    trainer_bond: int = ETHER // 2  # wei the trainer locks with its commitment
+    auditor_bond: int = ETHER // 10  # wei each challenger locks per game
+    clock_allowance: int = 3600  # chess-clock seconds per party per game
+    challenge_window: int = 86400  # seconds after the commit during which anyone may challenge
+    judge_window: int = 3600  # seconds the judge has to rule once a step is pinned
+
+    def __post_init__(self) -> None:
+        if self.payment <= 0:
+            raise ConfigError(f"payment: must be positive, got {self.payment}")
+        for name in ("trainer_bond", "auditor_bond"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
+        for name in ("clock_allowance", "challenge_window", "judge_window"):
+            value = getattr(self, name)
+            if not 0 < value < 2**32:
+                raise ConfigError(f"{name}: must be 1..{2**32 - 1} seconds, got {value}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+#: Short clocks for chains whose time cannot be moved (a testnet): the demo waits them out for real.
+REALTIME_TERMS = TaskTerms(
+    payment=10**15,
+    trainer_bond=5 * 10**14,
+    auditor_bond=10**14,
+    clock_allowance=90,
+    challenge_window=180,
+    judge_window=120,
+)
+
+
+def post_task(
+    client: VerificationGameClient,
+    spec_hash: bytes,
+    *,
+    trainer: str,
+    judge: str,
+    terms: TaskTerms,
+) -> TxReceipt:
+    """Create the task and escrow the payment; ``receipt.result`` is the new task id."""
+    receipt = client.create_task(
+        spec_hash,
+        trainer,
+        judge,
+        payment=terms.payment,
+        trainer_bond=terms.trainer_bond,
+        auditor_bond=terms.auditor_bond,
+        clock_allowance=terms.clock_allowance,
+        challenge_window=terms.challenge_window,
+        judge_window=terms.judge_window,
+    )
+    log.info("posted task %s (spec %s...) for trainer %s", receipt.result, spec_hash.hex()[:16], trainer)
+    return receipt
+
+
+def task_game_ids(client: VerificationGameClient, task_id: int) -> list[int]:
+    """Ids of every game opened against the task, oldest first (from ``Challenged`` events)."""
+    return [int(ev.game_id) for ev in client.get_events("Challenged", task_id=task_id)]  # type: ignore[attr-defined]
+
+
+def task_games(client: VerificationGameClient, task_id: int) -> list[tuple[int, Game]]:
+    """(game id, current state) of every game of the task."""
+    return [(gid, client.game(gid)) for gid in task_game_ids(client, task_id)]
+
+
+def game_winner(game: Game) -> str | None:
+    """``"trainer"``, ``"auditor"``, ``"void"``, or None while the game is live."""
+    if game.outcome == Outcome.TRAINER_WON:
+        return "trainer"
+    if game.outcome == Outcome.AUDITOR_WON:
+        return "auditor"
+    if game.outcome == Outcome.VOID:
+        return "void"
+    return None
+
+
+def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any]:
+    """The task and its games as plain JSON-able data (``vgame task show``)."""
+    t = client.task(task_id)
+    games = []
+    for gid, g in task_games(client, task_id):
+        games.append(
+            {
+                "game_id": gid,
+                "auditor": g.auditor,
+                "phase": g.phase.name.lower(),
+                "lo": g.lo,
+                "hi": g.hi,
+                "dispute_init": g.dispute_init,
+                "pinned_step": g.pinned_step,
+                "outcome": g.outcome.name.lower(),
+                "reason": g.reason.name.lower(),
+                "winner": game_winner(g),
+                "deadline": client.deadline(gid),
+                "clock_left": dict(zip(("trainer", "auditor"), client.clock_left(gid), strict=True)),
+            }
+        )
+    finalized = client.get_events("TaskFinalized", task_id=task_id)
+    return {
+        "task_id": task_id,
+        "status": t.status.name.lower(),
+        "client": t.client,
+        "trainer": t.trainer,
+        "judge": t.judge,
+        "spec_hash": t.spec_hash.hex(),
+        "payment": t.payment,
+        "trainer_bond": t.trainer_bond,
+        "auditor_bond": t.auditor_bond,
+        "clock_allowance": t.clock_allowance,
+        "challenge_window": t.challenge_window,
+        "judge_window": t.judge_window,
+        "num_leaves": t.num_leaves,
+        "state_root": t.state_root.hex(),
+        "log_root": t.log_root.hex(),
+        "transcript_id": t.transcript_id.hex(),
+        "window_ends": t.window_ends,
+        "live_games": t.live_games,
+        "trainer_lost": t.trainer_lost,
+        "any_void": t.any_void,
+        "trainer_paid": bool(finalized[0].trainer_paid) if finalized else None,  # type: ignore[attr-defined]
+        "games": games,
+        "now": client.chain.now(),
+    }
+
+
+def finalize_if_due(client: VerificationGameClient, task_id: int) -> TxReceipt | None:
+    """Finalize when the window is over and no game is live; None when it is not due (yet)."""
+    t = client.task(task_id)
+    # WHY the latest block's time and not the next one's: nodes estimate on either, and only a
+    # window already closed in the latest block is closed for both
+    if t.status != TaskStatus.COMMITTED or t.live_games or client.chain.now() < t.window_ends:
+        return None
+    try:
+        return client.finalize(task_id)
+    except (WindowOpen, GamesLive) as exc:  # a race with the clock or a fresh challenge: not yet
+        log.info("finalize of task %d not possible yet: %s", task_id, exc)
+        return None
+
+
+def reclaim(client: VerificationGameClient) -> TxReceipt | None:
+    """Withdraw this account's credit (the payment after a won challenge or a cancel); None if none."""
+    if client.credit() == 0:
+        return None
+    return client.withdraw()
+
+
+__all__ = [
+    "ETHER",
+    "REALTIME_TERMS",
+    "TaskTerms",
+    "describe_task",
+    "finalize_if_due",
+    "game_winner",
+    "post_task",
+    "reclaim",
+    "task_game_ids",
+    "task_games",
+]

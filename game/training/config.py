@@ -1,0 +1,402 @@
+"""The task config: every number training depends on, and its canonical spec hash.
+
+The client posts ``spec_hash()`` on-chain, so two parties agree on a task only if they agree on every
+byte of :meth:`TaskConfig.canonical_json`: the config fields, the preset's model sizes, a format
+version and the SHA-256 of the packaged data file. This module imports no torch, so the CLI and the
+agents can read and hash a config cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+from game.errors import ConfigError
+
+#: Bumped whenever the meaning or layout of the canonical JSON changes.
+SPEC_FORMAT = "vgame-task-v1"
+
+#: Counter words of the RNG are 32 bits wide (see ``rng.py``): steps and example ids must fit.
+MAX_STEPS = 2**32 - 1
+MAX_EXAMPLES = 2**32
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+# --------------------------------------------------------------------------------------------------
+# Model sizes, one frozen dataclass per preset family
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MLPShape:
+    """Sizes of the digits MLP (64 -> hidden -> hidden -> 10)."""
+
+    kind: ClassVar[str] = "mlp"
+    hidden: int = 64  # width of both hidden layers
+
+    def validate(self) -> None:
+        _check_int_range("model.hidden", self.hidden, 1, 1 << 16)
+
+
+@dataclass(frozen=True)
+class CNNShape:
+    """Sizes of the digits conv net (conv -> BN -> ReLU -> pool, twice, then a linear head)."""
+
+    kind: ClassVar[str] = "cnn"
+    channels: int = 16  # output channels of the first conv; the second has twice as many
+    hidden: int = 64  # width of the hidden linear layer before the 10-way head
+
+    def validate(self) -> None:
+        _check_int_range("model.channels", self.channels, 1, 1 << 12)
+        _check_int_range("model.hidden", self.hidden, 1, 1 << 16)
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """Sizes of the character-level GPT (nanoGPT-like, untied head)."""
+
+    kind: ClassVar[str] = "gpt"
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 2  # attention heads per block
+    n_embd: int = 64  # residual width; must be divisible by n_head
+    block_size: int = 32  # context length in characters
+
+    def validate(self) -> None:
+        _check_int_range("model.n_layer", self.n_layer, 1, 256)
+        _check_int_range("model.n_head", self.n_head, 1, 256)
+        _check_int_range("model.n_embd", self.n_embd, 1, 1 << 16)
+        _check_int_range("model.block_size", self.block_size, 1, 1 << 16)
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_embd: {self.n_embd} is not divisible by model.n_head = {self.n_head}")
+
+
+ModelShape = MLPShape | CNNShape | GPTShape
+
+
+# --------------------------------------------------------------------------------------------------
+# Presets: which data file and which defaults each one has
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """What the config layer knows about a preset (the models live in ``presets.py``)."""
+
+    dataset: str  # file name under game/data/
+    shape: type[MLPShape] | type[CNNShape] | type[GPTShape]
+    defaults: Mapping[str, Any]  # TaskConfig field defaults that differ from the class defaults
+
+
+PRESET_INFO: dict[str, PresetInfo] = {
+    "mlp-digits": PresetInfo(
+        dataset="digits.npz",
+        shape=MLPShape,
+        defaults={"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, "dropout": 0.0},
+    ),
+    "cnn-digits": PresetInfo(
+        dataset="digits.npz",
+        shape=CNNShape,
+        defaults={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "dropout": 0.1},
+    ),
+    "gpt-shakespeare": PresetInfo(
+        dataset="tinyshakespeare.txt",
+        shape=GPTShape,
+        defaults={
+            "optimizer": "adamw",
+            "lr": 1e-3,
+            "momentum": 0.0,
+            "weight_decay": 0.1,
+            "dropout": 0.1,
+            "batch_size": 8,
+        },
+    ),
+}
+
+PRESET_NAMES: tuple[str, ...] = tuple(PRESET_INFO)
+
+
+def preset_info(name: str) -> PresetInfo:
+    """The preset's info, or a ConfigError listing the valid names."""
+    try:
+        return PRESET_INFO[name]
+    except KeyError:
+        raise ConfigError(f"preset: unknown preset {name!r}; valid: {', '.join(PRESET_NAMES)}") from None
+
+
+@functools.cache
+def dataset_sha256(filename: str) -> str:
+    """Hex SHA-256 of a packaged data file (part of the spec: other data is another task)."""
+    data = resources.files("game").joinpath("data", filename).read_bytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# The config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """One training task. Field order is irrelevant to the hash (keys are sorted)."""
+
+    preset: str  # one of PRESET_NAMES: model, data and loss
+    model: ModelShape  # the preset's sizes
+    seed: int = 0  # task seed: keys every random draw (init, data order, dropout); 0 <= seed < 2**64
+    steps: int = 100  # training steps S; the run has S + 1 state leaves (step 0 is init)
+    batch_size: int = 32  # examples per step
+    optimizer: str = "sgd"  # "sgd" (torch.optim.SGD) or "adamw" (torch.optim.AdamW)
+    lr: float = 0.1  # learning rate, constant
+    momentum: float = 0.0  # SGD momentum (ignored by AdamW)
+    weight_decay: float = 0.0  # SGD L2 / AdamW decoupled decay (AdamW: matrices only)
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
+    dropout: float = 0.0  # dropout probability (models that have dropout)
+    bits: int = 32  # rounding grid: float32 with the low 32 - bits mantissa bits zero; 16..32
+    tau: float = 0.25  # log threshold as a fraction of the grid ulp; 0 <= tau < 0.5
+    checkpoint_interval: int = 10  # k: the trainer keeps a full checkpoint every k steps
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def for_preset(cls, name: str, **overrides: Any) -> TaskConfig:
+        """The preset's defaults with ``overrides``; ``model`` may be a dict of size overrides."""
+        return cls.from_dict({"preset": name, **overrides}, partial=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, partial: bool = False) -> TaskConfig:
+        """Strict inverse of :meth:`to_dict`; ``partial`` fills missing keys from the preset defaults.
+
+        Unknown keys and badly typed values raise ConfigError naming the key.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config: expected a table, got {type(data).__name__}")
+        if "preset" not in data:
+            raise ConfigError("preset: missing (valid: " + ", ".join(PRESET_NAMES) + ")")
+        name = data["preset"]
+        if not isinstance(name, str):
+            raise ConfigError(f"preset: expected a string, got {name!r}")
+        info = preset_info(name)
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{key}: unknown config key (valid: {', '.join(sorted(known))})")
+        values: dict[str, Any] = {"preset": name}
+        for fname, f in known.items():
+            if fname in ("preset", "model"):
+                continue
+            if fname in data:
+                values[fname] = _coerce(fname, data[fname], f.type)
+            elif not partial:
+                raise ConfigError(f"{fname}: missing")
+            elif fname in info.defaults:
+                values[fname] = info.defaults[fname]
+        if "model" in data and not partial:
+            values["model"] = _shape_from(info.shape, data["model"], partial=False)
+        elif "model" in data:
+            values["model"] = _shape_from(info.shape, data["model"], partial=True)
+        elif partial:
+            values["model"] = info.shape()
+        else:
+            raise ConfigError("model: missing")
+        return cls(**values)
+
+    # ---- validation --------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value is out of range."""
+        info = preset_info(self.preset)
+        if not isinstance(self.model, info.shape):
+            raise ConfigError(
+                f"model: preset {self.preset!r} needs {info.shape.__name__}, got {type(self.model).__name__}"
+            )
+        self.model.validate()
+        _check_int_range("seed", self.seed, 0, 2**64 - 1)
+        _check_int_range("steps", self.steps, 1, MAX_STEPS)
+        _check_int_range("batch_size", self.batch_size, 1, 1 << 20)
+        if self.steps * self.batch_size >= MAX_EXAMPLES:
+            raise ConfigError("steps: steps * batch_size must stay below 2**32 (example ids are 32-bit)")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        _check_float("lr", self.lr, 0.0, math.inf, lo_open=True)
+        _check_float("momentum", self.momentum, 0.0, 1.0, hi_open=True)
+        _check_float("weight_decay", self.weight_decay, 0.0, math.inf)
+        if not (isinstance(self.betas, tuple) and len(self.betas) == 2):
+            raise ConfigError(f"betas: expected two numbers, got {self.betas!r}")
+        for i, beta in enumerate(self.betas):
+            _check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
+        _check_float("eps", self.eps, 0.0, math.inf, lo_open=True)
+        _check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        _check_int_range("bits", self.bits, 16, 32)
+        _check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
+        _check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
+
+    # ---- serialisation -----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/TOML-able dict (model as a sub-dict, betas as a list)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "model":
+                value = dataclasses.asdict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @property
+    def dataset(self) -> str:
+        """File name of the preset's data under game/data/."""
+        return preset_info(self.preset).dataset
+
+    def canonical_json(self) -> bytes:
+        """The bytes the spec hash covers: sorted keys, no whitespace, floats as Python repr.
+
+        Python's float repr is the shortest string that round-trips, identical on every platform.
+        """
+        doc = {
+            "format": SPEC_FORMAT,
+            "config": self.to_dict(),
+            "dataset": {"name": self.dataset, "sha256": dataset_sha256(self.dataset)},
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+    def spec_hash(self) -> bytes:
+        """SHA-256 of :meth:`canonical_json` (32 bytes; the value the client posts on-chain)."""
+        return hashlib.sha256(self.canonical_json()).digest()
+
+    def replace(self, **changes: Any) -> TaskConfig:
+        """A copy with ``changes`` (validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def load_config(path: str | Path) -> TaskConfig:
+    """Read a TOML task config; keys left out take the preset's defaults."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r}: invalid TOML: {exc}") from exc
+    return TaskConfig.from_dict(data, partial=True)
+
+
+def example_config(name: str) -> TaskConfig:
+    """The example task shipped for preset ``name`` (``game/training/presets/<name>.toml``)."""
+    preset_info(name)
+    text = resources.files("game.training").joinpath("presets", f"{name}.toml").read_text("utf-8")
+    return loads_config(text)
+
+
+def loads_config(text: str) -> TaskConfig:
+    """Parse a TOML task config from a string (see :func:`load_config`)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: invalid TOML: {exc}") from exc
+    return TaskConfig.from_dict(data, partial=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _shape_from(
+    shape_cls: type[MLPShape] | type[CNNShape] | type[GPTShape], data: Any, *, partial: bool
+) -> ModelShape:
+    if isinstance(data, shape_cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"model: expected a table of sizes, got {data!r}")
+    known = {f.name for f in dataclasses.fields(shape_cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"model.{key}: unknown size for this preset (valid: {', '.join(sorted(known))})"
+            )
+    values: dict[str, Any] = {}
+    for name in known:
+        if name in data:
+            values[name] = _coerce(f"model.{name}", data[name], "int")
+        elif not partial:
+            raise ConfigError(f"model.{name}: missing")
+    return shape_cls(**values)
+
+
+def _coerce(key: str, value: Any, type_name: Any) -> Any:
+    """Check a raw TOML/JSON value against the field's annotation (a string: annotations are lazy)."""
+    t = str(type_name)
+    if t == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if t == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if t == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if t == "tuple[float, float]":
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ConfigError(f"{key}: expected a list of two numbers, got {value!r}")
+        return tuple(_coerce(f"{key}[{i}]", v, "float") for i, v in enumerate(value))
+    raise ConfigError(f"{key}: cannot be set here")  # pragma: no cover - every field is handled
+
+
+def _check_int_range(key: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
+
+
+def _check_float(
+    key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, float):
+        raise ConfigError(f"{key}: expected a float, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: {value} is not finite")
+    if value < lo or (lo_open and value == lo) or value > hi or (hi_open and value == hi):
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ConfigError(f"{key}: {value} is outside {lb}{lo}, {hi}{rb}")
+
+
+__all__ = [
+    "MAX_EXAMPLES",
+    "MAX_STEPS",
+    "OPTIMIZERS",
+    "PRESET_INFO",
+    "PRESET_NAMES",
+    "SPEC_FORMAT",
+    "CNNShape",
+    "GPTShape",
+    "MLPShape",
+    "ModelShape",
+    "PresetInfo",
+    "TaskConfig",
+    "dataset_sha256",
+    "example_config",
+    "load_config",
+    "loads_config",
+    "preset_info",
+]

@@ -1,0 +1,338 @@
+"""The TorchDispatchMode that rounds (and logs or corrects) every op result of a training step.
+
+The paper's code rounds at ``nn.Module`` boundaries and so misses functional ops, parameter gradients,
+optimizer state and BatchNorm running stats. A dispatch mode sits below autograd and sees every ATen
+op that forward, backward and ``optimizer.step()`` run, whatever Python code called it. Each op falls
+in one class (docs/architecture.md, "What is rounded"):
+
+* ``MOVE``: views, copies, indexing, factories: no arithmetic, passed through untouched;
+* ``EXACT``: IEEE-exact elementwise ops (one correctly rounded operation per value): the float64
+  result is the same on every machine, so it is rounded to the grid without a log entry;
+* ``INEXACT``: everything else (reductions, matmul/conv, norms, softmax, transcendental and fused
+  ops, and every op we do not know): each float64 output and each float64 argument the op mutates is
+  rounded with the log. Unknown ops land here on purpose: logging too much is safe, too little is not.
+
+The trainer *records* trits, the auditor *replays* them (``rev`` corrections); ``round`` rounds
+without a log (to show divergence) and ``plain`` does not round at all (baselines). A hardware
+profile's emulation (split-K order, noise) is applied to inexact ops before rounding in every mode.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from game.errors import ConfigError
+from game.training import rounding
+from game.training.profiles import NoiseSource, Profile
+from game.training.roundlog import StepLog, StepLogCursor
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["record", "replay", "round", "plain"]
+MODES: tuple[str, ...] = ("record", "replay", "round", "plain")
+
+
+class OpClass(enum.Enum):
+    """What the rounding mode does with an op's results."""
+
+    MOVE = "move"  # data movement: passed through
+    EXACT = "exact"  # IEEE-exact elementwise: rounded, no log entry
+    INEXACT = "inexact"  # may differ between machines: rounded with the log
+
+
+# --------------------------------------------------------------------------------------------------
+# Classification (by the op's base name: namespace, ``_foreach_`` prefix and in-place ``_`` removed)
+# --------------------------------------------------------------------------------------------------
+
+#: Ops that only move, select or create values: their float outputs are bit copies of their inputs
+#: (or constants on every grid). Views are recognised from the schema and need not be listed.
+MOVE_OPS: frozenset[str] = frozenset(
+    {
+        "clone", "contiguous", "copy", "_copy_from", "_copy_from_and_resize", "lift_fresh_copy",
+        "cat", "stack", "hstack", "vstack", "index", "_unsafe_index", "index_select", "gather", "take",
+        "embedding", "masked_select", "masked_scatter", "flip", "roll", "repeat", "tile",
+        "repeat_interleave", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter",
+        "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+        "zeros", "zeros_like", "new_zeros", "zero", "ones", "ones_like", "new_ones",
+        "_local_scalar_dense", "item", "resize", "set", "_unsafe_view", "_reshape_copy", "view_copy",
+        "t_copy", "transpose_copy", "permute_copy", "expand_copy", "slice_copy", "select_copy",
+        "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",
+        "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
+        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin", "randperm",
+        "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
+    }
+)  # fmt: skip
+
+#: IEEE-exact elementwise ops (one correctly rounded result per value, the same on every device),
+#: selections that may meet off-grid scalars (clamp bounds, fill values), and conversions.
+EXACT_OPS: frozenset[str] = frozenset(
+    {
+        "mul", "neg", "abs", "sqrt", "relu", "threshold", "threshold_backward", "where", "maximum",
+        "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "hardtanh", "sign", "sgn",
+        "copysign", "max", "min", "amax", "amin", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+        "logical_or", "logical_not", "logical_xor", "isnan", "isinf", "isfinite", "floor", "ceil",
+        "trunc", "fill", "full", "full_like", "new_full", "scalar_tensor", "masked_fill", "_to_copy",
+        "constant_pad_nd", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "__and__", "__or__",
+        "__xor__", "__lshift__", "__rshift__", "bitwise_left_shift", "bitwise_right_shift",
+    }
+)  # fmt: skip
+
+#: Ops whose class depends on their arguments (see :func:`classify`).
+CONDITIONAL_OPS: frozenset[str] = frozenset({"add", "sub", "rsub", "div", "index_put", "scatter", "round"})
+
+#: Ops that mutate arguments their schema does not mark ``(a!)``: (positions, position of ``training``).
+_HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
+    "native_batch_norm": ((3, 4), 5),
+    "cudnn_batch_norm": ((3, 4), 5),
+    "miopen_batch_norm": ((3, 4), 5),
+}
+
+
+@functools.cache
+def base_name(func: Any) -> str:
+    """``aten::_foreach_add_`` -> ``add``; ``aten::_softmax`` -> ``_softmax``; other namespaces keep theirs."""
+    full: str = func._schema.name
+    ns, _, name = full.partition("::")
+    if ns == "profiler":
+        return "profiler"
+    if ns != "aten":
+        return full
+    if name.startswith("_foreach_"):
+        name = name[len("_foreach_") :]
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return name
+
+
+@functools.cache
+def _static_class(func: Any) -> OpClass | None:
+    """The class an op has whatever its arguments, or None when it depends on them."""
+    schema = func._schema
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return OpClass.MOVE  # a view: computes nothing
+    name = base_name(func)
+    if name in MOVE_OPS:
+        return OpClass.MOVE
+    if name in EXACT_OPS:
+        return OpClass.EXACT
+    if name in CONDITIONAL_OPS:
+        return None
+    return OpClass.INEXACT
+
+
+def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == name:
+            return args[i] if i < len(args) and not a.kwarg_only else default
+    return default
+
+
+def _is_big_tensor(x: Any) -> bool:
+    if isinstance(x, list | tuple):
+        return all(_is_big_tensor(v) for v in x)
+    return isinstance(x, Tensor) and x.dim() > 0
+
+
+def classify(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> OpClass:
+    """The class of one call of ``func`` (an OpOverload) with these arguments."""
+    fixed = _static_class(func)
+    if fixed is not None:
+        return fixed
+    kwargs = kwargs or {}
+    name = base_name(func)
+    if name in ("add", "sub", "rsub"):
+        # a + alpha*b is fused (FMA) for alpha != 1: not IEEE-exact.
+        return OpClass.EXACT if _arg(func, args, kwargs, "alpha", 1) == 1 else OpClass.INEXACT
+    if name == "div":
+        # No rounding mode and a real tensor divisor: CUDA turns division by a scalar into a multiply
+        # by its reciprocal, which is not correctly rounded.
+        if _arg(func, args, kwargs, "rounding_mode", None) is not None or len(args) < 2:
+            return OpClass.INEXACT
+        return OpClass.EXACT if _is_big_tensor(args[1]) else OpClass.INEXACT
+    if name == "index_put":
+        return OpClass.INEXACT if _arg(func, args, kwargs, "accumulate", False) else OpClass.MOVE
+    if name == "scatter":
+        return OpClass.INEXACT if "reduce" in func._overloadname else OpClass.MOVE
+    if name == "round":  # round to integer is exact; round(decimals=n) scales by 10**n
+        return OpClass.EXACT if func._overloadname in ("default", "out") else OpClass.INEXACT
+    return OpClass.INEXACT
+
+
+# --------------------------------------------------------------------------------------------------
+# Which tensors an op produced or changed
+# --------------------------------------------------------------------------------------------------
+
+
+def _tensors(x: Any) -> Iterator[Tensor]:
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, list | tuple):
+        for v in x:
+            yield from _tensors(v)
+
+
+def _key(t: Tensor) -> tuple[Any, ...]:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+@functools.cache
+def _written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, kwarg-only) of the arguments the schema marks as written (``Tensor(a!)``)."""
+    return tuple(
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+@functools.cache
+def op_name(func: Any) -> str:
+    """``str(func)``, e.g. ``aten.addmm.default``: the op name in the log and in coverage sets."""
+    return str(func)
+
+
+def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
+    """Arguments the op mutates (schema ``(a!)`` plus known hidden writes), then its fresh outputs."""
+    found: list[Tensor] = []
+    for i, name, kwarg_only in _written_args(func):
+        value = kwargs.get(name) if kwarg_only or name in kwargs else (args[i] if i < len(args) else None)
+        found.extend(_tensors(value))
+    hidden = _HIDDEN_WRITES.get(base_name(func))
+    if hidden is not None:
+        positions, training_pos = hidden
+        if len(args) > training_pos and args[training_pos]:
+            found.extend(t for p in positions for t in _tensors(args[p]))
+    seen = {_key(t) for t in found}
+    for t in _tensors(out):
+        k = _key(t)
+        if k not in seen:
+            seen.add(k)
+            found.append(t)
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# The mode
+# --------------------------------------------------------------------------------------------------
+
+
+class RoundingMode(TorchDispatchMode):
+    """Round every float64 result of the ops run inside it; record or replay the rounding log.
+
+    One instance serves one training step: ``op_index`` counts the logged tensors of that step.
+    """
+
+    def __init__(
+        self,
+        *,
+        bits: int,
+        tau: float,
+        mode: Mode,
+        profile: Profile,
+        step: int,
+        log: StepLog | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+        if mode in ("record", "replay") and log is None:
+            raise ConfigError(f"mode {mode!r} needs a StepLog")
+        self.bits = bits
+        self.tau = tau
+        self.mode: Mode = mode
+        self.profile = profile
+        self.step = step
+        self.log = log
+        self._cursor: StepLogCursor | None = log.cursor() if mode == "replay" and log is not None else None
+        self._noise: NoiseSource | None = profile.noise_generator()
+        self.op_index = 0  # logged tensors so far in this step
+        self.corrections = 0  # rev moves applied (replay)
+        self.classes: dict[str, OpClass] = {}  # str(func) -> class, for every op that ran
+        self.logged: Counter[str] = Counter()  # str(func) -> tensors rounded with the log
+        self.rounded: Counter[str] = Counter()  # str(func) -> tensors rounded without the log
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """Names (``str(func)``) of every op that ran."""
+        return frozenset(self.classes)
+
+    def finish(self) -> None:
+        """Check a replayed log was used up exactly (a longer log is as wrong as a shorter one)."""
+        if self._cursor is not None:
+            self._cursor.finish()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        cls = classify(func, args, kwargs)
+        name = op_name(func)
+        if name not in self.classes:
+            self.classes[name] = cls
+        if cls is OpClass.MOVE:
+            return func(*args, **kwargs)
+        if cls is OpClass.EXACT:
+            out = func(*args, **kwargs)
+            if self.mode != "plain":
+                for t in touched_tensors(func, args, kwargs, out):
+                    if t.dtype == torch.float64:
+                        rounding.round_(t, self.bits)
+                        self.rounded[name] += 1
+            return out
+        out = self.profile.compute(func, args, kwargs)
+        for t in touched_tensors(func, args, kwargs, out):
+            if t.dtype == torch.float64:
+                self._round_inexact(t, name)
+            elif t.dtype == torch.float32 and self._noise is not None:
+                self._noise.perturb(t)  # float32 is never rounded; only the noisy machine touches it
+        return out
+
+    def _round_inexact(self, t: Tensor, name: str) -> None:
+        if self._noise is not None:
+            self._noise.perturb(t)
+        if self.mode == "plain":
+            return
+        index = self.op_index
+        self.op_index += 1
+        rounding.check_finite(t, f"step {self.step}, op #{index} {name}")
+        if self.mode == "round":
+            rounding.round_(t, self.bits)
+            self.rounded[name] += 1
+            return
+        if self.mode == "record":
+            assert self.log is not None
+            r, trits = rounding.round_and_log(t, self.bits, self.tau)
+            self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
+        else:
+            assert self._cursor is not None
+            trits = self._cursor.take(index, name, t.numel())  # raises LogSequenceError on mismatch
+            r, n = rounding.round_with_log(t, self.bits, trits.reshape(t.shape))
+            self.corrections += int(n)
+        t.copy_(r)
+        self.logged[name] += 1
+
+
+__all__ = [
+    "CONDITIONAL_OPS",
+    "EXACT_OPS",
+    "MODES",
+    "MOVE_OPS",
+    "Mode",
+    "OpClass",
+    "RoundingMode",
+    "base_name",
+    "classify",
+    "op_name",
+    "touched_tensors",
+]

@@ -1,0 +1,423 @@
+"""Rounding float64 tensors to a float32-shaped grid, and the log trits (seed paper Algorithms 1 and 3).
+
+The grid for ``bits`` in 16..32 keeps the top ``bits - 9`` of float32's 23 mantissa bits and float32's
+exponent range (``bits = 32`` is float32 itself). :func:`rnd` rounds half to even on that grid; values
+past the largest finite grid value go to ``±inf`` as IEEE round-to-nearest does, values below half the
+smallest subnormal spacing go to a signed zero.
+
+Everything is integer arithmetic on the float64's ``int64`` view, vectorised in torch (CPU or CUDA):
+
+* normal range (``|x| >= 2**-126``): every float64 there drops the same ``k0 = 52 - p`` low mantissa bits
+  (``p = bits - 9``), so rounding is done on the whole bit pattern and carries run into the exponent;
+* float32-subnormal range (``0 < |x| < 2**-126``): the dropped-bit count grows as the exponent falls;
+  those (rare) elements are patched in from a per-element path on the explicit significand.
+
+From the dropped bits ``r`` follow the rounding (``r`` against half a step, ties to even), the log trit
+(distance to the chosen grid point against an *integer* threshold derived from ``tau``; ANCHORS.md: the
+paper's decimal exponent made tau drift from 5 % to 98 %), and the two bracketing grid points that
+:func:`rev` chooses between.
+
+``tau`` is a fraction of the ulp, ``0 <= tau < 0.5``, and must be a multiple of ``2**-62`` (true for every
+``tau >= 2**-10`` and every short binary fraction) so that the threshold comparison is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from fractions import Fraction
+from functools import cache
+from typing import Any, NamedTuple
+
+import torch
+
+from game.errors import ConfigError, NonFiniteError, TrainingError
+
+log = logging.getLogger(__name__)
+
+MIN_BITS = 16
+MAX_BITS = 32
+
+TRIT_DOWN = 0
+TRIT_IGNORE = 1
+TRIT_UP = 2
+
+_MANT = 52  # float64 stored mantissa bits
+_MANT_MASK = (1 << _MANT) - 1
+_ABS_MASK = (1 << 63) - 1
+_INF_BITS = 0x7FF << _MANT  # float64 +inf
+_MIN_NORMAL_BITS = (1023 - 126) << _MANT  # float64 bits of 2**-126, float32's smallest normal
+_OVERFLOW_BITS = (1023 + 128) << _MANT  # float64 bits of 2**128: first value past float32's range
+_TAU_SCALE = 62  # tau is held as the integer tau * 2**62
+_SIGN_BIT = -(1 << 63)
+
+
+class RoundingInputError(TrainingError, TypeError):
+    """A rounding primitive got a tensor it cannot round (not float64) or trits of the wrong shape."""
+
+
+class _Grid(NamedTuple):
+    """Constants of the grid for one ``bits`` (all Python ints, shared by every call)."""
+
+    p: int  # kept float32 mantissa bits
+    k0: int  # dropped float64 mantissa bits in the normal range
+    step: int  # 1 << k0
+    half: int  # 1 << (k0 - 1)
+    keep_mask: int  # ~(step - 1) within the magnitude
+    max_finite: int  # float64 bits of the largest finite grid value
+    sub_spacing: float  # 2 ** (-126 - p), the spacing below 2**-126
+
+
+@cache
+def _grid(bits: int) -> _Grid:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ConfigError(f"rounding bits must be an int in {MIN_BITS}..{MAX_BITS}, got {bits!r}")
+    p = bits - 9
+    k0 = _MANT - p
+    step = 1 << k0
+    max_finite = ((1023 + 127) << _MANT) | (((1 << p) - 1) << k0)
+    return _Grid(p, k0, step, step >> 1, _ABS_MASK & ~(step - 1), max_finite, 2.0 ** (-126 - p))
+
+
+@cache
+def _tau_fixed(tau: float) -> int:
+    """``tau * 2**62`` as an exact integer; ConfigError when tau is out of range or not representable."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        raise ConfigError(f"tau must be a float in [0, 0.5), got {tau!r}")
+    if not 0 <= tau < 0.5:
+        raise ConfigError(f"tau must lie in [0, 0.5) (a fraction of the ulp), got {tau!r}")
+    scaled = Fraction(tau) * (1 << _TAU_SCALE)
+    if scaled.denominator != 1:
+        raise ConfigError(f"tau must be a multiple of 2**-{_TAU_SCALE} (any tau >= 2**-10 is), got {tau!r}")
+    return int(scaled)
+
+
+def _int_view(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise RoundingInputError(f"rounding needs a float64 tensor, got {got}")
+    return x.detach().view(torch.int64)
+
+
+class _Parts(NamedTuple):
+    """Per-element facts about |x| on the grid (magnitudes as float64 bit patterns, before the sign)."""
+
+    rounded: torch.Tensor  # int64: RNE result, +inf bits past the range, NaN bits kept
+    up: torch.Tensor  # bool: the rounded magnitude lies above |x| (incl. overflow to inf)
+    off: torch.Tensor  # bool: x is not a grid value (finite, not on the grid, or past the range)
+    far: torch.Tensor | None  # bool: |x - rnd(x)| > tau * ulp(x)   (only when tau was given)
+    lo: torch.Tensor | None  # int64: grid magnitude just below |x| (<= |x|), max finite past the range
+    hi: torch.Tensor | None  # int64: lo plus one grid step, +inf past the range
+    frac: torch.Tensor | None  # float64: |x - rnd(x)| / ulp(x) on the unbounded-exponent grid
+
+
+def _exact_parts(raw: torch.Tensor, g: _Grid, *, tau_fixed: int | None, brackets: bool, frac: bool) -> _Parts:
+    """Every case, from flat magnitude bits ``raw``: the slow path for the lanes the fast path skips.
+
+    The kernels run it only on "rare" lanes (float32-subnormal range, past the largest finite grid
+    value, ±inf, NaN); :func:`midpoint_distance` runs it on everything.
+    """
+    a = torch.clamp(raw, max=_INF_BITS)
+    r = a & (g.step - 1)
+    lo = a - r
+    # r + (odd last kept bit) > half  <=>  r > half, or a tie that must go to the even neighbour.
+    up = (r + ((a >> g.k0) & 1)) > g.half
+    rounded = torch.where(up, lo + g.step, lo)
+    finite = a < _INF_BITS
+    overflow = (rounded >= _OVERFLOW_BITS) & finite
+    off = (r != 0) | overflow
+    far = dist = None
+    if tau_fixed is not None or frac:
+        dist = torch.where(up, g.step - r, r)  # to the nearest point of the unbounded-exponent grid
+    up = up | overflow
+    if tau_fixed is not None:
+        assert dist is not None
+        far = (dist > (tau_fixed >> (_TAU_SCALE - g.k0))) | overflow
+    ratio = None
+    if frac:
+        assert dist is not None
+        ratio = dist.to(torch.float64) * (2.0**-g.k0)
+    lo_out = hi_out = None
+    if brackets:
+        hi_out = lo + g.step
+        hi_out = torch.where(hi_out >= _OVERFLOW_BITS, _INF_BITS, hi_out)
+        lo_out = torch.where(lo >= _OVERFLOW_BITS, g.max_finite, lo)
+    rounded = torch.where(rounded >= _OVERFLOW_BITS, _INF_BITS, rounded)
+    rounded = torch.where(raw > _INF_BITS, raw, rounded)  # NaN passes through, payload and all
+
+    sub = (a < _MIN_NORMAL_BITS) & (a != 0)
+    if bool(sub.any()):
+        idx = sub.nonzero().squeeze(1)
+        s = _sub_parts(a.index_select(0, idx), g, tau_fixed=tau_fixed, frac=frac)
+        rounded = rounded.index_copy(0, idx, s.rounded)
+        up = up.index_copy(0, idx, s.up)
+        off = off.index_copy(0, idx, s.off)
+        if far is not None:
+            assert s.far is not None
+            far = far.index_copy(0, idx, s.far)
+        if ratio is not None:
+            assert s.frac is not None
+            ratio = ratio.index_copy(0, idx, s.frac)
+        if lo_out is not None and hi_out is not None:
+            assert s.lo is not None and s.hi is not None
+            lo_out = lo_out.index_copy(0, idx, s.lo)
+            hi_out = hi_out.index_copy(0, idx, s.hi)
+    return _Parts(rounded, up, off, far, lo_out, hi_out, ratio)
+
+
+def _sub_parts(a: torch.Tensor, g: _Grid, *, tau_fixed: int | None, frac: bool) -> _Parts:
+    """The same facts for ``0 < |x| < 2**-126``, where the dropped-bit count ``kt`` varies per element.
+
+    ``|x| = S * 2**(e - 52)`` with the explicit significand ``S``; the grid spacing there is
+    ``2**(-126 - p) = 2**(e - 52 + kt)``. Shifts are capped at 62 (``S < 2**53``, so a larger ``kt`` rounds
+    to zero anyway); the tau comparison for ``kt > 62`` shifts the distance down with a sticky bit, which
+    is exact because ``tau * 2**62`` is an integer.
+    """
+    biased = a >> _MANT
+    significand = (a & _MANT_MASK) | ((biased > 0).to(torch.int64) << _MANT)
+    kt = (949 - g.p) - torch.clamp(biased, min=1)  # 52 - p + (-126 - e), e = max(biased, 1) - 1023
+    k = torch.clamp(kt, max=62)
+    one = torch.ones_like(k)
+    step = one << k
+    q = significand >> k
+    r = significand & (step - 1)
+    up = (r + (q & 1)) > (step >> 1)
+    q_round = q + up.to(torch.int64)
+    rounded = (q_round.to(torch.float64) * g.sub_spacing).view(torch.int64)
+    dist = torch.where(up, step - r, r)
+    far = None
+    if tau_fixed is not None:
+        sh = torch.clamp(kt - 62, min=0, max=62)
+        scaled = (dist << (62 - k)) >> sh
+        sticky = (dist & ((one << sh) - 1)) != 0
+        far = (scaled > tau_fixed) | ((scaled == tau_fixed) & sticky)
+    ratio = None
+    if frac:
+        pow2 = ((1023 - kt) << _MANT).view(torch.float64)  # 2**-kt, exact (kt <= 941)
+        ratio = dist.to(torch.float64) * pow2
+    lo = (q.to(torch.float64) * g.sub_spacing).view(torch.int64)
+    hi = ((q + 1).to(torch.float64) * g.sub_spacing).view(torch.int64)
+    return _Parts(rounded, up, r != 0, far, lo, hi, ratio)
+
+
+def _rare_lanes(xf: torch.Tensor, g: _Grid, scratch: torch.Tensor) -> torch.Tensor | None:
+    """Indices of the lanes the fast path must not decide, or None; ``scratch`` is overwritten.
+
+    The fast path works on the signed bit pattern and is exact for ±0 and for
+    ``2**-126 <= |x| <= max finite grid value``. Everything else (float32-subnormal range, past the
+    range, ±inf, NaN) is rare in training and goes through :func:`_exact_parts`. The common case costs
+    two in-place passes and two reductions (no mask is written) and one device sync on CUDA.
+    """
+    if xf.numel() == 0:
+        return None
+    a = torch.bitwise_and(xf, _ABS_MASK, out=scratch)
+    top = a.max()  # > max finite: something past the range, ±inf or NaN
+    # (|x| - 1) & ABS wraps 0 to the top, so the minimum is below 2**-126 - 1 only for 0 < |x| < 2**-126.
+    bottom = a.sub_(1).bitwise_and_(_ABS_MASK).min()
+    big, small = torch.stack([top, bottom]).tolist()
+    if big <= g.max_finite and small >= _MIN_NORMAL_BITS - 1:
+        return None
+    rare = (scratch < (_MIN_NORMAL_BITS - 1)) | ((scratch >= g.max_finite) & (scratch != _ABS_MASK))
+    return rare.nonzero().squeeze(1)
+
+
+def _slow(xf: torch.Tensor, rare: torch.Tensor, g: _Grid, **kw: Any) -> tuple[_Parts, torch.Tensor]:
+    """Exact parts of the rare lanes, and their sign bits (int64, 0 or the sign bit)."""
+    sub = xf.index_select(0, rare)
+    return _exact_parts(sub & _ABS_MASK, g, **kw), sub & _SIGN_BIT
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return _int_view(x).reshape(-1)
+
+
+def _odd(xf: torch.Tensor, g: _Grid) -> torch.Tensor:
+    """New int64 tensor: the last kept mantissa bit (1 where the grid value below is odd)."""
+    return (xf >> g.k0).bitwise_and_(1)
+
+
+def _round_fast_(odd: torch.Tensor, xf: torch.Tensor, g: _Grid) -> torch.Tensor:
+    """RNE on the signed bit pattern, into ``odd``: add half a step minus one plus the last kept bit and
+    drop the low bits. The sign bit is untouched (a magnitude carry never reaches it below +inf); NaN
+    lanes may wrap, but they are rare lanes and get overwritten by the exact path."""
+    return odd.add_(xf).add_(g.half - 1).bitwise_and_(-g.step)
+
+
+def rnd(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round a float64 tensor half-to-even onto the ``bits`` grid; returns a new float64 tensor."""
+    g = _grid(bits)
+    xf = _flat(x)
+    out = _odd(xf, g)
+    rare = _rare_lanes(xf, g, torch.empty_like(xf))
+    _round_fast_(out, xf, g)
+    if rare is not None:
+        slow, sign = _slow(xf, rare, g, tau_fixed=None, brackets=False, frac=False)
+        out.index_copy_(0, rare, slow.rounded | sign)
+    return out.view(torch.float64).view(x.shape)
+
+
+def round_(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """In-place :func:`rnd` (optimizer state, mutated op arguments); returns ``x``.
+
+    A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
+    copy back); other layouts go through :func:`rnd` and ``copy_``.
+    """
+    g = _grid(bits)
+    xi = _int_view(x)
+    if not xi.is_contiguous():
+        rounded = rnd(x, bits)
+        with torch.no_grad():
+            x.copy_(rounded)
+        return x
+    xf = xi.view(-1)
+    rare = _rare_lanes(xf, g, torch.empty_like(xf))
+    fix = None
+    if rare is not None:  # decided from the original values, written after the fast pass
+        slow, sign = _slow(xf, rare, g, tau_fixed=None, brackets=False, frac=False)
+        fix = slow.rounded | sign
+    odd = _odd(xf, g)
+    xf.add_(odd).add_(g.half - 1).bitwise_and_(-g.step)
+    if rare is not None and fix is not None:
+        xf.index_copy_(0, rare, fix)
+    return x
+
+
+def round_and_log(x: torch.Tensor, bits: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trainer kernel: ``(rnd(x), trits)`` from one analysis of ``x``'s bits.
+
+    Trit 2 (up) when ``rnd(x) > x`` and ``|x - rnd(x)| > tau * ulp(x)``, 0 (down) for ``rnd(x) < x`` and
+    the same, else 1 (ignore; also on-grid values, ±inf and NaN). Trits are uint8 shaped like ``x``.
+    """
+    g = _grid(bits)
+    tau_fixed = _tau_fixed(tau)
+    threshold = tau_fixed >> (_TAU_SCALE - g.k0)  # floor(tau * step): d > tau*step <=> d > threshold
+    xf = _flat(x)
+    scratch = torch.empty_like(xf)
+    rare = _rare_lanes(xf, g, scratch)
+    r = xf & (g.step - 1)
+    out = _odd(xf, g)
+    up = torch.add(r, out, out=scratch) > g.half  # r > half, or a tie whose lower neighbour is odd
+    # Distance to the chosen grid point exceeds the threshold  <=>  threshold < r < step - threshold
+    # (threshold < half, so this holds on both rounding sides; it implies r != 0, i.e. off the grid).
+    logged = r.sub_(g.half).abs_() < (g.half - threshold)
+    _round_fast_(out, xf, g)
+    if rare is not None:
+        slow, sign = _slow(xf, rare, g, tau_fixed=tau_fixed, brackets=False, frac=False)
+        assert slow.far is not None
+        out.index_copy_(0, rare, slow.rounded | sign)
+        up.index_copy_(0, rare, slow.up)
+        logged.index_copy_(0, rare, slow.off & slow.far)
+    value_up = up.logical_xor_(xf < 0)  # magnitude up on a negative value is a value down
+    trits = (~logged).view(torch.uint8) + (logged & value_up).view(torch.uint8) * 2
+    return out.view(torch.float64).view(x.shape), trits.view(x.shape)
+
+
+def log_direction(x: torch.Tensor, bits: int, tau: float) -> torch.Tensor:
+    """Algorithm 1 with a binary exponent: uint8 trits (0 down, 1 ignore, 2 up) shaped like ``x``."""
+    return round_and_log(x, bits, tau)[1]
+
+
+def _changes(up: torch.Tensor, off: torch.Tensor, trits: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """Lanes where the logged direction overrides own rounding (flip the magnitude direction there).
+
+    ``trits`` hold 0..2 (checked by the caller), so bit 1 means "up" and ``t + 1`` is odd exactly for
+    0 and 2: two cheap uint8 ops instead of comparisons. A logged value-direction is a magnitude
+    direction XOR the sign.
+    """
+    logged = ((trits + 1) & 1).view(torch.bool) & off
+    want_mag_up = (trits >> 1).view(torch.bool) ^ neg
+    return logged & (want_mag_up ^ up)
+
+
+def round_with_log(x: torch.Tensor, bits: int, trits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Auditor kernel: ``(rev(x, bits, trits), number of values moved to the trainer's side)``.
+
+    Where ``x`` is off the grid and the trit asks for the other side than ``rnd(x)`` went (own rounding up
+    but trit 0, or own down but trit 2), the result is the adjacent grid value on the asked side: exactly
+    one grid step from ``rnd(x)``, across binade and overflow boundaries. Trit 1 keeps own rounding;
+    ``trits`` must be uint8 (or any integer dtype) with values 0..2, shaped like ``x``.
+    """
+    g = _grid(bits)
+    xf = _flat(x)
+    if not isinstance(trits, torch.Tensor) or trits.shape != x.shape:
+        got = tuple(trits.shape) if isinstance(trits, torch.Tensor) else type(trits).__name__
+        raise RoundingInputError(f"trits must be a tensor shaped like x {tuple(x.shape)}, got {got}")
+    t = trits.to(device=x.device, dtype=torch.uint8).reshape(-1)
+    if t.numel() and int(t.max()) > TRIT_UP:
+        raise RoundingInputError(f"trits must be 0 (down), 1 (ignore) or 2 (up), got {int(t.max())}")
+    neg = xf < 0
+    scratch = torch.empty_like(xf)
+    rare = _rare_lanes(xf, g, scratch)
+    r = xf & (g.step - 1)
+    up = torch.add(r, _odd(xf, g), out=scratch) > g.half
+    change = _changes(up, r != 0, t, neg)
+    # lo (signed pattern, magnitude rounded down) plus one step where the magnitude ends up above.
+    out = torch.sub(xf, r, out=r).add_(scratch.copy_(up ^ change).bitwise_left_shift_(g.k0))
+    if rare is not None:
+        slow, sign = _slow(xf, rare, g, tau_fixed=None, brackets=True, frac=False)
+        assert slow.lo is not None and slow.hi is not None
+        s_change = _changes(slow.up, slow.off, t.index_select(0, rare), neg.index_select(0, rare))
+        s_mag = torch.where(s_change, torch.where(slow.up, slow.lo, slow.hi), slow.rounded)
+        out.index_copy_(0, rare, s_mag | sign)
+        change.index_copy_(0, rare, s_change)
+    corrections = int(change.count_nonzero())
+    return out.view(torch.float64).view(x.shape), corrections
+
+
+def rev(x: torch.Tensor, bits: int, direction: torch.Tensor) -> torch.Tensor:
+    """Algorithm 3's correction: :func:`rnd`, moved one grid step where ``direction`` disagrees."""
+    return round_with_log(x, bits, direction)[0]
+
+
+def ulp(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Grid spacing at ``x``'s binary exponent (``hi - lo`` of the bracketing grid points), float64.
+
+    The exponent is clamped to float32's range: below ``2**-126`` (and for ±0) the spacing is the
+    subnormal one, ``2**(-149 + 32 - bits)``; at and past ``2**127`` it is the last binade's. ±inf gives
+    inf and NaN gives NaN.
+    """
+    g = _grid(bits)
+    xi = _int_view(x)
+    biased = (xi & _ABS_MASK) >> _MANT
+    out = ((torch.clamp(biased, min=1023 - 126, max=1023 + 127) - g.p) << _MANT).view(torch.float64)
+    return torch.where(torch.isfinite(x), out, x.detach().abs())
+
+
+def midpoint_distance(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``|x - nearest rounding midpoint| / ulp(x)`` in ``[0, 0.5]``; 0 means a tie, 0.5 a grid value.
+
+    Measured on the unbounded-exponent grid (past float32's range it continues the last binade);
+    ±inf and NaN give NaN. Float results: meant for threshold calibration, not for consensus.
+    """
+    g = _grid(bits)
+    xi = _int_view(x)
+    p = _exact_parts((xi & _ABS_MASK).reshape(-1), g, tau_fixed=None, brackets=False, frac=True)
+    assert p.frac is not None
+    out = 0.5 - p.frac.view(xi.shape)
+    return torch.where(torch.isfinite(x), out, torch.full_like(out, float("nan")))
+
+
+def is_on_grid(x: torch.Tensor, bits: int) -> bool:
+    """True when every value equals its rounding bit for bit (±0 and ±inf count; NaN does not)."""
+    xi = _int_view(x)
+    same = torch.equal(rnd(x, bits).view(torch.int64), xi)
+    return same and not bool(torch.isnan(x).any())
+
+
+def check_finite(x: torch.Tensor, where: str) -> None:
+    """Raise :class:`NonFiniteError` naming ``where`` (e.g. ``"step 12, op aten.mm"``) on NaN or inf.
+
+    The common (finite) case is one read-only pass: min and max propagate NaN and show ±inf.
+    """
+    if x.numel() == 0:
+        return
+    if x.is_floating_point():
+        low, high = torch.stack(list(torch.aminmax(x.detach()))).tolist()
+        if math.isfinite(low) and math.isfinite(high):
+            return
+    finite = torch.isfinite(x)
+    if bool(finite.all()):
+        return
+    nan = int(torch.isnan(x).sum())
+    inf = int((~finite).sum()) - nan
+    raise NonFiniteError(f"non-finite values at {where}: {nan} NaN, {inf} inf out of {x.numel()}")

@@ -1,0 +1,432 @@
+"""The rounding log: trit packing, one chunk per step, chunk files, chunk hashes and the log root.
+
+A chunk is the log of one training step (``docs/architecture.md``, section Rounding log)::
+
+    magic        b"vgame-log-v1\\0"
+    step         uint64 LE
+    spec hash    32 bytes
+    records      uint32 LE count, then per record:
+                   op index  uint32 LE
+                   op name   uint16 LE length + UTF-8
+                   count     uint64 LE (number of trits)
+    trits        every record's trits concatenated, packed 5 per byte (radix 3, first trit least
+                 significant), exactly ceil(total / 5) bytes, unused digits of the last byte zero
+
+``chunk_hash = sha256(chunk bytes)``; the log root is the Merkle root over the chunk hashes of steps
+``0..S``. Unlike the paper's code (ANCHORS.md) a length mismatch is an error, padding never decodes as
+data, and a chunk names its step and task, so a reordered or foreign chunk is caught when decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from game.errors import RoundingLogError
+from game.merkle import merkle_root
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"vgame-log-v1\0"
+HASH_SIZE = 32
+TRITS_PER_BYTE = 5
+MAX_BYTE = 3**TRITS_PER_BYTE - 1  # 242
+_HEADER = struct.Struct("<Q32sI")  # step, spec hash, record count (after the magic)
+_OP_INDEX = struct.Struct("<I")
+_NAME_LEN = struct.Struct("<H")
+_COUNT = struct.Struct("<Q")
+_MIN_RECORD = _OP_INDEX.size + _NAME_LEN.size + _COUNT.size
+_CHUNK_NAME = re.compile(r"^step-(\d{9})\.bin$")
+
+
+class TritPackingError(RoundingLogError, ValueError):
+    """Trits outside 0..2, or packed bytes of the wrong length, above 242 or with nonzero padding."""
+
+
+class ChunkFormatError(RoundingLogError, ValueError):
+    """A chunk is truncated, has trailing bytes, a bad magic or a malformed record."""
+
+
+class ChunkMismatchError(RoundingLogError):
+    """A well-formed chunk that belongs elsewhere: another step (reordered) or another task (foreign)."""
+
+
+class LogSequenceError(RoundingLogError):
+    """The replaying computation's ops do not match the log's records (name, count, too few, too many)."""
+
+
+class MissingChunkError(RoundingLogError, FileNotFoundError):
+    """No chunk file for a step."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Trit packing
+# ----------------------------------------------------------------------------------------------
+
+# Row b holds the 5 radix-3 digits of byte b, least significant first.
+_DIGITS = np.array([[(b // 3**i) % 3 for i in range(TRITS_PER_BYTE)] for b in range(256)], dtype=np.uint8)
+
+
+def packed_size(count: int) -> int:
+    """Bytes needed for ``count`` trits: ``ceil(count / 5)``."""
+    return -(-count // TRITS_PER_BYTE)
+
+
+def pack_trits(trits: torch.Tensor) -> bytes:
+    """Pack uint8 trits (any shape, row-major order) 5 per byte: ``t0 + 3 t1 + 9 t2 + 27 t3 + 81 t4``."""
+    flat = trits.detach().reshape(-1).to(device="cpu", dtype=torch.uint8).numpy()
+    if flat.size and int(flat.max()) > 2:
+        bad = int(np.argmax(flat > 2))
+        raise TritPackingError(f"trit {bad} is {int(flat[bad])}; trits are 0 (down), 1 (ignore), 2 (up)")
+    n = packed_size(flat.size)
+    padded = np.zeros(n * TRITS_PER_BYTE, dtype=np.uint8)
+    padded[: flat.size] = flat
+    digits = padded.reshape(n, TRITS_PER_BYTE)
+    # Horner from the most significant digit; every partial sum stays <= 242, so uint8 is enough.
+    acc = digits[:, 4].copy()
+    for i in (3, 2, 1, 0):
+        acc *= 3
+        acc += digits[:, i]
+    return acc.tobytes()
+
+
+def unpack_trits(data: bytes, count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_trits`: ``count`` uint8 trits from exactly ``ceil(count / 5)`` bytes."""
+    if count < 0:
+        raise TritPackingError(f"trit count must be >= 0, got {count}")
+    if len(data) != packed_size(count):
+        raise TritPackingError(f"{count} trits pack into {packed_size(count)} bytes, got {len(data)}")
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if raw.size and int(raw.max()) > MAX_BYTE:
+        bad = int(np.argmax(raw > MAX_BYTE))
+        raise TritPackingError(f"byte {bad} is {int(raw[bad])}, above {MAX_BYTE} (not 5 radix-3 digits)")
+    digits = _DIGITS[raw].reshape(-1)
+    if digits[count:].any():
+        raise TritPackingError(f"padding digits after trit {count} are not zero")
+    return torch.from_numpy(digits[:count].copy())
+
+
+# ----------------------------------------------------------------------------------------------
+# One step's log
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One rounded inexact tensor: the op's index within the step, its ATen name, its value count."""
+
+    op_index: int
+    op_name: str
+    count: int
+
+
+def _where(step: int | None) -> str:
+    return f"step {step}" if step is not None else "step ?"
+
+
+class StepLog:
+    """The rounding log of one step, in op order.
+
+    The trainer appends the trit tensors as the kernels return them (no copy, no packing, possibly on
+    CUDA), so the hot path is a list append; :meth:`encode` moves them to the CPU and packs them once.
+    """
+
+    def __init__(self, step: int | None = None) -> None:
+        self.step = step
+        self._records: list[LogRecord] = []
+        self._trits: list[torch.Tensor] = []
+
+    @classmethod
+    def empty(cls, step: int | None = None) -> StepLog:
+        """A log with no records (step 0, or a step without inexact ops)."""
+        return cls(step)
+
+    def append(self, op_index: int, op_name: str, trits: torch.Tensor) -> None:
+        """Record ``trits`` (uint8, any shape: stored in row-major order) for op ``op_index``."""
+        if not 0 <= op_index < 2**32:
+            raise RoundingLogError(f"{_where(self.step)}: op index {op_index} does not fit uint32")
+        if len(op_name.encode("utf-8")) >= 2**16:
+            raise RoundingLogError(f"{_where(self.step)}: op name of op #{op_index} is too long")
+        if trits.dtype != torch.uint8:
+            raise RoundingLogError(
+                f"{_where(self.step)}: trits of op #{op_index} {op_name} are {trits.dtype}"
+            )
+        flat = trits.detach().reshape(-1)
+        self._records.append(LogRecord(op_index, op_name, flat.numel()))
+        self._trits.append(flat)
+
+    @property
+    def records(self) -> tuple[LogRecord, ...]:
+        return tuple(self._records)
+
+    @property
+    def total_values(self) -> int:
+        return sum(r.count for r in self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def trits(self, index: int) -> torch.Tensor:
+        """The (flat uint8) trits of record ``index``."""
+        return self._trits[index]
+
+    def entries(self) -> list[tuple[LogRecord, torch.Tensor]]:
+        """(record, trits) pairs in order: what a tool that rewrites a log (tests, tampering) needs."""
+        return list(zip(self._records, self._trits, strict=True))
+
+    def all_trits(self) -> torch.Tensor:
+        """Every record's trits concatenated, on the CPU (one transfer per device)."""
+        if not self._trits:
+            return torch.empty(0, dtype=torch.uint8)
+        devices = {t.device for t in self._trits}
+        if len(devices) == 1:
+            return torch.cat(self._trits).cpu()
+        return torch.cat([t.cpu() for t in self._trits])
+
+    def encode(self, step: int, spec_hash: bytes) -> bytes:
+        """The chunk bytes (see the module docstring)."""
+        if not 0 <= step < 2**64:
+            raise RoundingLogError(f"step {step} does not fit uint64")
+        if len(spec_hash) != HASH_SIZE:
+            raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
+        parts = [MAGIC, _HEADER.pack(step, bytes(spec_hash), len(self._records))]
+        for r in self._records:
+            name = r.op_name.encode("utf-8")
+            parts += [_OP_INDEX.pack(r.op_index), _NAME_LEN.pack(len(name)), name, _COUNT.pack(r.count)]
+        parts.append(pack_trits(self.all_trits()))
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> StepLog:
+        """Parse and check a chunk; ``step=None`` accepts the step the chunk names (it is then ``.step``).
+
+        Raises :class:`ChunkFormatError` (truncated, trailing bytes, bad magic or record, trit bytes
+        that do not match the counts) or :class:`ChunkMismatchError` (another step: "reordered";
+        another spec hash: "foreign chunk"), each naming the step.
+        """
+        where = _where(step)
+        view = memoryview(data)
+        if bytes(view[: len(MAGIC)]) != MAGIC:
+            raise ChunkFormatError(f"{where}: not a rounding-log chunk (bad magic or version)")
+        pos = len(MAGIC)
+        if len(view) < pos + _HEADER.size:
+            raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(view)} bytes)")
+        own_step, own_spec, n_records = _HEADER.unpack_from(view, pos)
+        pos += _HEADER.size
+        if step is not None and own_step != step:
+            raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
+        where = f"step {own_step}"
+        if own_spec != bytes(spec_hash):
+            raise ChunkMismatchError(
+                f"{where}: chunk belongs to task {own_spec.hex()[:16]}..., not {bytes(spec_hash).hex()[:16]}... "
+                "(foreign chunk)"
+            )
+        if n_records * _MIN_RECORD > len(view) - pos:
+            raise ChunkFormatError(
+                f"{where}: chunk truncated: {n_records} records cannot fit {len(view)} bytes"
+            )
+        out = cls(own_step)
+        counts: list[int] = []
+        for i in range(n_records):
+            if len(view) < pos + _OP_INDEX.size + _NAME_LEN.size:
+                raise ChunkFormatError(f"{where}: chunk truncated in record {i} of {n_records}")
+            (op_index,) = _OP_INDEX.unpack_from(view, pos)
+            (name_len,) = _NAME_LEN.unpack_from(view, pos + _OP_INDEX.size)
+            pos += _OP_INDEX.size + _NAME_LEN.size
+            if len(view) < pos + name_len + _COUNT.size:
+                raise ChunkFormatError(
+                    f"{where}: chunk truncated in record {i} (op #{op_index}) of {n_records}"
+                )
+            try:
+                name = bytes(view[pos : pos + name_len]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ChunkFormatError(f"{where}: record {i} (op #{op_index}) has a malformed name") from exc
+            pos += name_len
+            (count,) = _COUNT.unpack_from(view, pos)
+            pos += _COUNT.size
+            out._records.append(LogRecord(op_index, name, count))
+            counts.append(count)
+        total = sum(counts)
+        expected = packed_size(total)
+        have = len(view) - pos
+        if have < expected:
+            raise ChunkFormatError(
+                f"{where}: chunk truncated: {total} trits need {expected} bytes, {have} left"
+            )
+        if have > expected:
+            raise ChunkFormatError(f"{where}: {have - expected} trailing bytes after {total} trits")
+        try:
+            trits = unpack_trits(bytes(view[pos:]), total)
+        except TritPackingError as exc:
+            raise ChunkFormatError(f"{where}: corrupt trit bytes: {exc}") from exc
+        out._trits = list(torch.split(trits, counts)) if counts else []
+        return out
+
+    def cursor(self) -> StepLogCursor:
+        """A reader that hands the records out in order to the replaying computation."""
+        return StepLogCursor(self)
+
+
+def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> StepLog:
+    """:meth:`StepLog.decode`; pass ``step`` wherever it is known, so a reordered chunk is caught."""
+    return StepLog.decode(data, step=step, spec_hash=spec_hash)
+
+
+class StepLogCursor:
+    """The auditor's view of a log: records taken in order, each checked against the op asking."""
+
+    def __init__(self, step_log: StepLog) -> None:
+        self._log = step_log
+        self._pos = 0
+
+    @property
+    def position(self) -> int:
+        """Number of records taken so far."""
+        return self._pos
+
+    def take(self, op_index: int, op_name: str, numel: int) -> torch.Tensor:
+        """The next record's trits (flat uint8), after checking it was recorded for this op."""
+        where = _where(self._log.step)
+        records = self._log.records
+        if self._pos >= len(records):
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
+                f"({len(records)} records)"
+            )
+        rec = records[self._pos]
+        if rec.op_index != op_index or rec.op_name != op_name:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
+                f"(op #{rec.op_index} {rec.op_name})"
+            )
+        if rec.count != numel:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
+            )
+        trits = self._log.trits(self._pos)
+        self._pos += 1
+        return trits
+
+    def finish(self) -> None:
+        """Raise when records remain unread: the replay ran fewer ops than the trainer logged."""
+        records = self._log.records
+        if self._pos < len(records):
+            rec = records[self._pos]
+            raise LogSequenceError(
+                f"{_where(self._log.step)}: {len(records) - self._pos} log records left unread, "
+                f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk files
+# ----------------------------------------------------------------------------------------------
+
+
+def chunk_file_name(step: int) -> str:
+    return f"step-{step:09d}.bin"
+
+
+def chunk_hash(data: bytes) -> bytes:
+    """``sha256(chunk bytes)``: the leaf data of the log tree."""
+    return hashlib.sha256(data).digest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogWriter:
+    """Writes one chunk file per step into ``directory``, atomically; keeps nothing between steps."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def write_chunk(self, step: int, step_log: StepLog, spec_hash: bytes) -> bytes:
+        """Encode, write (tmp file, fsync, rename) and return the chunk hash."""
+        data = step_log.encode(step, spec_hash)
+        path = self.directory / chunk_file_name(step)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        log.debug("step %d: wrote %d-byte log chunk (%d trits)", step, len(data), step_log.total_values)
+        return chunk_hash(data)
+
+    def truncate_after(self, step: int) -> list[int]:
+        """Delete the chunks of steps after ``step`` (and stray tmp files) for crash-resume."""
+        removed = []
+        for path in self.directory.iterdir():
+            m = _CHUNK_NAME.match(path.name)
+            if m and int(m.group(1)) > step:
+                path.unlink()
+                removed.append(int(m.group(1)))
+            elif path.name.endswith(".bin.tmp"):
+                path.unlink()
+        if removed:
+            _fsync_dir(self.directory)
+        return sorted(removed)
+
+
+class LogReader:
+    """Reads and checks the chunk files a :class:`LogWriter` wrote for the task ``spec_hash``."""
+
+    def __init__(self, directory: Path, spec_hash: bytes) -> None:
+        self.directory = Path(directory)
+        self.spec_hash = bytes(spec_hash)
+
+    def chunk_path(self, step: int) -> Path:
+        return self.directory / chunk_file_name(step)
+
+    def read_bytes(self, step: int) -> bytes:
+        path = self.chunk_path(step)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError as exc:
+            raise MissingChunkError(
+                f"step {step}: log chunk {path.name} is missing from {self.directory}"
+            ) from exc
+
+    def read(self, step: int) -> StepLog:
+        return StepLog.decode(self.read_bytes(step), step=step, spec_hash=self.spec_hash)
+
+    def chunk_hash(self, step: int) -> bytes:
+        return chunk_hash(self.read_bytes(step))
+
+    def steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _CHUNK_NAME.match(p.name)))
+
+
+def log_root(chunk_hashes: Sequence[bytes]) -> bytes:
+    """Merkle root over the chunk hashes of steps ``0..S`` (the same tree as the state root)."""
+    if not chunk_hashes:
+        raise RoundingLogError("a log root needs at least the chunk of step 0")
+    return merkle_root(chunk_hashes)
+
+
+def bits_per_value(chunk_bytes: int, values: int) -> float:
+    """Log size per logged value (the paper reports 1.6 for the packed baseline)."""
+    return 8.0 * chunk_bytes / values if values else math.nan

@@ -1,0 +1,460 @@
+"""The trainer (Algorithm 2) and auditor (Algorithm 3) loops, replay of one step, and divergence.
+
+Everything here is a loop around :meth:`StepEngine.run_step`, the unit of the whole system:
+
+* :func:`train` records every step's rounding log and state hash into a transcript, and resumes a
+  run that was killed: the steps after the last checkpoint are replayed from the trainer's own log
+  chunks, which reproduces the lost state bit for bit, so a resumed transcript equals an
+  uninterrupted one byte for byte.
+* :func:`audit` re-trains on another profile, applying the trainer's logged directions (``rev``),
+  and compares state roots.
+* :func:`replay_step` re-runs one step from the state before it (the judge's primitive);
+  :func:`run_step_from_bytes` is the same with nothing verified, for the judge.
+* :func:`divergence` measures how far two profiles drift apart with and without the log
+  (the paper's Figure 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from game.errors import RoundingLogError, TranscriptError
+from game.merkle import merkle_root
+from game.training.config import TaskConfig
+from game.training.profiles import get_profile
+from game.training.roundlog import StepLog, decode_chunk
+from game.training.state import TrainState, decode_state, encode_state, state_hash
+from game.training.step import StepEngine
+from game.training.transcript import (
+    CHECKPOINT_DIR_NAME,
+    LOG_DIR_NAME,
+    MANIFEST_NAME,
+    Transcript,
+    TranscriptWriter,
+    read_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+#: ``progress(done, total)`` is called after every step (for progress bars).
+ProgressFn = Callable[[int, int], None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Deviations: how a dishonest trainer departs from the task (tests and demos of Invariant 2)
+# ----------------------------------------------------------------------------------------------
+
+
+class Deviation:
+    """The honest trainer; subclass and override one method to deviate at chosen steps.
+
+    Hooks are applied by :func:`train` only while recording (a resumed run replays its own log,
+    so a deviation already on disk stays on disk).
+    """
+
+    def engine(self, step: int, honest: StepEngine) -> StepEngine:
+        """The engine that runs ``step``: return another one for a wrong hyper-parameter."""
+        return honest
+
+    def batch(self, step: int) -> Any | None:
+        """A batch to use instead of the task's batch (a poisoned batch), or ``None``."""
+        return None
+
+    def skip(self, step: int) -> bool:
+        """True to skip ``step`` entirely: the state is not updated and the log chunk is empty."""
+        return False
+
+    def after_step(self, step: int, state: TrainState) -> None:
+        """Change ``state`` in place after ``step`` (tampered weights)."""
+
+    def tamper_log(self, step: int, step_log: StepLog) -> StepLog:
+        """The log chunk actually published for ``step`` (a tampered log)."""
+        return step_log
+
+
+# ----------------------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` produced; roots are the values the trainer commits on-chain."""
+
+    out_dir: Path
+    spec_hash: bytes
+    profile: str
+    steps: int
+    state_root: bytes
+    log_root: bytes
+    num_leaves: int
+    steps_run: int  # steps computed by this call (0 when the transcript was already complete)
+    resumed_from: int | None  # last complete step found on disk, None for a fresh run
+    log_bytes: int  # total size of the log chunks on disk
+    final_loss: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": str(self.out_dir),
+            "spec_hash": self.spec_hash.hex(),
+            "profile": self.profile,
+            "steps": self.steps,
+            "num_leaves": self.num_leaves,
+            "state_root": self.state_root.hex(),
+            "log_root": self.log_root.hex(),
+            "steps_run": self.steps_run,
+            "resumed_from": self.resumed_from,
+            "log_bytes": self.log_bytes,
+            "final_loss": self.final_loss,
+        }
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Outcome of :func:`audit`: ``leaves`` are the auditor's own (for a challenge)."""
+
+    match: bool
+    trainer_state_root: bytes
+    auditor_state_root: bytes
+    first_divergent_step: int | None
+    steps: int
+    corrections: int
+    profile: str
+    leaves: tuple[bytes, ...] = field(repr=False, default=())
+    rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "match": self.match,
+            "trainer_state_root": self.trainer_state_root.hex(),
+            "auditor_state_root": self.auditor_state_root.hex(),
+            "first_divergent_step": self.first_divergent_step,
+            "steps": self.steps,
+            "corrections": self.corrections,
+            "profile": self.profile,
+        }
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Outcome of :func:`replay_step`."""
+
+    step: int
+    state_hash: bytes
+    matches_transcript: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "state_hash": self.state_hash.hex(),
+            "matches_transcript": self.matches_transcript,
+        }
+
+
+#: Names of the three series of :func:`divergence`, in plot order.
+SERIES_FP32 = "fp32"
+SERIES_ROUND = "fp64+rounding, no log"
+SERIES_LOG = "fp64+rounding, with log"
+
+
+@dataclass(frozen=True)
+class DivergenceResult:
+    """Per-step L2 distance between the two parties' weights; index i is after step i (0 = init)."""
+
+    preset: str
+    steps: int
+    trainer_profile: str
+    auditor_profile: str
+    series: dict[str, list[float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "steps": self.steps,
+            "trainer_profile": self.trainer_profile,
+            "auditor_profile": self.auditor_profile,
+            "series": {name: list(values) for name, values in self.series.items()},
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer
+# ----------------------------------------------------------------------------------------------
+
+
+def _engine(cfg: TaskConfig, profile: str) -> StepEngine:
+    return StepEngine(cfg, get_profile(profile))
+
+
+def train(
+    cfg: TaskConfig,
+    profile: str,
+    out_dir: Path | str,
+    *,
+    progress: ProgressFn | None = None,
+    deviation: Deviation | None = None,
+) -> TrainResult:
+    """Algorithm 2: train ``cfg`` on ``profile`` and write (or finish) the transcript in ``out_dir``."""
+    out = Path(out_dir)
+    engine = _engine(cfg, profile)
+    dev = deviation or Deviation()
+    resumed_from: int | None = None
+    state: TrainState | None = None
+    if (out / MANIFEST_NAME).exists():
+        existing = read_manifest(out)
+        if existing.spec_hash != cfg.spec_hash().hex():
+            raise TranscriptError(
+                f"{out} holds a transcript of another task (spec {existing.spec_hash[:16]}...); "
+                "choose another --out or delete it"
+            )
+        if existing.complete:
+            log.info("transcript at %s is already complete; nothing to do", out)
+            return _result(Transcript(out), profile, steps_run=0, resumed_from=cfg.steps, loss=None)
+        writer = TranscriptWriter.resume(out, cfg)
+        if writer.num_done > 0:
+            resumed_from = writer.num_done - 1
+            state = _rebuild_state(out, cfg, engine, writer.leaves)
+    else:
+        writer = TranscriptWriter.create(out, cfg, profile)
+
+    steps_run = 0
+    if state is None:
+        state = engine.init_state()
+        dev.after_step(0, state)  # a deviation may tamper with the initial state too
+        h = state_hash(state)
+        writer.append_step(0, h, dev.tamper_log(0, StepLog.empty(0)), encode_state(state))
+    loss: float | None = None
+    for step in range(writer.num_done, cfg.steps + 1):
+        if dev.skip(step):
+            step_log = StepLog.empty(step)
+            state.step = step
+        else:
+            result = dev.engine(step, engine).run_step(
+                state, step, mode="record", batch_override=dev.batch(step)
+            )
+            step_log, loss = result.log, result.loss
+        dev.after_step(step, state)
+        h = state_hash(state)
+        ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
+        writer.append_step(step, h, dev.tamper_log(step, step_log), ckpt)
+        steps_run += 1
+        if progress is not None:
+            progress(step, cfg.steps)
+    writer.finish()
+    return _result(Transcript(out), profile, steps_run=steps_run, resumed_from=resumed_from, loss=loss)
+
+
+def _result(
+    t: Transcript, profile: str, *, steps_run: int, resumed_from: int | None, loss: float | None
+) -> TrainResult:
+    m = t.manifest
+    assert m.state_root is not None and m.log_root is not None
+    log_dir = t.directory / LOG_DIR_NAME
+    log_bytes = sum(p.stat().st_size for p in log_dir.rglob("*") if p.is_file())
+    return TrainResult(
+        out_dir=t.directory,
+        spec_hash=t.spec_hash,
+        profile=profile,
+        steps=m.steps,
+        state_root=bytes.fromhex(m.state_root),
+        log_root=bytes.fromhex(m.log_root),
+        num_leaves=m.num_leaves,
+        steps_run=steps_run,
+        resumed_from=resumed_from,
+        log_bytes=log_bytes,
+        final_loss=loss,
+    )
+
+
+def _rebuild_state(out: Path, cfg: TaskConfig, engine: StepEngine, leaves: list[bytes]) -> TrainState:
+    """State after the last complete step: the newest good checkpoint, then replay with own log."""
+    t = Transcript(out)
+    last = len(leaves) - 1
+    for ckpt in reversed([s for s in t.checkpoint_steps() if s <= last]):
+        try:
+            data = t.load_checkpoint(ckpt)
+        except TranscriptError as exc:
+            log.warning("skipping checkpoint %d: %s", ckpt, exc)
+            continue
+        state = decode_state(data, cfg)
+        _replay_forward(t, engine, state, ckpt + 1, last)
+        log.info("rebuilt state at step %d from checkpoint %d", last, ckpt)
+        return state
+    raise TranscriptError(f"{out / CHECKPOINT_DIR_NAME} holds no usable checkpoint; delete {out} and retrain")
+
+
+def _replay_forward(t: Transcript, engine: StepEngine, state: TrainState, first: int, last: int) -> None:
+    """Run steps ``first..last`` with the transcript's log chunks, checking every leaf on the way."""
+    for step in range(first, last + 1):
+        result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+        if result.state_hash != t.leaf(step):
+            raise TranscriptError(
+                f"replaying step {step} with its own log chunk does not reproduce leaf {step}: "
+                "the transcript and its checkpoints disagree"
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Auditor
+# ----------------------------------------------------------------------------------------------
+
+
+def audit(
+    transcript_dir: Path | str,
+    profile: str,
+    *,
+    use_log: bool = True,
+    progress: ProgressFn | None = None,
+) -> AuditResult:
+    """Algorithm 3: re-train on ``profile`` (with the trainer's log unless ``use_log`` is False)."""
+    t = Transcript(transcript_dir)
+    t.verify()
+    assert t.manifest.state_root is not None
+    trainer_root = bytes.fromhex(t.manifest.state_root)
+    engine = _engine(t.config, profile)
+    state = engine.init_state()
+    leaves = [state_hash(state)]
+    first_div = None if leaves[0] == t.leaf(0) else 0
+    corrections = 0
+    rejected: list[int] = []
+    for step in range(1, t.steps + 1):
+        if use_log:
+            # After a divergence the auditor's state is its own, not the trainer's: keep its bytes
+            # so a chunk that fails half-way through the step can be undone.
+            pre = encode_state(state) if first_div is not None else None
+            try:
+                result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+            except RoundingLogError as exc:
+                # The chunk does not fit the computation (a tampered log): that step is the
+                # trainer's fault; run it without the log so the auditor still has its leaves.
+                log.warning("step %d: the trainer's log chunk does not fit: %s", step, exc)
+                rejected.append(step)
+                state = (
+                    decode_state(pre, t.config) if pre is not None else _load_state_at(t, engine, step - 1)
+                )
+                result = engine.run_step(state, step, mode="round")
+        else:
+            result = engine.run_step(state, step, mode="round")
+        corrections += result.corrections
+        leaves.append(result.state_hash)
+        if first_div is None and result.state_hash != t.leaf(step):
+            first_div = step
+            log.info("audit: first divergent step %d", step)
+        if progress is not None:
+            progress(step, t.steps)
+    root = merkle_root(leaves)
+    return AuditResult(
+        match=root == trainer_root,
+        trainer_state_root=trainer_root,
+        auditor_state_root=root,
+        first_divergent_step=first_div,
+        steps=t.steps,
+        corrections=corrections,
+        profile=profile,
+        leaves=tuple(leaves),
+        rejected_log_steps=tuple(rejected),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# One step (the judge's primitive)
+# ----------------------------------------------------------------------------------------------
+
+
+def _load_state_at(t: Transcript, engine: StepEngine, step: int) -> TrainState:
+    """State after ``step``: nearest checkpoint (verified against its leaf), replayed forward."""
+    ckpt = t.nearest_checkpoint(step)
+    state = decode_state(t.load_checkpoint(ckpt), t.config)
+    _replay_forward(t, engine, state, ckpt + 1, step)
+    return state
+
+
+def replay_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
+    """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``."""
+    t = Transcript(transcript_dir)
+    available = len(t.leaves()) - 1
+    if not 1 <= step <= min(t.steps, available):
+        raise TranscriptError(
+            f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
+        )
+    engine = _engine(t.config, profile)
+    state = _load_state_at(t, engine, step - 1)
+    result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+    return ReplayResult(
+        step=step, state_hash=result.state_hash, matches_transcript=result.state_hash == t.leaf(step)
+    )
+
+
+def run_step_from_bytes(cfg: TaskConfig, pre_state: bytes, chunk: bytes, step: int, profile: str) -> bytes:
+    """State hash after running ``step`` from canonical ``pre_state`` bytes with log ``chunk`` bytes.
+
+    Verifies nothing about where the inputs came from (the judge checks them against the
+    committed roots first); a chunk that does not decode or fit raises RoundingLogError.
+    """
+    engine = _engine(cfg, profile)
+    state = decode_state(pre_state, cfg)
+    step_log = decode_chunk(chunk, cfg.spec_hash(), step)
+    return engine.run_step(state, step, mode="replay", log=step_log).state_hash
+
+
+# ----------------------------------------------------------------------------------------------
+# Divergence (paper Figure 5)
+# ----------------------------------------------------------------------------------------------
+
+
+def _weights_distance(a: TrainState, b: TrainState) -> float:
+    """L2 distance over all parameters (float64 accumulation of float64 differences)."""
+    total = 0.0
+    pa, pb = a.parameters(), b.parameters()
+    for name, ta in pa.items():
+        d = (ta.detach().double() - pb[name].detach().double()).reshape(-1)
+        total += float((d * d).sum())
+    return math.sqrt(total)
+
+
+def divergence(
+    cfg: TaskConfig,
+    steps: int,
+    trainer_profile: str,
+    auditor_profile: str,
+    *,
+    progress: ProgressFn | None = None,
+) -> DivergenceResult:
+    """Train the same task on two profiles three ways and record the weight distance every step."""
+    cfg = cfg.replace(steps=steps)
+    trainer, auditor = _engine(cfg, trainer_profile), _engine(cfg, auditor_profile)
+    series: dict[str, list[float]] = {}
+    plans: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        (SERIES_FP32, {"mode": "plain", "precision": "fp32"}, {"mode": "plain", "precision": "fp32"}),
+        (SERIES_ROUND, {"mode": "round"}, {"mode": "round"}),
+        (SERIES_LOG, {"mode": "record"}, {"mode": "replay"}),
+    ]
+    total = 3 * steps
+    done = 0
+    for name, t_kw, a_kw in plans:
+        precision = t_kw.get("precision", "fp64")
+        st, sa = trainer.init_state(precision=precision), auditor.init_state(precision=precision)
+        values = [_weights_distance(st, sa)]
+        for step in range(1, steps + 1):
+            rt = trainer.run_step(st, step, **t_kw)
+            if a_kw["mode"] == "replay":
+                auditor.run_step(sa, step, mode="replay", log=rt.log)
+            else:
+                auditor.run_step(sa, step, **a_kw)
+            values.append(_weights_distance(st, sa))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        series[name] = values
+    return DivergenceResult(
+        preset=cfg.preset,
+        steps=steps,
+        trainer_profile=trainer_profile,
+        auditor_profile=auditor_profile,
+        series=series,
+    )

@@ -1,0 +1,354 @@
+"""Training state: its tensors by canonical name, canonical bytes, state hash, and checkpoints.
+
+State = parameters + persistent buffers (BatchNorm running stats) + optimizer state + the step number
+(docs/architecture.md, "Training state and leaves"). Floating tensors are float64 in memory and lie
+on the ``bits`` grid after every step, so they are written as float32 without loss. The canonical
+bytes *are* the checkpoint format: a judge verifies a pre-state by hashing the file, and
+``encode_state(decode_state(b, cfg)) == b`` for every valid ``b``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from game.errors import TrainingError, TranscriptError
+from game.training import rounding
+from game.training.config import TaskConfig
+
+log = logging.getLogger(__name__)
+
+STATE_MAGIC = b"vgame-state-v1\0"
+
+Precision = Literal["fp64", "fp32"]
+
+#: dtype tags of the canonical bytes. float64 is written as ``f32`` (it lies on the grid); float32
+#: tensors that are float32 in memory (AdamW's step counter, fp32 baselines) are written as they are.
+_TAGS: dict[torch.dtype, str] = {
+    torch.float64: "f32",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+_NUMPY: dict[str, np.dtype] = {
+    "f32": np.dtype("<f4"),
+    "f16": np.dtype("<f2"),
+    "i64": np.dtype("<i8"),
+    "i32": np.dtype("<i4"),
+    "i16": np.dtype("<i2"),
+    "i8": np.dtype("i1"),
+    "u8": np.dtype("u1"),
+    "bool": np.dtype("?"),
+}
+
+
+class CheckpointError(TranscriptError, ValueError):
+    """Canonical state bytes (a checkpoint) are truncated, corrupt, or do not fit the task's model."""
+
+
+class OffGridError(TrainingError, ValueError):
+    """A float64 state tensor is not on the rounding grid, so it has no canonical bytes."""
+
+
+@dataclass
+class TrainState:
+    """The whole training state; ``step`` is the number of steps run (0 = initialisation)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int
+
+    def parameters(self) -> dict[str, Tensor]:
+        """Parameters by model name (for distances between two parties' weights)."""
+        return {name: p for name, p in self.model.named_parameters()}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live."""
+        return next(self.model.parameters()).device
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensors by canonical name
+# --------------------------------------------------------------------------------------------------
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+def _persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
+    """Buffers that are part of ``state_dict`` (non-persistent ones are constants, not state)."""
+    params = {id(p) for p in model.parameters()}
+    return {
+        name: t
+        for name, t in model.state_dict(keep_vars=True).items()
+        if id(t) not in params and isinstance(t, Tensor)
+    }
+
+
+def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state."""
+    names = _param_names(state.model)
+    out: dict[str, Tensor] = {}
+    for p, entries in state.optimizer.state.items():
+        pname = names.get(id(p))
+        if pname is None:
+            raise TrainingError("optimizer holds state for a tensor that is not a model parameter")
+        for key, value in entries.items():
+            if value is None:
+                continue  # SGD without momentum keeps momentum_buffer = None
+            if not isinstance(value, Tensor):
+                raise TrainingError(
+                    f"optimizer state {pname}/{key} is a {type(value).__name__}, not a tensor"
+                )
+            out[f"optim/{pname}/{key}"] = value
+    return out
+
+
+def state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """Every tensor of the state by canonical name, sorted."""
+    out: dict[str, Tensor] = {}
+    for name, p in state.model.named_parameters():
+        out[f"param/{name}"] = p
+    for name, b in _persistent_buffers(state.model).items():
+        out[f"buffer/{name}"] = b
+    out.update(optimizer_state_tensors(state))
+    return dict(sorted(out.items()))
+
+
+def float_state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """The float64 tensors of the state (those that must lie on the grid)."""
+    return {n: t for n, t in state_tensors(state).items() if t.dtype == torch.float64}
+
+
+def check_on_grid(state: TrainState, bits: int) -> None:
+    """Raise OffGridError naming the first float64 state tensor that is not on the ``bits`` grid."""
+    for name, t in float_state_tensors(state).items():
+        if not rounding.is_on_grid(t.detach(), bits):
+            raise OffGridError(f"state tensor {name} (step {state.step}) is not on the {bits}-bit grid")
+
+
+# --------------------------------------------------------------------------------------------------
+# Canonical bytes
+# --------------------------------------------------------------------------------------------------
+
+
+def _values(name: str, t: Tensor) -> bytes:
+    t = t.detach()
+    if t.dtype == torch.float64:
+        t32 = t.to(device="cpu", dtype=torch.float32)
+        if not torch.equal(t32.to(torch.float64), t.cpu()):
+            raise OffGridError(
+                f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
+            )
+        t = t32
+    else:
+        t = t.to(device="cpu")
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().astype("<i2").tobytes()
+    return t.contiguous().numpy().astype(_NUMPY[_TAGS[t.dtype]], copy=False).tobytes()
+
+
+def encode_state(state: TrainState) -> bytes:
+    """The canonical bytes (docs/architecture.md): header, then every tensor in sorted name order."""
+    tensors = state_tensors(state)
+    parts = [STATE_MAGIC, struct.pack("<QI", state.step, len(tensors))]
+    for name, t in tensors.items():
+        tag = _TAGS.get(t.dtype)
+        if tag is None:
+            raise TrainingError(f"state tensor {name} has unsupported dtype {t.dtype}")
+        raw_name = name.encode("utf-8")
+        parts.append(struct.pack("<H", len(raw_name)) + raw_name)
+        parts.append(struct.pack("<B", len(tag)) + tag.encode("ascii"))
+        parts.append(struct.pack("<B", t.dim()) + struct.pack(f"<{t.dim()}Q", *t.shape))
+        parts.append(_values(name, t))
+    return b"".join(parts)
+
+
+def state_hash(state: TrainState) -> bytes:
+    """``sha256(encode_state(state))``: the leaf of the state tree."""
+    return hashlib.sha256(encode_state(state)).digest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding (checkpoints)
+# --------------------------------------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.data):
+            raise CheckpointError(
+                f"state bytes truncated at byte {len(self.data)} while reading {what} (needs {n} from {self.pos})"
+            )
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, what: str) -> tuple[int, ...]:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))
+
+
+def parse_state(data: bytes) -> tuple[int, dict[str, Tensor]]:
+    """``(step, tensors by name)`` from canonical bytes; float tensors come back as float32 on CPU."""
+    r = _Reader(data)
+    if r.take(len(STATE_MAGIC), "magic") != STATE_MAGIC:
+        raise CheckpointError("not vgame state bytes (bad magic)")
+    step, count = r.unpack("<QI", "header")
+    tensors: dict[str, Tensor] = {}
+    prev: str | None = None
+    for i in range(count):
+        (nlen,) = r.unpack("<H", f"name length of tensor {i}")
+        try:
+            name = r.take(nlen, f"name of tensor {i}").decode("utf-8")
+        except UnicodeDecodeError:
+            raise CheckpointError(f"tensor {i}: name is not UTF-8") from None
+        if prev is not None and name <= prev:
+            raise CheckpointError(f"tensor {name!r} is out of sorted order or repeated")
+        prev = name
+        (tlen,) = r.unpack("<B", f"dtype of {name}")
+        tag = r.take(tlen, f"dtype of {name}").decode("ascii", errors="replace")
+        (ndim,) = r.unpack("<B", f"ndim of {name}")
+        shape = r.unpack(f"<{ndim}Q", f"shape of {name}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if tag == "bf16":
+            raw = r.take(2 * numel, f"values of {name}")
+            t = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16)
+        elif tag in _NUMPY:
+            dt = _NUMPY[tag]
+            raw = r.take(dt.itemsize * numel, f"values of {name}")
+            t = torch.from_numpy(np.frombuffer(raw, dtype=dt).astype(dt.newbyteorder("="), copy=True))
+        else:
+            raise CheckpointError(f"tensor {name}: unknown dtype tag {tag!r}")
+        tensors[name] = t.reshape(shape)
+    if r.pos != len(data):
+        raise CheckpointError(f"{len(data) - r.pos} trailing bytes after the last tensor")
+    return step, tensors
+
+
+def fresh_state(
+    cfg: TaskConfig, *, device: str | torch.device = "cpu", precision: Precision = "fp64"
+) -> TrainState:
+    """The step-0 state: the preset's model (built on CPU), rounded to the grid, on ``device``.
+
+    fp64 state is rounded onto the ``cfg.bits`` grid; fp32 (the plain baseline) is converted.
+    """
+    from game.training.presets import get_preset
+
+    preset = get_preset(cfg.preset)
+    model = preset.build_model(cfg)
+    with torch.no_grad():
+        if precision == "fp64":
+            model = model.to(torch.float64)
+            for t in list(model.parameters()) + list(_persistent_buffers(model).values()):
+                if t.dtype == torch.float64:
+                    rounding.round_(t.data, cfg.bits)
+        elif precision == "fp32":
+            model = model.to(torch.float32)
+        else:
+            raise TrainingError(f"precision: {precision!r} is not fp64 or fp32")
+    model = model.to(device)
+    model.train()
+    optimizer = preset.build_optimizer(cfg, model)
+    return TrainState(model=model, optimizer=optimizer, step=0)
+
+
+def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "cpu") -> TrainState:
+    """Rebuild the state from canonical bytes: model and optimizer from the preset, values loaded."""
+    step, tensors = parse_state(data)
+    state = fresh_state(cfg, device="cpu")
+    state.step = step
+    expected: dict[str, Tensor] = {f"param/{n}": p for n, p in state.model.named_parameters()}
+    expected.update({f"buffer/{n}": b for n, b in _persistent_buffers(state.model).items()})
+    model_names = {n for n in tensors if not n.startswith("optim/")}
+    missing, extra = sorted(set(expected) - model_names), sorted(model_names - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"state bytes do not fit preset {cfg.preset!r}: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
+    with torch.no_grad():
+        for name, target in expected.items():
+            src = tensors[name]
+            if tuple(src.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"{name}: shape {tuple(src.shape)} in the bytes, model has {tuple(target.shape)}"
+                )
+            if src.is_floating_point() != target.is_floating_point():
+                raise CheckpointError(f"{name}: dtype {src.dtype} in the bytes, model has {target.dtype}")
+            target.copy_(src.to(target.dtype))
+    _load_optimizer(state, {n: t for n, t in tensors.items() if n.startswith("optim/")})
+    if torch.device(device) != torch.device("cpu"):
+        move_state(state, device)
+    return state
+
+
+def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
+    params = dict(state.model.named_parameters())
+    index: dict[int, int] = {}
+    for group in state.optimizer.param_groups:
+        for p in group["params"]:
+            index[id(p)] = len(index)
+    per_param: dict[int, dict[str, Tensor]] = {}
+    for name, t in tensors.items():
+        pname, sep, key = name[len("optim/") :].rpartition("/")
+        if not sep or pname not in params:
+            raise CheckpointError(f"{name}: names no parameter of preset {state.model.__class__.__name__}")
+        p = params[pname]
+        if t.dim() > 0 and tuple(t.shape) != tuple(p.shape):
+            raise CheckpointError(f"{name}: shape {tuple(t.shape)}, parameter has {tuple(p.shape)}")
+        per_param.setdefault(index[id(p)], {})[key] = t
+    sd = state.optimizer.state_dict()
+    sd["state"] = per_param
+    try:
+        state.optimizer.load_state_dict(sd)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"optimizer state does not load: {exc}") from exc
+
+
+def move_state(state: TrainState, device: str | torch.device) -> None:
+    """Move model and optimizer state to ``device`` in place (0-dim float32 step counters stay put)."""
+    dev = torch.device(device)
+    state.model.to(dev)
+    for entries in state.optimizer.state.values():
+        for key, value in entries.items():
+            if isinstance(value, Tensor) and not (value.dim() == 0 and value.dtype == torch.float32):
+                entries[key] = value.to(dev)
+
+
+__all__ = [
+    "STATE_MAGIC",
+    "CheckpointError",
+    "OffGridError",
+    "Precision",
+    "TrainState",
+    "check_on_grid",
+    "decode_state",
+    "encode_state",
+    "float_state_tensors",
+    "fresh_state",
+    "move_state",
+    "optimizer_state_tensors",
+    "parse_state",
+    "state_hash",
+    "state_tensors",
+]

@@ -1,0 +1,194 @@
+"""The step engine: one training step, the unit of training, auditing and judging.
+
+Order of work in a step (the same for every party, every mode)::
+
+    batch = preset.batch(cfg, step)        # CPU, counter-based; or batch_override (a deviation)
+    batch -> grid (fp64) -> profile device
+    with profile.apply(), RoundingMode(...):
+        loss = preset.loss(model, batch, ctx)   # forward + loss
+        loss.backward()                         # activations' and parameters' gradients
+        optimizer.step()                        # update: params and optimizer state
+    optimizer.zero_grad(set_to_none=True)       # gradients are not state: none survive a step
+    state.step = step
+
+Modes: ``record`` (trainer: round and log), ``replay`` (auditor: round with the trainer's log),
+``round`` (round without log: shows divergence), ``plain`` (no rounding; with ``precision="fp32"``
+the model is float32: the baselines). The state hash is computed in every mode whose state has
+canonical bytes (fp64 rounding modes and fp32), ``None`` for plain fp64.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from game.errors import ConfigError, TrainingError
+from game.training import rounding
+from game.training.config import TaskConfig
+from game.training.data import Batch
+from game.training.intercept import MODES, Mode, RoundingMode
+from game.training.models import StepContext
+from game.training.presets import get_preset
+from game.training.profiles import Profile
+from game.training.roundlog import StepLog
+from game.training.state import (
+    Precision,
+    TrainState,
+    check_on_grid,
+    fresh_state,
+    move_state,
+    state_hash,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step produced besides the (mutated) state."""
+
+    state_hash: bytes | None  # leaf after the step; None for plain fp64 (off-grid state)
+    log: StepLog | None  # the recorded (record) or replayed (replay) chunk
+    corrections: int  # rev moves applied (replay), else 0
+    loss: float  # the step's loss before the update
+    ops: frozenset[str]  # str(func) of every ATen op that ran (empty for unintercepted plain runs)
+
+    @property
+    def leaf(self) -> bytes:
+        """The state hash, for callers that only run hashing modes (raises for plain fp64)."""
+        if self.state_hash is None:
+            raise TrainingError("a plain float64 step has no state hash (its state is off the grid)")
+        return self.state_hash
+
+
+class StepEngine:
+    """Runs steps of one task on one hardware profile."""
+
+    def __init__(self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False) -> None:
+        self.cfg = cfg
+        self.profile = profile
+        self.preset = get_preset(cfg.preset)
+        self.check_grid = check_grid  # assert every float of the state is on the grid after each step
+        self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
+
+    def init_state(self, *, precision: Precision = "fp64") -> TrainState:
+        """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
+        if not self.profile.available():
+            raise ConfigError(f"profile {self.profile.name!r} is not available on this machine")
+        return fresh_state(self.cfg, device=self.profile.device, precision=precision)
+
+    def batch(self, step: int) -> Batch:
+        """The honest batch of ``step`` (CPU)."""
+        return self.preset.batch(self.cfg, step)
+
+    def run_step(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        mode: Mode = "record",
+        log: StepLog | None = None,
+        batch_override: Batch | None = None,
+        precision: Precision = "fp64",
+    ) -> StepResult:
+        """Run training step ``step`` (== state.step + 1) on ``state`` in place.
+
+        ``log``: the trainer's chunk to replay (``replay``), or an empty one to record into
+        (``record``; a fresh one when None). If the step raises, ``state`` is half-updated: rebuild it.
+        """
+        if mode not in MODES:
+            raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+        if precision not in ("fp64", "fp32"):
+            raise ConfigError(f"precision: {precision!r} is not fp64 or fp32")
+        if precision == "fp32" and mode != "plain":
+            raise ConfigError("precision fp32 is a plain baseline: use mode 'plain'")
+        if step != state.step + 1:
+            raise TrainingError(f"cannot run step {step} on the state after step {state.step}")
+        if mode == "replay" and log is None:
+            raise ConfigError("mode 'replay' needs the trainer's StepLog")
+        if mode == "record" and log is None:
+            log = StepLog(step)
+        dtype = torch.float64 if precision == "fp64" else torch.float32
+        self._ensure_placed(state, dtype)
+
+        batch = batch_override if batch_override is not None else self.batch(step)
+        batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
+        ctx = StepContext(seed=self.cfg.seed, step=step, example_ids=batch.example_ids)
+        model, optimizer = state.model, state.optimizer
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+
+        intercept = mode != "plain" or self.profile.emulates
+        rm = RoundingMode(
+            bits=self.cfg.bits, tau=self.cfg.tau, mode=mode, profile=self.profile, step=step, log=log
+        )
+        with self.profile.apply():
+            if intercept:
+                with rm:
+                    loss = self._forward_backward_update(state, batch, ctx)
+            else:
+                loss = self._forward_backward_update(state, batch, ctx)
+        optimizer.zero_grad(set_to_none=True)
+        state.step = step
+        rm.finish()
+        self.last_mode = rm
+        logger.debug(
+            "step %d (%s, %s, %s): %d logged tensors, %d corrections, %d op kinds",
+            step,
+            mode,
+            precision,
+            self.profile.name,
+            rm.op_index,
+            rm.corrections,
+            len(rm.classes),
+        )
+
+        if self.check_grid and precision == "fp64" and mode != "plain":
+            check_on_grid(state, self.cfg.bits)
+        has_bytes = precision == "fp32" or mode != "plain"
+        return StepResult(
+            state_hash=state_hash(state) if has_bytes else None,
+            log=log if mode in ("record", "replay") else None,
+            corrections=rm.corrections,
+            loss=float(loss.detach()),
+            ops=rm.ops,
+        )
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _forward_backward_update(self, state: TrainState, batch: Batch, ctx: StepContext) -> Tensor:
+        loss = self.preset.loss(state.model, batch, ctx)
+        loss.backward()
+        state.optimizer.step()
+        return loss
+
+    def prepare_batch(self, batch: Batch, dtype: torch.dtype = torch.float64, *, rnd: bool = True) -> Batch:
+        """Float inputs in the state's dtype (on the grid when rounding), on the profile's device."""
+
+        def conv(t: Tensor) -> Tensor:
+            if not t.is_floating_point():
+                return t
+            t = t.to(dtype)
+            if rnd and dtype == torch.float64:
+                t = rounding.rnd(t, self.cfg.bits)
+            return t
+
+        return Batch(conv(batch.inputs), conv(batch.targets), batch.example_ids).to(self.profile.device)
+
+    def _ensure_placed(self, state: TrainState, dtype: torch.dtype) -> None:
+        """A decoded state lives on CPU: move it to the profile's device; refuse a dtype mismatch."""
+        p = next(state.model.parameters())
+        if p.dtype != dtype:
+            raise TrainingError(
+                f"state is {p.dtype} but the step runs in {dtype}: build it with init_state(precision=...)"
+            )
+        if p.device != torch.device(self.profile.device) and not (
+            self.profile.device == "cuda" and p.device.type == "cuda"
+        ):
+            move_state(state, self.profile.device)
+
+
+__all__ = ["StepEngine", "StepResult"]

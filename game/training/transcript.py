@@ -1,0 +1,505 @@
+"""A trainer's transcript on disk: manifest, state leaves, rounding-log chunks and checkpoints.
+
+Layout of a transcript directory (format ``vgame-transcript-v1``)::
+
+    manifest.json               task config, spec hash, versions, profile, roots, ``complete`` flag
+    leaves.bin                  32-byte state hashes; leaf i = state after step i (leaf 0 = init)
+    chunk_hashes.bin            32-byte hashes of the log chunks of steps 0..S, same order
+    log/                        one rounding-log chunk per step (written by ``roundlog.LogWriter``)
+    checkpoints/state-<step:09d>.bin   canonical state bytes at step 0, every k steps and the last
+
+Crash safety: whole files are written to a temporary name, fsynced and renamed; the two append-only
+files are fsynced after every step. A step is *complete* once its leaf is in ``leaves.bin``: the
+leaf is written last, after the chunk, its hash and any checkpoint, so after a crash everything
+past the last leaf is a partial step that :meth:`TranscriptWriter.resume` cuts away.
+
+This module imports no torch: the judge, the agents and ``vgame audit`` read transcripts with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from game.errors import RoundingLogError, TranscriptError
+from game.merkle import HASH_SIZE, merkle_root
+from game.training.config import TaskConfig
+from game.training.roundlog import LogReader, LogWriter, StepLog
+
+log = logging.getLogger(__name__)
+
+FORMAT = "vgame-transcript-v1"
+MANIFEST_NAME = "manifest.json"
+LEAVES_NAME = "leaves.bin"
+CHUNK_HASHES_NAME = "chunk_hashes.bin"
+LOG_DIR_NAME = "log"
+CHECKPOINT_DIR_NAME = "checkpoints"
+_CHECKPOINT_RE = re.compile(r"^state-(\d{9})\.bin$")
+
+
+# --------------------------------------------------------------------------------------------
+# Small crash-safe file helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _append_fsync(path: Path, data: bytes) -> None:
+    with open(path, "ab") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _truncate_fsync(path: Path, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _read_hashes(path: Path, what: str) -> list[bytes]:
+    if not path.is_file():
+        raise TranscriptError(f"{what} file {path} is missing; the transcript is incomplete or damaged")
+    data = path.read_bytes()
+    if len(data) % HASH_SIZE:
+        raise TranscriptError(
+            f"{path} holds {len(data)} bytes, not a multiple of {HASH_SIZE}: a step was cut off "
+            "(resume training with the same --out to repair it)"
+        )
+    return [data[i : i + HASH_SIZE] for i in range(0, len(data), HASH_SIZE)]
+
+
+def software_versions() -> dict[str, str]:
+    """Versions that went into a transcript: recorded for people, never part of any hash."""
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "vgame": version("vgame"),
+        "torch": version("torch"),
+        "python": platform.python_version(),
+        "numpy": version("numpy"),
+    }
+
+
+def is_checkpoint_step(step: int, interval: int, steps: int) -> bool:
+    """Checkpoints are kept at init, every ``interval`` steps and at the last step."""
+    return step == 0 or step == steps or (interval > 0 and step % interval == 0)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"state-{step:09d}.bin"
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The transcript's ``manifest.json``; roots are hex strings (``None`` until complete)."""
+
+    config: dict[str, Any]
+    spec_hash: str
+    profile: str
+    steps: int
+    checkpoint_interval: int
+    versions: dict[str, str] = field(default_factory=software_versions)
+    state_root: str | None = None
+    log_root: str | None = None
+    complete: bool = False
+
+    @property
+    def num_leaves(self) -> int:
+        """A run of ``S`` steps has ``S + 1`` leaves: leaf 0 is the initial state."""
+        return self.steps + 1
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "config": self.config,
+            "spec_hash": self.spec_hash,
+            "versions": self.versions,
+            "profile": self.profile,
+            "steps": self.steps,
+            "num_leaves": self.num_leaves,
+            "state_root": self.state_root,
+            "log_root": self.log_root,
+            "checkpoint_interval": self.checkpoint_interval,
+            "complete": self.complete,
+        }
+        return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: Path) -> Manifest:
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TranscriptError(f"{where} is not valid JSON ({exc}); the transcript is damaged") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else None
+            raise TranscriptError(f"{where} has format {found!r}, expected {FORMAT!r}")
+        try:
+            manifest = cls(
+                config=dict(doc["config"]),
+                spec_hash=str(doc["spec_hash"]),
+                profile=str(doc["profile"]),
+                steps=int(doc["steps"]),
+                checkpoint_interval=int(doc["checkpoint_interval"]),
+                versions={str(k): str(v) for k, v in dict(doc["versions"]).items()},
+                state_root=doc["state_root"],
+                log_root=doc["log_root"],
+                complete=bool(doc["complete"]),
+            )
+            num_leaves = int(doc["num_leaves"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TranscriptError(
+                f"{where} lacks or mistypes field {exc}; the transcript is damaged"
+            ) from None
+        if num_leaves != manifest.num_leaves:
+            raise TranscriptError(
+                f"{where} says num_leaves={num_leaves} but steps={manifest.steps} needs {manifest.num_leaves}"
+            )
+        return manifest
+
+
+def _config_of(manifest: Manifest, where: Path) -> TaskConfig:
+    """Rebuild the task config and check it still hashes to the recorded spec hash."""
+    try:
+        cfg = TaskConfig.from_dict(manifest.config)
+    except Exception as exc:
+        raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
+    if cfg.spec_hash().hex() != manifest.spec_hash:
+        raise TranscriptError(
+            f"{where}: the recorded config hashes to {cfg.spec_hash().hex()} but the manifest's spec_hash "
+            f"is {manifest.spec_hash}: the config or the spec hash was edited"
+        )
+    if cfg.steps != manifest.steps or cfg.checkpoint_interval != manifest.checkpoint_interval:
+        raise TranscriptError(f"{where}: steps or checkpoint_interval disagree with the recorded config")
+    return cfg
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise TranscriptError(
+            f"no transcript at {directory}: {MANIFEST_NAME} is missing (run `vgame train --out {directory}`)"
+        )
+    return Manifest.from_json(path.read_bytes(), path)
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------------
+
+
+class TranscriptWriter:
+    """Appends one step at a time; :meth:`finish` writes the roots and marks the manifest complete."""
+
+    def __init__(self, directory: Path, cfg: TaskConfig, manifest: Manifest, done: list[bytes]) -> None:
+        self.directory = directory
+        self.cfg = cfg
+        self.spec_hash = cfg.spec_hash()
+        self.manifest = manifest
+        self._leaves = done
+        self._log_writer = LogWriter(directory / LOG_DIR_NAME)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, cfg: TaskConfig, profile: str) -> TranscriptWriter:
+        """Start a new transcript in ``directory`` (created if missing; must hold no transcript)."""
+        directory = Path(directory)
+        if (directory / MANIFEST_NAME).exists():
+            raise TranscriptError(f"{directory} already holds a transcript; choose another --out")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
+        (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
+        for name in (LEAVES_NAME, CHUNK_HASHES_NAME):
+            atomic_write(directory / name, b"")
+        manifest = Manifest(
+            config=cfg.to_dict(),
+            spec_hash=cfg.spec_hash().hex(),
+            profile=profile,
+            steps=cfg.steps,
+            checkpoint_interval=cfg.checkpoint_interval,
+        )
+        atomic_write(directory / MANIFEST_NAME, manifest.to_json())
+        log.info("new transcript at %s (%d steps, spec %s)", directory, cfg.steps, manifest.spec_hash[:16])
+        return cls(directory, cfg, manifest, [])
+
+    @classmethod
+    def resume(cls, directory: Path, cfg: TaskConfig) -> TranscriptWriter:
+        """Reopen an incomplete transcript of the same task, cutting away any partial last step."""
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        if manifest.spec_hash != cfg.spec_hash().hex():
+            raise TranscriptError(
+                f"{directory} holds a transcript of another task (spec {manifest.spec_hash[:16]}..., "
+                f"this task is {cfg.spec_hash().hex()[:16]}...); choose another --out or delete it"
+            )
+        _config_of(manifest, directory / MANIFEST_NAME)
+        leaves_path = directory / LEAVES_NAME
+        hashes_path = directory / CHUNK_HASHES_NAME
+        for p in (leaves_path, hashes_path):
+            if not p.exists():
+                atomic_write(p, b"")
+        (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
+        (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
+        n = min(leaves_path.stat().st_size // HASH_SIZE, manifest.num_leaves)
+        if hashes_path.stat().st_size < n * HASH_SIZE:
+            raise TranscriptError(
+                f"{hashes_path} has fewer chunk hashes than {leaves_path} has leaves: the transcript is damaged"
+            )
+        # Everything past the last complete leaf belongs to a step that was cut off.
+        _truncate_fsync(leaves_path, n * HASH_SIZE)
+        _truncate_fsync(hashes_path, n * HASH_SIZE)
+        LogWriter(directory / LOG_DIR_NAME).truncate_after(n - 1)
+        ckpt_dir = directory / CHECKPOINT_DIR_NAME
+        for p in sorted(ckpt_dir.iterdir()):
+            m = _CHECKPOINT_RE.match(p.name)
+            if p.name.endswith(".tmp") or (m and int(m.group(1)) >= n):
+                p.unlink()
+        _fsync_dir(ckpt_dir)
+        leaves = _read_hashes(leaves_path, "leaves")
+        manifest = replace(manifest, complete=False, state_root=None, log_root=None)
+        atomic_write(directory / MANIFEST_NAME, manifest.to_json())
+        log.info("resuming transcript at %s with %d of %d leaves", directory, n, manifest.num_leaves)
+        return cls(directory, cfg, manifest, leaves)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @property
+    def num_done(self) -> int:
+        """Number of complete steps' leaves (the next step to write is ``num_done``)."""
+        return len(self._leaves)
+
+    @property
+    def leaves(self) -> list[bytes]:
+        return list(self._leaves)
+
+    def wants_checkpoint(self, step: int) -> bool:
+        return is_checkpoint_step(step, self.cfg.checkpoint_interval, self.cfg.steps)
+
+    def append_step(
+        self, step: int, state_hash: bytes, step_log: StepLog, checkpoint: bytes | None = None
+    ) -> bytes:
+        """Write step ``step``'s chunk, chunk hash, checkpoint (when due) and finally its leaf.
+
+        Returns the chunk hash. ``checkpoint`` must be the canonical state bytes when
+        :meth:`wants_checkpoint` says so; they must hash to ``state_hash``.
+        """
+        if step != self.num_done:
+            raise TranscriptError(f"steps are written in order: expected step {self.num_done}, got {step}")
+        if step > self.cfg.steps:
+            raise TranscriptError(f"step {step} is past the task's last step {self.cfg.steps}")
+        if len(state_hash) != HASH_SIZE:
+            raise TranscriptError(f"a state hash is {HASH_SIZE} bytes, got {len(state_hash)}")
+        chunk_hash = self._log_writer.write_chunk(step, step_log, self.spec_hash)
+        _append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
+        if self.wants_checkpoint(step):
+            if checkpoint is None:
+                raise TranscriptError(f"step {step} is a checkpoint step but no state bytes were given")
+            if hashlib.sha256(checkpoint).digest() != state_hash:
+                raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
+            atomic_write(self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step), checkpoint)
+        # The leaf goes last: it is what marks the step complete.
+        _append_fsync(self.directory / LEAVES_NAME, state_hash)
+        self._leaves.append(bytes(state_hash))
+        return chunk_hash
+
+    def finish(self) -> Manifest:
+        """Compute both roots, check every step is there, and mark the manifest complete."""
+        if self.num_done != self.manifest.num_leaves:
+            raise TranscriptError(
+                f"cannot finish: {self.num_done} of {self.manifest.num_leaves} leaves written"
+            )
+        hashes = _read_hashes(self.directory / CHUNK_HASHES_NAME, "chunk hashes")
+        self.manifest = replace(
+            self.manifest,
+            state_root=merkle_root(self._leaves).hex(),
+            log_root=merkle_root(hashes).hex(),
+            complete=True,
+        )
+        atomic_write(self.directory / MANIFEST_NAME, self.manifest.to_json())
+        return self.manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------------
+
+
+class Transcript:
+    """Read access to a transcript directory, with the checks an auditor or judge needs."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise TranscriptError(
+                f"transcript directory {self.directory} does not exist (pass the --out of `vgame train`)"
+            )
+        self.manifest = read_manifest(self.directory)
+        self.config = _config_of(self.manifest, self.directory / MANIFEST_NAME)
+        self.spec_hash = self.config.spec_hash()
+        self._leaves: list[bytes] | None = None
+        self._chunk_hashes: list[bytes] | None = None
+        self._reader = LogReader(self.directory / LOG_DIR_NAME, self.spec_hash)
+
+    @property
+    def steps(self) -> int:
+        return self.manifest.steps
+
+    @property
+    def profile(self) -> str:
+        return self.manifest.profile
+
+    def leaves(self) -> list[bytes]:
+        if self._leaves is None:
+            self._leaves = _read_hashes(self.directory / LEAVES_NAME, "leaves")
+        return list(self._leaves)
+
+    def leaf(self, step: int) -> bytes:
+        leaves = self.leaves()
+        if not 0 <= step < len(leaves):
+            raise TranscriptError(
+                f"step {step} is out of range: the transcript has leaves for steps 0..{len(leaves) - 1}"
+            )
+        return leaves[step]
+
+    def chunk_hashes(self) -> list[bytes]:
+        if self._chunk_hashes is None:
+            self._chunk_hashes = _read_hashes(self.directory / CHUNK_HASHES_NAME, "chunk hashes")
+        return list(self._chunk_hashes)
+
+    def read_log(self, step: int) -> StepLog:
+        """The rounding log of ``step``, checked against its recorded chunk hash.
+
+        A chunk that matches its hash but does not decode raises RoundingLogError: that is the
+        trainer's fault at that step, not a damaged transcript.
+        """
+        self._check_chunk(step)
+        return self._reader.read(step)
+
+    def chunk_bytes(self, step: int) -> bytes:
+        """The raw chunk of ``step``, checked against its recorded chunk hash (what the judge gets)."""
+        self._check_chunk(step)
+        return self._reader.read_bytes(step)
+
+    def chunk_path(self, step: int) -> Path:
+        """Path of the chunk file of ``step`` (what the judge is handed)."""
+        return Path(self._reader.chunk_path(step))
+
+    def _check_chunk(self, step: int) -> None:
+        hashes = self.chunk_hashes()
+        if not 0 <= step < len(hashes):
+            raise TranscriptError(f"no log chunk for step {step}: the transcript has {len(hashes)} chunks")
+        try:
+            actual = self._reader.chunk_hash(step)
+        except (RoundingLogError, OSError) as exc:
+            raise TranscriptError(f"log chunk of step {step} in {self.directory} is unusable: {exc}") from exc
+        if actual != hashes[step]:
+            raise TranscriptError(
+                f"log chunk of step {step} hashes to {actual.hex()[:16]}..., but {CHUNK_HASHES_NAME} "
+                f"records {hashes[step].hex()[:16]}...: the chunk was altered"
+            )
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def checkpoint_steps(self) -> list[int]:
+        ckpt_dir = self.directory / CHECKPOINT_DIR_NAME
+        if not ckpt_dir.is_dir():
+            return []
+        steps = []
+        for p in ckpt_dir.iterdir():
+            m = _CHECKPOINT_RE.match(p.name)
+            if m:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def nearest_checkpoint(self, step: int) -> int:
+        """The latest checkpoint at or before ``step``."""
+        usable = [s for s in self.checkpoint_steps() if s <= step]
+        if not usable:
+            raise TranscriptError(f"no checkpoint at or before step {step} in {self.directory}")
+        return usable[-1]
+
+    def load_checkpoint(self, step: int) -> bytes:
+        """Canonical state bytes at ``step``, verified against leaf ``step``."""
+        path = self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step)
+        if not path.is_file():
+            raise TranscriptError(f"no checkpoint for step {step} in {self.directory}")
+        data = path.read_bytes()
+        if hashlib.sha256(data).digest() != self.leaf(step):
+            raise TranscriptError(f"checkpoint {path.name} does not hash to leaf {step}: it was altered")
+        return data
+
+    # -- whole-transcript checks -----------------------------------------------------------
+
+    def verify(self, *, check_chunks: bool = True) -> None:
+        """Check counts and both roots (and every chunk against its hash); raise on the first problem."""
+        m = self.manifest
+        if not m.complete:
+            raise TranscriptError(
+                f"{self.directory} is an unfinished transcript; resume `vgame train` with the same --out"
+            )
+        leaves = self.leaves()
+        if len(leaves) != m.num_leaves:
+            raise TranscriptError(
+                f"{LEAVES_NAME} holds {len(leaves)} leaves, the manifest says {m.num_leaves}"
+            )
+        if merkle_root(leaves).hex() != m.state_root:
+            raise TranscriptError(
+                f"the state root recomputed from {LEAVES_NAME} differs from the manifest's: a leaf was altered"
+            )
+        hashes = self.chunk_hashes()
+        if len(hashes) != m.num_leaves:
+            raise TranscriptError(
+                f"{CHUNK_HASHES_NAME} holds {len(hashes)} hashes, the manifest says {m.num_leaves}"
+            )
+        if merkle_root(hashes).hex() != m.log_root:
+            raise TranscriptError(
+                f"the log root recomputed from {CHUNK_HASHES_NAME} differs from the manifest's"
+            )
+        if check_chunks:
+            for step in range(m.num_leaves):
+                self._check_chunk(step)
+
+    def iter_logs(self, start: int = 0) -> Iterator[tuple[int, StepLog]]:
+        for step in range(start, len(self.chunk_hashes())):
+            yield step, self.read_log(step)

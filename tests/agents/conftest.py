@@ -1,0 +1,207 @@
+"""Shared fixtures of the agent tests (and of the scenario tests built on the same agents).
+
+* ``tiny_cfg``: a task small enough to train in about a second (mlp-digits, 8 steps).
+* ``store`` / ``data_key`` / ``evidence_dir``: an encrypted blob store, its key and the judge's inbox.
+* ``roles``: a client per role (``client``, ``trainer``, ``auditor``, ``judge``) on the deployed game.
+* ``post_task``: ``post_task(cfg, **overrides) -> task_id`` posts ``cfg`` as the client.
+* ``make_agents``: ``make_agents(task_id, cfg, ...) -> Agents`` builds trainer, auditor and judge with
+  per-role workdirs under ``tmp_path``; call it again to "restart" any of them (same workdirs).
+* :func:`run_game` steps agents until done, jumping the chain clock when all are idle.
+* :class:`PoisonBatch`, :class:`TamperInit`: deviations (flipped labels at step S; weights at init).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.agents import AgentAction, drive
+from game.store import BlobStore, new_key
+from game.training.config import TaskConfig
+from game.training.session import Deviation
+
+TASK_DEFAULTS: dict[str, int] = {
+    "payment": 10**18,
+    "trainer_bond": 3 * 10**17,
+    "auditor_bond": 2 * 10**17,
+    "clock_allowance": 3600,
+    "challenge_window": 7200,
+    "judge_window": 3600,
+}
+
+TRAINER_PROFILE = "cpu-1t"
+AUDITOR_PROFILE = "noisy"
+JUDGE_PROFILE = "splitk-16"
+
+
+def small_config(**overrides: Any) -> TaskConfig:
+    """mlp-digits, 8 steps of 8 examples, checkpoints every 4 steps."""
+    base: dict[str, Any] = {"model": {"hidden": 16}, "batch_size": 8, "steps": 8, "checkpoint_interval": 4}
+    return TaskConfig.for_preset("mlp-digits", **{**base, **overrides})
+
+
+class PoisonBatch(Deviation):
+    """Trains on flipped labels at ``step`` (the poison scenario)."""
+
+    def __init__(self, cfg: TaskConfig, step: int) -> None:
+        self.cfg = cfg
+        self.step = step
+
+    def batch(self, step: int) -> Any | None:
+        if step != self.step:
+            return None
+        from game.training.presets import get_preset
+
+        honest = get_preset(self.cfg.preset).batch(self.cfg, step)
+        flipped = (honest.targets + 1) % 10
+        return type(honest)(honest.inputs, flipped, honest.example_ids)
+
+
+class TamperInit(Deviation):
+    """Zeroes the first parameter of the initial state (a dispute at step 0)."""
+
+    def after_step(self, step: int, state: Any) -> None:
+        if step == 0:
+            next(iter(state.model.parameters())).data.zero_()
+
+
+@pytest.fixture
+def tiny_cfg() -> TaskConfig:
+    return small_config()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "store")
+
+
+@pytest.fixture
+def data_key() -> bytes:
+    return new_key()
+
+
+@pytest.fixture
+def evidence_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "evidence"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def roles(game_client: Callable[..., Any]) -> dict[str, Any]:
+    """A VerificationGameClient per role, signing as that role's account."""
+    return {name: game_client(name) for name in ("client", "trainer", "auditor", "judge")}
+
+
+@pytest.fixture
+def post_task(roles: dict[str, Any]) -> Callable[..., int]:
+    def post(cfg: TaskConfig, **overrides: int) -> int:
+        params = {**TASK_DEFAULTS, **overrides}
+        rec = roles["client"].create_task(cfg.spec_hash(), roles["trainer"].me, roles["judge"].me, **params)
+        assert rec.result is not None
+        return int(rec.result)
+
+    return post
+
+
+@dataclass
+class Agents:
+    trainer: Any
+    auditor: Any
+    judge: Any
+    actions: list[AgentAction]
+
+    def all(self) -> list[Any]:
+        return [self.trainer, self.auditor, self.judge]
+
+
+@pytest.fixture
+def make_agents(
+    roles: dict[str, Any], store: BlobStore, data_key: bytes, evidence_dir: Path, tmp_path: Path
+) -> Callable[..., Agents]:
+    """Build (or rebuild, with the same workdirs) the three agents of a task."""
+
+    def make(
+        task_id: int,
+        cfg: TaskConfig,
+        *,
+        deviation: Deviation | None = None,
+        strategy: str = "honest",
+        seed: int = 0,
+        on_action: Callable[[AgentAction], None] | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+        judge_store: BlobStore | None = None,
+        use_evidence: bool = True,
+        actions: list[AgentAction] | None = None,
+        base: Path | None = None,
+    ) -> Agents:
+        from auditor_node.agent import AuditorAgent
+        from game.judge import Judge
+        from trainer_node.agent import TrainerAgent
+
+        log: list[AgentAction] = actions if actions is not None else []
+
+        def sink(a: AgentAction) -> None:
+            log.append(a)
+            if on_action is not None:
+                on_action(a)
+
+        root = base if base is not None else tmp_path
+        ev = (root / "evidence" if base is not None else evidence_dir) if use_evidence else None
+        trainer = TrainerAgent(
+            roles["trainer"],
+            task_id,
+            cfg,
+            profile=TRAINER_PROFILE,
+            workdir=root / "trainer",
+            store=store,
+            data_key=data_key,
+            deviation=deviation,
+            on_action=sink,
+            progress=progress,
+        )
+        auditor = AuditorAgent(
+            roles["auditor"],
+            task_id,
+            profile=AUDITOR_PROFILE,
+            workdir=root / "auditor",
+            store=store,
+            data_key=data_key,
+            strategy=strategy,
+            seed=seed,
+            evidence_dir=ev,
+            on_action=sink,
+            progress=progress,
+        )
+        judge = Judge(
+            roles["judge"],
+            profile=JUDGE_PROFILE,
+            workdir=root / "judge",
+            store=judge_store or store,
+            data_key=data_key,
+            evidence_dir=ev,
+            on_action=sink,
+            task_id=task_id,
+        )
+        return Agents(trainer, auditor, judge, log)
+
+    return make
+
+
+def run_game(agents: Agents, client: Any, task_id: int, max_rounds: int = 200) -> list[AgentAction]:
+    """Step all three agents until done (time jumps when idle); the actions taken."""
+    return drive(agents.all(), client, [task_id], max_rounds=max_rounds)
+
+
+def withdrawn(client: Any, address: str) -> int:
+    """Total wei ``address`` withdrew from the game."""
+    return sum(int(e.amount) for e in client.get_events("Withdrawn", 0, account=address))
+
+
+def games(client: Any, task_id: int) -> list[Any]:
+    """The games of a task, as read now."""
+    return [client.game(int(e.game_id)) for e in client.get_events("Challenged", 0, task_id=task_id)]

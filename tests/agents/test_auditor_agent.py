@@ -1,0 +1,98 @@
+"""The auditor agent: replay on its own profile, challenge, bisect to the first bad step, win the bond."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from game.chain.types import EndReason, Outcome, TaskStatus
+from tests.agents.conftest import PoisonBatch, TamperInit, games, run_game, small_config, withdrawn
+
+
+@pytest.mark.parametrize("poison_step", [1, 5, 8])
+def test_poisoned_trainer_is_pinned_at_the_poisoned_step(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, poison_step: int
+) -> None:
+    cfg = small_config()
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, poison_step))
+    run_game(agents, roles["client"], task_id)
+
+    assert agents.auditor.verdict == "mismatch"
+    (g,) = games(roles["client"], task_id)
+    assert g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+    assert g.pinned_step == poison_step
+    # leaves before S agree with the trainer's, the one at S does not
+    trainer_leaves = agents.trainer.tree()
+    own = agents.auditor.leaves
+    assert [own[i] for i in range(poison_step)] == [trainer_leaves.leaf(i) for i in range(poison_step)]
+    assert own[poison_step] != trainer_leaves.leaf(poison_step)
+
+    task = roles["client"].task(task_id)
+    assert task.status == TaskStatus.FINALIZED and task.trainer_lost
+    assert withdrawn(roles["client"], roles["auditor"].me) == task.auditor_bond + task.trainer_bond
+    assert withdrawn(roles["client"], roles["trainer"].me) == 0
+    assert (
+        withdrawn(roles["client"], roles["client"].me) == 0
+    )  # the client's payment is credited, not yet taken
+    assert roles["client"].credit(roles["client"].me) == task.payment
+
+
+def test_dispute_of_the_initial_state(roles: dict[str, Any], post_task: Any, make_agents: Any) -> None:
+    cfg = small_config(steps=4)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=TamperInit())
+    actions = run_game(agents, roles["client"], task_id)
+    (g,) = games(roles["client"], task_id)
+    assert g.dispute_init and g.pinned_step == 0
+    assert g.outcome == Outcome.AUDITOR_WON
+    assert not any(a.what == "reveal" for a in actions)
+    assert any(a.what == "rule" and a.leaf_index == 0 for a in actions)
+
+
+def test_lying_auditor_loses_whatever_path_it_takes(
+    roles: dict[str, Any], post_task: Any, make_agents: Any
+) -> None:
+    cfg = small_config()
+    for seed in range(3):
+        task_id = post_task(cfg)
+        agents = make_agents(task_id, cfg, strategy="lying", seed=seed)
+        run_game(agents, roles["client"], task_id)
+        (g,) = games(roles["client"], task_id)
+        assert g.outcome == Outcome.TRAINER_WON and g.reason == EndReason.RULING
+        assert roles["client"].task(task_id).status == TaskStatus.FINALIZED
+
+
+def test_silent_auditor_loses_on_its_clock(roles: dict[str, Any], post_task: Any, make_agents: Any) -> None:
+    cfg = small_config()
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, strategy="silent-after-challenge")
+    run_game(agents, roles["client"], task_id)
+    (g,) = games(roles["client"], task_id)
+    assert g.outcome == Outcome.TRAINER_WON and g.reason == EndReason.TIMEOUT
+    task = roles["client"].task(task_id)
+    assert (
+        withdrawn(roles["client"], roles["trainer"].me)
+        == task.payment + task.trainer_bond + task.auditor_bond
+    )
+
+
+@pytest.mark.parametrize("kind", ["skip-step", "tampered-log"])
+def test_deviations_whose_chunk_does_not_fit_are_pinned(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, kind: str
+) -> None:
+    """An empty chunk at S (skip) or a tampered one: the auditor's leaves before S equal the trainer's,
+    the step is pinned at S and the judge (replaying with the committed chunk) finds for the auditor."""
+    from game.deviations import SkipStep, TamperedLog
+
+    cfg = small_config()
+    step = 4
+    deviation = SkipStep(cfg, step) if kind == "skip-step" else TamperedLog(cfg, step)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=deviation)
+    run_game(agents, roles["client"], task_id)
+    (g,) = games(roles["client"], task_id)
+    assert g.pinned_step == step and g.outcome == Outcome.AUDITOR_WON
+    tree = agents.trainer.tree()
+    assert agents.auditor.leaves[:step] == [tree.leaf(i) for i in range(step)]

@@ -1,0 +1,97 @@
+"""``vgame demo`` from the command line: the --json document, the people's view, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from game.cli import _register
+from game.cli.app import app
+from game.scenarios import SCENARIO_NAMES
+
+JSON_KEYS = {
+    "scenario",
+    "disputed_step",
+    "winner",
+    "trainer_paid",
+    "moves",
+    "transactions",
+    "gas_total",
+    "balances_ok",
+    "trainer_profile",
+    "auditor_profile",
+}
+TINY = ["--preset", "mlp-digits", "--steps", "4"]
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    _register()
+    return CliRunner()
+
+
+def test_json_document_has_the_promised_shape(runner: CliRunner) -> None:
+    res = runner.invoke(app, ["demo", "--scenario", "poison", *TINY, "--poison-step", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc) >= JSON_KEYS
+    assert doc["scenario"] == "poison"
+    assert (doc["disputed_step"], doc["winner"], doc["trainer_paid"]) == (3, "auditor", False)
+    assert doc["balances_ok"] is True
+    assert doc["trainer_profile"] != doc["auditor_profile"]
+    assert doc["moves"] >= 2 and doc["transactions"] > doc["moves"]
+    tx_gas = [a["gas_used"] for a in doc["actions"] if a["tx_hash"]]
+    assert doc["gas_total"] == sum(tx_gas) and len(tx_gas) == doc["transactions"]
+
+
+def test_profiles_are_chosen_on_the_command_line(runner: CliRunner) -> None:
+    args = ["demo", "-s", "honest", *TINY, "--trainer-profile", "splitk-64", "--auditor-profile", "cpu-1t"]
+    res = runner.invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert (doc["trainer_profile"], doc["auditor_profile"], doc["winner"]) == (
+        "splitk-64",
+        "cpu-1t",
+        "trainer",
+    )
+
+
+def test_people_see_the_moves_and_a_verdict(runner: CliRunner) -> None:
+    res = runner.invoke(app, ["demo", "--scenario", "wrong-lr", *TINY])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for text in ("moves", "challenge", "reveal", "respond", "rule", "verdict: wrong-lr", "balances add up"):
+        assert text in out, text
+
+
+def _vgame(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_unknown_scenario_is_a_clear_error() -> None:
+    res = _vgame("demo", "--scenario", "nope")
+    assert res.returncode == 2
+    assert "unknown scenario 'nope'" in res.stderr
+    for name in SCENARIO_NAMES:
+        assert name in res.stderr
+    assert res.stdout == ""
+
+
+def test_help_lists_every_scenario() -> None:
+    res = _vgame("demo", "--help")
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    for name in SCENARIO_NAMES:
+        assert name in text
+
+
+def test_same_profile_for_both_sides_is_refused() -> None:
+    res = _vgame("demo", "-s", "honest", *TINY, "--trainer-profile", "noisy", "--auditor-profile", "noisy")
+    assert res.returncode == 2
+    assert "different profiles" in res.stderr

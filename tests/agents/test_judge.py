@@ -1,0 +1,148 @@
+"""The judge: verified evidence only, one re-run step, and no ruling at all without valid evidence."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.agents import pre_state_path
+from game.chain.types import EndReason, Outcome, Phase, TaskStatus
+from game.judge import (
+    ChunkEvidenceError,
+    ConfigEvidenceError,
+    Evidence,
+    EvidenceError,
+    PreStateEvidenceError,
+    TranscriptEvidenceError,
+)
+from game.merkle import MerkleTree
+from game.store import BlobStore
+from tests.agents.conftest import PoisonBatch, games, small_config, withdrawn
+
+POISON_STEP = 3
+
+
+def _pin(agents: Any, client: Any, task_id: int) -> int:
+    """Step trainer and auditor (never the judge) until their game is pinned; its id."""
+    for _ in range(50):
+        agents.trainer.step()
+        agents.auditor.step()
+        found = games(client, task_id)
+        if found and found[0].phase == Phase.PINNED:
+            return int(client.get_events("Challenged", 0, task_id=task_id)[0].game_id)
+    raise AssertionError("the game was never pinned")
+
+
+def _no_ruling(client: Any, gid: int) -> None:
+    assert client.game(gid).phase == Phase.PINNED
+    assert client.get_events("Ruled", 0, game_id=gid) == []
+
+
+@pytest.fixture
+def pinned(roles: dict[str, Any], post_task: Any, make_agents: Any) -> tuple[Any, int, int]:
+    cfg = small_config()
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, POISON_STEP))
+    gid = _pin(agents, roles["client"], task_id)
+    assert roles["client"].game(gid).hi == POISON_STEP
+    return agents, task_id, gid
+
+
+def test_bad_evidence_raises_and_is_never_a_ruling(
+    roles: dict[str, Any], pinned: tuple[Any, int, int]
+) -> None:
+    agents, _task_id, gid = pinned
+    judge, client = agents.judge, roles["client"]
+    good = judge.gather(gid)
+    ruling = judge.evaluate(gid, good)
+    assert ruling.step == POISON_STEP and not ruling.trainer_right and ruling.tx is None
+
+    t = agents.trainer
+    from game.training.transcript import Transcript
+
+    tr = Transcript(t.transcript_dir)
+    other_chunk = tr.chunk_bytes(POISON_STEP + 1)
+    bad = {
+        "config": (
+            dataclasses.replace(good, config=good.config.replace(seed=good.config.seed + 1)),
+            ConfigEvidenceError,
+        ),
+        "chunk of another step": (dataclasses.replace(good, chunk=other_chunk), ChunkEvidenceError),
+        "proof of another index": (
+            dataclasses.replace(
+                good, chunk=other_chunk, chunk_proof=MerkleTree(tr.chunk_hashes()).proof(POISON_STEP + 1)
+            ),
+            ChunkEvidenceError,
+        ),
+        "no chunk proof": (dataclasses.replace(good, chunk_proof=None), ChunkEvidenceError),
+        "pre-state of another step": (
+            dataclasses.replace(good, pre_state=tr.load_checkpoint(0)),
+            PreStateEvidenceError,
+        ),
+        "no pre-state": (dataclasses.replace(good, pre_state=None), PreStateEvidenceError),
+    }
+    for name, (evidence, error) in bad.items():
+        with pytest.raises(error):
+            judge.rule_on(gid, evidence)
+        _no_ruling(client, gid)
+        assert name
+
+    # a forged file in the evidence directory is ignored: the judge rebuilds the pre-state itself
+    assert agents.auditor.evidence_dir is not None
+    forged = pre_state_path(agents.auditor.evidence_dir, client.game(gid).lo_leaf)
+    forged.write_bytes(tr.load_checkpoint(0))
+    assert judge.gather(gid).pre_state == good.pre_state
+
+    actions = judge.step()
+    assert [a.what for a in actions] == ["rule"]
+    g = client.game(gid)
+    assert g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+
+
+def test_step_zero_needs_the_right_config(roles: dict[str, Any], post_task: Any, make_agents: Any) -> None:
+    from tests.agents.conftest import TamperInit
+
+    cfg = small_config(steps=2)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=TamperInit())
+    gid = _pin(agents, roles["client"], task_id)
+    g = roles["client"].game(gid)
+    assert g.dispute_init and g.hi == 0
+    with pytest.raises(ConfigEvidenceError):
+        agents.judge.rule_on(gid, Evidence(config=cfg.replace(seed=cfg.seed + 1)))
+    _no_ruling(roles["client"], gid)
+    ruling = agents.judge.rule_on(gid, Evidence(config=cfg))
+    assert ruling.step == 0 and not ruling.trainer_right
+
+
+def test_judge_without_evidence_does_not_rule_and_the_game_is_void(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tmp_path: Path
+) -> None:
+    cfg = small_config()
+    task_id = post_task(cfg)
+    agents = make_agents(
+        task_id, cfg, deviation=PoisonBatch(cfg, POISON_STEP), judge_store=BlobStore(tmp_path / "empty")
+    )
+    gid = _pin(agents, roles["client"], task_id)
+    client = roles["client"]
+    with pytest.raises(TranscriptEvidenceError):
+        agents.judge.gather(gid)
+    assert agents.judge.step() == []
+    assert isinstance(agents.judge.last_errors[gid], EvidenceError)
+    _no_ruling(client, gid)
+
+    client.chain.time_travel(client.deadline(gid) - client.chain.now() + 1)
+    assert agents.judge.step() == []  # too late to rule
+    from tests.agents.conftest import run_game
+
+    run_game(agents, client, task_id)
+    g = client.game(gid)
+    assert g.outcome == Outcome.VOID and g.reason == EndReason.JUDGE_TIMEOUT
+    task = client.task(task_id)
+    assert task.status == TaskStatus.FINALIZED and task.any_void and not task.trainer_lost
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond
+    assert withdrawn(client, roles["trainer"].me) == task.trainer_bond
+    assert client.credit(client.me) == task.payment

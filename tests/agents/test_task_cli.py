@@ -1,0 +1,100 @@
+"""The client's part: the ``game.tasks`` API on the embedded chain and ``vgame task`` without a node."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from game.chain.errors import WrongTaskStatus
+from game.chain.types import TaskStatus
+from game.cli import _register
+from game.cli.app import app
+from game.errors import ConfigError
+from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
+from game.training.config import TaskConfig
+
+SPEC = TaskConfig.for_preset("mlp-digits", steps=3).spec_hash()
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    _register()
+    return CliRunner()
+
+
+def _post(game_client: Callable[..., Any], terms: TaskTerms | None = None) -> tuple[Any, int]:
+    client = game_client("client")
+    rec = post_task(
+        client,
+        SPEC,
+        trainer=game_client("trainer").me,
+        judge=game_client("judge").me,
+        terms=terms or TaskTerms(),
+    )
+    assert rec.result is not None
+    return client, rec.result
+
+
+def test_post_then_describe_shows_the_terms(game_client: Callable[..., Any]) -> None:
+    client, task_id = _post(game_client, REALTIME_TERMS)
+    doc = describe_task(client, task_id)
+    assert doc["status"] == "open" and doc["games"] == []
+    assert doc["spec_hash"] == SPEC.hex()
+    assert doc["trainer"] == game_client("trainer").me and doc["judge"] == game_client("judge").me
+    for k, v in REALTIME_TERMS.to_dict().items():
+        assert doc[k] == v
+    assert doc["trainer_paid"] is None
+    json.dumps(doc)  # plain JSON all the way down
+
+
+def test_cancel_then_reclaim_returns_the_payment(game_client: Callable[..., Any]) -> None:
+    client, task_id = _post(game_client)
+    chain = client.chain
+    assert finalize_if_due(client, task_id) is None  # nothing to settle before a commit
+    assert reclaim(client) is None  # nothing owed yet
+    before = chain.balance(client.me)
+    cancel = client.cancel(task_id)
+    assert client.task(task_id).status == TaskStatus.CANCELLED
+    rec = reclaim(client)
+    assert rec is not None
+    fees = 0
+    for r in (cancel, rec):
+        receipt = chain.w3.eth.get_transaction_receipt(r.tx_hash)
+        fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert chain.balance(client.me) - before == TaskTerms().payment - fees
+    with pytest.raises(WrongTaskStatus):
+        client.cancel(task_id)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"payment": 0}, {"trainer_bond": -1}, {"clock_allowance": 0}, {"challenge_window": 2**32}]
+)
+def test_terms_are_checked(bad: dict[str, int]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        TaskTerms(**bad)
+
+
+def test_keygen_prints_and_writes_a_private_key(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "keys" / "task.key"
+    res = runner.invoke(app, ["task", "keygen", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    key = doc["data_key"]
+    assert len(bytes.fromhex(key)) == 32
+    assert out.read_text().strip() == key
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    again = json.loads(runner.invoke(app, ["task", "keygen", "--json"]).stdout)["data_key"]
+    assert again != key
+
+
+@pytest.mark.parametrize("chain", ["embedded", "anvil", ""])
+def test_task_commands_need_a_running_node(runner: CliRunner, chain: str) -> None:
+    res = runner.invoke(app, ["task", "show", "1", "--chain", chain, "--contract", "0x" + "11" * 20])
+    assert isinstance(res.exception, ConfigError)
+    assert "JSON-RPC URL" in str(res.exception)

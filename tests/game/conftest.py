@@ -1,0 +1,73 @@
+"""Fixtures for the chain-client tests: a task created, and one committed with a synthetic tree."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from game.merkle import MerkleTree
+
+ETHER = 10**18
+PAYMENT = 1 * ETHER
+TRAINER_BOND = ETHER // 10
+AUDITOR_BOND = ETHER // 20
+CLOCK = 3_600
+WINDOW = 7_200
+JUDGE_WINDOW = 1_800
+
+
+def chain_leaves(n: int, deviate_at: int | None = None, salt: bytes = b"") -> list[bytes]:
+    """A toy run's leaves: a hash chain; from ``deviate_at`` on, a different chain."""
+    leaves = [hashlib.sha256(b"init" + salt).digest()]
+    for s in range(1, n):
+        bad = b"bad" if deviate_at is not None and s >= deviate_at else b""
+        leaves.append(hashlib.sha256(leaves[-1] + s.to_bytes(8, "big") + bad).digest())
+    return leaves
+
+
+@dataclass
+class Setup:
+    """A task and the clients of its parties."""
+
+    task_id: int
+    client: Any
+    trainer: Any
+    judge: Any
+    auditor: Any
+    tree: MerkleTree | None = None
+
+
+@pytest.fixture
+def open_task(game_client: Callable[..., Any]) -> Setup:
+    client = game_client("client")
+    trainer, judge, auditor = game_client("trainer"), game_client("judge"), game_client("auditor")
+    rec = client.create_task(
+        b"\x5a" * 32,
+        trainer.me,
+        judge.me,
+        payment=PAYMENT,
+        trainer_bond=TRAINER_BOND,
+        auditor_bond=AUDITOR_BOND,
+        clock_allowance=CLOCK,
+        challenge_window=WINDOW,
+        judge_window=JUDGE_WINDOW,
+    )
+    assert rec.result is not None
+    return Setup(rec.result, client, trainer, judge, auditor)
+
+
+@pytest.fixture
+def committed_task(open_task: Setup) -> Callable[[int], Setup]:
+    """``committed_task(n)``: the open task committed with an honest ``n``-leaf tree."""
+
+    def make(n: int = 33) -> Setup:
+        tree = MerkleTree(chain_leaves(n))
+        open_task.trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+        open_task.tree = tree
+        return open_task
+
+    return make

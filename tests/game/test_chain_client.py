@@ -1,0 +1,234 @@
+"""The typed client on the embedded chain: deploy, the happy path, disputes, timeouts, events, views."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError, fields
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from game.chain import errors as E
+from game.chain.artifacts import load_artifact
+from game.chain.client import GameHandle
+from game.chain.deploy import deploy
+from game.chain.errors import snake
+from game.chain.events import EVENT_CLASSES, ContractEvent, GameEnded, StepPinned
+from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
+from game.merkle import MerkleTree
+from tests.game.conftest import (
+    AUDITOR_BOND,
+    CLOCK,
+    JUDGE_WINDOW,
+    PAYMENT,
+    TRAINER_BOND,
+    WINDOW,
+    Setup,
+    chain_leaves,
+)
+
+ARTIFACT = load_artifact()
+
+
+# ------------------------------------------------------------------ mirrors of the ABI
+def _components(fn: str) -> list[str]:
+    return [snake(c["name"]) for c in ARTIFACT.entry("function", fn)["outputs"][0]["components"]]
+
+
+def test_structMirrors_matchAbiFieldForField() -> None:
+    assert [f.name for f in fields(Task)] == _components("task")
+    assert [f.name for f in fields(Game)] == _components("game")
+
+
+def test_eventMirrors_matchAbiNamesOrderAndIndexing() -> None:
+    abi_events = ARTIFACT.items("event")
+    assert {e["name"] for e in abi_events} == set(EVENT_CLASSES)
+    base = {f.name for f in fields(ContractEvent)}
+    for entry in abi_events:
+        cls = EVENT_CLASSES[entry["name"]]
+        assert [f.name for f in fields(cls) if f.name not in base] == [
+            snake(i["name"]) for i in entry["inputs"]
+        ]
+        assert cls.indexed == tuple(snake(i["name"]) for i in entry["inputs"] if i["indexed"])
+
+
+def test_deploy_holdsArtifactRuntimeCode(chain: Any, game_address: str) -> None:
+    address = deploy(chain, chain.account(9))
+    assert address != game_address
+    assert bytes(chain.w3.eth.get_code(address)) == ARTIFACT.deployed_bytecode
+
+
+# ------------------------------------------------------------------ happy path
+def test_happyPath_noChallenge_trainerPaidAndWithdraws(
+    committed_task: Callable[[int], Setup], chain: Any
+) -> None:
+    s = committed_task(33)
+    task = s.client.task(s.task_id)
+    assert task.status is TaskStatus.COMMITTED and task.num_leaves == 33
+    assert task.state_root == s.tree.root and task.last_leaf == s.tree.leaf(32)  # type: ignore[union-attr]
+    with pytest.raises(FrozenInstanceError):
+        task.payment = 0  # type: ignore[misc]
+    with pytest.raises(E.WindowOpen):
+        s.client.finalize(s.task_id)
+    chain.time_travel(WINDOW + 1)
+    rec = s.client.finalize(s.task_id)
+    assert rec.event("TaskFinalized").trainer_paid is True  # type: ignore[attr-defined]
+    assert s.trainer.credit() == PAYMENT + TRAINER_BOND
+    before = chain.balance(s.trainer.me)
+    w = s.trainer.withdraw()
+    assert w.event("Withdrawn").amount == PAYMENT + TRAINER_BOND  # type: ignore[attr-defined]
+    fee = w.gas_used * chain.w3.eth.get_transaction_receipt(w.tx_hash)["effectiveGasPrice"]
+    assert chain.balance(s.trainer.me) == before + PAYMENT + TRAINER_BOND - fee
+    assert s.trainer.credit() == 0
+    assert chain.balance(s.client.address) == 0  # the contract paid out everything it held
+
+
+def test_cancel_creditsPaymentBack(open_task: Setup) -> None:
+    rec = open_task.client.cancel(open_task.task_id)
+    assert [e.name for e in rec.events] == ["TaskCancelled", "Credited"]
+    assert open_task.client.credit() == PAYMENT
+    assert open_task.client.task(open_task.task_id).status is TaskStatus.CANCELLED
+
+
+# ------------------------------------------------------------------ disputes
+def play(s: Setup, trainer_tree: MerkleTree, honest: list[bytes]) -> tuple[int, list[int]]:
+    """Bisect with an auditor who agrees exactly where the trainer's leaf matches ``honest``."""
+    gid = s.auditor.challenge(s.task_id).result
+    assert gid is not None
+    handle = s.auditor.handle(gid)
+    gas = []
+    while handle.phase is not Phase.PINNED:
+        gas.append(s.trainer.reveal_from(gid, trainer_tree).gas_used)
+        g = handle.state
+        gas.append(s.auditor.respond(gid, g.mid_leaf == honest[g.mid]).gas_used)
+    return gid, gas
+
+
+def test_dispute_honestTrainer_lyingAuditor_trainerWins(open_task: Setup, chain: Any) -> None:
+    n, lie_at = 65, 23
+    honest = chain_leaves(n)
+    tree = MerkleTree(honest)
+    open_task.trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+    liar = chain_leaves(n, deviate_at=lie_at)  # the auditor claims the run diverged at lie_at
+    gid, gas = play(open_task, tree, liar)
+    g = open_task.judge.game(gid)
+    assert (g.lo, g.hi) == (lie_at - 1, lie_at) and len(gas) == 2 * 6  # ceil(log2(64)) rounds
+    rec = open_task.judge.rule(gid, honest[lie_at])  # the judge re-ran the step honestly
+    ended = rec.event("GameEnded")
+    assert isinstance(ended, GameEnded)
+    assert (ended.outcome, ended.reason, ended.winner) == (
+        Outcome.TRAINER_WON,
+        EndReason.RULING,
+        open_task.trainer.me,
+    )
+    assert open_task.trainer.credit() == AUDITOR_BOND
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 40), data=st.data())
+def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
+    n: int, data: st.DataObject, game_client: Callable[..., Any], chain: Any
+) -> None:
+    snap = chain.snapshot()
+    try:
+        deviate = data.draw(st.integers(1, n - 1))
+        client, trainer, judge, auditor = (game_client(r) for r in ("client", "trainer", "judge", "auditor"))
+        tid = client.create_task(
+            b"\x07" * 32,
+            trainer.me,
+            judge.me,
+            payment=PAYMENT,
+            trainer_bond=TRAINER_BOND,
+            auditor_bond=AUDITOR_BOND,
+            clock_allowance=CLOCK,
+            challenge_window=WINDOW,
+            judge_window=JUDGE_WINDOW,
+        ).result
+        honest = chain_leaves(n)
+        bad = MerkleTree(chain_leaves(n, deviate_at=deviate))
+        trainer.commit_tree(tid, bad, b"\x01" * 32, b"\x02" * 32)
+        s = Setup(tid, client, trainer, judge, auditor)
+        gid, _ = play(s, bad, honest)
+        g = judge.game(gid)
+        assert g.hi == deviate and g.lo == deviate - 1 and g.lo_leaf == honest[deviate - 1]
+        pinned = judge.get_events("StepPinned", game_id=gid)
+        assert len(pinned) == 1 and isinstance(pinned[0], StepPinned) and pinned[0].step == deviate
+        judge.rule(gid, honest[deviate])
+        assert judge.game(gid).outcome is Outcome.AUDITOR_WON
+        assert auditor.credit() == AUDITOR_BOND + TRAINER_BOND
+    finally:
+        chain.revert(snap)
+
+
+def test_timeout_trainerSilent_auditorWinsAndWaitingCostsNothing(
+    committed_task: Callable[[int], Setup], chain: Any
+) -> None:
+    s = committed_task(9)
+    gid = s.auditor.challenge(s.task_id).result
+    handle = s.auditor.handle(gid)
+    assert isinstance(handle, GameHandle)
+    with pytest.raises(E.ClockRunning):
+        s.auditor.timeout(gid)
+    chain.time_travel(CLOCK + 1000)  # long after the trainer's clock ran out
+    assert handle.clock_left()[0] == 0 and handle.clock_left()[1] == CLOCK
+    rec = s.client.timeout(gid)  # anyone may call it
+    ended = rec.event("GameEnded")
+    assert ended.outcome is Outcome.AUDITOR_WON and ended.reason is EndReason.TIMEOUT  # type: ignore[attr-defined]
+    assert handle.phase is Phase.ENDED and handle.deadline() == 0  # the handle reads through
+    with pytest.raises(E.GameOver):
+        s.auditor.timeout(gid)
+
+
+# ------------------------------------------------------------------ events
+def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any) -> None:
+    s = committed_task(5)
+    poller = s.auditor.poller()
+    assert poller.poll() == []
+    gid = s.auditor.challenge(s.task_id).result
+    s.trainer.reveal_from(gid, s.tree)  # type: ignore[arg-type]
+    got = poller.poll()
+    assert [e.name for e in got] == ["Challenged", "LeafRevealed"]
+    assert got[0].game_id == gid and got[1].index == 2  # type: ignore[attr-defined]
+    assert poller.poll() == []  # nothing new
+    only = s.auditor.poller(names=["LeafRevealed"], from_block=0)
+    assert [e.name for e in only.poll()] == ["LeafRevealed"]
+    created = s.client.get_events("TaskCreated", trainer=s.trainer.me)
+    assert len(created) == 1 and created[0].task_id == s.task_id  # type: ignore[attr-defined]
+    assert s.client.get_events("TaskCreated", trainer=s.judge.me) == []
+    everything = s.client.get_events()
+    assert [e.name for e in everything][:2] == ["TaskCreated", "Committed"]
+    assert all(a.block_number <= b.block_number for a, b in itertools.pairwise(everything))
+
+
+def test_views_countsClocksAndVerifyLeaf(committed_task: Callable[[int], Setup]) -> None:
+    s = committed_task(12)
+    tree = s.tree
+    assert tree is not None
+    assert s.client.task_count() == 1 and s.client.game_count() == 0
+    assert s.client.verify_leaf(tree.root, 5, 12, tree.leaf(5), list(tree.proof(5).siblings))
+    assert not s.client.verify_leaf(tree.root, 5, 12, tree.leaf(4), list(tree.proof(5).siblings))
+    gid = s.auditor.challenge(s.task_id).result
+    assert s.client.game_count() == 1
+    trainer_left, auditor_left = s.client.clock_left(gid)
+    assert 0 < trainer_left <= CLOCK and auditor_left == CLOCK
+    with pytest.raises(E.TaskNotFound):
+        s.client.task(42)
+    with pytest.raises(E.GameNotFound):
+        s.client.game(42)
+
+
+def test_poller_follow_yieldsNewEventsThenStops(committed_task: Callable[[int], Setup]) -> None:
+    s = committed_task(5)
+    poller = s.auditor.poller(names=["Challenged", "GameEnded"], from_block=0)
+    gid = s.auditor.challenge(s.task_id).result
+    polls = {"n": 0}
+
+    def stop() -> bool:
+        polls["n"] += 1
+        return polls["n"] > 3
+
+    seen = list(poller.follow(interval=0.0, stop=stop))
+    assert [e.name for e in seen] == ["Challenged"] and seen[0].game_id == gid  # type: ignore[attr-defined]

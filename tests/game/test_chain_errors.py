@@ -1,0 +1,329 @@
+"""Custom errors: every ABI error decodes to its class with typed args; pre-checks agree with the contract.
+
+Each refusal scenario is played three ways on the same state: with pre-checks (refused locally,
+nothing sent), without (the gas estimate reverts, nothing sent) and with a fixed gas limit (the
+transaction is mined, paid for, and its revert decoded). All three must raise the same exception
+with the same arguments: that is what "the pre-check raises what the contract would" means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from eth_abi import encode as abi_encode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from game.chain import errors as E
+from game.chain.artifacts import abi_selector, abi_types, load_artifact
+from game.chain.types import Outcome, Phase, TaskStatus
+from game.errors import ChainError, VerificationGameError
+from tests.game.conftest import AUDITOR_BOND, CLOCK, JUDGE_WINDOW, TRAINER_BOND, WINDOW, Setup
+
+ABI_ERRORS = load_artifact().items("error")
+
+
+def test_everyAbiError_hasAClass_withTheAbiParamsInOrder() -> None:
+    assert {e["name"] for e in ABI_ERRORS} == set(E.ERROR_CLASSES)
+    for entry in ABI_ERRORS:
+        cls = E.ERROR_CLASSES[entry["name"]]
+        assert cls.params == tuple(E.snake(i["name"]) for i in entry["inputs"]), entry["name"]
+        assert issubclass(cls, VerificationGameError) and issubclass(cls, ChainError)
+
+
+def test_errorClasses_mixInTheBuiltinThatFits() -> None:
+    assert issubclass(E.NotYourTurn, PermissionError)
+    assert issubclass(E.Unauthorized, PermissionError)
+    assert issubclass(E.ClockExpired, TimeoutError)
+    assert issubclass(E.TaskNotFound, LookupError)
+    assert issubclass(E.WrongBond, ValueError)
+    assert issubclass(E.InvalidProof, ValueError)
+
+
+def _value_for(abi_type: str, draw: Any) -> Any:
+    if abi_type == "address":
+        return draw(st.binary(min_size=20, max_size=20).map(lambda b: "0x" + b.hex()))
+    if abi_type == "bytes32":
+        return draw(st.binary(min_size=32, max_size=32))
+    if abi_type == "bool":
+        return draw(st.booleans())
+    if abi_type == "uint8":  # the enums
+        return draw(st.integers(0, 3))
+    bits = int(abi_type.removeprefix("uint"))
+    return draw(st.integers(0, 2**bits - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(ABI_ERRORS), st.data())
+def test_decode_everyCustomError_roundTripsClassAndTypedArgs(
+    entry: dict[str, Any], data: st.DataObject
+) -> None:
+    types = abi_types(entry)
+    values = [_value_for(t, data.draw) for t in types]
+    exc = E.decode_revert(abi_selector(entry) + abi_encode(types, values))
+    cls = E.ERROR_CLASSES[entry["name"]]
+    assert type(exc) is cls
+    for (name, got), typ, sent in zip(exc.fields.items(), types, values, strict=True):
+        assert getattr(exc, name) == got
+        if typ == "address":
+            assert got == E.to_checksum_address(sent)
+        elif name in cls.enum_params:
+            assert got == sent and isinstance(got, cls.enum_params[name])
+        else:
+            assert got == sent
+    assert entry["name"] in str(exc)
+
+
+def test_decode_errorStringPanicUnknownAndEmpty() -> None:
+    assert isinstance(
+        E.decode_revert(bytes.fromhex("08c379a0") + abi_encode(["string"], ["no"])), E.RevertedWithReason
+    )
+    panic = E.decode_revert(bytes.fromhex("4e487b71") + abi_encode(["uint256"], [0x11]))
+    assert isinstance(panic, E.ContractPanic) and panic.code == 0x11 and isinstance(panic, ArithmeticError)
+    assert isinstance(E.decode_revert(b"\xde\xad\xbe\xef"), E.UnknownContractError)
+    assert isinstance(E.decode_revert(b""), E.EmptyRevert)
+
+
+# ------------------------------------------------------------------ refusal scenarios
+# each returns (the client that acts, the action, the exception the contract raises)
+Scenario = Callable[[Setup, Callable[..., Any], Any], tuple[Any, Callable[[Any], Any], E.ContractError]]
+
+
+def _create(c: Any, **over: Any) -> Any:
+    args: dict[str, Any] = dict(
+        payment=1, trainer_bond=1, auditor_bond=1, clock_allowance=1, challenge_window=1, judge_window=1
+    )
+    args.update(over)
+    trainer = args.pop("trainer", "0x" + "22" * 20)
+    judge = args.pop("judge", "0x" + "33" * 20)
+    return c.create_task(b"\x00" * 32, trainer, judge, **args)
+
+
+def zero_payment(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: _create(c, payment=0), E.ZeroPayment()
+
+
+def invalid_roles(s: Setup, gc: Any, chain: Any) -> Any:
+    same = s.trainer.me
+    return s.client, lambda c: _create(c, trainer=same, judge=same), E.InvalidRoles(same, same)
+
+
+def invalid_durations(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: _create(c, judge_window=0), E.InvalidDurations(1, 1, 0)
+
+
+def task_not_found(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: c.cancel(99), E.TaskNotFound(99)
+
+
+def cancel_wrong_status(s: Setup, gc: Any, chain: Any) -> Any:
+    s.client.cancel(s.task_id)
+    return s.client, lambda c: c.cancel(s.task_id), E.WrongTaskStatus(s.task_id, TaskStatus.CANCELLED)
+
+
+def cancel_unauthorized(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.auditor, lambda c: c.cancel(s.task_id), E.Unauthorized(s.auditor.me, s.client.me)
+
+
+def commit_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    tree = MerkleTree([b"\x01" * 32, b"\x02" * 32])
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32, bond=TRAINER_BOND + 1)  # noqa: E731
+    return s.trainer, act, E.WrongBond(TRAINER_BOND + 1, TRAINER_BOND)
+
+
+def commit_zero_leaves(s: Setup, gc: Any, chain: Any) -> Any:
+    z = b"\x00" * 32
+    return s.trainer, lambda c: c.commit(s.task_id, z, z, 0, z, z, [], z, []), E.InvalidLeafCount(0)
+
+
+def commit_bad_proof(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    tree = MerkleTree([bytes([i]) * 32 for i in range(5)])
+    wrong = b"\x09" * 32
+    act = lambda c: c.commit(  # noqa: E731
+        s.task_id, tree.root, wrong, 5, wrong, wrong, tree.proof(0), tree.leaf(4), tree.proof(4)
+    )
+    return s.trainer, act, E.InvalidProof(0, wrong)
+
+
+def commit_by_stranger(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    tree = MerkleTree([b"\x01" * 32])
+    stranger = gc("stranger")
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
+    return stranger, act, E.Unauthorized(stranger.me, s.trainer.me)
+
+
+def _commit(s: Setup, n: int) -> None:
+    from game.merkle import MerkleTree
+    from tests.game.conftest import chain_leaves
+
+    s.tree = MerkleTree(chain_leaves(n))
+    s.trainer.commit_tree(s.task_id, s.tree, b"\x01" * 32, b"\x02" * 32)
+
+
+def challenge_after_window(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    chain.time_travel(WINDOW + 5)
+    ends = s.client.task(s.task_id).window_ends
+    return s.auditor, lambda c: c.challenge(s.task_id), E.WindowClosed(s.task_id, ends)
+
+
+def challenge_by_trainer(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    return s.trainer, lambda c: c.challenge(s.task_id), E.ChallengerNotAllowed(s.trainer.me)
+
+
+def challenge_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    return s.auditor, lambda c: c.challenge(s.task_id, bond=1), E.WrongBond(1, AUDITOR_BOND)
+
+
+def challenge_one_leaf(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 1)
+    return s.auditor, lambda c: c.challenge(s.task_id), E.NothingToBisect(s.task_id)
+
+
+def reveal_unknown_game(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.trainer, lambda c: c.reveal(7, b"\x00" * 32, []), E.GameNotFound(7)
+
+
+def respond_before_reveal(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    return s.auditor, lambda c: c.respond(gid, True), E.NotYourTurn(gid, Phase.AWAITING_REVEAL)
+
+
+def reveal_by_auditor(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    tree = s.tree
+    assert tree is not None
+    return (
+        s.auditor,
+        lambda c: c.reveal(gid, tree.leaf(4), tree.proof(4)),
+        E.Unauthorized(s.auditor.me, s.trainer.me),
+    )
+
+
+def reveal_wrong_leaf(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    tree = s.tree
+    assert tree is not None
+    return s.trainer, lambda c: c.reveal(gid, tree.leaf(3), tree.proof(4)), E.InvalidProof(4, tree.leaf(3))
+
+
+def reveal_after_clock(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    g = s.auditor.game(gid)
+    chain.time_travel(CLOCK + 10)
+    tree = s.tree
+    assert tree is not None
+    act = lambda c: c.reveal(gid, tree.leaf(4), tree.proof(4))  # noqa: E731
+    return s.trainer, act, E.ClockExpired(gid, g.last_move_at + g.trainer_clock)
+
+
+def rule_after_deadline(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 2)
+    gid = s.auditor.challenge(s.task_id).result
+    g = s.judge.game(gid)
+    chain.time_travel(JUDGE_WINDOW + 10)
+    return s.judge, lambda c: c.rule(gid, b"\x00" * 32), E.ClockExpired(gid, g.last_move_at + JUDGE_WINDOW)
+
+
+def rule_twice(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 2)
+    gid = s.auditor.challenge(s.task_id).result
+    assert s.tree is not None
+    s.judge.rule(gid, s.tree.leaf(1))
+    return s.judge, lambda c: c.rule(gid, b"\x00" * 32), E.GameOver(gid, Outcome.TRAINER_WON)
+
+
+def timeout_too_early(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    due = s.auditor.deadline(gid)
+    return s.auditor, lambda c: c.timeout(gid), E.ClockRunning(gid, due)
+
+
+def finalize_too_early(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    ends = s.client.task(s.task_id).window_ends
+    return s.client, lambda c: c.finalize(s.task_id), E.WindowOpen(s.task_id, ends)
+
+
+def finalize_with_live_game(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    s.auditor.challenge(s.task_id)
+    chain.time_travel(WINDOW + 5)
+    return s.client, lambda c: c.finalize(s.task_id), E.GamesLive(s.task_id, 1)
+
+
+def withdraw_nothing(s: Setup, gc: Any, chain: Any) -> Any:
+    stranger = gc("stranger")
+    return stranger, lambda c: c.withdraw(), E.NothingToWithdraw(stranger.me)
+
+
+SCENARIOS: list[Scenario] = [
+    zero_payment,
+    invalid_roles,
+    invalid_durations,
+    task_not_found,
+    cancel_wrong_status,
+    cancel_unauthorized,
+    commit_wrong_bond,
+    commit_zero_leaves,
+    commit_bad_proof,
+    commit_by_stranger,
+    challenge_after_window,
+    challenge_by_trainer,
+    challenge_wrong_bond,
+    challenge_one_leaf,
+    reveal_unknown_game,
+    respond_before_reveal,
+    reveal_by_auditor,
+    reveal_wrong_leaf,
+    reveal_after_clock,
+    rule_after_deadline,
+    rule_twice,
+    timeout_too_early,
+    finalize_too_early,
+    finalize_with_live_game,
+    withdraw_nothing,
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("mode", ["precheck", "estimate", "mined"])
+def test_refusal_sameExceptionWhicheverLayerRefuses(
+    scenario: Scenario, mode: str, open_task: Setup, game_client: Callable[..., Any], chain: Any
+) -> None:
+    actor, act, expected = scenario(open_task, game_client, chain)
+    if mode == "estimate":
+        actor = actor.with_options(prechecks=False)
+    elif mode == "mined":
+        actor = actor.with_options(prechecks=False, fixed_gas=500_000)
+    nonce = chain.nonce(actor.me)
+    with pytest.raises(type(expected)) as info:
+        act(actor)
+    assert info.value == expected, f"{info.value} != {expected}"
+    # pre-checks and estimates send nothing; a fixed gas limit gets the revert mined (and paid)
+    assert chain.nonce(actor.me) == nonce + (1 if mode == "mined" else 0)
+
+
+def test_precheck_wrongTurn_raisesBeforeAnyTransaction(open_task: Setup, chain: Any) -> None:
+    _commit(open_task, 17)
+    gid = open_task.auditor.challenge(open_task.task_id).result
+    block = chain.block_number()
+    with pytest.raises(E.NotYourTurn) as info:
+        open_task.auditor.respond(gid, False)
+    assert isinstance(info.value, PermissionError) and info.value.phase is Phase.AWAITING_REVEAL
+    assert chain.block_number() == block

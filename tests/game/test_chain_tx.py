@@ -1,0 +1,121 @@
+"""Sending: gas bought with headroom, out-of-gas retries, idempotent retries after a lost answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import requests
+
+from game.chain.tx import GasPolicy, TxSender, gas_limit
+from game.errors import ChainError
+from tests.game.conftest import Setup
+
+
+def test_gasLimit_isEstimateTimesHeadroomPlusMargin_cappedByBlock() -> None:
+    policy = GasPolicy(headroom=1.25, margin=20_000)
+    assert gas_limit(40_000, policy) == 70_000
+    assert gas_limit(40_000, policy, block_gas_limit=60_000) == 60_000
+
+
+def test_transact_buysEstimateWithHeadroom(committed_task: Callable[[int], Setup], chain: Any) -> None:
+    s = committed_task(1025)
+    gid = s.auditor.challenge(s.task_id).result
+    tree = s.tree
+    assert tree is not None
+    g = s.trainer.game(gid)
+    data = s.trainer.contract.encode_abi("reveal", [gid, tree.leaf(g.mid), list(tree.proof(g.mid).siblings)])
+    estimate = chain.estimate_gas({"from": s.trainer.me, "to": s.trainer.address, "data": data, "value": 0})
+    rec = s.trainer.reveal_from(gid, tree)
+    policy = s.trainer.options.policy
+    assert rec.gas_limit == int(estimate * policy.headroom) + policy.margin
+    assert rec.gas_used <= estimate < rec.gas_limit
+
+
+def test_send_outOfGas_retriesWithMoreGas_andRunsOnce(
+    committed_task: Callable[[int], Setup], chain: Any
+) -> None:
+    s = committed_task(1025)
+    gid = s.auditor.challenge(s.task_id).result
+    tree = s.tree
+    assert tree is not None
+    mid = s.trainer.game(gid).mid
+    stingy = s.trainer.with_options(fixed_gas=30_000, policy=GasPolicy(oog_bump=1.5, max_attempts=4))
+    nonce = chain.nonce(s.trainer.me)
+    rec = stingy.reveal(gid, tree.leaf(mid), tree.proof(mid))
+    # 30k and 45k run out; 67.5k is enough: three transactions mined, one effect
+    assert rec.gas_limit == 67_500 and chain.nonce(s.trainer.me) == nonce + 3
+    assert len(s.trainer.get_events("LeafRevealed", game_id=gid)) == 1
+
+
+def test_send_outOfGasEveryTime_givesUpWithChainError(committed_task: Callable[[int], Setup]) -> None:
+    s = committed_task(65)
+    gid = s.auditor.challenge(s.task_id).result
+    tree = s.tree
+    assert tree is not None
+    mid = s.trainer.game(gid).mid
+    hopeless = s.trainer.with_options(fixed_gas=40_000, policy=GasPolicy(oog_bump=1.1, max_attempts=2))
+    with pytest.raises(ChainError, match="out of gas"):
+        hopeless.reveal(gid, tree.leaf(mid), tree.proof(mid))
+    below_intrinsic = s.trainer.with_options(fixed_gas=21_000)
+    nonce = s.trainer.chain.nonce(s.trainer.me)
+    with pytest.raises(ChainError, match="refused"):
+        below_intrinsic.reveal(gid, tree.leaf(mid), tree.proof(mid))
+    assert s.trainer.chain.nonce(s.trainer.me) == nonce
+    s.trainer.reveal(gid, tree.leaf(mid), tree.proof(mid))  # the nonce book recovered
+
+
+def test_send_answerLostAfterBroadcast_doesNotSendTwice(
+    open_task: Setup, chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = TxSender(chain, GasPolicy(backoff=0.0))
+    real = chain.w3.eth.send_raw_transaction
+    calls = {"n": 0}
+
+    def flaky(raw: bytes) -> Any:
+        calls["n"] += 1
+        out = real(raw)
+        if calls["n"] == 1:
+            raise requests.ConnectionError("connection reset after the node accepted the tx")
+        return out
+
+    monkeypatch.setattr(chain.w3.eth, "send_raw_transaction", flaky)
+    payer = chain.account(7)
+    to = chain.account(8).address
+    before, nonce = chain.balance(to), chain.nonce(payer.address)
+    sent = sender.transfer(payer, to, 12_345)
+    assert sent.receipt["status"] == 1
+    assert chain.balance(to) == before + 12_345 and chain.nonce(payer.address) == nonce + 1
+
+
+def test_send_nodeDownBeforeBroadcast_retriesSameBytes(
+    open_task: Setup, chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = TxSender(chain, GasPolicy(backoff=0.0))
+    real = chain.w3.eth.send_raw_transaction
+    seen: list[bytes] = []
+
+    def down_once(raw: bytes) -> Any:
+        seen.append(bytes(raw))
+        if len(seen) == 1:
+            raise requests.ConnectionError("connection refused")
+        return real(raw)
+
+    monkeypatch.setattr(chain.w3.eth, "send_raw_transaction", down_once)
+    payer, to = chain.account(7), chain.account(8).address
+    before = chain.balance(to)
+    sent = sender.transfer(payer, to, 777)
+    assert sent.attempts == 2 and seen[0] == seen[1]  # the very same signed transaction
+    assert chain.balance(to) == before + 777
+
+
+def test_nonces_backToBackSends_useConsecutiveNonces(chain: Any) -> None:
+    sender = TxSender(chain)
+    payer, to = chain.account(6), chain.account(9).address
+    start = chain.nonce(payer.address)
+    nonces = []
+    for _ in range(3):
+        sent = sender.transfer(payer, to, 1)
+        nonces.append(chain.w3.eth.get_transaction(sent.receipt["transactionHash"])["nonce"])
+    assert nonces == [start, start + 1, start + 2]

@@ -1,0 +1,114 @@
+"""Scenarios and the client's commands on a real node: anvil, through the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from game.cli import _register
+from game.cli.app import app
+
+pytestmark = pytest.mark.anvil
+
+TINY = ["--preset", "mlp-digits", "--steps", "5"]
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    from game.chain.anvil import find_anvil
+    from game.errors import ConfigError
+
+    try:
+        find_anvil()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    _register()
+    return CliRunner()
+
+
+def _json(runner: CliRunner, *args: str) -> dict[str, Any]:
+    res = runner.invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("scenario", "extra", "winner", "step"),
+    [("honest", [], "trainer", None), ("poison", ["--poison-step", "2"], "auditor", 2)],
+)
+def test_scenario_on_anvil(
+    runner: CliRunner, scenario: str, extra: list[str], winner: str, step: int | None
+) -> None:
+    doc = _json(runner, "demo", "--scenario", scenario, "--chain", "anvil", *TINY, *extra)
+    assert doc["chain"] == "anvil"
+    assert (doc["winner"], doc["disputed_step"], doc["trainer_paid"]) == (winner, step, winner == "trainer")
+    assert doc["balances_ok"] is True and doc["contract_balance"] == 0
+    assert doc["balances"]["trainer"]["gas_cost"] > 0
+
+
+def test_task_commands_against_a_running_node(runner: CliRunner, anvil_chain: Any, tmp_path: Path) -> None:
+    url = anvil_chain.url
+    client_key = "0x" + bytes(anvil_chain.account(0).key).hex()
+    trainer, judge = anvil_chain.account(1).address, anvil_chain.account(2).address
+    common = ["--chain", url, "--key", client_key]
+
+    contract = _json(runner, "task", "deploy", *common)["contract"]
+    common += ["--contract", contract]
+    config = tmp_path / "task.toml"
+    config.write_text('preset = "mlp-digits"\nsteps = 5\n')
+    key_file = tmp_path / "data.key"
+    created = _json(
+        runner,
+        "task", "create", *common,
+        "--config", str(config), "--trainer", trainer, "--judge", judge,
+        "--payment", "1000", "--window", "600", "--data-key-out", str(key_file),
+    )  # fmt: skip
+    task_id = created["task_id"]
+    assert task_id == 1
+    assert key_file.read_text().strip() == created["data_key"]
+
+    shown = _json(runner, "task", "show", str(task_id), *common)
+    assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)
+    assert shown["trainer"] == trainer and shown["spec_hash"] == created["spec_hash"]
+
+    res = runner.invoke(app, ["task", "finalize", str(task_id), *common])
+    assert type(res.exception).__name__ == "WrongTaskStatus"  # an open task cannot be settled
+
+    assert _json(runner, "task", "cancel", str(task_id), *common)["done"] is True
+    reclaimed = _json(runner, "task", "reclaim", *common)
+    assert (reclaimed["done"], reclaimed["amount"]) == (True, 1000)
+    assert _json(runner, "task", "reclaim", *common)["done"] is False
+    assert _json(runner, "task", "show", str(task_id), *common)["status"] == "cancelled"
+
+
+def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path) -> None:
+    """A JSON-RPC chain (no time travel, one funded key): fresh parties, real waiting, exact money."""
+    from game.chain.anvil import AnvilChain
+    from game.chain.backends import connect
+    from game.demo import run_scenario
+    from game.tasks import TaskTerms
+    from game.training.config import TaskConfig
+
+    cfg = TaskConfig.for_preset("mlp-digits", steps=3, batch_size=8, model={"hidden": 16})
+    terms = TaskTerms(
+        payment=10**15,
+        trainer_bond=10**14,
+        auditor_bond=10**13,
+        clock_allowance=30,
+        challenge_window=6,
+        judge_window=30,
+    )
+    with AnvilChain(extra_args=["--block-time", "1"]) as node:
+        key = "0x" + bytes(node.account(0).key).hex()
+        with connect(node.url, key=key) as chain:
+            assert not chain.supports_time_travel and len(chain.accounts) == 1
+            result = run_scenario("honest", config=cfg, chain=chain, terms=terms, workdir=tmp_path)
+    assert result.chain == "rpc"
+    assert (result.winner, result.trainer_paid, result.balances_ok) == ("trainer", True, True)
+    addresses = {b.address for b in result.balances.values()}
+    assert len(addresses) == 4  # three fresh accounts besides the funding key

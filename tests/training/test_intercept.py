@@ -1,0 +1,402 @@
+"""RoundingMode: every op of a training step is classified, and every inexact float64 result is rounded.
+
+The coverage check does not trust the interceptor's own bookkeeping: an observer mode entered *inside*
+it sees every op's results after rounding and checks them against the grid and against the log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from game.errors import ConfigError, NonFiniteError, RoundingLogError
+from game.training import rounding
+from game.training.config import PRESET_NAMES, TaskConfig
+from game.training.intercept import (
+    EXACT_OPS,
+    MOVE_OPS,
+    OpClass,
+    RoundingMode,
+    base_name,
+    classify,
+    touched_tensors,
+)
+from game.training.models import StepContext
+from game.training.profiles import get_profile
+from game.training.roundlog import StepLog
+from game.training.state import check_on_grid
+from game.training.step import StepEngine
+
+aten = torch.ops.aten
+BITS = 32
+TAU = 0.25
+
+#: Factories whose output is uninitialised memory (it is overwritten before anyone reads it).
+UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+
+
+def _must_log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The test's own reading of the rule: not data movement, not IEEE-exact for these arguments."""
+    name = base_name(func)
+    if name in ("add", "sub", "rsub"):
+        return kwargs.get("alpha", 1) != 1
+    if name == "div":
+        return not (isinstance(args[1], Tensor) and args[1].dim() > 0) or "rounding_mode" in kwargs
+    return name not in MOVE_OPS | EXACT_OPS
+
+
+class Observer(TorchDispatchMode):
+    """Sees each op after the RoundingMode handled it (it is entered inside, so it runs first and
+    calls through to the rounding mode): records the float64 tensors every op produced or mutated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.must_log: Counter[str] = Counter()  # op name -> float64 tensors that need a log record
+        self.off_grid: list[str] = []
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func)
+        self.names.add(name)
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        for t in touched_tensors(func, args, kwargs, out):
+            if t.dtype != torch.float64 or view or base_name(func) in UNINITIALISED:
+                continue
+            if _must_log(func, args, kwargs):
+                self.must_log[name] += 1
+            if not rounding.is_on_grid(t.detach(), BITS):
+                self.off_grid.append(name)
+        return out
+
+
+class TinyNet(nn.Module):
+    """conv -> BN -> relu -> tokens -> LN -> explicit attention + residual -> GELU MLP -> mean -> head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        d = torch.float64
+        self.conv = nn.Conv2d(2, 4, 3, padding=1, dtype=d)
+        self.bn = nn.BatchNorm2d(4, dtype=d)
+        self.embed = nn.Linear(36, 8, dtype=d)
+        self.ln = nn.LayerNorm(8, dtype=d)
+        self.qkv = nn.Linear(8, 24, dtype=d)
+        self.fc = nn.Linear(8, 16, dtype=d)
+        self.proj = nn.Linear(16, 8, dtype=d)
+        self.head = nn.Linear(8, 3, dtype=d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b = x.shape[0]
+        h = F.relu(self.bn(self.conv(x)))  # functional relu
+        tok = self.embed(h.reshape(b, 4, 36))  # [b, 4 tokens, 8]
+        q, k, v = self.qkv(self.ln(tok)).split(8, dim=-1)
+        att = torch.softmax((q @ k.transpose(-2, -1)) * (8**-0.5), dim=-1)
+        tok = tok + att @ v  # residual add between modules
+        tok = tok + self.proj(F.gelu(self.fc(tok)))
+        return self.head(tok.mean(dim=1))
+
+
+def _tiny_setup(seed: int = 0) -> tuple[TinyNet, list[torch.optim.Optimizer], Tensor, Tensor]:
+    torch.manual_seed(seed)
+    model = TinyNet()
+    with torch.no_grad():
+        for t in [*model.parameters(), model.bn.running_mean, model.bn.running_var]:
+            rounding.round_(t, BITS)
+    params = dict(model.named_parameters())
+    sgd_names = [n for n in params if n.startswith(("conv", "bn", "embed"))]
+    sgd = torch.optim.SGD(
+        [params[n] for n in sgd_names], lr=0.1, momentum=0.9, weight_decay=1e-3, foreach=False
+    )
+    adamw = torch.optim.AdamW(
+        [p for n, p in params.items() if n not in sgd_names], lr=1e-2, weight_decay=0.1, foreach=False
+    )
+    x = rounding.rnd(torch.randn(6, 2, 6, 6, dtype=torch.float64), BITS)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    return model, [sgd, adamw], x, y
+
+
+def _train_step(model: nn.Module, opts: list[torch.optim.Optimizer], x: Tensor, y: Tensor) -> Tensor:
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    for opt in opts:
+        opt.step()
+    return loss
+
+
+def _state_tensors(model: nn.Module, opts: list[torch.optim.Optimizer]) -> dict[str, Tensor]:
+    out = {f"param/{n}": p for n, p in model.named_parameters()}
+    out.update({f"buffer/{n}": b for n, b in model.named_buffers()})
+    for opt in opts:
+        for i, st in enumerate(opt.state.values()):
+            out.update({f"optim/{i}/{k}": v for k, v in st.items() if isinstance(v, Tensor)})
+    return out
+
+
+def _log_names(step_log: StepLog) -> Counter[str]:
+    """Op names of the log's records, re-read through a cursor-independent path when possible."""
+    return Counter(r.op_name for r in step_log.records)
+
+
+def test_coverage_everyInexactResultIsRoundedAndLogged() -> None:
+    model, opts, x, y = _tiny_setup()
+    step_log = StepLog()
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=step_log)
+    obs = Observer()
+    with rm, obs:  # obs inside: sees results after rounding
+        loss = _train_step(model, opts, x, y)
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    assert torch.isfinite(loss)
+
+    # Every op that ran was classified.
+    assert obs.names <= rm.ops
+    # Every float64 result of every op (views and uninitialised factories aside) is on the grid.
+    assert obs.off_grid == []
+    # Every op producing float64 that is neither data movement nor exact (for these arguments) was
+    # rounded *with* the log, once per float64 tensor it produced or mutated, and nothing else was.
+    logged = _log_names(step_log)
+    assert logged == obs.must_log
+    assert sum(logged.values()) == rm.op_index
+    # The paper's gaps are closed: these ran and were logged.
+    for op in (
+        "aten.convolution.default",
+        "aten.convolution_backward.default",
+        "aten.native_batch_norm.default",  # output and running stats
+        "aten.native_layer_norm.default",
+        "aten._softmax.default",
+        "aten.gelu.default",
+        "aten.mean.dim",
+        "aten.addmm.default",
+        "aten.mm.default",  # parameter gradients
+        "aten.lerp_.Scalar",  # AdamW moments
+        "aten.addcdiv_.default",  # AdamW update of the parameters
+        "aten.add_.Tensor",  # SGD update (alpha = -lr): inexact by argument
+    ):
+        assert logged[op] > 0, op
+    # native_batch_norm: one output tensor plus save_mean/invstd plus both running stats.
+    assert logged["aten.native_batch_norm.default"] == 5
+
+    # After the step every float of the state lies on the grid; gradients are gone.
+    state = _state_tensors(model, opts)
+    assert any(n.startswith("optim/") and "exp_avg" in n for n in state)
+    assert any("momentum_buffer" in n for n in state)
+    for name, t in state.items():
+        if t.dtype == torch.float64:
+            assert rounding.is_on_grid(t.detach(), BITS), name
+    assert all(p.grad is None for p in model.parameters())
+
+
+SMALL = {
+    "mlp-digits": {"model": {"hidden": 16}, "batch_size": 4},
+    "cnn-digits": {"model": {"channels": 4, "hidden": 8}, "batch_size": 4},
+    "gpt-shakespeare": {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8}, "batch_size": 2},
+}
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_presetStep_everyInexactResultIsLogged(preset: str) -> None:
+    """The same check on each preset's real step (dropout, maxpool, embeddings, AdamW, SGD)."""
+    cfg = TaskConfig.for_preset(preset, **SMALL[preset])
+    engine = StepEngine(cfg, get_profile("cpu-1t"))
+    state = engine.init_state()
+    for step in (1, 2):  # step 2 also runs the optimizers' update of existing state
+        batch = engine.prepare_batch(engine.batch(step))
+        ctx = StepContext(seed=cfg.seed, step=step, example_ids=batch.example_ids)
+        step_log = StepLog(step)
+        rm = RoundingMode(
+            bits=cfg.bits, tau=cfg.tau, mode="record", profile=engine.profile, step=step, log=step_log
+        )
+        obs = Observer()
+        with rm, obs:
+            engine.preset.loss(state.model, batch, ctx).backward()
+            state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.step = step
+        assert obs.names <= rm.ops
+        assert obs.off_grid == []
+        assert _log_names(step_log) == obs.must_log
+        check_on_grid(state, cfg.bits)
+
+
+def test_record_thenReplay_reproducesBitsWithAnotherProfile() -> None:
+    results = []
+    logs = []
+    for mode, profile, step_log in (
+        ("record", get_profile("cpu-1t"), StepLog()),
+        ("replay", get_profile("noisy"), None),
+    ):
+        model, opts, x, y = _tiny_setup()
+        use_log = step_log if mode == "record" else logs[0]
+        rm = RoundingMode(bits=BITS, tau=TAU, mode=mode, profile=profile, step=1, log=use_log)
+        with rm:
+            _train_step(model, opts, x, y)
+        rm.finish()
+        logs.append(use_log)
+        results.append({n: t.detach().clone() for n, t in _state_tensors(model, opts).items()})
+        if mode == "replay":
+            assert rm.corrections > 0
+    for name, t in results[0].items():
+        assert torch.equal(t, results[1][name]), name
+
+
+def test_replay_foreignLog_raisesRoundingLogError() -> None:
+    model, opts, x, y = _tiny_setup()
+    short = StepLog()
+    with RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=short):
+        model(x).sum().backward()  # a different (shorter) computation
+    model, opts, x, y = _tiny_setup()
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="replay", profile=get_profile("cpu-1t"), step=1, log=short)
+    with pytest.raises(RoundingLogError), rm:
+        _train_step(model, opts, x, y)
+        rm.finish()
+
+
+def test_nonFinite_raisesNamingStepAndOp() -> None:
+    x = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=7, log=StepLog())
+    with pytest.raises(NonFiniteError, match=r"step 7.*aten\.log\.default"), rm:
+        torch.log(x)
+
+
+def test_nonFinite_inRoundMode_raises() -> None:
+    big = torch.tensor([1e300], dtype=torch.float64)
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="round", profile=get_profile("cpu-1t"), step=3)
+    with pytest.raises(NonFiniteError, match=r"step 3.*aten\.exp\.default"), rm:
+        torch.exp(big)
+
+
+def test_outVariant_roundsTheOutTensorOnce() -> None:
+    a = torch.full((4,), 1.0, dtype=torch.float64)
+    b = torch.full((4,), 1.0 / 3.0, dtype=torch.float64)
+    out = torch.empty(4, dtype=torch.float64)
+    step_log = StepLog()
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=step_log)
+    with rm:
+        torch.add(a, b, alpha=0.7, out=out)  # fused: inexact
+    assert rm.op_index == 1
+    assert rounding.is_on_grid(out, BITS)
+    assert torch.equal(out, rounding.rnd(a + 0.7 * b, BITS))
+
+
+def test_inplaceInexact_roundsTheMutatedTensor() -> None:
+    p = torch.full((5,), 1.0, dtype=torch.float64)
+    g = torch.full((5,), 1.0 / 3.0, dtype=torch.float64)
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="round", profile=get_profile("cpu-1t"), step=1)
+    with rm:
+        p.addcdiv_(g, torch.full((5,), 7.0, dtype=torch.float64), value=-0.1)
+    assert rounding.is_on_grid(p, BITS)
+    assert rm.op_index == 1
+
+
+def test_plainMode_doesNotRound() -> None:
+    a = torch.tensor([1.0 / 3.0, 1.0 / 7.0, 1.0 / 11.0], dtype=torch.float64)
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="plain", profile=get_profile("cpu-1t"), step=1)
+    with rm:
+        s = a.sum()
+    assert not rounding.is_on_grid(s, BITS)
+    assert "aten.sum.default" in rm.ops
+
+
+def test_exactOps_areRoundedWithoutLog() -> None:
+    a = torch.full((3,), 1.0 / 3.0, dtype=torch.float64)  # off the grid
+    step_log = StepLog()
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=step_log)
+    with rm:
+        m = a * 3.0
+    assert rounding.is_on_grid(m, BITS)
+    assert rm.op_index == 0
+
+
+def test_float32Tensors_areNotRounded() -> None:
+    a = torch.full((3,), 1.0 / 3.0, dtype=torch.float32)
+    rm = RoundingMode(bits=20, tau=TAU, mode="round", profile=get_profile("cpu-1t"), step=1)
+    with rm:
+        s = a.exp()
+    assert torch.equal(s, torch.full((3,), 1.0 / 3.0, dtype=torch.float32).exp())
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda: (aten.add.Tensor, (torch.ones(2), torch.ones(2)), {}), OpClass.EXACT),
+        (lambda: (aten.add.Tensor, (torch.ones(2), torch.ones(2)), {"alpha": 2}), OpClass.INEXACT),
+        (lambda: (aten.add_.Tensor, (torch.ones(2), torch.ones(2)), {"alpha": -0.1}), OpClass.INEXACT),
+        (lambda: (aten.sub.Tensor, (torch.ones(2), torch.ones(2)), {}), OpClass.EXACT),
+        (lambda: (aten.div.Tensor, (torch.ones(2), torch.ones(2)), {}), OpClass.EXACT),
+        (lambda: (aten.div.Tensor, (torch.ones(2), torch.tensor(3.0)), {}), OpClass.INEXACT),
+        (lambda: (aten.div.Scalar, (torch.ones(2), 3.0), {}), OpClass.INEXACT),
+        (
+            lambda: (aten.div.Tensor_mode, (torch.ones(2), torch.ones(2)), {"rounding_mode": "floor"}),
+            OpClass.INEXACT,
+        ),
+        (lambda: (aten.mul.Tensor, (torch.ones(2), torch.ones(2)), {}), OpClass.EXACT),
+        (lambda: (aten.sqrt.default, (torch.ones(2),), {}), OpClass.EXACT),
+        (lambda: (aten.rsqrt.default, (torch.ones(2),), {}), OpClass.INEXACT),
+        (lambda: (aten.exp.default, (torch.ones(2),), {}), OpClass.INEXACT),
+        (lambda: (aten.erfinv.default, (torch.ones(2),), {}), OpClass.INEXACT),
+        (lambda: (aten.sum.default, (torch.ones(2),), {}), OpClass.INEXACT),
+        (lambda: (aten.view.default, (torch.ones(2), [2]), {}), OpClass.MOVE),
+        (lambda: (aten.transpose.int, (torch.ones(2, 2), 0, 1), {}), OpClass.MOVE),
+        (lambda: (aten.clone.default, (torch.ones(2),), {}), OpClass.MOVE),
+        (lambda: (aten.index_put_.default, (torch.ones(2), [None], torch.ones(2)), {}), OpClass.MOVE),
+        (
+            lambda: (aten.index_put_.default, (torch.ones(2), [None], torch.ones(2), True), {}),
+            OpClass.INEXACT,
+        ),
+        (lambda: (aten.scatter.src, (torch.ones(2), 0, torch.zeros(2), torch.ones(2)), {}), OpClass.MOVE),
+        (
+            lambda: (aten.scatter_add.default, (torch.ones(2), 0, torch.zeros(2), torch.ones(2)), {}),
+            OpClass.INEXACT,
+        ),
+        (lambda: (aten.round.default, (torch.ones(2),), {}), OpClass.EXACT),
+        (lambda: (aten.round.decimals, (torch.ones(2),), {"decimals": 2}), OpClass.INEXACT),
+        (
+            lambda: (aten._foreach_add_.List, ([torch.ones(2)], [torch.ones(2)]), {"alpha": 0.5}),
+            OpClass.INEXACT,
+        ),
+        (lambda: (aten._foreach_mul_.Scalar, ([torch.ones(2)], 0.9), {}), OpClass.EXACT),
+        (lambda: (aten._foreach_lerp_.Scalar, ([torch.ones(2)], [torch.ones(2)], 0.1), {}), OpClass.INEXACT),
+    ],
+)
+def test_classify_dependsOnOpAndArguments(call: Any, expected: OpClass) -> None:
+    func, args, kwargs = call()
+    assert classify(func, args, kwargs) is expected
+
+
+def test_classify_unknownCustomOp_isInexact() -> None:
+    lib = torch.library.Library("vgame_test", "FRAGMENT")
+    lib.define("mystery(Tensor x) -> Tensor")
+    lib.impl("mystery", lambda x: x * 1.1, "CompositeExplicitAutograd")
+    func = torch.ops.vgame_test.mystery.default
+    assert classify(func, (torch.ones(2),), {}) is OpClass.INEXACT
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=StepLog())
+    with rm:
+        func(torch.full((3,), 1.0 / 3.0, dtype=torch.float64))
+    assert rm.op_index == 1
+
+
+def test_foreachOps_roundEveryMutatedTensor() -> None:
+    ps = [torch.full((3,), 1.0, dtype=torch.float64), torch.full((2,), 2.0, dtype=torch.float64)]
+    gs = [torch.full((3,), 1.0 / 3.0, dtype=torch.float64), torch.full((2,), 1.0 / 7.0, dtype=torch.float64)]
+    step_log = StepLog()
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=step_log)
+    with rm:
+        torch._foreach_add_(ps, gs, alpha=-0.3)
+    assert rm.op_index == 2
+    assert all(rounding.is_on_grid(p, BITS) for p in ps)
+
+
+def test_replayMode_withoutLog_isConfigError() -> None:
+    with pytest.raises(ConfigError):
+        RoundingMode(bits=BITS, tau=TAU, mode="replay", profile=get_profile("cpu-1t"), step=1)
+    with pytest.raises(ConfigError):
+        RoundingMode(bits=BITS, tau=TAU, mode="bogus", profile=get_profile("cpu-1t"), step=1)  # type: ignore[arg-type]

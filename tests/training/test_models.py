@@ -1,0 +1,347 @@
+"""Models, data and presets: deterministic init, keyed dropout and batches, no torch RNG, training works."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from game.errors import ConfigError, TrainingError
+from game.training import data, rng
+from game.training.config import PRESET_NAMES, TaskConfig
+from game.training.models import DeterministicDropout, StepContext, init_model, materialize
+from game.training.presets import PRESETS, Batch, Preset, get_preset
+
+# Small sizes keep every test here fast; the presets' own defaults are exercised by the smoke run.
+SMALL = {
+    "mlp-digits": {"model": {"hidden": 32}},
+    "cnn-digits": {"model": {"channels": 4, "hidden": 16}},
+    "gpt-shakespeare": {"model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}},
+}
+
+
+def small_cfg(name: str, **overrides: object) -> TaskConfig:
+    return TaskConfig.for_preset(name, **{**SMALL[name], **overrides})
+
+
+def state_bits(model: nn.Module) -> dict[str, bytes]:
+    return {k: v.detach().cpu().contiguous().numpy().tobytes() for k, v in model.state_dict().items()}
+
+
+def train(preset: Preset, cfg: TaskConfig, steps: int) -> tuple[nn.Module, list[float]]:
+    model = preset.build_model(cfg)
+    opt = preset.build_optimizer(cfg, model)
+    losses = []
+    for step in range(1, steps + 1):
+        batch = preset.batch(cfg, step)
+        loss = preset.loss(model, batch, StepContext(cfg.seed, step, batch.example_ids))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return model, losses
+
+
+# --------------------------------------------------------------------------------------------------
+# Presets and initialisation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_getPreset_unknownListsNames() -> None:
+    with pytest.raises(ConfigError) as info:
+        get_preset("resnet")
+    for name in PRESET_NAMES:
+        assert name in str(info.value)
+    assert tuple(PRESETS) == PRESET_NAMES
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_buildModel_sameSeedSameBits_otherSeedDiffers(name: str) -> None:
+    preset = get_preset(name)
+    a = state_bits(preset.build_model(small_cfg(name, seed=1)))
+    b = state_bits(preset.build_model(small_cfg(name, seed=1)))
+    c = preset.build_model(small_cfg(name, seed=2))
+    assert a == b
+    for key, value in c.state_dict().items():
+        if value.is_floating_point() and key.endswith("weight") and value.dim() >= 2:
+            assert a[key] != state_bits(c)[key], key
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_buildModel_float64CpuTrainMode(name: str) -> None:
+    model = get_preset(name).build_model(small_cfg(name))
+    assert model.training
+    for key, value in model.state_dict().items():
+        assert value.device.type == "cpu", key
+        assert value.dtype in (torch.float64, torch.int64), key
+        assert torch.isfinite(value.to(torch.float64)).all(), key
+
+
+def test_init_linearWithinKaimingBound_embeddingsNormalish() -> None:
+    cfg = small_cfg("gpt-shakespeare")
+    model = get_preset("gpt-shakespeare").build_model(cfg)
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            bound = 1.0 / math.sqrt(mod.in_features)
+            assert float(mod.weight.detach().abs().max()) <= bound
+            assert float(mod.weight.detach().abs().max()) > 0.9 * bound  # actually spread over the range
+    wte = model.get_submodule("wte")
+    assert isinstance(wte, nn.Embedding)
+    assert abs(float(wte.weight.detach().std()) - 0.02) < 0.002
+
+
+def test_init_bnAndLayerNormConstants() -> None:
+    model = get_preset("cnn-digits").build_model(small_cfg("cnn-digits"))
+    bn = model.get_submodule("bn1")
+    assert isinstance(bn, nn.BatchNorm2d)
+    assert torch.equal(bn.weight, torch.ones_like(bn.weight))
+    assert torch.equal(bn.bias, torch.zeros_like(bn.bias))
+    assert bn.running_var is not None and bn.num_batches_tracked is not None
+    assert torch.equal(bn.running_var, torch.ones_like(bn.running_var))
+    assert int(bn.num_batches_tracked) == 0
+
+
+def test_init_unknownLayer_raises() -> None:
+    model = materialize(nn.Sequential, nn.Conv1d(2, 2, 3, dtype=torch.float64))
+    with pytest.raises(TrainingError, match=r"0\.weight"):
+        init_model(model, 0)
+
+
+def test_noTorchRng_buildAndTrainIndependentOfTorchSeed() -> None:
+    results = []
+    for torch_seed in (0, 12345):
+        with torch.random.fork_rng():
+            torch.manual_seed(torch_seed)
+            before = torch.random.get_rng_state()
+            for name in PRESET_NAMES:
+                model, _ = train(get_preset(name), small_cfg(name, dropout=0.3), 2)
+                results.append((torch_seed, name, state_bits(model)))
+            assert torch.equal(before, torch.random.get_rng_state()), "torch's global RNG was used"
+    half = len(results) // 2
+    for (_, name_a, a), (_, name_b, b) in zip(results[:half], results[half:], strict=True):
+        assert name_a == name_b
+        assert a == b, name_a
+
+
+def test_gpt_neverCallsSdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("scaled_dot_product_attention differs per device")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
+    monkeypatch.setattr(torch._C._nn, "scaled_dot_product_attention", refuse, raising=False)
+    train(get_preset("gpt-shakespeare"), small_cfg("gpt-shakespeare"), 1)
+
+
+def test_gpt_isCausal() -> None:
+    cfg = small_cfg("gpt-shakespeare")
+    model = get_preset("gpt-shakespeare").build_model(cfg).eval()
+    batch = get_preset("gpt-shakespeare").batch(cfg, 1)
+    ctx = StepContext(cfg.seed, 1, batch.example_ids)
+    changed = batch.inputs.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % len(data.vocab())
+    with torch.no_grad():
+        a, b = model(batch.inputs, ctx), model(changed, ctx)
+    assert torch.equal(a[:, :-1], b[:, :-1])
+    assert not torch.equal(a[:, -1], b[:, -1])
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_optimizer_unfusedNotForeach(name: str) -> None:
+    cfg = small_cfg(name)
+    preset = get_preset(name)
+    opt = preset.build_optimizer(cfg, preset.build_model(cfg))
+    assert opt.defaults["foreach"] is False
+    assert opt.defaults.get("fused") in (False, None)
+    assert opt.defaults["lr"] == cfg.lr
+
+
+def test_adamw_decaysMatricesOnly() -> None:
+    cfg = small_cfg("gpt-shakespeare")
+    preset = get_preset("gpt-shakespeare")
+    opt = preset.build_optimizer(cfg, preset.build_model(cfg))
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == cfg.weight_decay and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_plainTraining_reducesLoss(name: str) -> None:
+    lr = {"mlp-digits": 0.2, "cnn-digits": 0.05, "gpt-shakespeare": 3e-3}[name]
+    cfg = small_cfg(name, lr=lr)
+    preset = get_preset(name)
+    model, losses = train(preset, cfg, 25)
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, losses
+    # Held-out loss drops below the untrained model's too (eval mode: no dropout).
+    held_out = preset.eval_batch(cfg, 64)
+    ctx = StepContext(cfg.seed, 0, held_out.example_ids)
+    with torch.no_grad():
+        before = float(preset.loss(preset.build_model(cfg).eval(), held_out, ctx))
+        after = float(preset.loss(model.eval(), held_out, ctx))
+    assert after < 0.9 * before
+
+
+def test_cnn_batchNormRunningStatsAreUpdated() -> None:
+    model, _ = train(get_preset("cnn-digits"), small_cfg("cnn-digits"), 2)
+    bn = model.get_submodule("bn1")
+    assert isinstance(bn, nn.BatchNorm2d)
+    assert bn.running_mean is not None and bn.num_batches_tracked is not None
+    assert int(bn.num_batches_tracked) == 2
+    assert not torch.equal(bn.running_mean, torch.zeros_like(bn.running_mean))
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_training_isBitReproducible(name: str) -> None:
+    a, la = train(get_preset(name), small_cfg(name, dropout=0.2), 3)
+    b, lb = train(get_preset(name), small_cfg(name, dropout=0.2), 3)
+    assert la == lb
+    assert state_bits(a) == state_bits(b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dropout
+# --------------------------------------------------------------------------------------------------
+
+
+def test_dropout_maskFollowsExampleNotBatchLayout() -> None:
+    drop = DeterministicDropout(0.5, "d").train()
+    x = torch.ones(8, 4, 6, dtype=torch.float64)
+    ids = torch.arange(8, dtype=torch.int64) + 100
+    whole = drop(x, StepContext(3, 7, ids))
+    halves = torch.cat([drop(x[:4], StepContext(3, 7, ids[:4])), drop(x[4:], StepContext(3, 7, ids[4:]))])
+    perm = torch.tensor([5, 2, 7, 0, 1, 6, 3, 4])
+    permuted = drop(x, StepContext(3, 7, ids[perm]))
+    assert torch.equal(whole, halves)
+    assert torch.equal(permuted, whole[perm])
+    assert set(whole.unique().tolist()) == {0.0, 2.0}
+
+
+def test_dropout_keysDiffer_andEvalIsIdentity() -> None:
+    x = torch.ones(4, 256, dtype=torch.float64)
+    ids = torch.arange(4, dtype=torch.int64)
+    drop = DeterministicDropout(0.25, "a").train()
+    base = drop(x, StepContext(1, 1, ids))
+    assert not torch.equal(base, DeterministicDropout(0.25, "b").train()(x, StepContext(1, 1, ids)))
+    assert not torch.equal(base, drop(x, StepContext(1, 2, ids)))
+    assert not torch.equal(base, drop(x, StepContext(2, 1, ids)))
+    assert abs(float((base == 0).to(torch.float64).mean()) - 0.25) < 0.05
+    assert torch.equal(drop.eval()(x, StepContext(1, 1, ids)), x)
+
+
+def test_dropout_wrongIdCount_raises() -> None:
+    drop = DeterministicDropout(0.1, "d").train()
+    with pytest.raises(TrainingError, match="example ids"):
+        drop(torch.ones(3, 2, dtype=torch.float64), StepContext(0, 1, torch.arange(2)))
+
+
+def test_gptForward_batchSplitMatches() -> None:
+    # Masks are per example, so the rows of a split batch agree with the whole (up to matmul blocking).
+    cfg = small_cfg("gpt-shakespeare", dropout=0.3)
+    preset = get_preset("gpt-shakespeare")
+    model = preset.build_model(cfg)
+    batch = preset.batch(cfg, 4)
+    ids = batch.example_ids
+    with torch.no_grad():
+        whole = model(batch.inputs, StepContext(cfg.seed, 4, ids))
+        parts = torch.cat(
+            [
+                model(batch.inputs[:3], StepContext(cfg.seed, 4, ids[:3])),
+                model(batch.inputs[3:], StepContext(cfg.seed, 4, ids[3:])),
+            ]
+        )
+    torch.testing.assert_close(whole, parts, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def test_digits_splitAndScaling() -> None:
+    train_x, train_y = data.digits_split("train")
+    test_x, test_y = data.digits_split("test")
+    assert train_x.shape == (data.DIGITS_TRAIN_SIZE, 8, 8) and test_x.shape == (297, 8, 8)
+    assert train_x.dtype == torch.float64 and float(train_x.max()) == 1.0 and float(train_x.min()) == 0.0
+    assert torch.equal(torch.sort(torch.cat([train_y, test_y])).values, torch.sort(data._digits()[1]).values)
+    assert set(train_y.tolist()) == set(range(10))
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_batch_deterministicAndKeyedPerExample(name: str) -> None:
+    cfg = small_cfg(name, batch_size=6)
+    preset = get_preset(name)
+    a, b = preset.batch(cfg, 3), preset.batch(cfg, 3)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert a.example_ids.tolist() == list(range(12, 18))
+    assert not torch.equal(a.inputs, preset.batch(cfg, 4).inputs)
+    assert not torch.equal(a.inputs, preset.batch(cfg.replace(seed=cfg.seed + 1), 3).inputs)
+    # Row i is the draw for example id alone: nothing about the rest of the batch matters.
+    n = (
+        data.digits_split("train")[1].numel()
+        if name != "gpt-shakespeare"
+        else data.shakespeare_tokens("train").numel() - cfg.model.block_size  # type: ignore[union-attr]
+    )
+    for i, ex in enumerate(a.example_ids.tolist()):
+        pick = int(rng.randbelow(cfg.seed, 3, "data", torch.tensor([ex]), (), n)[0])
+        if name == "gpt-shakespeare":
+            tokens = data.shakespeare_tokens("train")
+            assert torch.equal(a.inputs[i], tokens[pick : pick + cfg.model.block_size])  # type: ignore[union-attr]
+        else:
+            assert torch.equal(a.targets[i], data.digits_split("train")[1][pick])
+
+
+def test_shakespeare_batchShapesAndShift() -> None:
+    cfg = small_cfg("gpt-shakespeare")
+    batch = get_preset("gpt-shakespeare").batch(cfg, 1)
+    assert batch.inputs.shape == (cfg.batch_size, 16) and batch.inputs.dtype == torch.int64
+    assert torch.equal(batch.inputs[:, 1:], batch.targets[:, :-1])
+    assert len(data.vocab()) == 65
+    assert data.decode(data.encode("To be, or not")) == "To be, or not"
+
+
+def test_batch_rejectsStepZero() -> None:
+    with pytest.raises(ConfigError, match="step"):
+        get_preset("mlp-digits").batch(small_cfg("mlp-digits"), 0)
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_poison_changesDataKeepsShapeAndIds(name: str) -> None:
+    cfg = small_cfg(name)
+    preset = get_preset(name)
+    batch = preset.batch(cfg, 2)
+    bad = preset.poison(cfg, batch, 2)
+    assert isinstance(bad, Batch)
+    assert bad.inputs.shape == batch.inputs.shape and bad.targets.shape == batch.targets.shape
+    assert torch.equal(bad.example_ids, batch.example_ids)
+    assert not torch.equal(bad.targets, batch.targets)
+    again = preset.poison(cfg, batch, 2)
+    assert torch.equal(again.inputs, bad.inputs) and torch.equal(again.targets, bad.targets)
+    if name == "gpt-shakespeare":
+        assert data.decode(bad.inputs[0]).startswith(data.POISON_TEXT[:16])
+    else:
+        assert torch.equal(bad.targets, (batch.targets + 1) % 10)
+
+
+def test_sources_useNoTorchRandomnessOrSdpa() -> None:
+    # A static guard next to the behavioural ones: these calls draw from torch's generators or pick
+    # a device-specific attention kernel.
+    import inspect
+
+    from game.training import models, presets
+
+    banned = (
+        "torch.rand",
+        "torch.normal",
+        "torch.bernoulli",
+        "nn.Dropout",
+        "F.dropout",
+        "scaled_dot_product",
+    )
+    for module in (models, presets, data, rng):
+        source = inspect.getsource(module)
+        for word in banned:
+            assert word not in source, (module.__name__, word)

@@ -1,0 +1,193 @@
+"""Canonical state bytes: layout (against a slow reference encoder), round trip, hash stability, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+import torch
+
+from game.errors import TranscriptError
+from game.training import rounding
+from game.training.config import TaskConfig
+from game.training.profiles import get_profile
+from game.training.state import (
+    STATE_MAGIC,
+    CheckpointError,
+    OffGridError,
+    TrainState,
+    check_on_grid,
+    decode_state,
+    encode_state,
+    parse_state,
+    state_hash,
+    state_tensors,
+)
+from game.training.step import StepEngine
+
+SMALL = {
+    "mlp-digits": {"model": {"hidden": 16}, "batch_size": 8},
+    "cnn-digits": {"model": {"channels": 4, "hidden": 8}, "batch_size": 8},
+    "gpt-shakespeare": {
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8},
+        "batch_size": 4,
+    },
+}
+
+
+def small_cfg(name: str, **overrides: object) -> TaskConfig:
+    return TaskConfig.for_preset(name, **{**SMALL[name], **overrides})
+
+
+def trained(name: str, steps: int = 2, **overrides: object) -> tuple[TaskConfig, TrainState]:
+    cfg = small_cfg(name, **overrides)
+    engine = StepEngine(cfg, get_profile("cpu-1t"))
+    state = engine.init_state()
+    for step in range(1, steps + 1):
+        engine.run_step(state, step, mode="round")
+    return cfg, state
+
+
+def reference_encode(state: TrainState) -> bytes:
+    """The layout of docs/architecture.md written out the slow, obvious way."""
+    entries: dict[str, torch.Tensor] = {}
+    for n, p in state.model.named_parameters():
+        entries["param/" + n] = p
+    params = {id(p) for p in state.model.parameters()}
+    for n, b in state.model.state_dict(keep_vars=True).items():
+        if id(b) not in params:
+            entries["buffer/" + n] = b
+    names = {id(p): n for n, p in state.model.named_parameters()}
+    for p, st in state.optimizer.state.items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                entries[f"optim/{names[id(p)]}/{k}"] = v
+    out = bytearray(b"vgame-state-v1\x00")
+    out += state.step.to_bytes(8, "little") + len(entries).to_bytes(4, "little")
+    for name in sorted(entries):
+        t = entries[name].detach().cpu()
+        raw = name.encode()
+        out += len(raw).to_bytes(2, "little") + raw
+        if t.dtype in (torch.float64, torch.float32):
+            tag, values = b"f32", [struct.pack("<f", float(v)) for v in t.reshape(-1).tolist()]
+        else:
+            assert t.dtype == torch.int64
+            tag, values = b"i64", [struct.pack("<q", int(v)) for v in t.reshape(-1).tolist()]
+        out += bytes([len(tag)]) + tag + bytes([t.dim()])
+        for d in t.shape:
+            out += d.to_bytes(8, "little")
+        out += b"".join(values)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_encode_matchesReferenceLayout(name: str) -> None:
+    _, state = trained(name)
+    data = encode_state(state)
+    assert data == reference_encode(state)
+    assert state_hash(state) == hashlib.sha256(data).digest()
+    assert data.startswith(STATE_MAGIC)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_decode_roundTrip_isIdentity(name: str) -> None:
+    cfg, state = trained(name)
+    data = encode_state(state)
+    back = decode_state(data, cfg)
+    assert back.step == state.step == 2
+    assert encode_state(back) == data
+    assert state_hash(back) == state_hash(state)
+    # The decoded state has the same dtypes in memory (float64 on the grid, AdamW step float32).
+    for (n1, t1), (n2, t2) in zip(state_tensors(state).items(), state_tensors(back).items(), strict=True):
+        assert n1 == n2 and t1.dtype == t2.dtype and torch.equal(t1.detach(), t2.detach())
+
+
+def test_names_coverParamsBuffersAndOptimizer() -> None:
+    _, cnn = trained("cnn-digits", steps=1)
+    names = list(state_tensors(cnn))
+    assert names == sorted(names)
+    assert "buffer/bn1.running_mean" in names and "buffer/bn1.num_batches_tracked" in names
+    assert "optim/conv1.weight/momentum_buffer" in names
+    _, gpt = trained("gpt-shakespeare", steps=1)
+    tensors = state_tensors(gpt)
+    assert tensors["optim/lm_head.weight/step"].dtype == torch.float32
+    assert tensors["optim/lm_head.weight/exp_avg_sq"].dtype == torch.float64
+    assert not any("causal" in n for n in tensors)  # non-persistent constant, not state
+
+
+def test_hash_isStable_andChangesWithOneUlp() -> None:
+    _, state = trained("mlp-digits", steps=1)
+    h = state_hash(state)
+    assert state_hash(state) == h
+    with torch.no_grad():
+        w = state.model.fc1.weight
+        w[0, 0] = torch.nextafter(w[0, 0].float(), torch.tensor(float("inf"))).double()
+    assert state_hash(state) != h
+
+
+def test_initState_isOnGrid_andDeterministic() -> None:
+    cfg = small_cfg("cnn-digits", bits=24)
+    a = StepEngine(cfg, get_profile("cpu-1t")).init_state()
+    b = StepEngine(cfg, get_profile("splitk-16")).init_state()
+    check_on_grid(a, 24)
+    assert state_hash(a) == state_hash(b)
+
+
+def test_offGridFloat_cannotBeEncoded() -> None:
+    _, state = trained("mlp-digits", steps=0)
+    with torch.no_grad():
+        state.model.fc1.bias[0] = 1.0 / 3.0
+    with pytest.raises(OffGridError, match=r"param/fc1\.bias"):
+        encode_state(state)
+    with pytest.raises(OffGridError, match=r"fc1\.bias"):
+        check_on_grid(state, 32)
+
+
+def test_checkOnGrid_usesTheBitsGrid() -> None:
+    _, state = trained("mlp-digits", steps=0)
+    with torch.no_grad():
+        state.model.fc1.bias[0] = rounding.rnd(torch.tensor(1.0 / 3.0, dtype=torch.float64), 32)
+    check_on_grid(state, 32)
+    with pytest.raises(OffGridError):
+        check_on_grid(state, 20)
+
+
+def test_truncated_isCheckpointError() -> None:
+    cfg, state = trained("mlp-digits", steps=1)
+    data = encode_state(state)
+    for cut in (0, 5, len(STATE_MAGIC) + 3, len(data) // 2, len(data) - 1):
+        with pytest.raises(CheckpointError, match=r"truncated|magic"):
+            decode_state(data[:cut], cfg)
+    assert issubclass(CheckpointError, TranscriptError)
+
+
+def test_trailingBytes_badMagic_badTag_areCheckpointErrors() -> None:
+    cfg, state = trained("mlp-digits", steps=1)
+    data = encode_state(state)
+    with pytest.raises(CheckpointError, match="trailing"):
+        decode_state(data + b"\0", cfg)
+    with pytest.raises(CheckpointError, match="magic"):
+        decode_state(b"X" + data[1:], cfg)
+    i = data.index(b"f32")
+    with pytest.raises(CheckpointError, match="dtype tag"):
+        decode_state(data[:i] + b"q32" + data[i + 3 :], cfg)
+
+
+def test_wrongModel_isCheckpointError() -> None:
+    _, state = trained("mlp-digits", steps=1)
+    data = encode_state(state)
+    with pytest.raises(CheckpointError, match="shape"):
+        decode_state(data, small_cfg("mlp-digits", model={"hidden": 12}))
+    with pytest.raises(CheckpointError, match="do not fit"):
+        decode_state(data, small_cfg("cnn-digits"))
+
+
+def test_parse_rejectsUnsortedNames() -> None:
+    _, state = trained("mlp-digits", steps=0)
+    data = encode_state(state)
+    step, tensors = parse_state(data)
+    assert step == 0 and list(tensors) == sorted(tensors)
+    swapped = data.replace(b"param/fc1.bias", b"param/zz1.bias")
+    with pytest.raises(CheckpointError, match="sorted"):
+        parse_state(swapped)

@@ -1,0 +1,268 @@
+"""The trainer agent: train the task, publish the transcript, commit, answer every bisection.
+
+Each :meth:`TrainerAgent.step` reads the task and its games from the chain and does what is due
+now. Training is resumable (``game.training.session.train``), the published transcript id is kept
+in ``workdir/task-<id>/trainer.json``, and everything else (committed or not, which leaf a game wants next,
+whose clock ran out) is read back from the chain, so a trainer killed at any point and recreated
+with the same arguments sends no transaction twice and ends the game the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from game.agents import (
+    ActionSink,
+    AgentAction,
+    AgentError,
+    ProgressSink,
+    StateFile,
+    action_from_receipt,
+    games_of_task,
+)
+from game.chain.client import VerificationGameClient
+from game.chain.types import Phase, Task, TaskStatus
+from game.errors import VerificationGameError
+from game.merkle import MerkleTree
+from game.store import BlobStore, StoreError, publish_directory
+from game.training.config import TaskConfig
+from game.training.session import Deviation, train
+from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest
+
+log = logging.getLogger(__name__)
+
+ACTOR = "trainer"
+STATE_NAME = "trainer.json"
+TRANSCRIPT_DIR = "transcript"
+
+
+class TrainerAgent:
+    """One task's trainer; see the module docstring for what :meth:`step` does."""
+
+    def __init__(
+        self,
+        client: VerificationGameClient,
+        task_id: int,
+        cfg: TaskConfig,
+        *,
+        profile: str,
+        workdir: Path,
+        store: BlobStore,
+        data_key: bytes,
+        deviation: Deviation | None = None,
+        on_action: ActionSink | None = None,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        self.client = client
+        self.task_id = task_id
+        self.cfg = cfg
+        self.profile = profile
+        self.workdir = Path(workdir)
+        self.store = store
+        self.data_key = data_key
+        self.deviation = deviation
+        self.on_action = on_action
+        self.progress = progress
+        self.taskdir = self.workdir / f"task-{task_id}"  # one workdir may serve several tasks
+        self.taskdir.mkdir(parents=True, exist_ok=True)
+        self.state = StateFile(self.taskdir / STATE_NAME)
+        self._tree: MerkleTree | None = None
+
+    @property
+    def transcript_dir(self) -> Path:
+        return self.taskdir / TRANSCRIPT_DIR
+
+    # ------------------------------------------------------------------------------- step
+    def step(self) -> list[AgentAction]:
+        """Do everything due now; returns what was done (empty when nothing was due)."""
+        out: list[AgentAction] = []
+        task = self.client.task(self.task_id)
+        if task.spec_hash != self.cfg.spec_hash():
+            raise AgentError(
+                f"task {self.task_id} has spec hash {task.spec_hash.hex()[:16]}..., this trainer's config "
+                f"hashes to {self.cfg.spec_hash().hex()[:16]}...: it is another task"
+            )
+        if task.trainer.lower() != self.client.me.lower():
+            raise AgentError(f"task {self.task_id}'s trainer is {task.trainer}, not this account")
+        if task.status == TaskStatus.OPEN:
+            self._train(out)
+            self._publish(out)
+            self._commit(out)
+        elif task.status == TaskStatus.COMMITTED:
+            self._check_commitment(task)
+            self._play(task, out)
+            self._finalize(out)
+        self._withdraw(out)
+        return out
+
+    @property
+    def done(self) -> bool:
+        """The task is settled (finalized or cancelled) and nothing is left to withdraw."""
+        status = self.client.task(self.task_id).status
+        return status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED) and self.client.credit() == 0
+
+    # ------------------------------------------------------------------------ before commit
+    def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
+        out.append(action)
+        log.info("trainer task %d: %s %s", self.task_id, action.what, action.detail)
+        if self.on_action is not None:
+            self.on_action(action)
+
+    def _complete(self) -> bool:
+        if not (self.transcript_dir / MANIFEST_NAME).is_file():
+            return False
+        return read_manifest(self.transcript_dir).complete
+
+    def _train(self, out: list[AgentAction]) -> None:
+        if self._complete():
+            return
+        progress = self.progress
+
+        def tick(done: int, total: int) -> None:
+            if progress is not None:
+                progress("train", done, total)
+
+        result = train(self.cfg, self.profile, self.transcript_dir, progress=tick, deviation=self.deviation)
+        resumed = "" if result.resumed_from is None else f", resumed after step {result.resumed_from}"
+        self._emit(
+            out,
+            AgentAction(
+                ACTOR,
+                "train",
+                self.task_id,
+                detail=f"{result.steps} steps on {self.profile}{resumed}",
+            ),
+        )
+
+    def _published_id(self) -> bytes | None:
+        hexid = self.state.get("transcript_id")
+        if not hexid:
+            return None
+        bid = bytes.fromhex(hexid)
+        try:
+            self.store.get(bid)
+        except StoreError:
+            return None
+        return bid
+
+    def _publish(self, out: list[AgentAction]) -> None:
+        if self._published_id() is not None:
+            return
+        bid = publish_directory(self.store, self.data_key, self.transcript_dir)
+        self.state.update(transcript_id=bid.hex())
+        self._emit(out, AgentAction(ACTOR, "publish", self.task_id, detail=f"transcript {bid.hex()[:16]}..."))
+
+    def tree(self) -> MerkleTree:
+        """The Merkle tree of this trainer's leaves (what it commits and proves against)."""
+        if self._tree is None:
+            self._tree = MerkleTree(Transcript(self.transcript_dir).leaves())
+        return self._tree
+
+    def _commit(self, out: list[AgentAction]) -> None:
+        bid = self._published_id()
+        assert bid is not None
+        t = Transcript(self.transcript_dir)
+        assert t.manifest.log_root is not None
+        tree = self.tree()
+        rec = self.client.commit_tree(self.task_id, tree, bytes.fromhex(t.manifest.log_root), bid)
+        self.state.update(commit_block=rec.block_number)
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "commit",
+                self.task_id,
+                rec,
+                detail=f"{tree.size} leaves, root {tree.root.hex()[:16]}...",
+            ),
+        )
+
+    def _check_commitment(self, task: Task) -> None:
+        if not self._complete():
+            raise AgentError(
+                f"task {self.task_id} is committed but {self.transcript_dir} holds no complete transcript: "
+                "this trainer cannot prove its leaves (was the workdir lost?)"
+            )
+        if self.tree().root != task.state_root or self.tree().size != task.num_leaves:
+            raise AgentError(
+                f"the state root committed for task {self.task_id} is not the root of {self.transcript_dir}"
+            )
+
+    # ------------------------------------------------------------------------- the games
+    def game_ids(self) -> list[int]:
+        """Every game of this task (scanned from events; the scan position is kept on disk)."""
+        known: list[int] = list(self.state.get("games", []))
+        start = int(self.state.get("scan_from", self.state.get("commit_block", 0)))
+        new, nxt = games_of_task(self.client, self.task_id, start)
+        merged = known + [g for g in new if g not in known]
+        if merged != known or nxt != start:
+            self.state.update(games=merged, scan_from=nxt)
+        return merged
+
+    def _play(self, task: Task, out: list[AgentAction]) -> None:
+        for gid in self.game_ids():
+            g = self.client.game(gid)
+            if g.phase == Phase.ENDED:
+                continue
+            now = self.client.chain.now()
+            deadline = self.client.deadline(gid)
+            if g.phase == Phase.AWAITING_REVEAL:
+                if now + 1 > deadline:
+                    continue  # our clock ran out: nothing we can do; the auditor will time us out
+                mid = g.mid
+                try:
+                    rec = self.client.reveal_from(gid, self.tree())
+                except VerificationGameError as exc:
+                    log.warning("reveal in game %d refused: %s", gid, exc)
+                    continue
+                self._emit(
+                    out,
+                    action_from_receipt(
+                        ACTOR,
+                        "reveal",
+                        self.task_id,
+                        rec,
+                        game_id=gid,
+                        leaf_index=mid,
+                        detail=f"[{g.lo}, {g.hi}]",
+                    ),
+                )
+            elif g.phase in (Phase.AWAITING_RESPONSE, Phase.PINNED) and now >= deadline:
+                self._timeout(gid, g.phase, out)
+
+    def _timeout(self, gid: int, phase: Phase, out: list[AgentAction]) -> None:
+        try:
+            rec = self.client.timeout(gid)
+        except VerificationGameError as exc:  # ClockRunning (next block too early) or GameOver
+            log.info("timeout of game %d not possible yet: %s", gid, exc)
+            return
+        who = "auditor" if phase == Phase.AWAITING_RESPONSE else "judge"
+        self._emit(
+            out, action_from_receipt(ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=f"{who} silent")
+        )
+
+    # ---------------------------------------------------------------------------- money
+    def _finalize(self, out: list[AgentAction]) -> None:
+        t = self.client.task(self.task_id)
+        if t.status != TaskStatus.COMMITTED or t.live_games or self.client.chain.now() + 1 < t.window_ends:
+            return
+        try:
+            rec = self.client.finalize(self.task_id)
+        except VerificationGameError as exc:
+            log.info("finalize of task %d not possible yet: %s", self.task_id, exc)
+            return
+        paid = any(getattr(e, "trainer_paid", False) for e in rec.events_named("TaskFinalized"))
+        self._emit(
+            out, action_from_receipt(ACTOR, "finalize", self.task_id, rec, detail=f"trainer paid: {paid}")
+        )
+
+    def _withdraw(self, out: list[AgentAction]) -> None:
+        credit = self.client.credit()
+        if credit == 0:
+            return
+        rec = self.client.withdraw()
+        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=f"{credit} wei"))
+
+
+__all__ = ["TrainerAgent"]
