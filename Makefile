@@ -10,7 +10,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	@bash scripts/demo.sh $(DEMO_ARGS)
+	$(VENV)/vgame demo $(DEMO_ARGS)
 
 test: setup contracts-check lint typecheck pytest
 

@@ -237,6 +237,7 @@ def train(
             result = dev.engine(step, engine).run_step(
                 state, step, mode="record", batch_override=dev.batch(step)
             )
+            assert result.log is not None  # record mode always returns the step's log
             step_log, loss = result.log, result.loss
         dev.after_step(step, state)
         h = state_hash(state)
@@ -341,8 +342,8 @@ def audit(
         else:
             result = engine.run_step(state, step, mode="round")
         corrections += result.corrections
-        leaves.append(result.state_hash)
-        if first_div is None and result.state_hash != t.leaf(step):
+        leaves.append(result.leaf)
+        if first_div is None and result.leaf != t.leaf(step):
             first_div = step
             log.info("audit: first divergent step %d", step)
         if progress is not None:
@@ -385,9 +386,7 @@ def replay_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayRe
     engine = _engine(t.config, profile)
     state = _load_state_at(t, engine, step - 1)
     result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
-    return ReplayResult(
-        step=step, state_hash=result.state_hash, matches_transcript=result.state_hash == t.leaf(step)
-    )
+    return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))
 
 
 def run_step_from_bytes(cfg: TaskConfig, pre_state: bytes, chunk: bytes, step: int, profile: str) -> bytes:
@@ -399,7 +398,7 @@ def run_step_from_bytes(cfg: TaskConfig, pre_state: bytes, chunk: bytes, step: i
     engine = _engine(cfg, profile)
     state = decode_state(pre_state, cfg)
     step_log = decode_chunk(chunk, cfg.spec_hash(), step)
-    return engine.run_step(state, step, mode="replay", log=step_log).state_hash
+    return engine.run_step(state, step, mode="replay", log=step_log).leaf
 
 
 # ----------------------------------------------------------------------------------------------

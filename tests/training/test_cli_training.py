@@ -1,0 +1,86 @@
+"""The training commands as a script sees them: --json shapes, exit codes and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL = ["--preset", "mlp-digits", "--steps", "4", "--seed", "5"]
+
+
+def vgame(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "t"
+    r = vgame("train", *SMALL, "--profile", "cpu-1t", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["num_leaves"] == 5 and len(doc["state_root"]) == 64
+    return out
+
+
+def test_profiles_json_lists_real_emulated_and_noisy_profiles() -> None:
+    r = vgame("profiles", "--json")
+    assert r.returncode == 0
+    names = {p["name"] for p in json.loads(r.stdout)["profiles"]}
+    assert {"cpu-1t", "cpu-2t", "splitk-16", "splitk-64", "noisy"} <= names
+
+
+def test_audit_json_shape_and_exit_codes(trained: Path) -> None:
+    r = vgame("audit", "--transcript", str(trained), "--profile", "noisy", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) >= {"match", "trainer_state_root", "auditor_state_root", "first_divergent_step",
+                        "steps", "corrections", "profile"}  # fmt: skip
+    assert doc["match"] is True and doc["first_divergent_step"] is None and doc["profile"] == "noisy"
+    r = vgame("audit", "--transcript", str(trained), "--profile", "noisy", "--no-log", "--json")
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["match"] is False
+
+
+def test_replay_step_json(trained: Path) -> None:
+    r = vgame("replay-step", "--transcript", str(trained), "--step", "4", "--profile", "splitk-16", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {
+        "step": 4,
+        "state_hash": json.loads(r.stdout)["state_hash"],
+        "matches_transcript": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "--preset", "no-such", "--steps", "2", "--out", "x"], "no-such"),
+        (["train", *SMALL, "--profile", "tpu-9", "--out", "x"], "tpu-9"),
+        (["audit", "--transcript", "/nonexistent/t", "--profile", "cpu-1t"], "nonexistent"),
+        (["train", *SMALL, "--bits", "40", "--out", "x"], "bits"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_divergence_writes_png_and_three_series(tmp_path: Path) -> None:
+    out = tmp_path / "div"
+    r = vgame("divergence", "--preset", "mlp-digits", "--steps", "4", "--trainer-profile", "cpu-1t",
+              "--auditor-profile", "noisy", "--out", str(out), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (out / "divergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((out / "divergence.json").read_text())
+    series = doc["series"]
+    # one point per leaf (init + 4 steps); with the log the two parties never differ
+    assert len(series) == 3 and all(len(v) == 5 for v in series.values())
+    assert all(d == 0.0 for d in series["fp64+rounding, with log"])
+    assert max(series["fp32"]) > 0.0

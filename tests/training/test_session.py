@@ -1,0 +1,145 @@
+"""Trainer and auditor loops, replay of one step, crash-resume: the properties of issue #2.
+
+Each test trains a tiny task once (module-scoped) and checks a property of what it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from game.errors import TranscriptError
+from game.merkle import merkle_root
+from game.training.config import TaskConfig
+from game.training.session import audit, replay_step, train
+from game.training.transcript import CHECKPOINT_DIR_NAME, LEAVES_NAME, LOG_DIR_NAME, Transcript
+
+STEPS = 6
+
+
+def tiny(preset: str, **kw: object) -> TaskConfig:
+    sizes: dict[str, object] = {
+        "mlp-digits": {"hidden": 16},
+        "cnn-digits": {"channels": 4, "hidden": 16},
+        "gpt-shakespeare": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8},
+    }
+    return TaskConfig.for_preset(
+        preset, steps=STEPS, batch_size=4, checkpoint_interval=2, model=sizes[preset], **kw
+    )
+
+
+@pytest.fixture(scope="module", params=["mlp-digits", "cnn-digits", "gpt-shakespeare"])
+def transcript(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp(request.param) / "t"
+    cfg = tiny(request.param, dropout=0.1) if request.param != "mlp-digits" else tiny(request.param)
+    train(cfg, "cpu-1t", out)
+    return out
+
+
+def test_transcript_roots_are_the_merkle_roots_of_what_is_on_disk(transcript: Path) -> None:
+    t = Transcript(transcript)
+    t.verify()
+    assert len(t.leaves()) == STEPS + 1
+    assert merkle_root(t.leaves()).hex() == t.manifest.state_root
+    assert merkle_root(t.chunk_hashes()).hex() == t.manifest.log_root
+    assert t.checkpoint_steps() == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("profile", ["cpu-2t", "splitk-16", "noisy"])
+def test_audit_on_another_profile_matches_every_leaf(transcript: Path, profile: str) -> None:
+    result = audit(transcript, profile)
+    t = Transcript(transcript)
+    assert result.match and result.first_divergent_step is None
+    assert list(result.leaves) == t.leaves()
+    assert result.auditor_state_root == result.trainer_state_root
+    if profile == "noisy":
+        assert result.corrections > 0
+
+
+def test_audit_without_log_on_noisy_diverges(transcript: Path) -> None:
+    result = audit(transcript, "noisy", use_log=False)
+    assert not result.match
+    assert result.first_divergent_step is not None and result.first_divergent_step >= 1
+
+
+@pytest.mark.parametrize("step", [1, 3, STEPS])
+def test_replay_step_rebuilds_the_leaf_from_the_previous_state(transcript: Path, step: int) -> None:
+    r = replay_step(transcript, step, "splitk-64")
+    assert r.matches_transcript and r.state_hash == Transcript(transcript).leaf(step)
+
+
+def test_replay_step_detects_an_altered_leaf(transcript: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "t"
+    shutil.copytree(transcript, copy)
+    leaves = bytearray((copy / LEAVES_NAME).read_bytes())
+    leaves[32 * 3] ^= 1
+    (copy / LEAVES_NAME).write_bytes(bytes(leaves))
+    assert not replay_step(copy, 3, "cpu-1t").matches_transcript
+    with pytest.raises(TranscriptError, match="leaf was altered"):
+        Transcript(copy).verify()
+    with pytest.raises(TranscriptError, match="out of range"):
+        replay_step(transcript, STEPS + 1, "cpu-1t")
+
+
+def test_tampered_or_missing_chunk_is_detected(transcript: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "t"
+    shutil.copytree(transcript, copy)
+    chunk = sorted((copy / LOG_DIR_NAME).glob("step-*.bin"))[2]
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 1
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="step 2"):
+        Transcript(copy).verify()
+    chunk.unlink()
+    with pytest.raises(Exception, match="step 2"):
+        Transcript(copy).verify()
+
+
+def test_train_refuses_a_directory_of_another_task(transcript: Path) -> None:
+    cfg = TaskConfig.from_dict(Transcript(transcript).config.to_dict()).replace(seed=12345)
+    with pytest.raises(TranscriptError, match="another task"):
+        train(cfg, "cpu-1t", transcript)
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    keep = (LEAVES_NAME, LOG_DIR_NAME, CHECKPOINT_DIR_NAME, "chunk_hashes.bin")
+    return {
+        p.relative_to(d).as_posix(): p.read_bytes()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.relative_to(d).parts[0] in keep
+    }
+
+
+def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path: Path) -> None:
+    steps = 14
+    args = ["--preset", "gpt-shakespeare", "--steps", str(steps), "--profile", "cpu-1t", "--seed", "3"]
+    ref = tmp_path / "ref"
+    subprocess.run([sys.executable, "-m", "game.cli", "train", *args, "--out", str(ref), "--json"],
+                   check=True, capture_output=True)  # fmt: skip
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "game.cli", "train", *args, "--out", str(out), "--json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    leaves = out / LEAVES_NAME
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if leaves.exists() and leaves.stat().st_size >= 32 * 5:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the trainer finished before it could be killed; use more steps"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = leaves.stat().st_size // 32
+    assert 0 < done < steps + 1
+    subprocess.run([sys.executable, "-m", "game.cli", "train", *args, "--out", str(out), "--json"],
+                   check=True, capture_output=True)  # fmt: skip
+    assert _files(out) == _files(ref)
+    assert Transcript(out).manifest.state_root == Transcript(ref).manifest.state_root
