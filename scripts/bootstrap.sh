@@ -14,14 +14,16 @@ stamp=.venv/.vgame-installed
 want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "==> installing torch==2.13.0 (CPU wheel) and pinned requirements"
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/python -m pip install -q torch==2.13.0
-    .venv/bin/python -m pip install -q -r requirements.lock
-    .venv/bin/python -m pip install -q --no-deps -e .
+    pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+    "${pip[@]}" torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
+    "${pip[@]}" -r requirements.lock 2> >(grep -v "^WARNING: Location" >&2)
+    "${pip[@]}" --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
     echo "$want" > "$stamp"
 fi
 
 if [ ! -d contracts/node_modules/solc ] || [ contracts/package-lock.json -nt contracts/node_modules/.package-lock.json ]; then
-    echo "==> installing contract toolchain (npm ci in contracts/: solc, anvil)"
-    (cd contracts && npm ci --no-audit --no-fund --loglevel=error)
+    # `npm install` (not `npm ci`): the lock pins every version and hash, but npm records only this
+    # platform's optional anvil binary in it, and `npm ci` then refuses the lock on any platform.
+    echo "==> installing contract toolchain in contracts/ (solc, anvil) from package-lock.json"
+    (cd contracts && npm install --no-audit --no-fund --loglevel=error)
 fi
