@@ -24,7 +24,7 @@ from game.agents import (
     ProgressSink,
     StateFile,
     action_from_receipt,
-    atomic_write_bytes,
+    atomic_write,
     config_path,
     games_of_task,
     write_pre_state,
@@ -292,7 +292,7 @@ class AuditorAgent:
         t = Transcript(self.transcript_dir)
         if g.dispute_init:
             path = config_path(self.evidence_dir, t.spec_hash)
-            atomic_write_bytes(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
+            atomic_write(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
             detail = "task config for step 0"
         else:
             data = self._own_state_bytes(t, g.lo)

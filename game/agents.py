@@ -11,11 +11,9 @@ stopped.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
+from game.fsio import atomic_write
 
 if TYPE_CHECKING:
     from game.chain.backends import Chain
@@ -99,23 +98,6 @@ class Agent(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write so that a crash leaves the old file or the new one, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class StateFile:
     """A small JSON document in an agent's workdir, rewritten atomically on every change."""
 
@@ -138,7 +120,7 @@ class StateFile:
 
     def update(self, **changes: Any) -> None:
         self.data.update(changes)
-        atomic_write_bytes(self.path, (json.dumps(self.data, indent=1, sort_keys=True) + "\n").encode())
+        atomic_write(self.path, (json.dumps(self.data, indent=1, sort_keys=True) + "\n").encode())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,7 +142,7 @@ def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
     """Leave state bytes for the judge under their own hash; returns the path."""
     path = pre_state_path(evidence_dir, hashlib.sha256(data).digest())
     if not path.is_file():
-        atomic_write_bytes(path, data)
+        atomic_write(path, data)
     return path
 
 
@@ -278,7 +260,7 @@ __all__ = [
     "ProgressSink",
     "StateFile",
     "action_from_receipt",
-    "atomic_write_bytes",
+    "atomic_write",
     "config_path",
     "drive",
     "games_of_task",

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import secrets
 import tarfile
-import tempfile
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from game.errors import VGameError
+from game.fsio import atomic_write
 
 MAGIC = b"vgame-blob-v1\0"
 NONCE_SIZE = 12
@@ -91,17 +90,7 @@ class BlobStore:
         dest = self.path(bid)
         if dest.exists():
             return bid
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(dest, blob)
         return bid
 
     def get(self, bid: bytes) -> bytes:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import re
 import struct
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from game.errors import RoundingLogError
+from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.merkle import merkle_root
 
 log = logging.getLogger(__name__)
@@ -342,17 +342,6 @@ def chunk_hash(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LogWriter:
     """Writes one chunk file per step into ``directory``, atomically; keeps nothing between steps."""
 
@@ -363,14 +352,7 @@ class LogWriter:
     def write_chunk(self, step: int, step_log: StepLog, spec_hash: bytes) -> bytes:
         """Encode, write (tmp file, fsync, rename) and return the chunk hash."""
         data = step_log.encode(step, spec_hash)
-        path = self.directory / chunk_file_name(step)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        atomic_write(self.directory / chunk_file_name(step), data)
         log.debug("step %d: wrote %d-byte log chunk (%d trits)", step, len(data), step_log.total_values)
         return chunk_hash(data)
 
@@ -382,10 +364,10 @@ class LogWriter:
             if m and int(m.group(1)) > step:
                 path.unlink()
                 removed.append(int(m.group(1)))
-            elif path.name.endswith(".bin.tmp"):
+            elif is_temp_name(path.name):
                 path.unlink()
         if removed:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return sorted(removed)
 
 

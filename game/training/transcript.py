@@ -18,11 +18,9 @@ This module imports no torch: the judge, the agents and ``vgame audit`` read tra
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import platform
 import re
 from collections.abc import Iterator
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from game.errors import RoundingLogError, TranscriptError
+from game.fsio import append_fsync, atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.config import TaskConfig
 from game.training.roundlog import LogReader, LogWriter, StepLog
@@ -50,41 +49,6 @@ _CHECKPOINT_RE = re.compile(r"^state-(\d{9})\.bin$")
 # --------------------------------------------------------------------------------------------
 # Small crash-safe file helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in ``path`` durable (no-op where directories cannot be opened)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _append_fsync(path: Path, data: bytes) -> None:
-    with open(path, "ab") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _truncate_fsync(path: Path, size: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.truncate(size)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _read_hashes(path: Path, what: str) -> list[bytes]:
@@ -287,15 +251,15 @@ class TranscriptWriter:
                 f"{hashes_path} has fewer chunk hashes than {leaves_path} has leaves: the transcript is damaged"
             )
         # Everything past the last complete leaf belongs to a step that was cut off.
-        _truncate_fsync(leaves_path, n * HASH_SIZE)
-        _truncate_fsync(hashes_path, n * HASH_SIZE)
+        truncate_fsync(leaves_path, n * HASH_SIZE)
+        truncate_fsync(hashes_path, n * HASH_SIZE)
         LogWriter(directory / LOG_DIR_NAME).truncate_after(n - 1)
         ckpt_dir = directory / CHECKPOINT_DIR_NAME
         for p in sorted(ckpt_dir.iterdir()):
             m = _CHECKPOINT_RE.match(p.name)
             if p.name.endswith(".tmp") or (m and int(m.group(1)) >= n):
                 p.unlink()
-        _fsync_dir(ckpt_dir)
+        fsync_dir(ckpt_dir)
         leaves = _read_hashes(leaves_path, "leaves")
         manifest = replace(manifest, complete=False, state_root=None, log_root=None)
         atomic_write(directory / MANIFEST_NAME, manifest.to_json())
@@ -331,7 +295,7 @@ class TranscriptWriter:
         if len(state_hash) != HASH_SIZE:
             raise TranscriptError(f"a state hash is {HASH_SIZE} bytes, got {len(state_hash)}")
         chunk_hash = self._log_writer.write_chunk(step, step_log, self.spec_hash)
-        _append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
+        append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
         if self.wants_checkpoint(step):
             if checkpoint is None:
                 raise TranscriptError(f"step {step} is a checkpoint step but no state bytes were given")
@@ -339,7 +303,7 @@ class TranscriptWriter:
                 raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
             atomic_write(self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step), checkpoint)
         # The leaf goes last: it is what marks the step complete.
-        _append_fsync(self.directory / LEAVES_NAME, state_hash)
+        append_fsync(self.directory / LEAVES_NAME, state_hash)
         self._leaves.append(bytes(state_hash))
         return chunk_hash
 

@@ -350,10 +350,10 @@ def test_writer_truncateAfter_removesLaterChunks(tmp_path: Path) -> None:
     writer = LogWriter(tmp_path)
     for step in range(5):
         writer.write_chunk(step, StepLog.empty(), SPEC)
-    (tmp_path / "step-000000005.bin.tmp").write_bytes(b"partial")
+    (tmp_path / ".step-000000005.bin.tmp").write_bytes(b"partial")
     assert writer.truncate_after(2) == [3, 4]
     assert LogReader(tmp_path, SPEC).steps() == [0, 1, 2]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob(".*.tmp"))
     writer.write_chunk(2, _sample_log(), SPEC)  # overwrite is atomic and allowed (resume)
     assert LogReader(tmp_path, SPEC).read(2).total_values == 46
 
