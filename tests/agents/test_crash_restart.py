@@ -281,5 +281,6 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     assert t.status == TaskStatus.FINALIZED
     assert withdrawn(c, trainer.address) == t.payment + t.trainer_bond
     assert c.get_events("Challenged", 0) == []
-    commits = [ln for ln in (tmp_path / "trainer.log").read_text().splitlines() if '"what": "commit"' in ln]
-    assert len(commits) == 1
+    # Exactly one commitment on-chain, whichever process sent it: the kill may land after the
+    # commit transaction is mined but before the first process could log it.
+    assert len(c.get_events("Committed", 0)) == 1
