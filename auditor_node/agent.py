@@ -26,6 +26,7 @@ from game.agents import (
     action_from_receipt,
     atomic_write,
     config_path,
+    format_wei,
     games_of_task,
     write_pre_state,
 )
@@ -330,7 +331,7 @@ class AuditorAgent:
         if credit == 0:
             return
         rec = self.client.withdraw()
-        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=f"{credit} wei"))
+        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(credit)))
 
 
 __all__ = ["STRATEGIES", "AuditorAgent"]

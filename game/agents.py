@@ -98,6 +98,11 @@ class Agent(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
+def format_wei(wei: int) -> str:
+    """An amount for people: ether with the wei in brackets, so nothing is rounded away."""
+    return f"{wei / 10**18:g} ETH ({wei} wei)"
+
+
 class StateFile:
     """A small JSON document in an agent's workdir, rewritten atomically on every change."""
 
@@ -263,6 +268,7 @@ __all__ = [
     "atomic_write",
     "config_path",
     "drive",
+    "format_wei",
     "games_of_task",
     "next_due_time",
     "pre_state_path",

@@ -19,6 +19,7 @@ from game.agents import (
     ProgressSink,
     StateFile,
     action_from_receipt,
+    format_wei,
     games_of_task,
 )
 from game.chain.client import VerificationGameClient
@@ -262,7 +263,7 @@ class TrainerAgent:
         if credit == 0:
             return
         rec = self.client.withdraw()
-        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=f"{credit} wei"))
+        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(credit)))
 
 
 __all__ = ["TrainerAgent"]
