@@ -22,7 +22,7 @@ from game.agents import (
     AgentAction,
     AgentError,
     ProgressSink,
-    StateFile,
+    TaskAgent,
     action_from_receipt,
     atomic_write,
     config_path,
@@ -40,13 +40,15 @@ from game.training.transcript import Transcript
 log = logging.getLogger(__name__)
 
 ACTOR = "auditor"
-STATE_NAME = "auditor.json"
 TRANSCRIPT_DIR = "transcript"
 STRATEGIES = ("honest", "lying", "silent-after-challenge")
 
 
-class AuditorAgent:
+class AuditorAgent(TaskAgent):
     """One task's auditor; ``strategy`` picks honest play or a misbehaviour for demos and tests."""
+
+    ACTOR = ACTOR
+    STATE_NAME = "auditor.json"
 
     def __init__(
         self,
@@ -65,20 +67,13 @@ class AuditorAgent:
     ) -> None:
         if strategy not in STRATEGIES:
             raise AgentError(f"auditor strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-        self.client = client
-        self.task_id = task_id
-        self.profile = profile
-        self.workdir = Path(workdir)
-        self.store = store
-        self.data_key = data_key
+        super().__init__(
+            client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
+            on_action=on_action, progress=progress,
+        )  # fmt: skip
         self.strategy = strategy
         self.seed = seed
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
-        self.on_action = on_action
-        self.progress = progress
-        self.taskdir = self.workdir / f"task-{task_id}"  # one workdir may serve several tasks
-        self.taskdir.mkdir(parents=True, exist_ok=True)
-        self.state = StateFile(self.taskdir / STATE_NAME)
 
     @property
     def transcript_dir(self) -> Path:
@@ -127,12 +122,6 @@ class AuditorAgent:
             return True
         # no game: done unless it still means to challenge while the window is open
         return not self._wants_challenge(task) or self.client.chain.now() + 1 >= task.window_ends
-
-    def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
-        out.append(action)
-        log.info("auditor task %d: %s %s", self.task_id, action.what, action.detail)
-        if self.on_action is not None:
-            self.on_action(action)
 
     # ------------------------------------------------------------------------- replay
     def _fetch(self, task: Task) -> Transcript:

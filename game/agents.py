@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from game.chain.backends import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import TxReceipt
+    from game.store import BlobStore
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,47 @@ class StateFile:
     def update(self, **changes: Any) -> None:
         self.data.update(changes)
         atomic_write(self.path, (json.dumps(self.data, indent=1, sort_keys=True) + "\n").encode())
+
+
+class TaskAgent:
+    """What the trainer and the auditor share: one task, one chain account, files in a workdir.
+
+    Subclasses set ``ACTOR`` (the role shown in actions) and ``STATE_NAME`` (their state file).
+    """
+
+    ACTOR = "agent"
+    STATE_NAME = "agent.json"
+
+    def __init__(
+        self,
+        client: VerificationGameClient,
+        task_id: int,
+        *,
+        profile: str,
+        workdir: Path,
+        store: BlobStore,
+        data_key: bytes,
+        on_action: ActionSink | None = None,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        self.client = client
+        self.task_id = task_id
+        self.profile = profile
+        self.workdir = Path(workdir)
+        self.store = store
+        self.data_key = data_key
+        self.on_action = on_action
+        self.progress = progress
+        self.taskdir = self.workdir / f"task-{task_id}"  # one workdir may serve several tasks
+        self.taskdir.mkdir(parents=True, exist_ok=True)
+        self.state = StateFile(self.taskdir / self.STATE_NAME)
+
+    def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
+        """Record an action: in the step's result, the log, and the caller's sink (the live table)."""
+        out.append(action)
+        log.info("%s task %d: %s %s", self.ACTOR, self.task_id, action.what, action.detail)
+        if self.on_action is not None:
+            self.on_action(action)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,6 +306,7 @@ __all__ = [
     "AgentError",
     "ProgressSink",
     "StateFile",
+    "TaskAgent",
     "action_from_receipt",
     "atomic_write",
     "config_path",

@@ -17,7 +17,7 @@ from game.agents import (
     AgentAction,
     AgentError,
     ProgressSink,
-    StateFile,
+    TaskAgent,
     action_from_receipt,
     format_wei,
     games_of_task,
@@ -34,12 +34,14 @@ from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest
 log = logging.getLogger(__name__)
 
 ACTOR = "trainer"
-STATE_NAME = "trainer.json"
 TRANSCRIPT_DIR = "transcript"
 
 
-class TrainerAgent:
+class TrainerAgent(TaskAgent):
     """One task's trainer; see the module docstring for what :meth:`step` does."""
+
+    ACTOR = ACTOR
+    STATE_NAME = "trainer.json"
 
     def __init__(
         self,
@@ -55,19 +57,12 @@ class TrainerAgent:
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
     ) -> None:
-        self.client = client
-        self.task_id = task_id
+        super().__init__(
+            client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
+            on_action=on_action, progress=progress,
+        )  # fmt: skip
         self.cfg = cfg
-        self.profile = profile
-        self.workdir = Path(workdir)
-        self.store = store
-        self.data_key = data_key
         self.deviation = deviation
-        self.on_action = on_action
-        self.progress = progress
-        self.taskdir = self.workdir / f"task-{task_id}"  # one workdir may serve several tasks
-        self.taskdir.mkdir(parents=True, exist_ok=True)
-        self.state = StateFile(self.taskdir / STATE_NAME)
         self._tree: MerkleTree | None = None
 
     @property
@@ -104,12 +99,6 @@ class TrainerAgent:
         return status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED) and self.client.credit() == 0
 
     # ------------------------------------------------------------------------ before commit
-    def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
-        out.append(action)
-        log.info("trainer task %d: %s %s", self.task_id, action.what, action.detail)
-        if self.on_action is not None:
-            self.on_action(action)
-
     def _complete(self) -> bool:
         if not (self.transcript_dir / MANIFEST_NAME).is_file():
             return False

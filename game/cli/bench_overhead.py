@@ -1,0 +1,78 @@
+"""``vgame bench overhead``: per-step time of plain fp32/fp64 training, the trainer and the auditor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from game.cli.app import bench_app, console, emit_json, fail
+from game.errors import VGameError
+
+if TYPE_CHECKING:  # torch loads only when the command runs
+    from game.training.overhead import OverheadReport
+
+
+@bench_app.command("overhead")
+def overhead(
+    preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per repeat.")] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Fresh runs of all four variants.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+) -> None:
+    """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
+    from game.training.config import TaskConfig
+    from game.training.overhead import measure_overhead
+
+    try:
+        cfg = TaskConfig.for_preset(preset)
+        if json_out:
+            report = measure_overhead(cfg, steps=steps, repeats=repeats, warmup=warmup)
+        else:
+            with console.status("measuring overhead") as status:
+                report = measure_overhead(
+                    cfg, steps=steps, repeats=repeats, warmup=warmup, progress=lambda m: status.update(m)
+                )
+    except VGameError as exc:
+        raise fail(exc) from None
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        _print(report)
+
+
+def _print(report: OverheadReport) -> None:
+    from rich.table import Table
+
+    n = len(report.samples["trainer"])
+    times = Table(
+        title=f"{report.preset} on {report.profile}: median seconds per step ({n} timed steps, "
+        f"{report.repeats} repeats, interleaved)",
+        title_justify="left",
+    )
+    times.add_column("variant")
+    times.add_column("median s/step", justify="right")
+    labels = {
+        "fp32": "plain float32",
+        "fp64": "plain float64",
+        "trainer": "trainer (round + log + encode + hash + disk)",
+        "auditor": "auditor (read + decode + replay + hash)",
+    }
+    for v, label in labels.items():
+        times.add_row(label, f"{report.medians[v]:.4f}")
+    console.print(times)
+
+    ratios = Table(title="Ratios of the medians", title_justify="left")
+    for col in ("ratio", "measured", "paper", "target", "status"):
+        ratios.add_column(col, justify="left" if col == "ratio" else "right")
+    targets = report.targets
+    for name, r in report.ratios.items():
+        t = targets.get(name)
+        if t is None:
+            ratios.add_row(name, f"{r:.2f}x", "", "", "")
+            continue
+        lo, hi = t["paper"]
+        status = "[green]reached[/]" if t["reached"] else "[red]not reached[/]"
+        ratios.add_row(name, f"{r:.2f}x", f"{lo:.2f}-{hi:.2f}x", f"<= {t['target']:.2f}x", status)
+    console.print(ratios)
