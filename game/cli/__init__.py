@@ -10,7 +10,16 @@ def _register() -> None:
     # Each module registers its commands on ``app`` when imported.
     import importlib
 
-    for name in ("training", "bench", "bench_replication", "bench_overhead", "bench_log", "demo", "task", "node"):
+    for name in (
+        "training",
+        "bench",
+        "bench_replication",
+        "bench_overhead",
+        "bench_log",
+        "demo",
+        "task",
+        "node",
+    ):
         try:
             importlib.import_module(f"game.cli.{name}")
         except ModuleNotFoundError as exc:  # a module not written yet must not break the others

@@ -18,7 +18,9 @@ def overhead(
     preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per repeat.")] = 5,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Fresh runs of all four variants.")] = 3,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")] = 1,
+    warmup: Annotated[
+        int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")
+    ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""

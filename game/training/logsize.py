@@ -146,4 +146,12 @@ def report_dict(preset: str, rows: Sequence[LogSizeRow], config: dict[str, Any])
     }
 
 
-__all__ = ["DEFAULT_BITS", "PAPER", "LogSizeRow", "check_bits", "measure_log_size", "measure_row", "report_dict"]
+__all__ = [
+    "DEFAULT_BITS",
+    "PAPER",
+    "LogSizeRow",
+    "check_bits",
+    "measure_log_size",
+    "measure_row",
+    "report_dict",
+]

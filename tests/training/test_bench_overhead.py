@@ -1,0 +1,122 @@
+"""``vgame bench overhead`` and ``vgame bench log``: JSON shapes, ratio arithmetic, log-size laws.
+
+No timing is asserted: only that the figures are consistent with one another.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from game.errors import ConfigError, TrainingError
+from game.training.config import TaskConfig
+from game.training.logsize import check_bits, measure_log_size
+from game.training.overhead import VARIANTS, measure_overhead
+from game.training.roundlog import TRITS_PER_BYTE, StepLog, packed_size
+
+
+def vgame(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True)
+
+
+def tiny(preset: str) -> TaskConfig:
+    sizes: dict[str, object] = {
+        "mlp-digits": {"hidden": 16},
+        "gpt-shakespeare": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8},
+    }
+    return TaskConfig.for_preset(preset, steps=3, batch_size=4, model=sizes[preset])
+
+
+def test_overhead_ratios_are_ratios_of_the_reported_medians() -> None:
+    report = measure_overhead(tiny("gpt-shakespeare"), steps=2, repeats=2, warmup=1)
+    doc = report.to_dict()
+    m, r = doc["median_seconds"], doc["ratios"]
+    assert set(m) == set(VARIANTS) and all(v > 0 for v in m.values())
+    assert doc["samples"] == {v: 4 for v in VARIANTS}  # 2 timed steps x 2 repeats, warm-up excluded
+    assert r["trainer_over_fp64"] == pytest.approx(m["trainer"] / m["fp64"])
+    assert r["auditor_over_fp64"] == pytest.approx(m["auditor"] / m["fp64"])
+    assert r["trainer_over_fp32"] == pytest.approx(m["trainer"] / m["fp32"])
+    for name, t in doc["targets"].items():
+        assert t["value"] == r[name] and t["reached"] == (t["value"] <= t["target"])
+    assert doc["targets"]["trainer_over_fp64"]["target"] == 1.15
+    assert doc["targets"]["auditor_over_fp64"]["target"] == 1.25
+    assert doc["paper"] == {"trainer_over_plain": [1.17, 1.38], "auditor_over_plain": [1.29, 1.69]}
+
+
+def test_overhead_rejects_zero_steps() -> None:
+    with pytest.raises(TrainingError, match="steps"):
+        measure_overhead(tiny("mlp-digits"), steps=0)
+
+
+def test_bench_overhead_json_has_the_documented_keys() -> None:
+    r = vgame("bench", "overhead", "--preset", "mlp-digits", "--steps", "2", "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) >= {"preset", "profile", "steps", "warmup", "repeats", "median_seconds", "samples",
+                        "ratios", "paper", "targets", "config"}  # fmt: skip
+    assert doc["profile"] == "cpu-1t" and doc["preset"] == "mlp-digits"
+    assert set(doc["ratios"]) >= {"trainer_over_fp64", "auditor_over_fp64", "trainer_over_fp32"}
+    m = doc["median_seconds"]
+    assert doc["ratios"]["trainer_over_fp64"] == pytest.approx(m["trainer"] / m["fp64"])
+
+
+@pytest.fixture(scope="module")
+def log_rows() -> list[dict[str, Any]]:
+    return [row.to_dict() for row in measure_log_size(tiny("gpt-shakespeare"), (32, 26), steps=2)]
+
+
+def test_log_size_rows_are_consistent(log_rows: list[dict[str, Any]]) -> None:
+    assert [r["bits"] for r in log_rows] == [32, 26]
+    for r in log_rows:
+        tot = r["totals"]
+        assert tot["values"] > 0 and tot["values"] == r["values_per_step"] * 2
+        # the chunk is its header plus exactly the packed trits, 5 per byte
+        assert tot["packed_bytes"] - tot["header_bytes"] >= tot["values"] / TRITS_PER_BYTE
+        assert r["bits_per_value_trits"] == pytest.approx(8 / 5, rel=2e-3)
+        assert r["bits_per_value_packed"] > r["bits_per_value_trits"]
+        assert tot["zlib_bytes"] <= tot["packed_bytes"] and tot["lzma_bytes"] <= tot["packed_bytes"]
+        assert r["bits_per_value_zlib"] <= r["bits_per_value_packed"]
+        assert 0.0 <= r["directed_fraction"] <= 1.0
+        assert tot["corrections"] >= 0
+
+
+def test_packed_chunk_of_many_values_costs_1_6_bits_per_value() -> None:
+    # A chunk's size is its header plus ceil(n / 5) bytes: for large n that is 8/5 bits per value.
+    step_log = StepLog(1)
+    n = 1_000_003
+    step_log.append(0, "aten.mm.default", torch.randint(0, 3, (n,), dtype=torch.uint8))
+    chunk = step_log.encode(1, b"\x11" * 32)
+    assert len(chunk) - packed_size(n) < 100
+    assert 1.6 <= 8 * len(chunk) / n <= 1.61
+
+
+def test_bits_outside_16_to_32_are_refused() -> None:
+    for bad in ([15], [33], []):
+        with pytest.raises(ConfigError):
+            check_bits(bad)
+    assert check_bits([32, 28, 26]) == [32, 28, 26]
+
+
+@pytest.mark.parametrize("bits", ["33", "15", "abc", "32,8"])
+def test_bench_log_bad_bits_exits_2_with_a_clear_message(bits: str) -> None:
+    r = vgame("bench", "log", "--preset", "mlp-digits", "--bits", bits)
+    assert r.returncode == 2
+    assert "bits" in r.stderr
+
+
+def test_bench_log_json_has_the_documented_keys() -> None:
+    r = vgame("bench", "log", "--preset", "mlp-digits", "--steps", "1", "--bits", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) >= {"preset", "trainer_profile", "auditor_profile", "rows", "paper", "config"}
+    assert doc["paper"]["packed_bits_per_value"] == 1.6
+    row = doc["rows"][0]
+    assert set(row) >= {"bits", "values_per_step", "packed_bytes_per_step", "zlib_bytes_per_step",
+                        "lzma_bytes_per_step", "bits_per_value_packed", "bits_per_value_zlib",
+                        "bits_per_value_lzma", "directed_fraction", "corrections_per_step"}  # fmt: skip
+    assert row["zlib_bytes_per_step"] <= row["packed_bytes_per_step"]
