@@ -11,10 +11,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a red CI must be reproducible, not a dice roll); locally
+# each run explores new ones. Set HYPOTHESIS_PROFILE=ci to reproduce CI's examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 ROLES = {"client": 0, "trainer": 1, "judge": 2, "auditor": 3, "auditor2": 4, "stranger": 5}
 
