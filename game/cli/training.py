@@ -217,7 +217,8 @@ def replay_step_cmd(
         emit_json(doc)
         return
     verdict = "[bold green]matches[/]" if result.matches_transcript else "[bold red]differs from[/]"
-    console.print(f"step {result.step}: state hash {doc['state_hash']} {verdict} the transcript's leaf")
+    console.print(f"step {result.step}: state hash {doc['state_hash']}", soft_wrap=True)
+    console.print(f"  {verdict} the transcript's leaf {result.step}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,6 +267,7 @@ def plot_divergence(result: DivergenceResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     positive = [v for values in result.series.values() for v in values if v > 0]
     floor = 10 ** math.floor(math.log10(min(positive))) / 10 if positive else 1e-12
@@ -277,7 +279,10 @@ def plot_divergence(result: DivergenceResult, path: Path) -> None:
         label = f"{name} (identical: 0 at every step)" if zero else name
         ax.plot(steps, [max(v, floor) for v in values], styles.get(name, "-"), label=label, markersize=3)
     ax.axhline(floor, color="grey", linewidth=0.6, linestyle=":")
-    ax.text(0, floor, " exact 0 drawn here", va="bottom", fontsize=7, color="grey")
+    ax.text(
+        steps[-1], floor, "exact 0 drawn on this line ", ha="right", va="bottom", fontsize=7, color="grey"
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("L2 distance of weights")

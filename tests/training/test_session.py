@@ -143,3 +143,15 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path: Path) -> None:
                    check=True, capture_output=True)  # fmt: skip
     assert _files(out) == _files(ref)
     assert Transcript(out).manifest.state_root == Transcript(ref).manifest.state_root
+
+
+def test_altered_checkpoint_is_refused_naming_it(transcript: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "t"
+    shutil.copytree(transcript, copy)
+    ckpt = copy / CHECKPOINT_DIR_NAME / "state-000000002.bin"
+    data = bytearray(ckpt.read_bytes())
+    data[-1] ^= 1
+    ckpt.write_bytes(bytes(data))
+    with pytest.raises(TranscriptError, match=r"state-000000002\.bin does not hash to leaf 2"):
+        replay_step(copy, 3, "cpu-1t")
+    assert replay_step(copy, 5, "cpu-1t").matches_transcript  # other checkpoints are still usable
