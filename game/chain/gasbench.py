@@ -4,7 +4,8 @@ Used by ``vgame bench gas``. For each tree size ``N = 2^k`` it deploys the game,
 a dispute (honest trainer, an auditor who claims the run diverged at a pinned step and bisects
 down to it, the judge's ruling), a cancelled task, a game lost on time, and the settlement
 (finalize, withdraw). Leaves are synthetic (hashes of their index): gas does not depend on what
-the leaves mean, only on the tree's depth.
+the leaves mean, only on the tree's depth. :func:`play_dispute` (challenge, bisection, ruling) is
+shared with :mod:`game.chain.gamebench`, which times whole disputes.
 """
 
 from __future__ import annotations
@@ -93,19 +94,112 @@ def synthetic_leaves(n: int) -> list[bytes]:
     return [hashlib.sha256(i.to_bytes(8, "big")).digest() for i in range(n)]
 
 
-def _stats(gas: Sequence[int]) -> MoveStats:
+def move_stats(gas: Sequence[int]) -> MoveStats:
+    """Count, max, median and min of one kind of move's gas (zeros for none)."""
     if not gas:
         return MoveStats(0, 0, 0.0, 0)
     return MoveStats(len(gas), max(gas), float(statistics.median(gas)), min(gas))
 
 
-def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None] | None = None) -> SizeReport:
-    """Deploy and play every function once, and a whole dispute, over ``2^log2_leaves`` leaves."""
-    say = progress or (lambda _msg: None)
+def pinned_step(leaves: int) -> int:
+    """The step the bench's auditor claims diverged: off-centre, so both answers occur in the bisection."""
+    return leaves // 3 + 1
+
+
+@dataclass(frozen=True)
+class Parties:
+    """Clients of the bench's roles on one deployed game (accounts 0-4)."""
+
+    client: VerificationGameClient
+    trainer: VerificationGameClient
+    judge: VerificationGameClient
+    auditor: VerificationGameClient
+    auditor2: VerificationGameClient
+
+
+def check_bench_chain(chain: Chain) -> None:
+    """Refuse before deploying anything: the bench needs time travel, snapshots and 6 funded accounts."""
     if not chain.supports_time_travel:
         raise ValueError("the gas bench needs a chain with time travel (embedded or anvil)")
     if len(chain.accounts) < 6:
         raise ValueError("the gas bench needs 6 funded accounts")
+
+
+def bench_parties(chain: Chain, address: str) -> Parties:
+    """The five roles on ``address`` (accounts 0-4)."""
+    check_bench_chain(chain)
+    return Parties(*(VerificationGameClient(chain, address, chain.account(i)) for i in range(5)))
+
+
+def create_bench_task(p: Parties) -> TxReceipt:
+    """A task with the bench's fixed bonds and windows; ``receipt.result`` is its id."""
+    rec = p.client.create_task(
+        hashlib.sha256(b"bench spec").digest(),
+        p.trainer.me,
+        p.judge.me,
+        payment=ETHER,
+        trainer_bond=ETHER // 10,
+        auditor_bond=ETHER // 10,
+        clock_allowance=CLOCK,
+        challenge_window=WINDOW,
+        judge_window=JUDGE_WINDOW,
+    )
+    assert rec.result is not None
+    return rec
+
+
+def commit_bench_tree(p: Parties, task_id: int, tree: MerkleTree) -> TxReceipt:
+    """The trainer commits ``tree`` (log root and transcript id are fixed dummies)."""
+    return p.trainer.commit_tree(
+        task_id, tree, hashlib.sha256(b"log").digest(), hashlib.sha256(b"t").digest()
+    )
+
+
+@dataclass(frozen=True)
+class DisputePlay:
+    """The transactions of one whole dispute, in the order they were sent."""
+
+    game_id: int
+    receipts: tuple[TxReceipt, ...]  # challenge, reveal/respond pairs, ruling
+
+    def of(self, function: str) -> list[TxReceipt]:
+        return [r for r in self.receipts if r.function == function]
+
+    @property
+    def bisection_txs(self) -> int:
+        return len(self.of("reveal")) + len(self.of("respond"))
+
+    @property
+    def gas(self) -> int:
+        return sum(r.gas_used for r in self.receipts)
+
+
+def play_dispute(p: Parties, task_id: int, tree: MerkleTree, pinned: int) -> DisputePlay:
+    """Challenge ``task_id``'s committed ``tree``, bisect down to ``pinned``, and have the judge rule.
+
+    The trainer is honest; the auditor claims the run diverged at ``pinned`` (it agrees with every
+    leaf before it), so the game pins that step and the judge, re-running it, sides with the trainer.
+    """
+    challenge = p.auditor.challenge(task_id)
+    gid = challenge.result
+    assert gid is not None
+    receipts = [challenge]
+    while True:
+        g = p.auditor.game(gid)
+        if g.phase is Phase.PINNED:
+            break
+        receipts.append(p.trainer.reveal(gid, tree.leaf(g.mid), tree.proof(g.mid)))
+        receipts.append(p.auditor.respond(gid, g.mid < pinned))
+    receipts.append(p.judge.rule(gid, tree.leaf(pinned)))  # the judge re-ran the step: trainer was right
+    if p.auditor.game(gid).outcome is not Outcome.TRAINER_WON:
+        raise RuntimeError("the honest trainer lost the bench dispute: the contract or the bench is wrong")
+    return DisputePlay(gid, tuple(receipts))
+
+
+def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None] | None = None) -> SizeReport:
+    """Deploy and play every function once, and a whole dispute, over ``2^log2_leaves`` leaves."""
+    say = progress or (lambda _msg: None)
+    check_bench_chain(chain)
     n = 2**log2_leaves
     t0 = time.perf_counter()
     say(f"building a tree of {n:,} leaves")
@@ -122,69 +216,35 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
         return rec
 
     deployment = deploy_contract(chain, chain.account(0))
-    address = deployment.address
     functions["deploy"] = deployment.gas_used
-    client_c, trainer_c, judge_c, auditor_c, auditor2_c = (
-        VerificationGameClient(chain, address, chain.account(i)) for i in range(5)
-    )
+    p = bench_parties(chain, deployment.address)
 
     def new_task() -> int:
-        rec = record(
-            client_c.create_task(
-                hashlib.sha256(b"bench spec").digest(),
-                trainer_c.me,
-                judge_c.me,
-                payment=ETHER,
-                trainer_bond=ETHER // 10,
-                auditor_bond=ETHER // 10,
-                clock_allowance=CLOCK,
-                challenge_window=WINDOW,
-                judge_window=JUDGE_WINDOW,
-            )
-        )
-        assert rec.result is not None
-        return rec.result
+        task_id = record(create_bench_task(p)).result
+        assert task_id is not None
+        return task_id
 
     # the dispute: honest trainer, an auditor claiming a divergence at `pinned`
     say("playing the dispute")
     task_a = new_task()
-    record(
-        trainer_c.commit_tree(task_a, tree, hashlib.sha256(b"log").digest(), hashlib.sha256(b"t").digest())
-    )
-    pinned = n // 3 + 1
-    challenge = record(auditor_c.challenge(task_a))
-    gid = challenge.result
-    assert gid is not None
-    reveals: list[int] = []
-    responds: list[int] = []
-    dispute = [challenge]
-    while True:
-        g = auditor_c.game(gid)
-        if g.phase is Phase.PINNED:
-            break
-        rec = record(trainer_c.reveal(gid, tree.leaf(g.mid), tree.proof(g.mid)))
-        reveals.append(rec.gas_used)
-        dispute.append(rec)
-        rec = record(auditor_c.respond(gid, g.mid < pinned))
-        responds.append(rec.gas_used)
-        dispute.append(rec)
-    ruling = record(judge_c.rule(gid, tree.leaf(pinned)))  # the judge re-ran the step: trainer was right
-    dispute.append(ruling)
-    if auditor_c.game(gid).outcome is not Outcome.TRAINER_WON:
-        raise RuntimeError("the honest trainer lost the bench dispute: the contract or the bench is wrong")
+    record(commit_bench_tree(p, task_a, tree))
+    pinned = pinned_step(n)
+    play = play_dispute(p, task_a, tree, pinned)
+    for rec in play.receipts:
+        record(rec)
 
     say("cancel, timeout, finalize, withdraw")
-    record(client_c.cancel(new_task()))
+    record(p.client.cancel(new_task()))
     task_c = new_task()
     small = MerkleTree(synthetic_leaves(3))
-    record(trainer_c.commit_tree(task_c, small, b"\x00" * 32, b"\x00" * 32))
-    gid_c = auditor2_c.challenge(task_c).result
+    record(p.trainer.commit_tree(task_c, small, b"\x00" * 32, b"\x00" * 32))
+    gid_c = p.auditor2.challenge(task_c).result
     assert gid_c is not None
     chain.time_travel(CLOCK + 1)
-    record(client_c.timeout(gid_c))
+    record(p.client.timeout(gid_c))
     chain.time_travel(WINDOW + 1)
-    record(client_c.finalize(task_a))
-    record(trainer_c.withdraw())
+    record(p.client.finalize(task_a))
+    record(p.trainer.withdraw())
     play_s = time.perf_counter() - t1
 
     return SizeReport(
@@ -192,11 +252,11 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
         leaves=n,
         pinned_step=pinned,
         functions=functions,
-        reveal=_stats(reveals),
-        respond=_stats(responds),
-        bisection_txs=len(reveals) + len(responds),
-        dispute_txs=len(dispute),
-        dispute_gas=sum(r.gas_used for r in dispute),
+        reveal=move_stats([r.gas_used for r in play.of("reveal")]),
+        respond=move_stats([r.gas_used for r in play.of("respond")]),
+        bisection_txs=play.bisection_txs,
+        dispute_txs=len(play.receipts),
+        dispute_gas=play.gas,
         max_used_over_limit=max(r.gas_used / r.gas_limit for r in receipts),
         tree_seconds=round(tree_s, 3),
         play_seconds=round(play_s, 3),

@@ -12,10 +12,13 @@ def _register() -> None:
 
     for name in (
         "training",
+        "calibrate",
         "bench",
         "bench_replication",
         "bench_overhead",
         "bench_log",
+        "bench_game",
+        "bench_plot",
         "demo",
         "task",
         "node",

@@ -1,0 +1,137 @@
+"""``vgame bench plot``: the figure is drawn from hand-written bench JSON, and bad files are named."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from game.benchplot import BenchFileError, plot_benchmarks, read_log, read_overhead
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def overhead_doc(preset: str, trainer: float, auditor: float) -> dict[str, Any]:
+    """The shape of ``OverheadReport.to_dict`` (only what the plot reads, plus a little more)."""
+    return {
+        "preset": preset,
+        "profile": "cpu-1t",
+        "median_seconds": {
+            "fp32": 0.001,
+            "fp64": 0.001,
+            "trainer": 0.001 * trainer,
+            "auditor": 0.001 * auditor,
+        },
+        "ratios": {"trainer_over_fp64": trainer, "auditor_over_fp64": auditor, "trainer_over_fp32": 4.0},
+        "paper": {"trainer_over_plain": [1.17, 1.38], "auditor_over_plain": [1.29, 1.69]},
+        "targets": {
+            "trainer_over_fp64": {"value": trainer, "target": 1.15, "reached": False, "paper": [1.17, 1.38]},
+            "auditor_over_fp64": {"value": auditor, "target": 1.25, "reached": False, "paper": [1.29, 1.69]},
+        },
+    }
+
+
+def log_doc(preset: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The shape of ``logsize.report_dict``; ``extra`` goes into every row (new formats)."""
+    rows = [
+        {
+            "bits": bits,
+            "values_per_step": 27414.0,
+            "bits_per_value_packed": 1.834,
+            "bits_per_value_trits": 1.6,
+            "bits_per_value_zlib": 1.456,
+            "bits_per_value_lzma": 1.49,
+            "directed_fraction": 0.4,
+            **(extra or {}),
+        }
+        for bits in (32, 26)
+    ]
+    return {"preset": preset, "rows": rows, "paper": {"packed_bits_per_value": 1.6}}
+
+
+def write(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_readLog_everyBitsPerValueField_nestedAndNewOnesToo(tmp_path: Path) -> None:
+    extra = {"bits_per_value_rle": 1.3, "formats": {"zstd": {"bits_per_value": 1.2}}, "bits_per_value_x": "?"}
+    rows = read_log(write(tmp_path / "log.json", log_doc("cnn-digits", extra)))
+    assert [r.bits for r in rows] == [32, 26]
+    assert rows[0].bits_per_value == {
+        "packed": 1.834, "trits": 1.6, "zlib": 1.456, "lzma": 1.49, "rle": 1.3, "formats.zstd.all": 1.2,
+    }  # fmt: skip
+    assert rows[0].paper_packed == 1.6
+
+
+def test_readOverhead_ratiosAndBandsFromTheFile(tmp_path: Path) -> None:
+    point = read_overhead(write(tmp_path / "oh.json", overhead_doc("gpt-shakespeare", 4.34, 4.64)))
+    assert point.ratios == {"trainer_over_fp64": 4.34, "auditor_over_fp64": 4.64}
+    assert point.bands["trainer_over_fp64"].paper == (1.17, 1.38)
+    assert point.bands["auditor_over_fp64"].target == 1.25
+
+
+def test_plot_bothPanels_writesNonEmptyPng(tmp_path: Path) -> None:
+    overhead = [
+        read_overhead(write(tmp_path / f"oh-{p}.json", overhead_doc(p, t, a)))
+        for p, t, a in (("mlp-digits", 5.07, 4.74), ("gpt-shakespeare", 4.34, 4.64))
+    ]
+    logs = read_log(write(tmp_path / "log.json", log_doc("mlp-digits")))
+    out = plot_benchmarks(overhead, logs, tmp_path / "img" / "benchmarks.png")
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+@pytest.mark.parametrize(
+    ("text", "reader", "message"),
+    [
+        ("{not json", read_overhead, "not JSON"),
+        ("[1, 2]", read_log, "expected a JSON object"),
+        (json.dumps({"preset": "x", "ratios": {}}), read_overhead, "trainer_over_fp64"),
+        (json.dumps({"preset": "x", "rows": [{"bits": 32}]}), read_log, "rows[0]"),
+        (json.dumps({"rows": []}), read_log, "preset"),
+    ],
+)
+def test_read_malformedFile_errorNamesTheFile(tmp_path: Path, text: str, reader: Any, message: str) -> None:
+    bad = tmp_path / "broken-bench.json"
+    bad.write_text(text)
+    with pytest.raises(BenchFileError, match=re.escape(message)) as info:
+        reader(bad)
+    assert str(bad) in str(info.value)
+
+
+def test_cli_benchPlot_writesPng_andMalformedFileFailsNamingIt(tmp_path: Path) -> None:
+    from game.cli import _register
+    from game.cli.app import app
+
+    _register()
+    oh = write(tmp_path / "oh.json", overhead_doc("cnn-digits", 4.01, 4.11))
+    lg = write(tmp_path / "log.json", log_doc("cnn-digits"))
+    out = tmp_path / "b.png"
+    args = ["bench", "plot", "--out", str(out), "--overhead", str(oh), "--log", str(lg), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["png"] == str(out) and doc["presets"] == ["cnn-digits"]
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+    bad = tmp_path / "truncated.json"
+    bad.write_text('{"preset": "cnn-digits", "rows": [')
+    result = CliRunner().invoke(app, ["bench", "plot", "--out", str(out), "--log", str(bad)])
+    assert result.exit_code == 2
+    said = "".join(result.output.split())  # rich wraps long paths
+    assert str(bad) in said and "notJSON" in said
+
+
+def test_cli_benchPlot_noInput_fails(tmp_path: Path) -> None:
+    from game.cli import _register
+    from game.cli.app import app
+
+    _register()
+    result = CliRunner().invoke(app, ["bench", "plot", "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 2
+    assert not (tmp_path / "x.png").exists()
