@@ -7,13 +7,18 @@ divergent leaf, and therefore the step the game pins, is ``S``:
   (flipped labels for the digits, injected text for Shakespeare);
 * :class:`SkipStep`: step ``S`` is not computed (the state only advances its step counter);
 * :class:`WrongLR`: from step ``S`` on the optimizer runs with ``lr * factor``;
-* :class:`TamperedLog`: the published log chunk of step ``S`` has its down/up trits swapped, so
-  replaying it (auditor, judge) does not reproduce the trainer's leaf ``S``.
+* :class:`TamperedLog`: the published log chunk of step ``S`` says the other direction for its
+  logged values (packed: down/up trits swapped; sparse: the entries dropped), so replaying it
+  (auditor, judge) does not reproduce the trainer's leaf ``S``;
+* :class:`SteeredLog`: in step ``S`` the trainer rounds a few values of every rounded tensor to the
+  other grid neighbour although they lie far outside their op's band, and logs those directions:
+  a log that "explains" a nudged state. The band check catches it (the judge never rules for it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,8 +27,12 @@ from game.errors import ConfigError
 from game.training.session import Deviation
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from game.training.bands import Band
     from game.training.config import TaskConfig
-    from game.training.roundlog import StepLog
+    from game.training.intercept import RoundingMode
+    from game.training.roundlog import ChunkLog
     from game.training.state import TrainState
     from game.training.step import StepEngine, StepResult
 
@@ -104,23 +113,36 @@ def _wrong_lr_engine(honest: StepEngine, lr: float) -> StepEngine:
 
 
 class TamperedLog(Deviation):
-    """Publish the log chunk of step ``step`` with every down trit made up and every up trit down.
+    """Publish the log of step ``step`` with the other direction for every value it could speak for.
 
-    The trainer computed the step honestly (its leaf ``step`` is the honest one); whoever replays
-    the published chunk rounds the logged near-boundary values the other way and lands elsewhere.
-    Swapping all of them (not one) makes sure at least one swapped value reaches the state.
+    The trainer computes the step honestly (its leaf ``step`` is the honest one); only the log lies,
+    so whoever replays it lands elsewhere. Packed log: every down trit made up and every up trit
+    down. Sparse log: every value within its band of a midpoint listed where it was not and unlisted
+    where it was, so each goes to the other neighbour; all these entries lie inside the band (the
+    band check passes): it is the state, not the log, that gives this trainer away.
     """
 
     def __init__(self, cfg: TaskConfig, step: int) -> None:
         _check_step(cfg, step, "tampered-log")
         self.step = step
-        self.flipped = 0  # trits swapped (set when the chunk of ``step`` is written)
+        self.flipped = 0  # directions swapped (set when the chunk of ``step`` is written)
+        self._engines: dict[int, StepEngine] = {}
 
-    def tamper_log(self, step: int, step_log: StepLog) -> StepLog:
-        if step != self.step:
-            return step_log
+    def engine(self, step: int, honest: StepEngine) -> StepEngine:
+        if step != self.step or honest.cfg.log_format != "sparse":
+            return honest
+        eng = self._engines.get(id(honest))
+        if eng is None:
+            eng = self._engines[id(honest)] = _mode_engine(honest, _flip_zone, self)
+        return eng
+
+    def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
         from game.training.roundlog import StepLog
 
+        if step != self.step or not isinstance(step_log, StepLog):
+            if step == self.step and self.flipped == 0:
+                log.warning("tampered-log: step %d has no value near a boundary; nothing to swap", step)
+            return step_log
         out = StepLog(step_log.step)
         flipped = 0
         for record, trits in step_log.entries():
@@ -136,6 +158,118 @@ class TamperedLog(Deviation):
         return out
 
 
+class SteeredLog(Deviation):
+    """In step ``step``, round up to ``per_tensor`` values of every rounded tensor the other way although
+    they lie far outside their op's band (more than 16 bands from a midpoint), and log those directions.
+
+    The trainer's leaf ``step`` is the steered state and its log replays it exactly, so only the band
+    check tells it from an honest log: the auditor rejects the chunk (tampering, naming step, op and
+    value) and the judge rules against the trainer.
+    """
+
+    def __init__(self, cfg: TaskConfig, step: int, per_tensor: int = 2) -> None:
+        _check_step(cfg, step, "steer")
+        if per_tensor < 1:
+            raise ConfigError(f"steer: per_tensor must be >= 1, got {per_tensor}")
+        self.step = step
+        self.per_tensor = per_tensor
+        self.steered = 0  # values rounded against the rules (set when step ``step`` runs)
+        self._engines: dict[int, StepEngine] = {}
+
+    def engine(self, step: int, honest: StepEngine) -> StepEngine:
+        if step != self.step:
+            return honest
+        eng = self._engines.get(id(honest))
+        if eng is None:
+            eng = self._engines[id(honest)] = _steering_engine(honest, self)
+        return eng
+
+
+def _mode_engine(honest: StepEngine, rewrite: _Rewrite, dev: TamperedLog | SteeredLog) -> StepEngine:
+    """A StepEngine of the same task whose recording interceptor lets ``rewrite`` change each op's
+    rounding and log record right after the honest kernel ran."""
+    from game.training.intercept import RoundingMode
+    from game.training.step import StepEngine
+
+    class RewritingMode(RoundingMode):
+        def _record(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
+            r = super()._record(t, index, name, band)
+            rewrite(self.log, t, r, self.bits, band, dev)
+            return r
+
+    class RewritingEngine(StepEngine):
+        mode_class: type[RoundingMode] = RewritingMode
+
+    return RewritingEngine(honest.cfg, honest.profile, check_grid=honest.check_grid)
+
+
+_Rewrite = Callable[["ChunkLog | None", "Tensor", "Tensor", int, "Band", Any], None]
+
+
+def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
+    """Sparse log: swap listed and unlisted among the values within one band of a midpoint."""
+    from game.training import banding, rounding
+    from game.training.sparselog import SparseStepLog
+
+    assert isinstance(step_log, SparseStepLog)
+    geo = banding.geometry(rounding._int_view(x.detach()).reshape(-1), bits, band)
+    zone = (geo.off & (geo.distance <= geo.band)).nonzero().squeeze(1)
+    last = step_log.pop()
+    listed = last.positions.to(zone.device)
+    keep = listed[~torch.isin(listed, zone)]  # listed outside the zone: the auditor rounds those right anyway
+    flipped_in = zone[~torch.isin(zone, listed)]
+    step_log.append(
+        last.record.op_index,
+        last.record.op_name,
+        last.record.count,
+        torch.cat([keep, flipped_in]).sort().values,
+    )
+    dev.flipped += int(zone.numel())
+
+
+def _steer_values(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
+    dev.steered += _steer(step_log, x, r, bits, band, dev.per_tensor)
+
+
+def _steering_engine(honest: StepEngine, dev: SteeredLog) -> StepEngine:
+    return _mode_engine(honest, _steer_values, dev)
+
+
+def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, k: int) -> int:
+    """Move up to ``k`` out-of-band values of ``r`` (the rounding of ``x``) to their other neighbour
+    and rewrite the op's last log record to match; returns how many moved."""
+    from game.training import banding, rounding
+    from game.training.roundlog import StepLog
+    from game.training.sparselog import SparseStepLog
+
+    xf = rounding._int_view(x.detach()).reshape(-1)
+    geo = banding.geometry(xf, bits, band)
+    far = geo.off & (geo.distance > (geo.band << 4))
+    flat = r.view(-1)
+    if isinstance(step_log, SparseStepLog):
+        cand = far.nonzero().squeeze(1)
+        even, odd = banding._neighbours(xf, cand, bits)
+        at_even = flat.index_select(0, cand).view(torch.int64) == even.view(torch.int64)
+        pick = cand[at_even][:k]
+        if pick.numel() == 0:
+            return 0
+        flat.index_copy_(0, pick, odd[at_even][:k])
+        last = step_log.pop()
+        positions = torch.cat([last.positions, pick.to(last.positions.device)]).unique()
+        step_log.append(last.record.op_index, last.record.op_name, last.record.count, positions)
+        return int(pick.numel())
+    assert isinstance(step_log, StepLog)
+    record, trits = step_log.pop()
+    t = trits.clone()
+    pick = (far & (t != TRIT_IGNORE).to(far.device)).nonzero().squeeze(1)[:k]
+    if pick.numel():
+        t[pick] = TRIT_UP - t[pick]  # 0 <-> 2: the other side
+        moved, _ = rounding.round_with_log(xf.view(torch.float64).index_select(0, pick), bits, t[pick])
+        flat.index_copy_(0, pick, moved)
+    step_log.append(record.op_index, record.op_name, t)
+    return int(pick.numel())
+
+
 def _check_step(cfg: TaskConfig, step: int, what: str) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= cfg.steps:
         raise ConfigError(
@@ -143,4 +277,13 @@ def _check_step(cfg: TaskConfig, step: int, what: str) -> None:
         )
 
 
-__all__ = ["TRIT_DOWN", "TRIT_IGNORE", "TRIT_UP", "Poison", "SkipStep", "TamperedLog", "WrongLR"]
+__all__ = [
+    "TRIT_DOWN",
+    "TRIT_IGNORE",
+    "TRIT_UP",
+    "Poison",
+    "SkipStep",
+    "SteeredLog",
+    "TamperedLog",
+    "WrongLR",
+]

@@ -85,6 +85,12 @@ class Ruling:
     tx: TxReceipt | None = None
 
 
+def rejected_log_hash(step: int, reason: str) -> bytes:
+    """What the judge posts for a tampered log: domain-separated, so it equals no state hash (those
+    hash canonical state bytes, which start with ``vgame-state-v1``)."""
+    return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
+
+
 class Judge:
     """Rules on every pinned game of the tasks that name this account as judge."""
 
@@ -231,6 +237,7 @@ class Judge:
         return StepEngine(cfg, get_profile(self.profile))
 
     def _compute(self, g: Game, ev: Evidence) -> bytes:
+        from game.training.banding import LogTamperingError
         from game.training.roundlog import decode_chunk
         from game.training.state import decode_state, state_hash
 
@@ -243,6 +250,14 @@ class Judge:
         try:
             step_log = decode_chunk(ev.chunk, ev.config.spec_hash(), step)
             return engine.run_step(state, step, mode="replay", log=step_log).leaf
+        except LogTamperingError as exc:
+            # The committed log breaks the band rules (a direction outside its op's band, or a
+            # position out of range): the trainer steered its rounding. Never a ruling for the
+            # trainer, whatever the steered step computes: post a hash no state can have.
+            log.info(
+                "step %d: the committed log is tampered with (%s); ruling against the trainer", step, exc
+            )
+            return rejected_log_hash(step, str(exc))
         except RoundingLogError as exc:
             # The committed chunk does not fit the step's computation: the trainer's own fault. The
             # step is run without corrections, which no honest trainer's leaf can be told from.

@@ -95,6 +95,14 @@ SCENARIOS: dict[str, Scenario] = {
             pins_step=True,
         ),
         Scenario(
+            "steer",
+            "the trainer rounds values far outside their band the other way in step S and logs it; "
+            "the band check rejects the log, the game pins step S, the auditor wins",
+            winner="auditor",
+            deviation="SteeredLog",
+            pins_step=True,
+        ),
+        Scenario(
             "false-alarm",
             "an honest trainer and a lying auditor that challenges anyway; the trainer wins",
             winner="trainer",

@@ -59,14 +59,26 @@ def _task_config(
     seed: int | None,
     bits: int | None,
     tau: float | None,
+    *,
+    log_format: str | None = None,
+    bands: Path | None = None,
 ) -> TaskConfig:
     """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last."""
+    from game.training.bands import load_bands
     from game.training.config import TaskConfig, load_config
 
     overrides: dict[str, Any] = {}
-    for key, value in (("steps", steps), ("seed", seed), ("bits", bits), ("tau", tau)):
+    for key, value in (
+        ("steps", steps),
+        ("seed", seed),
+        ("bits", bits),
+        ("tau", tau),
+        ("log_format", log_format),
+    ):
         if value is not None:
             overrides[key] = float(value) if key == "tau" else value
+    if bands is not None:
+        overrides["bands"] = load_bands(bands)
     if config is not None:
         cfg = load_config(config)
         if preset is not None and preset != cfg.preset:
@@ -137,10 +149,20 @@ def train_cmd(
     tau: Annotated[
         float | None, typer.Option("--tau", help="Log threshold, a fraction of the grid ulp.")
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format", help="sparse (in-band values only, the default) or packed (a trit per value)."
+        ),
+    ] = None,
+    bands: Annotated[
+        Path | None,
+        typer.Option("--bands", help="Bands file from `vgame calibrate` (default: the preset's)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots)."""
-    cfg = _task_config(preset, config, steps, seed, bits, tau)
+    cfg = _task_config(preset, config, steps, seed, bits, tau, log_format=log_format, bands=bands)
     _check_profile(profile)
     from game.training.session import train
 
@@ -191,6 +213,9 @@ def audit_cmd(
         console.print(f"[bold red]MISMATCH[/]: first divergent step {result.first_divergent_step}")
         console.print(f"  trainer root  {doc['trainer_state_root']}")
         console.print(f"  auditor root  {doc['auditor_state_root']}")
+    if not as_json:
+        for msg in result.log_errors:
+            console.print(f"  [bold red]rejected log[/] {msg}")
     if not result.match:
         raise typer.Exit(1)
 

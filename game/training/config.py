@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from game.errors import ConfigError
+from game.training.bands import BandTable, load_bands, preset_bands
 
 #: Bumped whenever the meaning or layout of the canonical JSON changes.
-SPEC_FORMAT = "vgame-task-v1"
+SPEC_FORMAT = "vgame-task-v2"
+
+#: Rounding-log formats: ``sparse`` lists only in-band values, ``packed`` a trit for every value.
+LOG_FORMATS = ("sparse", "packed")
 
 #: Counter words of the RNG are 32 bits wide (see ``rng.py``): steps and example ids must fit.
 MAX_STEPS = 2**32 - 1
@@ -164,9 +168,19 @@ class TaskConfig:
     bits: int = 32  # rounding grid: float32 with the low 32 - bits mantissa bits zero; 16..32
     tau: float = 0.25  # log threshold as a fraction of the grid ulp; 0 <= tau < 0.5
     checkpoint_interval: int = 10  # k: the trainer keeps a full checkpoint every k steps
+    log_format: str = "sparse"  # "sparse" (in-band values only) or "packed" (a trit per value, the paper's)
+    bands: BandTable | None = None  # calibrated divergence bands per op; None: the preset's shipped ones
 
     def __post_init__(self) -> None:
+        if self.bands is None:
+            object.__setattr__(self, "bands", preset_bands(self.preset))
         self.validate()
+
+    @property
+    def band_table(self) -> BandTable:
+        """The bands (always set after construction)."""
+        assert self.bands is not None
+        return self.bands
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -196,6 +210,12 @@ class TaskConfig:
         values: dict[str, Any] = {"preset": name}
         for fname, f in known.items():
             if fname in ("preset", "model"):
+                continue
+            if fname == "bands":
+                if fname in data:
+                    values[fname] = BandTable.from_dict(data[fname])
+                elif not partial:
+                    raise ConfigError("bands: missing")
                 continue
             if fname in data:
                 values[fname] = _coerce(fname, data[fname], f.type)
@@ -242,6 +262,11 @@ class TaskConfig:
         _check_int_range("bits", self.bits, 16, 32)
         _check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
         _check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+        if not isinstance(self.bands, BandTable):
+            raise ConfigError(f"bands: expected a band table, got {type(self.bands).__name__}")
+        self.bands.validate()
 
     # ---- serialisation -----------------------------------------------------------------------
 
@@ -252,6 +277,8 @@ class TaskConfig:
             value = getattr(self, f.name)
             if f.name == "model":
                 value = dataclasses.asdict(value)
+            elif f.name == "bands":
+                value = self.band_table.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -293,6 +320,8 @@ def load_config(path: str | Path) -> TaskConfig:
         raise ConfigError(f"config file {str(p)!r}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r}: invalid TOML: {exc}") from exc
+    if isinstance(data.get("bands"), str):  # a bands file written by `vgame calibrate`, beside the config
+        data["bands"] = load_bands(p.parent / data["bands"])
     return TaskConfig.from_dict(data, partial=True)
 
 
@@ -382,6 +411,7 @@ def _check_float(
 
 
 __all__ = [
+    "LOG_FORMATS",
     "MAX_EXAMPLES",
     "MAX_STEPS",
     "OPTIMIZERS",

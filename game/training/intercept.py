@@ -31,14 +31,21 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError
-from game.training import rounding
+from game.training import banding, rounding
+from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
-from game.training.roundlog import StepLog, StepLogCursor
+from game.training.roundlog import ChunkLog, ChunkMismatchError, StepLog, StepLogCursor
+from game.training.sparselog import SparseCursor, SparseStepLog
 
 logger = logging.getLogger(__name__)
 
 Mode = Literal["record", "replay", "round", "plain"]
 MODES: tuple[str, ...] = ("record", "replay", "round", "plain")
+
+
+#: Bands for an interceptor used without a task (tests of the interceptor alone): as wide as bands go,
+#: so a packed log's corrections are never refused and a sparse log lists every value it could.
+UNCHECKED_BANDS = BandTable(default=Band(MAX_EXP, MAX_EXP))
 
 
 class OpClass(enum.Enum):
@@ -241,23 +248,35 @@ class RoundingMode(TorchDispatchMode):
         mode: Mode,
         profile: Profile,
         step: int,
-        log: StepLog | None = None,
+        log: ChunkLog | None = None,
+        bands: BandTable | None = None,
+        log_format: str | None = None,
+        count_free: bool = False,
     ) -> None:
         super().__init__()
         if mode not in MODES:
             raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         if mode in ("record", "replay") and log is None:
             raise ConfigError(f"mode {mode!r} needs a StepLog")
+        if mode == "replay" and log is not None and log_format is not None and log.format != log_format:
+            raise ChunkMismatchError(
+                f"step {step}: the chunk is a {log.format} log, the task's log format is {log_format}"
+            )
         self.bits = bits
         self.tau = tau
         self.mode: Mode = mode
         self.profile = profile
         self.step = step
         self.log = log
-        self._cursor: StepLogCursor | None = log.cursor() if mode == "replay" and log is not None else None
+        self.bands = bands if bands is not None else UNCHECKED_BANDS
+        self._cursor: StepLogCursor | SparseCursor | None = (
+            log.cursor() if mode == "replay" and log is not None else None
+        )
         self._noise: NoiseSource | None = profile.noise_generator()
         self.op_index = 0  # logged tensors so far in this step
         self.corrections = 0  # rev moves applied (replay)
+        self.count_free = count_free  # replay of a sparse log: count the values a trainer could choose
+        self.free = 0  # off-grid values within 16 bands of a midpoint (sparse replay, when counted)
         self.classes: dict[str, OpClass] = {}  # str(func) -> class, for every op that ran
         self.logged: Counter[str] = Counter()  # str(func) -> tensors rounded with the log
         self.rounded: Counter[str] = Counter()  # str(func) -> tensors rounded without the log
@@ -310,17 +329,44 @@ class RoundingMode(TorchDispatchMode):
             rounding.round_(t, self.bits)
             self.rounded[name] += 1
             return
-        if self.mode == "record":
-            assert self.log is not None
-            r, trits = rounding.round_and_log(t, self.bits, self.tau)
-            self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
-        else:
-            assert self._cursor is not None
-            trits = self._cursor.take(index, name, t.numel())  # raises LogSequenceError on mismatch
-            r, n = rounding.round_with_log(t, self.bits, trits.reshape(t.shape))
-            self.corrections += int(n)
+        band = self.bands.band(name)
+        try:
+            if self.mode == "record":
+                r = self._record(t, index, name, band)
+            else:
+                r = self._replay(t, index, name, band)
+        except banding.BandViolation as exc:
+            raise exc.at(self.step, index, name) from None
         t.copy_(r)
         self.logged[name] += 1
+
+    def _record(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
+        """Trainer: round ``t`` and log what the task's format asks for."""
+        if isinstance(self.log, SparseStepLog):
+            r, positions = banding.round_and_band(t, self.bits, band)
+            self.log.append(index, name, t.numel(), positions)
+            return r
+        assert isinstance(self.log, StepLog)
+        r, trits = rounding.round_and_log(t, self.bits, self.tau)
+        self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
+        return r
+
+    def _replay(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
+        """Auditor and judge: round ``t`` with the trainer's entries, after the band checks."""
+        if isinstance(self._cursor, SparseCursor):
+            entry = self._cursor.take(index, name, t.numel())  # raises LogSequenceError on mismatch
+            r, n, free = banding.round_with_entries(
+                t, self.bits, band, entry.positions, count_free=self.count_free
+            )
+            self.free += max(free, 0)
+        else:
+            assert self._cursor is not None
+            trits = self._cursor.take(index, name, t.numel())
+            r, changed = rounding.round_with_log_changes(t, self.bits, trits.reshape(t.shape))
+            banding.check_corrections(t, self.bits, band, changed)
+            n = int(changed.count_nonzero())
+        self.corrections += n
+        return r
 
 
 __all__ = [

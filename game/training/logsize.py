@@ -1,9 +1,13 @@
-"""Size of the rounding log per step, packed and compressed, per grid width (issue 5, item 2).
+"""Size of the rounding log per step, packed and sparse, per grid width (issues 5 and 6).
 
-For each ``bits`` the trainer records ``steps`` steps on ``cpu-1t``; every chunk is measured as
-written (header, records and trits packed 5 per byte) and after the standard library's zlib
-(level 9) and lzma, each chunk compressed alone as a chunk file would be. A ``noisy`` auditor then
-replays every chunk and its ``rev`` corrections are counted (its leaves must match the trainer's).
+For each ``bits`` two trainers record ``steps`` steps on ``cpu-1t`` from the same start: one writes
+the paper's packed format (a trit per rounded value, 5 per byte), the other the sparse format (only
+the in-band values rounded to the odd neighbour, positions delta-coded, lzma). Their states are the
+same (both round to nearest); only the logs differ. Every packed chunk is also compressed alone with
+zlib (level 9) and lzma; every sparse chunk is also measured without compression (``stored``) and
+with zlib. A ``noisy`` auditor replays each format's chunks (its leaves must match the trainer's),
+counting its corrections, and, for the sparse log, the values within 16 bands of a midpoint: the
+only values whose side a trainer could choose and still pass the band check ("bits of freedom").
 """
 
 from __future__ import annotations
@@ -57,13 +61,19 @@ class LogSizeRow:
 
     bits: int
     steps: int
-    values: int  # logged values (trits) over all steps
-    packed_bytes: int  # chunk bytes as written
+    values: int  # rounded (inexact) values over all steps: the denominator of bits per value
+    packed_bytes: int  # packed chunk bytes as written
     header_bytes: int  # of which header and records (the rest is trits, 5 per byte)
-    zlib_bytes: int
-    lzma_bytes: int
-    directed: int  # trits that are 0 or 2 (a direction, not "ignore")
-    corrections: int  # rev moves of the noisy auditor
+    zlib_bytes: int  # packed chunks, zlib-9
+    lzma_bytes: int  # packed chunks, lzma
+    directed: int  # packed trits that are 0 or 2 (a direction, not "ignore")
+    corrections: int  # corrections of the noisy auditor replaying the packed log
+    sparse_bytes: int  # sparse chunks as written (the smaller of zlib and lzma inside)
+    sparse_stored_bytes: int  # the same chunks without compression
+    sparse_zlib_bytes: int  # the same chunks with zlib-9 inside
+    entries: int  # sparse entries (in-band values rounded to the odd neighbour)
+    sparse_corrections: int  # corrections of the noisy auditor replaying the sparse log
+    free: int  # values within 16 bands of a midpoint, as the noisy auditor saw them
 
     def to_dict(self) -> dict[str, Any]:
         s = self.steps
@@ -75,12 +85,21 @@ class LogSizeRow:
             "zlib_bytes_per_step": self.zlib_bytes / s,
             "lzma_bytes_per_step": self.lzma_bytes / s,
             "header_bytes_per_step": self.header_bytes / s,
+            "sparse_bytes_per_step": self.sparse_bytes / s,  # as written: the smaller of zlib and lzma
+            "sparse_stored_bytes_per_step": self.sparse_stored_bytes / s,
+            "sparse_zlib_bytes_per_step": self.sparse_zlib_bytes / s,
             "bits_per_value_packed": bits_per_value(self.packed_bytes, self.values),
             "bits_per_value_trits": bits_per_value(self.packed_bytes - self.header_bytes, self.values),
             "bits_per_value_zlib": bits_per_value(self.zlib_bytes, self.values),
             "bits_per_value_lzma": bits_per_value(self.lzma_bytes, self.values),
+            "bits_per_value_sparse": bits_per_value(self.sparse_bytes, self.values),
+            "bits_per_value_sparse_stored": bits_per_value(self.sparse_stored_bytes, self.values),
+            "bits_per_value_sparse_zlib": bits_per_value(self.sparse_zlib_bytes, self.values),
             "directed_fraction": self.directed / self.values if self.values else 0.0,
+            "entries_per_step": self.entries / s,
             "corrections_per_step": self.corrections / s,
+            "sparse_corrections_per_step": self.sparse_corrections / s,
+            "free_bits_per_step": self.free / s,
             "totals": {
                 "values": self.values,
                 "packed_bytes": self.packed_bytes,
@@ -89,35 +108,75 @@ class LogSizeRow:
                 "lzma_bytes": self.lzma_bytes,
                 "directed": self.directed,
                 "corrections": self.corrections,
+                "sparse_bytes": self.sparse_bytes,
+                "sparse_stored_bytes": self.sparse_stored_bytes,
+                "sparse_zlib_bytes": self.sparse_zlib_bytes,
+                "entries": self.entries,
+                "sparse_corrections": self.sparse_corrections,
+                "free": self.free,
             },
         }
 
 
 def measure_row(cfg: TaskConfig, bits: int, steps: int) -> LogSizeRow:
-    """Record ``steps`` steps at ``bits`` and replay them with a noisy auditor."""
-    cfg = cfg.replace(bits=bits, steps=max(cfg.steps, steps))
-    spec = cfg.spec_hash()
-    trainer = StepEngine(cfg, get_profile(TRAINER_PROFILE))
-    auditor = StepEngine(cfg, get_profile(AUDITOR_PROFILE))
-    t_state, a_state = trainer.init_state(), auditor.init_state()
-    values = packed = header = zbytes = xbytes = directed = corrections = 0
+    """Record ``steps`` steps at ``bits`` in both formats and replay them with a noisy auditor."""
+    from game.training.sparselog import SparseStepLog
+
+    base = cfg.replace(bits=bits, steps=max(cfg.steps, steps))
+    packed_cfg, sparse_cfg = base.replace(log_format="packed"), base.replace(log_format="sparse")
+    engines = {
+        "packed": (StepEngine(packed_cfg, get_profile(TRAINER_PROFILE)), StepEngine(packed_cfg, get_profile(AUDITOR_PROFILE))),
+        "sparse": (StepEngine(sparse_cfg, get_profile(TRAINER_PROFILE)), StepEngine(sparse_cfg, get_profile(AUDITOR_PROFILE))),
+    }  # fmt: skip
+    engines["sparse"][1].count_free = True
+    states = {k: (t.init_state(), a.init_state()) for k, (t, a) in engines.items()}
+    n: dict[str, int] = dict.fromkeys(LogSizeRow.__dataclass_fields__, 0)
     for step in range(1, steps + 1):
-        res = trainer.run_step(t_state, step, mode="record")
-        assert res.log is not None  # record mode returns its log
-        chunk = res.log.encode(step, spec)
-        trits = res.log.all_trits()
-        values += trits.numel()
-        directed += int((trits != 1).sum())
-        packed += len(chunk)
-        header += len(chunk) - packed_size(trits.numel())
-        zbytes += len(zlib.compress(chunk, 9))
-        xbytes += len(lzma.compress(chunk))
-        rep = auditor.run_step(a_state, step, mode="replay", log=decode_chunk(chunk, spec, step))
-        if rep.leaf != res.leaf:
-            raise TrainingError(f"bits {bits}, step {step}: the noisy auditor's replay differs")
-        corrections += rep.corrections
-    log.info("log size %s bits=%d: %d values, %d packed bytes", cfg.preset, bits, values, packed)
-    return LogSizeRow(bits, steps, values, packed, header, zbytes, xbytes, directed, corrections)
+        leaves = {}
+        for fmt, (trainer, auditor) in engines.items():
+            t_state, a_state = states[fmt]
+            c = packed_cfg if fmt == "packed" else sparse_cfg
+            spec = c.spec_hash()
+            res = trainer.run_step(t_state, step, mode="record")
+            assert res.log is not None  # record mode returns its log
+            chunk = res.log.encode(step, spec)
+            if isinstance(res.log, SparseStepLog):
+                n["sparse_bytes"] += len(chunk)
+                n["entries"] += res.log.total_entries
+                for codec, key in (("stored", "sparse_stored_bytes"), ("zlib", "sparse_zlib_bytes")):
+                    res.log.codec = codec
+                    n[key] += len(res.log.encode(step, spec))
+            else:
+                trits = res.log.all_trits()
+                n["values"] += trits.numel()
+                n["directed"] += int((trits != 1).sum())
+                n["packed_bytes"] += len(chunk)
+                n["header_bytes"] += len(chunk) - packed_size(trits.numel())
+                n["zlib_bytes"] += len(zlib.compress(chunk, 9))
+                n["lzma_bytes"] += len(lzma.compress(chunk))
+            rep = auditor.run_step(a_state, step, mode="replay", log=decode_chunk(chunk, spec, step))
+            if rep.leaf != res.leaf:
+                raise TrainingError(
+                    f"bits {bits}, step {step}: the noisy auditor's replay of the {fmt} log differs"
+                )
+            n["corrections" if fmt == "packed" else "sparse_corrections"] += rep.corrections
+            if fmt == "sparse":
+                assert auditor.last_mode is not None
+                n["free"] += auditor.last_mode.free
+            leaves[fmt] = res.leaf
+        if leaves["packed"] == leaves["sparse"]:
+            continue
+        raise TrainingError(f"bits {bits}, step {step}: the packed and sparse trainers' states differ")
+    n["bits"], n["steps"] = bits, steps
+    log.info(
+        "log size %s bits=%d: %d values, %d packed, %d sparse bytes",
+        cfg.preset,
+        bits,
+        n["values"],
+        n["packed_bytes"],
+        n["sparse_bytes"],
+    )
+    return LogSizeRow(**n)
 
 
 def measure_log_size(

@@ -332,10 +332,22 @@ def _changes(up: torch.Tensor, off: torch.Tensor, trits: torch.Tensor, neg: torc
 def round_with_log(x: torch.Tensor, bits: int, trits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Auditor kernel: ``(rev(x, bits, trits), number of values moved to the trainer's side)``.
 
+    See :func:`round_with_log_changes`, which also says *where* values moved.
+    """
+    out, change = round_with_log_changes(x, bits, trits)
+    return out, int(change.count_nonzero())
+
+
+def round_with_log_changes(
+    x: torch.Tensor, bits: int, trits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Auditor kernel: ``rev(x, bits, trits)`` and the mask of the values moved to the trainer's side.
+
     Where ``x`` is off the grid and the trit asks for the other side than ``rnd(x)`` went (own rounding up
     but trit 0, or own down but trit 2), the result is the adjacent grid value on the asked side: exactly
     one grid step from ``rnd(x)``, across binade and overflow boundaries. Trit 1 keeps own rounding;
-    ``trits`` must be uint8 (or any integer dtype) with values 0..2, shaped like ``x``.
+    ``trits`` must be uint8 (or any integer dtype) with values 0..2, shaped like ``x``. Returns the
+    rounded tensor and the flat bool mask of the values moved (the band check looks at those).
     """
     g = _grid(bits)
     xf = _flat(x)
@@ -360,8 +372,7 @@ def round_with_log(x: torch.Tensor, bits: int, trits: torch.Tensor) -> tuple[tor
         s_mag = torch.where(s_change, torch.where(slow.up, slow.lo, slow.hi), slow.rounded)
         out.index_copy_(0, rare, s_mag | sign)
         change.index_copy_(0, rare, s_change)
-    corrections = int(change.count_nonzero())
-    return out.view(torch.float64).view(x.shape), corrections
+    return out.view(torch.float64).view(x.shape), change
 
 
 def rev(x: torch.Tensor, bits: int, direction: torch.Tensor) -> torch.Tensor:

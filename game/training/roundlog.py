@@ -27,6 +27,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ import torch
 from game.errors import RoundingLogError
 from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.merkle import merkle_root
+
+if TYPE_CHECKING:
+    from game.training.sparselog import SparseStepLog
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +139,13 @@ def _where(step: int | None) -> str:
 
 
 class StepLog:
-    """The rounding log of one step, in op order.
+    """The packed rounding log of one step (a trit for every rounded value), in op order.
 
     The trainer appends the trit tensors as the kernels return them (no copy, no packing, possibly on
     CUDA), so the hot path is a list append; :meth:`encode` moves them to the CPU and packs them once.
     """
+
+    format = "packed"
 
     def __init__(self, step: int | None = None) -> None:
         self.step = step
@@ -164,6 +170,10 @@ class StepLog:
         flat = trits.detach().reshape(-1)
         self._records.append(LogRecord(op_index, op_name, flat.numel()))
         self._trits.append(flat)
+
+    def pop(self) -> tuple[LogRecord, torch.Tensor]:
+        """Remove and return the last record and its trits (for a tool that rewrites the op just logged)."""
+        return self._records.pop(), self._trits.pop()
 
     @property
     def records(self) -> tuple[LogRecord, ...]:
@@ -277,9 +287,33 @@ class StepLog:
         return StepLogCursor(self)
 
 
-def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> StepLog:
-    """:meth:`StepLog.decode`; pass ``step`` wherever it is known, so a reordered chunk is caught."""
+#: A decoded chunk of either format.
+ChunkLog: TypeAlias = "StepLog | SparseStepLog"
+
+#: The formats a task can choose (``TaskConfig.log_format``).
+LOG_FORMATS: tuple[str, ...] = ("sparse", "packed")
+
+
+def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> ChunkLog:
+    """Decode a chunk of either format (told apart by its magic); pass ``step`` wherever it is known,
+    so a reordered chunk is caught."""
+    from game.training.sparselog import MAGIC as SPARSE_MAGIC
+    from game.training.sparselog import SparseStepLog
+
+    if bytes(data[: len(SPARSE_MAGIC)]) == SPARSE_MAGIC:
+        return SparseStepLog.decode(data, step=step, spec_hash=spec_hash)
     return StepLog.decode(data, step=step, spec_hash=spec_hash)
+
+
+def new_step_log(log_format: str, step: int | None) -> ChunkLog:
+    """An empty log of the task's format for the trainer to record into."""
+    from game.training.sparselog import SparseStepLog
+
+    if log_format == "sparse":
+        return SparseStepLog(step)
+    if log_format == "packed":
+        return StepLog(step)
+    raise RoundingLogError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
 
 
 class StepLogCursor:
@@ -349,7 +383,7 @@ class LogWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
-    def write_chunk(self, step: int, step_log: StepLog, spec_hash: bytes) -> bytes:
+    def write_chunk(self, step: int, step_log: ChunkLog, spec_hash: bytes) -> bytes:
         """Encode, write (tmp file, fsync, rename) and return the chunk hash."""
         data = step_log.encode(step, spec_hash)
         atomic_write(self.directory / chunk_file_name(step), data)
@@ -390,8 +424,8 @@ class LogReader:
                 f"step {step}: log chunk {path.name} is missing from {self.directory}"
             ) from exc
 
-    def read(self, step: int) -> StepLog:
-        return StepLog.decode(self.read_bytes(step), step=step, spec_hash=self.spec_hash)
+    def read(self, step: int) -> ChunkLog:
+        return decode_chunk(self.read_bytes(step), self.spec_hash, step)
 
     def chunk_hash(self, step: int) -> bytes:
         return chunk_hash(self.read_bytes(step))

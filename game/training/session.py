@@ -27,7 +27,7 @@ from game.errors import RoundingLogError, TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
 from game.training.profiles import get_profile
-from game.training.roundlog import StepLog, decode_chunk
+from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
 from game.training.state import TrainState, decode_state, encode_state, state_hash
 from game.training.step import StepEngine
 from game.training.transcript import (
@@ -72,7 +72,7 @@ class Deviation:
     def after_step(self, step: int, state: TrainState) -> None:
         """Change ``state`` in place after ``step`` (tampered weights)."""
 
-    def tamper_log(self, step: int, step_log: StepLog) -> StepLog:
+    def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
         """The log chunk actually published for ``step`` (a tampered log)."""
         return step_log
 
@@ -127,10 +127,13 @@ class AuditResult:
     profile: str
     leaves: tuple[bytes, ...] = field(repr=False, default=())
     rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
+    log_errors: tuple[str, ...] = ()  # why, one message per rejected step (tampering names step, op, value)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "match": self.match,
+            "rejected_log_steps": list(self.rejected_log_steps),
+            "log_errors": list(self.log_errors),
             "trainer_state_root": self.trainer_state_root.hex(),
             "auditor_state_root": self.auditor_state_root.hex(),
             "first_divergent_step": self.first_divergent_step,
@@ -227,11 +230,11 @@ def train(
         state = engine.init_state()
         dev.after_step(0, state)  # a deviation may tamper with the initial state too
         h = state_hash(state)
-        writer.append_step(0, h, dev.tamper_log(0, StepLog.empty(0)), encode_state(state))
+        writer.append_step(0, h, dev.tamper_log(0, new_step_log(cfg.log_format, 0)), encode_state(state))
     loss: float | None = None
     for step in range(writer.num_done, cfg.steps + 1):
         if dev.skip(step):
-            step_log = StepLog.empty(step)
+            step_log: ChunkLog = new_step_log(cfg.log_format, step)
             state.step = step
         else:
             result = dev.engine(step, engine).run_step(
@@ -323,6 +326,7 @@ def audit(
     first_div = None if leaves[0] == t.leaf(0) else 0
     corrections = 0
     rejected: list[int] = []
+    log_errors: list[str] = []
     for step in range(1, t.steps + 1):
         if use_log:
             # After a divergence the auditor's state is its own, not the trainer's: keep its bytes
@@ -333,8 +337,9 @@ def audit(
             except RoundingLogError as exc:
                 # The chunk does not fit the computation (a tampered log): that step is the
                 # trainer's fault; run it without the log so the auditor still has its leaves.
-                log.warning("step %d: the trainer's log chunk does not fit: %s", step, exc)
+                log.warning("step %d: the trainer's log chunk is rejected: %s", step, exc)
                 rejected.append(step)
+                log_errors.append(str(exc))
                 state = (
                     decode_state(pre, t.config) if pre is not None else _load_state_at(t, engine, step - 1)
                 )
@@ -359,6 +364,7 @@ def audit(
         profile=profile,
         leaves=tuple(leaves),
         rejected_log_steps=tuple(rejected),
+        log_errors=tuple(log_errors),
     )
 
 

@@ -33,7 +33,7 @@ from game.training.intercept import MODES, Mode, RoundingMode
 from game.training.models import StepContext
 from game.training.presets import get_preset
 from game.training.profiles import Profile
-from game.training.roundlog import StepLog
+from game.training.roundlog import ChunkLog, new_step_log
 from game.training.state import (
     Precision,
     TrainState,
@@ -51,7 +51,7 @@ class StepResult:
     """What one step produced besides the (mutated) state."""
 
     state_hash: bytes | None  # leaf after the step; None for plain fp64 (off-grid state)
-    log: StepLog | None  # the recorded (record) or replayed (replay) chunk
+    log: ChunkLog | None  # the recorded (record) or replayed (replay) chunk
     corrections: int  # rev moves applied (replay), else 0
     loss: float  # the step's loss before the update
     ops: frozenset[str]  # str(func) of every ATen op that ran (empty for unintercepted plain runs)
@@ -67,12 +67,16 @@ class StepResult:
 class StepEngine:
     """Runs steps of one task on one hardware profile."""
 
+    #: The interceptor class (a deviation that steers its rounding substitutes its own).
+    mode_class: type[RoundingMode] = RoundingMode
+
     def __init__(self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False) -> None:
         self.cfg = cfg
         self.profile = profile
         self.preset = get_preset(cfg.preset)
         self.check_grid = check_grid  # assert every float of the state is on the grid after each step
         self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
+        self.count_free = False  # replay: count the values a trainer could have rounded either way
 
     def init_state(self, *, precision: Precision = "fp64") -> TrainState:
         """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
@@ -90,7 +94,7 @@ class StepEngine:
         step: int,
         *,
         mode: Mode = "record",
-        log: StepLog | None = None,
+        log: ChunkLog | None = None,
         batch_override: Batch | None = None,
         precision: Precision = "fp64",
     ) -> StepResult:
@@ -110,7 +114,7 @@ class StepEngine:
         if mode == "replay" and log is None:
             raise ConfigError("mode 'replay' needs the trainer's StepLog")
         if mode == "record" and log is None:
-            log = StepLog(step)
+            log = new_step_log(self.cfg.log_format, step)
         dtype = torch.float64 if precision == "fp64" else torch.float32
         self._ensure_placed(state, dtype)
 
@@ -122,8 +126,16 @@ class StepEngine:
         optimizer.zero_grad(set_to_none=True)
 
         intercept = mode != "plain" or self.profile.emulates
-        rm = RoundingMode(
-            bits=self.cfg.bits, tau=self.cfg.tau, mode=mode, profile=self.profile, step=step, log=log
+        rm = self.mode_class(
+            bits=self.cfg.bits,
+            tau=self.cfg.tau,
+            mode=mode,
+            profile=self.profile,
+            step=step,
+            log=log,
+            bands=self.cfg.band_table,
+            log_format=self.cfg.log_format,
+            count_free=self.count_free,
         )
         with self.profile.apply():
             if intercept:

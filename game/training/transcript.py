@@ -33,7 +33,7 @@ from game.errors import RoundingLogError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.config import TaskConfig
-from game.training.roundlog import LogReader, LogWriter, StepLog
+from game.training.roundlog import ChunkLog, LogReader, LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class TranscriptWriter:
         return is_checkpoint_step(step, self.cfg.checkpoint_interval, self.cfg.steps)
 
     def append_step(
-        self, step: int, state_hash: bytes, step_log: StepLog, checkpoint: bytes | None = None
+        self, step: int, state_hash: bytes, step_log: ChunkLog, checkpoint: bytes | None = None
     ) -> bytes:
         """Write step ``step``'s chunk, chunk hash, checkpoint (when due) and finally its leaf.
 
@@ -371,7 +371,7 @@ class Transcript:
             self._chunk_hashes = _read_hashes(self.directory / CHUNK_HASHES_NAME, "chunk hashes")
         return list(self._chunk_hashes)
 
-    def read_log(self, step: int) -> StepLog:
+    def read_log(self, step: int) -> ChunkLog:
         """The rounding log of ``step``, checked against its recorded chunk hash.
 
         A chunk that matches its hash but does not decode raises RoundingLogError: that is the
@@ -464,6 +464,6 @@ class Transcript:
             for step in range(m.num_leaves):
                 self._check_chunk(step)
 
-    def iter_logs(self, start: int = 0) -> Iterator[tuple[int, StepLog]]:
+    def iter_logs(self, start: int = 0) -> Iterator[tuple[int, ChunkLog]]:
         for step in range(start, len(self.chunk_hashes())):
             yield step, self.read_log(step)

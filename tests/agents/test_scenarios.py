@@ -8,14 +8,16 @@ empty and every balance moved by what the rules say, minus the fees its owner pa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
 from game.demo import DemoResult, expected_changes, run_scenario
-from game.deviations import Poison, SkipStep, TamperedLog, WrongLR
+from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.errors import ConfigError
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
 from game.training.config import TaskConfig
@@ -51,7 +53,7 @@ def check_money(result: DemoResult) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("deviation", [Poison, SkipStep, WrongLR, TamperedLog])
+@pytest.mark.parametrize("deviation", [Poison, SkipStep, WrongLR, TamperedLog, SteeredLog])
 @pytest.mark.parametrize("step", [1, 4, STEPS])
 def test_deviation_first_diverges_at_its_step(deviation: Any, step: int, tmp_path: Path) -> None:
     cfg = tiny_config()
@@ -64,7 +66,7 @@ def test_deviation_first_diverges_at_its_step(deviation: Any, step: int, tmp_pat
 def test_tampered_log_swaps_down_and_up_only(tmp_path: Path) -> None:
     from game.training.transcript import Transcript
 
-    cfg = tiny_config()
+    cfg = tiny_config(log_format="packed")
     dev = TamperedLog(cfg, 3)
     train(cfg, "cpu-1t", tmp_path / "honest")
     train(cfg, "cpu-1t", tmp_path / "tampered", deviation=dev)
@@ -82,7 +84,46 @@ def test_tampered_log_swaps_down_and_up_only(tmp_path: Path) -> None:
     assert int((a != b).sum()) == dev.flipped
 
 
-@pytest.mark.parametrize("deviation", [Poison, SkipStep, WrongLR, TamperedLog])
+def test_tampered_sparse_log_lies_inside_the_band_and_is_caught_by_the_state(tmp_path: Path) -> None:
+    from game.training.transcript import Transcript
+
+    cfg = tiny_config()
+    dev = TamperedLog(cfg, 3)
+    train(cfg, "cpu-1t", tmp_path / "honest")
+    train(cfg, "cpu-1t", tmp_path / "tampered", deviation=dev)
+    honest, tampered = Transcript(tmp_path / "honest"), Transcript(tmp_path / "tampered")
+    h, t = honest.read_log(3), tampered.read_log(3)
+    assert h.records == t.records and honest.leaves() == tampered.leaves()  # only the log lies
+    assert dev.flipped > 0
+    assert [
+        torch.equal(a.positions, b.positions) for a, b in zip(h.entries(), t.entries(), strict=True)
+    ].count(False) > 0
+    result = audit(tmp_path / "tampered", "noisy")
+    assert (
+        result.first_divergent_step == 3 and 3 not in result.rejected_log_steps
+    )  # inside the band: no log error
+
+
+@pytest.mark.parametrize("log_format", ["sparse", "packed"])
+def test_steered_log_is_rejected_naming_step_op_and_value(log_format: str, tmp_path: Path) -> None:
+    cfg = tiny_config(log_format=log_format)
+    dev = SteeredLog(cfg, 3)
+    train(cfg, "cpu-1t", tmp_path / "honest")
+    train(cfg, "cpu-1t", tmp_path / "steered", deviation=dev)
+    assert dev.steered > 0
+    from game.training.transcript import Transcript
+
+    honest, steered = Transcript(tmp_path / "honest"), Transcript(tmp_path / "steered")
+    assert honest.leaves()[:3] == steered.leaves()[:3] and honest.leaf(3) != steered.leaf(3)
+    result = audit(tmp_path / "steered", "noisy")
+    assert not result.match and result.first_divergent_step == 3
+    assert result.rejected_log_steps[0] == 3
+    assert re.search(
+        r"log tampering at step 3, op #\d+ aten\.\S+, value \d+: .*outside", result.log_errors[0]
+    )
+
+
+@pytest.mark.parametrize("deviation", [Poison, SkipStep, WrongLR, TamperedLog, SteeredLog])
 @pytest.mark.parametrize("step", [0, STEPS + 1])
 def test_deviation_step_must_be_a_training_step(deviation: Any, step: int) -> None:
     with pytest.raises(ConfigError, match=rf"1\.\.{STEPS}"):
@@ -106,6 +147,7 @@ def test_registry_names_every_required_scenario() -> None:
         "skip-step",
         "wrong-lr",
         "tampered-log",
+        "steer",
         "false-alarm",
         "trainer-timeout",
         "auditor-timeout",

@@ -83,6 +83,11 @@ def test_log_size_rows_are_consistent(log_rows: list[dict[str, Any]]) -> None:
         assert r["bits_per_value_zlib"] <= r["bits_per_value_packed"]
         assert 0.0 <= r["directed_fraction"] <= 1.0
         assert tot["corrections"] >= 0
+        # the sparse log: far smaller than the packed one, with or without compression
+        assert 0 < tot["sparse_bytes"] <= min(tot["sparse_stored_bytes"], tot["sparse_zlib_bytes"])
+        assert r["bits_per_value_sparse"] < r["bits_per_value_packed"] / 10
+        # a free bit is a value within 16 bands; an entry lies within 4 bands: entries <= free
+        assert 0 <= tot["entries"] <= tot["free"]
 
 
 def test_packed_chunk_of_many_values_costs_1_6_bits_per_value() -> None:
@@ -118,5 +123,7 @@ def test_bench_log_json_has_the_documented_keys() -> None:
     row = doc["rows"][0]
     assert set(row) >= {"bits", "values_per_step", "packed_bytes_per_step", "zlib_bytes_per_step",
                         "lzma_bytes_per_step", "bits_per_value_packed", "bits_per_value_zlib",
-                        "bits_per_value_lzma", "directed_fraction", "corrections_per_step"}  # fmt: skip
+                        "bits_per_value_lzma", "directed_fraction", "corrections_per_step",
+                        "bits_per_value_sparse", "bits_per_value_sparse_stored", "entries_per_step",
+                        "free_bits_per_step", "sparse_corrections_per_step"}  # fmt: skip
     assert row["zlib_bytes_per_step"] <= row["packed_bytes_per_step"]

@@ -84,3 +84,30 @@ def test_divergence_writes_png_and_three_series(tmp_path: Path) -> None:
     assert len(series) == 3 and all(len(v) == 5 for v in series.values())
     assert all(d == 0.0 for d in series["fp64+rounding, with log"])
     assert max(series["fp32"]) > 0.0
+
+
+def test_calibrate_writes_a_bands_file_that_train_accepts(tmp_path: Path) -> None:
+    bands = tmp_path / "bands.toml"
+    r = vgame("calibrate", "--preset", "mlp-digits", "--profiles", "cpu-1t,noisy", "--steps", "1",
+              "--no-random-inputs", "--out", str(bands), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["profiles"] == ["cpu-1t", "noisy"] and doc["margin"] == 16 and doc["out"] == str(bands)
+    assert {o["op"] for o in doc["ops"]} == set(doc["bands"]["ops"])
+    out = tmp_path / "t"
+    r = vgame("train", *SMALL, "--bands", str(bands), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    r = vgame("audit", "--transcript", str(out), "--profile", "noisy", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["match"] is True
+
+
+def test_calibrate_with_one_profile_is_a_clear_error() -> None:
+    r = vgame("calibrate", "--preset", "mlp-digits", "--profiles", "cpu-1t")
+    assert r.returncode == 2 and "at least two profiles" in r.stderr
+
+
+def test_train_packed_log_format_and_bad_format(tmp_path: Path) -> None:
+    r = vgame("train", *SMALL, "--log-format", "packed", "--out", str(tmp_path / "p"), "--json")
+    assert r.returncode == 0, r.stderr
+    r = vgame("train", *SMALL, "--log-format", "zip", "--out", str(tmp_path / "z"))
+    assert r.returncode == 2 and "log_format" in r.stderr

@@ -11,6 +11,7 @@ import pytest
 
 from game.errors import ConfigError
 from game.training import config as config_mod
+from game.training.bands import Band, BandTable
 from game.training.config import (
     PRESET_NAMES,
     SPEC_FORMAT,
@@ -158,6 +159,8 @@ def _changed_values(cfg: TaskConfig) -> dict[str, object]:
         "bits": 24,
         "tau": 0.1,
         "checkpoint_interval": 5,
+        "log_format": "packed",
+        "bands": BandTable(default=Band(-30, -40), ops={"aten.mm.default": Band(-32, -44)}),
     }
 
 

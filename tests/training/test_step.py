@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
+from game.training.banding import LogTamperingError
+from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
 from game.training.profiles import Profile, get_profile
 from game.training.state import check_on_grid, decode_state, encode_state, state_hash
@@ -75,9 +77,12 @@ def test_roundWithoutLog_noisyPairDiverges(preset: str) -> None:
     assert diverged
 
 
-def test_largerNoise_belowTheBand_isStillCorrected() -> None:
-    # 2**-30 relative stays well inside the log's band (tau = 0.25 ulp >= 2**-26 relative).
-    cfg = small_cfg("mlp-digits")
+@pytest.mark.parametrize("log_format", ["sparse", "packed"])
+def test_largerNoise_insideTheBands_isStillCorrected(log_format: str) -> None:
+    # 2**-30 relative noise, with bands calibrated for it (16x margin: 2**-26 relative); the packed
+    # format's tau = 0.25 ulp (>= 2**-26 relative) covers it too.
+    bands = BandTable(default=Band(-26, -40))
+    cfg = small_cfg("mlp-digits").replace(log_format=log_format, bands=bands)
     et = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-30))
     ea = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-30))
     st, sa = et.init_state(), ea.init_state()
@@ -85,6 +90,23 @@ def test_largerNoise_belowTheBand_isStillCorrected() -> None:
         rt = et.run_step(st, step, mode="record")
         ra = ea.run_step(sa, step, mode="replay", log=rt.log)
         assert ra.state_hash == rt.state_hash and ra.corrections > 0
+
+
+@pytest.mark.parametrize("log_format", ["sparse", "packed"])
+def test_noiseBeyondTheCalibratedBands_isRefusedOrDiverges(log_format: str) -> None:
+    # The shipped bands assume the noisy profile's 2**-40; 2**-24 is hardware the calibration never
+    # saw. Replay must not silently succeed with a wrong state: it refuses the log (a direction
+    # outside the band) or lands on another state.
+    cfg = small_cfg("mlp-digits").replace(log_format=log_format)
+    et = StepEngine(cfg, get_profile("cpu-1t"))
+    ea = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-24))
+    st, sa = et.init_state(), ea.init_state()
+    rt = et.run_step(st, 1, mode="record")
+    try:
+        ra = ea.run_step(sa, 1, mode="replay", log=rt.log)
+    except LogTamperingError:
+        return
+    assert ra.state_hash != rt.state_hash
 
 
 @pytest.mark.parametrize("other", ["splitk-16", "noisy"])

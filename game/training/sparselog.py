@@ -1,0 +1,377 @@
+"""The sparse rounding log: per step only the values within their op's band, as (position, direction).
+
+A packed chunk (:mod:`roundlog`) spends 1.6 bits on every rounded value, yet only values within the
+calibrated divergence band of a rounding midpoint can round differently on another machine
+(:mod:`banding`). A sparse chunk lists just those. Layout::
+
+    magic        b"vgame-slog-v1\\0"
+    step         uint64 LE
+    spec hash    32 bytes
+    records      uint32 LE count
+    codec        uint8: 0 stored, 1 zlib, 2 lzma (xz container); the writer picks the smallest by default
+    payload size uint32 LE: bytes of the payload before compression
+    payload      compressed with the codec:
+                   names    uvarint count, then per name uvarint length + UTF-8
+                   records  per record: uvarint op-index gap (index - previous - 1; the first from -1),
+                            uvarint name id, uvarint value count, uvarint entry count
+                   gaps     per entry, record by record: uvarint position gap (position - previous - 1,
+                            restarting at -1 in each record)
+
+An entry is a value the trainer rounded to the *odd* neighbour although it lies within its band of
+a rounding midpoint; every other in-band value went to the even neighbour, so no direction bits are
+needed (:mod:`banding` has the rule and why it replays on other hardware).
+
+uvarints are LEB128 (7 bits per byte, high bit = more), shortest form only. Positions are the flat
+row-major indices in the op's output, so they are strictly increasing and below the value count;
+a chunk that breaks any of this, or has bytes left over, is a :class:`ChunkFormatError`. The chunk
+hash and the log root are the same as for packed chunks.
+"""
+
+from __future__ import annotations
+
+import lzma
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from game.errors import RoundingLogError
+from game.training.roundlog import (
+    HASH_SIZE,
+    ChunkFormatError,
+    ChunkMismatchError,
+    LogRecord,
+    LogSequenceError,
+)
+
+MAGIC = b"vgame-slog-v1\0"
+_HEADER = struct.Struct("<Q32sIBI")  # step, spec hash, record count, codec, payload size
+CODECS = {"stored": 0, "zlib": 1, "lzma": 2}
+#: "auto" keeps the smallest of zlib, lzma and no compression (zlib wins on small chunks, where the
+#: xz container's fixed cost shows; lzma on large ones). The codec byte says which one a chunk used.
+DEFAULT_CODEC = "auto"
+#: A payload larger than this is refused before decompressing (a chunk is one step's log).
+MAX_PAYLOAD = 1 << 30
+
+
+@dataclass(frozen=True)
+class SparseRecord:
+    """One rounded inexact tensor: its record, and the positions of its in-band values rounded odd."""
+
+    record: LogRecord
+    positions: torch.Tensor  # int64, strictly increasing, < record.count
+
+
+def _where(step: int | None) -> str:
+    return f"step {step}" if step is not None else "step ?"
+
+
+class SparseStepLog:
+    """The sparse rounding log of one step, in op order (the trainer appends; the auditor reads)."""
+
+    format = "sparse"
+
+    def __init__(self, step: int | None = None, *, codec: str = DEFAULT_CODEC) -> None:
+        if codec not in CODECS and codec != "auto":
+            raise RoundingLogError(f"unknown sparse-log codec {codec!r} (valid: auto, {', '.join(CODECS)})")
+        self.step = step
+        self.codec = codec
+        self._entries: list[SparseRecord] = []
+
+    @classmethod
+    def empty(cls, step: int | None = None) -> SparseStepLog:
+        return cls(step)
+
+    def append(self, op_index: int, op_name: str, count: int, positions: torch.Tensor) -> None:
+        """Record an op's listed values (positions ascending, flat row-major)."""
+        if not 0 <= op_index < 2**32:
+            raise RoundingLogError(f"{_where(self.step)}: op index {op_index} does not fit uint32")
+        if positions.dim() != 1:
+            raise RoundingLogError(f"{_where(self.step)}: op #{op_index}: positions must be a flat tensor")
+        self._entries.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions.detach()))
+
+    def pop(self) -> SparseRecord:
+        """Remove and return the last record (for a tool that rewrites the op just logged)."""
+        return self._entries.pop()
+
+    # ---- inspection ----------------------------------------------------------------------------
+
+    @property
+    def records(self) -> tuple[LogRecord, ...]:
+        return tuple(e.record for e in self._entries)
+
+    def entries(self) -> list[SparseRecord]:
+        """Every record with its entries (for tools that rewrite a log: tests, tampering)."""
+        return list(self._entries)
+
+    @property
+    def total_values(self) -> int:
+        """Rounded values the step logged for (all of them, in or out of band)."""
+        return sum(e.record.count for e in self._entries)
+
+    @property
+    def total_entries(self) -> int:
+        """Values that have an entry (in band and rounded to the odd neighbour)."""
+        return sum(int(e.positions.numel()) for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # ---- bytes ---------------------------------------------------------------------------------
+
+    def encode(self, step: int, spec_hash: bytes) -> bytes:
+        """The chunk bytes (see the module docstring)."""
+        if not 0 <= step < 2**64:
+            raise RoundingLogError(f"step {step} does not fit uint64")
+        if len(spec_hash) != HASH_SIZE:
+            raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
+        names: dict[str, int] = {}
+        head: list[int] = []
+        gaps: list[np.ndarray] = []
+        prev_op = -1
+        for e in self._entries:
+            r = e.record
+            name_id = names.setdefault(r.op_name, len(names))
+            pos = e.positions.to("cpu", torch.int64).numpy()
+            head += [r.op_index - prev_op - 1, name_id, r.count, pos.size]
+            prev_op = r.op_index
+            if pos.size:
+                gaps.append(np.diff(pos, prepend=-1) - 1)
+        name_bytes = [n.encode("utf-8") for n in names]
+        parts = [uvarint_encode(np.array([len(name_bytes)]))]
+        for nb in name_bytes:
+            parts += [uvarint_encode(np.array([len(nb)])), nb]
+        parts.append(uvarint_encode(np.array(head, dtype=np.int64)))
+        parts.append(uvarint_encode(np.concatenate(gaps) if gaps else np.zeros(0, np.int64)))
+        payload = b"".join(parts)
+        if len(payload) > MAX_PAYLOAD:
+            raise RoundingLogError(f"step {step}: sparse log payload of {len(payload)} bytes is too large")
+        codec = self.codec
+        if codec == "auto":
+            body = min(
+                ((_compress(payload, c), c) for c in ("zlib", "lzma", "stored")), key=lambda b: len(b[0])
+            )
+        else:
+            body = (_compress(payload, codec), codec)
+        header = _HEADER.pack(step, bytes(spec_hash), len(self._entries), CODECS[body[1]], len(payload))
+        return MAGIC + header + body[0]
+
+    @classmethod
+    def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> SparseStepLog:
+        """Parse and check a sparse chunk; errors name the step (see :meth:`StepLog.decode`)."""
+        where = _where(step)
+        if bytes(data[: len(MAGIC)]) != MAGIC:
+            raise ChunkFormatError(f"{where}: not a sparse rounding-log chunk (bad magic or version)")
+        if len(data) < len(MAGIC) + _HEADER.size:
+            raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(data)} bytes)")
+        own_step, own_spec, n_records, codec_id, size = _HEADER.unpack_from(data, len(MAGIC))
+        if step is not None and own_step != step:
+            raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
+        where = f"step {own_step}"
+        if own_spec != bytes(spec_hash):
+            raise ChunkMismatchError(
+                f"{where}: chunk belongs to task {own_spec.hex()[:16]}..., not {bytes(spec_hash).hex()[:16]}... "
+                "(foreign chunk)"
+            )
+        codec = {v: k for k, v in CODECS.items()}.get(codec_id)
+        if codec is None:
+            raise ChunkFormatError(f"{where}: unknown codec {codec_id}")
+        if size > MAX_PAYLOAD:
+            raise ChunkFormatError(f"{where}: payload size {size} is above the limit {MAX_PAYLOAD}")
+        payload = _decompress(bytes(data[len(MAGIC) + _HEADER.size :]), codec, size, where)
+        out = cls(own_step, codec=codec)
+        try:
+            out._entries = _parse_payload(payload, n_records, where)
+        except _Malformed as exc:
+            raise ChunkFormatError(f"{where}: corrupt sparse log: {exc}") from None
+        return out
+
+    def cursor(self) -> SparseCursor:
+        return SparseCursor(self)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _parse_payload(payload: bytes, n_records: int, where: str) -> list[SparseRecord]:
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    (n_names,), pos = uvarint_decode(buf, 0, 1)
+    if n_names > n_records:
+        raise _Malformed(f"{n_names} names for {n_records} records")
+    names: list[str] = []
+    for _ in range(n_names):
+        (length,), pos = uvarint_decode(buf, pos, 1)
+        if pos + length > buf.size:
+            raise _Malformed("truncated in the name table")
+        try:
+            names.append(bytes(buf[pos : pos + length]).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise _Malformed("an op name is not UTF-8") from None
+        pos += length
+    head, pos = uvarint_decode(buf, pos, 4 * n_records)
+    head = head.reshape(n_records, 4)
+    total = int(head[:, 3].sum()) if n_records else 0
+    gaps, pos = uvarint_decode(buf, pos, total)
+    if pos != buf.size:
+        raise _Malformed(f"{buf.size - pos} bytes left after the last entry")
+    records: list[SparseRecord] = []
+    op_index, start = -1, 0
+    for gap_op, name_id, count, n in head.tolist():
+        op_index += gap_op + 1
+        if op_index >= 2**32 or name_id >= len(names):
+            raise _Malformed(f"record {len(records)}: op index or name id out of range")
+        positions = np.cumsum(gaps[start : start + n] + 1) - 1
+        if n and int(positions[-1]) >= count:
+            raise _Malformed(
+                f"record {len(records)} (op #{op_index}): position {int(positions[-1])} >= {count} values"
+            )
+        records.append(
+            SparseRecord(
+                LogRecord(op_index, names[name_id], count),
+                torch.from_numpy(positions.astype(np.int64)),
+            )
+        )
+        start += n
+    return records
+
+
+class SparseCursor:
+    """The auditor's view of a sparse log: records taken in order, each checked against the op asking."""
+
+    def __init__(self, step_log: SparseStepLog) -> None:
+        self._log = step_log
+        self._pos = 0
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def take(self, op_index: int, op_name: str, numel: int) -> SparseRecord:
+        where = _where(self._log.step)
+        entries = self._log.entries()
+        if self._pos >= len(entries):
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
+                f"({len(entries)} records)"
+            )
+        e = entries[self._pos]
+        rec = e.record
+        if rec.op_index != op_index or rec.op_name != op_name:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
+                f"(op #{rec.op_index} {rec.op_name})"
+            )
+        if rec.count != numel:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
+            )
+        self._pos += 1
+        return e
+
+    def finish(self) -> None:
+        entries = self._log.entries()
+        if self._pos < len(entries):
+            rec = entries[self._pos].record
+            raise LogSequenceError(
+                f"{_where(self._log.step)}: {len(entries) - self._pos} log records left unread, "
+                f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
+            )
+
+
+# --------------------------------------------------------------------------------------------------
+# Codecs and varints
+# --------------------------------------------------------------------------------------------------
+
+
+def _compress(payload: bytes, codec: str) -> bytes:
+    if codec == "zlib":
+        return zlib.compress(payload, 9)
+    if codec == "lzma":
+        return lzma.compress(payload, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, preset=6)
+    return payload
+
+
+def _decompress(body: bytes, codec: str, size: int, where: str) -> bytes:
+    """Decompress at most ``size + 1`` bytes (no decompression bomb) and insist on exactly ``size``."""
+    try:
+        if codec == "stored":
+            out, rest = body, b""
+        elif codec == "zlib":
+            z = zlib.decompressobj()
+            out = z.decompress(body, size + 1)
+            if not z.eof:
+                raise ChunkFormatError(f"{where}: sparse payload truncated or larger than its stated size")
+            rest = z.unused_data
+        else:
+            dz = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+            out = dz.decompress(body, size + 1)
+            if not dz.eof:
+                raise ChunkFormatError(f"{where}: sparse payload truncated or larger than its stated size")
+            rest = dz.unused_data
+    except (zlib.error, lzma.LZMAError) as exc:
+        raise ChunkFormatError(f"{where}: corrupt compressed payload: {exc}") from None
+    if rest:
+        raise ChunkFormatError(f"{where}: {len(rest)} trailing bytes after the compressed payload")
+    if len(out) != size:
+        raise ChunkFormatError(f"{where}: payload is {len(out)} bytes, the header says {size}")
+    return out
+
+
+def uvarint_encode(values: np.ndarray) -> bytes:
+    """LEB128 of non-negative integers (< 2**63), vectorised."""
+    v = np.asarray(values, dtype=np.int64)
+    if v.size == 0:
+        return b""
+    if int(v.min()) < 0:
+        raise RoundingLogError("uvarints encode non-negative integers only")
+    u = v.astype(np.uint64)
+    lengths = np.ones(u.size, dtype=np.int64)
+    rest = u >> np.uint64(7)
+    while rest.any():
+        lengths += rest > 0
+        rest >>= np.uint64(7)
+    offsets = np.cumsum(lengths) - lengths
+    out = np.zeros(int(lengths.sum()), dtype=np.uint8)
+    for k in range(int(lengths.max())):
+        live = lengths > k
+        byte = (u[live] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        more = (lengths[live] > k + 1).astype(np.uint64) << np.uint64(7)
+        out[offsets[live] + k] = (byte | more).astype(np.uint8)
+    return out.tobytes()
+
+
+def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray, int]:
+    """``count`` LEB128 integers from ``buf[start:]``; returns them (int64) and the position after."""
+    if count == 0:
+        return np.zeros(0, dtype=np.int64), start
+    view = buf[start:]
+    ends = np.flatnonzero((view & 0x80) == 0)
+    if ends.size < count:
+        raise _Malformed(f"truncated: {count} varints expected, {ends.size} found")
+    ends = ends[:count]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if int(lengths.max()) > 9:
+        raise _Malformed("a varint is longer than 9 bytes")
+    if np.any((lengths > 1) & (view[ends] == 0)):
+        raise _Malformed("a varint is not in its shortest form")
+    out = np.zeros(count, dtype=np.int64)
+    for k in range(int(lengths.max())):
+        live = lengths > k
+        out[live] |= (view[starts[live] + k].astype(np.int64) & 0x7F) << (7 * k)
+    return out, start + int(ends[-1]) + 1
+
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
+    "MAGIC",
+    "SparseCursor",
+    "SparseRecord",
+    "SparseStepLog",
+    "uvarint_decode",
+    "uvarint_encode",
+]

@@ -1,0 +1,153 @@
+"""The sparse chunk format: round trips, every codec, and clear errors on damaged chunks."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from game.training import sparselog
+from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
+from game.training.sparselog import SparseStepLog, uvarint_decode, uvarint_encode
+
+SPEC = bytes(range(32))
+
+
+def _log(step: int = 3, codec: str = "auto", seed: int = 0, records: int = 6) -> SparseStepLog:
+    g = torch.Generator().manual_seed(seed)
+    out = SparseStepLog(step, codec=codec)
+    for i in range(records):
+        count = int(torch.randint(1, 5000, (1,), generator=g))
+        k = int(torch.randint(0, min(count, 40) + 1, (1,), generator=g))
+        pos = torch.randperm(count, generator=g)[:k].sort().values
+        out.append(i, ["aten.mm.default", "aten.addmm.default", "aten._softmax.default"][i % 3], count, pos)
+    return out
+
+
+def _same(a: SparseStepLog, b: SparseStepLog) -> bool:
+    return a.records == b.records and all(
+        torch.equal(x.positions, y.positions) for x, y in zip(a.entries(), b.entries(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("codec", ["auto", "stored", "zlib", "lzma"])
+def test_roundTrip_everyCodec(codec: str) -> None:
+    log = _log(codec=codec)
+    data = log.encode(3, SPEC)
+    back = decode_chunk(data, SPEC, 3)
+    assert isinstance(back, SparseStepLog) and _same(log, back)
+    assert back.total_entries == log.total_entries and back.total_values == log.total_values
+
+
+def test_auto_keepsTheSmallestEncoding() -> None:
+    log = _log(seed=4)
+    sizes = {}
+    for codec in ("zlib", "lzma", "stored", "auto"):
+        log.codec = codec
+        sizes[codec] = len(log.encode(3, SPEC))
+    assert sizes["auto"] == min(sizes["zlib"], sizes["lzma"], sizes["stored"])
+
+
+def test_emptyLog_roundTrips() -> None:
+    data = SparseStepLog(0).encode(0, SPEC)
+    back = decode_chunk(data, SPEC, 0)
+    assert isinstance(back, SparseStepLog) and len(back) == 0
+
+
+def test_nonSequentialOpIndices_roundTrip() -> None:
+    log = SparseStepLog(1)
+    for i in (0, 2, 7):
+        log.append(i, "aten.mm.default", 10, torch.tensor([1, 4]))
+    back = decode_chunk(log.encode(1, SPEC), SPEC, 1)
+    assert [r.op_index for r in back.records] == [0, 2, 7]
+
+
+@pytest.mark.parametrize("cut", [1, 10, 40, 60])
+def test_truncatedChunk_isAFormatError(cut: int) -> None:
+    data = _log(codec="zlib").encode(3, SPEC)
+    with pytest.raises(ChunkFormatError, match="step 3"):
+        decode_chunk(data[:-cut], SPEC, 3)
+
+
+def test_trailingBytes_areAFormatError() -> None:
+    data = _log(codec="lzma").encode(3, SPEC)
+    with pytest.raises(ChunkFormatError, match="trailing"):
+        decode_chunk(data + b"\0", SPEC, 3)
+
+
+def test_reorderedOrForeignChunk_isAMismatch() -> None:
+    data = _log().encode(3, SPEC)
+    with pytest.raises(ChunkMismatchError, match="reordered"):
+        decode_chunk(data, SPEC, 4)
+    with pytest.raises(ChunkMismatchError, match="foreign"):
+        decode_chunk(data, bytes(32), 3)
+
+
+def _with_payload(payload: bytes, n_records: int) -> bytes:
+    header = struct.pack("<Q32sIBI", 3, SPEC, n_records, 1, len(payload))
+    return sparselog.MAGIC + header + zlib.compress(payload)
+
+
+def test_positionPastTheValueCount_isAFormatError() -> None:
+    # names: 1 name "op"; record: gap 0, name 0, count 5, 1 entry; gap 9 -> position 9 >= 5
+    payload = uvarint_encode(np.array([1, 2])) + b"op" + uvarint_encode(np.array([0, 0, 5, 1, 9]))
+    with pytest.raises(ChunkFormatError, match="position 9 >= 5"):
+        decode_chunk(_with_payload(payload, 1), SPEC, 3)
+
+
+def test_statedPayloadSizeMismatch_isAFormatError() -> None:
+    payload = uvarint_encode(np.array([0]))
+    data = sparselog.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 1000) + zlib.compress(payload)
+    with pytest.raises(ChunkFormatError, match="header says 1000"):
+        decode_chunk(data, SPEC, 3)
+
+
+def test_decompressionBomb_isRefusedWithoutInflating() -> None:
+    bomb = zlib.compress(b"\0" * (50 << 20))
+    data = sparselog.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 16) + bomb
+    with pytest.raises(ChunkFormatError, match="larger than its stated size"):
+        decode_chunk(data, SPEC, 3)
+
+
+def test_unknownCodec_isAFormatError() -> None:
+    data = bytearray(_log(codec="stored").encode(3, SPEC))
+    data[len(sparselog.MAGIC) + 8 + 32 + 4] = 9
+    with pytest.raises(ChunkFormatError, match="unknown codec 9"):
+        decode_chunk(bytes(data), SPEC, 3)
+
+
+def test_cursor_checksOpNameCountAndOrder() -> None:
+    log = _log(records=2)
+    rec0, rec1 = log.records
+    cur = log.cursor()
+    with pytest.raises(LogSequenceError, match="does not match"):
+        cur.take(0, "aten.other.default", rec0.count)
+    cur = log.cursor()
+    with pytest.raises(LogSequenceError, match="values"):
+        cur.take(0, rec0.op_name, rec0.count + 1)
+    cur = log.cursor()
+    cur.take(0, rec0.op_name, rec0.count)
+    with pytest.raises(LogSequenceError, match="left unread"):
+        cur.finish()
+    cur.take(1, rec1.op_name, rec1.count)
+    cur.finish()
+    with pytest.raises(LogSequenceError, match="past the end"):
+        cur.take(2, rec1.op_name, rec1.count)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50))
+def test_uvarint_roundTrip(values: list[int]) -> None:
+    data = uvarint_encode(np.array(values, dtype=np.int64))
+    out, end = uvarint_decode(np.frombuffer(data, dtype=np.uint8), 0, len(values))
+    assert out.tolist() == values and end == len(data)
+
+
+def test_uvarint_rejectsOverlongForm() -> None:
+    with pytest.raises(sparselog._Malformed, match="shortest"):
+        uvarint_decode(np.array([0x81, 0x00], dtype=np.uint8), 0, 1)
