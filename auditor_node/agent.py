@@ -175,6 +175,8 @@ class AuditorAgent(TaskAgent):
         detail = f"{verdict} on {self.profile}, {result.corrections} corrections"
         if result.first_divergent_step is not None:
             detail += f", first divergent step {result.first_divergent_step}"
+        if result.rejected_log_steps:
+            detail += f"; log rejected at step {result.rejected_log_steps[0]}: {result.log_errors[0]}"
         self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=detail))
 
     # ----------------------------------------------------------------------- challenge

@@ -83,6 +83,7 @@ class Ruling:
     trainer_leaf: bytes  # the trainer's committed post-state (the game's hi leaf)
     trainer_right: bool
     tx: TxReceipt | None = None
+    note: str = ""  # why, when the judge did not simply replay the step (a rejected log)
 
 
 def rejected_log_hash(step: int, reason: str) -> bytes:
@@ -144,7 +145,8 @@ class Judge:
                 ruling.tx,
                 game_id=gid,
                 leaf_index=ruling.step,
-                detail=f"step {ruling.step}: computed {ruling.computed.hex()[:12]}..., {who} right",
+                detail=f"step {ruling.step}: computed {ruling.computed.hex()[:12]}..., {who} right"
+                + (f" ({ruling.note})" if ruling.note else ""),
             )
             out.append(action)
             log.info("judge: %s", action.detail)
@@ -182,7 +184,13 @@ class Judge:
         ruling = self.evaluate(game_id, evidence)
         tx = self.client.rule(game_id, ruling.computed)
         return Ruling(
-            ruling.game_id, ruling.step, ruling.computed, ruling.trainer_leaf, ruling.trainer_right, tx
+            ruling.game_id,
+            ruling.step,
+            ruling.computed,
+            ruling.trainer_leaf,
+            ruling.trainer_right,
+            tx,
+            ruling.note,
         )
 
     def evaluate(self, game_id: int, evidence: Evidence | None = None) -> Ruling:
@@ -194,8 +202,8 @@ class Judge:
         ev = evidence if evidence is not None else self.gather(game_id)
         self.check(g, task, ev)
         step = g.hi
-        computed = self._compute(g, ev)
-        return Ruling(game_id, step, computed, g.hi_leaf, computed == g.hi_leaf)
+        computed, note = self._compute(g, ev)
+        return Ruling(game_id, step, computed, g.hi_leaf, computed == g.hi_leaf, note=note)
 
     # ------------------------------------------------------------------------- checking
     @staticmethod
@@ -236,20 +244,20 @@ class Judge:
 
         return StepEngine(cfg, get_profile(self.profile))
 
-    def _compute(self, g: Game, ev: Evidence) -> bytes:
+    def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
         from game.training.banding import LogTamperingError
         from game.training.roundlog import decode_chunk
         from game.training.state import decode_state, state_hash
 
         engine = self._engine(ev.config)
         if g.dispute_init or g.hi == 0:
-            return state_hash(engine.init_state())
+            return state_hash(engine.init_state()), ""
         assert ev.pre_state is not None
         step = g.hi
         state = decode_state(ev.pre_state, ev.config)
         try:
             step_log = decode_chunk(ev.chunk, ev.config.spec_hash(), step)
-            return engine.run_step(state, step, mode="replay", log=step_log).leaf
+            return engine.run_step(state, step, mode="replay", log=step_log).leaf, ""
         except LogTamperingError as exc:
             # The committed log breaks the band rules (a direction outside its op's band, or a
             # position out of range): the trainer steered its rounding. Never a ruling for the
@@ -257,7 +265,7 @@ class Judge:
             log.info(
                 "step %d: the committed log is tampered with (%s); ruling against the trainer", step, exc
             )
-            return rejected_log_hash(step, str(exc))
+            return rejected_log_hash(step, str(exc)), f"log rejected: {exc}"
         except RoundingLogError as exc:
             # The committed chunk does not fit the step's computation: the trainer's own fault. The
             # step is run without corrections, which no honest trainer's leaf can be told from.
@@ -265,7 +273,9 @@ class Judge:
                 "step %d: the committed log chunk does not fit (%s); running it without the log", step, exc
             )
             state = decode_state(ev.pre_state, ev.config)
-            return engine.run_step(state, step, mode="round").leaf
+            return engine.run_step(
+                state, step, mode="round"
+            ).leaf, f"log does not fit, replayed without it: {exc}"
 
     # ------------------------------------------------------------------------ gathering
     def gather(self, game_id: int) -> Evidence:

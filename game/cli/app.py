@@ -41,3 +41,19 @@ def fail(err: VGameError | str, code: int = 2) -> typer.Exit:
     """Print an error for people on stderr and return the Exit to raise."""
     err_console.print(f"[bold red]error:[/] {err}")
     return typer.Exit(code)
+
+
+def parse_model_overrides(text: str | None) -> dict[str, int]:
+    """``--model "n_layer=12,n_embd=768"`` -> ``{"n_layer": 12, "n_embd": 768}`` (the config checks the names)."""
+    out: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        try:
+            out[key.strip()] = int(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"model sizes are NAME=INT pairs, comma-separated; got {part.strip()!r}")
+    return out

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.app import bench_app, console, emit_json, fail, parse_model_overrides
 from game.errors import VGameError
 
 
@@ -28,6 +28,11 @@ def log_size(
     preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Recorded steps per grid width.")] = 5,
     bits: Annotated[str, typer.Option("--bits", help="Grid widths (16..32), comma-separated.")] = "32,28,26",
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64".'),
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Record steps at each grid width; report the log per step, bits per value and noisy corrections."""
@@ -36,7 +41,10 @@ def log_size(
 
     widths = _parse_bits(bits)
     try:
-        cfg = TaskConfig.for_preset(preset)
+        overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
+        if batch_size is not None:
+            overrides["batch_size"] = batch_size
+        cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
             rows = measure_log_size(cfg, widths, steps=steps)
         else:

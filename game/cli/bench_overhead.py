@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.app import bench_app, console, emit_json, fail, parse_model_overrides
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # torch loads only when the command runs
@@ -21,6 +21,14 @@ def overhead(
     warmup: Annotated[
         int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")
     ] = 1,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64".'),
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
+    log_format: Annotated[
+        str | None, typer.Option("--log-format", help="Trainer's log format: sparse (default) or packed.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
@@ -28,7 +36,12 @@ def overhead(
     from game.training.overhead import measure_overhead
 
     try:
-        cfg = TaskConfig.for_preset(preset)
+        overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
+        if batch_size is not None:
+            overrides["batch_size"] = batch_size
+        if log_format is not None:
+            overrides["log_format"] = log_format
+        cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
             report = measure_overhead(cfg, steps=steps, repeats=repeats, warmup=warmup)
         else:

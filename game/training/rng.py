@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 from game.errors import ConfigError
 
@@ -135,9 +136,15 @@ def _words(
     k: int,
     device: torch.device | str | None,
 ) -> Tensor:
-    """``k`` stream words per element: shape ``(len(example_ids), *shape, k)``, or ``(*shape, k)``."""
+    """``k`` stream words per element: shape ``(len(example_ids), *shape, k)``, or ``(*shape, k)``.
+
+    Computed with any dispatch mode suspended: the words are pure integer arithmetic, identical with
+    or without the rounding interceptor (which leaves integer results alone), and dropout would
+    otherwise send some 200 tiny integer ops per call through Python one by one.
+    """
     n = math.prod(shape)
-    flat = stream(seed, step, purpose, example_ids, n * k, device)
+    with _disable_current_modes():
+        flat = stream(seed, step, purpose, example_ids, n * k, device)
     out_shape = (*shape, k) if example_ids is None else (flat.shape[0], *shape, k)
     return flat.reshape(out_shape)
 
