@@ -34,8 +34,8 @@ from game.errors import ConfigError
 from game.training import banding, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
-from game.training.roundlog import ChunkLog, ChunkMismatchError, StepLog, StepLogCursor
-from game.training.sparselog import SparseCursor, SparseStepLog
+from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
+from game.training.sparselog import SparseRecord, SparseStepLog
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +220,8 @@ def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
         positions, training_pos = hidden
         if len(args) > training_pos and args[training_pos]:
             found.extend(t for p in positions for t in _tensors(args[p]))
+    if not found:  # a functional op: its outputs are fresh tensors, distinct from each other
+        return list(_tensors(out))
     seen = {_key(t) for t in found}
     for t in _tensors(out):
         k = _key(t)
@@ -269,7 +271,7 @@ class RoundingMode(TorchDispatchMode):
         self.step = step
         self.log = log
         self.bands = bands if bands is not None else UNCHECKED_BANDS
-        self._cursor: StepLogCursor | SparseCursor | None = (
+        self._cursor: RecordCursor[Any] | None = (
             log.cursor() if mode == "replay" and log is not None else None
         )
         self._noise: NoiseSource | None = profile.noise_generator()
@@ -353,14 +355,14 @@ class RoundingMode(TorchDispatchMode):
 
     def _replay(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
         """Auditor and judge: round ``t`` with the trainer's entries, after the band checks."""
-        if isinstance(self._cursor, SparseCursor):
-            entry = self._cursor.take(index, name, t.numel())  # raises LogSequenceError on mismatch
+        assert self._cursor is not None
+        if isinstance(self.log, SparseStepLog):
+            entry: SparseRecord = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
             r, n, free = banding.round_with_entries(
                 t, self.bits, band, entry.positions, count_free=self.count_free
             )
             self.free += max(free, 0)
         else:
-            assert self._cursor is not None
             trits = self._cursor.take(index, name, t.numel())
             r, changed = rounding.round_with_log_changes(t, self.bits, trits.reshape(t.shape))
             banding.check_corrections(t, self.bits, band, changed)

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -35,11 +35,14 @@ import torch
 from game.errors import RoundingLogError
 from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.merkle import merkle_root
+from game.training.config import LOG_FORMATS
 
 if TYPE_CHECKING:
     from game.training.sparselog import SparseStepLog
 
 log = logging.getLogger(__name__)
+
+_Item = TypeVar("_Item")
 
 MAGIC = b"vgame-log-v1\0"
 HASH_SIZE = 32
@@ -284,14 +287,11 @@ class StepLog:
 
     def cursor(self) -> StepLogCursor:
         """A reader that hands the records out in order to the replaying computation."""
-        return StepLogCursor(self)
+        return RecordCursor(self.step, self._records, self._trits)
 
 
 #: A decoded chunk of either format.
 ChunkLog: TypeAlias = "StepLog | SparseStepLog"
-
-#: The formats a task can choose (``TaskConfig.log_format``).
-LOG_FORMATS: tuple[str, ...] = ("sparse", "packed")
 
 
 def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> ChunkLog:
@@ -316,11 +316,16 @@ def new_step_log(log_format: str, step: int | None) -> ChunkLog:
     raise RoundingLogError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
 
 
-class StepLogCursor:
-    """The auditor's view of a log: records taken in order, each checked against the op asking."""
+class RecordCursor(Generic[_Item]):
+    """The auditor's view of a log: records taken in order, each checked against the op asking.
 
-    def __init__(self, step_log: StepLog) -> None:
-        self._log = step_log
+    Shared by both formats: ``items[i]`` is what record ``i`` carries (trits, or sparse entries).
+    """
+
+    def __init__(self, step: int | None, records: Sequence[LogRecord], items: Sequence[_Item]) -> None:
+        self._step = step
+        self._records = list(records)
+        self._items = list(items)
         self._pos = 0
 
     @property
@@ -328,10 +333,10 @@ class StepLogCursor:
         """Number of records taken so far."""
         return self._pos
 
-    def take(self, op_index: int, op_name: str, numel: int) -> torch.Tensor:
-        """The next record's trits (flat uint8), after checking it was recorded for this op."""
-        where = _where(self._log.step)
-        records = self._log.records
+    def take(self, op_index: int, op_name: str, numel: int) -> _Item:
+        """The next record's payload, after checking it was recorded for this op."""
+        where = _where(self._step)
+        records = self._records
         if self._pos >= len(records):
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
@@ -347,19 +352,23 @@ class StepLogCursor:
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
             )
-        trits = self._log.trits(self._pos)
+        item = self._items[self._pos]
         self._pos += 1
-        return trits
+        return item
 
     def finish(self) -> None:
         """Raise when records remain unread: the replay ran fewer ops than the trainer logged."""
-        records = self._log.records
+        records = self._records
         if self._pos < len(records):
             rec = records[self._pos]
             raise LogSequenceError(
-                f"{_where(self._log.step)}: {len(records) - self._pos} log records left unread, "
+                f"{_where(self._step)}: {len(records) - self._pos} log records left unread, "
                 f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
             )
+
+
+#: The packed log's cursor hands out flat uint8 trits.
+StepLogCursor = RecordCursor[torch.Tensor]
 
 
 # ----------------------------------------------------------------------------------------------

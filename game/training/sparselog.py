@@ -43,7 +43,7 @@ from game.training.roundlog import (
     ChunkFormatError,
     ChunkMismatchError,
     LogRecord,
-    LogSequenceError,
+    RecordCursor,
 )
 
 MAGIC = b"vgame-slog-v1\0"
@@ -189,7 +189,8 @@ class SparseStepLog:
         return out
 
     def cursor(self) -> SparseCursor:
-        return SparseCursor(self)
+        """A reader that hands the records out in order to the replaying computation."""
+        return RecordCursor(self.step, [e.record for e in self._entries], self._entries)
 
 
 class _Malformed(Exception):
@@ -238,47 +239,8 @@ def _parse_payload(payload: bytes, n_records: int, where: str) -> list[SparseRec
     return records
 
 
-class SparseCursor:
-    """The auditor's view of a sparse log: records taken in order, each checked against the op asking."""
-
-    def __init__(self, step_log: SparseStepLog) -> None:
-        self._log = step_log
-        self._pos = 0
-
-    @property
-    def position(self) -> int:
-        return self._pos
-
-    def take(self, op_index: int, op_name: str, numel: int) -> SparseRecord:
-        where = _where(self._log.step)
-        entries = self._log.entries()
-        if self._pos >= len(entries):
-            raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
-                f"({len(entries)} records)"
-            )
-        e = entries[self._pos]
-        rec = e.record
-        if rec.op_index != op_index or rec.op_name != op_name:
-            raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
-                f"(op #{rec.op_index} {rec.op_name})"
-            )
-        if rec.count != numel:
-            raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
-            )
-        self._pos += 1
-        return e
-
-    def finish(self) -> None:
-        entries = self._log.entries()
-        if self._pos < len(entries):
-            rec = entries[self._pos].record
-            raise LogSequenceError(
-                f"{_where(self._log.step)}: {len(entries) - self._pos} log records left unread, "
-                f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
-            )
+#: The sparse log's cursor hands out each record's entries.
+SparseCursor = RecordCursor[SparseRecord]
 
 
 # --------------------------------------------------------------------------------------------------
