@@ -141,6 +141,19 @@ def _where(step: int | None) -> str:
     return f"step {step}" if step is not None else "step ?"
 
 
+def check_chunk_identity(own_step: int, own_spec: bytes, step: int | None, spec_hash: bytes) -> str:
+    """Raise ChunkMismatchError when a chunk names another step (reordered) or task (foreign);
+    returns the ``step N`` that error messages about the chunk start with."""
+    if step is not None and own_step != step:
+        raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
+    if own_spec != bytes(spec_hash):
+        raise ChunkMismatchError(
+            f"step {own_step}: chunk belongs to task {own_spec.hex()[:16]}..., not "
+            f"{bytes(spec_hash).hex()[:16]}... (foreign chunk)"
+        )
+    return f"step {own_step}"
+
+
 class StepLog:
     """The packed rounding log of one step (a trit for every rounded value), in op order.
 
@@ -236,14 +249,7 @@ class StepLog:
             raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(view)} bytes)")
         own_step, own_spec, n_records = _HEADER.unpack_from(view, pos)
         pos += _HEADER.size
-        if step is not None and own_step != step:
-            raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
-        where = f"step {own_step}"
-        if own_spec != bytes(spec_hash):
-            raise ChunkMismatchError(
-                f"{where}: chunk belongs to task {own_spec.hex()[:16]}..., not {bytes(spec_hash).hex()[:16]}... "
-                "(foreign chunk)"
-            )
+        where = check_chunk_identity(own_step, own_spec, step, spec_hash)
         if n_records * _MIN_RECORD > len(view) - pos:
             raise ChunkFormatError(
                 f"{where}: chunk truncated: {n_records} records cannot fit {len(view)} bytes"

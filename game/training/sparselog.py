@@ -41,9 +41,9 @@ from game.errors import RoundingLogError
 from game.training.roundlog import (
     HASH_SIZE,
     ChunkFormatError,
-    ChunkMismatchError,
     LogRecord,
     RecordCursor,
+    check_chunk_identity,
 )
 
 MAGIC = b"vgame-slog-v1\0"
@@ -167,14 +167,7 @@ class SparseStepLog:
         if len(data) < len(MAGIC) + _HEADER.size:
             raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(data)} bytes)")
         own_step, own_spec, n_records, codec_id, size = _HEADER.unpack_from(data, len(MAGIC))
-        if step is not None and own_step != step:
-            raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
-        where = f"step {own_step}"
-        if own_spec != bytes(spec_hash):
-            raise ChunkMismatchError(
-                f"{where}: chunk belongs to task {own_spec.hex()[:16]}..., not {bytes(spec_hash).hex()[:16]}... "
-                "(foreign chunk)"
-            )
+        where = check_chunk_identity(own_step, own_spec, step, spec_hash)
         codec = {v: k for k, v in CODECS.items()}.get(codec_id)
         if codec is None:
             raise ChunkFormatError(f"{where}: unknown codec {codec_id}")
