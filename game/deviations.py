@@ -212,8 +212,8 @@ def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band:
     from game.training.sparselog import SparseStepLog
 
     assert isinstance(step_log, SparseStepLog)
-    geo = banding.geometry(rounding._int_view(x.detach()).reshape(-1), bits, band)
-    zone = (geo.off & (geo.distance <= geo.band)).nonzero().squeeze(1)
+    xf = rounding._int_view(x.detach()).reshape(-1)
+    zone, _ = banding.within(xf, bits, band, 0, banding.top_binade(xf))
     last = step_log.pop()
     listed = last.positions.to(zone.device)
     keep = listed[~torch.isin(listed, zone)]  # listed outside the zone: the auditor rounds those right anyway

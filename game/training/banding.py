@@ -93,14 +93,25 @@ class Geometry(NamedTuple):
     off: Tensor  # bool: not on the grid (needs rounding at all)
 
 
-def geometry(xf: Tensor, bits: int, band: Band) -> Geometry:
-    """Distance, band and off-grid flag of every lane of a flat int64 view of float64 values."""
+def top_binade(xf: Tensor) -> int:
+    """Biased exponent of the largest magnitude (``e(S)`` of the band), at least float32's smallest normal."""
+    if xf.numel() == 0:
+        return _MIN_NORMAL_BIASED
+    return max(int((xf & _ABS_MASK).max()) >> _MANT, _MIN_NORMAL_BIASED)
+
+
+def geometry(xf: Tensor, bits: int, band: Band, top_biased: int | None = None) -> Geometry:
+    """Distance, band and off-grid flag of every lane of a flat int64 view of float64 values.
+
+    ``top_biased`` is the tensor's :func:`top_binade`; pass it when ``xf`` is a gathered subset.
+    """
     g = rounding._grid(bits)
     a = xf & _ABS_MASK
     if a.numel() == 0:
         empty = torch.empty_like(a)
         return Geometry(empty, empty, empty.bool())
-    top_biased = max(int(a.max()) >> _MANT, _MIN_NORMAL_BIASED)
+    if top_biased is None:
+        top_biased = top_binade(xf)
     r = xf & (g.step - 1)  # the sign bit is above the mask: same low bits as |x|
     off = r != 0
     dist = r.sub_(g.half).abs_()
@@ -138,6 +149,27 @@ def _rare_geometry(xf: Tensor, bits: int, band: Band, top_biased: int) -> tuple[
     lim = torch.where(past, 0.0, torch.clamp(limit * scale, max=float(g.half >> 2)))
     off = (md != 0.5) & ~past  # midpoint_distance is exactly 0.5 on the grid
     return dist.floor().to(torch.int64), lim.floor().to(torch.int64), off
+
+
+def within(xf: Tensor, bits: int, band: Band, widen: int, top_biased: int) -> tuple[Tensor, Geometry]:
+    """Indices of the off-grid lanes with ``d <= B << widen``, and their geometry.
+
+    Decided in two passes so that the exact band is computed only where it can matter: where a value
+    lies at most 8 binades (``rel - abs``) below the tensor's top, the floor is at most the relative
+    part, so ``B <= 2 * 2**(52 + rel)`` and one comparison of ``d`` rules the lane out; smaller values
+    (and the rare lanes) are kept for the exact test, with everything near a midpoint.
+    """
+    g = rounding._grid(bits)
+    a = xf & _ABS_MASK
+    d = (xf & (g.step - 1)).sub_(g.half).abs_()
+    rel_units = 1 << (_MANT + band.rel) if _MANT + band.rel >= 0 else 0
+    small = max(min(top_biased + band.abs - band.rel, 2047), _MIN_NORMAL_BIASED) << _MANT
+    tiny = (a < small).logical_and_(a != 0)  # exact zeros are on the grid: never a candidate
+    maybe = (d <= (rel_units << (widen + 1))).logical_or_(tiny).logical_or_(a > g.max_finite)
+    idx = maybe.nonzero().squeeze(1)
+    geo = geometry(xf.index_select(0, idx), bits, band, top_biased)
+    keep = geo.off & (geo.distance <= (geo.band << widen))
+    return idx[keep], Geometry(geo.distance[keep], geo.band[keep], geo.off[keep])
 
 
 def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tensor]:
@@ -182,8 +214,7 @@ def round_and_band(x: Tensor, bits: int, band: Band) -> tuple[Tensor, Tensor]:
     """
     xf = rounding._int_view(x).reshape(-1)
     rounded = rounding.rnd(x, bits)
-    geo = geometry(xf, bits, band)
-    cand = ((geo.distance <= (geo.band << 2)) & geo.off).nonzero().squeeze(1)
+    cand, _ = within(xf, bits, band, 2, top_binade(xf))
     if cand.numel() == 0:
         return rounded, cand
     _, odd = _neighbours(xf, cand, bits)
@@ -196,25 +227,27 @@ def round_and_band(x: Tensor, bits: int, band: Band) -> tuple[Tensor, Tensor]:
 # --------------------------------------------------------------------------------------------------
 
 
-def check_entries(geo: Geometry, positions: Tensor, *, widen: int) -> None:
+def check_entries(
+    xf: Tensor, bits: int, band: Band, positions: Tensor, *, widen: int, top_biased: int
+) -> None:
     """Raise :class:`BandViolation` when an entry is out of range or farther than ``B << widen`` from a
     midpoint (4 for the sparse log's 16 B, 2 for a packed log's corrections)."""
-    n = geo.distance.numel()
+    n = xf.numel()
     if positions.numel() == 0:
         return
     lo, hi = int(positions.min()), int(positions.max())
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise BandViolation("position", bad, f"entry for value {bad}, but the op has {n} values")
-    d = geo.distance.index_select(0, positions)
-    wide = geo.band.index_select(0, positions) << widen
-    outside = d > wide
+    geo = geometry(xf.index_select(0, positions), bits, band, top_biased)
+    wide = geo.band << widen
+    outside = geo.distance > wide
     if bool(outside.any()):
         i = int(outside.nonzero()[0, 0])
         raise BandViolation(
             "outside",
             int(positions[i]),
-            f"a direction is logged {int(d[i])} float64 ulps from a rounding midpoint, "
+            f"a direction is logged {int(geo.distance[i])} float64 ulps from a rounding midpoint, "
             f"outside the op's band (accepted up to {int(wide[i])})",
         )
 
@@ -241,12 +274,12 @@ def round_with_entries(
     if pos.numel() > 1 and not bool((pos[1:] > pos[:-1]).all()):
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
-    geo = geometry(xf, bits, band)
-    check_entries(geo, pos, widen=4)
-    free = int((geo.off & (geo.distance <= (geo.band << 4))).count_nonzero()) if count_free else -1
+    top = top_binade(xf)
+    check_entries(xf, bits, band, pos, widen=4, top_biased=top)
+    free = int(within(xf, bits, band, 4, top)[0].numel()) if count_free else -1
     out = rounding.rnd(x, bits)
     flat = out.view(-1)
-    zone = (geo.off & (geo.distance <= geo.band)).nonzero().squeeze(1)
+    zone, _ = within(xf, bits, band, 0, top)
     touched = torch.cat([zone, pos]).unique() if pos.numel() else zone
     if touched.numel() == 0:
         return Replayed(out, 0, free)
@@ -267,7 +300,7 @@ def check_corrections(x: Tensor, bits: int, band: Band, changed: Tensor) -> None
     if not bool(changed.any()):
         return
     xf = rounding._int_view(x).reshape(-1)
-    check_entries(geometry(xf, bits, band), changed.nonzero().squeeze(1), widen=2)
+    check_entries(xf, bits, band, changed.nonzero().squeeze(1), widen=2, top_biased=top_binade(xf))
 
 
 __all__ = [
@@ -280,4 +313,6 @@ __all__ = [
     "geometry",
     "round_and_band",
     "round_with_entries",
+    "top_binade",
+    "within",
 ]

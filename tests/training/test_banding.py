@@ -195,3 +195,24 @@ def test_rareLanes_subnormalRange_replayConsistently() -> None:
     r_t, pos = banding.round_and_band(x_t, 32, BAND)
     r_a, _, _ = banding.round_with_entries(x_a, 32, BAND, pos)
     assert torch.equal(r_t.view(torch.int64), r_a.view(torch.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    widen=st.sampled_from([0, 2, 4]),
+    rel=st.integers(-50, -20),
+    gap=st.integers(-4, 20),
+    bits=st.sampled_from([32, 28, 26, 16]),
+)
+def test_within_equalsTheFullGeometry(seed: int, widen: int, rel: int, gap: int, bits: int) -> None:
+    # the two-pass candidate search must find exactly the lanes the definition names
+    band = Band(rel, max(min(rel - gap, -2), -60))
+    x = torch.cat([_mixed_values(3000, seed, bits), torch.tensor([0.0, -0.0, 1e-40, 3e38, 1e300])])
+    xf = x.view(torch.int64)
+    top = banding.top_binade(xf)
+    geo = banding.geometry(xf, bits, band)
+    want = (geo.off & (geo.distance <= (geo.band << widen))).nonzero().squeeze(1)
+    got, sub = banding.within(xf, bits, band, widen, top)
+    assert torch.equal(got, want)
+    assert torch.equal(sub.distance, geo.distance[want]) and torch.equal(sub.band, geo.band[want])
