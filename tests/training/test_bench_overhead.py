@@ -127,3 +127,17 @@ def test_bench_log_json_has_the_documented_keys() -> None:
                         "bits_per_value_sparse", "bits_per_value_sparse_stored", "entries_per_step",
                         "free_bits_per_step", "sparse_corrections_per_step"}  # fmt: skip
     assert row["zlib_bytes_per_step"] <= row["packed_bytes_per_step"]
+
+
+def test_model_overrides_parse_and_reach_the_config() -> None:
+    import typer
+
+    from game.cli.app import parse_model_overrides
+
+    assert parse_model_overrides("n_layer=12, n_embd=768") == {"n_layer": 12, "n_embd": 768}
+    assert parse_model_overrides(None) == {} and parse_model_overrides("") == {}
+    for bad in ("n_layer", "n_layer=x", "=3"):
+        with pytest.raises(typer.BadParameter, match="NAME=INT"):
+            parse_model_overrides(bad)
+    r = vgame("bench", "log", "--preset", "mlp-digits", "--model", "width=3", "--steps", "1")
+    assert r.returncode == 2 and "model.width: unknown size" in r.stderr
