@@ -192,7 +192,7 @@ def _draw_overhead(ax: Any, points: Sequence[OverheadPoint]) -> None:
 
 
 def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
-    from matplotlib.ticker import MaxNLocator, NullLocator
+    from matplotlib.ticker import NullLocator
 
     formats = list(dict.fromkeys(f for p in points for f in p.bits_per_value))
     width = 0.8 / len(formats)
@@ -203,7 +203,7 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
         vals = [p.bits_per_value.get(fmt, math.nan) for p in points]
         values += [v for v in vals if v > 0]
         bars = ax.bar(offs, vals, width, label=fmt, zorder=2)
-        ax.bar_label(bars, labels=[f"{v:.2f}" if v > 0 else "" for v in vals], fontsize=5, padding=1)
+        ax.bar_label(bars, labels=[f"{v:.2g}" if v > 0 else "" for v in vals], fontsize=5, padding=1)
     papers = sorted({p.paper_packed for p in points if p.paper_packed is not None})
     for paper in papers:
         ax.axhline(
@@ -215,10 +215,12 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
     ax.set_yscale("log")
     lo, hi = min(values + papers), max(values + papers)
     ax.set_ylim(lo / 1.3, hi * 1.6)  # headroom for the legend
-    # WHY explicit ticks: a log axis spanning less than a decade gets no readable default labels
+    # WHY explicit ticks: matplotlib labels only some decades of a log axis; 1-2-5 steps read well
     ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_yticks([t for t in MaxNLocator(6).tick_values(lo / 1.3, hi * 1.6) if t > 0])
-    ax.set_yticklabels([f"{t:g}" for t in ax.get_yticks()])
+    decades = range(math.floor(math.log10(lo / 1.3)), math.ceil(math.log10(hi * 1.6)) + 1)
+    ticks = [m * 10.0**k for k in decades for m in (1, 2, 5) if lo / 1.3 <= m * 10.0**k <= hi * 1.6]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
     ax.set_ylim(lo / 1.3, hi * 1.6)
     ax.set_ylabel("bits per logged value (log scale)")
     ax.set_title("Size of the rounding log")
