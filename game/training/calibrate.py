@@ -166,20 +166,21 @@ def _float64_pairs(a: list[Tensor], b: list[Tensor]) -> Iterator[tuple[Tensor, T
 
 
 class CalibrationMode(RoundingMode):
-    """Runs a step like ``round`` mode on the reference profile, measuring every inexact op against the others."""
+    """Runs a step like ``round`` mode on the reference profile, measuring every inexact op against the others.
+
+    The other keyword arguments are :class:`RoundingMode`'s (the step engine passes them).
+    """
 
     def __init__(
         self,
         *,
-        cfg: TaskConfig,
-        reference: Profile,
         others: Sequence[Profile],
-        step: int,
         stats: dict[str, OpStats],
         random_inputs: bool,
         gen: torch.Generator,
+        **rounding: Any,
     ) -> None:
-        super().__init__(bits=cfg.bits, tau=cfg.tau, mode="round", profile=reference, step=step)
+        super().__init__(**rounding)
         self.others = list(others)
         self.stats = stats
         self.random_inputs = random_inputs
@@ -285,32 +286,20 @@ def calibrate(
     if not 1 <= steps <= cfg.steps:
         raise ConfigError(f"steps: {steps} is outside 1..{cfg.steps} (the task's steps)")
     reference, others = resolved[0], resolved[1:]
-    engine = StepEngine(cfg, reference)
-    state = engine.init_state()
     stats: dict[str, OpStats] = {}
     gen = torch.Generator().manual_seed(seed)
-    for step in range(1, steps + 1):
-        batch = engine.prepare_batch(engine.batch(step))
-        from game.training.models import StepContext
 
-        ctx = StepContext(seed=cfg.seed, step=step, example_ids=batch.example_ids)
-        state.model.train()
-        state.optimizer.zero_grad(set_to_none=True)
-        mode = CalibrationMode(
-            cfg=cfg,
-            reference=reference,
-            others=others,
-            step=step,
-            stats=stats,
-            random_inputs=random_inputs,
-            gen=gen,
-        )
-        with reference.apply(), mode:
-            loss = engine.preset.loss(state.model, batch, ctx)
-            loss.backward()
-            state.optimizer.step()
-        state.optimizer.zero_grad(set_to_none=True)
-        state.step = step
+    class Measuring(CalibrationMode):
+        def __init__(self, **rounding: Any) -> None:
+            super().__init__(others=others, stats=stats, random_inputs=random_inputs, gen=gen, **rounding)
+
+    class MeasuringEngine(StepEngine):
+        mode_class: type[RoundingMode] = Measuring
+
+    engine = MeasuringEngine(cfg, reference)
+    state = engine.init_state()
+    for step in range(1, steps + 1):
+        engine.run_step(state, step, mode="round")  # the reference's own step, every inexact op measured
         if progress is not None:
             progress(f"step {step}/{steps}: {len(stats)} ops measured")
     bands = {name: st.band(margin) for name, st in stats.items()}
