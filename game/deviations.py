@@ -8,7 +8,8 @@ divergent leaf, and therefore the step the game pins, is ``S``:
 * :class:`SkipStep`: step ``S`` is not computed (the state only advances its step counter);
 * :class:`WrongLR`: from step ``S`` on the optimizer runs with ``lr * factor``;
 * :class:`TamperedLog`: the published log chunk of step ``S`` says the other direction for its
-  logged values (packed: down/up trits swapped; sparse: the entries dropped), so replaying it
+  logged values (packed: down/up trits swapped; sparse: every in-band value listed where it was
+  not and unlisted where it was, all inside the band), so replaying it
   (auditor, judge) does not reproduce the trainer's leaf ``S``;
 * :class:`SteeredLog`: in step ``S`` the trainer rounds a few values of every rounded tensor to the
   other grid neighbour although they lie far outside their op's band, and logs those directions:
@@ -181,7 +182,7 @@ class SteeredLog(Deviation):
             return honest
         eng = self._engines.get(id(honest))
         if eng is None:
-            eng = self._engines[id(honest)] = _steering_engine(honest, self)
+            eng = self._engines[id(honest)] = _mode_engine(honest, _steer_values, self)
         return eng
 
 
@@ -229,10 +230,6 @@ def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band:
 
 def _steer_values(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
     dev.steered += _steer(step_log, x, r, bits, band, dev.per_tensor)
-
-
-def _steering_engine(honest: StepEngine, dev: SteeredLog) -> StepEngine:
-    return _mode_engine(honest, _steer_values, dev)
 
 
 def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, k: int) -> int:
