@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from game.cli.app import app, err_console
 from game.errors import VGameError
 
@@ -36,7 +38,7 @@ def main() -> None:
     try:
         app()
     except VGameError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages may hold [brackets]
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from game.errors import VGameError
 
@@ -39,7 +40,7 @@ def emit_json(obj: Any) -> None:
 
 def fail(err: VGameError | str, code: int = 2) -> typer.Exit:
     """Print an error for people on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {err}")
+    err_console.print(f"[bold red]error:[/] {escape(str(err))}")  # messages may hold [brackets]
     return typer.Exit(code)
 
 

@@ -111,3 +111,11 @@ def test_train_packed_log_format_and_bad_format(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     r = vgame("train", *SMALL, "--log-format", "zip", "--out", str(tmp_path / "z"))
     assert r.returncode == 2 and "log_format" in r.stderr
+
+
+def test_error_messages_keep_their_brackets(tmp_path: Path) -> None:
+    # rich must not eat "[rel, abs]" as markup: the message says what the file should hold
+    bad = tmp_path / "bands.toml"
+    bad.write_text('format = "vgame-bands-v1"\n[bands]\ndefault = [-35]\n')
+    r = vgame("train", *SMALL, "--bands", str(bad), "--out", str(tmp_path / "t"))
+    assert r.returncode == 2 and "expected [rel, abs]" in r.stderr
