@@ -44,17 +44,23 @@ def fail(err: VGameError | str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def parse_model_overrides(text: str | None) -> dict[str, int]:
-    """``--model "n_layer=12,n_embd=768"`` -> ``{"n_layer": 12, "n_embd": 768}`` (the config checks the names)."""
-    out: dict[str, int] = {}
+def parse_model_overrides(text: str | None) -> dict[str, int | str]:
+    """``--model "n_layer=12,arch=resnet50"`` -> ``{"n_layer": 12, "arch": "resnet50"}``.
+
+    A value that reads as an integer is one; any other is kept as a string. The config checks the
+    names and the types.
+    """
+    out: dict[str, int | str] = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
         key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise typer.BadParameter(
+                f"model sizes are NAME=VALUE pairs, comma-separated; got {part.strip()!r}"
+            )
         try:
             out[key.strip()] = int(value)
         except ValueError:
-            sep = ""
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"model sizes are NAME=INT pairs, comma-separated; got {part.strip()!r}")
+            out[key.strip()] = value.strip()
     return out

@@ -30,7 +30,10 @@ def log_size(
     bits: Annotated[str, typer.Option("--bits", help="Grid widths (16..32), comma-separated.")] = "32,28,26",
     model: Annotated[
         str | None,
-        typer.Option("--model", help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64".'),
+        typer.Option(
+            "--model",
+            help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
+        ),
     ] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,

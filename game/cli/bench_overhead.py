@@ -23,7 +23,10 @@ def overhead(
     ] = 1,
     model: Annotated[
         str | None,
-        typer.Option("--model", help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64".'),
+        typer.Option(
+            "--model",
+            help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
+        ),
     ] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
     log_format: Annotated[

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from game.errors import TrainingError
+from game.errors import ConfigError, TrainingError
 from game.training import rng
-from game.training.config import CNNShape, GPTShape, MLPShape
+from game.training.config import CNN_ARCHS, CNNShape, GPTShape, MLPShape
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,80 @@ class CNNDigits(nn.Module):
         x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
         x = self.drop(x.reshape(x.shape[0], -1), ctx)
         return self.head(F.relu(self.fc(x)))
+
+
+#: ResNet-50: bottleneck blocks per stage, their strides (CIFAR-style: the first keeps 32x32), and
+#: the channel expansion of a block's last 1x1 conv.
+RESNET50_BLOCKS = (3, 4, 6, 3)
+RESNET50_STRIDES = (1, 2, 2, 2)
+RESNET50_EXPANSION = 4
+
+#: The 8x8 digits are upsampled to 32x32 (CIFAR's size) by repeating each pixel this often per axis.
+RESNET_UPSAMPLE = 4
+
+
+class Bottleneck(nn.Module):
+    """1x1 (reduce) -> 3x3 (stride here, as torchvision's v1.5) -> 1x1 (expand), BN after each conv,
+    ReLU after the first two and after the sum with the shortcut (1x1 conv + BN where the shape
+    changes, identity otherwise). Every BN starts at weight 1, bias 0 (no zero-init of the last)."""
+
+    def __init__(self, c_in: int, width: int, stride: int) -> None:
+        super().__init__()
+        f64 = torch.float64
+        c_out = RESNET50_EXPANSION * width
+        self.conv1 = nn.Conv2d(c_in, width, 1, bias=False, dtype=f64)
+        self.bn1 = nn.BatchNorm2d(width, dtype=f64)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False, dtype=f64)
+        self.bn2 = nn.BatchNorm2d(width, dtype=f64)
+        self.conv3 = nn.Conv2d(width, c_out, 1, bias=False, dtype=f64)
+        self.bn3 = nn.BatchNorm2d(c_out, dtype=f64)
+        self.shortcut: nn.Sequential | None = None
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False, dtype=f64),
+                nn.BatchNorm2d(c_out, dtype=f64),
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class ResNet50Digits(nn.Module):
+    """CIFAR-style ResNet-50 on the digits: 8x8 repeated to 32x32, 3x3 stem (stride 1, no max-pool),
+    four bottleneck stages ([3, 4, 6, 3] blocks, strides 1, 2, 2, 2: 32 -> 4), global average pool,
+    dropout, one linear 10-way head. Stage widths are 1, 2, 4, 8 times ``shape.channels`` (the stem
+    width); ``shape.hidden`` is unused."""
+
+    def __init__(self, shape: CNNShape, dropout: float) -> None:
+        super().__init__()
+        f64 = torch.float64
+        c = shape.channels
+        self.stem = nn.Conv2d(1, c, 3, padding=1, bias=False, dtype=f64)
+        self.bn = nn.BatchNorm2d(c, dtype=f64)
+        stages: list[nn.Module] = []
+        c_in = c
+        for i, (blocks, stride) in enumerate(zip(RESNET50_BLOCKS, RESNET50_STRIDES, strict=True)):
+            width = c << i
+            layers = []
+            for b in range(blocks):
+                layers.append(Bottleneck(c_in, width, stride if b == 0 else 1))
+                c_in = RESNET50_EXPANSION * width
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.drop = DeterministicDropout(dropout, "drop")
+        self.head = nn.Linear(c_in, 10, dtype=f64)
+
+    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+        x = x.reshape(x.shape[0], 1, 8, 8)
+        # Nearest-neighbour upsampling by repetition: data movement only (no interpolation weights).
+        x = x.repeat_interleave(RESNET_UPSAMPLE, dim=2).repeat_interleave(RESNET_UPSAMPLE, dim=3)
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.stages(x)
+        x = x.mean(dim=(2, 3))  # global average pool: an inexact reduction, rounded with the log
+        return self.head(self.drop(x, ctx))
 
 
 class CausalSelfAttention(nn.Module):
@@ -280,10 +354,18 @@ def build_mlp(shape: MLPShape, seed: int) -> MLPDigits:
     return model
 
 
-def build_cnn(shape: CNNShape, dropout: float, seed: int) -> CNNDigits:
-    model = materialize(CNNDigits, shape, dropout)
+def build_cnn(shape: CNNShape, dropout: float, seed: int) -> CNNDigits | ResNet50Digits:
+    """The cnn-digits model ``shape.arch`` names."""
+    model_cls: type[CNNDigits | ResNet50Digits]
+    if shape.arch == "small":
+        model_cls = CNNDigits
+    elif shape.arch == "resnet50":
+        model_cls = ResNet50Digits
+    else:
+        raise ConfigError(f"model.arch: {shape.arch!r} is not one of {', '.join(CNN_ARCHS)}")
+    model = materialize(model_cls, shape, dropout)
     init_model(model, seed)
-    assert isinstance(model, CNNDigits)
+    assert isinstance(model, model_cls)
     return model
 
 
@@ -297,10 +379,16 @@ def build_gpt(shape: GPTShape, vocab_size: int, dropout: float, seed: int) -> GP
 __all__ = [
     "ATTENTION_MASK_FILL",
     "GPT",
+    "RESNET50_BLOCKS",
+    "RESNET50_EXPANSION",
+    "RESNET50_STRIDES",
+    "RESNET_UPSAMPLE",
+    "Bottleneck",
     "CNNDigits",
     "CausalSelfAttention",
     "DeterministicDropout",
     "MLPDigits",
+    "ResNet50Digits",
     "StepContext",
     "build_cnn",
     "build_gpt",

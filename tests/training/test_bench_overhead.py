@@ -136,8 +136,14 @@ def test_model_overrides_parse_and_reach_the_config() -> None:
 
     assert parse_model_overrides("n_layer=12, n_embd=768") == {"n_layer": 12, "n_embd": 768}
     assert parse_model_overrides(None) == {} and parse_model_overrides("") == {}
-    for bad in ("n_layer", "n_layer=x", "=3"):
-        with pytest.raises(typer.BadParameter, match="NAME=INT"):
+    assert parse_model_overrides("arch=resnet50, channels=8") == {"arch": "resnet50", "channels": 8}
+    for bad in ("n_layer", "n_layer=", "=3"):
+        with pytest.raises(typer.BadParameter, match="NAME=VALUE"):
             parse_model_overrides(bad)
+    cfg = TaskConfig.for_preset("cnn-digits", model=parse_model_overrides("arch=resnet50"))
+    assert (cfg.model.arch, cfg.model.channels) == ("resnet50", 64)  # type: ignore[union-attr]
+    # A string where the config wants an integer is the config's error, naming the key.
+    with pytest.raises(ConfigError, match=r"model\.n_layer: expected an integer"):
+        TaskConfig.for_preset("gpt-shakespeare", model=parse_model_overrides("n_layer=x"))
     r = vgame("bench", "log", "--preset", "mlp-digits", "--model", "width=3", "--steps", "1")
     assert r.returncode == 2 and "model.width: unknown size" in r.stderr

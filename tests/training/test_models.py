@@ -11,8 +11,16 @@ from torch import nn
 
 from game.errors import ConfigError, TrainingError
 from game.training import data, rng
-from game.training.config import PRESET_NAMES, TaskConfig
-from game.training.models import DeterministicDropout, StepContext, init_model, materialize
+from game.training.config import PRESET_NAMES, CNNShape, TaskConfig
+from game.training.intercept import OpClass, classify
+from game.training.models import (
+    DeterministicDropout,
+    ResNet50Digits,
+    StepContext,
+    build_cnn,
+    init_model,
+    materialize,
+)
 from game.training.presets import PRESETS, Batch, Preset, get_preset
 
 # Small sizes keep every test here fast; the presets' own defaults are exercised by the smoke run.
@@ -200,6 +208,90 @@ def test_training_isBitReproducible(name: str) -> None:
     b, lb = train(get_preset(name), small_cfg(name, dropout=0.2), 3)
     assert la == lb
     assert state_bits(a) == state_bits(b)
+
+
+# --------------------------------------------------------------------------------------------------
+# ResNet-50 (cnn-digits, arch = "resnet50")
+# --------------------------------------------------------------------------------------------------
+
+RESNET = {"model": {"arch": "resnet50", "channels": 8}, "batch_size": 4}
+
+
+def resnet50_param_count(c: int, stem_in: int = 1, stem_k: int = 3, classes: int = 10) -> int:
+    """ResNet-50's parameters from the architecture, written out: stem, [3, 4, 6, 3] bottlenecks
+    (1x1, 3x3, 1x1 with expansion 4, a projection on each stage's first block), a linear head."""
+
+    def conv(c_in: int, c_out: int, k: int) -> int:
+        return c_in * c_out * k * k
+
+    def bn(n: int) -> int:
+        return 2 * n  # weight and bias (running stats are buffers)
+
+    total = conv(stem_in, c, stem_k) + bn(c)
+    c_in = c
+    for stage, blocks in enumerate((3, 4, 6, 3)):
+        width = c * 2**stage
+        for b in range(blocks):
+            total += conv(c_in, width, 1) + bn(width) + conv(width, width, 3) + bn(width)
+            total += conv(width, 4 * width, 1) + bn(4 * width)
+            if b == 0:
+                total += conv(c_in, 4 * width, 1) + bn(4 * width)
+            c_in = 4 * width
+    return total + c_in * classes + classes
+
+
+def test_resnet50_paramCount_isResNet50sAtChannels64() -> None:
+    with torch.device("meta"):  # the real size (23.5M parameters): counted, never initialised
+        model = ResNet50Digits(CNNShape(channels=64, arch="resnet50"), 0.1)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == resnet50_param_count(64)
+    # Cross-check the formula with torchvision's published ResNet-50 (25,557,032 parameters: a 7x7
+    # stem on 3 channels and a 1000-way head), swapping in our 3x3 stem on 1 channel and 10 classes.
+    assert resnet50_param_count(64, stem_in=3, stem_k=7, classes=1000) == 25_557_032
+    assert count == 25_557_032 - (3 * 7 * 7 * 64 + 2048 * 1000 + 1000) + (3 * 3 * 64 + 2048 * 10 + 10)
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == len(bns) == 1 + 3 * 16 + 4  # stem, three per block, four projections
+
+
+def test_resnet50_forwardShape_andEveryBnConstant() -> None:
+    cfg = small_cfg("cnn-digits", **RESNET)
+    model = get_preset("cnn-digits").build_model(cfg)
+    assert isinstance(model, ResNet50Digits)
+    assert sum(p.numel() for p in model.parameters()) == resnet50_param_count(8)
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            assert torch.equal(mod.weight, torch.ones_like(mod.weight)), name
+            assert torch.equal(mod.bias, torch.zeros_like(mod.bias)), name
+    batch = get_preset("cnn-digits").batch(cfg, 1)
+    logits = model(batch.inputs, StepContext(cfg.seed, 1, batch.example_ids))
+    assert logits.shape == (cfg.batch_size, 10) and logits.dtype == torch.float64
+
+
+def test_resnet50_upsamplesByMovingData_andPoolsWithAReduction() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[tuple[str, OpClass]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append((str(func), classify(func, args, kwargs or {})))
+            return func(*args, **(kwargs or {}))
+
+    cfg = small_cfg("cnn-digits", **RESNET)
+    model = get_preset("cnn-digits").build_model(cfg)
+    batch = get_preset("cnn-digits").batch(cfg, 1)
+    with Record():
+        model(batch.inputs, StepContext(cfg.seed, 1, batch.example_ids))
+    first_conv = next(i for i, (name, _) in enumerate(seen) if "convolution" in name)
+    assert first_conv > 0 and all(cls is OpClass.MOVE for _, cls in seen[:first_conv]), seen[:first_conv]
+    assert not any("upsample" in name or "interp" in name for name, _ in seen)
+    assert ("aten.mean.dim", OpClass.INEXACT) in seen
+
+
+def test_buildCnn_unknownArch_raises() -> None:
+    with pytest.raises(ConfigError, match=r"model\.arch"):
+        build_cnn(CNNShape(channels=4, arch="vgg"), 0.0, 0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -64,6 +64,19 @@ def test_replayWithLog_isBitExactAcrossProfiles(preset: str, trainer: str, audit
         assert corrections > 0  # the log did real work
 
 
+def test_resnet50_recordThenReplay_sameStateHash() -> None:
+    # The ResNet-50 layout (bottlenecks, projections, 53 BatchNorms, average pool) at a narrow width.
+    cfg = TaskConfig.for_preset("cnn-digits", model={"arch": "resnet50", "channels": 8}, batch_size=4)
+    et = StepEngine(cfg, profile("cpu-1t"), check_grid=True)
+    ea = StepEngine(cfg, profile("noisy"), check_grid=True)
+    st, sa = et.init_state(), ea.init_state()
+    assert state_hash(st) == state_hash(sa)
+    rt = et.run_step(st, 1, mode="record")
+    ra = ea.run_step(sa, 1, mode="replay", log=rt.log)
+    assert rt.state_hash is not None and ra.state_hash == rt.state_hash == state_hash(sa)
+    assert ra.corrections > 0
+
+
 @pytest.mark.parametrize("preset", list(SMALL))
 def test_roundWithoutLog_noisyPairDiverges(preset: str) -> None:
     cfg = small_cfg(preset)
