@@ -193,8 +193,8 @@ def _mode_engine(honest: StepEngine, rewrite: _Rewrite, dev: TamperedLog | Steer
     from game.training.step import StepEngine
 
     class RewritingMode(RoundingMode):
-        def _record(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
-            r = super()._record(t, index, name, band)
+        def _record(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
+            r = super()._record(t, index, name, band, top)
             rewrite(self.log, t, r, self.bits, band, dev)
             return r
 

@@ -34,6 +34,8 @@ The common lanes (``2**-126 <= |x| <= max finite``) are integer work on the int6
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import NamedTuple
 
 import torch
@@ -100,6 +102,12 @@ def top_binade(xf: Tensor) -> int:
     return max(int((xf & _ABS_MASK).max()) >> _MANT, _MIN_NORMAL_BIASED)
 
 
+def top_binade_of(top: float) -> int:
+    """:func:`top_binade` from ``max |x|`` as a float (what :func:`rounding.check_finite` returns)."""
+    biased = (struct.unpack("<q", struct.pack("<d", top))[0] & _ABS_MASK) >> _MANT
+    return max(biased, _MIN_NORMAL_BIASED)
+
+
 def geometry(xf: Tensor, bits: int, band: Band, top_biased: int | None = None) -> Geometry:
     """Distance, band and off-grid flag of every lane of a flat int64 view of float64 values.
 
@@ -151,25 +159,46 @@ def _rare_geometry(xf: Tensor, bits: int, band: Band, top_biased: int) -> tuple[
     return dist.floor().to(torch.int64), lim.floor().to(torch.int64), off
 
 
-def within(xf: Tensor, bits: int, band: Band, widen: int, top_biased: int) -> tuple[Tensor, Geometry]:
+def within(
+    xf: Tensor, bits: int, band: Band, widen: int, top_biased: int, *, in_range: bool = False
+) -> tuple[Tensor, Geometry]:
     """Indices of the off-grid lanes with ``d <= B << widen``, and their geometry.
 
     Decided in two passes so that the exact band is computed only where it can matter: where a value
     lies at most 8 binades (``rel - abs``) below the tensor's top, the floor is at most the relative
-    part, so ``B <= 2 * 2**(52 + rel)`` and one comparison of ``d`` rules the lane out; smaller values
-    (and the rare lanes) are kept for the exact test, with everything near a midpoint.
+    part, so ``B <= 2 * 2**(52 + rel)`` and one test of the dropped bits rules the lane out; smaller
+    values (and the rare lanes) are kept for the exact test, with everything near a midpoint.
+    ``in_range``: the caller knows no value lies past the grid's largest finite value (one test less).
     """
     g = rounding._grid(bits)
     a = xf & _ABS_MASK
-    d = (xf & (g.step - 1)).sub_(g.half).abs_()
     rel_units = 1 << (_MANT + band.rel) if _MANT + band.rel >= 0 else 0
+    reach = rel_units << (widen + 1)
+    if reach < g.half:
+        # |r - half| <= reach  <=>  (r - (half - reach)) mod step <= 2 reach: three passes, no abs.
+        maybe = (xf - (g.half - reach)).bitwise_and_(g.step - 1) <= 2 * reach
+    else:
+        maybe = torch.ones_like(xf, dtype=torch.bool)
     small = max(min(top_biased + band.abs - band.rel, 2047), _MIN_NORMAL_BIASED) << _MANT
     tiny = (a < small).logical_and_(a != 0)  # exact zeros are on the grid: never a candidate
-    maybe = (d <= (rel_units << (widen + 1))).logical_or_(tiny).logical_or_(a > g.max_finite)
+    maybe.logical_or_(tiny)
+    if not in_range:
+        maybe.logical_or_(a > g.max_finite)
     idx = maybe.nonzero().squeeze(1)
     geo = geometry(xf.index_select(0, idx), bits, band, top_biased)
-    keep = geo.off & (geo.distance <= (geo.band << widen))
-    return idx[keep], Geometry(geo.distance[keep], geo.band[keep], geo.off[keep])
+    keep = (geo.band << widen).ge_(geo.distance).logical_and_(geo.off).nonzero().squeeze(1)
+    return idx.index_select(0, keep), Geometry(
+        geo.distance.index_select(0, keep), geo.band.index_select(0, keep), geo.off.index_select(0, keep)
+    )
+
+
+def _top(x: Tensor, top: float | None) -> tuple[float, int]:
+    """``max |x|`` (scanned when None) and its :func:`top_binade`."""
+    if top is None:
+        top = rounding.magnitude(x)
+    if math.isfinite(top):
+        return top, top_binade_of(top)
+    return top, top_binade(rounding._int_view(x).reshape(-1))
 
 
 def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tensor]:
@@ -205,21 +234,35 @@ def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tenso
 # --------------------------------------------------------------------------------------------------
 
 
-def round_and_band(x: Tensor, bits: int, band: Band) -> tuple[Tensor, Tensor]:
+def round_and_band(x: Tensor, bits: int, band: Band, *, top: float | None = None) -> tuple[Tensor, Tensor]:
     """Trainer kernel of the sparse log: ``(rnd(x), positions)``.
 
     ``positions`` (int64, ascending, flat row-major) are the off-grid values within ``4 B`` of a
     rounding midpoint that round to the odd neighbour; everything else the auditor rounds the same
-    way without being told (see the module docstring).
+    way without being told (see the module docstring). ``top``: ``max |x|`` when known.
     """
     xf = rounding._int_view(x).reshape(-1)
-    rounded = rounding.rnd(x, bits)
-    cand, _ = within(xf, bits, band, 2, top_binade(xf))
+    top, top_biased = _top(x, top)
+    rounded = rounding.rnd(x, bits, top=top)
+    g = rounding._grid(bits)
+    in_range = top <= _max_finite(g)
+    cand, _ = within(xf, bits, band, 2, top_biased, in_range=in_range)
     if cand.numel() == 0:
         return rounded, cand
-    _, odd = _neighbours(xf, cand, bits)
-    went_odd = rounded.reshape(-1).index_select(0, cand).view(torch.int64) == odd.view(torch.int64)
+    picked = rounded.reshape(-1).view(torch.int64).index_select(0, cand)
+    mag = picked & _ABS_MASK
+    if in_range and not bool(((mag < (_MIN_NORMAL_BIASED << _MANT)) & (mag != 0)).any()):
+        # A normal grid value (or zero) is odd when its last kept mantissa bit is set.
+        went_odd = ((picked >> g.k0) & 1).bool()
+    else:  # subnormal or past the range: the grid index's parity, from the neighbours
+        _, odd = _neighbours(xf, cand, bits)
+        went_odd = picked == odd.view(torch.int64)
     return rounded, cand[went_odd]
+
+
+def _max_finite(g: rounding._Grid) -> float:
+    """The grid's largest finite value as a float."""
+    return float(struct.unpack("<d", struct.pack("<q", g.max_finite))[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,25 +304,26 @@ class Replayed(NamedTuple):
 
 
 def round_with_entries(
-    x: Tensor, bits: int, band: Band, positions: Tensor, *, count_free: bool = False
+    x: Tensor, bits: int, band: Band, positions: Tensor, *, count_free: bool = False, top: float | None = None
 ) -> Replayed:
     """Auditor kernel of the sparse log: check the entries, then round by the rule of the module docstring.
 
     Raises :class:`BandViolation` on an entry out of range, out of order or outside ``16 B``.
     ``count_free`` also counts the values a dishonest trainer could have sent either way (for the
-    docs' "bits of freedom"; one more pass).
+    docs' "bits of freedom"; one more pass). ``top``: ``max |x|`` when known.
     """
     xf = rounding._int_view(x).reshape(-1)
     pos = positions.to(device=x.device, dtype=torch.int64)
     if pos.numel() > 1 and not bool((pos[1:] > pos[:-1]).all()):
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
-    top = top_binade(xf)
+    top_mag, top = _top(x, top)
+    in_range = top_mag <= _max_finite(rounding._grid(bits))
     check_entries(xf, bits, band, pos, widen=4, top_biased=top)
-    free = int(within(xf, bits, band, 4, top)[0].numel()) if count_free else -1
-    out = rounding.rnd(x, bits)
+    free = int(within(xf, bits, band, 4, top, in_range=in_range)[0].numel()) if count_free else -1
+    out = rounding.rnd(x, bits, top=top_mag)
     flat = out.view(-1)
-    zone, _ = within(xf, bits, band, 0, top)
+    zone, _ = within(xf, bits, band, 0, top, in_range=in_range)
     touched = torch.cat([zone, pos]).unique() if pos.numel() else zone
     if touched.numel() == 0:
         return Replayed(out, 0, free)
@@ -314,5 +358,6 @@ __all__ = [
     "round_and_band",
     "round_with_entries",
     "top_binade",
+    "top_binade_of",
     "within",
 ]

@@ -264,6 +264,7 @@ class RoundingMode(TorchDispatchMode):
             raise ChunkMismatchError(
                 f"step {step}: the chunk is a {log.format} log, the task's log format is {log_format}"
             )
+        rounding.recheck_conversion()  # one probe per step and device: a flush-to-zero mode is seen
         self.bits = bits
         self.tau = tau
         self.mode: Mode = mode
@@ -326,26 +327,26 @@ class RoundingMode(TorchDispatchMode):
             return
         index = self.op_index
         self.op_index += 1
-        rounding.check_finite(t, f"step {self.step}, op #{index} {name}")
+        top = rounding.check_finite(t, f"step {self.step}, op #{index} {name}")
         if self.mode == "round":
-            rounding.round_(t, self.bits)
+            rounding.round_(t, self.bits, top=top)
             self.rounded[name] += 1
             return
         band = self.bands.band(name)
         try:
             if self.mode == "record":
-                r = self._record(t, index, name, band)
+                r = self._record(t, index, name, band, top)
             else:
-                r = self._replay(t, index, name, band)
+                r = self._replay(t, index, name, band, top)
         except banding.BandViolation as exc:
             raise exc.at(self.step, index, name) from None
         t.copy_(r)
         self.logged[name] += 1
 
-    def _record(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
-        """Trainer: round ``t`` and log what the task's format asks for."""
+    def _record(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
+        """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|``)."""
         if isinstance(self.log, SparseStepLog):
-            r, positions = banding.round_and_band(t, self.bits, band)
+            r, positions = banding.round_and_band(t, self.bits, band, top=top)
             self.log.append(index, name, t.numel(), positions)
             return r
         assert isinstance(self.log, StepLog)
@@ -353,13 +354,13 @@ class RoundingMode(TorchDispatchMode):
         self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
         return r
 
-    def _replay(self, t: Tensor, index: int, name: str, band: Band) -> Tensor:
+    def _replay(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
         """Auditor and judge: round ``t`` with the trainer's entries, after the band checks."""
         assert self._cursor is not None
         if isinstance(self.log, SparseStepLog):
             entry: SparseRecord = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
             r, n, free = banding.round_with_entries(
-                t, self.bits, band, entry.positions, count_free=self.count_free
+                t, self.bits, band, entry.positions, count_free=self.count_free, top=top
             )
             self.free += max(free, 0)
         else:

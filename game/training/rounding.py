@@ -243,9 +243,83 @@ def _round_fast_(odd: torch.Tensor, xf: torch.Tensor, g: _Grid) -> torch.Tensor:
     return odd.add_(xf).add_(g.half - 1).bitwise_and_(-g.step)
 
 
-def rnd(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Round a float64 tensor half-to-even onto the ``bits`` grid; returns a new float64 tensor."""
+# --------------------------------------------------------------------------------------------------
+# The float32 grid through the hardware's conversion
+# --------------------------------------------------------------------------------------------------
+
+#: The largest finite float32: at or below it, converting to float32 never overflows.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+#: Values whose float32 conversion tells whether a device converts by IEEE round-to-nearest-even
+#: down to the subnormals (a flush-to-zero mode, ``torch.set_flush_denormal(True)`` on x86, does not).
+_PROBE_VALUES: tuple[float, ...] = (
+    2.0**-140 * 1.3, 2.0**-149 * 0.5, 2.0**-149 * 0.75, 2.0**-149 * 1.5, 2.0**-149 * 2.5, 2.0**-150 * 0.99,
+    2.0**-126 * (1 - 2.0**-30), 2.0**-126 * (1 - 2.0**-24), 2.0**-127 * 3, 1 + 2.0**-24, 1 + 3 * 2.0**-24,
+    1 + 2.0**-24 + 2.0**-50, FLOAT32_MAX, 1e-300, 0.0,
+)  # fmt: skip
+
+_conversion_ok: dict[str, bool] = {}
+
+
+def recheck_conversion() -> None:
+    """Forget the conversion probes: the next fast-path call on each device probes again.
+
+    The step engine calls it before every step, so a flush-to-zero mode switched on between steps
+    is seen (the probe runs in the calling thread, whose mode the conversion kernels use).
+    """
+    _conversion_ok.clear()
+
+
+def conversion_exact(device: torch.device) -> bool:
+    """True when ``float64 -> float32`` on ``device`` rounds exactly as :func:`rnd` does for 32 bits.
+
+    IEEE 754 fixes that conversion (round to nearest, ties to even, gradual underflow, overflow to
+    inf), on CPUs and on CUDA alike; only a flush-to-zero mode breaks it, and the probe sees that.
+    """
+    key = str(device)
+    ok = _conversion_ok.get(key)
+    if ok is None:
+        values = torch.tensor(_PROBE_VALUES, dtype=torch.float64)
+        probe = torch.cat([values, -values]).to(device)
+        want = rnd(probe.cpu(), MAX_BITS, top=math.inf)  # top=inf: the integer path
+        got = probe.to(torch.float32).to(torch.float64).cpu()
+        ok = torch.equal(got.view(torch.int64), want.view(torch.int64))
+        if not ok:
+            log.warning("float32 conversion on %s is not IEEE (flush to zero?): using the integer path", key)
+        _conversion_ok[key] = ok
+    return ok
+
+
+def magnitude(x: torch.Tensor) -> float:
+    """``max |x|`` in one read-only pass; ``inf`` when ``x`` holds an inf or a NaN, 0 when empty."""
+    if x.numel() == 0:
+        return 0.0
+    low, high = torch.stack(list(torch.aminmax(x.detach()))).tolist()
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.inf
+    return float(max(-low, high))
+
+
+def fast_float32(x: torch.Tensor, bits: int, top: float | None = None) -> bool:
+    """Whether :func:`rnd` of ``x`` may be the hardware's float32 conversion (two cheap passes instead
+    of the integer path's nine): the 32-bit grid *is* float32, every value is finite and in float32's
+    range (``top``: ``max |x|``, scanned when None), and the device converts exactly."""
+    if bits != MAX_BITS or not isinstance(x, torch.Tensor) or x.dtype != torch.float64 or x.numel() == 0:
+        return False
+    if top is None:
+        top = magnitude(x)
+    return top <= FLOAT32_MAX and conversion_exact(x.device)
+
+
+def rnd(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor:
+    """Round a float64 tensor half-to-even onto the ``bits`` grid; returns a new float64 tensor.
+
+    ``top``: ``max |x|`` when the caller already knows it (:func:`check_finite` returns it), so the
+    float32 fast path (:func:`fast_float32`) needs no scan of its own.
+    """
     g = _grid(bits)
+    if fast_float32(x, bits, top):
+        return x.detach().to(torch.float32, memory_format=torch.contiguous_format).to(torch.float64)
     xf = _flat(x)
     out = _odd(xf, g)
     rare = _rare_lanes(xf, g, torch.empty_like(xf))
@@ -256,14 +330,19 @@ def rnd(x: torch.Tensor, bits: int) -> torch.Tensor:
     return out.view(torch.float64).view(x.shape)
 
 
-def round_(x: torch.Tensor, bits: int) -> torch.Tensor:
+def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor:
     """In-place :func:`rnd` (optimizer state, mutated op arguments); returns ``x``.
 
     A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
-    copy back); other layouts go through :func:`rnd` and ``copy_``.
+    copy back); other layouts go through :func:`rnd` and ``copy_``. On the float32 grid the hardware
+    conversion does it (:func:`fast_float32`).
     """
     g = _grid(bits)
     xi = _int_view(x)
+    if fast_float32(x, bits, top):
+        xd = x.detach()
+        xd.copy_(xd.to(torch.float32))
+        return x
     if not xi.is_contiguous():
         rounded = rnd(x, bits)
         with torch.no_grad():
@@ -415,20 +494,21 @@ def is_on_grid(x: torch.Tensor, bits: int) -> bool:
     return same and not bool(torch.isnan(x).any())
 
 
-def check_finite(x: torch.Tensor, where: str) -> None:
-    """Raise :class:`NonFiniteError` naming ``where`` (e.g. ``"step 12, op aten.mm"``) on NaN or inf.
+def check_finite(x: torch.Tensor, where: str) -> float:
+    """Raise :class:`NonFiniteError` naming ``where`` (e.g. ``"step 12, op aten.mm"``) on NaN or inf;
+    return ``max |x|`` (the kernels' ``top``, so they need no scan of their own).
 
     The common (finite) case is one read-only pass: min and max propagate NaN and show ±inf.
     """
     if x.numel() == 0:
-        return
+        return 0.0
     if x.is_floating_point():
-        low, high = torch.stack(list(torch.aminmax(x.detach()))).tolist()
-        if math.isfinite(low) and math.isfinite(high):
-            return
+        top = magnitude(x)
+        if math.isfinite(top):
+            return top
     finite = torch.isfinite(x)
     if bool(finite.all()):
-        return
+        return magnitude(x)
     nan = int(torch.isnan(x).sum())
     inf = int((~finite).sum()) - nan
     raise NonFiniteError(f"non-finite values at {where}: {nan} NaN, {inf} inf out of {x.numel()}")

@@ -216,3 +216,33 @@ def test_within_equalsTheFullGeometry(seed: int, widen: int, rel: int, gap: int,
     got, sub = banding.within(xf, bits, band, widen, top)
     assert torch.equal(got, want)
     assert torch.equal(sub.distance, geo.distance[want]) and torch.equal(sub.band, geo.band[want])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), bits=st.sampled_from([32, 28, 26]), extra=st.sampled_from([0, 1, 2]))
+def test_roundAndBand_listsExactlyTheOddRoundedLanesNearAMidpoint(seed: int, bits: int, extra: int) -> None:
+    # the parity shortcut (last kept mantissa bit) must agree with the grid neighbours, rare lanes included
+    tails = [
+        [],
+        [3e-39, -7e-40, 1e-45, 2.0**-126 * (1 - 2.0**-25), -(2.0**-149) * 1.5],  # float32-subnormal range
+        [3.3e38, -1e39, 2.0**128],  # near and past the range
+    ][extra]
+    x = torch.cat([_mixed_values(2000, seed, bits), torch.tensor(tails, dtype=torch.float64)])
+    xf = x.view(torch.int64)
+    rounded, positions = banding.round_and_band(x, bits, BAND)
+    assert torch.equal(rounded.view(torch.int64), rounding.rnd(x, bits, top=math.inf).view(torch.int64))
+    cand, _ = banding.within(xf, bits, BAND, 2, banding.top_binade(xf))
+    _, odd = banding._neighbours(xf, cand, bits)
+    want = cand[rounded.index_select(0, cand).view(torch.int64) == odd.view(torch.int64)]
+    assert torch.equal(positions, want)
+
+
+@pytest.mark.parametrize("bits", [32, 26])
+def test_within_inRange_matchesTheFullTest(bits: int) -> None:
+    x = _mixed_values(3000, 5, bits)
+    xf = x.view(torch.int64)
+    top = banding.top_binade(xf)
+    for widen in (0, 2, 4):
+        full, _ = banding.within(xf, bits, BAND, widen, top)
+        fast, _ = banding.within(xf, bits, BAND, widen, top, in_range=True)
+        assert full.numel() > 0 and torch.equal(full, fast)

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import ConfigError, NonFiniteError, TrainingError
+from game.training import rounding
 from game.training.rounding import (
     MAX_BITS,
     MIN_BITS,
@@ -479,3 +480,43 @@ def test_kernels_agree_onManyRandomPatterns(bits: int) -> None:
     assert bool((step[changed].abs() == 1 << (32 - bits)).all())
     same, none = round_with_log(x, bits, trits)
     assert torch.equal(same.view(torch.int64), rounded.view(torch.int64)) and none == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The float32 grid through the hardware conversion
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_bits32_fastPath_equalsIntegerPath_onRandomPatterns() -> None:
+    g = torch.Generator().manual_seed(11)
+    raw = torch.randint(-(2**63), 2**63 - 1, (200_000,), dtype=torch.int64, generator=g)
+    exps = torch.randint(1023 - 160, 1023 + 130, (200_000,), generator=g)  # around float32's range
+    patterns = (raw & ((1 << 52) - 1) | (raw & (1 << 63))) | (exps << 52)
+    x = patterns.view(torch.float64)
+    x = x[torch.isfinite(x) & (x.abs() <= torch.finfo(torch.float32).max)]
+    assert rounding.fast_float32(x, 32)
+    fast = rnd(x, 32)
+    integer = rnd(x, 32, top=math.inf)  # a top past the range forces the integer path
+    assert torch.equal(fast.view(torch.int64), integer.view(torch.int64))
+    y = x.clone()
+    round_(y, 32)
+    assert torch.equal(y.view(torch.int64), integer.view(torch.int64))
+
+
+def test_bits32_flushToZero_isSeen_andTheIntegerPathUsed() -> None:
+    subnormal = [2.0**-140 * 1.3, -(2.0**-149) * 1.5, 2.0**-127 * 3]
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    try:
+        rounding.recheck_conversion()
+        assert not rounding.conversion_exact(torch.device("cpu"))
+        _assert_values(rnd(_t(subnormal), 32), [ref_rnd(v, 32) for v in subnormal], subnormal, "rnd")
+    finally:
+        torch.set_flush_denormal(False)
+        rounding.recheck_conversion()
+    assert rounding.conversion_exact(torch.device("cpu"))
+
+
+def test_checkFinite_returnsTheLargestMagnitude() -> None:
+    assert check_finite(_t([1.5, -3.25, 0.0]), "here") == 3.25
+    assert check_finite(torch.empty(0, dtype=torch.float64), "here") == 0.0
