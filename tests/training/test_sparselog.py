@@ -151,3 +151,22 @@ def test_uvarint_roundTrip(values: list[int]) -> None:
 def test_uvarint_rejectsOverlongForm() -> None:
     with pytest.raises(sparselog._Malformed, match="shortest"):
         uvarint_decode(np.array([0x81, 0x00], dtype=np.uint8), 0, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    records=st.lists(
+        st.lists(st.integers(0, 5000), max_size=30).map(lambda v: sorted(set(v))), min_size=1, max_size=12
+    ),
+    codec=st.sampled_from(["auto", "stored", "zlib", "lzma"]),
+)
+def test_roundTrip_anyMixOfEmptyAndFullRecords(records: list[list[int]], codec: str) -> None:
+    # gaps are computed for the whole chunk at once: empty records between full ones must not shift them
+    log = SparseStepLog(4, codec=codec)
+    for i, pos in enumerate(records):
+        log.append(2 * i, f"aten.op{i % 3}.default", 5001, torch.tensor(pos, dtype=torch.int64))
+    back = SparseStepLog.decode(log.encode(4, SPEC), step=4, spec_hash=SPEC)
+    assert [e.positions.tolist() for e in back.entries()] == records
+    assert [(e.record.op_index, e.record.op_name, e.record.count) for e in back.entries()] == [
+        (2 * i, f"aten.op{i % 3}.default", 5001) for i in range(len(records))
+    ]
