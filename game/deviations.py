@@ -193,8 +193,12 @@ def _mode_engine(honest: StepEngine, rewrite: _Rewrite, dev: TamperedLog | Steer
     from game.training.step import StepEngine
 
     class RewritingMode(RoundingMode):
-        def _record(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
-            r = super()._record(t, index, name, band, top)
+        round_in_place = False  # the rewrite reads the unrounded values
+
+        def _record(
+            self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str
+        ) -> Tensor:
+            r = super()._record(t, index, name, band, top, where)
             rewrite(self.log, t, r, self.bits, band, dev)
             return r
 

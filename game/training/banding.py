@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from game.errors import RoundingLogError
-from game.training import rounding
+from game.training import native, rounding
 from game.training.bands import Band
 
 _MANT = 52
@@ -192,13 +192,25 @@ def within(
     )
 
 
-def _top(x: Tensor, top: float | None) -> tuple[float, int]:
-    """``max |x|`` (scanned when None) and its :func:`top_binade`."""
+def _top(x: Tensor, top: float | None, where: str | None = None) -> tuple[float, int]:
+    """``max |x|`` (scanned when None: by :func:`rounding.check_finite` when ``where`` names the op,
+    which raises on inf and NaN) and its :func:`top_binade`."""
     if top is None:
-        top = rounding.magnitude(x)
+        top = rounding.magnitude(x) if where is None else rounding.check_finite(x, where)
     if math.isfinite(top):
         return top, top_binade_of(top)
     return top, top_binade(rounding._int_view(x).reshape(-1))
+
+
+def _fused_view(x: Tensor, in_place: bool) -> Tensor | None:
+    """The flat int64 view the C kernels round in place: ``x``'s own storage when asked and
+    possible, else a copy; None when they cannot run here (not CPU, not loaded)."""
+    if x.device.type != "cpu" or x.numel() == 0 or not native.available():
+        return None
+    xi = rounding._int_view(x)
+    if in_place and xi.is_contiguous():
+        return xi.view(-1)
+    return xi.reshape(-1).clone()
 
 
 def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tensor]:
@@ -234,17 +246,32 @@ def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tenso
 # --------------------------------------------------------------------------------------------------
 
 
-def round_and_band(x: Tensor, bits: int, band: Band, *, top: float | None = None) -> tuple[Tensor, Tensor]:
+def round_and_band(
+    x: Tensor,
+    bits: int,
+    band: Band,
+    *,
+    top: float | None = None,
+    in_place: bool = False,
+    where: str | None = None,
+) -> tuple[Tensor, Tensor]:
     """Trainer kernel of the sparse log: ``(rnd(x), positions)``.
 
     ``positions`` (int64, ascending, flat row-major) are the off-grid values within ``4 B`` of a
     rounding midpoint that round to the odd neighbour; everything else the auditor rounds the same
-    way without being told (see the module docstring). ``top``: ``max |x|`` when known.
+    way without being told (see the module docstring). ``top``: ``max |x|`` when known;
+    ``in_place``: the result may be ``x`` itself; ``where``: the op, for the non-finite error.
+    On CPU the C kernel (:mod:`game.training.native`) does it in two passes.
     """
-    xf = rounding._int_view(x).reshape(-1)
-    top, top_biased = _top(x, top)
-    rounded = rounding.rnd(x, bits, top=top)
     g = rounding._grid(bits)
+    buf = _fused_view(x, in_place)
+    if buf is not None:
+        positions = native.round_and_band(buf, native.BandParams(g.k0, g.max_finite, band.rel, band.abs))
+        if positions is not None:
+            return buf.view(torch.float64).view(x.shape), positions
+    xf = rounding._int_view(x).reshape(-1)
+    top, top_biased = _top(x, top, where)
+    rounded = rounding.rnd(x, bits, top=top)
     in_range = top <= _max_finite(g)
     cand, _ = within(xf, bits, band, 2, top_biased, in_range=in_range)
     if cand.numel() == 0:
@@ -304,21 +331,38 @@ class Replayed(NamedTuple):
 
 
 def round_with_entries(
-    x: Tensor, bits: int, band: Band, positions: Tensor, *, count_free: bool = False, top: float | None = None
+    x: Tensor,
+    bits: int,
+    band: Band,
+    positions: Tensor,
+    *,
+    count_free: bool = False,
+    top: float | None = None,
+    in_place: bool = False,
+    where: str | None = None,
 ) -> Replayed:
     """Auditor kernel of the sparse log: check the entries, then round by the rule of the module docstring.
 
     Raises :class:`BandViolation` on an entry out of range, out of order or outside ``16 B``.
     ``count_free`` also counts the values a dishonest trainer could have sent either way (for the
-    docs' "bits of freedom"; one more pass). ``top``: ``max |x|`` when known.
+    docs' "bits of freedom"; one more pass). ``top``, ``in_place``, ``where``: as
+    :func:`round_and_band`; on CPU the C kernel does it in two passes.
     """
-    xf = rounding._int_view(x).reshape(-1)
     pos = positions.to(device=x.device, dtype=torch.int64)
     if pos.numel() > 1 and not bool((pos[1:] > pos[:-1]).all()):
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
-    top_mag, top = _top(x, top)
-    in_range = top_mag <= _max_finite(rounding._grid(bits))
+    g = rounding._grid(bits)
+    if pos.numel() == 0 or (int(pos[0]) >= 0 and int(pos[-1]) < x.numel()):  # else check_entries words it
+        buf = _fused_view(x, in_place)
+        if buf is not None:
+            params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+            fused = native.round_with_entries(buf, params, pos.contiguous(), count_free)
+            if fused is not None:
+                return Replayed(buf.view(torch.float64).view(x.shape), fused.corrections, fused.free)
+    xf = rounding._int_view(x).reshape(-1)
+    top_mag, top = _top(x, top, where)
+    in_range = top_mag <= _max_finite(g)
     check_entries(xf, bits, band, pos, widen=4, top_biased=top)
     free = int(within(xf, bits, band, 4, top, in_range=in_range)[0].numel()) if count_free else -1
     out = rounding.rnd(x, bits, top=top_mag)
@@ -328,9 +372,9 @@ def round_with_entries(
     if touched.numel() == 0:
         return Replayed(out, 0, free)
     nearest = flat.index_select(0, touched).view(torch.int64)
-    for where, pick in ((zone, 0), (pos, 1)):  # the listed (odd) values are written last: they win
-        if where.numel():
-            flat.index_copy_(0, where, _neighbours(xf, where, bits)[pick])
+    for lanes, pick in ((zone, 0), (pos, 1)):  # the listed (odd) values are written last: they win
+        if lanes.numel():
+            flat.index_copy_(0, lanes, _neighbours(xf, lanes, bits)[pick])
     corrections = int((flat.index_select(0, touched).view(torch.int64) != nearest).count_nonzero())
     return Replayed(out, corrections, free)
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError
-from game.training import banding, rounding
+from game.training import banding, native, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
@@ -242,6 +242,10 @@ class RoundingMode(TorchDispatchMode):
     One instance serves one training step: ``op_index`` counts the logged tensors of that step.
     """
 
+    #: The kernels may round an op's output in its own storage (a subclass that still needs the
+    #: unrounded values after ``_record``, like the log-rewriting deviations, sets it False).
+    round_in_place: bool = True
+
     def __init__(
         self,
         *,
@@ -327,7 +331,16 @@ class RoundingMode(TorchDispatchMode):
             return
         index = self.op_index
         self.op_index += 1
-        top = rounding.check_finite(t, f"step {self.step}, op #{index} {name}")
+        where = f"step {self.step}, op #{index} {name}"
+        fused = (
+            self.mode != "round"
+            and isinstance(self.log, SparseStepLog)
+            and t.device.type == "cpu"
+            and native.available()
+        )
+        # The C kernels scan for inf and NaN themselves (and hand such a tensor to the torch kernels,
+        # which call check_finite with ``where``); every other path scans here.
+        top = None if fused else rounding.check_finite(t, where)
         if self.mode == "round":
             rounding.round_(t, self.bits, top=top)
             self.rounded[name] += 1
@@ -335,18 +348,22 @@ class RoundingMode(TorchDispatchMode):
         band = self.bands.band(name)
         try:
             if self.mode == "record":
-                r = self._record(t, index, name, band, top)
+                r = self._record(t, index, name, band, top, where)
             else:
-                r = self._replay(t, index, name, band, top)
+                r = self._replay(t, index, name, band, top, where)
         except banding.BandViolation as exc:
             raise exc.at(self.step, index, name) from None
-        t.copy_(r)
+        if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
+            t.copy_(r)
         self.logged[name] += 1
 
-    def _record(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
-        """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|``)."""
+    def _record(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
+        """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|`` when
+        scanned; ``where``: the op, for errors). The result may be ``t`` itself (``round_in_place``)."""
         if isinstance(self.log, SparseStepLog):
-            r, positions = banding.round_and_band(t, self.bits, band, top=top)
+            r, positions = banding.round_and_band(
+                t, self.bits, band, top=top, in_place=self.round_in_place, where=where
+            )
             self.log.append(index, name, t.numel(), positions)
             return r
         assert isinstance(self.log, StepLog)
@@ -354,13 +371,20 @@ class RoundingMode(TorchDispatchMode):
         self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
         return r
 
-    def _replay(self, t: Tensor, index: int, name: str, band: Band, top: float) -> Tensor:
+    def _replay(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
         """Auditor and judge: round ``t`` with the trainer's entries, after the band checks."""
         assert self._cursor is not None
         if isinstance(self.log, SparseStepLog):
             entry: SparseRecord = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
             r, n, free = banding.round_with_entries(
-                t, self.bits, band, entry.positions, count_free=self.count_free, top=top
+                t,
+                self.bits,
+                band,
+                entry.positions,
+                count_free=self.count_free,
+                top=top,
+                in_place=self.round_in_place,
+                where=where,
             )
             self.free += max(free, 0)
         else:

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from game.errors import ConfigError, NonFiniteError, TrainingError
+from game.training import native
 
 log = logging.getLogger(__name__)
 
@@ -334,11 +335,14 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     """In-place :func:`rnd` (optimizer state, mutated op arguments); returns ``x``.
 
     A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
-    copy back); other layouts go through :func:`rnd` and ``copy_``. On the float32 grid the hardware
-    conversion does it (:func:`fast_float32`).
+    copy back); other layouts go through :func:`rnd` and ``copy_``. On CPU the C kernel
+    (:mod:`game.training.native`) does it in one pass; elsewhere, on the float32 grid, the hardware
+    conversion (:func:`fast_float32`).
     """
     g = _grid(bits)
     xi = _int_view(x)
+    if xi.is_contiguous() and native.round_inplace(xi.view(-1), g.k0, g.max_finite):
+        return x  # one pass in C (CPU, no rare lanes)
     if fast_float32(x, bits, top):
         xd = x.detach()
         xd.copy_(xd.to(torch.float32))

@@ -1,0 +1,196 @@
+"""Fused C kernels for the sparse log, compiled on first use; the torch kernels stay the reference.
+
+Why: on CPU the torch kernels of :mod:`game.training.banding` make a dozen passes over every logged
+tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
+step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass. It is
+compiled with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time
+it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by
+the source's hash. Without a compiler, with ``VGAME_NATIVE=0``, on CUDA tensors, or when a tensor
+holds rare lanes (float32-subnormal range, past the range, inf, NaN), the torch kernels run instead:
+the results are the same bit for bit (tests/training/test_native.py holds them to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+#: Set to ``0`` to never compile or use the C kernels.
+ENV_SWITCH = "VGAME_NATIVE"
+
+_I64 = ctypes.c_int64
+_P64 = ctypes.POINTER(ctypes.c_int64)
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_disabled = 0  # nesting depth of disabled()
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept."""
+    explicit = os.environ.get("VGAME_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / "native"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vgame" / "native"
+
+
+def _compile(source: bytes, target: Path) -> None:
+    """Compile ``source`` into the shared library ``target`` (atomically: a temporary file, then a rename)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise OSError("no C compiler found (set CC, or install cc)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / "kernels.c"
+        src.write_bytes(source)
+        out = Path(tmp) / target.name
+        cmd = [cc, "-O2", "-std=c99", "-shared", "-fPIC", "-fno-fast-math", "-o", str(out), str(src)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(cmd[:-3])} failed: {done.stderr.strip()[:500]}")
+        os.replace(out, target)
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _tried
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            log.info("native kernels switched off (%s=0): using the torch kernels", ENV_SWITCH)
+            return None
+        source = resources.files(__package__).joinpath("kernels.c").read_bytes()
+        key = hashlib.sha256(source + platform.machine().encode() + platform.system().encode()).hexdigest()
+        target = cache_dir() / f"kernels-{key[:16]}.so"
+        try:
+            if not target.exists():
+                _compile(source, target)
+            lib = ctypes.CDLL(str(target))
+        except OSError as exc:
+            log.warning("native kernels unavailable (%s): using the torch kernels", exc)
+            return None
+        lib.vg_round_and_band.restype = _I64
+        lib.vg_round_and_band.argtypes = [_P64, _I64, _I64, _I64, _I64, _I64, _P64]
+        lib.vg_round_with_entries.restype = _I64
+        lib.vg_round_with_entries.argtypes = [_P64, _I64, _I64, _I64, _I64, _I64, _P64, _I64, _I64, _P64]
+        lib.vg_round_inplace.restype = _I64
+        lib.vg_round_inplace.argtypes = [_P64, _I64, _I64, _I64]
+        _lib = lib
+        return lib
+
+
+def available() -> bool:
+    """Whether the C kernels are loaded (compiling them now if they never were)."""
+    return _load() is not None
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the torch kernels inside (tests compare both; benchmarks can time both)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def _usable(*tensors: Tensor) -> ctypes.CDLL | None:
+    if _disabled:
+        return None
+    if any(t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous() for t in tensors):
+        return None
+    return _load()
+
+
+def _ptr(t: Tensor) -> ctypes._Pointer[ctypes.c_int64]:
+    return ctypes.cast(t.data_ptr(), _P64)
+
+
+class BandParams(NamedTuple):
+    """The integers a kernel needs: the grid (``k0``, its largest finite pattern) and the band."""
+
+    k0: int
+    max_finite: int
+    rel: int
+    abs: int
+
+
+def round_and_band(xf: Tensor, p: BandParams) -> Tensor | None:
+    """Trainer kernel, **in place** on a contiguous flat int64 view: rounds it and returns the
+    positions; None, with ``xf`` untouched, when the torch kernel must do it (rare lanes)."""
+    lib = _usable(xf)
+    if lib is None or xf.numel() == 0:
+        return None
+    positions = torch.empty(xf.numel(), dtype=torch.int64)  # untouched pages cost nothing
+    m = lib.vg_round_and_band(_ptr(xf), xf.numel(), p.k0, p.max_finite, p.rel, p.abs, _ptr(positions))
+    if m < 0:
+        return None
+    return positions[:m].clone()
+
+
+def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
+    """Round a contiguous int64 view in place (nearest, ties to even); False: use the torch kernel
+    (then some lanes may be rounded already, which rounding again leaves as they are)."""
+    lib = _usable(xf)
+    if lib is None or xf.numel() == 0:
+        return False
+    return bool(lib.vg_round_inplace(_ptr(xf), xf.numel(), k0, max_finite) == 0)
+
+
+class Replay(NamedTuple):
+    """What the auditor kernel counted."""
+
+    corrections: int
+    free: int  # -1 when not counted
+
+
+def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free: bool) -> Replay | None:
+    """Auditor kernel, **in place** on a contiguous flat int64 view, with checked (ascending, in range)
+    positions: ``(corrections, free)``; None, with ``xf`` untouched, when the torch kernel must do it
+    (rare lanes, a listed zero, or an entry outside the band, whose error the torch kernel words)."""
+    lib = _usable(xf, positions)
+    if lib is None or xf.numel() == 0:
+        return None
+    stats = torch.zeros(2, dtype=torch.int64)
+    rc = lib.vg_round_with_entries(
+        _ptr(xf), xf.numel(), p.k0, p.max_finite, p.rel, p.abs,
+        _ptr(positions), positions.numel(), int(count_free), _ptr(stats),
+    )  # fmt: skip
+    if rc != 0:
+        return None
+    corrections, free = stats.tolist()
+    return Replay(corrections, free)
+
+
+__all__ = [
+    "ENV_SWITCH",
+    "BandParams",
+    "Replay",
+    "available",
+    "cache_dir",
+    "disabled",
+    "round_and_band",
+    "round_inplace",
+    "round_with_entries",
+]

@@ -1,0 +1,160 @@
+/* Fused rounding kernels for the sparse log: one pass over a tensor instead of a dozen torch ops.
+ *
+ * Every function works on the int64 bit patterns of float64 values and computes exactly what the
+ * torch code in game/training/banding.py and rounding.py computes (integer arithmetic only, so the
+ * result is the same on every machine). They handle the common lanes: +-0 and normal values up to
+ * the grid's largest finite value. When a tensor holds anything else (the float32-subnormal range,
+ * past the range, inf, NaN) they return -1 and the caller takes the torch path for that tensor; the
+ * trainer and auditor kernels find that out in a read-only pass (which also finds the tensor's top)
+ * before they write anything, so they can round in place.
+ *
+ * Geometry of a lane (banding.geometry): r = dropped bits, d = |r - half| (distance to the rounding
+ * midpoint in float64 ulps of x), band = min(2^(52 + rel) + floor, half / 4) with
+ * floor = 2^(52 + abs + top - e(x)) when that exponent is >= 0 (capped at 2^62), else 0.
+ */
+#include <stdint.h>
+
+#define ABS_MASK 0x7fffffffffffffffLL
+#define MANT 52
+#define MIN_NORMAL_BIASED (1023 - 126)
+
+typedef struct {
+    int64_t k0;          /* dropped mantissa bits */
+    int64_t step;        /* 1 << k0 */
+    int64_t half;        /* step / 2 */
+    int64_t max_finite;  /* bit pattern of the largest finite grid value */
+    int64_t rel_units;   /* 2^(52 + rel), or 0 */
+    int64_t floor_base;  /* 52 + abs + top_biased */
+} grid_t;
+
+static inline int rare(int64_t a, const grid_t *g) {
+    return (a != 0 && a < ((int64_t)MIN_NORMAL_BIASED << MANT)) || a > g->max_finite;
+}
+
+static inline int64_t band_of(int64_t a, const grid_t *g) {
+    int64_t shift = g->floor_base - (a >> MANT);
+    int64_t floor = 0;
+    if (shift >= 0) floor = (int64_t)1 << (shift > 62 ? 62 : shift);
+    int64_t limit = floor + g->rel_units;
+    int64_t cap = g->half >> 2;
+    return limit < cap ? limit : cap;
+}
+
+static inline int64_t dist_of(int64_t x, const grid_t *g) {
+    int64_t d = (x & (g->step - 1)) - g->half;
+    return d < 0 ? -d : d;
+}
+
+static inline int in_band(int64_t x, int64_t a, const grid_t *g, int widen) {
+    if ((x & (g->step - 1)) == 0) return 0; /* on the grid */
+    return dist_of(x, g) <= (band_of(a, g) << widen);
+}
+
+static inline int64_t nearest(int64_t x, const grid_t *g) {
+    /* round half to even on the signed pattern (rounding.rnd's fast path) */
+    return (x + (g->half - 1) + ((x >> g->k0) & 1)) & -g->step;
+}
+
+static void init(grid_t *g, int64_t k0, int64_t max_finite, int64_t rel, int64_t abs_, int64_t top) {
+    g->k0 = k0;
+    g->step = (int64_t)1 << k0;
+    g->half = g->step >> 1;
+    g->max_finite = max_finite;
+    g->rel_units = (MANT + rel >= 0) ? ((int64_t)1 << (MANT + rel)) : 0;
+    g->floor_base = MANT + abs_ + top;
+}
+
+/* Read-only pass: the largest magnitude's biased exponent (at least float32's smallest normal, as
+ * banding.top_binade), or -1 when a lane is rare. Branch-free so the compiler vectorises it. */
+static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
+    int64_t top = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = x[i] & ABS_MASK;
+        bad |= rare(a, g);
+        top = a > top ? a : top;
+    }
+    if (bad) return -1;
+    top >>= MANT;
+    return top > MIN_NORMAL_BIASED ? top : MIN_NORMAL_BIASED;
+}
+
+/* Trainer, in place: round x to nearest (ties to even) and write to out the positions of the lanes
+ * within 4 bands of a midpoint that went to the odd neighbour. Returns how many, or -1 when a lane
+ * is rare (then nothing is written). */
+int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
+                          int64_t abs_, int64_t *out) {
+    grid_t g;
+    init(&g, k0, max_finite, rel, abs_, 0);
+    int64_t top = scan(x, n, &g);
+    if (top < 0) return -1;
+    init(&g, k0, max_finite, rel, abs_, top);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = x[i];
+        int64_t r = nearest(v, &g);
+        if (in_band(v, v & ABS_MASK, &g, 2) && ((r >> k0) & 1)) out[m++] = i;
+        x[i] = r;
+    }
+    return m;
+}
+
+/* Auditor, in place, with the entries (ascending, in range: checked by the caller): listed -> odd
+ * neighbour, else within one band -> even neighbour, else nearest. Returns 0 and sets stats[0] =
+ * corrections (lanes not at their nearest), stats[1] = free (lanes within 16 bands, when count_free,
+ * else -1); or, writing nothing, -1 (a rare lane, or a listed zero, whose neighbours come from the
+ * rare path) or -2 with stats[0] = the first entry farther than 16 bands from a midpoint. */
+int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
+                              int64_t abs_, const int64_t *pos, int64_t npos, int64_t count_free,
+                              int64_t *stats) {
+    grid_t g;
+    init(&g, k0, max_finite, rel, abs_, 0);
+    int64_t top = scan(x, n, &g);
+    if (top < 0) return -1;
+    init(&g, k0, max_finite, rel, abs_, top);
+    for (int64_t j = 0; j < npos; j++) {
+        int64_t v = x[pos[j]];
+        int64_t a = v & ABS_MASK;
+        if (a == 0) return -1;
+        /* banding.check_entries: the distance alone (a listed grid value is judged the same way) */
+        if (dist_of(v, &g) > (band_of(a, &g) << 4)) {
+            stats[0] = pos[j];
+            return -2;
+        }
+    }
+    int64_t corrections = 0, free = 0, j = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = x[i];
+        int64_t a = v & ABS_MASK;
+        int64_t r = nearest(v, &g);
+        int64_t out = r;
+        if (j < npos && pos[j] == i) {
+            j++;
+            int64_t lo = v - (v & (g.step - 1));
+            out = ((lo >> k0) & 1) ? lo : lo + g.step; /* the odd neighbour */
+        } else if (in_band(v, a, &g, 0)) {
+            int64_t lo = v - (v & (g.step - 1));
+            out = ((lo >> k0) & 1) ? lo + g.step : lo; /* the even neighbour */
+        }
+        if (count_free && in_band(v, a, &g, 4)) free++;
+        corrections += out != r;
+        x[i] = out;
+    }
+    stats[0] = corrections;
+    stats[1] = count_free ? free : -1;
+    return 0;
+}
+
+/* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 at the first rare
+ * lane, which stays untouched with every lane after it; the lanes before it are rounded already,
+ * which is harmless (rounding is idempotent) for the caller, who then rounds the whole tensor with
+ * the torch kernel. */
+int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) {
+    grid_t g;
+    init(&g, k0, max_finite, -60, -60, 0);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = x[i];
+        if (rare(v & ABS_MASK, &g)) return -1;
+        x[i] = nearest(v, &g);
+    }
+    return 0;
+}

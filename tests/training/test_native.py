@@ -1,0 +1,132 @@
+"""The C kernels against the torch kernels: the same bits, the same counts, the same errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from game.training import banding, native, rounding
+from game.training.bands import Band
+
+from .test_banding import _mixed_values, _perturb
+
+TAILS = {
+    "none": [],
+    "subnormal": [3e-39, -7e-40, 1e-45],  # rare lanes: the torch kernel runs
+    "zero": [0.0, -0.0, 0.0],
+}
+
+
+def _values(seed: int, bits: int, tail: str, scale: float) -> torch.Tensor:
+    x = _mixed_values(1500, seed, bits) * scale
+    return torch.cat([x, torch.tensor(TAILS[tail], dtype=torch.float64)])
+
+
+def test_available_whereACompilerIs() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    assert native.available()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    bits=st.sampled_from([32, 28, 26, 16]),
+    rel=st.integers(-48, -20),
+    gap=st.integers(0, 20),
+    tail=st.sampled_from(sorted(TAILS)),
+    scale=st.sampled_from([1.0, -3.0, 2.0**-60, 2.0**40]),
+)
+def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tail: str, scale: float) -> None:
+    band = Band(rel, max(rel - gap, -60))
+    x = _values(seed, bits, tail, scale)
+    r_native, p_native = banding.round_and_band(x, bits, band)
+    with native.disabled():
+        r_torch, p_torch = banding.round_and_band(x, bits, band)
+    assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64))
+    assert torch.equal(p_native, p_torch)
+    if native.available():  # the C kernel took the tensor unless it holds rare lanes
+        g = rounding._grid(bits)
+        xf = x.view(torch.int64).clone()
+        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        assert (native.round_and_band(xf, params) is None) == (tail == "subnormal")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    bits=st.sampled_from([32, 28, 26]),
+    tail=st.sampled_from(sorted(TAILS)),
+    extra=st.integers(0, 20),
+    count_free=st.booleans(),
+)
+def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, count_free: bool) -> None:
+    band = Band(-35, -46)
+    x_t = _values(seed, bits, tail, 1.0)
+    x_a = _perturb(x_t, 2.0**-40, seed + 1)
+    _, honest = banding.round_and_band(x_t, bits, band)
+    # a trainer's own choices among the values within 16 bands: accepted, and moved the same way
+    free, _ = banding.within(x_a.view(torch.int64), bits, band, 4, banding.top_binade(x_a.view(torch.int64)))
+    g = torch.Generator().manual_seed(seed)
+    chosen = free[torch.randperm(free.numel(), generator=g)[:extra]]
+    positions = torch.cat([honest, chosen]).unique()
+    got = banding.round_with_entries(x_a, bits, band, positions, count_free=count_free)
+    with native.disabled():
+        want = banding.round_with_entries(x_a, bits, band, positions, count_free=count_free)
+    assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
+    assert (got.corrections, got.free) == (want.corrections, want.free)
+
+
+def test_auditorKernel_entryOutsideTheBand_sameError() -> None:
+    x = _mixed_values(2000, 3)
+    xf = x.view(torch.int64)
+    geo = banding.geometry(xf, 32, Band(-35, -46))
+    far = int((geo.off & (geo.distance > (geo.band << 5))).nonzero()[0, 0])
+    errors = []
+    for ctx in (native.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
+        with ctx, pytest.raises(banding.BandViolation) as info:
+            banding.round_with_entries(x, 32, Band(-35, -46), torch.tensor([far]))
+        errors.append((info.value.kind, info.value.index, str(info.value)))
+    assert errors[0] == errors[1] and errors[0][:2] == ("outside", far)
+
+
+def test_kernels_leaveTheirInputUntouched_unlessToldOtherwise() -> None:
+    x = _mixed_values(1000, 4)
+    before = x.clone()
+    r, pos = banding.round_and_band(x, 32, Band(-35, -46))
+    replayed = banding.round_with_entries(x, 32, Band(-35, -46), pos)
+    assert torch.equal(x.view(torch.int64), before.view(torch.int64))
+    r_in, pos_in = banding.round_and_band(x, 32, Band(-35, -46), in_place=True)
+    assert r_in.data_ptr() == x.data_ptr() or not native.available()
+    assert torch.equal(r_in.view(torch.int64), r.view(torch.int64)) and torch.equal(pos_in, pos)
+    y = before.clone()
+    again = banding.round_with_entries(y, 32, Band(-35, -46), pos, in_place=True)
+    assert torch.equal(again.rounded.view(torch.int64), replayed.rounded.view(torch.int64))
+    assert again.corrections == replayed.corrections
+
+
+def test_nonContiguousInput_isRoundedInLogicalOrder() -> None:
+    x = _mixed_values(1200, 5).reshape(30, 40).t()
+    r_native, p_native = banding.round_and_band(x, 32, Band(-35, -46))
+    with native.disabled():
+        r_torch, p_torch = banding.round_and_band(x, 32, Band(-35, -46))
+    assert r_native.shape == x.shape
+    assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64)) and torch.equal(
+        p_native, p_torch
+    )
+    assert torch.equal(r_native.view(torch.int64), rounding.rnd(x, 32).view(torch.int64))
+
+
+@pytest.mark.parametrize("bits", [32, 27, 16])
+@pytest.mark.parametrize("tail", sorted(TAILS))
+def test_inPlaceRounding_equalsTorch(bits: int, tail: str) -> None:
+    x = _values(7, bits, tail, -5.0)
+    got = rounding.round_(x.clone(), bits)
+    with native.disabled():
+        want = rounding.round_(x.clone(), bits)
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    assert torch.equal(got.view(torch.int64), rounding.rnd(x, bits, top=float("inf")).view(torch.int64))
