@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Set to ``0`` to never compile or use the C kernels.
 ENV_SWITCH = "VGAME_NATIVE"
 
+#: Compiler flags (part of the cache key). No -ffast-math: the kernels are integer code, and stay so.
+CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-math")
+
 _I64 = ctypes.c_int64
 _P64 = ctypes.POINTER(ctypes.c_int64)
 
@@ -63,7 +66,7 @@ def _compile(source: bytes, target: Path) -> None:
         src = Path(tmp) / "kernels.c"
         src.write_bytes(source)
         out = Path(tmp) / target.name
-        cmd = [cc, "-O2", "-std=c99", "-shared", "-fPIC", "-fno-fast-math", "-o", str(out), str(src)]
+        cmd = [cc, *CFLAGS, "-o", str(out), str(src)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise OSError(f"{' '.join(cmd[:-3])} failed: {done.stderr.strip()[:500]}")
@@ -80,7 +83,8 @@ def _load() -> ctypes.CDLL | None:
             log.info("native kernels switched off (%s=0): using the torch kernels", ENV_SWITCH)
             return None
         source = resources.files(__package__).joinpath("kernels.c").read_bytes()
-        key = hashlib.sha256(source + platform.machine().encode() + platform.system().encode()).hexdigest()
+        tag = "|".join([platform.machine(), platform.system(), *CFLAGS]).encode()
+        key = hashlib.sha256(source + tag).hexdigest()
         target = cache_dir() / f"kernels-{key[:16]}.so"
         try:
             if not target.exists():

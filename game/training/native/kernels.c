@@ -32,9 +32,10 @@ static inline int rare(int64_t a, const grid_t *g) {
 }
 
 static inline int64_t band_of(int64_t a, const grid_t *g) {
-    int64_t shift = g->floor_base - (a >> MANT);
-    int64_t floor = 0;
-    if (shift >= 0) floor = (int64_t)1 << (shift > 62 ? 62 : shift);
+    /* branch-free (the loops call it on every lane): conditional moves, no jumps */
+    int64_t shift = g->floor_base - (int64_t)((uint64_t)a >> MANT); /* logical shifts vectorise */
+    int64_t clamped = shift < 0 ? 0 : (shift > 62 ? 62 : shift);
+    int64_t floor = ((int64_t)1 << clamped) & -(int64_t)(shift >= 0);
     int64_t limit = floor + g->rel_units;
     int64_t cap = g->half >> 2;
     return limit < cap ? limit : cap;
@@ -45,14 +46,14 @@ static inline int64_t dist_of(int64_t x, const grid_t *g) {
     return d < 0 ? -d : d;
 }
 
-static inline int in_band(int64_t x, int64_t a, const grid_t *g, int widen) {
-    if ((x & (g->step - 1)) == 0) return 0; /* on the grid */
-    return dist_of(x, g) <= (band_of(a, g) << widen);
+static inline int64_t in_band(int64_t x, int64_t a, const grid_t *g, int widen) {
+    /* off the grid, and within (band << widen) of the midpoint: 0 or 1, without branches */
+    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (band_of(a, g) << widen));
 }
 
 static inline int64_t nearest(int64_t x, const grid_t *g) {
     /* round half to even on the signed pattern (rounding.rnd's fast path) */
-    return (x + (g->half - 1) + ((x >> g->k0) & 1)) & -g->step;
+    return (x + (g->half - 1) + (int64_t)(((uint64_t)x >> g->k0) & 1)) & -g->step;
 }
 
 static void init(grid_t *g, int64_t k0, int64_t max_finite, int64_t rel, int64_t abs_, int64_t top) {
@@ -92,8 +93,10 @@ int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite,
     for (int64_t i = 0; i < n; i++) {
         int64_t v = x[i];
         int64_t r = nearest(v, &g);
-        if (in_band(v, v & ABS_MASK, &g, 2) && ((r >> k0) & 1)) out[m++] = i;
         x[i] = r;
+        /* listed: went odd and within 4 bands; appended without a branch (out has room for n) */
+        out[m] = i;
+        m += (int64_t)(((uint64_t)r >> k0) & 1) & in_band(v, v & ABS_MASK, &g, 2);
     }
     return m;
 }
@@ -135,7 +138,7 @@ int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_fin
             int64_t lo = v - (v & (g.step - 1));
             out = ((lo >> k0) & 1) ? lo + g.step : lo; /* the even neighbour */
         }
-        if (count_free && in_band(v, a, &g, 4)) free++;
+        free += count_free & in_band(v, a, &g, 4);
         corrections += out != r;
         x[i] = out;
     }
