@@ -170,3 +170,13 @@ def test_roundTrip_anyMixOfEmptyAndFullRecords(records: list[list[int]], codec: 
     assert [(e.record.op_index, e.record.op_name, e.record.count) for e in back.entries()] == [
         (2 * i, f"aten.op{i % 3}.default", 5001) for i in range(len(records))
     ]
+
+
+def test_auto_skipsLzma_pastItsSizeLimit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # lzma is tried on small payloads only (it is ~10x slower than zlib); the chunk still decodes
+    log = _log(records=30)
+    codec_at = len(sparselog.MAGIC) + sparselog._HEADER.size - 5  # the codec byte precedes the size
+    monkeypatch.setattr(sparselog, "LZMA_AUTO_MAX", 0)
+    data = log.encode(3, SPEC)
+    assert data[codec_at] in (sparselog.CODECS["zlib"], sparselog.CODECS["stored"])
+    assert _same(log, decode_chunk(data, SPEC, 3))
