@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError
-from game.training import banding, native, rounding
+from game.training import banding, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
@@ -332,15 +332,10 @@ class RoundingMode(TorchDispatchMode):
         index = self.op_index
         self.op_index += 1
         where = f"step {self.step}, op #{index} {name}"
-        fused = (
-            self.mode != "round"
-            and isinstance(self.log, SparseStepLog)
-            and t.device.type == "cpu"
-            and native.available()
-        )
-        # The C kernels scan for inf and NaN themselves (and hand such a tensor to the torch kernels,
-        # which call check_finite with ``where``); every other path scans here.
-        top = None if fused else rounding.check_finite(t, where)
+        # The sparse kernels scan for inf and NaN themselves (the C ones in their own pass; the torch
+        # ones by check_finite with ``where``); the other paths scan here.
+        sparse = self.mode != "round" and isinstance(self.log, SparseStepLog)
+        top = None if sparse else rounding.check_finite(t, where)
         if self.mode == "round":
             rounding.round_(t, self.bits, top=top)
             self.rounded[name] += 1

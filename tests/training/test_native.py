@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,16 @@ def test_inPlaceRounding_equalsTorch(bits: int, tail: str) -> None:
         want = rounding.round_(x.clone(), bits)
     assert torch.equal(got.view(torch.int64), want.view(torch.int64))
     assert torch.equal(got.view(torch.int64), rounding.rnd(x, bits, top=float("inf")).view(torch.int64))
+
+
+def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.setenv("VGAME_CACHE_DIR", str(tmp_path))
+    damaged = native.library_path()
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not a shared library")  # a new file: the loaded library is not touched
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    assert native.available()
+    assert damaged.read_bytes()[:4] == b"\x7fELF"

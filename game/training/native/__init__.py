@@ -56,6 +56,17 @@ def cache_dir() -> Path:
     return Path(base) / "vgame" / "native"
 
 
+def _source() -> bytes:
+    return resources.files(__package__).joinpath("kernels.c").read_bytes()
+
+
+def library_path() -> Path:
+    """Where the compiled kernels are (or will be) kept: keyed by the source, the flags and the platform."""
+    tag = "|".join([platform.machine(), platform.system(), *CFLAGS]).encode()
+    key = hashlib.sha256(_source() + tag).hexdigest()
+    return cache_dir() / f"kernels-{key[:16]}.so"
+
+
 def _compile(source: bytes, target: Path) -> None:
     """Compile ``source`` into the shared library ``target`` (atomically: a temporary file, then a rename)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -82,14 +93,16 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get(ENV_SWITCH, "1") == "0":
             log.info("native kernels switched off (%s=0): using the torch kernels", ENV_SWITCH)
             return None
-        source = resources.files(__package__).joinpath("kernels.c").read_bytes()
-        tag = "|".join([platform.machine(), platform.system(), *CFLAGS]).encode()
-        key = hashlib.sha256(source + tag).hexdigest()
-        target = cache_dir() / f"kernels-{key[:16]}.so"
+        source = _source()
+        target = library_path()
         try:
             if not target.exists():
                 _compile(source, target)
-            lib = ctypes.CDLL(str(target))
+            try:
+                lib = ctypes.CDLL(str(target))
+            except OSError:  # a damaged cache entry (disk trouble, a foreign file): build it again
+                _compile(source, target)
+                lib = ctypes.CDLL(str(target))
         except OSError as exc:
             log.warning("native kernels unavailable (%s): using the torch kernels", exc)
             return None
