@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -147,41 +148,64 @@ def check_on_grid(state: TrainState, bits: int) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _values(name: str, t: Tensor) -> bytes:
+#: Values per slice when a tensor is turned into canonical bytes: the float32 copy and the grid check
+#: work a slice at a time, so a GPT-2-sized state never needs a second full copy of itself in memory.
+_SLICE = 1 << 20
+
+
+def _values(name: str, t: Tensor) -> Iterator[memoryview]:
+    """A tensor's canonical values (little-endian), a slice at a time (no second copy of the whole
+    tensor is made on the way to the hash)."""
     t = t.detach()
-    if t.dtype == torch.float64:
-        t32 = t.to(device="cpu", dtype=torch.float32)
-        if not torch.equal(t32.to(torch.float64), t.cpu()):
-            raise OffGridError(
-                f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
-            )
-        t = t32
-    else:
-        t = t.to(device="cpu")
     if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().astype("<i2").tobytes()
-    return t.contiguous().numpy().astype(_NUMPY[_TAGS[t.dtype]], copy=False).tobytes()
+        yield memoryview(t.cpu().contiguous().view(torch.int16).numpy().astype("<i2"))
+        return
+    flat = t.reshape(-1)
+    for start in range(0, max(flat.numel(), 1), _SLICE):
+        part = flat[start : start + _SLICE]
+        if t.dtype == torch.float64:
+            p32 = part.to(device="cpu", dtype=torch.float32)
+            if not torch.equal(p32.to(torch.float64), part.cpu()):
+                raise OffGridError(
+                    f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
+                )
+            part = p32
+        arr = part.to(device="cpu").contiguous().numpy()
+        yield memoryview(arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False)).cast("B")
 
 
-def encode_state(state: TrainState) -> bytes:
-    """The canonical bytes (docs/architecture.md): header, then every tensor in sorted name order."""
+def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
+    """The canonical bytes (docs/architecture.md) in pieces: header, then every tensor in sorted
+    name order. Hashing the pieces as they come costs no copy of the state."""
     tensors = state_tensors(state)
-    parts = [STATE_MAGIC, struct.pack("<QI", state.step, len(tensors))]
+    yield STATE_MAGIC + struct.pack("<QI", state.step, len(tensors))
     for name, t in tensors.items():
         tag = _TAGS.get(t.dtype)
         if tag is None:
             raise TrainingError(f"state tensor {name} has unsupported dtype {t.dtype}")
         raw_name = name.encode("utf-8")
-        parts.append(struct.pack("<H", len(raw_name)) + raw_name)
-        parts.append(struct.pack("<B", len(tag)) + tag.encode("ascii"))
-        parts.append(struct.pack("<B", t.dim()) + struct.pack(f"<{t.dim()}Q", *t.shape))
-        parts.append(_values(name, t))
-    return b"".join(parts)
+        yield (
+            struct.pack("<H", len(raw_name))
+            + raw_name
+            + struct.pack("<B", len(tag))
+            + tag.encode("ascii")
+            + struct.pack("<B", t.dim())
+            + struct.pack(f"<{t.dim()}Q", *t.shape)
+        )
+        yield from _values(name, t)
+
+
+def encode_state(state: TrainState) -> bytes:
+    """The canonical bytes (docs/architecture.md): header, then every tensor in sorted name order."""
+    return b"".join(list(_state_parts(state)))
 
 
 def state_hash(state: TrainState) -> bytes:
-    """``sha256(encode_state(state))``: the leaf of the state tree."""
-    return hashlib.sha256(encode_state(state)).digest()
+    """``sha256(encode_state(state))``: the leaf of the state tree, hashed piece by piece."""
+    h = hashlib.sha256()
+    for part in _state_parts(state):
+        h.update(part)
+    return h.digest()
 
 
 # --------------------------------------------------------------------------------------------------

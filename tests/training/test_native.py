@@ -1,16 +1,18 @@
-"""The C kernels against the torch kernels: the same bits, the same counts, the same errors."""
+"""The C kernels against the torch and numpy ones: the same bits, the same counts, the same errors."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import banding, native, rounding
+from game.errors import RoundingLogError
+from game.training import banding, native, rounding, sparselog
 from game.training.bands import Band
 
 from .test_banding import _mixed_values, _perturb
@@ -144,3 +146,55 @@ def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(native, "_lib", None)
     assert native.available()
     assert damaged.read_bytes()[:4] == b"\x7fELF"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.integers(0, 300), st.integers(0, 2**63 - 1), st.sampled_from([0, 127, 128, 2**56, 2**63 - 1])
+        ),
+        max_size=60,
+    )
+)
+def test_uvarints_sameBytesAndValues_asNumpy(values: list[int]) -> None:
+    v = np.array(values, dtype=np.int64)
+    fast = sparselog.uvarint_encode(v)
+    with native.disabled():
+        slow = sparselog.uvarint_encode(v)
+    assert fast == slow
+    buf = np.frombuffer(b"\x05" + fast + b"\x7f", dtype=np.uint8)  # not at the start, bytes after
+    out, end = sparselog.uvarint_decode(buf, 1, len(values))
+    with native.disabled():
+        out_np, end_np = sparselog.uvarint_decode(buf, 1, len(values))
+    assert out.tolist() == out_np.tolist() == values and end == end_np == 1 + len(fast)
+    if native.available() and values:
+        assert native.uvarint_encode(v) == fast  # the C kernel took them
+        assert native.uvarint_decode(buf, 1, len(values)) is not None
+
+
+@pytest.mark.parametrize(
+    ("data", "count", "message"),
+    [
+        (b"\x81\x00", 1, "shortest"),
+        (b"\x80\x80", 1, "truncated"),
+        (b"\x01\x02", 3, "truncated"),
+        (b"\xff" * 9 + b"\x01", 1, "longer than 9"),
+    ],
+)
+def test_malformedUvarints_sameError_asNumpy(data: bytes, count: int, message: str) -> None:
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if native.available():
+        assert native.uvarint_decode(buf, 0, count) is None  # the numpy decoder words the error
+    with pytest.raises(sparselog._Malformed, match=message):
+        sparselog.uvarint_decode(buf, 0, count)
+    with native.disabled(), pytest.raises(sparselog._Malformed, match=message):
+        sparselog.uvarint_decode(buf, 0, count)
+
+
+def test_negativeValue_isRefused_byEitherEncoder() -> None:
+    v = np.array([3, -1], dtype=np.int64)
+    if native.available():
+        assert native.uvarint_encode(v) is None
+    with pytest.raises(RoundingLogError, match="non-negative"):
+        sparselog.uvarint_encode(v)

@@ -10,6 +10,7 @@ import torch
 
 from game.errors import TranscriptError
 from game.training import rounding
+from game.training import state as state_module
 from game.training.config import TaskConfig
 from game.training.profiles import get_profile
 from game.training.state import (
@@ -88,6 +89,20 @@ def test_encode_matchesReferenceLayout(name: str) -> None:
     assert data == reference_encode(state)
     assert state_hash(state) == hashlib.sha256(data).digest()
     assert data.startswith(STATE_MAGIC)
+
+
+def test_encode_sliceByslice_isTheSameBytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors are encoded and hashed a slice at a time; a slice edge anywhere changes nothing, and a
+    value off the grid in a later slice is still found."""
+    _, state = trained("gpt-shakespeare")
+    data = encode_state(state)
+    monkeypatch.setattr(state_module, "_SLICE", 7)
+    assert encode_state(state) == data == reference_encode(state)
+    assert state_hash(state) == hashlib.sha256(data).digest()
+    with torch.no_grad():
+        state.model.lm_head.weight.view(-1)[-1] = 1.0 / 3.0
+    with pytest.raises(OffGridError, match=r"lm_head\.weight"):
+        state_hash(state)
 
 
 @pytest.mark.parametrize("name", list(SMALL))

@@ -2,12 +2,14 @@
 
 Why: on CPU the torch kernels of :mod:`game.training.banding` make a dozen passes over every logged
 tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
-step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass. It is
+step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass, and also
+writes and reads the sparse log's varints (numpy needs a pass per byte of the longest). It is
 compiled with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time
 it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by
 the source's hash. Without a compiler, with ``VGAME_NATIVE=0``, on CUDA tensors, or when a tensor
 holds rare lanes (float32-subnormal range, past the range, inf, NaN), the torch kernels run instead:
-the results are the same bit for bit (tests/training/test_native.py holds them to it).
+the results are the same bit for bit (tests/training/test_native.py holds them to it); the numpy
+varint code is the fallback and words every error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,6 +43,7 @@ CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-mat
 
 _I64 = ctypes.c_int64
 _P64 = ctypes.POINTER(ctypes.c_int64)
+_PU8 = ctypes.POINTER(ctypes.c_uint8)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -112,6 +116,10 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_round_with_entries.argtypes = [_P64, _I64, _I64, _I64, _I64, _I64, _P64, _I64, _I64, _P64]
         lib.vg_round_inplace.restype = _I64
         lib.vg_round_inplace.argtypes = [_P64, _I64, _I64, _I64]
+        lib.vg_uvarint_encode.restype = _I64
+        lib.vg_uvarint_encode.argtypes = [_P64, _I64, _PU8]
+        lib.vg_uvarint_decode.restype = _I64
+        lib.vg_uvarint_decode.argtypes = [_PU8, _I64, _I64, _P64]
         _lib = lib
         return lib
 
@@ -200,6 +208,30 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
     return Replay(corrections, free)
 
 
+def uvarint_encode(values: np.ndarray) -> bytes | None:
+    """LEB128 of int64 ``values`` (sparselog.uvarint_encode's bytes); None: use the numpy encoder
+    (no kernels, or a negative value, whose error it words)."""
+    lib = None if _disabled else _load()
+    if lib is None:
+        return None
+    v = np.ascontiguousarray(values, dtype=np.int64)
+    out = np.empty(9 * v.size, dtype=np.uint8)
+    n = lib.vg_uvarint_encode(v.ctypes.data_as(_P64), v.size, out.ctypes.data_as(_PU8))
+    return None if n < 0 else out[:n].tobytes()
+
+
+def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray, int] | None:
+    """``count`` LEB128 values from the uint8 array ``buf[start:]`` and the position after them;
+    None: use the numpy decoder (no kernels, or malformed bytes, whose error it words)."""
+    lib = None if _disabled else _load()
+    if lib is None or buf.dtype != np.uint8 or not buf.flags.c_contiguous:
+        return None
+    view = buf[start:]
+    out = np.empty(count, dtype=np.int64)
+    n = lib.vg_uvarint_decode(view.ctypes.data_as(_PU8), view.size, count, out.ctypes.data_as(_P64))
+    return None if n < 0 else (out, start + n)
+
+
 __all__ = [
     "ENV_SWITCH",
     "BandParams",
@@ -210,4 +242,6 @@ __all__ = [
     "round_and_band",
     "round_inplace",
     "round_with_entries",
+    "uvarint_decode",
+    "uvarint_encode",
 ]

@@ -1,4 +1,5 @@
-/* Fused rounding kernels for the sparse log: one pass over a tensor instead of a dozen torch ops.
+/* Fused rounding kernels for the sparse log: one pass over a tensor instead of a dozen torch ops;
+ * and the log's LEB128 varints (at the end), one byte at a time instead of numpy's many passes.
  *
  * Every function works on the int64 bit patterns of float64 values and computes exactly what the
  * torch code in game/training/banding.py and rounding.py computes (integer arithmetic only, so the
@@ -160,4 +161,42 @@ int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) 
         x[i] = nearest(v, &g);
     }
     return 0;
+}
+
+/* LEB128 (7 bits a byte, high bit = more; shortest form) of n values into out, which has room for
+ * 9 bytes a value. Returns the bytes written, or -1 at a negative value (the caller words it). */
+int64_t vg_uvarint_encode(const int64_t *v, int64_t n, uint8_t *out) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] < 0) return -1;
+        uint64_t u = (uint64_t)v[i];
+        while (u >= 0x80) {
+            out[k++] = (uint8_t)(u | 0x80);
+            u >>= 7;
+        }
+        out[k++] = (uint8_t)u;
+    }
+    return k;
+}
+
+/* count LEB128 values from buf[0:len] into out. Returns the bytes read, or -1 when the bytes end
+ * first, a value is longer than 9 bytes or not in its shortest form (the caller words which). */
+int64_t vg_uvarint_decode(const uint8_t *buf, int64_t len, int64_t count, int64_t *out) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < count; i++) {
+        uint64_t u = 0;
+        int shift = 0;
+        for (;;) {
+            if (k >= len || shift > 56) return -1;
+            uint8_t b = buf[k++];
+            u |= (uint64_t)(b & 0x7f) << shift;
+            if (!(b & 0x80)) {
+                if (b == 0 && shift > 0) return -1;
+                break;
+            }
+            shift += 7;
+        }
+        out[i] = (int64_t)u;
+    }
+    return k;
 }
