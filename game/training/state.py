@@ -158,7 +158,7 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
     tensor is made on the way to the hash)."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        yield memoryview(t.cpu().contiguous().view(torch.int16).numpy().astype("<i2"))
+        yield t.cpu().contiguous().view(torch.int16).numpy().astype("<i2").data.cast("B")
         return
     flat = t.reshape(-1)
     for start in range(0, max(flat.numel(), 1), _SLICE):
@@ -171,7 +171,7 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
                 )
             part = p32
         arr = part.to(device="cpu").contiguous().numpy()
-        yield memoryview(arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False)).cast("B")
+        yield arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False).data.cast("B")
 
 
 def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
