@@ -15,6 +15,15 @@
  */
 #include <stdint.h>
 
+/* Where GCC can build them, the kernels come in two versions, picked when the library loads: one
+ * for AVX2 (the 64-bit compares and shifts of the scans vectorise) and one for any x86-64. They
+ * are integer code, so both give the same bits. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 #define ABS_MASK 0x7fffffffffffffffLL
 #define MANT 52
 #define MIN_NORMAL_BIASED (1023 - 126)
@@ -47,9 +56,19 @@ static inline int64_t dist_of(int64_t x, const grid_t *g) {
     return d < 0 ? -d : d;
 }
 
-static inline int64_t in_band(int64_t x, int64_t a, const grid_t *g, int widen) {
+/* The band depends on a lane's exponent alone, so the hot loops look it up: band_table(g, top, t)
+ * fills t[e] = band_of(e) for the exponents a scanned tensor can hold (0, for +-0, and the normal
+ * ones up to its top); a lookup is cheaper than the shifts and clamps of band_of. */
+#define EXPONENTS 2048
+static void band_table(const grid_t *g, int64_t top, int64_t *t) {
+    t[0] = 0; /* +-0 is on the grid: never in a band, whatever the table says */
+    for (int64_t e = MIN_NORMAL_BIASED; e <= top; e++) t[e] = band_of(e << MANT, g);
+}
+
+static inline int64_t in_band(int64_t x, const grid_t *g, const int64_t *t, int widen) {
     /* off the grid, and within (band << widen) of the midpoint: 0 or 1, without branches */
-    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (band_of(a, g) << widen));
+    int64_t e = (int64_t)(((uint64_t)x >> MANT) & 0x7ff);
+    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (t[e] << widen));
 }
 
 static inline int64_t nearest(int64_t x, const grid_t *g) {
@@ -83,13 +102,15 @@ static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
 /* Trainer, in place: round x to nearest (ties to even) and write to out the positions of the lanes
  * within 4 bands of a midpoint that went to the odd neighbour. Returns how many, or -1 when a lane
  * is rare (then nothing is written). */
-int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
+VECTOR_CLONES int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
                           int64_t abs_, int64_t *out) {
     grid_t g;
     init(&g, k0, max_finite, rel, abs_, 0);
     int64_t top = scan(x, n, &g);
     if (top < 0) return -1;
     init(&g, k0, max_finite, rel, abs_, top);
+    int64_t t[EXPONENTS];
+    band_table(&g, top, t);
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t v = x[i];
@@ -97,7 +118,7 @@ int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite,
         x[i] = r;
         /* listed: went odd and within 4 bands; appended without a branch (out has room for n) */
         out[m] = i;
-        m += (int64_t)(((uint64_t)r >> k0) & 1) & in_band(v, v & ABS_MASK, &g, 2);
+        m += (int64_t)(((uint64_t)r >> k0) & 1) & in_band(v, &g, t, 2);
     }
     return m;
 }
@@ -107,7 +128,7 @@ int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite,
  * corrections (lanes not at their nearest), stats[1] = free (lanes within 16 bands, when count_free,
  * else -1); or, writing nothing, -1 (a rare lane, or a listed zero, whose neighbours come from the
  * rare path) or -2 with stats[0] = the first entry farther than 16 bands from a midpoint. */
-int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
+VECTOR_CLONES int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
                               int64_t abs_, const int64_t *pos, int64_t npos, int64_t count_free,
                               int64_t *stats) {
     grid_t g;
@@ -125,21 +146,22 @@ int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_fin
             return -2;
         }
     }
+    int64_t t[EXPONENTS];
+    band_table(&g, top, t);
     int64_t corrections = 0, free = 0, j = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t v = x[i];
-        int64_t a = v & ABS_MASK;
         int64_t r = nearest(v, &g);
         int64_t out = r;
         if (j < npos && pos[j] == i) {
             j++;
             int64_t lo = v - (v & (g.step - 1));
             out = ((lo >> k0) & 1) ? lo : lo + g.step; /* the odd neighbour */
-        } else if (in_band(v, a, &g, 0)) {
+        } else if (in_band(v, &g, t, 0)) {
             int64_t lo = v - (v & (g.step - 1));
             out = ((lo >> k0) & 1) ? lo + g.step : lo; /* the even neighbour */
         }
-        free += count_free & in_band(v, a, &g, 4);
+        free += count_free & in_band(v, &g, t, 4);
         corrections += out != r;
         x[i] = out;
     }
@@ -148,17 +170,21 @@ int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_fin
     return 0;
 }
 
-/* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 at the first rare
- * lane, which stays untouched with every lane after it; the lanes before it are rounded already,
- * which is harmless (rounding is idempotent) for the caller, who then rounds the whole tensor with
- * the torch kernel. */
-int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) {
+/* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 when a block of
+ * lanes holds a rare lane: that block and every one after it stay untouched; the blocks before it
+ * are rounded already, which is harmless (rounding is idempotent) for the caller, who then rounds
+ * the whole tensor with the torch kernel. Blocks keep both inner loops free of early exits, so
+ * they vectorise. */
+#define BLOCK 1024
+VECTOR_CLONES int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) {
     grid_t g;
     init(&g, k0, max_finite, -60, -60, 0);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v = x[i];
-        if (rare(v & ABS_MASK, &g)) return -1;
-        x[i] = nearest(v, &g);
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t len = n - b < BLOCK ? n - b : BLOCK;
+        int64_t *xb = x + b, bad = 0;
+        for (int64_t i = 0; i < len; i++) bad |= rare(xb[i] & ABS_MASK, &g);
+        if (bad) return -1;
+        for (int64_t i = 0; i < len; i++) xb[i] = nearest(xb[i], &g);
     }
     return 0;
 }
