@@ -84,6 +84,32 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
     assert (got.corrections, got.free) == (want.corrections, want.free)
 
 
+@pytest.mark.parametrize("size", [1023, 1024, 1025, 4096 + 3])
+def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
+    """The C kernels work in blocks of 1024 lanes: entries on both sides of every block edge, every
+    lane within 16 bands listed or not, and a tensor that ends mid-block, still match torch."""
+    band = Band(-30, -40)  # wide, so that many lanes are in band
+    x = _mixed_values(size, 11, 32)
+    xf = x.view(torch.int64)
+    near, _ = banding.within(xf, 32, band, 4, banding.top_binade(xf))
+    edges = torch.tensor([i for b in range(1024, size, 1024) for i in (b - 1, b)], dtype=torch.int64)
+    positions = torch.cat([near[::2], edges[torch.isin(edges, near)]]).unique()
+    assert positions.numel() > 2 * (size // 1024)
+    got_r, got_p = banding.round_and_band(x, 32, band)
+    got = banding.round_with_entries(x, 32, band, positions, count_free=True)
+    with native.disabled():
+        want_r, want_p = banding.round_and_band(x, 32, band)
+        want = banding.round_with_entries(x, 32, band, positions, count_free=True)
+    assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
+    assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
+    assert (got.corrections, got.free) == (want.corrections, want.free)
+    assert got.corrections > 0
+    if native.available():  # the C kernels took the tensor
+        g = rounding._grid(32)
+        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        assert native.round_with_entries(xf.clone(), params, positions, True) is not None
+
+
 def test_auditorKernel_entryOutsideTheBand_sameError() -> None:
     x = _mixed_values(2000, 3)
     xf = x.view(torch.int64)

@@ -42,12 +42,16 @@ static inline int rare(int64_t a, const grid_t *g) {
 }
 
 static inline int64_t band_of(int64_t a, const grid_t *g) {
-    /* branch-free (the loops call it on every lane): conditional moves, no jumps */
-    int64_t shift = g->floor_base - (int64_t)((uint64_t)a >> MANT); /* logical shifts vectorise */
-    int64_t clamped = shift < 0 ? 0 : (shift > 62 ? 62 : shift);
-    int64_t floor = ((int64_t)1 << clamped) & -(int64_t)(shift >= 0);
-    int64_t limit = floor + g->rel_units;
+    /* The band, written so that AVX2 vectorises it (no constant shifted by a lane, logical shifts,
+     * selects): cap = half / 4 = 2^(k0 - 3) (or 0 when k0 < 3), and 2^shift = cap >> (k0 - 3 -
+     * shift) for 0 <= shift < k0 - 3; at or past k0 - 3 the floor reaches the cap, below 0 it is 0,
+     * which the count clamped to [0, 63] gives too. The same as min(2^clamp(shift, 0, 62) [0 when
+     * shift < 0] + rel_units, cap), the formula in the header. */
     int64_t cap = g->half >> 2;
+    int64_t shift = g->floor_base - (int64_t)((uint64_t)a >> MANT);
+    int64_t count = g->k0 - 3 - shift;
+    count = count < 0 ? 0 : (count > 63 ? 63 : count);
+    int64_t limit = (int64_t)((uint64_t)cap >> count) + g->rel_units;
     return limit < cap ? limit : cap;
 }
 
@@ -56,24 +60,21 @@ static inline int64_t dist_of(int64_t x, const grid_t *g) {
     return d < 0 ? -d : d;
 }
 
-/* The band depends on a lane's exponent alone, so the hot loops look it up: band_table(g, top, t)
- * fills t[e] = band_of(e) for the exponents a scanned tensor can hold (0, for +-0, and the normal
- * ones up to its top); a lookup is cheaper than the shifts and clamps of band_of. */
-#define EXPONENTS 2048
-static void band_table(const grid_t *g, int64_t top, int64_t *t) {
-    t[0] = 0; /* +-0 is on the grid: never in a band, whatever the table says */
-    for (int64_t e = MIN_NORMAL_BIASED; e <= top; e++) t[e] = band_of(e << MANT, g);
-}
-
-static inline int64_t in_band(int64_t x, const grid_t *g, const int64_t *t, int widen) {
-    /* off the grid, and within (band << widen) of the midpoint: 0 or 1, without branches */
-    int64_t e = (int64_t)(((uint64_t)x >> MANT) & 0x7ff);
-    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (t[e] << widen));
+static inline int64_t in_band(int64_t x, const grid_t *g, int widen) {
+    /* off the grid, and within (band << widen) of the midpoint: 0 or 1, as a select (vectorises) */
+    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (band_of(x & ABS_MASK, g) << widen)) ? 1 : 0;
 }
 
 static inline int64_t nearest(int64_t x, const grid_t *g) {
     /* round half to even on the signed pattern (rounding.rnd's fast path) */
     return (x + (g->half - 1) + (int64_t)(((uint64_t)x >> g->k0) & 1)) & -g->step;
+}
+
+static inline int64_t neighbour(int64_t x, const grid_t *g, int odd) {
+    /* the grid neighbour of x (x itself when on the grid, else one of the two around it) whose last
+     * kept bit is odd (odd = 1) or even (odd = 0) */
+    int64_t lo = x - (x & (g->step - 1));
+    return ((lo & g->step) != 0) == odd ? lo : lo + g->step;
 }
 
 static void init(grid_t *g, int64_t k0, int64_t max_finite, int64_t rel, int64_t abs_, int64_t top) {
@@ -99,26 +100,40 @@ static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
     return top > MIN_NORMAL_BIASED ? top : MIN_NORMAL_BIASED;
 }
 
+/* The hot loops run over blocks of lanes: a first loop with no exits and no lane-dependent stores
+ * (it vectorises) writes the rounded lanes and a flag per lane; a second one acts on the few
+ * flagged lanes, skipping four clear flags at a time. */
+#define BLOCK 1024
+
 /* Trainer, in place: round x to nearest (ties to even) and write to out the positions of the lanes
  * within 4 bands of a midpoint that went to the odd neighbour. Returns how many, or -1 when a lane
  * is rare (then nothing is written). */
-VECTOR_CLONES int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
-                          int64_t abs_, int64_t *out) {
+VECTOR_CLONES int64_t vg_round_and_band(int64_t *restrict x, int64_t n, int64_t k0, int64_t max_finite,
+                                        int64_t rel, int64_t abs_, int64_t *restrict out) {
     grid_t g;
     init(&g, k0, max_finite, rel, abs_, 0);
     int64_t top = scan(x, n, &g);
     if (top < 0) return -1;
     init(&g, k0, max_finite, rel, abs_, top);
-    int64_t t[EXPONENTS];
-    band_table(&g, top, t);
+    int64_t flag[BLOCK + 4];
     int64_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v = x[i];
-        int64_t r = nearest(v, &g);
-        x[i] = r;
-        /* listed: went odd and within 4 bands; appended without a branch (out has room for n) */
-        out[m] = i;
-        m += (int64_t)(((uint64_t)r >> k0) & 1) & in_band(v, &g, t, 2);
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t len = n - b < BLOCK ? n - b : BLOCK;
+        int64_t *restrict xb = x + b;
+        for (int64_t i = 0; i < len; i++) {
+            int64_t v = xb[i];
+            int64_t r = nearest(v, &g);
+            xb[i] = r;
+            flag[i] = ((r & g.step) != 0) & in_band(v, &g, 2); /* listed: went odd, within 4 bands */
+        }
+        flag[len] = flag[len + 1] = flag[len + 2] = 0;
+        for (int64_t i = 0; i < len; i += 4) {
+            if (!(flag[i] | flag[i + 1] | flag[i + 2] | flag[i + 3])) continue;
+            for (int64_t k = i; k < i + 4 && k < len; k++) {
+                out[m] = b + k; /* appended without a branch: out has room for n */
+                m += flag[k];
+            }
+        }
     }
     return m;
 }
@@ -128,9 +143,9 @@ VECTOR_CLONES int64_t vg_round_and_band(int64_t *x, int64_t n, int64_t k0, int64
  * corrections (lanes not at their nearest), stats[1] = free (lanes within 16 bands, when count_free,
  * else -1); or, writing nothing, -1 (a rare lane, or a listed zero, whose neighbours come from the
  * rare path) or -2 with stats[0] = the first entry farther than 16 bands from a midpoint. */
-VECTOR_CLONES int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, int64_t max_finite, int64_t rel,
-                              int64_t abs_, const int64_t *pos, int64_t npos, int64_t count_free,
-                              int64_t *stats) {
+VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int64_t k0, int64_t max_finite,
+                                            int64_t rel, int64_t abs_, const int64_t *pos, int64_t npos,
+                                            int64_t count_free, int64_t *stats) {
     grid_t g;
     init(&g, k0, max_finite, rel, abs_, 0);
     int64_t top = scan(x, n, &g);
@@ -146,24 +161,36 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, i
             return -2;
         }
     }
-    int64_t t[EXPONENTS];
-    band_table(&g, top, t);
+    int64_t odd[BLOCK], near[BLOCK];
     int64_t corrections = 0, free = 0, j = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v = x[i];
-        int64_t r = nearest(v, &g);
-        int64_t out = r;
-        if (j < npos && pos[j] == i) {
-            j++;
-            int64_t lo = v - (v & (g.step - 1));
-            out = ((lo >> k0) & 1) ? lo : lo + g.step; /* the odd neighbour */
-        } else if (in_band(v, &g, t, 0)) {
-            int64_t lo = v - (v & (g.step - 1));
-            out = ((lo >> k0) & 1) ? lo + g.step : lo; /* the even neighbour */
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t len = n - b < BLOCK ? n - b : BLOCK;
+        int64_t *restrict xb = x + b;
+        int64_t j0 = j;
+        for (; j < npos && pos[j] < b + len; j++) { /* the block's entries, before it is overwritten */
+            int64_t v = xb[pos[j] - b];
+            odd[j - j0] = neighbour(v, &g, 1);
+            near[j - j0] = nearest(v, &g);
         }
-        free += count_free & in_band(v, &g, t, 4);
-        corrections += out != r;
-        x[i] = out;
+        int64_t counts = 0; /* one sum for both counts (free << 32 | corrections): GCC 12 does not
+                               vectorise a loop with two sums; a block's counts fit in 32 bits */
+        for (int64_t i = 0; i < len; i++) {
+            int64_t v = xb[i];
+            int64_t r = nearest(v, &g);
+            /* in_band at widths 1 and 16, sharing the band and the distance */
+            int64_t off = (v & (g.step - 1)) != 0 ? 1 : 0;
+            int64_t band = band_of(v & ABS_MASK, &g), d = dist_of(v, &g);
+            int64_t out = off & (d <= band) ? neighbour(v, &g, 0) : r;
+            counts += ((off & (d <= (band << 4)) ? (int64_t)1 : 0) << 32) + (out != r ? 1 : 0);
+            xb[i] = out;
+        }
+        free += counts >> 32;
+        corrections += counts & 0xffffffffLL;
+        for (int64_t k = j0; k < j; k++) { /* listed lanes go to the odd neighbour instead */
+            int64_t i = pos[k] - b;
+            corrections += (odd[k - j0] != near[k - j0]) - (xb[i] != near[k - j0]);
+            xb[i] = odd[k - j0];
+        }
     }
     stats[0] = corrections;
     stats[1] = count_free ? free : -1;
@@ -175,7 +202,6 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *x, int64_t n, int64_t k0, i
  * are rounded already, which is harmless (rounding is idempotent) for the caller, who then rounds
  * the whole tensor with the torch kernel. Blocks keep both inner loops free of early exits, so
  * they vectorise. */
-#define BLOCK 1024
 VECTOR_CLONES int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) {
     grid_t g;
     init(&g, k0, max_finite, -60, -60, 0);
