@@ -202,15 +202,15 @@ def _top(x: Tensor, top: float | None, where: str | None = None) -> tuple[float,
     return top, top_binade(rounding._int_view(x).reshape(-1))
 
 
-def _fused_view(x: Tensor, in_place: bool) -> Tensor | None:
-    """The flat int64 view the C kernels round in place: ``x``'s own storage when asked and
-    possible, else a copy; None when they cannot run here (not CPU, not loaded)."""
-    if x.device.type != "cpu" or x.numel() == 0 or not native.available():
+def _fused_buffer(x: Tensor, in_place: bool) -> Tensor | None:
+    """The float64 tensor the C kernels round in place: ``x`` itself when asked and contiguous, else a
+    contiguous copy; None when they cannot run here (not CPU float64, empty, not loaded). No views:
+    each costs microseconds, on some 400 tensors a step."""
+    if not x.is_cpu or x.dtype != torch.float64 or x.numel() == 0 or not native.available():
         return None
-    xi = rounding._int_view(x)
-    if in_place and xi.is_contiguous():
-        return xi.view(-1)
-    return xi.reshape(-1).clone()
+    if in_place and x.is_contiguous():
+        return x
+    return x.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tensor]:
@@ -264,11 +264,11 @@ def round_and_band(
     On CPU the C kernel (:mod:`game.training.native`) does it in two passes.
     """
     g = rounding._grid(bits)
-    buf = _fused_view(x, in_place)
+    buf = _fused_buffer(x, in_place)
     if buf is not None:
         positions = native.round_and_band(buf, native.BandParams(g.k0, g.max_finite, band.rel, band.abs))
         if positions is not None:
-            return buf.view(torch.float64).view(x.shape), positions
+            return buf, positions
     xf = rounding._int_view(x).reshape(-1)
     top, top_biased = _top(x, top, where)
     rounded = rounding.rnd(x, bits, top=top)
@@ -349,17 +349,16 @@ def round_with_entries(
     :func:`round_and_band`; on CPU the C kernel does it in two passes.
     """
     pos = positions.to(device=x.device, dtype=torch.int64)
+    g = rounding._grid(bits)
+    buf = _fused_buffer(x, in_place)
+    if buf is not None:  # the C kernel checks the entries before it writes; the torch path words errors
+        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        fused = native.round_with_entries(buf, params, pos.contiguous(), count_free)
+        if fused is not None:
+            return Replayed(buf, fused.corrections, fused.free)
     if pos.numel() > 1 and not bool((pos[1:] > pos[:-1]).all()):
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
-    g = rounding._grid(bits)
-    if pos.numel() == 0 or (int(pos[0]) >= 0 and int(pos[-1]) < x.numel()):  # else check_entries words it
-        buf = _fused_view(x, in_place)
-        if buf is not None:
-            params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
-            fused = native.round_with_entries(buf, params, pos.contiguous(), count_free)
-            if fused is not None:
-                return Replayed(buf.view(torch.float64).view(x.shape), fused.corrections, fused.free)
     xf = rounding._int_view(x).reshape(-1)
     top_mag, top = _top(x, top, where)
     in_range = top_mag <= _max_finite(g)

@@ -340,9 +340,13 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     conversion (:func:`fast_float32`).
     """
     g = _grid(bits)
+    if (
+        isinstance(x, torch.Tensor)
+        and x.dtype == torch.float64
+        and native.round_inplace(x, g.k0, g.max_finite)
+    ):
+        return x  # one pass in C (CPU, contiguous, no rare lanes)
     xi = _int_view(x)
-    if xi.is_contiguous() and native.round_inplace(xi.view(-1), g.k0, g.max_finite):
-        return x  # one pass in C (CPU, no rare lanes)
     if fast_float32(x, bits, top):
         xd = x.detach()
         xd.copy_(xd.to(torch.float32))

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import TrainingError, TranscriptError
-from game.training import rounding
+from game.training import native, rounding
 from game.training.config import TaskConfig
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,14 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
         yield t.cpu().contiguous().view(torch.int16).numpy().astype("<i2").data.cast("B")
         return
     flat = t.reshape(-1)
+    if t.dtype == torch.float64 and t.is_cpu:
+        flat = flat.contiguous()
     for start in range(0, max(flat.numel(), 1), _SLICE):
+        count = min(_SLICE, flat.numel() - start)
+        fast = native.to_float32(flat, start, count) if t.dtype == torch.float64 else None
+        if fast is not None:  # the C kernel: one pass, no float64 copy
+            yield fast.astype("<f4", copy=False).data.cast("B")
+            continue
         part = flat[start : start + _SLICE]
         if t.dtype == torch.float64:
             p32 = part.to(device="cpu", dtype=torch.float32)

@@ -224,3 +224,20 @@ def test_negativeValue_isRefused_byEitherEncoder() -> None:
         assert native.uvarint_encode(v) is None
     with pytest.raises(RoundingLogError, match="non-negative"):
         sparselog.uvarint_encode(v)
+
+
+@pytest.mark.parametrize(
+    "positions", [[5, 3], [4, 4], [-1, 2], [2, 2000]], ids=["descending", "repeated", "negative", "past-end"]
+)
+def test_auditorKernel_refusesBadPositions_writingNothing(positions: list[int]) -> None:
+    """The C kernel checks the entries' order and range itself and leaves the wording to torch."""
+    if not native.available():
+        pytest.skip("no C kernels on this machine")
+    x = _mixed_values(1500, 5, 32)
+    before = x.clone()
+    g = rounding._grid(32)
+    params = native.BandParams(g.k0, g.max_finite, -35, -46)
+    assert native.round_with_entries(x, params, torch.tensor(positions), False) is None
+    assert torch.equal(x.view(torch.int64), before.view(torch.int64))
+    with pytest.raises(banding.BandViolation):
+        banding.round_with_entries(x, 32, Band(-35, -46), torch.tensor(positions))

@@ -42,8 +42,13 @@ ENV_SWITCH = "VGAME_NATIVE"
 CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-math")
 
 _I64 = ctypes.c_int64
-_P64 = ctypes.POINTER(ctypes.c_int64)
-_PU8 = ctypes.POINTER(ctypes.c_uint8)
+#: Pointers go in as plain addresses (``Tensor.data_ptr()``, ``ndarray.ctypes.data``): a ctypes
+#: pointer object costs microseconds to build, which adds up over the ~400 small tensors of a step.
+_PTR = ctypes.c_void_p
+#: Below this many values the trainer kernel lists positions into a reusable buffer (one per thread)
+#: rather than a fresh tensor; above it a fresh one, so no large buffer outlives the call.
+_SCRATCH_MAX = 1 << 20
+_scratch = threading.local()
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -111,15 +116,17 @@ def _load() -> ctypes.CDLL | None:
             log.warning("native kernels unavailable (%s): using the torch kernels", exc)
             return None
         lib.vg_round_and_band.restype = _I64
-        lib.vg_round_and_band.argtypes = [_P64, _I64, _I64, _I64, _I64, _I64, _P64]
+        lib.vg_round_and_band.argtypes = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR]
         lib.vg_round_with_entries.restype = _I64
-        lib.vg_round_with_entries.argtypes = [_P64, _I64, _I64, _I64, _I64, _I64, _P64, _I64, _I64, _P64]
+        lib.vg_round_with_entries.argtypes = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR]
         lib.vg_round_inplace.restype = _I64
-        lib.vg_round_inplace.argtypes = [_P64, _I64, _I64, _I64]
+        lib.vg_round_inplace.argtypes = [_PTR, _I64, _I64, _I64]
+        lib.vg_to_float32.restype = _I64
+        lib.vg_to_float32.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_encode.restype = _I64
-        lib.vg_uvarint_encode.argtypes = [_P64, _I64, _PU8]
+        lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
-        lib.vg_uvarint_decode.argtypes = [_PU8, _I64, _I64, _P64]
+        lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
         _lib = lib
         return lib
 
@@ -140,16 +147,27 @@ def disabled() -> Iterator[None]:
         _disabled -= 1
 
 
+#: The kernels read and write 8-byte lanes: float64 values (as their bit patterns) or int64 views.
+_LANES = (torch.float64, torch.int64)
+
+
 def _usable(*tensors: Tensor) -> ctypes.CDLL | None:
     if _disabled:
         return None
-    if any(t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous() for t in tensors):
-        return None
-    return _load()
+    for t in tensors:
+        if not t.is_cpu or t.dtype not in _LANES or not t.is_contiguous():
+            return None
+    return _lib if _tried else _load()
 
 
-def _ptr(t: Tensor) -> ctypes._Pointer[ctypes.c_int64]:
-    return ctypes.cast(t.data_ptr(), _P64)
+def _positions_buffer(n: int) -> np.ndarray:
+    """Room for ``n`` positions: this thread's reusable buffer for small tensors, else a fresh one."""
+    if n > _SCRATCH_MAX:
+        return np.empty(n, dtype=np.int64)  # untouched pages cost nothing
+    buf: np.ndarray | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = np.empty(max(n, 1 << 12), dtype=np.int64)
+    return buf
 
 
 class BandParams(NamedTuple):
@@ -162,25 +180,28 @@ class BandParams(NamedTuple):
 
 
 def round_and_band(xf: Tensor, p: BandParams) -> Tensor | None:
-    """Trainer kernel, **in place** on a contiguous flat int64 view: rounds it and returns the
-    positions; None, with ``xf`` untouched, when the torch kernel must do it (rare lanes)."""
+    """Trainer kernel, **in place** on a contiguous CPU tensor of float64 values (or their int64
+    view), any shape: rounds it and returns the flat positions; None, with ``xf`` untouched, when the
+    torch kernel must do it (rare lanes)."""
     lib = _usable(xf)
     if lib is None or xf.numel() == 0:
         return None
-    positions = torch.empty(xf.numel(), dtype=torch.int64)  # untouched pages cost nothing
-    m = lib.vg_round_and_band(_ptr(xf), xf.numel(), p.k0, p.max_finite, p.rel, p.abs, _ptr(positions))
+    n = xf.numel()
+    out = _positions_buffer(n)
+    m = lib.vg_round_and_band(xf.data_ptr(), n, p.k0, p.max_finite, p.rel, p.abs, out.ctypes.data)
     if m < 0:
         return None
-    return positions[:m].clone()
+    return torch.from_numpy(out[:m].copy())
 
 
 def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
-    """Round a contiguous int64 view in place (nearest, ties to even); False: use the torch kernel
-    (then some lanes may be rounded already, which rounding again leaves as they are)."""
+    """Round a contiguous CPU float64 tensor (or its int64 view) in place, nearest, ties to even;
+    False: use the torch kernel (then some lanes may be rounded already, which rounding again
+    leaves as they are)."""
     lib = _usable(xf)
     if lib is None or xf.numel() == 0:
         return False
-    return bool(lib.vg_round_inplace(_ptr(xf), xf.numel(), k0, max_finite) == 0)
+    return bool(lib.vg_round_inplace(xf.data_ptr(), xf.numel(), k0, max_finite) == 0)
 
 
 class Replay(NamedTuple):
@@ -191,21 +212,35 @@ class Replay(NamedTuple):
 
 
 def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free: bool) -> Replay | None:
-    """Auditor kernel, **in place** on a contiguous flat int64 view, with checked (ascending, in range)
-    positions: ``(corrections, free)``; None, with ``xf`` untouched, when the torch kernel must do it
-    (rare lanes, a listed zero, or an entry outside the band, whose error the torch kernel words)."""
+    """Auditor kernel, **in place** on a contiguous CPU float64 tensor (or its int64 view), with the
+    trainer's flat positions: ``(corrections, free)``; None, with ``xf`` untouched, when the torch
+    kernel must do it (rare lanes, a listed zero, positions out of order or out of range, or an
+    entry outside the band: the torch kernel words the error)."""
     lib = _usable(xf, positions)
     if lib is None or xf.numel() == 0:
         return None
-    stats = torch.zeros(2, dtype=torch.int64)
+    stats = np.zeros(2, dtype=np.int64)
     rc = lib.vg_round_with_entries(
-        _ptr(xf), xf.numel(), p.k0, p.max_finite, p.rel, p.abs,
-        _ptr(positions), positions.numel(), int(count_free), _ptr(stats),
+        xf.data_ptr(), xf.numel(), p.k0, p.max_finite, p.rel, p.abs,
+        positions.data_ptr(), positions.numel(), int(count_free), stats.ctypes.data,
     )  # fmt: skip
     if rc != 0:
         return None
-    corrections, free = stats.tolist()
-    return Replay(corrections, free)
+    return Replay(int(stats[0]), int(stats[1]))
+
+
+def to_float32(x: Tensor, start: int, count: int) -> np.ndarray | None:
+    """Lanes ``start .. start + count`` of a contiguous CPU float64 tensor as float32 (the state's
+    canonical values); None: use torch (no kernels, or a lane off the float32 grid, whose error the
+    caller words)."""
+    if x.dtype != torch.float64 or not 0 <= start <= start + count <= x.numel():
+        return None
+    lib = _usable(x)
+    if lib is None:
+        return None
+    out = np.empty(count, dtype=np.float32)
+    rc = lib.vg_to_float32(x.data_ptr() + 8 * start, count, out.ctypes.data)
+    return None if rc != 0 else out
 
 
 def uvarint_encode(values: np.ndarray) -> bytes | None:
@@ -216,7 +251,7 @@ def uvarint_encode(values: np.ndarray) -> bytes | None:
         return None
     v = np.ascontiguousarray(values, dtype=np.int64)
     out = np.empty(9 * v.size, dtype=np.uint8)
-    n = lib.vg_uvarint_encode(v.ctypes.data_as(_P64), v.size, out.ctypes.data_as(_PU8))
+    n = lib.vg_uvarint_encode(v.ctypes.data, v.size, out.ctypes.data)
     return None if n < 0 else out[:n].tobytes()
 
 
@@ -228,7 +263,7 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
         return None
     view = buf[start:]
     out = np.empty(count, dtype=np.int64)
-    n = lib.vg_uvarint_decode(view.ctypes.data_as(_PU8), view.size, count, out.ctypes.data_as(_P64))
+    n = lib.vg_uvarint_decode(view.ctypes.data, view.size, count, out.ctypes.data)
     return None if n < 0 else (out, start + n)
 
 
@@ -242,6 +277,7 @@ __all__ = [
     "round_and_band",
     "round_inplace",
     "round_with_entries",
+    "to_float32",
     "uvarint_decode",
     "uvarint_encode",
 ]

@@ -138,11 +138,12 @@ VECTOR_CLONES int64_t vg_round_and_band(int64_t *restrict x, int64_t n, int64_t 
     return m;
 }
 
-/* Auditor, in place, with the entries (ascending, in range: checked by the caller): listed -> odd
- * neighbour, else within one band -> even neighbour, else nearest. Returns 0 and sets stats[0] =
- * corrections (lanes not at their nearest), stats[1] = free (lanes within 16 bands, when count_free,
- * else -1); or, writing nothing, -1 (a rare lane, or a listed zero, whose neighbours come from the
- * rare path) or -2 with stats[0] = the first entry farther than 16 bands from a midpoint. */
+/* Auditor, in place, with the entries: listed -> odd neighbour, else within one band -> even
+ * neighbour, else nearest. Returns 0 and sets stats[0] = corrections (lanes not at their nearest),
+ * stats[1] = free (lanes within 16 bands, when count_free, else -1); or, writing nothing, -1 (a rare
+ * lane, a listed zero, whose neighbours come from the rare path, or entries out of range or not
+ * strictly ascending, which the caller words) or -2 with stats[0] = the first entry farther than
+ * 16 bands from a midpoint. */
 VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int64_t k0, int64_t max_finite,
                                             int64_t rel, int64_t abs_, const int64_t *pos, int64_t npos,
                                             int64_t count_free, int64_t *stats) {
@@ -152,6 +153,7 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
     if (top < 0) return -1;
     init(&g, k0, max_finite, rel, abs_, top);
     for (int64_t j = 0; j < npos; j++) {
+        if (pos[j] < 0 || pos[j] >= n || (j > 0 && pos[j] <= pos[j - 1])) return -1;
         int64_t v = x[pos[j]];
         int64_t a = v & ABS_MASK;
         if (a == 0) return -1;
@@ -251,4 +253,17 @@ int64_t vg_uvarint_decode(const uint8_t *buf, int64_t len, int64_t count, int64_
         out[i] = (int64_t)u;
     }
     return k;
+}
+
+/* float64 lanes to float32, for state tensors, which lie on the float32 grid: returns 0, or -1 when
+ * a lane is not a float32 value (off the grid, or NaN; the caller words it). The conversion is
+ * exact for every lane that passes, so the bytes do not depend on the machine. */
+VECTOR_CLONES int64_t vg_to_float32(const double *restrict x, int64_t n, float *restrict out) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = (float)x[i];
+        out[i] = f;
+        bad |= (double)f != x[i] ? 1 : 0;
+    }
+    return bad ? -1 : 0;
 }
