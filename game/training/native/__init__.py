@@ -123,6 +123,8 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_round_inplace.argtypes = [_PTR, _I64, _I64, _I64]
         lib.vg_to_float32.restype = _I64
         lib.vg_to_float32.argtypes = [_PTR, _I64, _PTR]
+        lib.vg_to_float32_many.restype = _I64
+        lib.vg_to_float32_many.argtypes = [_PTR, _PTR, _I64, _PTR]
         lib.vg_uvarint_encode.restype = _I64
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
@@ -243,6 +245,23 @@ def to_float32(x: Tensor, start: int, count: int) -> np.ndarray | None:
     return None if rc != 0 else out
 
 
+def to_float32_many(tensors: list[Tensor]) -> list[np.ndarray] | None:
+    """Contiguous CPU float64 tensors as float32 arrays (views into one buffer), in one call; None:
+    use :func:`to_float32` or torch (no kernels, a tensor the kernel cannot take, a lane off the
+    grid)."""
+    if not tensors:
+        return []
+    lib = _usable(*tensors)
+    if lib is None or any(t.dtype != torch.float64 for t in tensors):
+        return None
+    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    counts = np.array([t.numel() for t in tensors], dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=np.float32)
+    if lib.vg_to_float32_many(addrs.ctypes.data, counts.ctypes.data, len(tensors), out.ctypes.data) != 0:
+        return None
+    return np.split(out, np.cumsum(counts)[:-1])
+
+
 def uvarint_encode(values: np.ndarray) -> bytes | None:
     """LEB128 of int64 ``values`` (sparselog.uvarint_encode's bytes); None: use the numpy encoder
     (no kernels, or a negative value, whose error it words)."""
@@ -278,6 +297,7 @@ __all__ = [
     "round_inplace",
     "round_with_entries",
     "to_float32",
+    "to_float32_many",
     "uvarint_decode",
     "uvarint_encode",
 ]
