@@ -62,8 +62,13 @@ def _task_config(
     *,
     log_format: str | None = None,
     bands: Path | None = None,
+    model: dict[str, int | str] | None = None,
+    batch_size: int | None = None,
 ) -> TaskConfig:
-    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last."""
+    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last.
+
+    ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
+    own ``[model]`` table and ``batch_size``."""
     from game.training.bands import load_bands
     from game.training.config import TaskConfig, load_config
 
@@ -79,6 +84,14 @@ def _task_config(
             overrides[key] = float(value) if key == "tau" else value
     if bands is not None:
         overrides["bands"] = load_bands(bands)
+    if config is not None and (model or batch_size is not None):
+        raise ConfigError(
+            "--model and --batch-size go with --preset; in a config file set [model] and batch_size"
+        )
+    if model:
+        overrides["model"] = model
+    if batch_size is not None:
+        overrides["batch_size"] = batch_size
     if config is not None:
         cfg = load_config(config)
         if preset is not None and preset != cfg.preset:

@@ -239,10 +239,14 @@ class Calibration:
     random_inputs: bool
     table: BandTable
     ops: tuple[dict[str, Any], ...]
+    model: dict[str, Any]  # the model sizes the bands were measured at (bands depend on them)
+    batch_size: int
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "preset": self.preset,
+            "model": dict(self.model),
+            "batch_size": self.batch_size,
             "profiles": list(self.profiles),
             "steps": self.steps,
             "margin": self.margin,
@@ -252,9 +256,11 @@ class Calibration:
         }
 
     def to_toml(self) -> str:
+        sizes = ",".join(f"{k}={v}" for k, v in self.model.items())
         comment = (
             f"Divergence bands calibrated by `vgame calibrate --preset {self.preset} --profiles "
-            f"{','.join(self.profiles)} --steps {self.steps} --margin {self.margin}`.\n"
+            f"{','.join(self.profiles)} --steps {self.steps} --margin {self.margin}`,\n"
+            f"at model sizes {sizes} and batch size {self.batch_size}.\n"
             "Per op: [rel, abs] exponents: |x_a - x_b| <= 2**rel * 2**e(x) + 2**abs * 2**e(max |tensor|),\n"
             f"margin {self.margin}x included. Part of the task config (and so of its spec hash)."
         )
@@ -316,6 +322,8 @@ def calibrate(
         random_inputs=random_inputs,
         table=table,
         ops=tuple(stats[n].to_dict(margin) for n in sorted(stats)),
+        model=cfg.to_dict()["model"],
+        batch_size=cfg.batch_size,
     )
 
 

@@ -101,6 +101,21 @@ def test_calibrate_writes_a_bands_file_that_train_accepts(tmp_path: Path) -> Non
     assert r.returncode == 0 and json.loads(r.stdout)["match"] is True
 
 
+def test_calibrate_atOtherModelSizes_recordsThem(tmp_path: Path) -> None:
+    """Bands depend on the sizes (longer reductions drift further), so they are measured at the
+    size the task trains at, and the file says which."""
+    bands = tmp_path / "bands.toml"
+    r = vgame("calibrate", "--preset", "mlp-digits", "--model", "hidden=8", "--batch-size", "4",
+              "--profiles", "cpu-1t,noisy", "--steps", "1", "--no-random-inputs", "--out", str(bands),
+              "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model"] == {"hidden": 8} and doc["batch_size"] == 4
+    assert "hidden=8 and batch size 4" in bands.read_text()
+    r = vgame("calibrate", "--config", str(bands), "--model", "hidden=8", "--profiles", "cpu-1t,noisy")
+    assert r.returncode != 0 and "--model and --batch-size go with --preset" in r.stderr
+
+
 def test_calibrate_with_one_profile_is_a_clear_error() -> None:
     r = vgame("calibrate", "--preset", "mlp-digits", "--profiles", "cpu-1t")
     assert r.returncode == 2 and "at least two profiles" in r.stderr
