@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -36,9 +37,14 @@ def log_size(
         ),
     ] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
+    bands: Annotated[
+        Path | None,
+        typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Record steps at each grid width; report the log per step, bits per value and noisy corrections."""
+    from game.training.bands import load_bands
     from game.training.config import TaskConfig
     from game.training.logsize import measure_log_size, report_dict
 
@@ -47,6 +53,8 @@ def log_size(
         overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
         if batch_size is not None:
             overrides["batch_size"] = batch_size
+        if bands is not None:
+            overrides["bands"] = load_bands(bands)
         cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
             rows = measure_log_size(cfg, widths, steps=steps)

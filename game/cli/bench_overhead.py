@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -29,12 +30,17 @@ def overhead(
         ),
     ] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
+    bands: Annotated[
+        Path | None,
+        typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Trainer's log format: sparse (default) or packed.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
+    from game.training.bands import load_bands
     from game.training.config import TaskConfig
     from game.training.overhead import measure_overhead
 
@@ -42,6 +48,8 @@ def overhead(
         overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
         if batch_size is not None:
             overrides["batch_size"] = batch_size
+        if bands is not None:
+            overrides["bands"] = load_bands(bands)
         if log_format is not None:
             overrides["log_format"] = log_format
         cfg = TaskConfig.for_preset(preset, **overrides)

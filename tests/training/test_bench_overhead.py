@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from game.errors import ConfigError, TrainingError
+from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
 from game.training.logsize import check_bits, measure_log_size
 from game.training.overhead import VARIANTS, measure_overhead
@@ -147,3 +149,17 @@ def test_model_overrides_parse_and_reach_the_config() -> None:
         TaskConfig.for_preset("gpt-shakespeare", model=parse_model_overrides("n_layer=x"))
     r = vgame("bench", "log", "--preset", "mlp-digits", "--model", "width=3", "--steps", "1")
     assert r.returncode == 2 and "model.width: unknown size" in r.stderr
+
+
+def test_bench_log_takes_a_calibrated_bands_file(tmp_path: Path) -> None:
+    """Bands calibrated at another size are what the log at that size is measured with."""
+    table = BandTable(Band(-30, -40), {"aten.mm.default": Band(-28, -38)})
+    bands = tmp_path / "bands.toml"
+    bands.write_text(table.to_toml())
+    r = vgame("bench", "log", "--preset", "mlp-digits", "--steps", "1", "--bits", "32",
+              "--bands", str(bands), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["config"]["bands"] == table.to_dict()
+    r = vgame("bench", "log", "--preset", "mlp-digits", "--bands", str(tmp_path / "none.toml"))
+    assert r.returncode != 0 and "none.toml" in r.stderr
