@@ -180,3 +180,15 @@ def test_auto_skipsLzma_pastItsSizeLimit(monkeypatch: pytest.MonkeyPatch) -> Non
     data = log.encode(3, SPEC)
     assert data[codec_at] in (sparselog.CODECS["zlib"], sparselog.CODECS["stored"])
     assert _same(log, decode_chunk(data, SPEC, 3))
+
+
+def test_hugeGaps_areAFormatError_notAWrappedPosition() -> None:
+    """Gaps whose running sum would wrap int64 (and could land on a small, valid-looking position)
+    are refused as a corrupt chunk."""
+    log = SparseStepLog(3)
+    log.append(0, "aten.mm.default", 2**62, torch.tensor([2**62 - 2]))
+    log.append(1, "aten.mm.default", 2**62, torch.tensor([2**62 - 2]))
+    log.append(2, "aten.mm.default", 2**62, torch.tensor([2**62 - 2]))
+    data = log.encode(3, SPEC)
+    with pytest.raises(ChunkFormatError, match="add up past"):
+        decode_chunk(data, SPEC, 3)
