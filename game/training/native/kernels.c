@@ -17,8 +17,9 @@
 
 /* Where GCC can build them, the kernels come in two versions, picked when the library loads: one
  * for AVX2 (the 64-bit compares and shifts of the scans vectorise) and one for any x86-64. They
- * are integer code, so both give the same bits. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+ * are integer code and exact conversions, so both give the same bits. The loader's pick needs
+ * glibc (an ifunc). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES
