@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 #: Set to ``0`` to never compile or use the C kernels.
 ENV_SWITCH = "VGAME_NATIVE"
 
-#: Compiler flags (part of the cache key). No -ffast-math: the kernels are integer code, and stay so.
+#: Compiler flags (part of the cache key). No -ffast-math: the kernels are integer code and exact
+#: float64 -> float32 conversions, which it could change.
 CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-math")
 
 _I64 = ctypes.c_int64
@@ -46,7 +47,7 @@ _I64 = ctypes.c_int64
 #: pointer object costs microseconds to build, which adds up over the ~400 small tensors of a step.
 _PTR = ctypes.c_void_p
 #: Below this many values the trainer kernel lists positions into a reusable buffer (one per thread)
-#: rather than a fresh tensor; above it a fresh one, so no large buffer outlives the call.
+#: rather than a fresh array; above it a fresh one, so no large buffer outlives the call.
 _SCRATCH_MAX = 1 << 20
 _scratch = threading.local()
 
