@@ -166,12 +166,11 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
     if t.dtype == torch.float64 and t.is_cpu:
         flat = flat.contiguous()
     for start in range(0, max(flat.numel(), 1), _SLICE):
-        count = min(_SLICE, flat.numel() - start)
-        fast = native.to_float32(flat, start, count) if t.dtype == torch.float64 else None
-        if fast is not None:  # the C kernel: one pass, no float64 copy
-            yield fast.astype("<f4", copy=False).data.cast("B")
-            continue
         part = flat[start : start + _SLICE]
+        fast = native.to_float32([part]) if t.dtype == torch.float64 else None
+        if fast is not None:  # the C kernel: one pass, no float64 copy
+            yield fast[0].astype("<f4", copy=False).data.cast("B")
+            continue
         if t.dtype == torch.float64:
             p32 = part.to(device="cpu", dtype=torch.float32)
             if not torch.equal(p32.to(torch.float64), part.cpu()):
@@ -193,7 +192,7 @@ def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
         for n, t in tensors.items()
         if t.dtype == torch.float64 and t.numel() <= _SLICE and t.is_contiguous()
     ]
-    converted = native.to_float32_many([tensors[n] for n in small])  # one C call for them all
+    converted = native.to_float32([tensors[n] for n in small])  # one C call for them all
     ready = dict(zip(small, converted, strict=True)) if converted is not None else {}
     for name, t in tensors.items():
         tag = _TAGS.get(t.dtype)

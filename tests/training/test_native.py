@@ -241,3 +241,18 @@ def test_auditorKernel_refusesBadPositions_writingNothing(positions: list[int]) 
     assert torch.equal(x.view(torch.int64), before.view(torch.int64))
     with pytest.raises(banding.BandViolation):
         banding.round_with_entries(x, 32, Band(-35, -46), torch.tensor(positions))
+
+
+def test_toFloat32_convertsGridValues_andRefusesOffGrid() -> None:
+    """The state's float32 conversion: exact on grid values (any tensor, any slice), None off it."""
+    if not native.available():
+        pytest.skip("no C kernels on this machine")
+    x = rounding.rnd(_mixed_values(3000, 9, 32), 32)
+    parts = [x[:1000], x[1000:], x[5:6]]
+    got = native.to_float32(parts)
+    assert got is not None
+    for g, p in zip(got, parts, strict=True):
+        assert np.array_equal(g.view(np.int32), p.float().numpy().view(np.int32))
+    off = x.clone()
+    off[2999] = 1.0 / 3.0
+    assert native.to_float32([x[:10], off]) is None

@@ -123,9 +123,7 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_round_inplace.restype = _I64
         lib.vg_round_inplace.argtypes = [_PTR, _I64, _I64, _I64]
         lib.vg_to_float32.restype = _I64
-        lib.vg_to_float32.argtypes = [_PTR, _I64, _PTR]
-        lib.vg_to_float32_many.restype = _I64
-        lib.vg_to_float32_many.argtypes = [_PTR, _PTR, _I64, _PTR]
+        lib.vg_to_float32.argtypes = [_PTR, _PTR, _I64, _PTR]
         lib.vg_uvarint_encode.restype = _I64
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
@@ -232,24 +230,10 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
     return Replay(int(stats[0]), int(stats[1]))
 
 
-def to_float32(x: Tensor, start: int, count: int) -> np.ndarray | None:
-    """Lanes ``start .. start + count`` of a contiguous CPU float64 tensor as float32 (the state's
-    canonical values); None: use torch (no kernels, or a lane off the float32 grid, whose error the
-    caller words)."""
-    if x.dtype != torch.float64 or not 0 <= start <= start + count <= x.numel():
-        return None
-    lib = _usable(x)
-    if lib is None:
-        return None
-    out = np.empty(count, dtype=np.float32)
-    rc = lib.vg_to_float32(x.data_ptr() + 8 * start, count, out.ctypes.data)
-    return None if rc != 0 else out
-
-
-def to_float32_many(tensors: list[Tensor]) -> list[np.ndarray] | None:
-    """Contiguous CPU float64 tensors as float32 arrays (views into one buffer), in one call; None:
-    use :func:`to_float32` or torch (no kernels, a tensor the kernel cannot take, a lane off the
-    grid)."""
+def to_float32(tensors: list[Tensor]) -> list[np.ndarray] | None:
+    """Contiguous CPU float64 tensors (the state's, or slices of them) as float32 arrays, views into
+    one buffer, in one call; None: use torch (no kernels, a tensor the kernel cannot take, a lane off
+    the float32 grid, whose error the caller words)."""
     if not tensors:
         return []
     lib = _usable(*tensors)
@@ -258,7 +242,7 @@ def to_float32_many(tensors: list[Tensor]) -> list[np.ndarray] | None:
     addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
     counts = np.array([t.numel() for t in tensors], dtype=np.int64)
     out = np.empty(int(counts.sum()), dtype=np.float32)
-    if lib.vg_to_float32_many(addrs.ctypes.data, counts.ctypes.data, len(tensors), out.ctypes.data) != 0:
+    if lib.vg_to_float32(addrs.ctypes.data, counts.ctypes.data, len(tensors), out.ctypes.data) != 0:
         return None
     return np.split(out, np.cumsum(counts)[:-1])
 
@@ -298,7 +282,6 @@ __all__ = [
     "round_inplace",
     "round_with_entries",
     "to_float32",
-    "to_float32_many",
     "uvarint_decode",
     "uvarint_encode",
 ]

@@ -269,14 +269,10 @@ static inline int64_t to_float32(const double *restrict x, int64_t n, float *res
     return bad ? -1 : 0;
 }
 
-VECTOR_CLONES int64_t vg_to_float32(const double *restrict x, int64_t n, float *restrict out) {
-    return to_float32(x, n, out);
-}
-
-/* The same for k tensors at once (addresses and lengths), one after the other into out: a state has
- * a hundred small tensors, and one call instead of a hundred saves most of the time. */
-VECTOR_CLONES int64_t vg_to_float32_many(const int64_t *addrs, const int64_t *counts, int64_t k,
-                                         float *restrict out) {
+/* to_float32 over k tensors (addresses and lengths), one after the other into out: a state has a
+ * hundred small tensors, and one call instead of a hundred saves most of the time. */
+VECTOR_CLONES int64_t vg_to_float32(const int64_t *addrs, const int64_t *counts, int64_t k,
+                                    float *restrict out) {
     for (int64_t j = 0; j < k; j++) {
         if (to_float32((const double *)(intptr_t)addrs[j], counts[j], out) != 0) return -1;
         out += counts[j];
