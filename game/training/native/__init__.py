@@ -133,8 +133,9 @@ def _load() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """Whether the C kernels are loaded (compiling them now if they never were)."""
-    return _load() is not None
+    """Whether the C kernels run: loaded (compiling them now if they never were), and not inside
+    :func:`disabled`."""
+    return not _disabled and _load() is not None
 
 
 @contextlib.contextmanager
