@@ -1,7 +1,7 @@
 """Size of the rounding log per step, packed and sparse, per grid width (issues 5 and 6).
 
 For each ``bits`` two trainers record ``steps`` steps on ``cpu-1t`` from the same start: one writes
-the paper's packed format (a trit per rounded value, 5 per byte), the other the sparse format (only
+the packed format (a trit per rounded value, 116 in 23 bytes), the other the sparse format (only
 the in-band values rounded to the odd neighbour, positions delta-coded, lzma). Their states are the
 same (both round to nearest); only the logs differ. Every packed chunk is also compressed alone with
 zlib (level 9) and lzma; every sparse chunk is also measured without compression (``stored``) and
@@ -63,7 +63,7 @@ class LogSizeRow:
     steps: int
     values: int  # rounded (inexact) values over all steps: the denominator of bits per value
     packed_bytes: int  # packed chunk bytes as written
-    header_bytes: int  # of which header and records (the rest is trits, 5 per byte)
+    header_bytes: int  # of which header and record table (the rest is trits, 116 in 23 bytes)
     zlib_bytes: int  # packed chunks, zlib-9
     lzma_bytes: int  # packed chunks, lzma
     directed: int  # packed trits that are 0 or 2 (a direction, not "ignore")

@@ -2,15 +2,26 @@
 
 A chunk is the log of one training step (``docs/architecture.md``, section Rounding log)::
 
-    magic        b"vgame-log-v1\\0"
+    magic        b"vgame-log-v2\\0"
     step         uint64 LE
     spec hash    32 bytes
-    records      uint32 LE count, then per record:
-                   op index  uint32 LE
-                   op name   uint16 LE length + UTF-8
-                   count     uint64 LE (number of trits)
-    trits        every record's trits concatenated, packed 5 per byte (radix 3, first trit least
-                 significant), exactly ceil(total / 5) bytes, unused digits of the last byte zero
+    records      uint32 LE count
+    codec        uint8: the record table's compression, 0 stored, 1 zlib, 2 lzma (the writer keeps
+                 the smallest)
+    table size   uint32 LE: bytes of the record table before compression
+    table bytes  uint32 LE: bytes of the record table as stored
+    table        names    uvarint count, then per name uvarint length + UTF-8
+                 records  per record: uvarint op-index gap (index - previous - 1; the first from -1),
+                          uvarint name id, uvarint count (number of trits)
+    trits        every record's trits concatenated, in blocks of 116: four groups of 29 trits, a
+                 group's value sum(t_i 3^i) < 3^29 < 2^46, the block the 184-bit little-endian
+                 integer g0 + g1 2^46 + g2 2^92 + g3 2^138 in 23 bytes; then the last (count mod
+                 116) trits 5 per byte (radix 3, first trit least significant), unused digits zero
+
+That is 1.586 bits per trit (log2 3 = 1.585) against the paper's 1.6 at five per byte, and a record
+costs some 3 bytes instead of 14 plus its name. Chunks of the first layout (``vgame-log-v1``: fixed
+width records with the name in each, every trit 5 per byte) still decode; ``encode(version=1)``
+writes one.
 
 ``chunk_hash = sha256(chunk bytes)``; the log root is the Merkle root over the chunk hashes of steps
 ``0..S``. Unlike the paper's code (ANCHORS.md) a length mismatch is an error, padding never decodes as
@@ -24,7 +35,7 @@ import logging
 import math
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
@@ -35,6 +46,20 @@ import torch
 from game.errors import RoundingLogError
 from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.merkle import merkle_root
+from game.training import native
+from game.training.chunkcodec import (
+    CODECS,
+    DEFAULT_CODEC,
+    Malformed,
+    check_codec,
+    codec_name,
+    compress,
+    decode_names,
+    decompress,
+    encode_names,
+    uvarint_decode,
+    uvarint_encode,
+)
 from game.training.config import LOG_FORMATS
 
 if TYPE_CHECKING:
@@ -44,11 +69,18 @@ log = logging.getLogger(__name__)
 
 _Item = TypeVar("_Item")
 
-MAGIC = b"vgame-log-v1\0"
+MAGIC = b"vgame-log-v2\0"
+MAGIC_V1 = b"vgame-log-v1\0"
 HASH_SIZE = 32
-TRITS_PER_BYTE = 5
+TRITS_PER_BYTE = 5  # the tail of a chunk, and every trit of a v1 chunk
 MAX_BYTE = 3**TRITS_PER_BYTE - 1  # 242
-_HEADER = struct.Struct("<Q32sI")  # step, spec hash, record count (after the magic)
+GROUP_TRITS, GROUP_BITS = 29, 46  # 3**29 = 68,630,377,364,883 < 2**46
+BLOCK_GROUPS = 4
+BLOCK_TRITS = GROUP_TRITS * BLOCK_GROUPS  # 116
+BLOCK_BYTES = GROUP_BITS * BLOCK_GROUPS // 8  # 23: four groups fill whole bytes
+MAX_GROUP = 3**GROUP_TRITS - 1
+_HEADER = struct.Struct("<Q32sIBII")  # step, spec hash, record count, codec, table size, stored size
+_HEADER_V1 = struct.Struct("<Q32sI")  # step, spec hash, record count (after the magic)
 _OP_INDEX = struct.Struct("<I")
 _NAME_LEN = struct.Struct("<H")
 _COUNT = struct.Struct("<Q")
@@ -82,20 +114,58 @@ class MissingChunkError(RoundingLogError, FileNotFoundError):
 
 # Row b holds the 5 radix-3 digits of byte b, least significant first.
 _DIGITS = np.array([[(b // 3**i) % 3 for i in range(TRITS_PER_BYTE)] for b in range(256)], dtype=np.uint8)
+_U64 = np.dtype("<u8")
 
 
 def packed_size(count: int) -> int:
-    """Bytes needed for ``count`` trits: ``ceil(count / 5)``."""
+    """Bytes ``count`` trits take: 23 per whole block of 116, then ``ceil(rest / 5)``."""
+    blocks, rest = divmod(count, BLOCK_TRITS)
+    return blocks * BLOCK_BYTES + packed_size_v1(rest)
+
+
+def packed_size_v1(count: int) -> int:
+    """Bytes ``count`` trits take 5 per byte (the tail, and v1 chunks): ``ceil(count / 5)``."""
     return -(-count // TRITS_PER_BYTE)
 
 
-def pack_trits(trits: torch.Tensor) -> bytes:
-    """Pack uint8 trits (any shape, row-major order) 5 per byte: ``t0 + 3 t1 + 9 t2 + 27 t3 + 81 t4``."""
+def _flat_trits(trits: torch.Tensor) -> np.ndarray:
     flat = trits.detach().reshape(-1).to(device="cpu", dtype=torch.uint8).numpy()
     if flat.size and int(flat.max()) > 2:
         bad = int(np.argmax(flat > 2))
         raise TritPackingError(f"trit {bad} is {int(flat[bad])}; trits are 0 (down), 1 (ignore), 2 (up)")
-    n = packed_size(flat.size)
+    return flat
+
+
+def pack_trits(trits: torch.Tensor) -> bytes:
+    """Pack uint8 trits (any shape, row-major order): whole blocks of 116 in 23 bytes, the rest 5 per
+    byte (see the module docstring). The C kernel packs the blocks when it is there, else numpy."""
+    flat = _flat_trits(trits)
+    blocks = flat.size // BLOCK_TRITS
+    body = native.pack_trit_blocks(flat, blocks)
+    if body is None:
+        body = _pack_blocks(flat, blocks)
+    return body + _pack5(flat[blocks * BLOCK_TRITS :])
+
+
+def _pack_blocks(flat: np.ndarray, blocks: int) -> bytes:
+    head = flat[: blocks * BLOCK_TRITS].reshape(blocks * BLOCK_GROUPS, GROUP_TRITS)
+    # Horner from the most significant digit; a group stays below 3**29 < 2**46.
+    acc = head[:, GROUP_TRITS - 1].astype(np.uint64)
+    for i in range(GROUP_TRITS - 2, -1, -1):
+        acc *= np.uint64(3)
+        acc += head[:, i]
+    g = acc.reshape(blocks, BLOCK_GROUPS)
+    # The 184-bit block g0 + g1 2^46 + g2 2^92 + g3 2^138 as three 64-bit words (the last has 56 bits).
+    words = np.empty((blocks, 3), dtype=_U64)
+    words[:, 0] = g[:, 0] | (g[:, 1] << np.uint64(46))
+    words[:, 1] = (g[:, 1] >> np.uint64(18)) | (g[:, 2] << np.uint64(28))
+    words[:, 2] = (g[:, 2] >> np.uint64(36)) | (g[:, 3] << np.uint64(10))
+    return words.view(np.uint8).reshape(blocks, 24)[:, :BLOCK_BYTES].tobytes()
+
+
+def _pack5(flat: np.ndarray) -> bytes:
+    """Trits 5 per byte: ``t0 + 3 t1 + 9 t2 + 27 t3 + 81 t4``, the last byte zero-padded."""
+    n = packed_size_v1(flat.size)
     padded = np.zeros(n * TRITS_PER_BYTE, dtype=np.uint8)
     padded[: flat.size] = flat
     digits = padded.reshape(n, TRITS_PER_BYTE)
@@ -107,20 +177,69 @@ def pack_trits(trits: torch.Tensor) -> bytes:
     return acc.tobytes()
 
 
+def pack_trits_v1(trits: torch.Tensor) -> bytes:
+    """Pack trits 5 per byte, every one (the v1 chunk layout and the paper's)."""
+    return _pack5(_flat_trits(trits))
+
+
 def unpack_trits(data: bytes, count: int) -> torch.Tensor:
-    """Inverse of :func:`pack_trits`: ``count`` uint8 trits from exactly ``ceil(count / 5)`` bytes."""
+    """Inverse of :func:`pack_trits`: ``count`` uint8 trits from exactly ``packed_size(count)`` bytes."""
     if count < 0:
         raise TritPackingError(f"trit count must be >= 0, got {count}")
     if len(data) != packed_size(count):
         raise TritPackingError(f"{count} trits pack into {packed_size(count)} bytes, got {len(data)}")
+    blocks = count // BLOCK_TRITS
+    buf = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(count, dtype=np.uint8)
+    if not native.unpack_trit_blocks(buf, blocks, out):
+        out[: blocks * BLOCK_TRITS] = _unpack_blocks(buf, blocks)
+    done, done_bytes = blocks * BLOCK_TRITS, blocks * BLOCK_BYTES
+    out[done:] = _unpack5(data[done_bytes:], count - done, done_bytes, done)
+    return torch.from_numpy(out)
+
+
+def _unpack_blocks(buf: np.ndarray, blocks: int) -> np.ndarray:
+    raw = np.zeros((blocks, 24), dtype=np.uint8)
+    raw[:, :BLOCK_BYTES] = buf[: blocks * BLOCK_BYTES].reshape(blocks, BLOCK_BYTES)
+    w = raw.view(_U64)
+    g = np.empty((blocks, BLOCK_GROUPS), dtype=np.uint64)
+    g[:, 0] = w[:, 0] & np.uint64((1 << 46) - 1)
+    g[:, 1] = (w[:, 0] >> np.uint64(46)) | ((w[:, 1] & np.uint64((1 << 28) - 1)) << np.uint64(18))
+    g[:, 2] = (w[:, 1] >> np.uint64(28)) | ((w[:, 2] & np.uint64((1 << 10) - 1)) << np.uint64(36))
+    g[:, 3] = w[:, 2] >> np.uint64(10)
+    groups = g.reshape(-1)
+    if groups.size and int(groups.max()) > MAX_GROUP:
+        bad = int(np.argmax(groups > MAX_GROUP))
+        raise TritPackingError(f"group {bad} (block {bad // BLOCK_GROUPS}) is above 3^29 - 1: not 29 trits")
+    # Five digits at a time: the remainder by 243 is a byte whose digits _DIGITS holds.
+    digits = np.empty((groups.size, 30), dtype=np.uint8)
+    for k in range(6):
+        digits[:, 5 * k : 5 * k + 5] = _DIGITS[(groups % np.uint64(243)).astype(np.uint8)]
+        groups //= np.uint64(243)
+    return digits[:, :GROUP_TRITS].reshape(-1)
+
+
+def _unpack5(data: bytes, count: int, byte0: int = 0, trit0: int = 0) -> np.ndarray:
+    """``count`` trits 5 per byte; errors count bytes from ``byte0`` and trits from ``trit0``."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.size and int(raw.max()) > MAX_BYTE:
         bad = int(np.argmax(raw > MAX_BYTE))
-        raise TritPackingError(f"byte {bad} is {int(raw[bad])}, above {MAX_BYTE} (not 5 radix-3 digits)")
+        raise TritPackingError(
+            f"byte {byte0 + bad} is {int(raw[bad])}, above {MAX_BYTE} (not 5 radix-3 digits)"
+        )
     digits = _DIGITS[raw].reshape(-1)
     if digits[count:].any():
-        raise TritPackingError(f"padding digits after trit {count} are not zero")
-    return torch.from_numpy(digits[:count].copy())
+        raise TritPackingError(f"padding digits after trit {trit0 + count} are not zero")
+    return digits[:count]
+
+
+def unpack_trits_v1(data: bytes, count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_trits_v1`: ``count`` trits from exactly ``ceil(count / 5)`` bytes."""
+    if count < 0:
+        raise TritPackingError(f"trit count must be >= 0, got {count}")
+    if len(data) != packed_size_v1(count):
+        raise TritPackingError(f"{count} trits pack into {packed_size_v1(count)} bytes, got {len(data)}")
+    return torch.from_numpy(_unpack5(data, count).copy())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,8 +282,9 @@ class StepLog:
 
     format = "packed"
 
-    def __init__(self, step: int | None = None) -> None:
+    def __init__(self, step: int | None = None, *, codec: str = DEFAULT_CODEC) -> None:
         self.step = step
+        self.codec = check_codec(codec)  # of the record table
         self._records: list[LogRecord] = []
         self._trits: list[torch.Tensor] = []
 
@@ -219,36 +339,88 @@ class StepLog:
             return torch.cat(self._trits).cpu()
         return torch.cat([t.cpu() for t in self._trits])
 
-    def encode(self, step: int, spec_hash: bytes) -> bytes:
-        """The chunk bytes (see the module docstring)."""
+    def encode(self, step: int, spec_hash: bytes, *, version: int = 2) -> bytes:
+        """The chunk bytes (see the module docstring); ``version=1`` writes the first layout."""
         if not 0 <= step < 2**64:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
-        parts = [MAGIC, _HEADER.pack(step, bytes(spec_hash), len(self._records))]
+        if version == 1:
+            return self._encode_v1(step, spec_hash)
+        if version != 2:
+            raise RoundingLogError(f"packed chunk layout {version} is not 1 or 2")
+        names: dict[str, int] = {}
+        head: list[int] = []
+        prev = -1
+        for r in self._records:
+            if r.op_index <= prev:
+                raise RoundingLogError(
+                    f"step {step}: op #{r.op_index} {r.op_name} follows op #{prev}; op indices must increase"
+                )
+            head += [r.op_index - prev - 1, names.setdefault(r.op_name, len(names)), r.count]
+            prev = r.op_index
+        table = encode_names(list(names)) + uvarint_encode(np.array(head, dtype=np.int64))
+        body, codec = compress(table, self.codec)
+        header = _HEADER.pack(
+            step, bytes(spec_hash), len(self._records), CODECS[codec], len(table), len(body)
+        )
+        return b"".join([MAGIC, header, body, pack_trits(self.all_trits())])
+
+    def _encode_v1(self, step: int, spec_hash: bytes) -> bytes:
+        parts = [MAGIC_V1, _HEADER_V1.pack(step, bytes(spec_hash), len(self._records))]
         for r in self._records:
             name = r.op_name.encode("utf-8")
             parts += [_OP_INDEX.pack(r.op_index), _NAME_LEN.pack(len(name)), name, _COUNT.pack(r.count)]
-        parts.append(pack_trits(self.all_trits()))
+        parts.append(pack_trits_v1(self.all_trits()))
         return b"".join(parts)
 
     @classmethod
     def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> StepLog:
-        """Parse and check a chunk; ``step=None`` accepts the step the chunk names (it is then ``.step``).
+        """Parse and check a chunk of either layout; ``step=None`` accepts the step the chunk names
+        (it is then ``.step``).
 
         Raises :class:`ChunkFormatError` (truncated, trailing bytes, bad magic or record, trit bytes
         that do not match the counts) or :class:`ChunkMismatchError` (another step: "reordered";
         another spec hash: "foreign chunk"), each naming the step.
         """
+        magic = bytes(data[: len(MAGIC)])
+        if magic == MAGIC_V1:
+            return cls._decode_v1(data, step=step, spec_hash=spec_hash)
         where = _where(step)
-        view = memoryview(data)
-        if bytes(view[: len(MAGIC)]) != MAGIC:
+        if magic != MAGIC:
             raise ChunkFormatError(f"{where}: not a rounding-log chunk (bad magic or version)")
         pos = len(MAGIC)
-        if len(view) < pos + _HEADER.size:
-            raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(view)} bytes)")
-        own_step, own_spec, n_records = _HEADER.unpack_from(view, pos)
+        if len(data) < pos + _HEADER.size:
+            raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(data)} bytes)")
+        own_step, own_spec, n_records, codec_id, size, stored = _HEADER.unpack_from(data, pos)
         pos += _HEADER.size
+        where = check_chunk_identity(own_step, own_spec, step, spec_hash)
+        if stored > len(data) - pos:
+            raise ChunkFormatError(
+                f"{where}: chunk truncated in its record table ({stored} bytes, {len(data) - pos} left)"
+            )
+        if n_records * 3 > size:  # a record takes at least 3 bytes of the table
+            raise ChunkFormatError(f"{where}: {n_records} records cannot fit a {size}-byte record table")
+        try:
+            table = decompress(bytes(data[pos : pos + stored]), codec_name(codec_id), size)
+            records = _parse_table(table, n_records)
+        except Malformed as exc:
+            raise ChunkFormatError(f"{where}: corrupt record table: {exc}") from None
+        pos += stored
+        out = cls(own_step, codec=codec_name(codec_id))
+        out._records = records
+        out._trits = _split_trits(data, pos, [r.count for r in records], packed_size, unpack_trits, where)
+        return out
+
+    @classmethod
+    def _decode_v1(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> StepLog:
+        where = _where(step)
+        view = memoryview(data)
+        pos = len(MAGIC_V1)
+        if len(view) < pos + _HEADER_V1.size:
+            raise ChunkFormatError(f"{where}: chunk truncated in its header ({len(view)} bytes)")
+        own_step, own_spec, n_records = _HEADER_V1.unpack_from(view, pos)
+        pos += _HEADER_V1.size
         where = check_chunk_identity(own_step, own_spec, step, spec_hash)
         if n_records * _MIN_RECORD > len(view) - pos:
             raise ChunkFormatError(
@@ -275,25 +447,52 @@ class StepLog:
             pos += _COUNT.size
             out._records.append(LogRecord(op_index, name, count))
             counts.append(count)
-        total = sum(counts)
-        expected = packed_size(total)
-        have = len(view) - pos
-        if have < expected:
-            raise ChunkFormatError(
-                f"{where}: chunk truncated: {total} trits need {expected} bytes, {have} left"
-            )
-        if have > expected:
-            raise ChunkFormatError(f"{where}: {have - expected} trailing bytes after {total} trits")
-        try:
-            trits = unpack_trits(bytes(view[pos:]), total)
-        except TritPackingError as exc:
-            raise ChunkFormatError(f"{where}: corrupt trit bytes: {exc}") from exc
-        out._trits = list(torch.split(trits, counts)) if counts else []
+        out._trits = _split_trits(data, pos, counts, packed_size_v1, unpack_trits_v1, where)
         return out
 
     def cursor(self) -> StepLogCursor:
         """A reader that hands the records out in order to the replaying computation."""
         return RecordCursor(self.step, self._records, self._trits)
+
+
+def _parse_table(table: bytes, n_records: int) -> list[LogRecord]:
+    """The records of a v2 record table (names, then op-index gap, name id and count per record)."""
+    buf = np.frombuffer(table, dtype=np.uint8)
+    names, pos = decode_names(buf, 0, n_records)
+    head, pos = uvarint_decode(buf, pos, 3 * n_records)
+    if pos != buf.size:
+        raise Malformed(f"{buf.size - pos} bytes left after the last record")
+    records: list[LogRecord] = []
+    op_index = -1
+    for gap, name_id, count in head.reshape(n_records, 3).tolist():
+        op_index += gap + 1
+        if op_index >= 2**32 or name_id >= len(names):
+            raise Malformed(f"record {len(records)}: op index or name id out of range")
+        records.append(LogRecord(op_index, names[name_id], count))
+    return records
+
+
+def _split_trits(
+    data: bytes,
+    pos: int,
+    counts: list[int],
+    size_of: Callable[[int], int],
+    unpack: Callable[[bytes, int], torch.Tensor],
+    where: str,
+) -> list[torch.Tensor]:
+    """The trits after ``pos``, checked against the records' counts and split record by record."""
+    total = sum(counts)
+    expected = size_of(total)
+    have = len(data) - pos
+    if have < expected:
+        raise ChunkFormatError(f"{where}: chunk truncated: {total} trits need {expected} bytes, {have} left")
+    if have > expected:
+        raise ChunkFormatError(f"{where}: {have - expected} trailing bytes after {total} trits")
+    try:
+        trits = unpack(bytes(data[pos:]), total)
+    except TritPackingError as exc:
+        raise ChunkFormatError(f"{where}: corrupt trit bytes: {exc}") from exc
+    return list(torch.split(trits, counts)) if counts else []
 
 
 #: A decoded chunk of either format.

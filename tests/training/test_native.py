@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import banding, native, rounding, sparselog
+from game.training import banding, chunkcodec, native, rounding
 from game.training.bands import Band
 
 from .test_banding import _mixed_values, _perturb
@@ -185,14 +185,14 @@ def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.Monk
 )
 def test_uvarints_sameBytesAndValues_asNumpy(values: list[int]) -> None:
     v = np.array(values, dtype=np.int64)
-    fast = sparselog.uvarint_encode(v)
+    fast = chunkcodec.uvarint_encode(v)
     with native.disabled():
-        slow = sparselog.uvarint_encode(v)
+        slow = chunkcodec.uvarint_encode(v)
     assert fast == slow
     buf = np.frombuffer(b"\x05" + fast + b"\x7f", dtype=np.uint8)  # not at the start, bytes after
-    out, end = sparselog.uvarint_decode(buf, 1, len(values))
+    out, end = chunkcodec.uvarint_decode(buf, 1, len(values))
     with native.disabled():
-        out_np, end_np = sparselog.uvarint_decode(buf, 1, len(values))
+        out_np, end_np = chunkcodec.uvarint_decode(buf, 1, len(values))
     assert out.tolist() == out_np.tolist() == values and end == end_np == 1 + len(fast)
     if native.available() and values:
         assert native.uvarint_encode(v) == fast  # the C kernel took them
@@ -212,10 +212,10 @@ def test_malformedUvarints_sameError_asNumpy(data: bytes, count: int, message: s
     buf = np.frombuffer(data, dtype=np.uint8)
     if native.available():
         assert native.uvarint_decode(buf, 0, count) is None  # the numpy decoder words the error
-    with pytest.raises(sparselog._Malformed, match=message):
-        sparselog.uvarint_decode(buf, 0, count)
-    with native.disabled(), pytest.raises(sparselog._Malformed, match=message):
-        sparselog.uvarint_decode(buf, 0, count)
+    with pytest.raises(chunkcodec.Malformed, match=message):
+        chunkcodec.uvarint_decode(buf, 0, count)
+    with native.disabled(), pytest.raises(chunkcodec.Malformed, match=message):
+        chunkcodec.uvarint_decode(buf, 0, count)
 
 
 def test_negativeValue_isRefused_byEitherEncoder() -> None:
@@ -223,7 +223,7 @@ def test_negativeValue_isRefused_byEitherEncoder() -> None:
     if native.available():
         assert native.uvarint_encode(v) is None
     with pytest.raises(RoundingLogError, match="non-negative"):
-        sparselog.uvarint_encode(v)
+        chunkcodec.uvarint_encode(v)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
 from game.merkle import MerkleTree
+from game.training import native
 from game.training.roundlog import (
     MAGIC,
+    MAGIC_V1,
     ChunkFormatError,
     ChunkMismatchError,
     LogReader,
@@ -27,21 +30,46 @@ from game.training.roundlog import (
     decode_chunk,
     log_root,
     pack_trits,
+    pack_trits_v1,
     packed_size,
+    packed_size_v1,
     unpack_trits,
+    unpack_trits_v1,
 )
 
 SPEC = hashlib.sha256(b"task A").digest()
 OTHER_SPEC = hashlib.sha256(b"task B").digest()
 
 
-def ref_pack(trits: list[int]) -> bytes:
+def ref_pack_v1(trits: list[int]) -> bytes:
     """Obvious reference: groups of five, little-endian radix 3, zero-padded."""
     out = bytearray()
     for i in range(0, len(trits), 5):
         group = trits[i : i + 5] + [0] * (5 - len(trits[i : i + 5]))
         out.append(sum(t * 3**j for j, t in enumerate(group)))
     return bytes(out)
+
+
+def ref_pack(trits: list[int]) -> bytes:
+    """Obvious reference for the v2 layout: per block of 116 the integer sum(g_k 2^(46 k)) with
+    g_k = sum(t_i 3^i) over group k's 29 trits, as 23 little-endian bytes; the rest as in v1."""
+    out = bytearray()
+    whole = len(trits) // 116 * 116
+    for b in range(0, whole, 116):
+        block = trits[b : b + 116]
+        groups = [sum(t * 3**i for i, t in enumerate(block[k * 29 : (k + 1) * 29])) for k in range(4)]
+        out += sum(g << (46 * k) for k, g in enumerate(groups)).to_bytes(23, "little")
+    return bytes(out) + ref_pack_v1(trits[whole:])
+
+
+@pytest.fixture(params=["native", "numpy"])
+def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test with the C trit kernels and again with the numpy code."""
+    if request.param == "numpy":
+        with native.disabled():
+            yield request.param
+    else:
+        yield request.param
 
 
 def _trits(values: list[int]) -> torch.Tensor:
@@ -57,8 +85,9 @@ def _sample_log(seed: int = 0) -> StepLog:
     step_log = StepLog()
     step_log.append(0, "aten.mm.default", _random_trits(12, seed).reshape(3, 4))
     step_log.append(1, "aten.sum.dim_IntList", _random_trits(1, seed + 1))
-    step_log.append(1, "aten.native_layer_norm.default", _random_trits(0, seed + 2))
+    step_log.append(2, "aten.native_layer_norm.default", _random_trits(0, seed + 2))
     step_log.append(7, "aten._softmax.default", _random_trits(33, seed + 3))
+    step_log.append(9, "aten.mm.default", _random_trits(250, seed + 4))  # whole blocks and a tail
     return step_log
 
 
@@ -67,13 +96,22 @@ def _sample_log(seed: int = 0) -> StepLog:
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_pack_unpack_roundTrip_everyLengthUpTo200() -> None:
-    for n in range(201):
+def test_pack_unpack_roundTrip_everyLengthUpTo400(kernels: str) -> None:
+    for n in range(401):
         t = _random_trits(n, n)
         data = pack_trits(t)
         assert data == ref_pack(t.tolist())
-        assert len(data) == packed_size(n) == -(-n // 5)
+        assert len(data) == packed_size(n) == n // 116 * 23 + -(-(n % 116) // 5)
         assert torch.equal(unpack_trits(data, n), t)
+
+
+def test_v1Packing_isFivePerByte() -> None:
+    for n in range(0, 260, 7):
+        t = _random_trits(n, n)
+        data = pack_trits_v1(t)
+        assert data == ref_pack_v1(t.tolist())
+        assert len(data) == packed_size_v1(n) == -(-n // 5)
+        assert torch.equal(unpack_trits_v1(data, n), t)
 
 
 @settings(max_examples=60, deadline=None)
@@ -82,12 +120,26 @@ def test_pack_matchesReference_andRoundTrips(trits: list[int]) -> None:
     data = pack_trits(_trits(trits))
     assert data == ref_pack(trits)
     assert unpack_trits(data, len(trits)).tolist() == trits
+    with native.disabled():
+        assert pack_trits(_trits(trits)) == data
+        assert unpack_trits(data, len(trits)).tolist() == trits
 
 
-def test_pack_ofAllOnes_andShapes() -> None:
+def test_pack_costsUnder1point587BitsPerTrit_pastTheTail() -> None:
+    # 23 bytes per 116 trits: 1.5862 bits each (log2 3 = 1.5850; the paper's 5 per byte is 1.6)
+    n = 116 * 1000
+    assert len(pack_trits(_random_trits(n, 3))) * 8 / n == pytest.approx(184 / 116)
+    assert 184 / 116 < 1.587
+
+
+def test_pack_ofAllOnes_andShapes(kernels: str) -> None:
     assert pack_trits(torch.ones(5, dtype=torch.uint8)) == bytes([121])
     assert pack_trits(torch.full((5,), 2, dtype=torch.uint8)) == bytes([242])
-    t = _random_trits(24, 5).reshape(2, 3, 4)
+    top = 3**29 - 1  # a group of 29 twos
+    assert pack_trits(torch.full((116,), 2, dtype=torch.uint8)) == sum(
+        top << (46 * k) for k in range(4)
+    ).to_bytes(23, "little")
+    t = _random_trits(240, 5).reshape(2, 3, 40)
     assert pack_trits(t) == pack_trits(t.reshape(-1))
     assert pack_trits(t.transpose(0, 2)) == pack_trits(t.transpose(0, 2).contiguous())
 
@@ -95,6 +147,8 @@ def test_pack_ofAllOnes_andShapes() -> None:
 def test_pack_rejectsNonTrits() -> None:
     with pytest.raises(TritPackingError, match="trit 2 is 3"):
         pack_trits(_trits([0, 1, 3]))
+    with pytest.raises(TritPackingError, match="trit 200 is 7"):
+        pack_trits(_trits([1] * 200 + [7]))
 
 
 @pytest.mark.parametrize(
@@ -107,18 +161,29 @@ def test_pack_rejectsNonTrits() -> None:
         (bytes([0, 255]), 10, "byte 1 is 255"),
         (bytes([3**3]), 3, "padding"),  # digit 3 set, only 3 trits declared
         (bytes([2 * 3**4]), 4, "padding"),
+        (bytes(23) + bytes([0, 255]), 126, "byte 24 is 255"),  # the tail after a block
+        (bytes(23) + bytes([3**3]), 119, "padding digits after trit 119"),
+        (bytes([0xFF] * 6) + bytes(17), 116, r"group 0 \(block 0\) is above 3\^29 - 1"),
+        (bytes(23) + bytes(22) + b"\xff", 232, r"group 7 \(block 1\)"),  # the top bits of group 3
     ],
 )
-def test_unpack_rejectsBadBytes(data: bytes, count: int, match: str) -> None:
+def test_unpack_rejectsBadBytes(data: bytes, count: int, match: str, kernels: str) -> None:
     with pytest.raises(TritPackingError, match=match):
         unpack_trits(data, count)
 
 
+def test_unpack_v1_rejectsBadBytes() -> None:
+    with pytest.raises(TritPackingError, match="above 242"):
+        unpack_trits_v1(bytes([0, 243]), 10)
+    with pytest.raises(TritPackingError, match="pack into 24 bytes, got 23"):
+        unpack_trits_v1(bytes(23), 116)
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.binary(min_size=1, max_size=20), extra=st.integers(-3, 3))
+@given(data=st.binary(min_size=1, max_size=60), extra=st.integers(-30, 30))
 def test_unpack_neverAcceptsWrongLengths(data: bytes, extra: int) -> None:
     count = len(data) * 5 + extra * 5
-    if packed_size(max(count, 0)) == len(data) or count < 0:
+    if count < 0 or packed_size(count) == len(data):
         return
     with pytest.raises(TritPackingError):
         unpack_trits(data, count)
@@ -137,11 +202,45 @@ def test_encodeDecode_roundTrip() -> None:
     assert back.step == 4
     assert back.records == step_log.records
     assert back.records[0] == LogRecord(0, "aten.mm.default", 12)
-    assert back.total_values == step_log.total_values == 46
+    assert back.total_values == step_log.total_values == 296
     for i in range(len(step_log)):
         assert torch.equal(back.trits(i), step_log.trits(i))
     assert back.encode(4, SPEC) == data
     assert decode_chunk(data, SPEC).step == 4
+
+
+@pytest.mark.parametrize("codec", ["stored", "zlib", "lzma", "auto"])
+def test_v2Chunk_isSmallerThanV1_andAnyTableCodecDecodes(codec: str) -> None:
+    step_log = _sample_log()
+    step_log.codec = codec
+    data = step_log.encode(4, SPEC)
+    v1 = step_log.encode(4, SPEC, version=1)
+    assert data.startswith(MAGIC) and v1.startswith(MAGIC_V1)
+    assert len(data) < len(v1)
+    back = decode_chunk(data, SPEC, 4)
+    assert isinstance(back, StepLog) and back.codec == codec if codec != "auto" else True
+    assert back.records == step_log.records
+
+
+def test_v1Chunks_stillDecode_toTheSameLog() -> None:
+    step_log = _sample_log()
+    data = step_log.encode(4, SPEC, version=1)
+    back = decode_chunk(data, SPEC, 4)
+    assert isinstance(back, StepLog)
+    assert back.records == step_log.records
+    assert all(torch.equal(back.trits(i), step_log.trits(i)) for i in range(len(step_log)))
+    assert back.encode(4, SPEC, version=1) == data
+    with pytest.raises(RoundingLogError, match="layout 3"):
+        step_log.encode(4, SPEC, version=3)
+
+
+def test_encode_refusesOpIndicesThatDoNotIncrease() -> None:
+    # the record table stores index gaps, so the order the interceptor gives them in is required
+    step_log = StepLog()
+    step_log.append(3, "aten.mm.default", _random_trits(2, 0))
+    step_log.append(3, "aten.add.Tensor", _random_trits(2, 1))
+    with pytest.raises(RoundingLogError, match=r"step 1: op #3 aten\.add\.Tensor follows op #3"):
+        step_log.encode(1, SPEC)
 
 
 def test_emptyLog_isAValidChunk() -> None:
@@ -154,16 +253,20 @@ def test_emptyLog_isAValidChunk() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     records=st.lists(
-        st.tuples(st.integers(0, 2**32 - 1), st.text(max_size=20), st.lists(st.integers(0, 2), max_size=30)),
+        st.tuples(st.integers(0, 2**32 - 1), st.text(max_size=20), st.lists(st.integers(0, 2), max_size=300)),
         max_size=8,
-    ),
+        unique_by=lambda r: r[0],
+    ).map(sorted),
     step=st.integers(0, 2**64 - 1),
+    version=st.sampled_from([1, 2]),
 )
-def test_encodeDecode_roundTrip_random(records: list[tuple[int, str, list[int]]], step: int) -> None:
+def test_encodeDecode_roundTrip_random(
+    records: list[tuple[int, str, list[int]]], step: int, version: int
+) -> None:
     step_log = StepLog()
     for op_index, name, trits in records:
         step_log.append(op_index, name, _trits(trits))
-    back = StepLog.decode(step_log.encode(step, SPEC), step=step, spec_hash=SPEC)
+    back = StepLog.decode(step_log.encode(step, SPEC, version=version), step=step, spec_hash=SPEC)
     assert back.records == tuple(LogRecord(i, n, len(t)) for i, n, t in records)
     assert [back.trits(i).tolist() for i in range(len(back))] == [t for _, _, t in records]
 
@@ -180,22 +283,26 @@ def test_foreignChunk_isAnError() -> None:
         StepLog.decode(data, step=3, spec_hash=SPEC)
 
 
-def test_truncatedChunk_atEveryLength_isAnErrorNamingTheStep() -> None:
-    data = _sample_log().encode(5, SPEC)
+@pytest.mark.parametrize("version", [1, 2])
+def test_truncatedChunk_atEveryLength_isAnErrorNamingTheStep(version: int) -> None:
+    data = _sample_log().encode(5, SPEC, version=version)
     for cut in range(len(data)):
         with pytest.raises(RoundingLogError, match=r"step [5?]"):
             StepLog.decode(data[:cut], step=5, spec_hash=SPEC)
 
 
-def test_trailingBytes_isAnError() -> None:
-    data = _sample_log().encode(5, SPEC)
+@pytest.mark.parametrize("version", [1, 2])
+def test_trailingBytes_isAnError(version: int) -> None:
+    data = _sample_log().encode(5, SPEC, version=version)
     with pytest.raises(ChunkFormatError, match=r"step 5: 1 trailing bytes"):
         StepLog.decode(data + b"\x00", step=5, spec_hash=SPEC)
 
 
-def test_everySingleByteFlip_changesTheHash_andNeverDecodesToTheSameLog() -> None:
+@pytest.mark.parametrize(("version", "codec"), [(1, "auto"), (2, "stored"), (2, "zlib")])
+def test_everySingleByteFlip_changesTheHash_andNeverDecodesToTheSameLog(version: int, codec: str) -> None:
     step_log = _sample_log()
-    data = step_log.encode(5, SPEC)
+    step_log.codec = codec
+    data = step_log.encode(5, SPEC, version=version)
     original = hashlib.sha256(data).digest()
     for i in range(len(data)):
         flipped = bytearray(data)
@@ -214,11 +321,51 @@ def test_everySingleByteFlip_changesTheHash_andNeverDecodesToTheSameLog() -> Non
 
 
 def test_structuralCorruption_givesClearErrors() -> None:
-    data = bytearray(_sample_log().encode(5, SPEC))
-    bad_magic = b"vgame-log-v2\0" + bytes(data[len(MAGIC) :])
+    step_log = _sample_log()
+    step_log.codec = "stored"  # the record table's bytes at known places
+    data = bytearray(step_log.encode(5, SPEC))
+    bad_magic = b"vgame-log-v9\0" + bytes(data[len(MAGIC) :])
     with pytest.raises(ChunkFormatError, match="bad magic or version"):
         StepLog.decode(bad_magic, step=5, spec_hash=SPEC)
     count_pos = len(MAGIC) + 8 + 32
+    table_pos = count_pos + 4 + 1 + 4 + 4
+    huge = bytearray(data)
+    huge[count_pos : count_pos + 4] = struct.pack("<I", 2**32 - 1)
+    with pytest.raises(ChunkFormatError, match="records cannot fit"):
+        StepLog.decode(bytes(huge), step=5, spec_hash=SPEC)
+    codec = bytearray(data)
+    codec[count_pos + 4] = 7
+    with pytest.raises(ChunkFormatError, match="corrupt record table: unknown codec 7"):
+        StepLog.decode(bytes(codec), step=5, spec_hash=SPEC)
+    stored = bytearray(data)
+    stored[count_pos + 9 : count_pos + 13] = struct.pack("<I", 10**6)
+    with pytest.raises(ChunkFormatError, match="truncated in its record table"):
+        StepLog.decode(bytes(stored), step=5, spec_hash=SPEC)
+    # The last record's count (250 = varint e6 01) made 2^60: the trits cannot be there.
+    table_size = struct.unpack_from("<I", data, count_pos + 5)[0]
+    big = bytearray(data)
+    end = table_pos + table_size
+    assert big[end - 2 : end] == bytes([0xFA, 0x01])
+    big[end - 2 : end] = bytes([0x80, 0x80])  # 0x80 0x80 ... needs more bytes: the table is short
+    with pytest.raises(ChunkFormatError, match="corrupt record table: truncated"):
+        StepLog.decode(bytes(big), step=5, spec_hash=SPEC)
+    bad_trit = bytearray(data)
+    bad_trit[-1] = 250
+    with pytest.raises(ChunkFormatError, match="corrupt trit bytes"):
+        StepLog.decode(bytes(bad_trit), step=5, spec_hash=SPEC)
+    bad_group = bytearray(data)
+    bad_group[table_pos + table_size : table_pos + table_size + 6] = b"\xff" * 6
+    with pytest.raises(ChunkFormatError, match=r"corrupt trit bytes: group 0 \(block 0\)"):
+        StepLog.decode(bytes(bad_group), step=5, spec_hash=SPEC)
+    bad_name = bytearray(data)
+    bad_name[table_pos + 2] = 0xFF  # names: count, length, then the first name's bytes
+    with pytest.raises(ChunkFormatError, match="not UTF-8"):
+        StepLog.decode(bytes(bad_name), step=5, spec_hash=SPEC)
+
+
+def test_structuralCorruption_ofV1Chunks_givesClearErrors() -> None:
+    data = bytearray(_sample_log().encode(5, SPEC, version=1))
+    count_pos = len(MAGIC_V1) + 8 + 32
     huge = bytearray(data)
     huge[count_pos : count_pos + 4] = struct.pack("<I", 2**32 - 1)
     with pytest.raises(ChunkFormatError, match="records cannot fit"):
@@ -355,7 +502,7 @@ def test_writer_truncateAfter_removesLaterChunks(tmp_path: Path) -> None:
     assert LogReader(tmp_path, SPEC).steps() == [0, 1, 2]
     assert not list(tmp_path.glob(".*.tmp"))
     writer.write_chunk(2, _sample_log(), SPEC)  # overwrite is atomic and allowed (resume)
-    assert LogReader(tmp_path, SPEC).read(2).total_values == 46
+    assert LogReader(tmp_path, SPEC).read(2).total_values == 296
 
 
 def test_logRoot_needsAChunk() -> None:

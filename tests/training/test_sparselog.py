@@ -11,9 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import sparselog
+from game.training import chunkcodec, sparselog
+from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
 from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
-from game.training.sparselog import SparseStepLog, uvarint_decode, uvarint_encode
+from game.training.sparselog import SparseStepLog
 
 SPEC = bytes(range(32))
 
@@ -149,7 +150,7 @@ def test_uvarint_roundTrip(values: list[int]) -> None:
 
 
 def test_uvarint_rejectsOverlongForm() -> None:
-    with pytest.raises(sparselog._Malformed, match="shortest"):
+    with pytest.raises(Malformed, match="shortest"):
         uvarint_decode(np.array([0x81, 0x00], dtype=np.uint8), 0, 1)
 
 
@@ -176,9 +177,9 @@ def test_auto_skipsLzma_pastItsSizeLimit(monkeypatch: pytest.MonkeyPatch) -> Non
     # lzma is tried on small payloads only (it is ~10x slower than zlib); the chunk still decodes
     log = _log(records=30)
     codec_at = len(sparselog.MAGIC) + sparselog._HEADER.size - 5  # the codec byte precedes the size
-    monkeypatch.setattr(sparselog, "LZMA_AUTO_MAX", 0)
+    monkeypatch.setattr(chunkcodec, "LZMA_AUTO_MAX", 0)
     data = log.encode(3, SPEC)
-    assert data[codec_at] in (sparselog.CODECS["zlib"], sparselog.CODECS["stored"])
+    assert data[codec_at] in (CODECS["zlib"], CODECS["stored"])
     assert _same(log, decode_chunk(data, SPEC, 3))
 
 

@@ -128,6 +128,10 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
         lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
+        lib.vg_pack_trit_blocks.restype = None
+        lib.vg_pack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
+        lib.vg_unpack_trit_blocks.restype = _I64
+        lib.vg_unpack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
         _lib = lib
         return lib
 
@@ -272,6 +276,29 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
     return None if n < 0 else (out, start + n)
 
 
+def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
+    """The first ``blocks`` blocks of the uint8 trits (each 0..2) as roundlog.pack_trits lays them
+    out; None: use the numpy packer."""
+    lib = None if _disabled else _load()
+    if lib is None:
+        return None
+    t = np.ascontiguousarray(trits, dtype=np.uint8)
+    out = np.empty(23 * blocks, dtype=np.uint8)
+    lib.vg_pack_trit_blocks(t.ctypes.data, blocks, out.ctypes.data)
+    return out.tobytes()
+
+
+def unpack_trit_blocks(data: np.ndarray, blocks: int, out: np.ndarray) -> bool:
+    """Write ``116 * blocks`` trits from the uint8 array ``data`` to the start of the uint8 array
+    ``out``; False: use the numpy unpacker (no kernels, or a group out of range, whose error it words)."""
+    lib = None if _disabled else _load()
+    if lib is None or not all(a.dtype == np.uint8 and a.flags.c_contiguous for a in (data, out)):
+        return False
+    if data.size < 23 * blocks or out.size < 116 * blocks:
+        return False
+    return bool(lib.vg_unpack_trit_blocks(data.ctypes.data, blocks, out.ctypes.data) == 0)
+
+
 __all__ = [
     "ENV_SWITCH",
     "BandParams",
@@ -279,10 +306,12 @@ __all__ = [
     "available",
     "cache_dir",
     "disabled",
+    "pack_trit_blocks",
     "round_and_band",
     "round_inplace",
     "round_with_entries",
     "to_float32",
+    "unpack_trit_blocks",
     "uvarint_decode",
     "uvarint_encode",
 ]

@@ -279,3 +279,59 @@ VECTOR_CLONES int64_t vg_to_float32(const int64_t *addrs, const int64_t *counts,
     }
     return 0;
 }
+
+/* The packed log's trit blocks (roundlog.pack_trits): 116 trits (four groups of 29, digit 0 least
+ * significant) in 23 bytes, the little-endian 184-bit g0 + g1 2^46 + g2 2^92 + g3 2^138. The
+ * caller has checked every trit is 0..2. Written byte by byte, so the layout is the same on any
+ * machine. */
+#define GROUP_TRITS 29
+#define BLOCK_TRITS 116
+#define BLOCK_BYTES 23
+#define MAX_GROUP 68630377364882ULL /* 3^29 - 1 */
+
+static inline void put_le(uint8_t *out, uint64_t w, int bytes) {
+    for (int i = 0; i < bytes; i++) out[i] = (uint8_t)(w >> (8 * i));
+}
+
+static inline uint64_t get_le(const uint8_t *in, int bytes) {
+    uint64_t w = 0;
+    for (int i = 0; i < bytes; i++) w |= (uint64_t)in[i] << (8 * i);
+    return w;
+}
+
+void vg_pack_trit_blocks(const uint8_t *restrict t, int64_t blocks, uint8_t *restrict out) {
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *d = t + b * BLOCK_TRITS;
+        uint64_t g[4];
+        for (int k = 0; k < 4; k++) {
+            uint64_t acc = 0;
+            for (int i = GROUP_TRITS - 1; i >= 0; i--) acc = acc * 3 + d[k * GROUP_TRITS + i];
+            g[k] = acc;
+        }
+        uint8_t *o = out + b * BLOCK_BYTES;
+        put_le(o, g[0] | (g[1] << 46), 8);
+        put_le(o + 8, (g[1] >> 18) | (g[2] << 28), 8);
+        put_le(o + 16, (g[2] >> 36) | (g[3] << 10), 7);
+    }
+}
+
+/* Inverse of vg_pack_trit_blocks. Returns 0, or -1 - i when group i is above 3^29 - 1 (not 29
+ * trits); nothing is promised about t then. */
+int64_t vg_unpack_trit_blocks(const uint8_t *restrict in, int64_t blocks, uint8_t *restrict t) {
+    const uint64_t m46 = (1ULL << 46) - 1;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *p = in + b * BLOCK_BYTES;
+        uint64_t w0 = get_le(p, 8), w1 = get_le(p + 8, 8), w2 = get_le(p + 16, 7);
+        uint64_t g[4] = {w0 & m46, ((w0 >> 46) | (w1 << 18)) & m46, ((w1 >> 28) | (w2 << 36)) & m46, w2 >> 10};
+        uint8_t *d = t + b * BLOCK_TRITS;
+        for (int k = 0; k < 4; k++) {
+            uint64_t v = g[k];
+            if (v > MAX_GROUP) return -1 - (b * 4 + k);
+            for (int i = 0; i < GROUP_TRITS; i++) {
+                d[k * GROUP_TRITS + i] = (uint8_t)(v % 3);
+                v /= 3;
+            }
+        }
+    }
+    return 0;
+}
