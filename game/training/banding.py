@@ -378,6 +378,43 @@ def round_with_entries(
     return Replayed(out, corrections, free)
 
 
+def round_and_trits(
+    x: Tensor, bits: int, tau: float, *, in_place: bool = False, where: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """Trainer kernel of the packed log: ``(rnd(x), trits)``, :func:`rounding.round_and_log`; on CPU
+    the C kernel does it in place (``in_place``: the result may be ``x`` itself). Trits are flat.
+    ``where``: the op; the kernel then raises on inf and NaN, naming it."""
+    g = rounding._grid(bits)
+    buf = _fused_buffer(x, in_place)
+    if buf is not None:
+        trits = native.round_and_trits(buf, g.k0, g.max_finite, rounding.log_threshold(bits, tau))
+        if trits is not None:
+            return buf, trits
+    if where is not None:
+        rounding.check_finite(x, where)
+    rounded, trits = rounding.round_and_log(x, bits, tau)
+    return rounded, trits.reshape(-1)
+
+
+def round_with_trits(
+    x: Tensor, bits: int, band: Band, trits: Tensor, *, in_place: bool = False, where: str | None = None
+) -> tuple[Tensor, int]:
+    """Auditor kernel of the packed log: ``(rev(x, bits, trits), values moved)`` after
+    :func:`check_corrections`; on CPU the C kernel does both (the torch kernels word every error).
+    ``where``: the op; the kernel then raises on inf and NaN, naming it."""
+    g = rounding._grid(bits)
+    buf = _fused_buffer(x, in_place)
+    if buf is not None:
+        moved = native.round_with_trits(buf, native.BandParams(g.k0, g.max_finite, band.rel, band.abs), trits)
+        if moved is not None:
+            return buf, moved
+    if where is not None:
+        rounding.check_finite(x, where)
+    rounded, changed = rounding.round_with_log_changes(x, bits, trits.reshape(x.shape))
+    check_corrections(x, bits, band, changed)
+    return rounded, int(changed.count_nonzero())
+
+
 def check_corrections(x: Tensor, bits: int, band: Band, changed: Tensor) -> None:
     """Packed log: every value the log moved must lie within ``4 B`` of a midpoint (``changed``: flat mask).
 
@@ -399,7 +436,9 @@ __all__ = [
     "check_entries",
     "geometry",
     "round_and_band",
+    "round_and_trits",
     "round_with_entries",
+    "round_with_trits",
     "top_binade",
     "top_binade_of",
     "within",

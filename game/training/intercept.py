@@ -332,10 +332,10 @@ class RoundingMode(TorchDispatchMode):
         index = self.op_index
         self.op_index += 1
         where = f"step {self.step}, op #{index} {name}"
-        # The sparse kernels scan for inf and NaN themselves (the C ones in their own pass; the torch
-        # ones by check_finite with ``where``); the other paths scan here.
-        sparse = self.mode != "round" and isinstance(self.log, SparseStepLog)
-        top = None if sparse else rounding.check_finite(t, where)
+        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
+        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
+        # rounding without a log scans here.
+        top = rounding.check_finite(t, where) if self.mode == "round" else None
         if self.mode == "round":
             rounding.round_(t, self.bits, top=top)
             self.rounded[name] += 1
@@ -362,8 +362,8 @@ class RoundingMode(TorchDispatchMode):
             self.log.append(index, name, t.numel(), positions)
             return r
         assert isinstance(self.log, StepLog)
-        r, trits = rounding.round_and_log(t, self.bits, self.tau)
-        self.log.append(index, name, trits.reshape(-1))  # logical (row-major) order on every device
+        r, trits = banding.round_and_trits(t, self.bits, self.tau, in_place=self.round_in_place, where=where)
+        self.log.append(index, name, trits)  # flat, logical (row-major) order on every device
         return r
 
     def _replay(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
@@ -384,9 +384,9 @@ class RoundingMode(TorchDispatchMode):
             self.free += max(free, 0)
         else:
             trits = self._cursor.take(index, name, t.numel())
-            r, changed = rounding.round_with_log_changes(t, self.bits, trits.reshape(t.shape))
-            banding.check_corrections(t, self.bits, band, changed)
-            n = int(changed.count_nonzero())
+            r, n = banding.round_with_trits(
+                t, self.bits, band, trits, in_place=self.round_in_place, where=where
+            )
         self.corrections += n
         return r
 

@@ -369,6 +369,12 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     return x
 
 
+def log_threshold(bits: int, tau: float) -> int:
+    """``floor(tau * step)`` in float64 ulps of a normal value: its distance ``d`` to the chosen grid
+    point exceeds ``tau * step`` exactly when ``d > threshold`` (tau is a multiple of 2**-62)."""
+    return _tau_fixed(tau) >> (_TAU_SCALE - _grid(bits).k0)
+
+
 def round_and_log(x: torch.Tensor, bits: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Trainer kernel: ``(rnd(x), trits)`` from one analysis of ``x``'s bits.
 
@@ -377,7 +383,7 @@ def round_and_log(x: torch.Tensor, bits: int, tau: float) -> tuple[torch.Tensor,
     """
     g = _grid(bits)
     tau_fixed = _tau_fixed(tau)
-    threshold = tau_fixed >> (_TAU_SCALE - g.k0)  # floor(tau * step): d > tau*step <=> d > threshold
+    threshold = log_threshold(bits, tau)
     xf = _flat(x)
     scratch = torch.empty_like(xf)
     rare = _rare_lanes(xf, g, scratch)

@@ -161,6 +161,103 @@ def test_inPlaceRounding_equalsTorch(bits: int, tail: str) -> None:
     assert torch.equal(got.view(torch.int64), rounding.rnd(x, bits, top=float("inf")).view(torch.int64))
 
 
+# ---- the packed log's kernels --------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    bits=st.sampled_from([32, 28, 26, 16]),
+    tau=st.sampled_from([0.0, 2.0**-10, 0.25, 0.375]),
+    tail=st.sampled_from(sorted(TAILS)),
+    scale=st.sampled_from([1.0, -3.0, 2.0**-60, 2.0**40]),
+    size=st.sampled_from([1, 1023, 1025, 1500]),
+)
+def test_packedTrainerKernel_equalsTorch(
+    seed: int, bits: int, tau: float, tail: str, scale: float, size: int
+) -> None:
+    x = torch.cat([_mixed_values(size, seed, bits) * scale, torch.tensor(TAILS[tail], dtype=torch.float64)])
+    r_native, t_native = banding.round_and_trits(x, bits, tau)
+    r_torch, t_torch = rounding.round_and_log(x, bits, tau)
+    assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64))
+    assert torch.equal(t_native, t_torch.reshape(-1))
+    if native.available():  # the C kernel took the tensor unless it holds rare lanes
+        g = rounding._grid(bits)
+        xf = x.view(torch.int64).clone()
+        took = native.round_and_trits(xf, g.k0, g.max_finite, rounding.log_threshold(bits, tau))
+        assert (took is None) == (tail == "subnormal")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    bits=st.sampled_from([32, 28, 26]),
+    tail=st.sampled_from(sorted(TAILS)),
+    size=st.sampled_from([7, 1024, 1500, 4099]),
+)
+def test_packedAuditorKernel_equalsTorch(seed: int, bits: int, tail: str, size: int) -> None:
+    band = Band(-35, -46)
+    x_t = torch.cat([_mixed_values(size, seed, bits), torch.tensor(TAILS[tail], dtype=torch.float64)])
+    x_a = _perturb(x_t, 2.0**-40, seed + 1)
+    _, trits = rounding.round_and_log(x_t, bits, 0.0)  # tau 0: every off-grid value has a direction
+    got_r, got_n = banding.round_with_trits(x_a, bits, band, trits.reshape(-1))
+    want_r, changed = rounding.round_with_log_changes(x_a, bits, trits)
+    banding.check_corrections(x_a, bits, band, changed)
+    assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64))
+    assert got_n == int(changed.count_nonzero())
+    # the trainer's side wins: replaying its trits on its own values moves nothing
+    assert torch.equal(got_r.view(torch.int64), rounding.round_and_log(x_t, bits, 0.0)[0].view(torch.int64))
+
+
+def test_packedAuditorKernel_movedLaneOutsideTheBand_sameError_inputUntouched() -> None:
+    x = _mixed_values(3000, 3)
+    xf = x.view(torch.int64)
+    geo = banding.geometry(xf, 32, Band(-35, -46))
+    far = int((geo.off & (geo.distance > (geo.band << 3))).nonzero()[0, 0])
+    _, trits = rounding.round_and_log(x, 32, 0.0)
+    trits = trits.clone()
+    trits[far] = 2 - trits[far]  # the other side, far from any midpoint: tampering
+    before = x.clone()
+    errors = []
+    for ctx in (native.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
+        with ctx, pytest.raises(banding.BandViolation) as info:
+            banding.round_with_trits(x, 32, Band(-35, -46), trits, in_place=True)
+        errors.append((info.value.kind, info.value.index, str(info.value)))
+        assert torch.equal(x.view(torch.int64), before.view(torch.int64))
+    assert errors[0] == errors[1] and errors[0][:2] == ("outside", far)
+    if native.available():
+        g = rounding._grid(32)
+        params = native.BandParams(g.k0, g.max_finite, -35, -46)
+        assert native.round_with_trits(xf.clone(), params, trits) is None
+        bad = trits.clone()
+        bad[5] = 3
+        assert native.round_with_trits(xf.clone(), params, bad) is None
+
+
+def test_packedKernels_inPlace_andNot() -> None:
+    x = _mixed_values(1000, 4)
+    before = x.clone()
+    r, trits = banding.round_and_trits(x, 32, 0.25)
+    assert torch.equal(x.view(torch.int64), before.view(torch.int64))
+    r_in, trits_in = banding.round_and_trits(x, 32, 0.25, in_place=True)
+    assert r_in.data_ptr() == x.data_ptr() or not native.available()
+    assert torch.equal(r_in.view(torch.int64), r.view(torch.int64)) and torch.equal(trits_in, trits)
+    y = before.clone()
+    out, moved = banding.round_with_trits(y, 32, Band(-35, -46), trits)
+    assert torch.equal(y.view(torch.int64), before.view(torch.int64))
+    assert torch.equal(out.view(torch.int64), r.view(torch.int64)) and moved == 0
+
+
+def test_packedKernels_nonFinite_isAnErrorNamingTheOp() -> None:
+    x = torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64)
+    with pytest.raises(rounding.NonFiniteError, match=r"op #3 aten\.mm"):
+        banding.round_and_trits(x, 32, 0.25, where="step 1, op #3 aten.mm.default")
+    with pytest.raises(rounding.NonFiniteError, match=r"op #3 aten\.mm"):
+        banding.round_with_trits(
+            x, 32, Band(-35, -46), torch.ones(3, dtype=torch.uint8), where="op #3 aten.mm"
+        )
+
+
 def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")

@@ -128,6 +128,10 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
         lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
+        lib.vg_round_and_trits.restype = _I64
+        lib.vg_round_and_trits.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
+        lib.vg_round_with_trits.restype = _I64
+        lib.vg_round_with_trits.argtypes = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR]
         lib.vg_pack_trit_blocks.restype = None
         lib.vg_pack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
         lib.vg_unpack_trit_blocks.restype = _I64
@@ -208,6 +212,36 @@ def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
     if lib is None or xf.numel() == 0:
         return False
     return bool(lib.vg_round_inplace(xf.data_ptr(), xf.numel(), k0, max_finite) == 0)
+
+
+def round_and_trits(xf: Tensor, k0: int, max_finite: int, threshold: int) -> Tensor | None:
+    """Packed-log trainer kernel, **in place** on a contiguous CPU float64 tensor (or its int64 view):
+    rounds it and returns its flat uint8 trits; None, with ``xf`` untouched, when the torch kernel
+    must do it (rare lanes). ``threshold``: ``floor(tau * step)`` in float64 ulps."""
+    lib = _usable(xf)
+    if lib is None or xf.numel() == 0:
+        return None
+    trits = torch.empty(xf.numel(), dtype=torch.uint8)
+    if lib.vg_round_and_trits(xf.data_ptr(), xf.numel(), k0, max_finite, threshold, trits.data_ptr()) != 0:
+        return None
+    return trits
+
+
+def round_with_trits(xf: Tensor, p: BandParams, trits: Tensor) -> int | None:
+    """Packed-log auditor kernel, **in place** on a contiguous CPU float64 tensor (or its int64 view),
+    with the trainer's flat uint8 trits: checks the moved lanes' bands, rounds, returns how many
+    moved; None, with ``xf`` untouched, when the torch kernel must do it (rare lanes, a trit above 2,
+    a moved lane outside its band: the torch kernel words the error)."""
+    lib = _usable(xf)
+    if lib is None or xf.numel() == 0 or trits.numel() != xf.numel():
+        return None
+    if not trits.is_cpu or trits.dtype != torch.uint8 or not trits.is_contiguous():
+        return None
+    stats = np.zeros(1, dtype=np.int64)
+    moved = lib.vg_round_with_trits(
+        xf.data_ptr(), xf.numel(), p.k0, p.max_finite, p.rel, p.abs, trits.data_ptr(), stats.ctypes.data
+    )
+    return None if moved < 0 else int(moved)
 
 
 class Replay(NamedTuple):
@@ -308,8 +342,10 @@ __all__ = [
     "disabled",
     "pack_trit_blocks",
     "round_and_band",
+    "round_and_trits",
     "round_inplace",
     "round_with_entries",
+    "round_with_trits",
     "to_float32",
     "unpack_trit_blocks",
     "uvarint_decode",

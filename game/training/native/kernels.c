@@ -200,6 +200,86 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
     return 0;
 }
 
+/* Packed log, trainer, in place (rounding.round_and_log): round x to nearest (ties to even) and
+ * write a trit per lane: the value's direction, 0 (down) or 2 (up), when its distance to the chosen
+ * grid point exceeds the threshold (floor(tau * step), so |r - half| < half - threshold), else 1.
+ * Returns 0, or -1 when a lane is rare (then nothing is written). */
+VECTOR_CLONES int64_t vg_round_and_trits(int64_t *restrict x, int64_t n, int64_t k0, int64_t max_finite,
+                                         int64_t threshold, uint8_t *restrict trits) {
+    grid_t g;
+    init(&g, k0, max_finite, -60, -60, 0);
+    if (scan(x, n, &g) < 0) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = x[i];
+        int64_t r = v & (g.step - 1);
+        int64_t up = (r + (int64_t)(((uint64_t)v >> k0) & 1)) > g.half ? 1 : 0;
+        int64_t d = r - g.half;
+        d = d < 0 ? -d : d;
+        int64_t logged = d < g.half - threshold ? 1 : 0;
+        int64_t value_up = up ^ (v < 0 ? 1 : 0);
+        trits[i] = (uint8_t)(1 + logged * (2 * value_up - 1));
+        x[i] = nearest(v, &g);
+    }
+    return 0;
+}
+
+/* Whether the trit asks a lane to move (rounding._changes): it is 0 or 2, the lane is off the grid,
+ * and the asked side (bit 1 of the trit, xor the sign) is not where rounding to nearest went. */
+static inline int64_t moved_by(int64_t v, uint8_t t, const grid_t *g, int64_t *up_out) {
+    int64_t r = v & (g->step - 1);
+    int64_t up = (r + (int64_t)(((uint64_t)v >> g->k0) & 1)) > g->half ? 1 : 0;
+    int64_t logged = (t + 1) & 1;
+    int64_t want_up = (int64_t)(t >> 1) ^ (v < 0 ? 1 : 0);
+    *up_out = up;
+    return logged & (r != 0 ? 1 : 0) & (want_up ^ up);
+}
+
+/* Packed log, auditor, in place (rounding.round_with_log_changes, then banding.check_corrections):
+ * a lane the trainer's trit moves goes to the grid neighbour on the asked side, every other lane
+ * to nearest. All checks come first and read only: -1 when a lane is rare or a trit is above 2, -2
+ * with stats[0] = its position when a moved lane lies farther than 4 bands from a midpoint; nothing
+ * is written then (the caller's torch kernel words the error). Else returns how many lanes moved. */
+VECTOR_CLONES int64_t vg_round_with_trits(int64_t *restrict x, int64_t n, int64_t k0, int64_t max_finite,
+                                          int64_t rel, int64_t abs_, const uint8_t *restrict trits,
+                                          int64_t *stats) {
+    grid_t g;
+    init(&g, k0, max_finite, rel, abs_, 0);
+    int64_t top = scan(x, n, &g);
+    if (top < 0) return -1;
+    init(&g, k0, max_finite, rel, abs_, top);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= trits[i] > 2;
+    if (bad) return -1;
+    int64_t flag[BLOCK + 4];
+    int64_t moved = 0;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t len = n - b < BLOCK ? n - b : BLOCK;
+        const int64_t *xb = x + b;
+        for (int64_t i = 0; i < len; i++) {
+            int64_t up;
+            flag[i] = moved_by(xb[i], trits[b + i], &g, &up);
+        }
+        flag[len] = flag[len + 1] = flag[len + 2] = 0;
+        for (int64_t i = 0; i < len; i += 4) {
+            if (!(flag[i] | flag[i + 1] | flag[i + 2] | flag[i + 3])) continue;
+            for (int64_t k = i; k < i + 4 && k < len; k++) {
+                if (!flag[k]) continue;
+                if (dist_of(xb[k], &g) > (band_of(xb[k] & ABS_MASK, &g) << 2)) {
+                    stats[0] = b + k;
+                    return -2;
+                }
+                moved++;
+            }
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = x[i], up;
+        int64_t change = moved_by(v, trits[i], &g, &up);
+        x[i] = (v - (v & (g.step - 1))) + ((up ^ change) << k0);
+    }
+    return moved;
+}
+
 /* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 when a block of
  * lanes holds a rare lane: that block and every one after it stay untouched; the blocks before it
  * are rounded already, which is harmless (rounding is idempotent) for the caller, who then rounds
