@@ -24,7 +24,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -139,10 +139,21 @@ def _static_class(func: Any) -> OpClass | None:
 def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
     if name in kwargs:
         return kwargs[name]
-    for i, a in enumerate(func._schema.arguments):
-        if a.name == name:
-            return args[i] if i < len(args) and not a.kwarg_only else default
-    return default
+    i = _positions(func).get(name)
+    return args[i] if i is not None and i < len(args) else default
+
+
+_arg_positions: dict[int, tuple[Any, dict[str, int]]] = {}
+
+
+def _positions(func: Any) -> dict[str, int]:
+    """Positions of ``func``'s arguments that may be passed positionally (reading the schema's
+    arguments costs microseconds, and add/sub/div ask on every call)."""
+    entry = _arg_positions.get(id(func))
+    if entry is None or entry[0] is not func:
+        found = {a.name: i for i, a in enumerate(func._schema.arguments) if not a.kwarg_only}
+        entry = _arg_positions[id(func)] = (func, found)
+    return entry[1]
 
 
 def _is_big_tensor(x: Any) -> bool:
@@ -151,12 +162,41 @@ def _is_big_tensor(x: Any) -> bool:
     return isinstance(x, Tensor) and x.dim() > 0
 
 
+class _Plan(NamedTuple):
+    """What the mode needs to know of an op whatever its arguments, worked out once per overload."""
+
+    func: Any
+    name: str  # str(func): the op name in the log and in coverage sets
+    fixed: OpClass | None  # the op's class, or None when it depends on the arguments
+    written: tuple[tuple[int, str, bool], ...]  # see _written_args
+    hidden: tuple[tuple[int, ...], int] | None  # see _HIDDEN_WRITES
+
+
+#: Plans by ``id(func)``: an int key, where a dict keyed by the OpOverload itself would call its
+#: Python ``__hash__`` (some 600 ops a step, each looked up several times, made that milliseconds).
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(func: Any) -> _Plan:
+    plan = _plans.get(id(func))
+    if plan is None or plan.func is not func:  # ids of overloads are stable (their packets keep them)
+        plan = _Plan(
+            func, op_name(func), _static_class(func), _written_args(func), _HIDDEN_WRITES.get(base_name(func))
+        )
+        _plans[id(func)] = plan
+    return plan
+
+
 def classify(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> OpClass:
     """The class of one call of ``func`` (an OpOverload) with these arguments."""
-    fixed = _static_class(func)
+    fixed = _plan(func).fixed
     if fixed is not None:
         return fixed
-    kwargs = kwargs or {}
+    return _conditional_class(func, args, kwargs or {})
+
+
+def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpClass:
+    """The class of a call of one of the ``CONDITIONAL_OPS``, from its arguments."""
     name = base_name(func)
     if name in ("add", "sub", "rsub"):
         # a + alpha*b is fused (FMA) for alpha != 1: not IEEE-exact.
@@ -211,17 +251,25 @@ def op_name(func: Any) -> str:
 
 def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
     """Arguments the op mutates (schema ``(a!)`` plus known hidden writes), then its fresh outputs."""
+    return _touched(_plan(func), args, kwargs, out)
+
+
+def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
+    if not plan.written and plan.hidden is None:  # a functional op: only its fresh outputs
+        return [out] if isinstance(out, Tensor) else list(_tensors(out))
     found: list[Tensor] = []
-    for i, name, kwarg_only in _written_args(func):
+    for i, name, kwarg_only in plan.written:
         value = kwargs.get(name) if kwarg_only or name in kwargs else (args[i] if i < len(args) else None)
         found.extend(_tensors(value))
-    hidden = _HIDDEN_WRITES.get(base_name(func))
+    hidden = plan.hidden
     if hidden is not None:
         positions, training_pos = hidden
         if len(args) > training_pos and args[training_pos]:
             found.extend(t for p in positions for t in _tensors(args[p]))
     if not found:  # a functional op: its outputs are fresh tensors, distinct from each other
         return list(_tensors(out))
+    if isinstance(out, Tensor) and any(out is t for t in found):  # an in-place op returns its self
+        return found
     seen = {_key(t) for t in found}
     for t in _tensors(out):
         k = _key(t)
@@ -302,8 +350,9 @@ class RoundingMode(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        cls = classify(func, args, kwargs)
-        name = op_name(func)
+        plan = _plan(func)
+        cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
+        name = plan.name
         if name not in self.classes:
             self.classes[name] = cls
         if cls is OpClass.MOVE:
@@ -311,13 +360,13 @@ class RoundingMode(TorchDispatchMode):
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if self.mode != "plain":
-                for t in touched_tensors(func, args, kwargs, out):
+                for t in _touched(plan, args, kwargs, out):
                     if t.dtype == torch.float64:
                         rounding.round_(t, self.bits)
                         self.rounded[name] += 1
             return out
         out = self.profile.compute(func, args, kwargs)
-        for t in touched_tensors(func, args, kwargs, out):
+        for t in _touched(plan, args, kwargs, out):
             if t.dtype == torch.float64:
                 self._round_inexact(t, name)
             elif t.dtype == torch.float32 and self._noise is not None:
