@@ -23,8 +23,9 @@ from typing import Any, ClassVar
 from game.errors import ConfigError
 from game.training.bands import BandTable, load_bands, preset_bands
 
-#: Bumped whenever the meaning or layout of the canonical JSON changes.
-SPEC_FORMAT = "vgame-task-v2"
+#: Bumped whenever the meaning or layout of the canonical JSON changes, including what computation a
+#: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's.
+SPEC_FORMAT = "vgame-task-v3"
 
 #: Rounding-log formats: ``sparse`` lists only in-band values, ``packed`` a trit for every value.
 LOG_FORMATS = ("sparse", "packed")

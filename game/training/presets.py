@@ -10,8 +10,11 @@ A step, as the engine runs it::
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 
 ``loss`` runs on whatever device the model and batch are on: moving them is the engine's job.
-Optimizers are built with ``foreach=False`` and ``fused=False`` so they run one ATen op per tensor,
-which the engine intercepts and rounds one by one.
+Optimizers are built with ``foreach=True`` and ``fused=False``: each update is a handful of
+``_foreach_*`` ATen ops over the list of all tensors (on CPU a loop in C++ over per-tensor kernels),
+which the engine intercepts once each and rounds tensor by tensor. One op per tensor instead sent
+some 200 more ops a step through Python on gpt-shakespeare, about 10 ms of a 105 ms trainer step.
+A fused optimizer would do the whole update in one kernel, with no result to round in between.
 
 Initial parameters are plain float64 (not on the ``bits`` grid): rounding the step-0 state onto the
 grid is the engine's job, like every other rounding.
@@ -42,14 +45,15 @@ class Preset(ABC):
         """The model at step 0: float64 on CPU, every tensor set from ``cfg.seed``, train mode."""
 
     def build_optimizer(self, cfg: TaskConfig, model: nn.Module) -> torch.optim.Optimizer:
-        """SGD or AdamW per ``cfg.optimizer``, unfused and not foreach (one op per tensor)."""
+        """SGD or AdamW per ``cfg.optimizer``: foreach (one op per step of the update, over every
+        tensor), not fused (each step's results are rounded)."""
         if cfg.optimizer == "sgd":
             return torch.optim.SGD(
                 model.parameters(),
                 lr=cfg.lr,
                 momentum=cfg.momentum,
                 weight_decay=cfg.weight_decay,
-                foreach=False,
+                foreach=True,
                 fused=False,
             )
         if cfg.optimizer == "adamw":
@@ -65,7 +69,7 @@ class Preset(ABC):
                 lr=cfg.lr,
                 betas=cfg.betas,
                 eps=cfg.eps,
-                foreach=False,
+                foreach=True,
                 fused=False,
             )
         raise ConfigError(f"optimizer: {cfg.optimizer!r} is not supported")  # validate() prevents this

@@ -157,11 +157,11 @@ def test_gpt_isCausal() -> None:
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
-def test_optimizer_unfusedNotForeach(name: str) -> None:
+def test_optimizer_foreachNotFused(name: str) -> None:
     cfg = small_cfg(name)
     preset = get_preset(name)
     opt = preset.build_optimizer(cfg, preset.build_model(cfg))
-    assert opt.defaults["foreach"] is False
+    assert opt.defaults["foreach"] is True
     assert opt.defaults.get("fused") in (False, None)
     assert opt.defaults["lr"] == cfg.lr
 
