@@ -199,14 +199,17 @@ def test_packedAuditorKernel_equalsTorch(seed: int, bits: int, tail: str, size: 
     band = Band(-35, -46)
     x_t = torch.cat([_mixed_values(size, seed, bits), torch.tensor(TAILS[tail], dtype=torch.float64)])
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    _, trits = rounding.round_and_log(x_t, bits, 0.0)  # tau 0: every off-grid value has a direction
+    # tau 0.25 as tasks use: values within a quarter step of a grid point are "ignore", so a
+    # perturbation that carries one across its grid point does not flip the meaning of its trit
+    _, trits = rounding.round_and_log(x_t, bits, 0.25)
     got_r, got_n = banding.round_with_trits(x_a, bits, band, trits.reshape(-1))
     want_r, changed = rounding.round_with_log_changes(x_a, bits, trits)
     banding.check_corrections(x_a, bits, band, changed)
     assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64))
     assert got_n == int(changed.count_nonzero())
+    assert got_n > 0 or size < 1024  # exact ties pushed to the other side by the noise
     # the trainer's side wins: replaying its trits on its own values moves nothing
-    assert torch.equal(got_r.view(torch.int64), rounding.round_and_log(x_t, bits, 0.0)[0].view(torch.int64))
+    assert torch.equal(got_r.view(torch.int64), rounding.round_and_log(x_t, bits, 0.25)[0].view(torch.int64))
 
 
 def test_packedAuditorKernel_movedLaneOutsideTheBand_sameError_inputUntouched() -> None:

@@ -170,14 +170,32 @@ def _usable(*tensors: Tensor) -> ctypes.CDLL | None:
     return _lib if _tried else _load()
 
 
-def _positions_buffer(n: int) -> np.ndarray:
-    """Room for ``n`` positions: this thread's reusable buffer for small tensors, else a fresh one."""
+def _positions_buffer(n: int) -> tuple[Tensor, int]:
+    """Room for ``n`` positions and its address: this thread's reusable buffer for small tensors,
+    else a fresh one (the address is kept with the buffer: asking numpy or torch for it each call
+    cost microseconds)."""
     if n > _SCRATCH_MAX:
-        return np.empty(n, dtype=np.int64)  # untouched pages cost nothing
-    buf: np.ndarray | None = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < n:
-        buf = _scratch.buf = np.empty(max(n, 1 << 12), dtype=np.int64)
-    return buf
+        fresh = torch.empty(n, dtype=torch.int64)  # untouched pages cost nothing
+        return fresh, fresh.data_ptr()
+    entry: tuple[Tensor, int] | None = getattr(_scratch, "buf", None)
+    if entry is None or entry[0].numel() < n:
+        buf = torch.empty(max(n, 1 << 12), dtype=torch.int64)
+        entry = _scratch.buf = (buf, buf.data_ptr())
+    return entry
+
+
+def _stats_buffer() -> tuple[np.ndarray, int]:
+    """This thread's two int64 slots for a kernel's counts, and their address."""
+    entry: tuple[np.ndarray, int] | None = getattr(_scratch, "stats", None)
+    if entry is None:
+        stats = np.zeros(2, dtype=np.int64)
+        entry = _scratch.stats = (stats, stats.ctypes.data)
+    return entry
+
+
+#: What the trainer kernel returns for a tensor with no listed value (most of them): one shared,
+#: never written tensor instead of a new one per call.
+_NO_POSITIONS = torch.empty(0, dtype=torch.int64)
 
 
 class BandParams(NamedTuple):
@@ -197,11 +215,11 @@ def round_and_band(xf: Tensor, p: BandParams) -> Tensor | None:
     if lib is None or xf.numel() == 0:
         return None
     n = xf.numel()
-    out = _positions_buffer(n)
-    m = lib.vg_round_and_band(xf.data_ptr(), n, p.k0, p.max_finite, p.rel, p.abs, out.ctypes.data)
+    out, address = _positions_buffer(n)
+    m = lib.vg_round_and_band(xf.data_ptr(), n, p.k0, p.max_finite, p.rel, p.abs, address)
     if m < 0:
         return None
-    return torch.from_numpy(out[:m].copy())
+    return _NO_POSITIONS if m == 0 else out[:m].clone()
 
 
 def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
@@ -237,9 +255,9 @@ def round_with_trits(xf: Tensor, p: BandParams, trits: Tensor) -> int | None:
         return None
     if not trits.is_cpu or trits.dtype != torch.uint8 or not trits.is_contiguous():
         return None
-    stats = np.zeros(1, dtype=np.int64)
+    _, stats = _stats_buffer()
     moved = lib.vg_round_with_trits(
-        xf.data_ptr(), xf.numel(), p.k0, p.max_finite, p.rel, p.abs, trits.data_ptr(), stats.ctypes.data
+        xf.data_ptr(), xf.numel(), p.k0, p.max_finite, p.rel, p.abs, trits.data_ptr(), stats
     )
     return None if moved < 0 else int(moved)
 
@@ -259,10 +277,10 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
     lib = _usable(xf, positions)
     if lib is None or xf.numel() == 0:
         return None
-    stats = np.zeros(2, dtype=np.int64)
+    stats, address = _stats_buffer()
     rc = lib.vg_round_with_entries(
         xf.data_ptr(), xf.numel(), p.k0, p.max_finite, p.rel, p.abs,
-        positions.data_ptr(), positions.numel(), int(count_free), stats.ctypes.data,
+        positions.data_ptr(), positions.numel(), int(count_free), address,
     )  # fmt: skip
     if rc != 0:
         return None
