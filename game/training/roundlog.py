@@ -182,7 +182,7 @@ def pack_trits_v1(trits: torch.Tensor) -> bytes:
     return _pack5(_flat_trits(trits))
 
 
-def unpack_trits(data: bytes, count: int) -> torch.Tensor:
+def unpack_trits(data: bytes | memoryview, count: int) -> torch.Tensor:
     """Inverse of :func:`pack_trits`: ``count`` uint8 trits from exactly ``packed_size(count)`` bytes."""
     if count < 0:
         raise TritPackingError(f"trit count must be >= 0, got {count}")
@@ -219,7 +219,7 @@ def _unpack_blocks(buf: np.ndarray, blocks: int) -> np.ndarray:
     return digits[:, :GROUP_TRITS].reshape(-1)
 
 
-def _unpack5(data: bytes, count: int, byte0: int = 0, trit0: int = 0) -> np.ndarray:
+def _unpack5(data: bytes | memoryview, count: int, byte0: int = 0, trit0: int = 0) -> np.ndarray:
     """``count`` trits 5 per byte; errors count bytes from ``byte0`` and trits from ``trit0``."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.size and int(raw.max()) > MAX_BYTE:
@@ -233,7 +233,7 @@ def _unpack5(data: bytes, count: int, byte0: int = 0, trit0: int = 0) -> np.ndar
     return digits[:count]
 
 
-def unpack_trits_v1(data: bytes, count: int) -> torch.Tensor:
+def unpack_trits_v1(data: bytes | memoryview, count: int) -> torch.Tensor:
     """Inverse of :func:`pack_trits_v1`: ``count`` trits from exactly ``ceil(count / 5)`` bytes."""
     if count < 0:
         raise TritPackingError(f"trit count must be >= 0, got {count}")
@@ -402,12 +402,13 @@ class StepLog:
         if n_records * 3 > size:  # a record takes at least 3 bytes of the table
             raise ChunkFormatError(f"{where}: {n_records} records cannot fit a {size}-byte record table")
         try:
-            table = decompress(bytes(data[pos : pos + stored]), codec_name(codec_id), size)
+            codec = codec_name(codec_id)
+            table = decompress(bytes(data[pos : pos + stored]), codec, size)
             records = _parse_table(table, n_records)
         except Malformed as exc:
             raise ChunkFormatError(f"{where}: corrupt record table: {exc}") from None
         pos += stored
-        out = cls(own_step, codec=codec_name(codec_id))
+        out = cls(own_step, codec=codec)
         out._records = records
         out._trits = _split_trits(data, pos, [r.count for r in records], packed_size, unpack_trits, where)
         return out
@@ -477,7 +478,7 @@ def _split_trits(
     pos: int,
     counts: list[int],
     size_of: Callable[[int], int],
-    unpack: Callable[[bytes, int], torch.Tensor],
+    unpack: Callable[[memoryview, int], torch.Tensor],
     where: str,
 ) -> list[torch.Tensor]:
     """The trits after ``pos``, checked against the records' counts and split record by record."""
@@ -489,7 +490,7 @@ def _split_trits(
     if have > expected:
         raise ChunkFormatError(f"{where}: {have - expected} trailing bytes after {total} trits")
     try:
-        trits = unpack(bytes(data[pos:]), total)
+        trits = unpack(memoryview(data)[pos:], total)  # a view: the trits are most of the chunk
     except TritPackingError as exc:
         raise ChunkFormatError(f"{where}: corrupt trit bytes: {exc}") from exc
     return list(torch.split(trits, counts)) if counts else []

@@ -341,12 +341,12 @@ def test_structuralCorruption_givesClearErrors() -> None:
     stored[count_pos + 9 : count_pos + 13] = struct.pack("<I", 10**6)
     with pytest.raises(ChunkFormatError, match="truncated in its record table"):
         StepLog.decode(bytes(stored), step=5, spec_hash=SPEC)
-    # The last record's count (250 = varint e6 01) made 2^60: the trits cannot be there.
+    # The last record's count (250 = varint fa 01) made a varint that never ends: the table is short.
     table_size = struct.unpack_from("<I", data, count_pos + 5)[0]
     big = bytearray(data)
     end = table_pos + table_size
     assert big[end - 2 : end] == bytes([0xFA, 0x01])
-    big[end - 2 : end] = bytes([0x80, 0x80])  # 0x80 0x80 ... needs more bytes: the table is short
+    big[end - 2 : end] = bytes([0x80, 0x80])
     with pytest.raises(ChunkFormatError, match="corrupt record table: truncated"):
         StepLog.decode(bytes(big), step=5, spec_hash=SPEC)
     bad_trit = bytearray(data)
