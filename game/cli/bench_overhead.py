@@ -37,6 +37,10 @@ def overhead(
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Trainer's log format: sparse (default) or packed.")
     ] = None,
+    profile: Annotated[
+        str,
+        typer.Option("--profile", help="Hardware profile all four variants run on: cpu-1t, cpu-2t or cuda."),
+    ] = "cpu-1t",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
@@ -54,11 +58,16 @@ def overhead(
             overrides["log_format"] = log_format
         cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
-            report = measure_overhead(cfg, steps=steps, repeats=repeats, warmup=warmup)
+            report = measure_overhead(cfg, steps=steps, repeats=repeats, warmup=warmup, profile=profile)
         else:
             with console.status("measuring overhead") as status:
                 report = measure_overhead(
-                    cfg, steps=steps, repeats=repeats, warmup=warmup, progress=lambda m: status.update(m)
+                    cfg,
+                    steps=steps,
+                    repeats=repeats,
+                    warmup=warmup,
+                    profile=profile,
+                    progress=lambda m: status.update(m),
                 )
     except VGameError as exc:
         raise fail(exc) from None

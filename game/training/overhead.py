@@ -1,7 +1,8 @@
 """Per-step cost of verifiable training against plain training (issue 5, item 1).
 
 Four variants of the same task run side by side in one process, each on its own state, on one
-fixed profile (``cpu-1t``), so the ratios compare like with like:
+fixed profile (``cpu-1t`` unless another is named, e.g. ``cuda``), so the ratios compare like with
+like:
 
 * ``fp32``: plain float32 training (the model in float32, no rounding, no log);
 * ``fp64``: plain float64 training (same model, same data order, no rounding);
@@ -16,7 +17,8 @@ the step so none always runs first), so drifts of the machine's speed hit all fo
 first ``warmup`` steps of each repeat are not timed. Medians over every timed step of every
 repeat are reported; ratios are ratios of those medians. Caveat: :meth:`StepEngine.run_step`
 hashes the float32 state too (it has canonical bytes), so the ``fp32`` baseline includes one
-state hash per step.
+state hash per step. On a CUDA profile the device is synchronised before and after every timed
+step, so a step's time includes its kernels, not only their launch.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from game.errors import TrainingError
 from game.training.config import TaskConfig
-from game.training.profiles import get_profile
+from game.training.profiles import Profile, get_profile
 from game.training.roundlog import LogReader, LogWriter
 from game.training.state import TrainState
 from game.training.step import StepEngine
@@ -41,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The variants, in the order they are reported.
 VARIANTS: tuple[str, ...] = ("fp32", "fp64", "trainer", "auditor")
-#: The profile every variant runs on.
+#: The profile every variant runs on unless another is named.
 OVERHEAD_PROFILE = "cpu-1t"
 #: Paper (seed, ANCHORS.md): trainer and auditor time over plain training (ResNet-50, GPT-2).
 PAPER_TRAINER = (1.17, 1.38)
@@ -114,10 +118,10 @@ class OverheadReport:
 class _Variants:
     """The four states and the work of one step of each; built fresh for every repeat."""
 
-    def __init__(self, cfg: TaskConfig, workdir: Path) -> None:
+    def __init__(self, cfg: TaskConfig, workdir: Path, profile: Profile) -> None:
         self.cfg = cfg
         self.spec = cfg.spec_hash()
-        self.engine = StepEngine(cfg, get_profile(OVERHEAD_PROFILE))
+        self.engine = StepEngine(cfg, profile)
         self.states: dict[str, TrainState] = {
             "fp32": self.engine.init_state(precision="fp32"),
             "fp64": self.engine.init_state(),
@@ -152,20 +156,30 @@ def measure_overhead(
     steps: int = 5,
     repeats: int = 3,
     warmup: int = 1,
+    profile: str = OVERHEAD_PROFILE,
     progress: ProgressFn | None = None,
 ) -> OverheadReport:
     """Time ``steps`` steps (after ``warmup`` untimed ones) of all four variants, ``repeats`` times."""
     if steps < 1 or repeats < 1 or warmup < 0:
         raise TrainingError("overhead: steps and repeats must be >= 1 and warmup >= 0")
+    prof = get_profile(profile)
+    if prof.emulates:
+        raise TrainingError(
+            f"overhead: profile {profile!r} emulates other hardware in Python; time a real one "
+            "(cpu-1t, cpu-2t or cuda)"
+        )
+    sync = torch.cuda.synchronize if prof.device.startswith("cuda") else _no_sync
     cfg = cfg.replace(steps=max(cfg.steps, warmup + steps))
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(repeats):
         with tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp:
-            variants = _Variants(cfg, Path(tmp))
+            variants = _Variants(cfg, Path(tmp), prof)
             for step in range(1, warmup + steps + 1):
                 for name in _step_order(step):
+                    sync()
                     t0 = time.perf_counter()
                     variants.run(name, step)
+                    sync()
                     dt = time.perf_counter() - t0
                     if step > warmup:
                         samples[name].append(dt)
@@ -175,7 +189,7 @@ def measure_overhead(
     log.info("overhead %s: medians %s", cfg.preset, medians)
     return OverheadReport(
         preset=cfg.preset,
-        profile=OVERHEAD_PROFILE,
+        profile=prof.name,
         steps=steps,
         warmup=warmup,
         repeats=repeats,
@@ -183,6 +197,10 @@ def measure_overhead(
         samples=samples,
         config=cfg.to_dict(),
     )
+
+
+def _no_sync() -> None:
+    """A CPU profile's steps are done when they return."""
 
 
 def _step_order(step: int) -> list[str]:

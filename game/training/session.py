@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from game.errors import RoundingLogError, TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
@@ -413,11 +415,13 @@ def run_step_from_bytes(cfg: TaskConfig, pre_state: bytes, chunk: bytes, step: i
 
 
 def _weights_distance(a: TrainState, b: TrainState) -> float:
-    """L2 distance over all parameters (float64 accumulation of float64 differences)."""
+    """L2 distance over all parameters (float64 accumulation of float64 differences); the two states
+    may live on different devices (a CPU trainer, a CUDA auditor)."""
     total = 0.0
     pa, pb = a.parameters(), b.parameters()
     for name, ta in pa.items():
-        d = (ta.detach().double() - pb[name].detach().double()).reshape(-1)
+        tb = pb[name].detach().to(device=ta.device, dtype=torch.float64)
+        d = (ta.detach().double() - tb).reshape(-1)
         total += float((d * d).sum())
     return math.sqrt(total)
 

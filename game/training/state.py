@@ -171,9 +171,9 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
         if fast is not None:  # the C kernel: one pass, no float64 copy
             yield fast[0].astype("<f4", copy=False).data.cast("B")
             continue
-        if t.dtype == torch.float64:
-            p32 = part.to(device="cpu", dtype=torch.float32)
-            if not torch.equal(p32.to(torch.float64), part.cpu()):
+        if t.dtype == torch.float64:  # checked where the tensor lives: only float32 reaches the host
+            p32 = part.to(torch.float32)
+            if not torch.equal(p32.to(torch.float64), part):
                 raise OffGridError(
                     f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
                 )

@@ -67,6 +67,25 @@ def test_bench_overhead_json_has_the_documented_keys() -> None:
     assert doc["ratios"]["trainer_over_fp64"] == pytest.approx(m["trainer"] / m["fp64"])
 
 
+def test_overhead_onAnotherProfile_reportsIt() -> None:
+    report = measure_overhead(tiny("mlp-digits"), steps=1, repeats=1, warmup=0, profile="cpu-2t")
+    assert report.to_dict()["profile"] == "cpu-2t"
+
+
+@pytest.mark.parametrize("profile", ["noisy", "splitk-16"])
+def test_overhead_onAnEmulatingProfile_refusesToTimeIt(profile: str) -> None:
+    """Emulation runs in Python: its times say nothing about any machine."""
+    with pytest.raises(TrainingError, match="emulates"):
+        measure_overhead(tiny("mlp-digits"), steps=1, profile=profile)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_overhead_onCuda_timesEveryVariant() -> None:
+    doc = measure_overhead(tiny("gpt-shakespeare"), steps=1, repeats=1, warmup=1, profile="cuda").to_dict()
+    assert doc["profile"] == "cuda" and doc["samples"] == {v: 1 for v in VARIANTS}
+
+
 @pytest.fixture(scope="module")
 def log_rows() -> list[dict[str, Any]]:
     return [row.to_dict() for row in measure_log_size(tiny("gpt-shakespeare"), (32, 26), steps=2)]

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from game.errors import TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
-from game.training.session import audit, replay_step, train
+from game.training.session import SERIES_FP32, SERIES_LOG, SERIES_ROUND, audit, divergence, replay_step, train
 from game.training.transcript import CHECKPOINT_DIR_NAME, LEAVES_NAME, LOG_DIR_NAME, Transcript
 
 STEPS = 6
@@ -155,3 +156,14 @@ def test_altered_checkpoint_is_refused_naming_it(transcript: Path, tmp_path: Pat
     with pytest.raises(TranscriptError, match=r"state-000000002\.bin does not hash to leaf 2"):
         replay_step(copy, 3, "cpu-1t")
     assert replay_step(copy, 5, "cpu-1t").matches_transcript  # other checkpoints are still usable
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_divergence_cpuTrainerCudaAuditor_withLogNeverApart() -> None:
+    """The two parties' states live on different devices; with the log they are equal after every
+    step, the point of the whole system on real hardware."""
+    res = divergence(tiny("gpt-shakespeare"), STEPS, "cpu-1t", "cuda")
+    assert set(res.series) == {SERIES_FP32, SERIES_ROUND, SERIES_LOG}
+    assert all(len(v) == STEPS + 1 for v in res.series.values())
+    assert res.series[SERIES_LOG] == [0.0] * (STEPS + 1)
