@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import struct
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -202,15 +203,37 @@ def _top(x: Tensor, top: float | None, where: str | None = None) -> tuple[float,
     return top, top_binade(rounding._int_view(x).reshape(-1))
 
 
-def _fused_buffer(x: Tensor, in_place: bool) -> Tensor | None:
-    """The float64 tensor the C kernels round in place: ``x`` itself when asked and contiguous, else a
-    contiguous copy; None when they cannot run here (not CPU float64, empty, not loaded). No views:
-    each costs microseconds, on some 400 tensors a step."""
-    if not x.is_cpu or x.dtype != torch.float64 or x.numel() == 0 or not native.available():
+def _fused_buffer(x: Tensor, in_place: bool, *, cuda: bool = False) -> Tensor | None:
+    """The float64 tensor the fused kernels round in place: ``x`` itself when asked and contiguous,
+    else a contiguous copy; None when they cannot run here (not float64, empty, no kernels for its
+    device: the C ones on CPU, the Triton ones on CUDA where ``cuda`` says the caller has them). No
+    views: each costs microseconds, on some 400 tensors a step."""
+    if x.dtype != torch.float64 or x.numel() == 0:
+        return None
+    if x.is_cpu:
+        if not native.available():
+            return None
+    elif not (cuda and x.is_cuda and _cuda_kernels() is not None):
         return None
     if in_place and x.is_contiguous():
         return x
     return x.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _cuda_kernels() -> ModuleType | None:
+    """:mod:`game.training.cuda_kernels` when Triton is there (imported on the first CUDA tensor)."""
+    from game.training import cuda_kernels
+
+    return cuda_kernels if cuda_kernels.available() else None
+
+
+def _kernels_for(buf: Tensor) -> ModuleType:
+    """The module whose kernels take ``buf`` (one :func:`_fused_buffer` returned)."""
+    if buf.is_cpu:
+        return native
+    kernels = _cuda_kernels()
+    assert kernels is not None  # _fused_buffer returned a CUDA tensor only with them
+    return kernels
 
 
 def _neighbours(xf: Tensor, positions: Tensor, bits: int) -> tuple[Tensor, Tensor]:
@@ -261,12 +284,14 @@ def round_and_band(
     rounding midpoint that round to the odd neighbour; everything else the auditor rounds the same
     way without being told (see the module docstring). ``top``: ``max |x|`` when known;
     ``in_place``: the result may be ``x`` itself; ``where``: the op, for the non-finite error.
-    On CPU the C kernel (:mod:`game.training.native`) does it in two passes.
+    On CPU the C kernel (:mod:`game.training.native`) does it in two passes, on CUDA the Triton ones
+    (:mod:`game.training.cuda_kernels`).
     """
     g = rounding._grid(bits)
-    buf = _fused_buffer(x, in_place)
+    buf = _fused_buffer(x, in_place, cuda=True)
     if buf is not None:
-        positions = native.round_and_band(buf, native.BandParams(g.k0, g.max_finite, band.rel, band.abs))
+        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        positions = _kernels_for(buf).round_and_band(buf, params)
         if positions is not None:
             return buf, positions
     xf = rounding._int_view(x).reshape(-1)
@@ -346,16 +371,17 @@ def round_with_entries(
     Raises :class:`BandViolation` on an entry out of range, out of order or outside ``16 B``.
     ``count_free`` also counts the values a dishonest trainer could have sent either way (for the
     docs' "bits of freedom"; one more pass). ``top``, ``in_place``, ``where``: as
-    :func:`round_and_band`; on CPU the C kernel does it in two passes.
+    :func:`round_and_band`; on CPU the C kernel does it in two passes, on CUDA the Triton ones.
     """
-    pos = positions.to(device=x.device, dtype=torch.int64)
     g = rounding._grid(bits)
-    buf = _fused_buffer(x, in_place)
-    if buf is not None:  # the C kernel checks the entries before it writes; the torch path words errors
+    buf = _fused_buffer(x, in_place, cuda=True)
+    if buf is not None:  # the fused kernels check the entries before they write; the torch path words errors
         params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
-        fused = native.round_with_entries(buf, params, pos.contiguous(), count_free)
+        listed = positions.to(dtype=torch.int64).contiguous()  # where the log was decoded: the host
+        fused = _kernels_for(buf).round_with_entries(buf, params, listed, count_free)
         if fused is not None:
             return Replayed(buf, fused.corrections, fused.free)
+    pos = positions.to(device=x.device, dtype=torch.int64)
     if pos.numel() > 1 and not bool((pos[1:] > pos[:-1]).all()):
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")

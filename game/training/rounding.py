@@ -336,16 +336,16 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
 
     A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
     copy back); other layouts go through :func:`rnd` and ``copy_``. On CPU the C kernel
-    (:mod:`game.training.native`) does it in one pass; elsewhere, on the float32 grid, the hardware
-    conversion (:func:`fast_float32`).
+    (:mod:`game.training.native`) does it in one pass, on CUDA a Triton kernel
+    (:mod:`game.training.cuda_kernels`); elsewhere, on the float32 grid, the hardware conversion
+    (:func:`fast_float32`).
     """
     g = _grid(bits)
-    if (
-        isinstance(x, torch.Tensor)
-        and x.dtype == torch.float64
-        and native.round_inplace(x, g.k0, g.max_finite)
-    ):
-        return x  # one pass in C (CPU, contiguous, no rare lanes)
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        if native.round_inplace(x, g.k0, g.max_finite):
+            return x  # one pass in C (CPU, contiguous, no rare lanes)
+        if x.is_cuda and _cuda_round_inplace(x, g):
+            return x  # one Triton kernel (CUDA, contiguous, no rare lanes)
     xi = _int_view(x)
     if fast_float32(x, bits, top):
         xd = x.detach()
@@ -367,6 +367,13 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     if rare is not None and fix is not None:
         xf.index_copy_(0, rare, fix)
     return x
+
+
+def _cuda_round_inplace(x: torch.Tensor, g: _Grid) -> bool:
+    """:func:`game.training.cuda_kernels.round_inplace` when Triton is there (imported on first use)."""
+    from game.training import cuda_kernels
+
+    return cuda_kernels.round_inplace(x, g.k0, g.max_finite)
 
 
 def log_threshold(bits: int, tau: float) -> int:
