@@ -50,6 +50,7 @@ class OverheadPoint:
     ratios: dict[str, float]  # trainer_over_fp64, auditor_over_fp64
     bands: dict[str, Band]
     source: Path
+    label: str = ""  # the preset, and what differs from the default run (packed log, a GPU)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,18 @@ def read_overhead(path: Path) -> OverheadPoint:
             raise BenchFileError(f"{path}: targets.{name}.paper must be a [low, high] pair")
         lo, hi = (_require(path, f"targets.{name}.paper", v) for v in paper)
         bands[name] = Band((lo, hi), _require(path, f"targets.{name}.target", t.get("target")))
-    return OverheadPoint(preset, ratios, bands, Path(path))
+    return OverheadPoint(preset, ratios, bands, Path(path), _overhead_label(preset, doc))
+
+
+def _overhead_label(preset: str, doc: dict[str, Any]) -> str:
+    """The axis label: the preset, a line for a packed log, a line for a profile other than cpu-1t."""
+    lines = [preset]
+    if _obj(doc.get("config")).get("log_format") == "packed":
+        lines.append("packed log")
+    profile = doc.get("profile")
+    if isinstance(profile, str) and profile != "cpu-1t":
+        lines.append(f"on {profile}")
+    return "\n".join(lines)
 
 
 def _bpv_fields(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -183,7 +195,7 @@ def _draw_overhead(ax: Any, points: Sequence[OverheadPoint]) -> None:
             ax.axhline(band.target, color=colours[name], linewidth=1.3, linestyle="--", zorder=3,
                        label=f"target {who[name]} <= {band.target:.2f}x")  # fmt: skip
     ax.axhline(1.0, color="grey", linewidth=0.6, zorder=1)
-    ax.set_xticks(list(xs), _unique_labels([p.preset for p in points]))
+    ax.set_xticks(list(xs), _unique_labels([p.label or p.preset for p in points]), fontsize=8)
     ax.set_xlim(-0.5, len(points) - 0.5)
     ax.set_ylim(0, max(max(p.ratios.values()) for p in points) * 1.45)
     ax.set_ylabel("time per step / plain float64")
@@ -210,7 +222,7 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
             paper, color="black", linewidth=1.0, linestyle="--", zorder=3, label=f"paper packed {paper:g}"
         )
     names = _unique_labels([p.preset if p.bits is None else f"{p.preset}\nb={p.bits}" for p in points])
-    ax.set_xticks(list(xs), names, fontsize=7)
+    ax.set_xticks(list(xs), names, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     ax.set_xlim(-0.5, len(points) - 0.5)
     ax.set_yscale("log")
     lo, hi = min(values + papers), max(values + papers)

@@ -17,6 +17,8 @@ a CUDA tensor).
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from typing import Any
 
@@ -24,6 +26,8 @@ import torch
 from torch import Tensor
 
 from game.training.native import BandParams, Replay
+
+log = logging.getLogger(__name__)
 
 #: Lanes per Triton program.
 BLOCK = 1024
@@ -191,15 +195,25 @@ def available() -> bool:
 
 def usable(x: Tensor) -> bool:
     """Whether a tensor is theirs: float64 (or its int64 view), contiguous, not empty, on a CUDA
-    device, or anywhere while Triton's interpreter runs (tests)."""
-    on_device = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    return (
-        on_device
-        and x.dtype in (torch.float64, torch.int64)
-        and x.is_contiguous()
-        and x.numel() > 0
-        and available()
-    )
+    device Triton supports, or anywhere while Triton's interpreter runs (tests)."""
+    if x.dtype not in (torch.float64, torch.int64) or not x.is_contiguous() or x.numel() == 0:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return available()
+    return x.is_cuda and available() and _supported(x.device.index or 0)
+
+
+@functools.cache
+def _supported(index: int) -> bool:
+    """Whether Triton compiles for this GPU: NVIDIA from compute capability 7.0 on (the bound torch's
+    own compiler checks), and AMD (torch's ROCm builds, where ``is_cuda`` holds too). Older cards
+    keep the torch kernels."""
+    if torch.version.hip is not None:
+        return True
+    ok = torch.cuda.get_device_capability(index) >= (7, 0)
+    if not ok:
+        log.info("cuda:%d is older than compute capability 7.0: the torch rounding kernels run", index)
+    return ok
 
 
 def _grid(n: int) -> tuple[int]:

@@ -75,6 +75,27 @@ def test_readOverhead_ratiosAndBandsFromTheFile(tmp_path: Path) -> None:
     assert point.bands["auditor_over_fp64"].target == 1.25
 
 
+@pytest.mark.parametrize(
+    ("profile", "log_format", "label"),
+    [
+        ("cpu-1t", "sparse", "gpt-shakespeare"),
+        ("cpu-1t", "packed", "gpt-shakespeare\npacked log"),
+        ("cuda", "sparse", "gpt-shakespeare\non cuda"),
+        ("cuda", "packed", "gpt-shakespeare\npacked log\non cuda"),
+    ],
+)
+def test_readOverhead_labelSaysWhatDiffersFromTheDefaultRun(
+    tmp_path: Path, profile: str, log_format: str, label: str
+) -> None:
+    """Two runs of one preset (a packed log, a GPU) must not share a bar label."""
+    doc = {
+        **overhead_doc("gpt-shakespeare", 2.0, 2.0),
+        "profile": profile,
+        "config": {"log_format": log_format},
+    }
+    assert read_overhead(write(tmp_path / "oh.json", doc)).label == label
+
+
 def test_plot_bothPanels_writesNonEmptyPng(tmp_path: Path) -> None:
     overhead = [
         read_overhead(write(tmp_path / f"oh-{p}.json", overhead_doc(p, t, a)))
