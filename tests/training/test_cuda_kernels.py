@@ -11,13 +11,12 @@ import os
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from game.training import banding, native, rounding
 from game.training.bands import Band
 
 from .test_banding import _mixed_values, _perturb
-from .test_native import TAILS, _values
+from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -45,14 +44,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    bits=st.sampled_from([32, 28, 26, 16]),
-    rel=st.integers(-48, -20),
-    gap=st.integers(0, 20),
-    tail=st.sampled_from(sorted(TAILS)),
-    scale=st.sampled_from([1.0, -3.0, 2.0**-60, 2.0**40]),
-)
+@given(**TRAINER_CASES)
 def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tail: str, scale: float) -> None:
     band = Band(rel, max(rel - gap, -60))
     x = _values(seed, bits, tail, scale)
@@ -68,13 +60,7 @@ def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tai
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    bits=st.sampled_from([32, 28, 26]),
-    tail=st.sampled_from(sorted(TAILS)),
-    extra=st.integers(0, 20),
-    count_free=st.booleans(),
-)
+@given(**AUDITOR_CASES)
 def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, count_free: bool) -> None:
     x_t = _values(seed, bits, tail, 1.0)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)

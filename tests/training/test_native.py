@@ -24,6 +24,26 @@ TAILS = {
 }
 
 
+#: The trainer kernels' cases (here the C ones, in test_cuda_kernels the Triton ones): the grid, a
+#: band, lanes near midpoints and rare tails, at scales from the subnormal range to far above one.
+TRAINER_CASES = {
+    "seed": st.integers(0, 2**31 - 1),
+    "bits": st.sampled_from([32, 28, 26, 16]),
+    "rel": st.integers(-48, -20),
+    "gap": st.integers(0, 20),
+    "tail": st.sampled_from(sorted(TAILS)),
+    "scale": st.sampled_from([1.0, -3.0, 2.0**-60, 2.0**40]),
+}
+#: The auditor kernels' cases: an honest log plus up to ``extra`` of the trainer's free choices.
+AUDITOR_CASES = {
+    "seed": st.integers(0, 2**31 - 1),
+    "bits": st.sampled_from([32, 28, 26]),
+    "tail": st.sampled_from(sorted(TAILS)),
+    "extra": st.integers(0, 20),
+    "count_free": st.booleans(),
+}
+
+
 def _values(seed: int, bits: int, tail: str, scale: float) -> torch.Tensor:
     x = _mixed_values(1500, seed, bits) * scale
     return torch.cat([x, torch.tensor(TAILS[tail], dtype=torch.float64)])
@@ -36,14 +56,7 @@ def test_available_whereACompilerIs() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    bits=st.sampled_from([32, 28, 26, 16]),
-    rel=st.integers(-48, -20),
-    gap=st.integers(0, 20),
-    tail=st.sampled_from(sorted(TAILS)),
-    scale=st.sampled_from([1.0, -3.0, 2.0**-60, 2.0**40]),
-)
+@given(**TRAINER_CASES)
 def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tail: str, scale: float) -> None:
     band = Band(rel, max(rel - gap, -60))
     x = _values(seed, bits, tail, scale)
@@ -60,13 +73,7 @@ def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tai
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    bits=st.sampled_from([32, 28, 26]),
-    tail=st.sampled_from(sorted(TAILS)),
-    extra=st.integers(0, 20),
-    count_free=st.booleans(),
-)
+@given(**AUDITOR_CASES)
 def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, count_free: bool) -> None:
     band = Band(-35, -46)
     x_t = _values(seed, bits, tail, 1.0)
