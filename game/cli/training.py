@@ -127,9 +127,12 @@ def profiles_cmd(as_json: JsonOpt = False) -> None:
     table = Table(title="hardware profiles")
     table.add_column("name", style="bold")
     table.add_column("available")
+    table.add_column("rounding kernels")
     table.add_column("description")
     for row in rows:
-        table.add_row(row["name"], "yes" if row["available"] else "no", row["description"])
+        table.add_row(
+            row["name"], "yes" if row["available"] else "no", row["rounding_kernels"], row["description"]
+        )
     console.print(table)
 
 
@@ -137,6 +140,7 @@ def _profile_row(profile: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": str(profile["name"]),
         "available": bool(profile["available"]),
+        "rounding_kernels": str(profile["rounding_kernels"]),
         "description": str(profile["description"]),
     }
 

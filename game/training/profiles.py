@@ -46,7 +46,7 @@ class Profile:
     description: str
     device: str = "cpu"  # torch device of model, optimizer and batch
     threads: int | None = None  # torch intra-op threads while the profile is applied; None: leave as is
-    split_k: int | None = None  # chunk length of emulated split-K reductions; None: native kernels
+    split_k: int | None = None  # chunk length of emulated split-K reductions; None: torch's own op kernels
     noise: float = 0.0  # bound of the relative perturbation of inexact results; 0: none
     noise_seed: int | None = None  # seed of the perturbation; None: fresh randomness per generator
 
@@ -55,6 +55,20 @@ class Profile:
         if self.device.startswith("cuda"):
             return bool(torch.cuda.is_available())
         return True
+
+    def rounding_kernels(self) -> str:
+        """Which kernels round this profile's tensors: ``c`` (CPU, compiled on first use), ``triton``
+        (CUDA), ``torch`` (the reference kernels, everywhere), or ``none`` when it cannot run here."""
+        if not self.available():
+            return "none"
+        if self.device.startswith("cuda"):
+            from game.training import cuda_kernels
+
+            probe = torch.empty(1, dtype=torch.float64, device=self.device)
+            return "triton" if cuda_kernels.usable(probe) else "torch"
+        from game.training import native
+
+        return "c" if native.available() else "torch"
 
     @property
     def emulates(self) -> bool:
@@ -247,8 +261,8 @@ _SPLITK: dict[Any, _SplitK] = {
 _PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("cpu-1t", "CPU, 1 torch thread (native kernels)", threads=1),
-        Profile("cpu-2t", "CPU, 2 torch threads (native kernels, parallel reductions)", threads=2),
+        Profile("cpu-1t", "CPU, 1 torch thread", threads=1),
+        Profile("cpu-2t", "CPU, 2 torch threads (parallel reductions)", threads=2),
         Profile(
             "splitk-16", "CPU, matmul/conv reductions summed in chunks of 16 (emulated GPU tiles)", split_k=16
         ),
@@ -260,7 +274,7 @@ _PROFILES: dict[str, Profile] = {
             "CPU, every inexact float64 result perturbed by a random relative 2^-40 (stress)",
             noise=DEFAULT_NOISE,
         ),
-        Profile("cuda", "CUDA GPU (native kernels)", device="cuda"),
+        Profile("cuda", "CUDA GPU, cuDNN off (its BatchNorm is another op sequence)", device="cuda"),
     )
 }
 
@@ -276,9 +290,15 @@ def get_profile(name: str) -> Profile:
 
 
 def list_profiles() -> list[dict[str, Any]]:
-    """Every profile as ``{name, description, available}`` (for ``vgame profiles``)."""
+    """Every profile as ``{name, description, available, rounding_kernels}`` (for ``vgame profiles``)."""
     return [
-        {"name": p.name, "description": p.description, "available": p.available()} for p in _PROFILES.values()
+        {
+            "name": p.name,
+            "description": p.description,
+            "available": p.available(),
+            "rounding_kernels": p.rounding_kernels(),
+        }
+        for p in _PROFILES.values()
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from game.errors import ConfigError
+from game.training import native
 from game.training.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 
 aten = torch.ops.aten
@@ -23,10 +24,20 @@ def test_listProfiles_describesEveryProfile() -> None:
     assert [r["name"] for r in rows] == list(PROFILE_NAMES)
     assert {"cpu-1t", "cpu-2t", "splitk-16", "splitk-64", "noisy", "cuda"} <= set(PROFILE_NAMES)
     for r in rows:
-        assert set(r) == {"name", "description", "available"} and r["description"]
+        assert set(r) == {"name", "description", "available", "rounding_kernels"} and r["description"]
     by_name = {r["name"]: r for r in rows}
     assert by_name["cuda"]["available"] == torch.cuda.is_available()
     assert by_name["cpu-1t"]["available"]
+
+
+def test_roundingKernels_sayWhichRun() -> None:
+    """CPU profiles: the C kernels where they load, else torch; CUDA: Triton where it compiles."""
+    cpu = "c" if native.available() else "torch"
+    assert {get_profile(n).rounding_kernels() for n in ("cpu-1t", "cpu-2t", "noisy")} == {cpu}
+    with native.disabled():
+        assert get_profile("cpu-1t").rounding_kernels() == "torch"
+    cuda = get_profile("cuda").rounding_kernels()
+    assert cuda in (("triton", "torch") if torch.cuda.is_available() else ("none",))
 
 
 def test_apply_setsThreadsAndRestores() -> None:
