@@ -2,8 +2,8 @@
 
 On a GPU the torch kernels of :mod:`game.training.banding` cost some 30 launches and several host
 synchronisations per rounded tensor; measured on an H100, a gpt-shakespeare trainer step took 304
-ms against 26 ms of plain float64 training. These kernels do a tensor in three launches and one or
-two synchronisations. They compute bit for bit what the C kernels compute (integer arithmetic on
+ms against 26 ms of plain float64 training. These kernels do a tensor in two to five launches and
+one synchronisation (two when the trainer lists values). They compute bit for bit what the C kernels compute (integer arithmetic on
 the int64 patterns of float64 values, the same formulas, see the C file's header) and, like them,
 handle the common lanes only: when a tensor holds a rare lane (the float32-subnormal range, past the
 grid's range, inf, NaN) they write nothing and return None or False, and the caller takes the torch
