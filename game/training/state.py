@@ -9,6 +9,7 @@ bytes *are* the checkpoint format: a judge verifies a pre-state by hashing the f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import struct
@@ -92,18 +93,25 @@ def _param_names(model: nn.Module) -> dict[int, str]:
 
 
 def _persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """Buffers that are part of ``state_dict`` (non-persistent ones are constants, not state)."""
-    params = {id(p) for p in model.parameters()}
-    return {
-        name: t
-        for name, t in model.state_dict(keep_vars=True).items()
-        if id(t) not in params and isinstance(t, Tensor)
-    }
+    """Buffers that are part of ``state_dict`` (non-persistent ones are constants, not state), in
+    ``named_buffers`` order, read from each module's own table (building ``state_dict`` costs a
+    walk of every module and a dict per module, on every state hash)."""
+    out: dict[str, Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):  # as state_dict walks
+        skip = module._non_persistent_buffers_set
+        for name, t in module._buffers.items():
+            if t is not None and name not in skip:
+                out[f"{prefix}.{name}" if prefix else name] = t
+    return out
 
 
 def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
     """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state."""
-    names = _param_names(state.model)
+    return _optimizer_tensors(state, _param_names(state.model))
+
+
+def _optimizer_tensors(state: TrainState, names: dict[int, str]) -> dict[str, Tensor]:
+    """:func:`optimizer_state_tensors` with the parameters' names (by ``id``) already known."""
     out: dict[str, Tensor] = {}
     for p, entries in state.optimizer.state.items():
         pname = names.get(id(p))
@@ -123,11 +131,13 @@ def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
 def state_tensors(state: TrainState) -> dict[str, Tensor]:
     """Every tensor of the state by canonical name, sorted."""
     out: dict[str, Tensor] = {}
+    names: dict[int, str] = {}
     for name, p in state.model.named_parameters():
         out[f"param/{name}"] = p
+        names[id(p)] = name
     for name, b in _persistent_buffers(state.model).items():
         out[f"buffer/{name}"] = b
-    out.update(optimizer_state_tensors(state))
+    out.update(_optimizer_tensors(state, names))
     return dict(sorted(out.items()))
 
 
@@ -159,6 +169,11 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
     """A tensor's canonical values (little-endian), a slice at a time (no second copy of the whole
     tensor is made on the way to the hash)."""
     t = t.detach()
+    if t.is_cpu and t.dtype in (torch.float32, torch.int64) and t.numel() <= _SLICE:
+        # small exact tensors (an optimizer's step counters, BatchNorm's count): no slicing
+        arr = np.ascontiguousarray(t.numpy().reshape(-1))
+        yield arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False).data.cast("B")
+        return
     if t.dtype == torch.bfloat16:
         yield t.cpu().contiguous().view(torch.int16).numpy().astype("<i2").data.cast("B")
         return
@@ -182,6 +197,21 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
         yield arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False).data.cast("B")
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _header(name: str, tag: str, shape: tuple[int, ...]) -> bytes:
+    """A tensor's header in the canonical bytes: its name, dtype tag and shape (the same every step,
+    so built once)."""
+    raw_name = name.encode("utf-8")
+    return (
+        struct.pack("<H", len(raw_name))
+        + raw_name
+        + struct.pack("<B", len(tag))
+        + tag.encode("ascii")
+        + struct.pack("<B", len(shape))
+        + struct.pack(f"<{len(shape)}Q", *shape)
+    )
+
+
 def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
     """The canonical bytes (docs/architecture.md) in pieces: header, then every tensor in sorted
     name order. Hashing the pieces as they come costs no copy of the state."""
@@ -198,15 +228,7 @@ def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
         tag = _TAGS.get(t.dtype)
         if tag is None:
             raise TrainingError(f"state tensor {name} has unsupported dtype {t.dtype}")
-        raw_name = name.encode("utf-8")
-        yield (
-            struct.pack("<H", len(raw_name))
-            + raw_name
-            + struct.pack("<B", len(tag))
-            + tag.encode("ascii")
-            + struct.pack("<B", t.dim())
-            + struct.pack(f"<{t.dim()}Q", *t.shape)
-        )
+        yield _header(name, tag, tuple(t.shape))
         values = ready.get(name)
         if values is not None:
             yield values.astype("<f4", copy=False).data.cast("B")

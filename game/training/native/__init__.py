@@ -301,7 +301,8 @@ def to_float32(tensors: list[Tensor]) -> list[np.ndarray] | None:
     out = np.empty(int(counts.sum()), dtype=np.float32)
     if lib.vg_to_float32(addrs.ctypes.data, counts.ctypes.data, len(tensors), out.ctypes.data) != 0:
         return None
-    return np.split(out, np.cumsum(counts)[:-1])
+    ends = np.cumsum(counts).tolist()  # views by slicing: np.split costs 4 us a piece
+    return [out[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def uvarint_encode(values: np.ndarray) -> bytes | None:
