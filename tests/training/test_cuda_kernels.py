@@ -16,7 +16,7 @@ from game.training import banding, native, rounding
 from game.training.bands import Band
 
 from .test_banding import _mixed_values, _perturb
-from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values
+from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -85,12 +85,7 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
 @pytest.mark.parametrize("size", [1023, 1024, 1025, 4096 + 3])
 def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
     """Programs take 1024 lanes each: entries on both sides of every edge and a last partial block."""
-    band = Band(-30, -40)  # wide, so that many lanes are in band
-    x = _mixed_values(size, 11, 32)
-    xf = x.view(torch.int64)
-    near, _ = banding.within(xf, 32, band, 4, banding.top_binade(xf))
-    edges = torch.tensor([i for b in range(1024, size, 1024) for i in (b - 1, b)], dtype=torch.int64)
-    positions = torch.cat([near[::2], edges[torch.isin(edges, near)]]).unique()
+    band, x, positions = block_edge_case(size)
     with native.disabled():
         want_r, want_p = banding.round_and_band(x, 32, band)
         want = banding.round_with_entries(x, 32, band, positions, count_free=True)

@@ -91,16 +91,23 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
     assert (got.corrections, got.free) == (want.corrections, want.free)
 
 
-@pytest.mark.parametrize("size", [1023, 1024, 1025, 4096 + 3])
-def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
-    """The C kernels work in blocks of 1024 lanes: entries on both sides of every block edge, every
-    lane within 16 bands listed or not, and a tensor that ends mid-block, still match torch."""
-    band = Band(-30, -40)  # wide, so that many lanes are in band
+def block_edge_case(size: int) -> tuple[Band, torch.Tensor, torch.Tensor]:
+    """A wide band (many lanes in it), ``size`` values, and entries: every other lane within 16
+    bands, plus both lanes at every 1024-lane edge where they are within 16 bands."""
+    band = Band(-30, -40)
     x = _mixed_values(size, 11, 32)
     xf = x.view(torch.int64)
     near, _ = banding.within(xf, 32, band, 4, banding.top_binade(xf))
     edges = torch.tensor([i for b in range(1024, size, 1024) for i in (b - 1, b)], dtype=torch.int64)
-    positions = torch.cat([near[::2], edges[torch.isin(edges, near)]]).unique()
+    return band, x, torch.cat([near[::2], edges[torch.isin(edges, near)]]).unique()
+
+
+@pytest.mark.parametrize("size", [1023, 1024, 1025, 4096 + 3])
+def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
+    """The C kernels work in blocks of 1024 lanes: entries on both sides of every block edge, every
+    lane within 16 bands listed or not, and a tensor that ends mid-block, still match torch."""
+    band, x, positions = block_edge_case(size)
+    xf = x.view(torch.int64)
     assert positions.numel() > 2 * (size // 1024)
     got_r, got_p = banding.round_and_band(x, 32, band)
     got = banding.round_with_entries(x, 32, band, positions, count_free=True)
