@@ -71,6 +71,8 @@ class StepEngine:
     mode_class: type[RoundingMode] = RoundingMode
 
     def __init__(self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False) -> None:
+        if not profile.available():  # before a caller writes anything (a transcript directory)
+            raise ConfigError(f"profile {profile.name!r} is not available on this machine")
         self.cfg = cfg
         self.profile = profile
         self.preset = get_preset(cfg.preset)
@@ -80,8 +82,6 @@ class StepEngine:
 
     def init_state(self, *, precision: Precision = "fp64") -> TrainState:
         """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
-        if not self.profile.available():
-            raise ConfigError(f"profile {self.profile.name!r} is not available on this machine")
         return fresh_state(self.cfg, device=self.profile.device, precision=precision)
 
     def batch(self, step: int) -> Batch:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from game.errors import TranscriptError
+from game.errors import ConfigError, TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
 from game.training.session import SERIES_FP32, SERIES_LOG, SERIES_ROUND, audit, divergence, replay_step, train
@@ -167,3 +167,13 @@ def test_divergence_cpuTrainerCudaAuditor_withLogNeverApart() -> None:
     assert set(res.series) == {SERIES_FP32, SERIES_ROUND, SERIES_LOG}
     assert all(len(v) == STEPS + 1 for v in res.series.values())
     assert res.series[SERIES_LOG] == [0.0] * (STEPS + 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+def test_train_onAnUnavailableProfile_writesNothing(tmp_path: Path) -> None:
+    """The profile is refused before the transcript directory exists, so a later run there starts
+    clean instead of resuming an empty transcript of a run that never began."""
+    out = tmp_path / "t"
+    with pytest.raises(ConfigError, match="not available"):
+        train(tiny("mlp-digits"), "cuda", out)
+    assert not out.exists()
