@@ -175,6 +175,40 @@ def test_inPlaceRounding_equalsTorch(bits: int, tail: str) -> None:
     assert torch.equal(got.view(torch.int64), rounding.rnd(x, bits, top=float("inf")).view(torch.int64))
 
 
+#: float64 bit patterns at the edges of what the C kernels take (sign bit clear; each is also tried
+#: negated): name -> (pattern, rare), for the 32-bit grid.
+_MIN_NORMAL = (1023 - 126) << 52
+_MAX_FINITE_32 = rounding._grid(32).max_finite
+EDGE_LANES = {
+    "zero": (0, False),
+    "smallest subnormal float64": (1, True),
+    "just below float32's smallest normal": (_MIN_NORMAL - 1, True),
+    "float32's smallest normal": (_MIN_NORMAL, False),
+    "largest finite": (_MAX_FINITE_32, False),
+    "just past the largest finite": (_MAX_FINITE_32 + 1, True),
+    "inf": (0x7FF0000000000000, True),
+    "nan": (0x7FF8000000000000, True),
+}
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("negative", [False, True])
+@pytest.mark.parametrize("edge", sorted(EDGE_LANES))
+@pytest.mark.parametrize("where", [0, 1500, 2999])  # a block's first lane, a middle one, the last
+def test_kernels_takeATensor_exactlyWhenNoLaneIsRare(edge: str, negative: bool, where: int) -> None:
+    pattern, rare = EDGE_LANES[edge]
+    x = torch.cat([_values(3, 32, "none", 1.0), _values(4, 32, "none", 1.0)])
+    x.view(torch.int64)[where] = pattern | (-(2**63) if negative else 0)
+    g = rounding._grid(32)
+    params = native.BandParams(g.k0, g.max_finite, -35, -46)
+    taken = native.round_and_band(x.clone().view(torch.int64), params)
+    assert (taken is None) == rare
+    none = torch.empty(0, dtype=torch.int64)
+    assert (native.round_with_entries(x.clone().view(torch.int64), params, none, False) is None) == rare
+    assert native.round_inplace(x.clone().view(torch.int64), g.k0, g.max_finite) == (not rare)
+    assert (native.round_and_trits(x.clone().view(torch.int64), g.k0, g.max_finite, 0) is None) == rare
+
+
 # ---- the packed log's kernels --------------------------------------------------------------------
 
 

@@ -38,8 +38,10 @@ typedef struct {
     int64_t floor_base;  /* 52 + abs + top_biased */
 } grid_t;
 
-static inline int rare(int64_t a, const grid_t *g) {
-    return (a != 0 && a < ((int64_t)MIN_NORMAL_BIASED << MANT)) || a > g->max_finite;
+/* 0 < a < float32's smallest normal (a = |x|'s pattern): a - 1 wraps to the largest unsigned
+ * value at a = 0, so one unsigned compare tests both ends. */
+static inline int64_t below_normal(int64_t a) {
+    return (uint64_t)a - 1 < ((uint64_t)MIN_NORMAL_BIASED << MANT) - 1 ? 1 : 0;
 }
 
 static inline int64_t band_of(int64_t a, const grid_t *g) {
@@ -88,15 +90,17 @@ static void init(grid_t *g, int64_t k0, int64_t max_finite, int64_t rel, int64_t
 }
 
 /* Read-only pass: the largest magnitude's biased exponent (at least float32's smallest normal, as
- * banding.top_binade), or -1 when a lane is rare. Branch-free so the compiler vectorises it. */
+ * banding.top_binade), or -1 when a lane is rare. Branch-free so the compiler vectorises it. Per
+ * lane it tests only the low end of the range (0 < a < smallest normal, one unsigned compare): a
+ * lane past the largest finite value (inf and NaN included) makes the largest lane past it too. */
 static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
     int64_t top = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t a = x[i] & ABS_MASK;
-        bad |= rare(a, g);
+        bad |= below_normal(a);
         top = a > top ? a : top;
     }
-    if (bad) return -1;
+    if (bad | (top > g->max_finite)) return -1;
     top >>= MANT;
     return top > MIN_NORMAL_BIASED ? top : MIN_NORMAL_BIASED;
 }
@@ -290,9 +294,8 @@ VECTOR_CLONES int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_
     init(&g, k0, max_finite, -60, -60, 0);
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t len = n - b < BLOCK ? n - b : BLOCK;
-        int64_t *xb = x + b, bad = 0;
-        for (int64_t i = 0; i < len; i++) bad |= rare(xb[i] & ABS_MASK, &g);
-        if (bad) return -1;
+        int64_t *xb = x + b;
+        if (scan(xb, len, &g) < 0) return -1;
         for (int64_t i = 0; i < len; i++) xb[i] = nearest(xb[i], &g);
     }
     return 0;
