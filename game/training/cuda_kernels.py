@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -203,6 +203,16 @@ def usable(x: Tensor) -> bool:
     return x.is_cuda and available() and _supported(x.device.index or 0)
 
 
+def runs_on(device: torch.device) -> bool:
+    """Whether the kernels run on this device: a CUDA device Triton supports, or any device while
+    Triton's interpreter runs (tests)."""
+    if not available():
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda" and _supported(device.index or 0)
+
+
 @functools.cache
 def _supported(index: int) -> bool:
     """Whether Triton compiles for this GPU: NVIDIA from compute capability 7.0 on (the bound torch's
@@ -258,10 +268,8 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
         return None
     x = xf.view(torch.int64).view(-1)
     n, npos = x.numel(), positions.numel()
-    if npos:  # order and range, on the host where the log was decoded
-        host = positions.cpu()
-        if int(host[0]) < 0 or int(host[-1]) >= n or (npos > 1 and not bool((host[1:] > host[:-1]).all())):
-            return None
+    if npos and not _ordered_in_range(positions.cpu(), n):  # on the host, where the log was decoded
+        return None
     pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
     stats = _stats(x)
     k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
@@ -291,4 +299,143 @@ def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
     return int(stats[1]) == 0
 
 
-__all__ = ["BLOCK", "available", "round_and_band", "round_inplace", "round_with_entries", "usable"]
+# --------------------------------------------------------------------------------------------------
+# Deferred checks: one synchronisation a step instead of one a tensor
+# --------------------------------------------------------------------------------------------------
+
+
+class Settled(NamedTuple):
+    """What a step's deferred calls came to, once read back."""
+
+    positions: list[Tensor]  # per trainer ticket: its listed positions (int64, ascending, on the host)
+    corrections: int  # auditor calls: lanes not at their nearest, summed
+    free: int  # auditor calls: lanes within 16 bands, summed (counted by the kernel either way)
+
+
+class Deferred:
+    """The kernels of one step whose checks are read back once, when it ends.
+
+    Why: the functions above read a tensor's counters back at once (did a lane need the torch path,
+    how many lanes are listed), a host synchronisation per rounded tensor; on an H100 a
+    gpt-shakespeare record step made some 750 of them. Here every call gets a row of one counter
+    buffer and launches its kernels without waiting; :meth:`settle` reads all rows in one
+    synchronisation (and the trainer's listed positions in one more). The catch: a call that meets a
+    rare lane (or, for the auditor, a bad entry) has written nothing, and the ops after it have used
+    its unrounded values, so :meth:`settle` returns None and the caller runs the whole step again
+    with the synchronous functions, from a copy of the state taken before (see
+    :class:`game.training.step.StepEngine`), which also words any error. In honest training that
+    never happens: rare lanes are values below 2**-126 or non-finite ones.
+    """
+
+    ROWS = 512  # counter rows per buffer (a buffer is zeroed in one launch)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: list[Tensor] = []
+        self._rows = 0
+        self._tickets: list[tuple[int, Tensor]] = []  # trainer calls: (row, flags)
+        self._replays: list[int] = []  # auditor calls' rows
+
+    def _row(self) -> Tensor:
+        i = self._rows % self.ROWS
+        if i == 0:
+            self._buffers.append(torch.zeros(self.ROWS, 6, dtype=torch.int64, device=self.device))
+        self._rows += 1
+        return self._buffers[-1][i]
+
+    def round_and_band(self, xf: Tensor, p: BandParams) -> int | None:
+        """Trainer: round ``xf`` in place and flag its listed lanes; a ticket for :meth:`settle`'s
+        positions, or None (nothing launched: the tensor is not the kernels')."""
+        k = _kernels()
+        if k is None or not usable(xf):
+            return None
+        x = xf.view(torch.int64).view(-1)
+        n = x.numel()
+        row = self._row()
+        flags = torch.empty(n, dtype=torch.int8, device=x.device)
+        k["scan"][_grid(n)](x, n, p.max_finite, row, BLOCK=BLOCK)
+        k["round_and_band"][_grid(n)](x, flags, n, p.k0, p.rel, p.abs, row, BLOCK=BLOCK)
+        self._tickets.append((self._rows - 1, flags))
+        return len(self._tickets) - 1
+
+    def round_with_entries(self, xf: Tensor, p: BandParams, positions: Tensor, on_device: Tensor) -> bool:
+        """Auditor: check the entries and round ``xf`` in place; False (nothing launched) when the
+        tensor is not the kernels' or the entries are out of order or range (checked on the host
+        copy ``positions``; ``on_device`` is the same on the tensor's device)."""
+        k = _kernels()
+        if k is None or not usable(xf):
+            return False
+        x = xf.view(torch.int64).view(-1)
+        n, npos = x.numel(), positions.numel()
+        if npos and not _ordered_in_range(positions, n):
+            return False
+        row = self._row()
+        k["scan"][_grid(n)](x, n, p.max_finite, row, BLOCK=BLOCK)
+        near = odd = on_device
+        if npos:
+            near = torch.empty(npos, dtype=torch.int64, device=x.device)
+            odd = torch.empty_like(near)
+            k["check_entries"][_grid(npos)](
+                x, on_device, npos, p.k0, p.rel, p.abs, near, odd, row, BLOCK=BLOCK
+            )
+        k["round_with_band"][_grid(n)](x, n, npos, p.k0, p.rel, p.abs, row, BLOCK=BLOCK)
+        if npos:
+            k["write_listed"][_grid(npos)](x, on_device, npos, near, odd, row, BLOCK=BLOCK)
+        self._replays.append(self._rows - 1)
+        return True
+
+    def round_inplace(self, xf: Tensor, k0: int, max_finite: int) -> bool:
+        """Round ``xf`` in place to nearest; False (nothing launched) when it is not the kernels'."""
+        k = _kernels()
+        if k is None or not usable(xf):
+            return False
+        x = xf.view(torch.int64).view(-1)
+        k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)
+        return True
+
+    def settle(self) -> Settled | None:
+        """Read every call's counters back (one synchronisation); None when a call needs the torch
+        path (a rare lane, a bad entry): the step must run again without deferral."""
+        if not self._rows:
+            return Settled([], 0, 0)
+        stats = torch.cat(self._buffers)[: self._rows].cpu()
+        if bool(stats[:, 1:4].any()):
+            return None
+        listed = stats[:, 4]
+        replays = torch.tensor(self._replays, dtype=torch.int64)
+        corrections = int(listed[replays].sum()) if self._replays else 0
+        free = int(stats[replays, 5].sum()) if self._replays else 0
+        none = torch.empty(0, dtype=torch.int64)
+        positions = [none] * len(self._tickets)
+        some = [(t, flags) for t, (row, flags) in enumerate(self._tickets) if int(listed[row])]
+        if some:  # every listed lane of the step in one nonzero, then split per ticket on the host
+            flat = torch.cat([flags for _, flags in some]).nonzero().squeeze(1).cpu()
+            sizes = torch.tensor([0] + [flags.numel() for _, flags in some]).cumsum(0)
+            ends = torch.searchsorted(flat, sizes[1:])
+            start = 0
+            for (t, _), end, offset in zip(some, ends.tolist(), sizes[:-1].tolist(), strict=True):
+                positions[t] = flat[start:end] - offset
+                start = end
+        return Settled(positions, corrections, free)
+
+
+def _ordered_in_range(positions: Tensor, n: int) -> bool:
+    """Host positions strictly ascending and within ``[0, n)``."""
+    return not (
+        int(positions[0]) < 0
+        or int(positions[-1]) >= n
+        or (positions.numel() > 1 and not bool((positions[1:] > positions[:-1]).all()))
+    )
+
+
+__all__ = [
+    "BLOCK",
+    "Deferred",
+    "Settled",
+    "available",
+    "round_and_band",
+    "round_inplace",
+    "round_with_entries",
+    "runs_on",
+    "usable",
+]

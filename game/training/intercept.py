@@ -21,21 +21,25 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from game.errors import ConfigError
-from game.training import banding, rounding
+from game.errors import ConfigError, TrainingError
+from game.training import banding, native, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
 from game.training.sparselog import SparseRecord, SparseStepLog
+
+if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
+    from game.training.cuda_kernels import Deferred
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,11 @@ MODES: tuple[str, ...] = ("record", "replay", "round", "plain")
 #: Bands for an interceptor used without a task (tests of the interceptor alone): as wide as bands go,
 #: so a packed log's corrections are never refused and a sparse log lists every value it could.
 UNCHECKED_BANDS = BandTable(default=Band(MAX_EXP, MAX_EXP))
+
+
+class DeferredChecksFailed(TrainingError):
+    """A step's deferred CUDA checks found a tensor the kernels left to the torch path; the step
+    engine runs the step again, from its saved state, without deferral (never seen by callers)."""
 
 
 class OpClass(enum.Enum):
@@ -293,6 +302,10 @@ class RoundingMode(TorchDispatchMode):
     #: The kernels may round an op's output in its own storage (a subclass that still needs the
     #: unrounded values after ``_record``, like the log-rewriting deviations, sets it False).
     round_in_place: bool = True
+    #: On CUDA the kernels may leave their checks to the end of the step (``defer``, see
+    #: :class:`~game.training.cuda_kernels.Deferred`); a subclass that reads a tensor's log record
+    #: right after ``_record`` sets it False.
+    defer_checks: bool = True
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -313,6 +326,7 @@ class RoundingMode(TorchDispatchMode):
         bands: BandTable | None = None,
         log_format: str | None = None,
         count_free: bool = False,
+        defer: bool = False,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -342,6 +356,35 @@ class RoundingMode(TorchDispatchMode):
         self.classes: dict[str, OpClass] = {}  # str(func) -> class, for every op that ran
         self.logged: Counter[str] = Counter()  # str(func) -> tensors rounded with the log
         self.rounded: Counter[str] = Counter()  # str(func) -> tensors rounded without the log
+        self._grid = rounding._grid(bits)
+        self._defer: Deferred | None = None
+        if defer:
+            self._defer = self._deferred_checks(profile, log)
+        # deferred: the log's records in op order, each with its positions or a Deferred ticket
+        self._pending: list[tuple[int, str, int, Tensor | int]] = []
+        self._failed = False  # deferred checks read back and one failed
+
+    def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
+        """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""
+        from game.training import cuda_kernels
+
+        if not (
+            self.defer_checks
+            and self.round_in_place
+            and self.mode in ("record", "replay")
+            and isinstance(log, SparseStepLog)
+            and self._noise is None
+            and cuda_kernels.runs_on(torch.device(profile.device))
+        ):
+            raise ConfigError("deferred checks are for a sparse log's record or replay on CUDA")
+        deferred = cuda_kernels.Deferred(torch.device(profile.device))
+        if self.mode == "replay":  # every entry of the chunk on the device in one copy
+            entries = log.entries()
+            host = [e.positions.to(dtype=torch.int64) for e in entries]
+            self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
+            flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
+            self._device_positions = flat.to(deferred.device)
+        return deferred
 
     @property
     def ops(self) -> frozenset[str]:
@@ -349,9 +392,33 @@ class RoundingMode(TorchDispatchMode):
         return frozenset(self.classes)
 
     def finish(self) -> None:
-        """Check a replayed log was used up exactly (a longer log is as wrong as a shorter one)."""
+        """Check a replayed log was used up exactly (a longer log is as wrong as a shorter one);
+        with deferred checks, read them back first and write the log (:class:`DeferredChecksFailed`
+        when one failed: the step must run again without deferral)."""
+        if self.deferred_failed():
+            raise DeferredChecksFailed(
+                f"step {self.step}: a deferred check failed; run the step without deferral"
+            )
         if self._cursor is not None:
             self._cursor.finish()
+
+    def deferred_failed(self) -> bool:
+        """Read the deferred checks back (once); whether one failed. After an error in the step, a
+        True here means the error may come from values a failed call left unrounded."""
+        if self._defer is not None:
+            settled, self._defer = self._defer.settle(), None
+            if settled is None:
+                self._failed = True
+            else:
+                assert isinstance(self.log, SparseStepLog)  # deferral is for sparse logs
+                for index, name, count, pos in self._pending:  # record mode only
+                    positions = settled.positions[pos] if isinstance(pos, int) else pos
+                    self.log.append(index, name, count, positions)
+                self.corrections += settled.corrections
+                if self.count_free:
+                    self.free += settled.free
+            self._pending = []
+        return self._failed
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -367,9 +434,11 @@ class RoundingMode(TorchDispatchMode):
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if self.mode != "plain":
+                g = self._grid
                 for t in _touched(plan, args, kwargs, out):
                     if t.dtype == torch.float64:
-                        rounding.round_(t, self.bits)
+                        if self._defer is None or not self._defer.round_inplace(t, g.k0, g.max_finite):
+                            rounding.round_(t, self.bits)
                         self.rounded[name] += 1
             return out
         out = self.profile.compute(func, args, kwargs)
@@ -397,11 +466,28 @@ class RoundingMode(TorchDispatchMode):
             self.rounded[name] += 1
             return
         band = self.bands.band(name)
+        entry: SparseRecord | None = None
+        if self._defer is not None:
+            params = native.BandParams(self._grid.k0, self._grid.max_finite, band.rel, band.abs)
+            if self.mode == "record":
+                ticket = self._defer.round_and_band(t, params)
+                if ticket is not None:
+                    self._pending.append((index, name, t.numel(), ticket))
+                    self.logged[name] += 1
+                    return
+            else:
+                assert self._cursor is not None
+                entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+                i = self._cursor.position - 1
+                listed = self._device_positions[self._offsets[i] : self._offsets[i + 1]]
+                if self._defer.round_with_entries(t, params, entry.positions, listed):
+                    self.logged[name] += 1
+                    return
         try:
             if self.mode == "record":
                 r = self._record(t, index, name, band, top, where)
             else:
-                r = self._replay(t, index, name, band, top, where)
+                r = self._replay(t, index, name, band, top, where, entry)
         except banding.BandViolation as exc:
             raise exc.at(self.step, index, name) from None
         if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
@@ -415,18 +501,32 @@ class RoundingMode(TorchDispatchMode):
             r, positions = banding.round_and_band(
                 t, self.bits, band, top=top, in_place=self.round_in_place, where=where
             )
-            self.log.append(index, name, t.numel(), positions)
+            if self._defer is None:
+                self.log.append(index, name, t.numel(), positions)
+            else:  # after the deferred records before it, in op order
+                self._pending.append((index, name, t.numel(), positions))
             return r
         assert isinstance(self.log, StepLog)
         r, trits = banding.round_and_trits(t, self.bits, self.tau, in_place=self.round_in_place, where=where)
         self.log.append(index, name, trits)  # flat, logical (row-major) order on every device
         return r
 
-    def _replay(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
-        """Auditor and judge: round ``t`` with the trainer's entries, after the band checks."""
+    def _replay(
+        self,
+        t: Tensor,
+        index: int,
+        name: str,
+        band: Band,
+        top: float | None,
+        where: str,
+        entry: SparseRecord | None = None,
+    ) -> Tensor:
+        """Auditor and judge: round ``t`` with the trainer's entries (``entry``: taken from the log
+        already), after the band checks."""
         assert self._cursor is not None
         if isinstance(self.log, SparseStepLog):
-            entry: SparseRecord = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+            if entry is None:
+                entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
             r, n, free = banding.round_with_entries(
                 t,
                 self.bits,
@@ -452,6 +552,7 @@ __all__ = [
     "EXACT_OPS",
     "MODES",
     "MOVE_OPS",
+    "DeferredChecksFailed",
     "Mode",
     "OpClass",
     "RoundingMode",

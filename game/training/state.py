@@ -9,11 +9,12 @@ bytes *are* the checkpoint format: a judge verifies a pre-state by hashing the f
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -410,6 +411,31 @@ def move_state(state: TrainState, device: str | torch.device) -> None:
                 entries[key] = value.to(dev)
 
 
+def snapshot(state: TrainState) -> Callable[[], None]:
+    """Copy the state's tensors where they live; the returned function puts the copy back.
+
+    For a step that must run again from where it started (a CUDA step whose deferred checks failed,
+    :class:`game.training.step.StepEngine`): parameters and buffers are written back in place (the
+    model keeps its tensors), the optimizer's state is replaced (a first step creates it).
+    """
+    live = [*state.model.parameters(), *state.model.buffers()]
+    saved = [t.detach().clone() for t in live]
+    optimizer = state.optimizer
+    kept = {
+        p: {k: v.detach().clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in s.items()}
+        for p, s in optimizer.state.items()
+    }
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(live, saved, strict=True):
+                t.copy_(s)
+        optimizer.state.clear()
+        optimizer.state.update(kept)
+
+    return restore
+
+
 __all__ = [
     "STATE_MAGIC",
     "CheckpointError",
@@ -424,6 +450,7 @@ __all__ = [
     "move_state",
     "optimizer_state_tensors",
     "parse_state",
+    "snapshot",
     "state_hash",
     "state_tensors",
 ]

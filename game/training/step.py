@@ -20,6 +20,7 @@ canonical bytes (fp64 rounding modes and fp32), ``None`` for plain fp64.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,17 +30,19 @@ from game.errors import ConfigError, TrainingError
 from game.training import rounding
 from game.training.config import TaskConfig
 from game.training.data import Batch
-from game.training.intercept import MODES, Mode, RoundingMode
+from game.training.intercept import MODES, DeferredChecksFailed, Mode, RoundingMode
 from game.training.models import StepContext
 from game.training.presets import get_preset
 from game.training.profiles import Profile
 from game.training.roundlog import ChunkLog, new_step_log
+from game.training.sparselog import SparseStepLog
 from game.training.state import (
     Precision,
     TrainState,
     check_on_grid,
     fresh_state,
     move_state,
+    snapshot,
     state_hash,
 )
 
@@ -79,6 +82,7 @@ class StepEngine:
         self.check_grid = check_grid  # assert every float of the state is on the grid after each step
         self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
         self.count_free = False  # replay: count the values a trainer could have rounded either way
+        self.defer = True  # CUDA: kernels check at the end of a step (False: at every tensor, as on CPU)
 
     def init_state(self, *, precision: Precision = "fp64") -> TrainState:
         """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
@@ -121,31 +125,18 @@ class StepEngine:
         batch = batch_override if batch_override is not None else self.batch(step)
         batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
         ctx = StepContext(seed=self.cfg.seed, step=step, example_ids=batch.example_ids)
-        model, optimizer = state.model, state.optimizer
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
 
-        intercept = mode != "plain" or self.profile.emulates
-        rm = self.mode_class(
-            bits=self.cfg.bits,
-            tau=self.cfg.tau,
-            mode=mode,
-            profile=self.profile,
-            step=step,
-            log=log,
-            bands=self.cfg.band_table,
-            log_format=self.cfg.log_format,
-            count_free=self.count_free,
-        )
-        with self.profile.apply():
-            if intercept:
-                with rm:
-                    loss = self._forward_backward_update(state, batch, ctx)
-            else:
-                loss = self._forward_backward_update(state, batch, ctx)
-        optimizer.zero_grad(set_to_none=True)
+        if self._defers(mode, log):
+            restore = snapshot(state)
+            try:
+                rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=True)
+            except DeferredChecksFailed:
+                logger.info("step %d: a deferred check failed; running it again without deferral", step)
+                restore()
+                rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
+        else:
+            rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
         state.step = step
-        rm.finish()
         self.last_mode = rm
         logger.debug(
             "step %d (%s, %s, %s): %d logged tensors, %d corrections, %d op kinds",
@@ -170,6 +161,65 @@ class StepEngine:
         )
 
     # ---- helpers ------------------------------------------------------------------------------
+
+    def _defers(self, mode: Mode, log: ChunkLog | None) -> bool:
+        """Whether this step's CUDA kernels leave their checks to its end (sparse record and replay
+        with the Triton kernels): one synchronisation a step instead of one a tensor."""
+        if not (self.defer and mode in ("record", "replay") and isinstance(log, SparseStepLog)):
+            return False
+        if self.profile.emulates or not (self.mode_class.defer_checks and self.mode_class.round_in_place):
+            return False
+        if self.profile.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return False  # the usual case: no Triton import on a CPU run
+        from game.training import cuda_kernels
+
+        return cuda_kernels.runs_on(torch.device(self.profile.device))
+
+    def _attempt(
+        self,
+        state: TrainState,
+        step: int,
+        mode: Mode,
+        log: ChunkLog | None,
+        batch: Batch,
+        ctx: StepContext,
+        *,
+        defer: bool,
+    ) -> tuple[RoundingMode, Tensor]:
+        """Forward, backward and update under the interceptor (when one is needed). With ``defer``,
+        :class:`DeferredChecksFailed` when a check failed, also when the step raised something else
+        after it: that error may come from the values the failed call left unrounded."""
+        model, optimizer = state.model, state.optimizer
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        rm = self.mode_class(
+            bits=self.cfg.bits,
+            tau=self.cfg.tau,
+            mode=mode,
+            profile=self.profile,
+            step=step,
+            log=log,
+            bands=self.cfg.band_table,
+            log_format=self.cfg.log_format,
+            count_free=self.count_free,
+            defer=defer,
+        )
+        try:
+            with self.profile.apply():
+                if mode != "plain" or self.profile.emulates:
+                    with rm:
+                        loss = self._forward_backward_update(state, batch, ctx)
+                else:
+                    loss = self._forward_backward_update(state, batch, ctx)
+            optimizer.zero_grad(set_to_none=True)
+            rm.finish()
+        except DeferredChecksFailed:
+            raise
+        except Exception as exc:
+            if defer and rm.deferred_failed():
+                raise DeferredChecksFailed(f"step {step}: {exc}") from exc
+            raise
+        return rm, loss
 
     def _forward_backward_update(self, state: TrainState, batch: Batch, ctx: StepContext) -> Tensor:
         loss = self.preset.loss(state.model, batch, ctx)

@@ -14,9 +14,12 @@ from hypothesis import given, settings
 
 from game.training import banding, native, rounding
 from game.training.bands import Band
+from game.training.profiles import get_profile
+from game.training.step import StepEngine
 
 from .test_banding import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
+from .test_step import small_cfg
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -143,3 +146,149 @@ def test_notTheirs_isLeftToTorch() -> None:
     assert not cuda_kernels.usable(torch.zeros(0, dtype=torch.float64, device=DEV))
     assert not cuda_kernels.usable(torch.zeros(4, 4, dtype=torch.float64, device=DEV).t())
     assert cuda_kernels.round_and_band(torch.zeros(4, 4, dtype=torch.float64).t(), _params(32, BAND)) is None
+
+
+# ---- deferred checks: one read-back a step ------------------------------------------------------
+
+
+def _auditor_case(seed: int, tail: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+    """An auditor's values (the trainer's, perturbed) and the trainer's honest positions."""
+    x_t = _values(seed, 32, tail, 1.0)
+    with native.disabled():
+        _, honest = banding.round_and_band(x_t, 32, BAND)
+    return _perturb(x_t, 2.0**-40, seed + 1), honest
+
+
+def test_deferred_equalsTheImmediateKernels() -> None:
+    """Many calls, one settle: the same bits, positions and counts as one call at a time."""
+    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    trainer = [_values(s, 32, tail, 1.0) for s, tail in ((1, "none"), (2, "zero"), (3, "none"))]
+    bufs = [_copy(x) for x in trainer]
+    tickets = [deferred.round_and_band(b, _params(32, BAND)) for b in bufs]
+    exact = _copy(_values(4, 32, "zero", -5.0))
+    assert deferred.round_inplace(exact, *_params(32, BAND)[:2])
+    auditor = [_auditor_case(s) for s in (5, 6)]
+    abufs = [_copy(x) for x, _ in auditor]
+    for b, (_, pos) in zip(abufs, auditor, strict=True):
+        assert deferred.round_with_entries(b, _params(32, BAND), pos, pos.to(DEV))
+    settled = deferred.settle()
+    assert settled is not None
+    with native.disabled():
+        for x, b, t in zip(trainer, bufs, tickets, strict=True):
+            want_r, want_p = banding.round_and_band(x, 32, BAND)
+            assert t is not None and torch.equal(settled.positions[t], want_p)
+            assert torch.equal(_bits(b), _bits(want_r))
+        assert torch.equal(_bits(exact), _bits(rounding.rnd(_values(4, 32, "zero", -5.0), 32)))
+        wants = [banding.round_with_entries(x, 32, BAND, p, count_free=True) for x, p in auditor]
+    for b, want in zip(abufs, wants, strict=True):
+        assert torch.equal(_bits(b), _bits(want.rounded))
+    assert settled.corrections == sum(w.corrections for w in wants) > 0
+    assert settled.free == sum(w.free for w in wants)
+    assert sum(int(p.numel()) for p in settled.positions) > 0  # the split across tickets was exercised
+
+
+@pytest.mark.parametrize("failing", ["rare trainer lane", "rare exact lane", "entry outside", "listed zero"])
+def test_deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
+    """A call that needs the torch path is only known at the end: settle says the step must rerun."""
+    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    assert deferred.round_and_band(_copy(_values(1, 32, "none", 1.0)), _params(32, BAND)) is not None
+    x = _mixed_values(1500, 5, 32)
+    x[7] = 0.0
+    if failing == "rare trainer lane":
+        assert deferred.round_and_band(_copy(_values(2, 32, "subnormal", 1.0)), _params(32, BAND)) is not None
+    elif failing == "rare exact lane":
+        assert deferred.round_inplace(_copy(_values(2, 32, "subnormal", 1.0)), *_params(32, BAND)[:2])
+    else:
+        pos = torch.tensor([1, _far_lane(x)] if failing == "entry outside" else [3, 7])
+        assert deferred.round_with_entries(_copy(x), _params(32, BAND), pos, pos.to(DEV))
+    assert deferred.settle() is None
+
+
+def test_deferred_entriesOutOfOrder_launchNothing() -> None:
+    """Order and range are checked on the host copy at once: nothing launched, the caller goes on
+    with the immediate path (which words the error)."""
+    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    x = _mixed_values(1500, 5, 32)
+    buf = _copy(x)
+    for bad in ([5, 3], [-1, 2], [2, 2000]):
+        pos = torch.tensor(bad)
+        assert not deferred.round_with_entries(buf, _params(32, BAND), pos, pos.to(DEV))
+    assert torch.equal(_bits(buf), _bits(x))
+    assert deferred.settle() == cuda_kernels.Settled([], 0, 0)
+
+
+# ---- deferred checks in whole steps -------------------------------------------------------------
+
+#: Where the step tests run: the GPU, else this CPU through Triton's interpreter (any profile device
+#: is the kernels' then).
+STEP_PROFILE = "cuda" if ON_GPU else "cpu-1t"
+
+
+def _engines(preset: str, profile: str = STEP_PROFILE) -> tuple[StepEngine, StepEngine]:
+    """A deferring engine and an immediate one (the C kernels on CPU) of one small task."""
+    cfg = small_cfg(preset)
+    deferring, immediate = StepEngine(cfg, get_profile(profile)), StepEngine(cfg, get_profile(profile))
+    immediate.defer = False
+    return deferring, immediate
+
+
+@pytest.fixture
+def settles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts Deferred.settle calls (so a test sees the deferred path ran)."""
+    calls: list[int] = []
+    real = cuda_kernels.Deferred.settle
+
+    def counted(self: cuda_kernels.Deferred) -> cuda_kernels.Settled | None:
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(cuda_kernels.Deferred, "settle", counted)
+    return calls
+
+
+def test_deferredSteps_equalImmediateOnes(settles: list[int]) -> None:
+    """Trainer and auditor with deferred checks: the same leaves, log bytes and corrections."""
+    deferring, immediate = _engines("mlp-digits")
+    noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
+    spec = deferring.cfg.spec_hash()
+    s_rec, s_imm, s_noisy, s_aud, s_aud_imm = (
+        e.init_state() for e in (deferring, immediate, noisy, deferring, immediate)
+    )
+    corrections = 0
+    for step in (1, 2):
+        rec = deferring.run_step(s_rec, step, mode="record")
+        imm = immediate.run_step(s_imm, step, mode="record")
+        assert rec.leaf == imm.leaf
+        assert rec.log is not None and imm.log is not None
+        assert rec.log.encode(step, spec) == imm.log.encode(step, spec)
+        chunk = noisy.run_step(s_noisy, step, mode="record").log
+        aud = deferring.run_step(s_aud, step, mode="replay", log=chunk)
+        aud_imm = immediate.run_step(s_aud_imm, step, mode="replay", log=chunk)
+        assert aud.leaf == aud_imm.leaf and aud.corrections == aud_imm.corrections
+        corrections += aud.corrections
+    assert corrections > 0 and len(settles) == 4
+
+
+def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed read-back (here forced at step 2, after the whole step ran on the deferred path)
+    reruns the step without deferral from a copy of the state: the result and the log are those of
+    an immediate step, nothing doubled, and the steps after it defer again."""
+    deferring, immediate = _engines("mlp-digits")
+    real = cuda_kernels.Deferred.settle
+    outcomes: list[str] = []
+
+    def failing_at_step_2(self: cuda_kernels.Deferred) -> cuda_kernels.Settled | None:
+        got = real(self)
+        outcomes.append("forced" if fail else "settled")
+        return None if fail else got
+
+    monkeypatch.setattr(cuda_kernels.Deferred, "settle", failing_at_step_2)
+    spec = deferring.cfg.spec_hash()
+    s_d, s_i = deferring.init_state(), immediate.init_state()
+    for step in (1, 2, 3):
+        fail = step == 2
+        got, want = deferring.run_step(s_d, step, mode="record"), immediate.run_step(s_i, step, mode="record")
+        assert got.leaf == want.leaf and s_d.step == step
+        assert got.log is not None and want.log is not None
+        assert got.log.encode(step, spec) == want.log.encode(step, spec)
+    assert outcomes == ["settled", "forced", "settled"]
