@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: Lanes per Triton program.
 BLOCK = 1024
+#: The kernels read and write 8-byte lanes: float64 values (as their bit patterns) or int64 views.
+_LANES = (torch.float64, torch.int64)
 
 
 try:  # Triton comes with torch's CUDA builds
@@ -40,131 +42,220 @@ except ImportError:  # a CPU-only install: the torch kernels run
     triton = None
 
 if triton is not None:
+    # Each pass over a block of lanes is a helper, so that the kernels below (one program per block
+    # for large tensors, one program for a whole small tensor) share every formula.
 
     @triton.jit
-    def _band_of(a, zero, k0, rel_units, floor_base):
-        # kernels.c band_of: min(cap >> clamp(k0 - 3 - shift, 0, 63) + rel_units, cap)
+    def _band_of(a, k0, rel, floor_base):
+        # kernels.c band_of: min(cap >> clamp(k0 - 3 - shift, 0, 63) + rel_units, cap), with
+        # rel_units = 2^(52 + rel) (0 below 2^0) and shift = floor_base - exponent(a)
+        zero = tl.zeros_like(a)
+        rel_units = tl.where(rel + 52 >= 0, (zero + 1) << tl.maximum(zero + rel + 52, 0), 0)
         cap = ((zero + 1) << k0) >> 3
         count = (zero + k0 - 3) - ((zero + floor_base) - (a >> 52))
         count = tl.minimum(tl.maximum(count, 0), 63)
         return tl.minimum((cap >> count) + rel_units, cap)
 
     @triton.jit
-    def _scan_kernel(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
-        # Read-only: the largest magnitude's pattern and whether any lane is rare (atomics).
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + offs, mask=offs < n, other=0)
+    def _nearest(v, k0):
+        # round half to even on the signed pattern (kernels.c nearest)
+        half = ((tl.zeros_like(v) + 1) << k0) >> 1
+        return (v + (half - 1) + ((v >> k0) & 1)) & -(half << 1)
+
+    @triton.jit
+    def _rare(v, max_finite):
+        # 1 where a lane needs the torch path: the float32-subnormal range, past the range, inf, NaN
         a = v & 0x7FFFFFFFFFFFFFFF
-        rare = ((a != 0) & (a < ((1023 - 126) << 52))) | (a > max_finite)
+        return (((a != 0) & (a < ((1023 - 126) << 52))) | (a > max_finite)).to(tl.int64)
+
+    @triton.jit
+    def _scan_block(x_ptr, offs, n, max_finite):
+        # the lanes' magnitudes (0 outside the tensor) and whether each is rare
+        v = tl.load(x_ptr + offs, mask=offs < n, other=0)
+        return v & 0x7FFFFFFFFFFFFFFF, _rare(v, max_finite)
+
+    @triton.jit
+    def _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, top):
+        # trainer: round to nearest in place, flag the lanes within 4 bands of a midpoint that went
+        # to the odd neighbour; returns the flags (0 outside the tensor)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        low = v & (step - 1)
+        r = _nearest(v, k0)
+        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
+        listed = m & ((r & step) != 0) & (low != 0) & (tl.abs(low - (step >> 1)) <= (band << 2))
+        tl.store(x_ptr + offs, r, mask=m)
+        tl.store(flag_ptr + offs, listed.to(tl.int8), mask=m)
+        return listed.to(tl.int64)
+
+    @triton.jit
+    def _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr):
+        # auditor, read-only: for entries j, (npos - j where outside 16 bands, else 0) and whether
+        # the lane is zero; their nearest and odd neighbours kept for the last pass
+        m = j < npos
+        p = tl.load(pos_ptr + j, mask=m, other=0)
+        v = tl.load(x_ptr + p, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        a = v & 0x7FFFFFFFFFFFFFFF
+        band = _band_of(a, k0, rel, 52 + abs_ + top)
+        outside = m & (tl.abs((v & (step - 1)) - (step >> 1)) > (band << 4))
+        lo = v - (v & (step - 1))
+        tl.store(near_ptr + j, _nearest(v, k0), mask=m)
+        tl.store(odd_ptr + j, tl.where((lo & step) != 0, lo, lo + step), mask=m)
+        return tl.where(outside, npos - j.to(tl.int64), 0), (m & (a == 0)).to(tl.int64)
+
+    @triton.jit
+    def _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, top):
+        # auditor: within one band of a midpoint -> even neighbour, else nearest, in place; returns
+        # per lane (moved off its nearest, within 16 bands)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        low = v & (step - 1)
+        off = low != 0
+        d = tl.abs(low - (step >> 1))
+        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
+        r = _nearest(v, k0)
+        lo = v - low
+        out = tl.where(off & (d <= band), tl.where((lo & step) != 0, lo + step, lo), r)
+        tl.store(x_ptr + offs, out, mask=m)
+        return (m & (out != r)).to(tl.int64), (m & off & (d <= (band << 4))).to(tl.int64)
+
+    @triton.jit
+    def _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr):
+        # auditor, last: listed lanes go to their odd neighbour; returns the change in corrections
+        m = j < npos
+        p = tl.load(pos_ptr + j, mask=m, other=0)
+        near = tl.load(near_ptr + j, mask=m, other=0)
+        odd = tl.load(odd_ptr + j, mask=m, other=0)
+        now = tl.load(x_ptr + p, mask=m, other=0)
+        tl.store(x_ptr + p, odd, mask=m)
+        return tl.where(m, (odd != near).to(tl.int64) - (now != near).to(tl.int64), 0)
+
+    @triton.jit
+    def _top_of(stats_ptr):
+        return tl.maximum(tl.load(stats_ptr) >> 52, 1023 - 126)
+
+    @triton.jit
+    def _refused(stats_ptr):
+        return (tl.load(stats_ptr + 1) != 0) | (tl.load(stats_ptr + 2) != 0) | (tl.load(stats_ptr + 3) != 0)
+
+    # ---- one program per block (large tensors) --------------------------------------------------
+
+    @triton.jit
+    def _scan_kernel(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        # read-only: the largest magnitude's pattern and whether any lane is rare (atomics)
+        a, rare = _scan_block(x_ptr, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), n, max_finite)
         tl.atomic_max(stats_ptr, tl.max(a, axis=0))
-        tl.atomic_max(stats_ptr + 1, tl.max(rare.to(tl.int64), axis=0))
+        tl.atomic_max(stats_ptr + 1, tl.max(rare, axis=0))
 
     @triton.jit
     def _round_and_band_kernel(x_ptr, flag_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
-        # Trainer, in place unless the scan found a rare lane: round to nearest (ties to even) and
-        # flag the lanes within 4 bands of a midpoint that went to the odd neighbour.
+        # trainer, unless the scan found a rare lane
         if tl.load(stats_ptr + 1) != 0:
             return
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        v = tl.load(x_ptr + offs, mask=m, other=0)
-        zero = tl.zeros([BLOCK], tl.int64)
-        step = (zero + 1) << k0
-        half = step >> 1
-        top = tl.maximum(tl.load(stats_ptr) >> 52, 1023 - 126)
-        rel_units = tl.where(rel + 52 >= 0, (zero + 1) << tl.maximum(zero + rel + 52, 0), 0)
-        low = v & (step - 1)
-        r = (v + (half - 1) + ((v >> k0) & 1)) & -step
-        d = tl.abs(low - half)
-        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, zero, k0, rel_units, 52 + abs_ + top)
-        listed = ((r & step) != 0) & (low != 0) & (d <= (band << 2))
-        tl.store(x_ptr + offs, r, mask=m)
-        tl.store(flag_ptr + offs, listed.to(tl.int8), mask=m)
-        tl.atomic_add(stats_ptr + 4, tl.sum((m & listed).to(tl.int64), axis=0))
+        listed = _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
+        tl.atomic_add(stats_ptr + 4, tl.sum(listed, axis=0))
 
     @triton.jit
     def _check_entries_kernel(
         x_ptr, pos_ptr, npos, k0, rel, abs_, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
     ):
-        # Auditor, read-only: each listed lane within 16 bands and not zero (else the first bad
-        # entry's index and the zero flag), its nearest and odd neighbours kept for the last pass.
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < npos
-        p = tl.load(pos_ptr + offs, mask=m, other=0)
-        v = tl.load(x_ptr + p, mask=m, other=0)
-        zero = tl.zeros([BLOCK], tl.int64)
-        step = (zero + 1) << k0
-        half = step >> 1
-        top = tl.maximum(tl.load(stats_ptr) >> 52, 1023 - 126)
-        rel_units = tl.where(rel + 52 >= 0, (zero + 1) << tl.maximum(zero + rel + 52, 0), 0)
-        a = v & 0x7FFFFFFFFFFFFFFF
-        d = tl.abs((v & (step - 1)) - half)
-        band = _band_of(a, zero, k0, rel_units, 52 + abs_ + top)
-        outside = m & (d > (band << 4))
-        # the first entry outside, as npos - j (0: none), so that a zeroed buffer starts the maximum
-        tl.atomic_max(stats_ptr + 2, tl.max(tl.where(outside, npos - offs.to(tl.int64), 0), axis=0))
-        tl.atomic_max(stats_ptr + 3, tl.max((m & (a == 0)).to(tl.int64), axis=0))
-        lo = v - (v & (step - 1))
-        odd = tl.where((lo & step) != 0, lo, lo + step)
-        tl.store(near_ptr + offs, (v + (half - 1) + ((v >> k0) & 1)) & -step, mask=m)
-        tl.store(odd_ptr + offs, odd, mask=m)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        outside, zero = _check_entries_block(
+            x_ptr, pos_ptr, j, npos, k0, rel, abs_, _top_of(stats_ptr), near_ptr, odd_ptr
+        )
+        # the first entry outside, as npos - j (0: none), so that a zeroed row starts the maximum
+        tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
+        tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
 
     @triton.jit
-    def _round_with_band_kernel(x_ptr, n, npos, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
-        # Auditor, in place when the checks passed: within one band -> even neighbour, else nearest;
-        # counts the lanes not at their nearest and the lanes within 16 bands.
-        if (tl.load(stats_ptr + 1) != 0) | (tl.load(stats_ptr + 2) != 0) | (tl.load(stats_ptr + 3) != 0):
+    def _round_with_band_kernel(x_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
+        # auditor, when the checks passed
+        if _refused(stats_ptr):
             return
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        v = tl.load(x_ptr + offs, mask=m, other=0)
-        zero = tl.zeros([BLOCK], tl.int64)
-        step = (zero + 1) << k0
-        half = step >> 1
-        top = tl.maximum(tl.load(stats_ptr) >> 52, 1023 - 126)
-        rel_units = tl.where(rel + 52 >= 0, (zero + 1) << tl.maximum(zero + rel + 52, 0), 0)
-        low = v & (step - 1)
-        off = low != 0
-        d = tl.abs(low - half)
-        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, zero, k0, rel_units, 52 + abs_ + top)
-        r = (v + (half - 1) + ((v >> k0) & 1)) & -step
-        lo = v - low
-        even = tl.where((lo & step) != 0, lo + step, lo)
-        out = tl.where(off & (d <= band), even, r)
-        tl.store(x_ptr + offs, out, mask=m)
-        tl.atomic_add(stats_ptr + 4, tl.sum((m & (out != r)).to(tl.int64), axis=0))
-        tl.atomic_add(stats_ptr + 5, tl.sum((m & off & (d <= (band << 4))).to(tl.int64), axis=0))
+        moved, free = _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
+        tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
+        tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
 
     @triton.jit
     def _write_listed_kernel(x_ptr, pos_ptr, npos, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr):
-        # Auditor, last: the listed lanes go to their odd neighbour; the corrections follow.
-        if (tl.load(stats_ptr + 1) != 0) | (tl.load(stats_ptr + 2) != 0) | (tl.load(stats_ptr + 3) != 0):
+        if _refused(stats_ptr):
             return
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < npos
-        p = tl.load(pos_ptr + offs, mask=m, other=0)
-        near = tl.load(near_ptr + offs, mask=m, other=0)
-        odd = tl.load(odd_ptr + offs, mask=m, other=0)
-        now = tl.load(x_ptr + p, mask=m, other=0)
-        delta = (odd != near).to(tl.int64) - (now != near).to(tl.int64)
-        tl.atomic_add(stats_ptr + 4, tl.sum(tl.where(m, delta, 0), axis=0))
-        tl.store(x_ptr + p, odd, mask=m)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        delta = _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr)
+        tl.atomic_add(stats_ptr + 4, tl.sum(delta, axis=0))
 
     @triton.jit
     def _round_inplace_kernel(x_ptr, n, k0, max_finite, stats_ptr, BLOCK: tl.constexpr):
-        # Round the common lanes to nearest (ties to even) and flag a rare one: rounding again
-        # leaves a rounded lane as it is, so the torch path may then redo the whole tensor.
+        # round the common lanes to nearest and flag a rare one: rounding again leaves a rounded
+        # lane as it is, so the torch path may then redo the whole tensor
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         v = tl.load(x_ptr + offs, mask=m, other=0)
-        a = v & 0x7FFFFFFFFFFFFFFF
-        rare = m & (((a != 0) & (a < ((1023 - 126) << 52))) | (a > max_finite))
-        zero = tl.zeros([BLOCK], tl.int64)
-        step = (zero + 1) << k0
-        half = step >> 1
-        r = (v + (half - 1) + ((v >> k0) & 1)) & -step
-        tl.store(x_ptr + offs, r, mask=m & ~rare)
-        tl.atomic_max(stats_ptr + 1, tl.max(rare.to(tl.int64), axis=0))
+        rare = _rare(v, max_finite)
+        tl.store(x_ptr + offs, _nearest(v, k0), mask=m & (rare == 0))
+        tl.atomic_max(stats_ptr + 1, tl.max(rare, axis=0))
+
+    # ---- one program for a whole tensor (small tensors: one launch instead of two to four) -------
+    # The passes follow each other in one program; a barrier between two passes makes the first
+    # one's writes visible to every thread of the second.
+
+    @triton.jit
+    def _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        top = tl.zeros([BLOCK], tl.int64)
+        bad = tl.zeros([BLOCK], tl.int64)
+        for start in range(0, n, BLOCK):
+            a, rare = _scan_block(x_ptr, start + tl.arange(0, BLOCK), n, max_finite)
+            top = tl.maximum(top, a)
+            bad = bad | rare
+        tl.store(stats_ptr, tl.max(top, axis=0))
+        tl.store(stats_ptr + 1, tl.max(bad, axis=0))
+        return tl.max(bad, axis=0) == 0
+
+    @triton.jit
+    def _round_and_band_one(x_ptr, flag_ptr, n, k0, rel, abs_, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
+            tl.debug_barrier()
+            top = _top_of(stats_ptr)
+            listed = tl.zeros([BLOCK], tl.int64)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                listed += _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, top)
+            tl.store(stats_ptr + 4, tl.sum(listed, axis=0))
+
+    @triton.jit
+    def _round_with_entries_one(
+        x_ptr, pos_ptr, npos, n, k0, rel, abs_, max_finite, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
+    ):
+        if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
+            top = _top_of(stats_ptr)
+            outside = tl.zeros([BLOCK], tl.int64)
+            zero = tl.zeros([BLOCK], tl.int64)
+            for start in range(0, npos, BLOCK):
+                j = start + tl.arange(0, BLOCK)
+                o, z = _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr)
+                outside = tl.maximum(outside, o)
+                zero = zero | z
+            tl.store(stats_ptr + 2, tl.max(outside, axis=0))
+            tl.store(stats_ptr + 3, tl.max(zero, axis=0))
+            if (tl.max(outside, axis=0) == 0) & (tl.max(zero, axis=0) == 0):
+                tl.debug_barrier()
+                moved = tl.zeros([BLOCK], tl.int64)
+                free = tl.zeros([BLOCK], tl.int64)
+                for start in range(0, n, BLOCK):
+                    mv, fr = _round_with_band_block(x_ptr, start + tl.arange(0, BLOCK), n, k0, rel, abs_, top)
+                    moved += mv
+                    free += fr
+                tl.debug_barrier()
+                for start in range(0, npos, BLOCK):
+                    j = start + tl.arange(0, BLOCK)
+                    moved += _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr)
+                tl.store(stats_ptr + 4, tl.sum(moved, axis=0))
+                tl.store(stats_ptr + 5, tl.sum(free, axis=0))
 
 
 _KERNELS: dict[str, Any] = (
@@ -177,6 +268,8 @@ _KERNELS: dict[str, Any] = (
         "round_with_band": _round_with_band_kernel,
         "write_listed": _write_listed_kernel,
         "round_inplace": _round_inplace_kernel,
+        "round_and_band_one": _round_and_band_one,
+        "round_with_entries_one": _round_with_entries_one,
     }
 )
 
@@ -196,7 +289,7 @@ def available() -> bool:
 def usable(x: Tensor) -> bool:
     """Whether a tensor is theirs: float64 (or its int64 view), contiguous, not empty, on a CUDA
     device Triton supports, or anywhere while Triton's interpreter runs (tests)."""
-    if x.dtype not in (torch.float64, torch.int64) or not x.is_contiguous() or x.numel() == 0:
+    if x.dtype not in _LANES or not x.is_contiguous() or x.numel() == 0:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return available()
@@ -230,6 +323,47 @@ def _grid(n: int) -> tuple[int]:
     return ((n + BLOCK - 1) // BLOCK,)
 
 
+#: Tensors up to this many lanes are done by one program (one launch, the passes in a loop): on a
+#: GPU the time of a small tensor is the launches', each some tens of microseconds of host Python.
+#: Larger ones keep one SM busy for longer than launches cost; of 8K, 16K and 64K lanes, 16K gave
+#: the fastest record steps on an H100 for gpt-shakespeare and the ResNet-50 shape.
+ONE_PROGRAM_MAX = 1 << 14
+
+
+def _launch_round_and_band(k: dict[str, Any], x: Tensor, flags: Tensor, p: BandParams, stats: Tensor) -> None:
+    """The trainer's kernels on the flat int64 view ``x``, counters into ``stats``."""
+    n = x.numel()
+    if n <= ONE_PROGRAM_MAX:
+        k["round_and_band_one"][(1,)](x, flags, n, p.k0, p.rel, p.abs, p.max_finite, stats, BLOCK=BLOCK)
+        return
+    k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
+    k["round_and_band"][_grid(n)](x, flags, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+
+
+def _launch_round_with_entries(
+    k: dict[str, Any], x: Tensor, pos: Tensor, p: BandParams, stats: Tensor
+) -> None:
+    """The auditor's kernels on the flat int64 view ``x`` with the entries ``pos`` (on its device,
+    in order and range), counters into ``stats``."""
+    n, npos = x.numel(), pos.numel()
+    # the listed lanes' neighbours, taken before the round pass overwrites them (x stands in when
+    # there are none: never read then)
+    near = torch.empty(npos, dtype=torch.int64, device=x.device) if npos else x
+    odd = torch.empty_like(near) if npos else x
+    pos = pos if npos else x
+    if n <= ONE_PROGRAM_MAX:
+        k["round_with_entries_one"][(1,)](
+            x, pos, npos, n, p.k0, p.rel, p.abs, p.max_finite, near, odd, stats, BLOCK=BLOCK
+        )
+        return
+    k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
+    if npos:
+        k["check_entries"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, near, odd, stats, BLOCK=BLOCK)
+    k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+    if npos:
+        k["write_listed"][_grid(npos)](x, pos, npos, near, odd, stats, BLOCK=BLOCK)
+
+
 def _stats(x: Tensor) -> Tensor:
     """A call's counters, read back in one synchronisation: [0] the largest magnitude's pattern,
     [1] a rare lane seen, [2] the auditor's first entry outside its band (as ``npos - j``; 0: none),
@@ -248,9 +382,8 @@ def round_and_band(xf: Tensor, p: BandParams) -> Tensor | None:
     n = x.numel()
     stats = _stats(x)
     flags = torch.empty(n, dtype=torch.int8, device=x.device)
-    k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-    k["round_and_band"][_grid(n)](x, flags, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-    _top, bad, _, _, listed, _ = stats.tolist()  # one synchronisation for both
+    _launch_round_and_band(k, x, flags, p, stats)
+    _top, bad, _, _, listed, _ = stats.tolist()  # one synchronisation
     if bad:
         return None
     if listed == 0:  # most tensors: no nonzero (two more launches and a synchronisation)
@@ -272,14 +405,7 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
         return None
     pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
     stats = _stats(x)
-    k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-    near = torch.empty(npos, dtype=torch.int64, device=x.device)  # the listed lanes' neighbours,
-    odd = torch.empty_like(near)  # taken before the round pass overwrites them
-    if npos:
-        k["check_entries"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, near, odd, stats, BLOCK=BLOCK)
-    k["round_with_band"][_grid(n)](x, n, npos, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-    if npos:
-        k["write_listed"][_grid(npos)](x, pos, npos, near, odd, stats, BLOCK=BLOCK)
+    _launch_round_with_entries(k, x, pos, p, stats)
     _top, bad, outside, listed_zero, corrections, free = stats.tolist()
     if bad or outside or listed_zero:
         return None
@@ -331,30 +457,38 @@ class Deferred:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._kernels = _kernels()  # the switches are read once a step, not once a tensor
+        self._anywhere = os.environ.get("TRITON_INTERPRET") == "1"
         self._buffers: list[Tensor] = []
+        self._free_rows: list[Tensor] = []  # views of the last buffer's unused rows, last first
         self._rows = 0
         self._tickets: list[tuple[int, Tensor]] = []  # trainer calls: (row, flags)
         self._replays: list[int] = []  # auditor calls' rows
 
     def _row(self) -> Tensor:
-        i = self._rows % self.ROWS
-        if i == 0:
-            self._buffers.append(torch.zeros(self.ROWS, 6, dtype=torch.int64, device=self.device))
+        if not self._free_rows:
+            buf = torch.zeros(self.ROWS, 6, dtype=torch.int64, device=self.device)
+            self._buffers.append(buf)
+            self._free_rows = list(reversed(buf.unbind(0)))  # one call for every row's view
         self._rows += 1
-        return self._buffers[-1][i]
+        return self._free_rows.pop()
+
+    def _takes(self, xf: Tensor) -> dict[str, Any] | None:
+        """The kernels when ``xf`` is theirs (:func:`usable`, with this step's switches)."""
+        if self._kernels is None or xf.dtype not in _LANES or not xf.is_contiguous() or xf.numel() == 0:
+            return None
+        return self._kernels if xf.device.type == self.device.type or self._anywhere else None
 
     def round_and_band(self, xf: Tensor, p: BandParams) -> int | None:
         """Trainer: round ``xf`` in place and flag its listed lanes; a ticket for :meth:`settle`'s
         positions, or None (nothing launched: the tensor is not the kernels')."""
-        k = _kernels()
-        if k is None or not usable(xf):
+        k = self._takes(xf)
+        if k is None:
             return None
         x = xf.view(torch.int64).view(-1)
         n = x.numel()
-        row = self._row()
         flags = torch.empty(n, dtype=torch.int8, device=x.device)
-        k["scan"][_grid(n)](x, n, p.max_finite, row, BLOCK=BLOCK)
-        k["round_and_band"][_grid(n)](x, flags, n, p.k0, p.rel, p.abs, row, BLOCK=BLOCK)
+        _launch_round_and_band(k, x, flags, p, self._row())
         self._tickets.append((self._rows - 1, flags))
         return len(self._tickets) - 1
 
@@ -362,32 +496,20 @@ class Deferred:
         """Auditor: check the entries and round ``xf`` in place; False (nothing launched) when the
         tensor is not the kernels' or the entries are out of order or range (checked on the host
         copy ``positions``; ``on_device`` is the same on the tensor's device)."""
-        k = _kernels()
-        if k is None or not usable(xf):
+        k = self._takes(xf)
+        if k is None:
             return False
         x = xf.view(torch.int64).view(-1)
-        n, npos = x.numel(), positions.numel()
-        if npos and not _ordered_in_range(positions, n):
+        if positions.numel() and not _ordered_in_range(positions, x.numel()):
             return False
-        row = self._row()
-        k["scan"][_grid(n)](x, n, p.max_finite, row, BLOCK=BLOCK)
-        near = odd = on_device
-        if npos:
-            near = torch.empty(npos, dtype=torch.int64, device=x.device)
-            odd = torch.empty_like(near)
-            k["check_entries"][_grid(npos)](
-                x, on_device, npos, p.k0, p.rel, p.abs, near, odd, row, BLOCK=BLOCK
-            )
-        k["round_with_band"][_grid(n)](x, n, npos, p.k0, p.rel, p.abs, row, BLOCK=BLOCK)
-        if npos:
-            k["write_listed"][_grid(npos)](x, on_device, npos, near, odd, row, BLOCK=BLOCK)
+        _launch_round_with_entries(k, x, on_device, p, self._row())
         self._replays.append(self._rows - 1)
         return True
 
     def round_inplace(self, xf: Tensor, k0: int, max_finite: int) -> bool:
         """Round ``xf`` in place to nearest; False (nothing launched) when it is not the kernels'."""
-        k = _kernels()
-        if k is None or not usable(xf):
+        k = self._takes(xf)
+        if k is None:
             return False
         x = xf.view(torch.int64).view(-1)
         k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)

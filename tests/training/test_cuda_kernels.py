@@ -6,11 +6,14 @@ imported); with one, on the GPU. Either way the reference is the torch path with
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from game.training import banding, native, rounding
 from game.training.bands import Band
@@ -32,6 +35,21 @@ pytestmark = pytest.mark.skipif(not cuda_kernels.available(), reason="Triton is 
 BAND = Band(-35, -46)
 
 
+#: The two ways a tensor is done: one program for it all (small tensors), or a program per block.
+LAYOUTS = ["one program", "a program per block"]
+
+
+@contextlib.contextmanager
+def _layout(layout: str) -> Iterator[None]:
+    """Run the kernels the given way, whatever the tensor's size."""
+    saved = cuda_kernels.ONE_PROGRAM_MAX
+    cuda_kernels.ONE_PROGRAM_MAX = 1 << 62 if layout == "one program" else 0
+    try:
+        yield
+    finally:
+        cuda_kernels.ONE_PROGRAM_MAX = saved
+
+
 def _params(bits: int, band: Band) -> native.BandParams:
     g = rounding._grid(bits)
     return native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
@@ -47,14 +65,17 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=40, deadline=None)
-@given(**TRAINER_CASES)
-def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tail: str, scale: float) -> None:
+@given(**TRAINER_CASES, layout=st.sampled_from(LAYOUTS))
+def test_trainerKernel_equalsTorch(
+    seed: int, bits: int, rel: int, gap: int, tail: str, scale: float, layout: str
+) -> None:
     band = Band(rel, max(rel - gap, -60))
     x = _values(seed, bits, tail, scale)
     with native.disabled():
         want_r, want_p = banding.round_and_band(x, bits, band)
     buf = _copy(x)
-    got = cuda_kernels.round_and_band(buf, _params(bits, band))
+    with _layout(layout):
+        got = cuda_kernels.round_and_band(buf, _params(bits, band))
     if tail == "subnormal":  # a rare lane: refused, nothing written
         assert got is None and torch.equal(_bits(buf), _bits(x))
         return
@@ -63,8 +84,10 @@ def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tai
 
 
 @settings(max_examples=40, deadline=None)
-@given(**AUDITOR_CASES)
-def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, count_free: bool) -> None:
+@given(**AUDITOR_CASES, layout=st.sampled_from(LAYOUTS))
+def test_auditorKernel_equalsTorch(
+    seed: int, bits: int, tail: str, extra: int, count_free: bool, layout: str
+) -> None:
     x_t = _values(seed, bits, tail, 1.0)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
     with native.disabled():
@@ -76,7 +99,8 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
         positions = torch.cat([honest, free[torch.randperm(free.numel(), generator=g)[:extra]]]).unique()
         want = banding.round_with_entries(x_a, bits, BAND, positions, count_free=count_free)
     buf = _copy(x_a)
-    got = cuda_kernels.round_with_entries(buf, _params(bits, BAND), positions, count_free)
+    with _layout(layout):
+        got = cuda_kernels.round_with_entries(buf, _params(bits, BAND), positions, count_free)
     if tail == "subnormal":
         assert got is None and torch.equal(_bits(buf), _bits(x_a))
         return
@@ -85,18 +109,20 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
     assert (got.corrections, got.free) == (want.corrections, want.free)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("size", [1023, 1024, 1025, 4096 + 3])
-def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
+def test_kernels_acrossBlockEdges_equalTorch(size: int, layout: str) -> None:
     """Programs take 1024 lanes each: entries on both sides of every edge and a last partial block."""
     band, x, positions = block_edge_case(size)
     with native.disabled():
         want_r, want_p = banding.round_and_band(x, 32, band)
         want = banding.round_with_entries(x, 32, band, positions, count_free=True)
-    t = _copy(x)
-    assert torch.equal(cuda_kernels.round_and_band(t, _params(32, band)).cpu(), want_p)  # type: ignore[union-attr]
+    t, a = _copy(x), _copy(x)
+    with _layout(layout):
+        listed = cuda_kernels.round_and_band(t, _params(32, band))
+        got = cuda_kernels.round_with_entries(a, _params(32, band), positions, True)
+    assert listed is not None and torch.equal(listed.cpu(), want_p)
     assert torch.equal(_bits(t), _bits(want_r))
-    a = _copy(x)
-    got = cuda_kernels.round_with_entries(a, _params(32, band), positions, True)
     assert got is not None and (got.corrections, got.free) == (want.corrections, want.free)
     assert torch.equal(_bits(a), _bits(want.rounded)) and got.corrections > 0
 
@@ -106,8 +132,9 @@ def _far_lane(x: torch.Tensor) -> int:
     return int((geo.off & (geo.distance > (geo.band << 5))).nonzero()[0, 0])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", ["descending", "repeated", "negative", "past-end", "outside", "zero"])
-def test_auditorKernel_refusesBadEntries_writingNothing(case: str) -> None:
+def test_auditorKernel_refusesBadEntries_writingNothing(case: str, layout: str) -> None:
     """Order, range, band and a listed zero: refused before anything is written; torch words it."""
     x = _mixed_values(1500, 5, 32)
     x[7] = 0.0
@@ -120,7 +147,9 @@ def test_auditorKernel_refusesBadEntries_writingNothing(case: str) -> None:
         "zero": [3, 7],
     }[case]
     buf = _copy(x)
-    assert cuda_kernels.round_with_entries(buf, _params(32, BAND), torch.tensor(positions), False) is None
+    with _layout(layout):
+        got = cuda_kernels.round_with_entries(buf, _params(32, BAND), torch.tensor(positions), False)
+    assert got is None
     assert torch.equal(_bits(buf), _bits(x))
     if case != "zero":  # a listed zero is refused by the kernels only (the torch path takes it)
         with pytest.raises(banding.BandViolation):
@@ -159,8 +188,14 @@ def _auditor_case(seed: int, tail: str = "none") -> tuple[torch.Tensor, torch.Te
     return _perturb(x_t, 2.0**-40, seed + 1), honest
 
 
-def test_deferred_equalsTheImmediateKernels() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_deferred_equalsTheImmediateKernels(layout: str) -> None:
     """Many calls, one settle: the same bits, positions and counts as one call at a time."""
+    with _layout(layout):
+        _deferred_equalsTheImmediateKernels()
+
+
+def _deferred_equalsTheImmediateKernels() -> None:
     deferred = cuda_kernels.Deferred(torch.device(DEV))
     trainer = [_values(s, 32, tail, 1.0) for s, tail in ((1, "none"), (2, "zero"), (3, "none"))]
     bufs = [_copy(x) for x in trainer]
@@ -187,9 +222,15 @@ def test_deferred_equalsTheImmediateKernels() -> None:
     assert sum(int(p.numel()) for p in settled.positions) > 0  # the split across tickets was exercised
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("failing", ["rare trainer lane", "rare exact lane", "entry outside", "listed zero"])
-def test_deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
+def test_deferred_oneFailedCheck_settlesToNone(failing: str, layout: str) -> None:
     """A call that needs the torch path is only known at the end: settle says the step must rerun."""
+    with _layout(layout):
+        _deferred_oneFailedCheck_settlesToNone(failing)
+
+
+def _deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
     deferred = cuda_kernels.Deferred(torch.device(DEV))
     assert deferred.round_and_band(_copy(_values(1, 32, "none", 1.0)), _params(32, BAND)) is not None
     x = _mixed_values(1500, 5, 32)
@@ -234,12 +275,13 @@ def _engines(preset: str, profile: str = STEP_PROFILE) -> tuple[StepEngine, Step
 
 @pytest.fixture
 def settles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts Deferred.settle calls (so a test sees the deferred path ran)."""
+    """The calls each Deferred.settle read back (so a test sees the deferred path ran, and took
+    tensors rather than leaving them all to the immediate one)."""
     calls: list[int] = []
     real = cuda_kernels.Deferred.settle
 
     def counted(self: cuda_kernels.Deferred) -> cuda_kernels.Settled | None:
-        calls.append(1)
+        calls.append(self._rows)
         return real(self)
 
     monkeypatch.setattr(cuda_kernels.Deferred, "settle", counted)
@@ -266,7 +308,7 @@ def test_deferredSteps_equalImmediateOnes(settles: list[int]) -> None:
         aud_imm = immediate.run_step(s_aud_imm, step, mode="replay", log=chunk)
         assert aud.leaf == aud_imm.leaf and aud.corrections == aud_imm.corrections
         corrections += aud.corrections
-    assert corrections > 0 and len(settles) == 4
+    assert corrections > 0 and len(settles) == 4 and min(settles) > 0
 
 
 def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from game.training.state import (
     check_on_grid,
     decode_state,
     encode_state,
+    move_state,
     parse_state,
     state_hash,
     state_tensors,
@@ -157,6 +158,23 @@ def test_offGridFloat_cannotBeEncoded() -> None:
         encode_state(state)
     with pytest.raises(OffGridError, match=r"fc1\.bias"):
         check_on_grid(state, 32)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(SMALL))
+def test_encode_onCuda_isTheSameBytes_andNamesAnOffGridTensor(name: str) -> None:
+    """A state on the GPU (its small tensors converted and copied back together) encodes to the
+    bytes it has on CPU; a value off the grid is still found and named."""
+    _, state = trained(name)
+    data = encode_state(state)
+    move_state(state, "cuda")
+    assert encode_state(state) == data
+    p = next(state.model.parameters())
+    with torch.no_grad():
+        p.view(-1)[-1] = 1.0 / 3.0
+    with pytest.raises(OffGridError, match=next(n for n, q in state.model.named_parameters() if q is p)):
+        state_hash(state)
 
 
 def test_checkOnGrid_usesTheBitsGrid() -> None:
