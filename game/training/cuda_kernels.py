@@ -436,6 +436,12 @@ class Settled(NamedTuple):
     positions: list[Tensor]  # per trainer ticket: its listed positions (int64, ascending, on the host)
     corrections: int  # auditor calls: lanes not at their nearest, summed
     free: int  # auditor calls: lanes within 16 bands, summed (counted by the kernel either way)
+    failed: tuple[int, ...] = ()  # calls (in launch order) that need the torch path; then nothing else
+
+
+#: Tensors above this many lanes are not deferred (their calls read back at once, as without
+#: deferral): what deferral saves is per-tensor waiting, which small tensors are made of.
+DEFER_MAX = 1 << 62
 
 
 class Deferred:
@@ -447,10 +453,10 @@ class Deferred:
     buffer and launches its kernels without waiting; :meth:`settle` reads all rows in one
     synchronisation (and the trainer's listed positions in one more). The catch: a call that meets a
     rare lane (or, for the auditor, a bad entry) has written nothing, and the ops after it have used
-    its unrounded values, so :meth:`settle` returns None and the caller runs the whole step again
-    with the synchronous functions, from a copy of the state taken before (see
-    :class:`game.training.step.StepEngine`), which also words any error. In honest training that
-    never happens: rare lanes are values below 2**-126 or non-finite ones.
+    its unrounded values, so :meth:`settle` names the failed calls and the caller runs the whole
+    step again with the synchronous functions, from a copy of the state taken before, which also
+    words any error (:class:`game.training.step.StepEngine`; it then leaves those calls undeferred
+    in later steps: at the ResNet-50 shape some tensors hold values below 2**-126 every step).
     """
 
     ROWS = 512  # counter rows per buffer (a buffer is zeroed in one launch)
@@ -474,8 +480,11 @@ class Deferred:
         return self._free_rows.pop()
 
     def _takes(self, xf: Tensor) -> dict[str, Any] | None:
-        """The kernels when ``xf`` is theirs (:func:`usable`, with this step's switches)."""
-        if self._kernels is None or xf.dtype not in _LANES or not xf.is_contiguous() or xf.numel() == 0:
+        """The kernels when ``xf`` is theirs (:func:`usable`, with this step's switches) and small
+        enough to defer (:data:`DEFER_MAX`)."""
+        if self._kernels is None or xf.dtype not in _LANES or not xf.is_contiguous():
+            return None
+        if not 0 < xf.numel() <= DEFER_MAX:
             return None
         return self._kernels if xf.device.type == self.device.type or self._anywhere else None
 
@@ -515,14 +524,16 @@ class Deferred:
         k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)
         return True
 
-    def settle(self) -> Settled | None:
-        """Read every call's counters back (one synchronisation); None when a call needs the torch
-        path (a rare lane, a bad entry): the step must run again without deferral."""
+    def settle(self) -> Settled:
+        """Read every call's counters back (one synchronisation). When a call needed the torch path
+        (a rare lane, a bad entry), only ``failed`` is filled: the step must run again without
+        deferral."""
         if not self._rows:
             return Settled([], 0, 0)
         stats = torch.cat(self._buffers)[: self._rows].cpu()
-        if bool(stats[:, 1:4].any()):
-            return None
+        bad = stats[:, 1:4].any(dim=1)
+        if bool(bad.any()):
+            return Settled([], 0, 0, tuple(bad.nonzero().squeeze(1).tolist()))
         listed = stats[:, 4]
         replays = torch.tensor(self._replays, dtype=torch.int64)
         corrections = int(listed[replays].sum()) if self._replays else 0

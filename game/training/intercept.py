@@ -54,7 +54,12 @@ UNCHECKED_BANDS = BandTable(default=Band(MAX_EXP, MAX_EXP))
 
 class DeferredChecksFailed(TrainingError):
     """A step's deferred CUDA checks found a tensor the kernels left to the torch path; the step
-    engine runs the step again, from its saved state, without deferral (never seen by callers)."""
+    engine runs the step again, from its saved state, without deferral (never seen by callers).
+    ``calls``: the failed calls' ordinals in the step, which later steps do not defer."""
+
+    def __init__(self, message: str, calls: frozenset[int] = frozenset()) -> None:
+        super().__init__(message)
+        self.calls = calls
 
 
 class OpClass(enum.Enum):
@@ -327,6 +332,7 @@ class RoundingMode(TorchDispatchMode):
         log_format: str | None = None,
         count_free: bool = False,
         defer: bool = False,
+        immediate: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -362,7 +368,10 @@ class RoundingMode(TorchDispatchMode):
             self._defer = self._deferred_checks(profile, log)
         # deferred: the log's records in op order, each with its positions or a Deferred ticket
         self._pending: list[tuple[int, str, int, Tensor | int]] = []
-        self._failed = False  # deferred checks read back and one failed
+        self._immediate = immediate  # ordinals of kernel calls not to defer (they failed before)
+        self._calls = 0  # kernel calls that could defer, so far in this step
+        self._deferred_calls: list[int] = []  # the ordinal of each deferred call, in launch order
+        self.failed_calls: frozenset[int] = frozenset()  # deferred calls whose checks failed
 
     def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
         """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""
@@ -397,7 +406,7 @@ class RoundingMode(TorchDispatchMode):
         when one failed: the step must run again without deferral)."""
         if self.deferred_failed():
             raise DeferredChecksFailed(
-                f"step {self.step}: a deferred check failed; run the step without deferral"
+                f"step {self.step}: a deferred check failed; run the step without deferral", self.failed_calls
             )
         if self._cursor is not None:
             self._cursor.finish()
@@ -407,8 +416,8 @@ class RoundingMode(TorchDispatchMode):
         True here means the error may come from values a failed call left unrounded."""
         if self._defer is not None:
             settled, self._defer = self._defer.settle(), None
-            if settled is None:
-                self._failed = True
+            if settled.failed:
+                self.failed_calls = frozenset(self._deferred_calls[row] for row in settled.failed)
             else:
                 assert isinstance(self.log, SparseStepLog)  # deferral is for sparse logs
                 for index, name, count, pos in self._pending:  # record mode only
@@ -418,7 +427,23 @@ class RoundingMode(TorchDispatchMode):
                 if self.count_free:
                     self.free += settled.free
             self._pending = []
-        return self._failed
+        return bool(self.failed_calls)
+
+    def _may_defer(self) -> bool:
+        """Whether the next kernel call may defer its checks: deferral is on and the call did not
+        fail in an earlier step (the ordinals are the same every step: the same ops in the same
+        order). Every call that could defer counts, so ask once per tensor."""
+        if self._defer is None:
+            return False
+        ordinal = self._calls
+        self._calls += 1
+        return ordinal not in self._immediate
+
+    def _deferred(self, launched: bool) -> bool:
+        """Note a call that launched its kernels deferred (``launched``); pass it on."""
+        if launched:
+            self._deferred_calls.append(self._calls - 1)
+        return launched
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -437,7 +462,12 @@ class RoundingMode(TorchDispatchMode):
                 g = self._grid
                 for t in _touched(plan, args, kwargs, out):
                     if t.dtype == torch.float64:
-                        if self._defer is None or not self._defer.round_inplace(t, g.k0, g.max_finite):
+                        defer = self._defer
+                        if not (
+                            defer is not None
+                            and self._may_defer()
+                            and self._deferred(defer.round_inplace(t, g.k0, g.max_finite))
+                        ):
                             rounding.round_(t, self.bits)
                         self.rounded[name] += 1
             return out
@@ -467,11 +497,12 @@ class RoundingMode(TorchDispatchMode):
             return
         band = self.bands.band(name)
         entry: SparseRecord | None = None
-        if self._defer is not None:
+        if self._defer is not None and self._may_defer():
             params = native.BandParams(self._grid.k0, self._grid.max_finite, band.rel, band.abs)
             if self.mode == "record":
                 ticket = self._defer.round_and_band(t, params)
-                if ticket is not None:
+                if self._deferred(ticket is not None):
+                    assert ticket is not None
                     self._pending.append((index, name, t.numel(), ticket))
                     self.logged[name] += 1
                     return
@@ -480,7 +511,7 @@ class RoundingMode(TorchDispatchMode):
                 entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
                 i = self._cursor.position - 1
                 listed = self._device_positions[self._offsets[i] : self._offsets[i + 1]]
-                if self._defer.round_with_entries(t, params, entry.positions, listed):
+                if self._deferred(self._defer.round_with_entries(t, params, entry.positions, listed)):
                     self.logged[name] += 1
                     return
         try:

@@ -49,6 +49,12 @@ from game.training.state import (
 logger = logging.getLogger(__name__)
 
 
+#: Set to ``0`` to read the CUDA kernels' checks back at every tensor instead of once a step.
+DEFER_SWITCH = "VGAME_DEFER"
+#: A step engine that had to run this many steps twice (deferred checks failed) stops deferring.
+MAX_DEFER_FAILURES = 3
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step produced besides the (mutated) state."""
@@ -82,7 +88,11 @@ class StepEngine:
         self.check_grid = check_grid  # assert every float of the state is on the grid after each step
         self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
         self.count_free = False  # replay: count the values a trainer could have rounded either way
-        self.defer = True  # CUDA: kernels check at the end of a step (False: at every tensor, as on CPU)
+        # CUDA: the kernels' checks are read back at the end of a step (False, or VGAME_DEFER=0: at
+        # every tensor, as on CPU)
+        self.defer = os.environ.get(DEFER_SWITCH, "1") != "0"
+        self._immediate_calls: set[int] = set()  # deferred calls that failed: checked at once since
+        self._defer_failures = 0  # steps run twice; after MAX_DEFER_FAILURES deferral stops
 
     def init_state(self, *, precision: Precision = "fp64") -> TrainState:
         """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
@@ -130,8 +140,15 @@ class StepEngine:
             restore = snapshot(state)
             try:
                 rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=True)
-            except DeferredChecksFailed:
-                logger.info("step %d: a deferred check failed; running it again without deferral", step)
+            except DeferredChecksFailed as failed:
+                self._defer_failures += 1
+                self._immediate_calls |= failed.calls
+                logger.info(
+                    "step %d: %d deferred kernel call(s) needed the torch path; the step runs again "
+                    "without deferral, and later steps do not defer those calls",
+                    step,
+                    len(failed.calls),
+                )
                 restore()
                 rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
         else:
@@ -166,6 +183,8 @@ class StepEngine:
         """Whether this step's CUDA kernels leave their checks to its end (sparse record and replay
         with the Triton kernels): one synchronisation a step instead of one a tensor."""
         if not (self.defer and mode in ("record", "replay") and isinstance(log, SparseStepLog)):
+            return False
+        if self._defer_failures >= MAX_DEFER_FAILURES:  # the failures move around: not worth it
             return False
         if self.profile.emulates or not (self.mode_class.defer_checks and self.mode_class.round_in_place):
             return False
@@ -203,6 +222,7 @@ class StepEngine:
             log_format=self.cfg.log_format,
             count_free=self.count_free,
             defer=defer,
+            immediate=frozenset(self._immediate_calls),
         )
         try:
             with self.profile.apply():
@@ -217,7 +237,7 @@ class StepEngine:
             raise
         except Exception as exc:
             if defer and rm.deferred_failed():
-                raise DeferredChecksFailed(f"step {step}: {exc}") from exc
+                raise DeferredChecksFailed(f"step {step}: {exc}", rm.failed_calls) from exc
             raise
         return rm, loss
 
