@@ -2,12 +2,13 @@
 
 On a GPU the torch kernels of :mod:`game.training.banding` cost some 30 launches and several host
 synchronisations per rounded tensor; measured on an H100, a gpt-shakespeare trainer step took 304
-ms against 26 ms of plain float64 training. These kernels do a tensor in two to five launches and
-one synchronisation (two when the trainer lists values). They compute bit for bit what the C kernels compute (integer arithmetic on
-the int64 patterns of float64 values, the same formulas, see the C file's header) and, like them,
-handle the common lanes only: when a tensor holds a rare lane (the float32-subnormal range, past the
-grid's range, inf, NaN) they write nothing and return None or False, and the caller takes the torch
-path, which words any error.
+ms against 26 ms of plain float64 training. These kernels do a small tensor in one launch and a
+large one in two to four, and :class:`Deferred` reads a whole step's checks back in one
+synchronisation (the functions below read each call's back at once). They compute bit for bit what
+the C kernels compute (integer arithmetic on the int64 patterns of float64 values, the same
+formulas, see the C file's header) and, like them, handle the common lanes only: when a tensor
+holds a rare lane (the float32-subnormal range, past the grid's range, inf, NaN) they write nothing
+and say so, and the caller takes the torch path, which words any error.
 
 Triton comes with torch's CUDA builds; without it (or with ``VGAME_NATIVE=0``) the torch kernels
 run. Tests run these kernels on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``, which

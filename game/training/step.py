@@ -78,6 +78,9 @@ class StepEngine:
 
     #: The interceptor class (a deviation that steers its rounding substitutes its own).
     mode_class: type[RoundingMode] = RoundingMode
+    #: Defer on any device the Triton kernels run on, not only CUDA: for tests, on CPU tensors in
+    #: Triton's interpreter.
+    defer_anywhere: bool = False
 
     def __init__(self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False) -> None:
         if not profile.available():  # before a caller writes anything (a transcript directory)
@@ -188,8 +191,8 @@ class StepEngine:
             return False
         if self.profile.emulates or not (self.mode_class.defer_checks and self.mode_class.round_in_place):
             return False
-        if self.profile.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            return False  # the usual case: no Triton import on a CPU run
+        if not (self.profile.device.startswith("cuda") or self.defer_anywhere):
+            return False  # a CPU run: no Triton import
         from game.training import cuda_kernels
 
         return cuda_kernels.runs_on(torch.device(self.profile.device))

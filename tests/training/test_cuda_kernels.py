@@ -19,6 +19,7 @@ from game.training import banding, native, rounding
 from game.training import step as step_mod
 from game.training.bands import Band
 from game.training.profiles import get_profile
+from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 
 from .test_banding import _mixed_values, _perturb
@@ -271,6 +272,7 @@ def _engines(preset: str, profile: str = STEP_PROFILE) -> tuple[StepEngine, Step
     """A deferring engine and an immediate one (the C kernels on CPU) of one small task."""
     cfg = small_cfg(preset)
     deferring, immediate = StepEngine(cfg, get_profile(profile)), StepEngine(cfg, get_profile(profile))
+    deferring.defer_anywhere = True  # without a GPU: CPU tensors in Triton's interpreter
     immediate.defer = False
     return deferring, immediate
 
@@ -366,3 +368,12 @@ def test_deferredStep_meetingARareLane_runsAgain_andEqualsTheImmediateOne(settle
         want = immediate.run_step(states[1], step, mode="record")
         assert got.leaf == want.leaf
     assert deferring._defer_failures >= 1 and deferring._immediate_calls
+
+
+def test_cpuEngine_neverDefers_evenUnderTheInterpreter() -> None:
+    """Only CUDA steps defer: Triton's interpreter switch (set by this module for every later test of
+    the process) must not send CPU runs through the Triton kernels."""
+    engine = StepEngine(small_cfg("mlp-digits"), get_profile("cpu-1t"))
+    assert not engine._defers("record", SparseStepLog(1))
+    engine.defer_anywhere = True  # the tests' switch; a CPU device still needs the interpreter
+    assert engine._defers("record", SparseStepLog(1)) == (not ON_GPU)
