@@ -486,18 +486,10 @@ class RoundingMode(TorchDispatchMode):
             return
         index = self.op_index
         self.op_index += 1
-        where = f"step {self.step}, op #{index} {name}"
-        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
-        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
-        # rounding without a log scans here.
-        top = rounding.check_finite(t, where) if self.mode == "round" else None
-        if self.mode == "round":
-            rounding.round_(t, self.bits, top=top)
-            self.rounded[name] += 1
-            return
-        band = self.bands.band(name)
+        band: Band | None = None
         entry: SparseRecord | None = None
-        if self._defer is not None and self._may_defer():
+        if self._defer is not None and self._may_defer():  # record or replay; no error text needed
+            band = self.bands.band(name)
             params = native.BandParams(self._grid.k0, self._grid.max_finite, band.rel, band.abs)
             if self.mode == "record":
                 ticket = self._defer.round_and_band(t, params)
@@ -514,6 +506,17 @@ class RoundingMode(TorchDispatchMode):
                 if self._deferred(self._defer.round_with_entries(t, params, entry.positions, listed)):
                     self.logged[name] += 1
                     return
+        where = f"step {self.step}, op #{index} {name}"
+        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
+        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
+        # rounding without a log scans here.
+        top = rounding.check_finite(t, where) if self.mode == "round" else None
+        if self.mode == "round":
+            rounding.round_(t, self.bits, top=top)
+            self.rounded[name] += 1
+            return
+        if band is None:
+            band = self.bands.band(name)
         try:
             if self.mode == "record":
                 r = self._record(t, index, name, band, top, where)
