@@ -166,6 +166,15 @@ _SLICE = 1 << 20
 _JOIN_BELOW = 1 << 16
 
 
+def _on_grid_float32(name: str, x: Tensor) -> Tensor:
+    """``x`` (float64) as float32, converted and checked where it lives; OffGridError naming the
+    state tensor when a value is not on the float32 grid."""
+    x32 = x.to(torch.float32)
+    if not torch.equal(x32.to(torch.float64), x):
+        raise OffGridError(f"state tensor {name} is float64 but not on the float32 grid; cannot encode it")
+    return x32
+
+
 def _values(name: str, t: Tensor) -> Iterator[memoryview]:
     """A tensor's canonical values (little-endian), a slice at a time (no second copy of the whole
     tensor is made on the way to the hash)."""
@@ -188,12 +197,7 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
             yield fast[0].astype("<f4", copy=False).data.cast("B")
             continue
         if t.dtype == torch.float64:  # checked where the tensor lives: only float32 reaches the host
-            p32 = part.to(torch.float32)
-            if not torch.equal(p32.to(torch.float64), part):
-                raise OffGridError(
-                    f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
-                )
-            part = p32
+            part = _on_grid_float32(name, part)
         arr = part.to(device="cpu").contiguous().numpy()
         yield arr.astype(_NUMPY[_TAGS[t.dtype]], copy=False).data.cast("B")
 
@@ -248,10 +252,7 @@ def _device_to_float32(names: list[str], tensors: list[Tensor]) -> dict[str, np.
     f32 = flat.to(torch.float32)
     if not torch.equal(f32.to(torch.float64), flat):  # name the first tensor off the grid
         for name, t in zip(names, tensors, strict=True):
-            if not torch.equal(t.to(torch.float32).to(torch.float64), t):
-                raise OffGridError(
-                    f"state tensor {name} is float64 but not on the float32 grid; cannot encode it"
-                )
+            _on_grid_float32(name, t)
     host = f32.cpu().numpy()
     ends = np.cumsum([t.numel() for t in tensors])
     return {name: host[end - t.numel() : end] for name, t, end in zip(names, tensors, ends, strict=True)}
