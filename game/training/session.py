@@ -74,6 +74,12 @@ class Deviation:
     def after_step(self, step: int, state: TrainState) -> None:
         """Change ``state`` in place after ``step`` (tampered weights)."""
 
+    @property
+    def alters_state(self) -> bool:
+        """Whether :meth:`after_step` is overridden: the leaf is then hashed after it, not taken
+        from the step."""
+        return type(self).after_step is not Deviation.after_step
+
     def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
         """The log chunk actually published for ``step`` (a tampered log)."""
         return step_log
@@ -228,30 +234,33 @@ def train(
         writer = TranscriptWriter.create(out, cfg, profile)
 
     steps_run = 0
-    if state is None:
-        state = engine.init_state()
-        dev.after_step(0, state)  # a deviation may tamper with the initial state too
-        h = state_hash(state)
-        writer.append_step(0, h, dev.tamper_log(0, new_step_log(cfg.log_format, 0)), encode_state(state))
-    loss: float | None = None
-    for step in range(writer.num_done, cfg.steps + 1):
-        if dev.skip(step):
-            step_log: ChunkLog = new_step_log(cfg.log_format, step)
-            state.step = step
-        else:
-            result = dev.engine(step, engine).run_step(
-                state, step, mode="record", batch_override=dev.batch(step)
-            )
-            assert result.log is not None  # record mode always returns the step's log
-            step_log, loss = result.log, result.loss
-        dev.after_step(step, state)
-        h = state_hash(state)
-        ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
-        writer.append_step(step, h, dev.tamper_log(step, step_log), ckpt)
-        steps_run += 1
-        if progress is not None:
-            progress(step, cfg.steps)
-    writer.finish()
+    with writer:  # on any error, the steps already computed still reach the disk
+        if state is None:
+            state = engine.init_state()
+            dev.after_step(0, state)  # a deviation may tamper with the initial state too
+            h = state_hash(state)
+            writer.append_step(0, h, dev.tamper_log(0, new_step_log(cfg.log_format, 0)), encode_state(state))
+        loss: float | None = None
+        for step in range(writer.num_done, cfg.steps + 1):
+            leaf: bytes | None = None
+            if dev.skip(step):
+                step_log: ChunkLog = new_step_log(cfg.log_format, step)
+                state.step = step
+            else:
+                result = dev.engine(step, engine).run_step(
+                    state, step, mode="record", batch_override=dev.batch(step)
+                )
+                assert result.log is not None  # record mode always returns the step's log
+                step_log, loss, leaf = result.log, result.loss, result.state_hash
+            dev.after_step(step, state)
+            if leaf is None or dev.alters_state:
+                leaf = state_hash(state)  # else the step's own hash: the same bytes, hashed once
+            ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
+            writer.append_step(step, leaf, dev.tamper_log(step, step_log), ckpt)
+            steps_run += 1
+            if progress is not None:
+                progress(step, cfg.steps)
+        writer.finish()
     return _result(Transcript(out), profile, steps_run=steps_run, resumed_from=resumed_from, loss=loss)
 
 

@@ -19,7 +19,17 @@ import torch
 from game.errors import ConfigError, TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
-from game.training.session import SERIES_FP32, SERIES_LOG, SERIES_ROUND, audit, divergence, replay_step, train
+from game.training.session import (
+    SERIES_FP32,
+    SERIES_LOG,
+    SERIES_ROUND,
+    Deviation,
+    audit,
+    divergence,
+    replay_step,
+    train,
+)
+from game.training.state import TrainState
 from game.training.transcript import CHECKPOINT_DIR_NAME, LEAVES_NAME, LOG_DIR_NAME, Transcript
 
 STEPS = 6
@@ -101,6 +111,22 @@ def test_tampered_or_missing_chunk_is_detected(transcript: Path, tmp_path: Path)
     chunk.unlink()
     with pytest.raises(Exception, match="step 2"):
         Transcript(copy).verify()
+
+
+class _NudgeWeights(Deviation):
+    """Changes one weight after step 3 (tampered weights, not from the step's computation)."""
+
+    def after_step(self, step: int, state: TrainState) -> None:
+        if step == 3:
+            with torch.no_grad():
+                next(iter(state.model.parameters())).view(-1)[0] += 2.0**-10
+
+
+def test_weightsTamperedAfterAStep_areInThatStepsLeaf(tmp_path: Path) -> None:
+    """The trainer takes a step's leaf from the step itself unless the deviation changes the
+    state afterwards: the tampered step must be the first one the auditor disagrees with."""
+    train(tiny("mlp-digits"), "cpu-1t", tmp_path / "t", deviation=_NudgeWeights())
+    assert audit(tmp_path / "t", "cpu-1t").first_divergent_step == 3
 
 
 def test_train_refuses_a_directory_of_another_task(transcript: Path) -> None:

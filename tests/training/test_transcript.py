@@ -1,0 +1,117 @@
+"""The transcript writer's thread: steps reach the disk in order, errors reach the caller, and a
+failure never leaves a later step's leaf behind a missing one (the crash-resume invariant)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.errors import TranscriptError
+from game.training.config import TaskConfig
+from game.training.roundlog import new_step_log
+from game.training.transcript import (
+    CHUNK_HASHES_NAME,
+    LEAVES_NAME,
+    WRITE_AHEAD,
+    Transcript,
+    TranscriptWriter,
+)
+
+
+def _cfg() -> TaskConfig:
+    return TaskConfig.for_preset("mlp-digits", model={"hidden": 16}, steps=8, checkpoint_interval=2)
+
+
+def _state(step: int) -> tuple[bytes, bytes]:
+    """Stand-in state bytes of ``step`` and their hash (the writer checks one against the other)."""
+    data = f"state {step}".encode()
+    return hashlib.sha256(data).digest(), data
+
+
+def _append(writer: TranscriptWriter, step: int, **overrides: Any) -> None:
+    leaf, data = _state(step)
+    args: dict[str, Any] = {"state_hash": leaf, "checkpoint": data if writer.wants_checkpoint(step) else None}
+    args.update(overrides)
+    writer.append_step(step, step_log=new_step_log(writer.cfg.log_format, step), **args)
+
+
+def _on_disk(out: Path, name: str) -> list[bytes]:
+    data = (out / name).read_bytes()
+    return [data[i : i + 32] for i in range(0, len(data), 32)]
+
+
+def test_flush_putsEveryAcceptedStepOnDisk_inOrder(tmp_path: Path) -> None:
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    for step in range(cfg.steps + 1):
+        _append(writer, step)
+    writer.flush()
+    assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(cfg.steps + 1)]
+    writer.finish()
+    t = Transcript(tmp_path / "t")
+    t.verify()
+    assert t.checkpoint_steps() == [0, 2, 4, 6, 8]
+    assert t.load_checkpoint(4) == _state(4)[1]
+
+
+def test_aFailedWrite_isRaisedNamingTheStep_andNoLaterLeafLands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    honest = writer._log_writer.write_chunk
+
+    def write_chunk(step: int, *args: Any) -> bytes:
+        if step == 3:
+            raise OSError(28, "No space left on device")
+        return honest(step, *args)
+
+    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    with pytest.raises(TranscriptError, match=r"writing step 3 .* No space left on device"):
+        for step in range(cfg.steps + 1):  # raised by a later append, or by flush at the latest
+            _append(writer, step)
+        writer.flush()
+    with pytest.raises(TranscriptError, match="writing step 3"):  # and again: the writer is broken
+        writer.close()
+    out = tmp_path / "t"
+    assert _on_disk(out, LEAVES_NAME) == [_state(s)[0] for s in range(3)]
+    assert len(_on_disk(out, CHUNK_HASHES_NAME)) == 3
+    resumed = TranscriptWriter.resume(out, cfg)
+    assert resumed.num_done == 3  # the run goes on from the first step that is not on disk
+
+
+def test_anErrorOfTheCaller_stillWritesTheQueuedSteps(tmp_path: Path) -> None:
+    cfg = _cfg()
+    with (
+        pytest.raises(RuntimeError, match="the trainer stopped"),
+        TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t") as writer,
+    ):
+        for step in range(WRITE_AHEAD + 3):
+            _append(writer, step)
+        raise RuntimeError("the trainer stopped")
+    assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(WRITE_AHEAD + 3)]
+
+
+def test_checkpointBytesThatDoNotHashToTheLeaf_areRefusedNamingTheStep(tmp_path: Path) -> None:
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    _append(writer, 0)
+    _append(writer, 1)
+    _append(writer, 2, checkpoint=b"other bytes")
+    with pytest.raises(TranscriptError, match="checkpoint bytes of step 2 do not hash"):
+        writer.flush()
+    assert len(_on_disk(tmp_path / "t", LEAVES_NAME)) == 2
+
+
+def test_appendStep_refusesOutOfOrderSteps_andAMissingCheckpoint_atOnce(tmp_path: Path) -> None:
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    with pytest.raises(TranscriptError, match="expected step 0, got 1"):
+        _append(writer, 1)
+    with pytest.raises(TranscriptError, match="step 0 is a checkpoint step"):
+        _append(writer, 0, checkpoint=None)
+    _append(writer, 0)
+    writer.close()
