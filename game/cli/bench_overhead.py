@@ -22,6 +22,10 @@ def overhead(
     warmup: Annotated[
         int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")
     ] = 1,
+    block: Annotated[
+        int,
+        typer.Option("--block", min=1, help="Consecutive steps of one variant before the next one's turn."),
+    ] = 5,
     model: Annotated[
         str | None,
         typer.Option(
@@ -58,7 +62,9 @@ def overhead(
             overrides["log_format"] = log_format
         cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
-            report = measure_overhead(cfg, steps=steps, repeats=repeats, warmup=warmup, profile=profile)
+            report = measure_overhead(
+                cfg, steps=steps, repeats=repeats, warmup=warmup, block=block, profile=profile
+            )
         else:
             with console.status("measuring overhead") as status:
                 report = measure_overhead(
@@ -66,6 +72,7 @@ def overhead(
                     steps=steps,
                     repeats=repeats,
                     warmup=warmup,
+                    block=block,
                     profile=profile,
                     progress=lambda m: status.update(m),
                 )
@@ -82,8 +89,8 @@ def _print(report: OverheadReport) -> None:
 
     n = len(report.samples["trainer"])
     times = Table(
-        title=f"{report.preset} on {report.profile}: median seconds per step ({n} timed steps, "
-        f"{report.repeats} repeats, interleaved)",
+        title=f"{report.preset} on {report.profile}: median seconds per step ({n} timed blocks of up to "
+        f"{report.block} steps, {report.steps} steps x {report.repeats} repeats, interleaved)",
         title_justify="left",
     )
     times.add_column("variant")
@@ -91,8 +98,8 @@ def _print(report: OverheadReport) -> None:
     labels = {
         "fp32": "plain float32",
         "fp64": "plain float64",
-        "trainer": "trainer (round + log + encode + hash + disk)",
-        "auditor": "auditor (read + decode + replay + hash)",
+        "trainer": "trainer (round + log + hash + transcript on disk)",
+        "auditor": "auditor (read + check + decode + replay + hash)",
     }
     for v, label in labels.items():
         times.add_row(label, f"{report.medians[v]:.4f}")

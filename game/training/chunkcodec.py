@@ -163,31 +163,61 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
     return out, start + int(ends[-1]) + 1
 
 
+def _uvarint_of(value: int) -> bytes:
+    """One small LEB128 integer (the name table's counts and lengths): a numpy array and a kernel
+    call for each cost more than the whole table's bytes."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _uvarint_at(data: memoryview, pos: int) -> tuple[int, int]:
+    """One LEB128 integer at ``data[pos:]`` and the position after it, under the rules of
+    :func:`uvarint_decode` (at most 9 bytes, shortest form)."""
+    value = shift = 0
+    for k in range(9):
+        if pos + k >= len(data):
+            raise Malformed("truncated in the name table")
+        byte = data[pos + k]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if byte == 0 and k > 0:
+                raise Malformed("a varint is not in its shortest form")
+            return value, pos + k + 1
+        shift += 7
+    raise Malformed("a varint is longer than 9 bytes")
+
+
 def encode_names(names: list[str]) -> bytes:
     """The op-name table: uvarint count, then per name uvarint length + UTF-8."""
-    parts = [uvarint_encode(np.array([len(names)]))]
+    parts = [_uvarint_of(len(names))]
     for name in names:
         raw = name.encode("utf-8")
-        parts += [uvarint_encode(np.array([len(raw)])), raw]
+        parts += [_uvarint_of(len(raw)), raw]
     return b"".join(parts)
 
 
 def decode_names(buf: np.ndarray, pos: int, most: int) -> tuple[list[str], int]:
     """The name table at ``buf[pos:]`` (at most ``most`` names) and the position after it."""
-    (count,), pos = uvarint_decode(buf, pos, 1)
+    data = buf.data[pos:]  # a memoryview: no copy; indexing gives ints
+    start, pos = pos, 0
+    count, pos = _uvarint_at(data, pos)
     if count > most:
         raise Malformed(f"{count} names for {most} records")
     names: list[str] = []
     for _ in range(count):
-        (length,), pos = uvarint_decode(buf, pos, 1)
-        if pos + length > buf.size:
+        length, pos = _uvarint_at(data, pos)
+        if pos + length > len(data):
             raise Malformed("truncated in the name table")
         try:
-            names.append(bytes(buf[pos : pos + length]).decode("utf-8"))
+            names.append(bytes(data[pos : pos + length]).decode("utf-8"))
         except UnicodeDecodeError:
             raise Malformed("an op name is not UTF-8") from None
         pos += length
-    return names, pos
+    return names, start + pos
 
 
 __all__ = [

@@ -6,19 +6,24 @@ like:
 
 * ``fp32``: plain float32 training (the model in float32, no rounding, no log);
 * ``fp64``: plain float64 training (same model, same data order, no rounding);
-* ``trainer``: float64 with rounding and logging (``record``), then the chunk encoded, hashed
-  and written to disk (tmp file, fsync, rename: :class:`~game.training.roundlog.LogWriter`),
-  plus the state hash;
-* ``auditor``: the trainer's chunk read from disk and decoded, the step replayed with it
-  (``replay``), plus the state hash.
+* ``trainer``: what ``vgame train`` does a step (:func:`~game.training.session.train_step`):
+  float64 with rounding and logging (``record``), the state hash, and the step queued for the
+  transcript's writer, which encodes the chunk and syncs chunk, chunk hash, checkpoint (every
+  ``checkpoint_interval`` steps) and leaf to disk on its own thread;
+* ``auditor``: what ``vgame audit`` does a step: the trainer's chunk read, checked against its
+  hash and decoded, the step replayed with it (``replay``), the state hash compared with the
+  trainer's leaf.
 
-The variants are interleaved: for each step index the four run in turn (the order rotates with
-the step so none always runs first), so drifts of the machine's speed hit all four alike. The
-first ``warmup`` steps of each repeat are not timed. Medians over every timed step of every
-repeat are reported; ratios are ratios of those medians. Caveat: :meth:`StepEngine.run_step`
-hashes the float32 state too (it has canonical bytes), so the ``fp32`` baseline includes one
-state hash per step. On a CUDA profile the device is synchronised before and after every timed
-step, so a step's time includes its kernels, not only their launch.
+The variants run in *blocks* of ``block`` consecutive steps, interleaved: for each block the four
+run in turn (the order rotates with the block so none always runs first), so drifts of the
+machine's speed hit all four alike. A trainer's block ends when its writer has put every step on
+disk, so the writing a block started is timed in that block, whichever thread did it; the
+auditor's block then reads those steps. The first ``warmup`` steps of each repeat are not timed.
+A sample is a block's seconds per step; medians over every block of every repeat are reported, and
+ratios are ratios of those medians. Caveat: :meth:`StepEngine.run_step` hashes the float32 state
+too (it has canonical bytes), so the ``fp32`` baseline includes one state hash per step. On a CUDA
+profile the device is synchronised before and after every timed block, so a block's time includes
+its kernels, not only their launch.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ import torch
 from game.errors import TrainingError
 from game.training.config import TaskConfig
 from game.training.profiles import Profile, get_profile
-from game.training.roundlog import LogReader, LogWriter
+from game.training.session import initial_step, train_step
 from game.training.state import TrainState
 from game.training.step import StepEngine
+from game.training.transcript import Transcript, TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,8 @@ log = logging.getLogger(__name__)
 VARIANTS: tuple[str, ...] = ("fp32", "fp64", "trainer", "auditor")
 #: The profile every variant runs on unless another is named.
 OVERHEAD_PROFILE = "cpu-1t"
+#: Consecutive steps a variant runs before the next variant's turn (see the module docstring).
+BLOCK = 5
 #: Paper (seed, ANCHORS.md): trainer and auditor time over plain training (ResNet-50, GPT-2).
 PAPER_TRAINER = (1.17, 1.38)
 PAPER_AUDITOR = (1.29, 1.69)
@@ -67,8 +75,9 @@ class OverheadReport:
     steps: int  # timed steps per repeat
     warmup: int  # untimed steps at the start of each repeat
     repeats: int
+    block: int  # consecutive steps of one variant
     medians: dict[str, float]  # variant -> median seconds per step
-    samples: dict[str, list[float]]  # variant -> every timed step's seconds
+    samples: dict[str, list[float]]  # variant -> every timed block's seconds per step
     config: dict[str, Any]
 
     @property
@@ -106,6 +115,7 @@ class OverheadReport:
             "steps": self.steps,
             "warmup": self.warmup,
             "repeats": self.repeats,
+            "block": self.block,
             "median_seconds": dict(self.medians),
             "samples": {k: len(v) for k, v in self.samples.items()},
             "ratios": self.ratios,
@@ -116,38 +126,39 @@ class OverheadReport:
 
 
 class _Variants:
-    """The four states and the work of one step of each; built fresh for every repeat."""
+    """The four states and the work of a block of steps of each; built fresh for every repeat."""
 
     def __init__(self, cfg: TaskConfig, workdir: Path, profile: Profile) -> None:
         self.cfg = cfg
-        self.spec = cfg.spec_hash()
         self.engine = StepEngine(cfg, profile)
+        self.out = workdir / "transcript"
+        self.writer = TranscriptWriter.create(self.out, cfg, profile.name)
         self.states: dict[str, TrainState] = {
             "fp32": self.engine.init_state(precision="fp32"),
             "fp64": self.engine.init_state(),
-            "trainer": self.engine.init_state(),
+            "trainer": initial_step(self.engine, self.writer),
             "auditor": self.engine.init_state(),
         }
-        self.writer = LogWriter(workdir)
-        self.reader = LogReader(workdir, self.spec)
-        self.trainer_leaf: bytes | None = None
 
-    def run(self, variant: str, step: int) -> None:
+    def run(self, variant: str, first: int, last: int) -> None:
+        """Steps ``first..last`` of ``variant``; the trainer's are on disk when it returns."""
         state, engine = self.states[variant], self.engine
-        if variant == "fp32":
-            engine.run_step(state, step, mode="plain", precision="fp32")
-        elif variant == "fp64":
-            engine.run_step(state, step, mode="plain")
-        elif variant == "trainer":
-            res = engine.run_step(state, step, mode="record")
-            assert res.log is not None  # record mode returns its log
-            self.writer.write_chunk(step, res.log, self.spec)  # encode + atomic write + chunk hash
-            self.trainer_leaf = res.leaf
+        if variant == "trainer":
+            for step in range(first, last + 1):
+                train_step(engine, self.writer, state, step)
+            self.writer.flush()
+        elif variant == "auditor":
+            t = Transcript(self.out)  # what ``vgame audit`` reads, up to the trainer's last flush
+            for step in range(first, last + 1):
+                res = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+                if res.leaf != t.leaf(step):
+                    raise TrainingError(f"step {step}: the auditor's replay differs from the trainer's state")
         else:
-            chunk = self.reader.read(step)  # read + decode + check
-            res = engine.run_step(state, step, mode="replay", log=chunk)
-            if self.trainer_leaf is not None and res.leaf != self.trainer_leaf:
-                raise TrainingError(f"step {step}: the auditor's replay differs from the trainer's state")
+            for step in range(first, last + 1):
+                engine.run_step(state, step, mode="plain", precision="fp32" if variant == "fp32" else "fp64")
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def measure_overhead(
@@ -156,12 +167,14 @@ def measure_overhead(
     steps: int = 5,
     repeats: int = 3,
     warmup: int = 1,
+    block: int = BLOCK,
     profile: str = OVERHEAD_PROFILE,
     progress: ProgressFn | None = None,
 ) -> OverheadReport:
-    """Time ``steps`` steps (after ``warmup`` untimed ones) of all four variants, ``repeats`` times."""
-    if steps < 1 or repeats < 1 or warmup < 0:
-        raise TrainingError("overhead: steps and repeats must be >= 1 and warmup >= 0")
+    """Time ``steps`` steps (after ``warmup`` untimed ones) of all four variants in blocks of
+    ``block`` steps, ``repeats`` times."""
+    if steps < 1 or repeats < 1 or warmup < 0 or block < 1:
+        raise TrainingError("overhead: steps, repeats and block must be >= 1 and warmup >= 0")
     prof = get_profile(profile)
     if prof.emulates:
         raise TrainingError(
@@ -174,17 +187,23 @@ def measure_overhead(
     for rep in range(repeats):
         with tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp:
             variants = _Variants(cfg, Path(tmp), prof)
-            for step in range(1, warmup + steps + 1):
-                for name in _step_order(step):
-                    sync()
-                    t0 = time.perf_counter()
-                    variants.run(name, step)
-                    sync()
-                    dt = time.perf_counter() - t0
-                    if step > warmup:
-                        samples[name].append(dt)
-                if progress is not None and step > warmup:
-                    progress(f"repeat {rep + 1}/{repeats}, step {step - warmup}/{steps}")
+            try:
+                for name in VARIANTS if warmup else ():
+                    variants.run(name, 1, warmup)
+                for k, first in enumerate(range(warmup + 1, warmup + steps + 1, block)):
+                    last = min(first + block - 1, warmup + steps)
+                    for name in _block_order(k):
+                        sync()
+                        t0 = time.perf_counter()
+                        variants.run(name, first, last)
+                        sync()
+                        samples[name].append((time.perf_counter() - t0) / (last - first + 1))
+                    if progress is not None:
+                        progress(
+                            f"repeat {rep + 1}/{repeats}, steps {first - warmup}-{last - warmup}/{steps}"
+                        )
+            finally:
+                variants.close()
     medians = {v: statistics.median(samples[v]) for v in VARIANTS}
     log.info("overhead %s: medians %s", cfg.preset, medians)
     return OverheadReport(
@@ -193,6 +212,7 @@ def measure_overhead(
         steps=steps,
         warmup=warmup,
         repeats=repeats,
+        block=block,
         medians=medians,
         samples=samples,
         config=cfg.to_dict(),
@@ -203,9 +223,10 @@ def _no_sync() -> None:
     """A CPU profile's steps are done when they return."""
 
 
-def _step_order(step: int) -> list[str]:
-    """The four variants for ``step``: rotated by the step, the auditor always after the trainer."""
-    k = step % len(VARIANTS)
+def _block_order(k: int) -> list[str]:
+    """The four variants for block ``k``: rotated by the block, the auditor always after the
+    trainer (it reads the trainer's steps)."""
+    k %= len(VARIANTS)
     rotated = [*VARIANTS[k:], *VARIANTS[:k]]
     if rotated.index("auditor") < rotated.index("trainer"):
         rotated.remove("auditor")
@@ -213,4 +234,4 @@ def _step_order(step: int) -> list[str]:
     return rotated
 
 
-__all__ = ["OVERHEAD_PROFILE", "VARIANTS", "OverheadReport", "measure_overhead"]
+__all__ = ["BLOCK", "OVERHEAD_PROFILE", "VARIANTS", "OverheadReport", "measure_overhead"]

@@ -85,6 +85,10 @@ class Deviation:
         return step_log
 
 
+#: The trainer that departs from nothing.
+_HONEST = Deviation()
+
+
 # ----------------------------------------------------------------------------------------------
 # Results
 # ----------------------------------------------------------------------------------------------
@@ -236,32 +240,49 @@ def train(
     steps_run = 0
     with writer:  # on any error, the steps already computed still reach the disk
         if state is None:
-            state = engine.init_state()
-            dev.after_step(0, state)  # a deviation may tamper with the initial state too
-            h = state_hash(state)
-            writer.append_step(0, h, dev.tamper_log(0, new_step_log(cfg.log_format, 0)), encode_state(state))
+            state = initial_step(engine, writer, dev)
         loss: float | None = None
         for step in range(writer.num_done, cfg.steps + 1):
-            leaf: bytes | None = None
-            if dev.skip(step):
-                step_log: ChunkLog = new_step_log(cfg.log_format, step)
-                state.step = step
-            else:
-                result = dev.engine(step, engine).run_step(
-                    state, step, mode="record", batch_override=dev.batch(step)
-                )
-                assert result.log is not None  # record mode always returns the step's log
-                step_log, loss, leaf = result.log, result.loss, result.state_hash
-            dev.after_step(step, state)
-            if leaf is None or dev.alters_state:
-                leaf = state_hash(state)  # else the step's own hash: the same bytes, hashed once
-            ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
-            writer.append_step(step, leaf, dev.tamper_log(step, step_log), ckpt)
+            step_loss = train_step(engine, writer, state, step, dev)
+            loss = step_loss if step_loss is not None else loss
             steps_run += 1
             if progress is not None:
                 progress(step, cfg.steps)
         writer.finish()
     return _result(Transcript(out), profile, steps_run=steps_run, resumed_from=resumed_from, loss=loss)
+
+
+def initial_step(engine: StepEngine, writer: TranscriptWriter, dev: Deviation | None = None) -> TrainState:
+    """Step 0 of :func:`train`: the fresh state, queued for the disk with its leaf and checkpoint."""
+    dev = dev or _HONEST
+    state = engine.init_state()
+    dev.after_step(0, state)  # a deviation may tamper with the initial state too
+    log0 = dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0))
+    writer.append_step(0, state_hash(state), log0, encode_state(state))
+    return state
+
+
+def train_step(
+    engine: StepEngine, writer: TranscriptWriter, state: TrainState, step: int, dev: Deviation | None = None
+) -> float | None:
+    """One step of :func:`train`: run it (or skip it), take its leaf and queue both for the disk.
+    Returns the step's loss (None for a skipped step). ``vgame bench overhead`` times this."""
+    dev = dev or _HONEST
+    leaf: bytes | None = None
+    loss: float | None = None
+    if dev.skip(step):
+        step_log: ChunkLog = new_step_log(engine.cfg.log_format, step)
+        state.step = step
+    else:
+        result = dev.engine(step, engine).run_step(state, step, mode="record", batch_override=dev.batch(step))
+        assert result.log is not None  # record mode always returns the step's log
+        step_log, loss, leaf = result.log, result.loss, result.state_hash
+    dev.after_step(step, state)
+    if leaf is None or dev.alters_state:
+        leaf = state_hash(state)  # else the step's own hash: the same bytes, hashed once
+    ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
+    writer.append_step(step, leaf, dev.tamper_log(step, step_log), ckpt)
+    return loss
 
 
 def _result(

@@ -35,11 +35,12 @@ def tiny(preset: str) -> TaskConfig:
 
 
 def test_overhead_ratios_are_ratios_of_the_reported_medians() -> None:
-    report = measure_overhead(tiny("gpt-shakespeare"), steps=2, repeats=2, warmup=1)
+    report = measure_overhead(tiny("gpt-shakespeare"), steps=3, repeats=2, warmup=1, block=2)
     doc = report.to_dict()
     m, r = doc["median_seconds"], doc["ratios"]
     assert set(m) == set(VARIANTS) and all(v > 0 for v in m.values())
-    assert doc["samples"] == {v: 4 for v in VARIANTS}  # 2 timed steps x 2 repeats, warm-up excluded
+    assert doc["samples"] == {v: 4 for v in VARIANTS}  # blocks of steps 1-2 and 3, x 2 repeats
+    assert doc["block"] == 2
     assert r["trainer_over_fp64"] == pytest.approx(m["trainer"] / m["fp64"])
     assert r["auditor_over_fp64"] == pytest.approx(m["auditor"] / m["fp64"])
     assert r["trainer_over_fp32"] == pytest.approx(m["trainer"] / m["fp32"])

@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from game.errors import RoundingLogError
 from game.merkle import MerkleTree
 from game.training import native
+from game.training.chunkcodec import Malformed, decode_names, encode_names
 from game.training.roundlog import (
     MAGIC,
     MAGIC_V1,
@@ -519,3 +521,26 @@ def test_cudaTrits_encodeLikeCpu() -> None:
         cpu.append(i, "aten.mm.default", t)
         gpu.append(i, "aten.mm.default", t.cuda())
     assert gpu.encode(1, SPEC) == cpu.encode(1, SPEC)
+
+
+@pytest.mark.parametrize("names", [[], ["aten.mm.default"], ["a" * 127, "b" * 128, "c" * 20000, "é" * 90]])
+def test_nameTable_roundTrips_withLengthsOfOneToThreeVarintBytes(names: list[str]) -> None:
+    table = encode_names(names) + b"rest"
+    got, pos = decode_names(np.frombuffer(table, dtype=np.uint8), 0, len(names))
+    assert got == names and table[pos:] == b"rest"
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        (b"\x02\x01a", "truncated"),  # two names, one there
+        (b"\x01\x05ab", "truncated"),  # a name shorter than its length
+        (b"\x01\x81", "truncated"),  # the length's varint cut off
+        (b"\x01\x81\x00a", "shortest form"),
+        (b"\x01" + b"\xff" * 9 + b"\x01", "longer than 9"),
+        (b"\x03\x01a\x01b\x01c", "3 names for 2 records"),
+    ],
+)
+def test_nameTable_refusesMalformedBytes(table: bytes, error: str) -> None:
+    with pytest.raises(Malformed, match=error):
+        decode_names(np.frombuffer(table, dtype=np.uint8), 0, 2)
