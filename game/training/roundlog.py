@@ -247,7 +247,7 @@ def unpack_trits_v1(data: bytes | memoryview, count: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogRecord:
     """One rounded inexact tensor: the op's index within the step, its ATen name, its value count."""
 

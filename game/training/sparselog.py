@@ -30,7 +30,7 @@ hash and the log root are the same as for packed chunks.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -61,9 +61,9 @@ MAGIC = b"vgame-slog-v1\0"
 _HEADER = struct.Struct("<Q32sIBI")  # step, spec hash, record count, codec, payload size
 
 
-@dataclass(frozen=True)
-class SparseRecord:
-    """One rounded inexact tensor: its record, and the positions of its in-band values rounded odd."""
+class SparseRecord(NamedTuple):
+    """One rounded inexact tensor: its record, and the positions of its in-band values rounded odd.
+    A named tuple: a step makes hundreds (a frozen dataclass took 1 us more each to build)."""
 
     record: LogRecord
     positions: torch.Tensor  # int64, strictly increasing, < record.count
@@ -195,13 +195,14 @@ def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
     last = flat.numpy()[ends[sizes > 0] - 1]
     too_far = np.flatnonzero(last >= head[sizes > 0, 2])
     records: list[SparseRecord] = []
-    op_index, start = -1, 0
-    for gap_op, name_id, count, n in head.tolist():
+    op_index = -1
+    # one call for every record's view (slicing the tensor record by record cost ~10 us a record)
+    pieces = torch.split(flat, sizes.tolist()) if n_records else ()
+    for (gap_op, name_id, count, _), positions in zip(head.tolist(), pieces, strict=True):
         op_index += gap_op + 1
         if op_index >= 2**32 or name_id >= len(names):
             raise Malformed(f"record {len(records)}: op index or name id out of range")
-        records.append(SparseRecord(LogRecord(op_index, names[name_id], count), flat[start : start + n]))
-        start += n
+        records.append(SparseRecord(LogRecord(op_index, names[name_id], count), positions))
     if too_far.size:
         r = int(np.flatnonzero(sizes > 0)[too_far[0]])
         gap_ops = head[: r + 1, 0]
