@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import ConfigError
-from game.training import rng
+from game.training import native, rng
 
 U32 = st.integers(0, 2**32 - 1)
 
@@ -84,6 +84,25 @@ def test_draws_followDocumentedStreamLayout(seed, step, example, j, purpose) -> 
     assert int(rng.uniform_int53(seed, step, purpose, ids, (7,))[0, j]) == word53
     normal = sum(ref(12 * j + k) for k in range(12)) * 2.0**-32 - 6.0
     assert float(rng.irwin_hall(seed, step, purpose, ids, (7,))[0, j]) == normal
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler: the torch code is the only path")
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    step=U32,
+    ids=st.one_of(st.none(), st.lists(U32, max_size=5)),
+    count=st.integers(0, 70),
+)
+def test_stream_cKernelGivesTheTorchCodesWords(seed, step, ids, count) -> None:
+    """On CPU the C kernel draws the stream; the torch code (CUDA's path) must give the same words,
+    for every length (whole blocks of four and the tail), with and without example ids."""
+    example_ids = None if ids is None else torch.tensor(ids, dtype=torch.int64)
+    fast = rng.stream(seed, step, "dropout/p", example_ids, count)
+    with native.disabled():
+        reference = rng.stream(seed, step, "dropout/p", example_ids, count)
+    assert fast.shape == reference.shape and fast.dtype == reference.dtype
+    assert torch.equal(fast, reference)
 
 
 def test_stream_longerThanTwoToThe32Blocks_usesHighCounterWord() -> None:

@@ -1,9 +1,12 @@
-"""Fused C kernels for the sparse log, compiled on first use; the torch kernels stay the reference.
+"""Fused C kernels for the sparse log and the RNG, compiled on first use; the torch code stays the
+reference.
 
 Why: on CPU the torch kernels of :mod:`game.training.banding` make a dozen passes over every logged
 tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
 step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass, and also
-writes and reads the sparse log's varints (numpy needs a pass per byte of the longest). It is
+writes and reads the sparse log's varints (numpy needs a pass per byte of the longest) and draws
+the RNG's Philox words (:func:`philox_stream`: dropout's masks cost a third of a plain step as
+torch ops). It is
 compiled with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time
 it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by
 the source's hash. Without a compiler, with ``VGAME_NATIVE=0``, on CUDA tensors, or when a tensor
@@ -136,6 +139,8 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_pack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
         lib.vg_unpack_trit_blocks.restype = _I64
         lib.vg_unpack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
+        lib.vg_philox_stream.restype = None
+        lib.vg_philox_stream.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _PTR]
         _lib = lib
         return lib
 
@@ -352,6 +357,22 @@ def unpack_trit_blocks(data: np.ndarray, blocks: int, out: np.ndarray) -> bool:
     return bool(lib.vg_unpack_trit_blocks(data.ctypes.data, blocks, out.ctypes.data) == 0)
 
 
+def philox_stream(step: int, ids: Tensor | None, count: int, key: tuple[int, int]) -> Tensor | None:
+    """The RNG's stream words (rng.stream's bits) on CPU: int64 ``[len(ids), count]`` (one row of id 0
+    when ``ids`` is None); None: use the torch code (no kernels). The caller has checked the step and
+    the ids fit 32 bits."""
+    lib = None if _disabled else _load()
+    if lib is None:
+        return None
+    rows = 1 if ids is None else ids.numel()
+    out = torch.empty((rows, count), dtype=torch.int64)
+    if ids is not None:
+        ids = ids.to(dtype=torch.int64).contiguous()
+    address = ids.data_ptr() if ids is not None and rows else None
+    lib.vg_philox_stream(step, address, rows, count, key[0], key[1], out.data_ptr())
+    return out
+
+
 __all__ = [
     "ENV_SWITCH",
     "BandParams",
@@ -360,6 +381,7 @@ __all__ = [
     "cache_dir",
     "disabled",
     "pack_trit_blocks",
+    "philox_stream",
     "round_and_band",
     "round_and_trits",
     "round_inplace",
