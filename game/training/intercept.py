@@ -372,6 +372,19 @@ class RoundingMode(TorchDispatchMode):
         self._calls = 0  # kernel calls that could defer, so far in this step
         self._deferred_calls: list[int] = []  # the ordinal of each deferred call, in launch order
         self.failed_calls: frozenset[int] = frozenset()  # deferred calls whose checks failed
+        # CPU, sparse log, C kernels: an inexact tensor goes straight to the kernel (the general path
+        # through banding costs some 15 us more a tensor in Python, on ~200 tensors a step)
+        self._direct = (
+            mode in ("record", "replay")
+            and isinstance(log, SparseStepLog)
+            and self._noise is None
+            and self._defer is None
+            and self.round_in_place
+            and torch.device(profile.device).type == "cpu"
+            and native.available()
+        )
+        self._params: dict[str, native.BandParams] = {}
+        self._entry: SparseRecord | None = None  # the auditor entry the kernel last took
 
     def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
         """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""
@@ -486,11 +499,14 @@ class RoundingMode(TorchDispatchMode):
             return
         index = self.op_index
         self.op_index += 1
-        band: Band | None = None
         entry: SparseRecord | None = None
+        if self._direct and t.is_cpu and t.is_contiguous() and t.numel():
+            if self._round_direct(t, index, name):
+                return
+            if self.mode == "replay":  # the kernel refused the tensor; the torch path words why
+                entry = self._entry
         if self._defer is not None and self._may_defer():  # record or replay; no error text needed
-            band = self.bands.band(name)
-            params = native.BandParams(self._grid.k0, self._grid.max_finite, band.rel, band.abs)
+            params = self._band_params(name)
             if self.mode == "record":
                 ticket = self._defer.round_and_band(t, params)
                 if self._deferred(ticket is not None):
@@ -515,8 +531,7 @@ class RoundingMode(TorchDispatchMode):
             rounding.round_(t, self.bits, top=top)
             self.rounded[name] += 1
             return
-        if band is None:
-            band = self.bands.band(name)
+        band = self.bands.band(name)
         try:
             if self.mode == "record":
                 r = self._record(t, index, name, band, top, where)
@@ -527,6 +542,40 @@ class RoundingMode(TorchDispatchMode):
         if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
             t.copy_(r)
         self.logged[name] += 1
+
+    def _band_params(self, name: str) -> native.BandParams:
+        """The kernels' integers for op ``name``'s band (worked out once a step per op)."""
+        params = self._params.get(name)
+        if params is None:
+            band = self.bands.band(name)
+            params = self._params[name] = native.BandParams(
+                self._grid.k0, self._grid.max_finite, band.rel, band.abs
+            )
+        return params
+
+    def _round_direct(self, t: Tensor, index: int, name: str) -> bool:
+        """The C kernel on a contiguous CPU tensor, in place: what :meth:`_record` and
+        :meth:`_replay` do through :mod:`banding` for it. False, with ``t`` untouched, when the
+        kernel leaves the tensor to the torch path (rare lanes; for the auditor also an entry out
+        of order, out of range or outside its band, which that path words); the auditor's entry is
+        then in ``self._entry``."""
+        params = self._band_params(name)
+        if self.mode == "record":
+            positions = native.round_and_band(t, params)
+            if positions is None:
+                return False
+            assert isinstance(self.log, SparseStepLog)
+            self.log.append(index, name, t.numel(), positions)
+        else:
+            assert self._cursor is not None
+            entry = self._entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+            replayed = native.round_with_entries(t, params, entry.positions, self.count_free)
+            if replayed is None:
+                return False
+            self.corrections += replayed.corrections
+            self.free += max(replayed.free, 0)
+        self.logged[name] += 1
+        return True
 
     def _record(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
         """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|`` when

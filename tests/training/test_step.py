@@ -3,13 +3,17 @@ of a step (order, zero_grad, step numbers, checkpoint resume)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
+from game.training import native
 from game.training.banding import LogTamperingError
 from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
+from game.training.intercept import RoundingMode
 from game.training.profiles import Profile, get_profile
 from game.training.state import check_on_grid, decode_state, encode_state, state_hash
 from game.training.step import StepEngine
@@ -231,3 +235,34 @@ def test_nonFiniteDuringStep_namesStepAndOp() -> None:
         state.model.fc1.weight[0, 0] = float("inf")
     with pytest.raises(NonFiniteError, match=r"step 2, op #\d+ aten\."):
         engine.run_step(state, 2, mode="record")
+
+
+class _ThroughBanding(StepEngine):
+    """An engine whose interceptor never takes the direct kernel path: every tensor goes through
+    :mod:`banding`, the path the direct one must equal."""
+
+    class mode_class(RoundingMode):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._direct = False
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler: there is no direct path")
+@pytest.mark.parametrize("preset", list(SMALL))
+def test_directKernelPath_equalsThePathThroughBanding(preset: str) -> None:
+    """Same leaves, same chunk bytes and, replaying a noisy trainer's log, the same corrections."""
+    cfg = small_cfg(preset)
+    spec = cfg.spec_hash()
+    direct, through = StepEngine(cfg, profile("cpu-1t")), _ThroughBanding(cfg, profile("cpu-1t"))
+    noisy = StepEngine(cfg, profile("noisy"))
+    sd, st, sn, sa, sb = (e.init_state() for e in (direct, through, noisy, direct, through))
+    for step in range(1, 4):
+        rd, rt = direct.run_step(sd, step), through.run_step(st, step)
+        assert rd.log is not None and rt.log is not None
+        assert rd.leaf == rt.leaf and rd.log.encode(step, spec) == rt.log.encode(step, spec)
+        rn = noisy.run_step(sn, step)
+        ra = direct.run_step(sa, step, mode="replay", log=rn.log)
+        rb = through.run_step(sb, step, mode="replay", log=rn.log)
+        assert ra.leaf == rb.leaf == rn.leaf
+        assert ra.corrections == rb.corrections
+    assert direct.last_mode is not None and direct.last_mode._direct
