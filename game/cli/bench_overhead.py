@@ -25,7 +25,7 @@ def overhead(
     block: Annotated[
         int,
         typer.Option("--block", min=1, help="Consecutive steps of one variant before the next one's turn."),
-    ] = 5,
+    ] = 10,
     model: Annotated[
         str | None,
         typer.Option(

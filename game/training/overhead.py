@@ -54,7 +54,7 @@ VARIANTS: tuple[str, ...] = ("fp32", "fp64", "trainer", "auditor")
 #: The profile every variant runs on unless another is named.
 OVERHEAD_PROFILE = "cpu-1t"
 #: Consecutive steps a variant runs before the next variant's turn (see the module docstring).
-BLOCK = 5
+BLOCK = 10
 #: Paper (seed, ANCHORS.md): trainer and auditor time over plain training (ResNet-50, GPT-2).
 PAPER_TRAINER = (1.17, 1.38)
 PAPER_AUDITOR = (1.29, 1.69)
