@@ -21,8 +21,8 @@ All arithmetic is on non-negative int64 tensors holding values below 2**49 (32-b
 multiplier split into 16-bit halves), so no operation overflows or depends on signed shifts: the
 same ops give the same bits on every device torch supports. The rounds work in place (large
 temporaries cost more than the arithmetic on a CPU). On CPU a C kernel
-(:func:`game.training.native.philox_stream`) draws the same words some ten times faster; the
-torch code is its reference and runs on other devices and without a C compiler.
+(:func:`game.training.native.philox_stream`) draws the same words (1.5 ms a gpt-shakespeare step
+instead of 19); the torch code is its reference and runs on other devices and without a C compiler.
 """
 
 from __future__ import annotations

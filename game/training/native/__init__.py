@@ -5,8 +5,8 @@ Why: on CPU the torch kernels of :mod:`game.training.banding` make a dozen passe
 tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
 step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass, and also
 writes and reads the sparse log's varints (numpy needs a pass per byte of the longest) and draws
-the RNG's Philox words (:func:`philox_stream`: dropout's masks cost a third of a plain step as
-torch ops). It is
+the RNG's Philox words (:func:`philox_stream`: as torch ops, dropout's masks took a third of a
+plain gpt-shakespeare step on CPU). It is
 compiled with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time
 it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by
 the source's hash. Without a compiler, with ``VGAME_NATIVE=0``, on CUDA tensors, or when a tensor
