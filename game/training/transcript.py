@@ -15,7 +15,7 @@ past the last leaf is a partial step that :meth:`TranscriptWriter.resume` cuts a
 
 The writer does this on a thread of its own, in step order, so a trainer computes step ``n + 1``
 while step ``n`` is encoded and synced (four fsyncs a step, milliseconds on a real disk, against a
-small model's step of 10 ms). It runs at most :data:`WRITE_AHEAD` steps ahead of the disk; a step
+small model's step of 10 ms). At most :data:`WRITE_AHEAD` steps wait while one is written; a step
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
@@ -200,8 +200,8 @@ def read_manifest(directory: Path) -> Manifest:
 # --------------------------------------------------------------------------------------------
 
 
-#: Steps a trainer may be ahead of its transcript on disk (each holds its log chunk and, at a
-#: checkpoint step, the state's bytes).
+#: Steps that may wait for the writer's thread while it writes one (each holds its log chunk and, at
+#: a checkpoint step, the state's bytes).
 WRITE_AHEAD = 2
 
 
