@@ -164,8 +164,11 @@ class _Variants:
             for step in range(first, last + 1):
                 engine.run_step(state, step, mode="plain", precision="fp32" if variant == "fp32" else "fp64")
 
-    def close(self) -> None:
-        self.writer.close()
+    def __enter__(self) -> _Variants:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.writer.__exit__(*exc)  # the queued steps are written; an error in flight stays the one seen
 
 
 def measure_overhead(
@@ -192,27 +195,24 @@ def measure_overhead(
     cfg = cfg.replace(steps=max(cfg.steps, warmup + steps))
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp:
-            variants = _Variants(cfg, Path(tmp), prof)
-            try:
-                for name in VARIANTS if warmup else ():
+        with (
+            tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp,
+            _Variants(cfg, Path(tmp), prof) as variants,
+        ):
+            for name in VARIANTS if warmup else ():
+                variants.prepare(name)
+                variants.run(name, 1, warmup)
+            for k, first in enumerate(range(warmup + 1, warmup + steps + 1, block)):
+                last = min(first + block - 1, warmup + steps)
+                for name in _block_order(k):
                     variants.prepare(name)
-                    variants.run(name, 1, warmup)
-                for k, first in enumerate(range(warmup + 1, warmup + steps + 1, block)):
-                    last = min(first + block - 1, warmup + steps)
-                    for name in _block_order(k):
-                        variants.prepare(name)
-                        sync()
-                        t0 = time.perf_counter()
-                        variants.run(name, first, last)
-                        sync()
-                        samples[name].append((time.perf_counter() - t0) / (last - first + 1))
-                    if progress is not None:
-                        progress(
-                            f"repeat {rep + 1}/{repeats}, steps {first - warmup}-{last - warmup}/{steps}"
-                        )
-            finally:
-                variants.close()
+                    sync()
+                    t0 = time.perf_counter()
+                    variants.run(name, first, last)
+                    sync()
+                    samples[name].append((time.perf_counter() - t0) / (last - first + 1))
+                if progress is not None:
+                    progress(f"repeat {rep + 1}/{repeats}, steps {first - warmup}-{last - warmup}/{steps}")
     medians = {v: statistics.median(samples[v]) for v in VARIANTS}
     log.info("overhead %s: medians %s", cfg.preset, medians)
     return OverheadReport(
