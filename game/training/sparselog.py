@@ -93,7 +93,9 @@ class SparseStepLog:
             raise RoundingLogError(f"{_where(self.step)}: op index {op_index} does not fit uint32")
         if positions.dim() != 1:
             raise RoundingLogError(f"{_where(self.step)}: op #{op_index}: positions must be a flat tensor")
-        self._entries.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions.detach()))
+        if positions.requires_grad:  # else no detach: it makes a new tensor, some 200 times a step
+            positions = positions.detach()
+        self._entries.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
 
     def pop(self) -> SparseRecord:
         """Remove and return the last record (for a tool that rewrites the op just logged)."""
