@@ -182,9 +182,19 @@ def train_cmd(
     cfg = _task_config(preset, config, steps, seed, bits, tau, log_format=log_format, bands=bands)
     _check_profile(profile)
     from game.training.session import train
+    from game.training.transcript import steps_on_disk
 
-    with _progress(f"train {cfg.preset} on {profile}", as_json) as update:
-        result = train(cfg, profile, out, progress=update)
+    try:
+        with _progress(f"train {cfg.preset} on {profile}", as_json) as update:
+            result = train(cfg, profile, out, progress=update)
+    except KeyboardInterrupt:  # the steps already computed were written on the way out
+        done = steps_on_disk(out)
+        err_console.print(
+            f"[yellow]interrupted:[/] {done} of {cfg.steps + 1} steps (0..{cfg.steps}) are complete in {out}; "
+            "run the same command to go on from there",
+            soft_wrap=True,  # one line: a path is not broken in two
+        )
+        raise
     doc = result.to_dict()
     if as_json:
         emit_json(doc)

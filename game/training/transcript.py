@@ -71,6 +71,15 @@ def _read_hashes(path: Path, what: str) -> list[bytes]:
     return [data[i : i + HASH_SIZE] for i in range(0, len(data), HASH_SIZE)]
 
 
+def steps_on_disk(directory: Path) -> int:
+    """How many steps of the transcript in ``directory`` are complete on disk (its whole leaves),
+    read only: what a resumed run keeps. 0 when there is no transcript yet."""
+    try:
+        return (Path(directory) / LEAVES_NAME).stat().st_size // HASH_SIZE
+    except FileNotFoundError:
+        return 0
+
+
 def software_versions() -> dict[str, str]:
     """Versions that went into a transcript: recorded for people, never part of any hash."""
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,26 @@ def test_error_messages_keep_their_brackets(tmp_path: Path) -> None:
     bad.write_text('format = "vgame-bands-v1"\n[bands]\ndefault = [-35]\n')
     r = vgame("train", *SMALL, "--bands", str(bad), "--out", str(tmp_path / "t"))
     assert r.returncode == 2 and "expected [rel, abs]" in r.stderr
+
+
+def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    args = ["train", "--preset", "mlp-digits", "--steps", "5000", "--profile", "cpu-1t", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "game.cli", *args, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    leaves = out / "leaves.bin"
+    deadline = time.monotonic() + 120
+    while not (leaves.is_file() and leaves.stat().st_size >= 3 * 32) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stdout == ""  # no JSON document for a run that did not finish
+    done = leaves.stat().st_size // 32
+    assert 3 <= done < 5001
+    said = f"interrupted: {done} of 5001 steps (0..5000) are complete in {out}; run the same command"
+    assert said in stderr
