@@ -298,7 +298,7 @@ class TranscriptWriter:
                 atomic_write(p, b"")
         (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
         (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
-        n = min(leaves_path.stat().st_size // HASH_SIZE, manifest.num_leaves)
+        n = min(steps_on_disk(directory), manifest.num_leaves)
         if hashes_path.stat().st_size < n * HASH_SIZE:
             raise TranscriptError(
                 f"{hashes_path} has fewer chunk hashes than {leaves_path} has leaves: the transcript is damaged"
