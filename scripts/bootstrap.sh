@@ -18,6 +18,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "${pip[@]}" torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
     "${pip[@]}" -r requirements.lock 2> >(grep -v "^WARNING: Location" >&2)
     "${pip[@]}" --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
+    # The C++ dispatch front (game/training/native/front.cpp) takes about a minute to compile: build
+    # it now, not in the first training step. Without a C++ toolchain the Python mode runs instead.
+    echo "==> building the C++ dispatch front"
+    .venv/bin/python -m game.training.native.front
     echo "$want" > "$stamp"
 fi
 

@@ -15,6 +15,10 @@ in one class (docs/architecture.md, "What is rounded"):
 The trainer *records* trits, the auditor *replays* them (``rev`` corrections); ``round`` rounds
 without a log (to show divergence) and ``plain`` does not round at all (baselines). A hardware
 profile's emulation (split-K order, noise) is applied to inexact ops before rounding in every mode.
+
+On CPU, with a profile that emulates nothing, the C++ front (``native/front.cpp``) stands in for
+``__torch_dispatch__``: ops that round nothing skip Python, the rest come to
+:meth:`RoundingMode._front_op` (see :meth:`RoundingMode.__enter__`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from game.errors import ConfigError, TrainingError
 from game.training import banding, native, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
+from game.training.native import front
 from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
 from game.training.sparselog import SparseRecord, SparseStepLog
@@ -294,6 +299,43 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
 
 # --------------------------------------------------------------------------------------------------
+# The C++ front's table (native/front.cpp): each op's plan as the front needs it, worked out here
+# --------------------------------------------------------------------------------------------------
+
+#: Plans of the ops the front has met, by row id (the front keeps the id, not the plan).
+_front_rows: list[_Plan] = []
+_FRONT_KINDS = {OpClass.MOVE: front.MOVE, OpClass.EXACT: front.EXACT, OpClass.INEXACT: front.INEXACT}
+_FRONT_CLASSES = {front.MOVE: OpClass.MOVE, front.EXACT: OpClass.EXACT, front.INEXACT: OpClass.INEXACT}
+
+
+def _front_row(schema_name: str, overload: str) -> tuple[int, int, int, list[int], list[int], int]:
+    """An op's row for the front, the first time it meets the op: (id, kind, position of the
+    argument a conditional kind reads or -1, written positions, hidden positions, position of their
+    ``training`` flag or -1). The kinds and positions say what :func:`classify` and :func:`_touched`
+    do, for the boxed arguments the front sees (all of them, in schema order)."""
+    ns, _, name = schema_name.partition("::")
+    func = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+    plan = _plan(func)
+    positions = {a.name: i for i, a in enumerate(func._schema.arguments)}
+    arg = -1
+    if plan.fixed is not None:
+        kind = _FRONT_KINDS[plan.fixed]
+    else:
+        base = base_name(func)
+        if base in ("add", "sub", "rsub"):
+            kind, arg = front.ALPHA, positions.get("alpha", -1)
+        elif base == "div":
+            kind, arg = front.DIV, positions.get("rounding_mode", -1)
+        elif base == "index_put" and "accumulate" in positions:
+            kind, arg = front.ACCUMULATE, positions["accumulate"]
+        else:  # the rest depend on the overload alone
+            kind = _FRONT_KINDS[_conditional_class(func, (), {})]
+    hidden, training = plan.hidden if plan.hidden is not None else ((), -1)
+    _front_rows.append(plan)
+    return len(_front_rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training
+
+
+# --------------------------------------------------------------------------------------------------
 # The mode
 # --------------------------------------------------------------------------------------------------
 
@@ -385,6 +427,49 @@ class RoundingMode(TorchDispatchMode):
         )
         self._params: dict[str, native.BandParams] = {}
         self._entry: SparseRecord | None = None  # the auditor entry the kernel last took
+        self._front = False  # whether the C++ front stands in for __torch_dispatch__ now (see __enter__)
+        self.via_front = False  # whether it did, in this step
+
+    def __enter__(self) -> RoundingMode:
+        """Push the mode; or, on CPU with a profile that emulates nothing (``compute`` is the op
+        itself, no noise) and where the C++ front loads, switch the front on instead: the same
+        classes, rounding and log, without a Python call per op. A subclass that changes
+        ``__torch_dispatch__`` keeps the mode."""
+        if (
+            self.mode != "plain"
+            and not self.profile.emulates
+            and self._defer is None
+            and torch.device(self.profile.device).type == "cpu"
+            and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
+            and front.available()
+        ):
+            front.enter(_front_row, self._front_op)
+            self._front = self.via_front = True
+            return self
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if not self._front:
+            super().__exit__(exc_type, exc_val, exc_tb)
+            return
+        self._front = False
+        for row, kind in front.leave():  # the classes of the ops' first calls, in call order
+            name = _front_rows[row].name
+            if name not in self.classes:
+                self.classes[name] = _FRONT_CLASSES[kind]
+
+    def _front_op(self, row: int, kind: int, tensors: list[Tensor]) -> None:
+        """The front's call for an op that rounds: its float64 tensors, as :meth:`__torch_dispatch__`
+        rounds them (the front ran the op; a front run has no deferral, no noise, no split-K)."""
+        name = _front_rows[row].name
+        if kind == front.EXACT:
+            for t in tensors:
+                rounding.round_(t, self.bits)
+                self.rounded[name] += 1
+        else:
+            for t in tensors:
+                self._round_inexact(t, name)
 
     def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
         """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from game.errors import ConfigError
 from game.training import native
+from game.training.native import front
 
 RNG_FORMAT = b"vgame-rng-v1\0"
 
@@ -146,12 +147,13 @@ def _words(
 ) -> Tensor:
     """``k`` stream words per element: shape ``(len(example_ids), *shape, k)``, or ``(*shape, k)``.
 
-    Computed with any dispatch mode suspended: the words are pure integer arithmetic, identical with
-    or without the rounding interceptor (which leaves integer results alone), and dropout would
-    otherwise send some 200 tiny integer ops per call through Python one by one.
+    Computed with any dispatch mode (and the C++ front) suspended: the words are pure integer
+    arithmetic, identical with or without the rounding interceptor (which leaves integer results
+    alone), and dropout would otherwise send some 200 tiny integer ops per call through Python one
+    by one.
     """
     n = math.prod(shape)
-    with _disable_current_modes():
+    with _disable_current_modes(), front.suspended():
         flat = stream(seed, step, purpose, example_ids, n * k, device)
     out_shape = (*shape, k) if example_ids is None else (flat.shape[0], *shape, k)
     return flat.reshape(out_shape)

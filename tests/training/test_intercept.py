@@ -28,6 +28,7 @@ from game.training.intercept import (
     touched_tensors,
 )
 from game.training.models import StepContext
+from game.training.native import front
 from game.training.profiles import get_profile
 from game.training.roundlog import StepLog
 from game.training.state import check_on_grid
@@ -74,7 +75,7 @@ class Observer(TorchDispatchMode):
                 continue
             if _must_log(func, args, kwargs):
                 self.must_log[name] += 1
-            with _disable_current_modes():  # the check's own ops are not the step's
+            with _disable_current_modes(), front.suspended():  # the check's own ops are not the step's
                 on_grid = rounding.is_on_grid(t.detach(), BITS)
             if not on_grid:
                 self.off_grid.append(name)

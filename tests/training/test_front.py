@@ -1,0 +1,174 @@
+"""The C++ dispatch front: every step it runs gives the bits, log, corrections and op counts of the
+Python dispatch mode it stands in for, and its errors are the mode's."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+
+from game.errors import NonFiniteError
+from game.training import native
+from game.training.intercept import OpClass, RoundingMode
+from game.training.native import front
+from game.training.profiles import get_profile
+from game.training.sparselog import SparseStepLog
+from game.training.step import StepEngine
+from tests.training.test_step import SMALL, small_cfg
+
+pytestmark = pytest.mark.skipif(
+    not (native.available() and front.available()), reason="no C/C++ toolchain: there is no front"
+)
+
+
+def _counts(mode: RoundingMode | None) -> tuple[object, ...]:
+    assert mode is not None
+    return dict(mode.classes), dict(mode.logged), dict(mode.rounded), mode.op_index
+
+
+def _same_work(fast: RoundingMode | None, slow: RoundingMode | None) -> None:
+    """The same tensors logged per op and rounded in all, and every op both ran has one class.
+    (Autograd sums some gradients in place under the front, ``add_``, where under the Python mode it
+    makes a new tensor, ``add``: the same exact op on the same values, so only the names differ.)"""
+    assert fast is not None and slow is not None
+    assert fast.logged == slow.logged and fast.op_index == slow.op_index
+    assert fast.rounded.total() == slow.rounded.total()
+    assert all(fast.classes[op] is slow.classes[op] for op in fast.classes.keys() & slow.classes.keys())
+
+
+@pytest.mark.parametrize("log_format", ["sparse", "packed"])
+@pytest.mark.parametrize("preset", list(SMALL))
+def test_front_equalsThePythonMode(preset: str, log_format: str) -> None:
+    """Record, replay (of a noisy trainer's log) and round without a log, through the front and
+    through the mode: the same leaves, chunk bytes and corrections, and the same work op by op."""
+    cfg = small_cfg(preset, log_format=log_format)
+    spec = cfg.spec_hash()
+    fast, slow = StepEngine(cfg, get_profile("cpu-1t")), StepEngine(cfg, get_profile("cpu-1t"))
+    noisy = StepEngine(cfg, get_profile("noisy"))
+    sf, ss, sn, af, as_ = (e.init_state() for e in (fast, slow, noisy, fast, slow))
+    for step in range(1, 4):
+        rf = fast.run_step(sf, step)
+        assert fast.last_mode is not None and fast.last_mode.via_front
+        with front.disabled():
+            rs = slow.run_step(ss, step)
+        assert slow.last_mode is not None and not slow.last_mode.via_front
+        assert rf.log is not None and rs.log is not None
+        assert rf.leaf == rs.leaf and rf.log.encode(step, spec) == rs.log.encode(step, spec)
+        _same_work(fast.last_mode, slow.last_mode)
+        rn = noisy.run_step(sn, step)
+        ra = fast.run_step(af, step, mode="replay", log=rn.log)
+        assert fast.last_mode.via_front
+        with front.disabled():
+            rb = slow.run_step(as_, step, mode="replay", log=rn.log)
+        assert ra.leaf == rb.leaf == rn.leaf
+        assert ra.corrections == rb.corrections and ra.corrections > 0
+        _same_work(fast.last_mode, slow.last_mode)
+    rounded = fast.run_step(sf, 4, mode="round")
+    assert fast.last_mode is not None and fast.last_mode.via_front
+    with front.disabled():
+        assert slow.run_step(ss, 4, mode="round").leaf == rounded.leaf
+    _same_work(fast.last_mode, slow.last_mode)
+
+
+def _ops(kind: str) -> list[torch.Tensor]:
+    """Ops whose class depends on their arguments, each way they can go; in-place and foreach ops;
+    a batch norm that writes its running stats without saying so in its schema."""
+    a = torch.linspace(-3, 3, 12, dtype=torch.float64).reshape(3, 4)
+    b = torch.linspace(1, 2, 12, dtype=torch.float64).reshape(3, 4)
+    out = [a.add(b)]  # alpha 1: exact
+    out.append(a.add(b, alpha=0.3))  # fused: inexact
+    out.append(a.sub(b, alpha=1.0))  # a float 1: exact
+    out.append(torch.rsub(a, b, alpha=2))
+    out.append(a / b)  # real divisor: exact
+    out.append(a / 3.0)  # scalar divisor: inexact
+    out.append(torch.div(a, b, rounding_mode="floor"))
+    c = a.clone()
+    c.index_put_((torch.tensor([0, 2]),), torch.ones(2, 4, dtype=torch.float64))  # a move
+    c.index_put_((torch.tensor([0, 0]),), b[:2], accumulate=True)  # inexact
+    c.mul_(0.1)  # in place, returns self
+    xs = [a.clone(), b.clone()]
+    torch._foreach_mul_(xs, 0.7)  # foreach, in place: no return
+    torch._foreach_div_(xs, [b, a + 5])
+    torch._foreach_div_(xs, [2.0, 3.0])
+    out.append(torch.scatter(a, 1, torch.zeros(3, 1, dtype=torch.int64), b[:, :1], reduce="add"))
+    out += [a.round(), a.round(decimals=2)]
+    x = torch.linspace(0, 1, 2 * 3 * 5, dtype=torch.float64).reshape(2, 3, 5)
+    mean, var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    out.append(torch.nn.functional.batch_norm(x, mean, var, training=kind == "train", momentum=0.3))
+    out.append(torch.nn.functional.batch_norm(x, mean, var, training=False))
+    out += [*a.max(dim=1), a.float().exp(), torch.cat([a, b]).sum()]  # a tuple; float32; a move
+    return [*out, c, *xs, mean, var]
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("kind", ["train", "eval"])
+def test_front_classifiesAndTouchesLikeTheMode(kind: str) -> None:
+    """Outside a training step, op by op: the same classes, the same tensors rounded and logged,
+    and the same values."""
+    runs = []
+    for use_front in (True, False):
+        log = SparseStepLog()
+        mode = RoundingMode(bits=32, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=1, log=log)
+        with contextlib.nullcontext() if use_front else front.disabled(), mode:
+            values = _ops(kind)
+        assert mode.via_front is use_front
+        runs.append((_counts(mode), log.encode(1, bytes(32)), values))
+    (counts, data, values), (counts2, data2, values2) = runs
+    assert counts == counts2 and data == data2
+    assert len(values) == len(values2) and all(
+        torch.equal(u, v) for u, v in zip(values, values2, strict=True)
+    )
+    classes = counts[0]
+    assert isinstance(classes, dict)
+    assert classes["aten.add.Tensor"] is OpClass.EXACT  # the first call's class
+    assert classes["aten.index_put_.default"] is OpClass.MOVE
+    assert classes["aten._foreach_div_.ScalarList"] is OpClass.INEXACT
+    assert classes["aten._foreach_div_.List"] is OpClass.EXACT
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_front_raisesTheModesErrors(where: str) -> None:
+    """An error raised in the front's Python call, in the forward pass or in autograd's backward,
+    reaches the caller as the mode's own exception, and the front is off afterwards."""
+    a = torch.tensor([[1e-200]], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([[1e300 if where == "backward" else 1e-300]], dtype=torch.float64)
+    mode = RoundingMode(
+        bits=32, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=7, log=SparseStepLog()
+    )
+    with pytest.raises(NonFiniteError, match=r"step 7, op #\d+ aten\.mm\.default") as caught, mode:
+        out = torch.mm(a, b)  # op #0: finite either way
+        if where == "forward":
+            torch.mm(out, torch.tensor([[1e300]], dtype=torch.float64))  # 1e-200 * 1e300: too big
+        out.backward(torch.full_like(out, 1e300))  # grad of a: 1e300 * 1e300
+    assert mode.via_front and not front.active()
+    assert caught.type is NonFiniteError
+    logged = mode.op_index
+    torch.mm(a.detach(), b)  # the front is off: nothing more reaches the mode
+    assert mode.op_index == logged
+
+
+class _OwnDispatch(RoundingMode):
+    """A subclass that changes ``__torch_dispatch__`` (as calibration's mode does)."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _OwnDispatchEngine(StepEngine):
+    mode_class = _OwnDispatch
+
+
+def test_front_isNotUsedWhereItCannotStandIn() -> None:
+    """Emulating profiles (split-K order, noise) and subclasses that change dispatch keep the mode."""
+    cfg = small_cfg("mlp-digits")
+    for engine in (
+        StepEngine(cfg, get_profile("splitk-16")),
+        StepEngine(cfg, get_profile("noisy")),
+        _OwnDispatchEngine(cfg, get_profile("cpu-1t")),
+    ):
+        engine.run_step(engine.init_state(), 1)
+        assert engine.last_mode is not None and not engine.last_mode.via_front
