@@ -128,10 +128,15 @@ def profiles_cmd(as_json: JsonOpt = False) -> None:
     table.add_column("name", style="bold")
     table.add_column("available")
     table.add_column("rounding kernels")
+    table.add_column("interceptor")
     table.add_column("description")
     for row in rows:
         table.add_row(
-            row["name"], "yes" if row["available"] else "no", row["rounding_kernels"], row["description"]
+            row["name"],
+            "yes" if row["available"] else "no",
+            row["rounding_kernels"],
+            row["interceptor"],
+            row["description"],
         )
     console.print(table)
 
@@ -141,6 +146,7 @@ def _profile_row(profile: dict[str, Any]) -> dict[str, Any]:
         "name": str(profile["name"]),
         "available": bool(profile["available"]),
         "rounding_kernels": str(profile["rounding_kernels"]),
+        "interceptor": str(profile["interceptor"]),
         "description": str(profile["description"]),
     }
 

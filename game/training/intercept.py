@@ -437,11 +437,9 @@ class RoundingMode(TorchDispatchMode):
         ``__torch_dispatch__`` keeps the mode."""
         if (
             self.mode != "plain"
-            and not self.profile.emulates
             and self._defer is None
-            and torch.device(self.profile.device).type == "cpu"
             and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
-            and front.available()
+            and self.profile.interceptor() == "front"
         ):
             front.enter(_front_row, self._front_op)
             self._front = self.via_front = True

@@ -70,6 +70,14 @@ class Profile:
 
         return "c" if native.available() else "torch"
 
+    def interceptor(self) -> str:
+        """What meets this profile's ops: ``front`` (the C++ dispatch front: CPU, a profile that
+        emulates nothing, the front built here) or ``python`` (the ``TorchDispatchMode``)."""
+        from game.training.native import front
+
+        cpu = torch.device(self.device).type == "cpu"
+        return "front" if cpu and not self.emulates and front.available() else "python"
+
     @property
     def emulates(self) -> bool:
         """Whether :meth:`compute` or :meth:`perturb` differ from the native op."""
@@ -290,13 +298,15 @@ def get_profile(name: str) -> Profile:
 
 
 def list_profiles() -> list[dict[str, Any]]:
-    """Every profile as ``{name, description, available, rounding_kernels}`` (for ``vgame profiles``)."""
+    """Every profile as ``{name, description, available, rounding_kernels, interceptor}`` (for
+    ``vgame profiles``)."""
     return [
         {
             "name": p.name,
             "description": p.description,
             "available": p.available(),
             "rounding_kernels": p.rounding_kernels(),
+            "interceptor": p.interceptor(),
         }
         for p in _PROFILES.values()
     ]

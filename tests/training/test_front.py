@@ -102,6 +102,21 @@ def _ops(kind: str) -> list[torch.Tensor]:
     return [*out, c, *xs, mean, var]
 
 
+def test_front_withTwoTorchThreads_equalsThePythonMode() -> None:
+    """cpu-2t sums in parallel on torch's worker threads: the same bits and log through the front."""
+    cfg = small_cfg("gpt-shakespeare")
+    fast, slow = StepEngine(cfg, get_profile("cpu-2t")), StepEngine(cfg, get_profile("cpu-2t"))
+    sf, ss = fast.init_state(), slow.init_state()
+    for step in range(1, 4):
+        rf = fast.run_step(sf, step)
+        with front.disabled():
+            rs = slow.run_step(ss, step)
+        assert fast.last_mode is not None and fast.last_mode.via_front
+        assert rf.log is not None and rs.log is not None and rf.leaf == rs.leaf
+        assert rf.log.encode(step, cfg.spec_hash()) == rs.log.encode(step, cfg.spec_hash())
+        _same_work(fast.last_mode, slow.last_mode)
+
+
 @pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 @pytest.mark.parametrize("kind", ["train", "eval"])
 def test_front_classifiesAndTouchesLikeTheMode(kind: str) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from game.errors import ConfigError
 from game.training import native
+from game.training.native import front
 from game.training.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 
 aten = torch.ops.aten
@@ -24,7 +25,8 @@ def test_listProfiles_describesEveryProfile() -> None:
     assert [r["name"] for r in rows] == list(PROFILE_NAMES)
     assert {"cpu-1t", "cpu-2t", "splitk-16", "splitk-64", "noisy", "cuda"} <= set(PROFILE_NAMES)
     for r in rows:
-        assert set(r) == {"name", "description", "available", "rounding_kernels"} and r["description"]
+        assert set(r) == {"name", "description", "available", "rounding_kernels", "interceptor"}
+        assert r["description"]
     by_name = {r["name"]: r for r in rows}
     assert by_name["cuda"]["available"] == torch.cuda.is_available()
     assert by_name["cpu-1t"]["available"]
@@ -38,6 +40,15 @@ def test_roundingKernels_sayWhichRun() -> None:
         assert get_profile("cpu-1t").rounding_kernels() == "torch"
     cuda = get_profile("cuda").rounding_kernels()
     assert cuda in (("triton", "torch") if torch.cuda.is_available() else ("none",))
+
+
+def test_interceptor_saysWhereTheFrontStandsIn() -> None:
+    """The C++ front on CPU profiles that emulate nothing, where it is built; the mode elsewhere."""
+    front_here = "front" if front.available() else "python"
+    assert {get_profile(n).interceptor() for n in ("cpu-1t", "cpu-2t")} == {front_here}
+    assert {get_profile(n).interceptor() for n in ("noisy", "splitk-16", "splitk-64", "cuda")} == {"python"}
+    with front.disabled():
+        assert get_profile("cpu-1t").interceptor() == "python"
 
 
 def test_apply_setsThreadsAndRestores() -> None:

@@ -7,8 +7,8 @@ rounds calls :meth:`RoundingMode._front_op` once with the float64 tensors it pro
 Classes, logs and errors stay with the Python code in :mod:`game.training.intercept`, so a step
 gives the same bits, log and counters either way (tests/training/test_front.py holds them to it).
 
-The mode uses the front where it rounds with the C kernels (a sparse log's record or replay on CPU,
-no emulation) and the front loads. It is compiled with torch's C++ extension builder (a C++
+The mode uses the front on CPU profiles that emulate nothing (:meth:`Profile.interceptor`), in
+every rounding mode and log format, unless a subclass changes ``__torch_dispatch__``. It is compiled with torch's C++ extension builder (a C++
 compiler and ``ninja``) the first time it is needed, into the kernels' cache directory, keyed by
 the source, torch and Python; ``python -m game.training.native.front`` builds it ahead (``make
 setup`` does). Where it cannot be built, with ``VGAME_NATIVE=0`` or inside :func:`disabled`, the
