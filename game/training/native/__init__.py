@@ -57,7 +57,30 @@ _scratch = threading.local()
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
-_disabled = 0  # nesting depth of disabled()
+
+
+class OffSwitch:
+    """A nestable off switch for a fast path: ``with switch(): ...`` runs the reference path
+    inside (tests compare both; benchmarks can time both); ``switch.off`` says whether one is open."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+
+    @property
+    def off(self) -> bool:
+        return self._depth > 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+
+#: ``with native.disabled():`` runs the torch kernels inside.
+disabled = OffSwitch()
 
 
 def cache_dir() -> Path:
@@ -148,18 +171,7 @@ def _load() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether the C kernels run: loaded (compiling them now if they never were), and not inside
     :func:`disabled`."""
-    return not _disabled and _load() is not None
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run the torch kernels inside (tests compare both; benchmarks can time both)."""
-    global _disabled
-    _disabled += 1
-    try:
-        yield
-    finally:
-        _disabled -= 1
+    return not disabled.off and _load() is not None
 
 
 #: The kernels read and write 8-byte lanes: float64 values (as their bit patterns) or int64 views.
@@ -167,7 +179,7 @@ _LANES = (torch.float64, torch.int64)
 
 
 def _usable(*tensors: Tensor) -> ctypes.CDLL | None:
-    if _disabled:
+    if disabled.off:
         return None
     for t in tensors:
         if not t.is_cpu or t.dtype not in _LANES or not t.is_contiguous():
@@ -313,7 +325,7 @@ def to_float32(tensors: list[Tensor]) -> list[np.ndarray] | None:
 def uvarint_encode(values: np.ndarray) -> bytes | None:
     """LEB128 of int64 ``values`` (sparselog.uvarint_encode's bytes); None: use the numpy encoder
     (no kernels, or a negative value, whose error it words)."""
-    lib = None if _disabled else _load()
+    lib = None if disabled.off else _load()
     if lib is None:
         return None
     v = np.ascontiguousarray(values, dtype=np.int64)
@@ -325,7 +337,7 @@ def uvarint_encode(values: np.ndarray) -> bytes | None:
 def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray, int] | None:
     """``count`` LEB128 values from the uint8 array ``buf[start:]`` and the position after them;
     None: use the numpy decoder (no kernels, or malformed bytes, whose error it words)."""
-    lib = None if _disabled else _load()
+    lib = None if disabled.off else _load()
     if lib is None or buf.dtype != np.uint8 or not buf.flags.c_contiguous:
         return None
     view = buf[start:]
@@ -337,7 +349,7 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
     """The first ``blocks`` blocks of the uint8 trits (each 0..2) as roundlog.pack_trits lays them
     out; None: use the numpy packer."""
-    lib = None if _disabled else _load()
+    lib = None if disabled.off else _load()
     if lib is None:
         return None
     t = np.ascontiguousarray(trits, dtype=np.uint8)
@@ -349,7 +361,7 @@ def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
 def unpack_trit_blocks(data: np.ndarray, blocks: int, out: np.ndarray) -> bool:
     """Write ``116 * blocks`` trits from the uint8 array ``data`` to the start of the uint8 array
     ``out``; False: use the numpy unpacker (no kernels, or a group out of range, whose error it words)."""
-    lib = None if _disabled else _load()
+    lib = None if disabled.off else _load()
     if lib is None or not all(a.dtype == np.uint8 and a.flags.c_contiguous for a in (data, out)):
         return False
     if data.size < 23 * blocks or out.size < 116 * blocks:
@@ -361,7 +373,7 @@ def philox_stream(step: int, ids: Tensor | None, count: int, key: tuple[int, int
     """The RNG's stream words (rng.stream's bits) on CPU: int64 ``[len(ids), count]`` (one row of id 0
     when ``ids`` is None); None: use the torch code (no kernels). The caller has checked the step and
     the ids fit 32 bits."""
-    lib = None if _disabled else _load()
+    lib = None if disabled.off else _load()
     if lib is None:
         return None
     rows = 1 if ids is None else ids.numel()

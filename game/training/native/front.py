@@ -45,7 +45,8 @@ ENV_SWITCH = "VGAME_FRONT"
 _lock = threading.Lock()
 _module: Any = None
 _tried = False
-_disabled = 0
+#: ``with front.disabled():`` runs the Python dispatch mode inside.
+disabled = native.OffSwitch()
 
 
 def _source() -> bytes:
@@ -98,18 +99,7 @@ def load() -> Any:
 
 def available() -> bool:
     """Whether the mode may use the front here: it loads, and not inside :func:`disabled`."""
-    return not _disabled and load() is not None
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run the Python dispatch mode inside (tests compare both; benchmarks can time both)."""
-    global _disabled
-    _disabled += 1
-    try:
-        yield
-    finally:
-        _disabled -= 1
+    return not disabled.off and load() is not None
 
 
 def enter(
