@@ -1,6 +1,6 @@
 """The C++ dispatch front (``front.cpp``): RoundingMode's interception without a Python call per op.
 
-Why: a ``TorchDispatchMode`` costs some 9 us of Python for each of the ~500 ATen ops of a
+Why: a ``TorchDispatchMode`` costs some 9 us of Python for each of the ~480 ATen ops of a
 gpt-shakespeare step, a third of a plain float64 step, and half of those ops round nothing. The
 front is a C++ fallback below autograd: ops that round nothing run without Python, and an op that
 rounds calls :meth:`RoundingMode._front_op` once with the float64 tensors it produced or changed.
@@ -8,11 +8,11 @@ Classes, logs and errors stay with the Python code in :mod:`game.training.interc
 gives the same bits, log and counters either way (tests/training/test_front.py holds them to it).
 
 The mode uses the front on CPU profiles that emulate nothing (:meth:`Profile.interceptor`), in
-every rounding mode and log format, unless a subclass changes ``__torch_dispatch__``. It is compiled with torch's C++ extension builder (a C++
-compiler and ``ninja``) the first time it is needed, into the kernels' cache directory, keyed by
-the source, torch and Python; ``python -m game.training.native.front`` builds it ahead (``make
-setup`` does). Where it cannot be built, with ``VGAME_NATIVE=0`` or inside :func:`disabled`, the
-Python mode runs instead; ``VGAME_FRONT=0`` keeps the Python mode alone.
+every rounding mode and log format, unless a subclass changes ``__torch_dispatch__``. It is
+compiled with torch's C++ extension builder (a C++ compiler and ``ninja``) the first time it is
+needed, into the kernels' cache directory, keyed by the source, torch and Python; ``python -m
+game.training.native.front`` builds it ahead (``make setup`` does). Where it cannot be built, with
+``VGAME_NATIVE=0`` or ``VGAME_FRONT=0``, or inside :func:`disabled`, the Python mode runs instead.
 """
 
 from __future__ import annotations
