@@ -347,7 +347,12 @@ def audit(
     use_log: bool = True,
     progress: ProgressFn | None = None,
 ) -> AuditResult:
-    """Algorithm 3: re-train on ``profile`` (with the trainer's log unless ``use_log`` is False)."""
+    """Algorithm 3: re-train on ``profile`` (with the trainer's log unless ``use_log`` is False).
+
+    The log is applied up to the first divergent step. A chunk that does not fit the computation
+    there is the trainer's fault (``rejected_log_steps``); after that step the auditor's states are
+    its own, the trainer's log describes other values, and the later steps run without it (a
+    chunk rejected there would only repeat the divergence, not point at the log)."""
     t = Transcript(transcript_dir)
     t.verify()
     assert t.manifest.state_root is not None
@@ -360,10 +365,7 @@ def audit(
     rejected: list[int] = []
     log_errors: list[str] = []
     for step in range(1, t.steps + 1):
-        if use_log:
-            # After a divergence the auditor's state is its own, not the trainer's: keep its bytes
-            # so a chunk that fails half-way through the step can be undone.
-            pre = encode_state(state) if first_div is not None else None
+        if use_log and first_div is None:
             try:
                 result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
             except RoundingLogError as exc:
@@ -372,9 +374,7 @@ def audit(
                 log.warning("step %d: the trainer's log chunk is rejected: %s", step, exc)
                 rejected.append(step)
                 log_errors.append(str(exc))
-                state = (
-                    decode_state(pre, t.config) if pre is not None else _load_state_at(t, engine, step - 1)
-                )
+                state = _load_state_at(t, engine, step - 1)  # the trainer's state up to here
                 result = engine.run_step(state, step, mode="round")
         else:
             result = engine.run_step(state, step, mode="round")
@@ -382,7 +382,11 @@ def audit(
         leaves.append(result.leaf)
         if first_div is None and result.leaf != t.leaf(step):
             first_div = step
-            log.info("audit: first divergent step %d", step)
+            log.info(
+                "audit: first divergent step %d%s",
+                step,
+                "; the later steps run without the trainer's log" if use_log and step < t.steps else "",
+            )
         if progress is not None:
             progress(step, t.steps)
     root = merkle_root(leaves)

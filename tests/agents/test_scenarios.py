@@ -8,6 +8,7 @@ empty and every balance moved by what the rules say, minus the fees its owner pa
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,23 @@ def test_steered_log_is_rejected_naming_step_op_and_value(log_format: str, tmp_p
     assert re.search(
         r"log tampering at step 3, op #\d+ aten\.\S+, value \d+: .*outside", result.log_errors[0]
     )
+
+
+@pytest.mark.parametrize("deviation", [Poison, WrongLR])
+def test_audit_applies_the_log_only_up_to_the_first_divergent_step(
+    deviation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the states part, the trainer's later chunks describe other values: they are not
+    rejected as tampered (the demo printed one "log tampering" warning a step for a poisoned batch)."""
+    cfg = tiny_config()
+    train(cfg, "cpu-1t", tmp_path / "t", deviation=deviation(cfg, 3))
+    with caplog.at_level(logging.WARNING, logger="game.training.session"):
+        result = audit(tmp_path / "t", "noisy")
+    assert not result.match and result.first_divergent_step == 3
+    assert all(step <= 3 for step in result.rejected_log_steps), result.rejected_log_steps
+    assert len(result.log_errors) == len(result.rejected_log_steps)
+    warned = [r for r in caplog.records if "log chunk is rejected" in r.getMessage()]
+    assert len(warned) == len(result.rejected_log_steps)
 
 
 @pytest.mark.parametrize("deviation", [Poison, SkipStep, WrongLR, TamperedLog, SteeredLog])
