@@ -308,11 +308,12 @@ _FRONT_KINDS = {OpClass.MOVE: front.MOVE, OpClass.EXACT: front.EXACT, OpClass.IN
 _FRONT_CLASSES = {front.MOVE: OpClass.MOVE, front.EXACT: OpClass.EXACT, front.INEXACT: OpClass.INEXACT}
 
 
-def _front_row(schema_name: str, overload: str) -> tuple[int, int, int, list[int], list[int], int]:
+def _front_row(schema_name: str, overload: str) -> tuple[int, int, int, list[int], list[int], int, str]:
     """An op's row for the front, the first time it meets the op: (id, kind, position of the
     argument a conditional kind reads or -1, written positions, hidden positions, position of their
-    ``training`` flag or -1). The kinds and positions say what :func:`classify` and :func:`_touched`
-    do, for the boxed arguments the front sees (all of them, in schema order)."""
+    ``training`` flag or -1, the op's name in the log). The kinds and positions say what
+    :func:`classify` and :func:`_touched` do, for the boxed arguments the front sees (all of them,
+    in schema order)."""
     ns, _, name = schema_name.partition("::")
     func = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
     plan = _plan(func)
@@ -332,7 +333,7 @@ def _front_row(schema_name: str, overload: str) -> tuple[int, int, int, list[int
             kind = _FRONT_KINDS[_conditional_class(func, (), {})]
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)
     _front_rows.append(plan)
-    return len(_front_rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training
+    return len(_front_rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training, plan.name
 
 
 # --------------------------------------------------------------------------------------------------
@@ -429,6 +430,7 @@ class RoundingMode(TorchDispatchMode):
         self._entry: SparseRecord | None = None  # the auditor entry the kernel last took
         self._front = False  # whether the C++ front stands in for __torch_dispatch__ now (see __enter__)
         self.via_front = False  # whether it did, in this step
+        self.front_kernel_tensors = 0  # tensors the front rounded with the C kernels, no Python call
 
     def __enter__(self) -> RoundingMode:
         """Push the mode; or, on CPU with a profile that emulates nothing (``compute`` is the op
@@ -441,7 +443,7 @@ class RoundingMode(TorchDispatchMode):
             and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
             and self.profile.interceptor() == "front"
         ):
-            front.enter(_front_row, self._front_op)
+            front.enter(_front_row, self._front_op, self._front_kernels())
             self._front = self.via_front = True
             return self
         super().__enter__()
@@ -452,14 +454,77 @@ class RoundingMode(TorchDispatchMode):
             super().__exit__(exc_type, exc_val, exc_tb)
             return
         self._front = False
-        for row, kind in front.leave():  # the classes of the ops' first calls, in call order
+        left = front.leave()
+        for row, kind in left.first_calls:  # the classes of the ops' first calls, in call order
             name = _front_rows[row].name
             if name not in self.classes:
                 self.classes[name] = _FRONT_CLASSES[kind]
+        self._front_sync(left.op_index, left.cursor, left.records)
+        for counter, by_row in ((self.logged, left.logged), (self.rounded, left.rounded)):
+            for row, n in enumerate(by_row):
+                if n:
+                    counter[_front_rows[row].name] += n
+        self.corrections += left.corrections
+        self.free += left.free
+        self.front_kernel_tensors = left.tensors
 
-    def _front_op(self, row: int, kind: int, tensors: list[Tensor]) -> None:
-        """The front's call for an op that rounds: its float64 tensors, as :meth:`__torch_dispatch__`
-        rounds them (the front ran the op; a front run has no deferral, no noise, no split-K)."""
+    def _front_kernels(self) -> front.Kernels:
+        """What the front may round with the C kernels itself: what :meth:`_front_op` would send to
+        them (exact ops' tensors; on the :attr:`_direct` path, inexact ones too), unless a subclass
+        changes how a tensor is rounded."""
+        own = type(self)._front_op is RoundingMode._front_op
+        g = self._grid
+        exact = native.address("vg_round_inplace") if own else 0
+        if not (
+            own
+            and self._direct
+            and type(self)._round_inexact is RoundingMode._round_inexact
+            and type(self)._round_direct is RoundingMode._round_direct
+        ):
+            return front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
+        if self.mode == "record":
+            return front.Kernels(
+                exact, record=native.address("vg_round_and_band"), k0=g.k0, max_finite=g.max_finite,
+                band_for=self._front_band,
+            )  # fmt: skip
+        assert isinstance(self.log, SparseStepLog)
+        entries = [
+            (e.record.op_index, e.record.op_name, e.record.count, e.positions) for e in self.log.entries()
+        ]
+        return front.Kernels(
+            exact, replay=native.address("vg_round_with_entries"), k0=g.k0, max_finite=g.max_finite,
+            count_free=self.count_free, band_for=self._front_band, entries=entries,
+        )  # fmt: skip
+
+    def _front_band(self, row: int) -> tuple[int, int]:
+        params = self._band_params(_front_rows[row].name)
+        return params.rel, params.abs
+
+    def _front_sync(self, op_index: int, cursor: int, records: list[tuple[int, int, int, Tensor]]) -> None:
+        """Take what the front's kernels did since it last called: their log records, in op order
+        (all before the op now calling), the op index and the replay cursor."""
+        if records:
+            assert isinstance(self.log, SparseStepLog)
+            for index, row, count, positions in records:
+                self.log.append(index, _front_rows[row].name, count, positions)
+        self.op_index = op_index
+        if self._cursor is not None:
+            self._cursor.move_to(cursor)
+
+    def _front_op(
+        self,
+        row: int,
+        kind: int,
+        tensors: list[Tensor],
+        op_index: int,
+        cursor: int,
+        records: list[tuple[int, int, int, Tensor]],
+    ) -> tuple[int, int]:
+        """The front's call for an op that rounds: its float64 tensors the kernels did not take, as
+        :meth:`__torch_dispatch__` rounds them (the front ran the op; a front run has no deferral,
+        no noise, no split-K), after the front's own work since its last call (:meth:`_front_sync`).
+        Returns the op index and the replay cursor for the front to go on from."""
+        self._front_sync(op_index, cursor, records)
         name = _front_rows[row].name
         if kind == front.EXACT:
             for t in tensors:
@@ -468,6 +533,7 @@ class RoundingMode(TorchDispatchMode):
         else:
             for t in tensors:
                 self._round_inexact(t, name)
+        return self.op_index, self._cursor.position if self._cursor is not None else 0
 
     def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
         """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""

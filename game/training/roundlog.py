@@ -539,6 +539,16 @@ class RecordCursor(Generic[_Item]):
         """Number of records taken so far."""
         return self._pos
 
+    def move_to(self, position: int) -> None:
+        """Count records taken elsewhere, in order (the C++ front's kernels check each against its
+        op as :meth:`take` does)."""
+        if not self._pos <= position <= len(self._records):
+            raise LogSequenceError(
+                f"{_where(self._step)}: cursor moved from record {self._pos} to {position} "
+                f"of {len(self._records)}"
+            )
+        self._pos = position
+
     def take(self, op_index: int, op_name: str, numel: int) -> _Item:
         """The next record's payload, after checking it was recorded for this op."""
         where = _where(self._step)

@@ -143,6 +143,57 @@ def test_front_classifiesAndTouchesLikeTheMode(kind: str) -> None:
     assert classes["aten._foreach_div_.List"] is OpClass.EXACT
 
 
+def _interleaved() -> list[torch.Tensor]:
+    """Inexact ops whose outputs the C kernels take, and between them ones they refuse (float32
+    subnormals are rare lanes, for the torch kernels): the front's log records and Python's
+    interleave, as do the exact ops' roundings."""
+    a = torch.linspace(0.1, 3.0, 300, dtype=torch.float64)
+    tiny = a * 1e-39  # exact, subnormal in float32: Python rounds it
+    out = [a / 3.0, tiny / 3.0, torch.exp(a), tiny / 7.0, a / 7.0, a.t() / 9.0]
+    out += torch._foreach_div([tiny, a, tiny], 3.0)  # one op: refused, taken, refused
+    out.append(torch.linspace(0.1, 3.0, (1 << 20) + 3, dtype=torch.float64) / 3.0)  # past the scratch
+    b = torch.linspace(-2.0, 2.0, 300, dtype=torch.float64).reshape(20, 15)
+    out += [b.t() / 3.0, (b.t() / 3.0).contiguous(), torch.exp(b)[:, ::2] / 5.0]  # strided: Python
+    return out
+
+
+def test_front_kernels_interleaveWithPython() -> None:
+    """Record and replay through the front, with its own kernel calls and without, and through the
+    mode: the same values, log bytes, corrections and counts; the kernels took some tensors, Python
+    the others."""
+
+    def switch(how: str) -> contextlib.AbstractContextManager[None]:
+        if how == "front":
+            return contextlib.nullcontext()
+        return native.disabled() if how == "front, no kernels" else front.disabled()
+
+    runs = []
+    for how in ("front", "front, no kernels", "mode"):
+        log = SparseStepLog()
+        rec = RoundingMode(bits=32, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=1, log=log)
+        with switch(how), rec:
+            values = _interleaved()
+        replay = RoundingMode(
+            bits=32, tau=0.25, mode="replay", profile=get_profile("cpu-1t"), step=1, log=log, count_free=True
+        )
+        with switch(how), replay:
+            again = _interleaved()
+        replay.finish()
+        assert rec.via_front is replay.via_front is (how != "mode")
+        assert all(torch.equal(u, v) for u, v in zip(values, again, strict=True))
+        runs.append((rec, replay, log.encode(1, bytes(32)), values))
+    (rec, replay, data, values), *others = runs
+    total = rec.logged.total() + rec.rounded.total()
+    assert 0 < rec.front_kernel_tensors < total and 0 < replay.front_kernel_tensors < total
+    assert rec.op_index == replay.op_index > 0
+    for rec2, replay2, data2, values2 in others:
+        assert rec2.front_kernel_tensors == replay2.front_kernel_tensors == 0
+        assert data2 == data and _counts(rec2) == _counts(rec) and _counts(replay2) == _counts(replay)
+        assert (replay2.corrections, replay2.free) == (replay.corrections, replay.free)
+        assert all(torch.equal(u, v) for u, v in zip(values, values2, strict=True))
+    assert replay.free > 0
+
+
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_front_raisesTheModesErrors(where: str) -> None:
     """An error raised in the front's Python call, in the forward pass or in autograd's backward,

@@ -174,6 +174,15 @@ def available() -> bool:
     return not disabled.off and _load() is not None
 
 
+def address(name: str) -> int:
+    """A kernel's address, for the C++ dispatch front to call it without Python; 0 where the
+    kernels do not run (not built, or inside :func:`disabled`)."""
+    lib = None if disabled.off else (_lib if _tried else _load())
+    if lib is None:
+        return 0
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+
+
 #: The kernels read and write 8-byte lanes: float64 values (as their bit patterns) or int64 views.
 _LANES = (torch.float64, torch.int64)
 
@@ -389,6 +398,7 @@ __all__ = [
     "ENV_SWITCH",
     "BandParams",
     "Replay",
+    "address",
     "available",
     "cache_dir",
     "disabled",

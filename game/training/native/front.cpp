@@ -7,6 +7,12 @@
 // What counts as produced or changed, and each op's class, is what intercept.py says: the classes
 // come from its Python code (once per op), and touched() below mirrors its _touched() line by line.
 //
+// Where the C kernels take a tensor (a contiguous float64 CPU tensor: an exact op's output, or an
+// inexact op's output in a sparse log's record or replay), the front calls the kernel itself, as
+// intercept.RoundingMode._round_direct does, and keeps the step's op index, replay cursor, new log
+// records and counters; it hands them to Python with its next call and when it is switched off.
+// Anything else, and any tensor a kernel refuses, goes to Python, which words the errors.
+//
 // The fallback sits on DispatchKey::Fake, a key reserved for out-of-tree code below autograd
 // (every key the Python API exposes there already holds a fallback). It is switched on for one
 // thread by including the key in that thread's local dispatch key set; autograd's engine carries
@@ -17,7 +23,11 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +49,7 @@ enum Kind : int {
 
 struct Plan {
   int id = 0;                 // the op's row in front.py's table
+  std::string name;           // str(op), the name the log records
   int kind = kInexact;
   int arg = -1;               // position of alpha / rounding_mode / accumulate, -1 when absent
   std::vector<int> written;   // positions the schema marks Tensor(a!)
@@ -49,17 +60,63 @@ struct Plan {
 std::mutex plans_lock;
 std::unordered_map<const c10::FunctionSchema*, Plan> plans;
 
+// The C kernels (kernels.c), by address from Python's ctypes handle.
+using InplaceFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t);
+using RecordFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t*);
+using ReplayFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, int64_t,
+                             int64_t, int64_t*);
+
+// One entry of the chunk being replayed (a sparse log's record and its positions).
+struct Entry {
+  int64_t index = 0;
+  std::string name;
+  int64_t count = 0;
+  at::Tensor positions;
+};
+
+// A record the front made, not yet in the Python log.
+struct Record {
+  int64_t index = 0;
+  int row = 0;
+  int64_t count = 0;
+  at::Tensor positions;
+};
+
+// What the front does with the C kernels in one session; every kernel null: all to Python.
+struct Direct {
+  InplaceFn round_inplace = nullptr;  // exact ops' tensors
+  RecordFn record = nullptr;          // inexact ops' tensors, record mode
+  ReplayFn replay = nullptr;          // inexact ops' tensors, replay mode
+  int64_t k0 = 0, max_finite = 0;     // the grid
+  int64_t count_free = 0;
+  PyObject* band_for = nullptr;       // row -> (rel, abs), the kernels' band of the op
+  std::vector<std::array<int64_t, 2>> bands;  // by row
+  std::vector<char> have_band;
+  std::vector<Entry> entries;
+  int64_t op_index = 0;  // the step's logged tensors so far (RoundingMode.op_index)
+  int64_t cursor = 0;    // entries taken so far (the replay cursor's position)
+  std::vector<Record> records;
+  std::vector<int64_t> logged, rounded;  // by row, since the session began
+  int64_t corrections = 0, free = 0, tensors = 0;
+};
+
 // One thread's session, between enter() and leave().
 struct Session {
   bool active = false;
-  PyObject* plan_for = nullptr;  // (schema name, overload) -> (id, kind, arg, written, hidden, training)
-  PyObject* on_op = nullptr;     // (id, class, [tensors]) -> None
+  PyObject* plan_for = nullptr;  // (schema name, overload) -> (id, kind, arg, written, hidden, training, name)
+  PyObject* on_op = nullptr;     // (id, class, [tensors], op index, cursor, [records]) -> (op index, cursor)
   std::vector<char> seen;        // by plan id: whether first_calls has the op
   std::vector<std::pair<int, int>> first_calls;  // (plan id, class of its first call), in call order
   bool prior_included = false;
+  Direct direct;
 };
 
 thread_local Session session;
+// The record kernel needs room for n positions (it writes m <= n). Up to kScratchMax of them this
+// thread's buffer, reused; a larger tensor gets a fresh allocation whose untouched pages cost
+// nothing (a buffer kept at the largest size would hold hundreds of MB at GPT-2 sizes).
+constexpr int64_t kScratchMax = int64_t{1} << 20;
+thread_local std::vector<int64_t> scratch;
 
 const Plan& plan_of(const c10::OperatorHandle& op, Session& s) {
   const c10::FunctionSchema* key = &op.schema();
@@ -78,6 +135,7 @@ const Plan& plan_of(const c10::OperatorHandle& op, Session& s) {
   plan.written = t[3].cast<std::vector<int>>();
   plan.hidden = t[4].cast<std::vector<int>>();
   plan.training = t[5].cast<int>();
+  plan.name = t[6].cast<std::string>();
   std::lock_guard<std::mutex> guard(plans_lock);
   return plans.emplace(key, std::move(plan)).first->second;  // std::unordered_map keeps references
 }
@@ -162,6 +220,87 @@ std::vector<at::Tensor> touched(std::vector<at::Tensor> found, const torch::jit:
   return found;
 }
 
+void bump(std::vector<int64_t>& counts, int row) {
+  if (static_cast<size_t>(row) >= counts.size()) counts.resize(row + 1, 0);
+  ++counts[row];
+}
+
+const std::array<int64_t, 2>& band_of(Direct& d, int row) {
+  if (static_cast<size_t>(row) >= d.bands.size()) {
+    d.bands.resize(row + 1);
+    d.have_band.resize(row + 1, 0);
+  }
+  if (!d.have_band[row]) {
+    py::gil_scoped_acquire gil;
+    auto t = py::reinterpret_borrow<py::object>(d.band_for)(row).cast<py::tuple>();
+    d.bands[row] = {t[0].cast<int64_t>(), t[1].cast<int64_t>()};
+    d.have_band[row] = 1;
+  }
+  return d.bands[row];
+}
+
+bool kernel_lanes(const at::Tensor& t) {  // what native._usable asks of a tensor
+  return t.device().is_cpu() && t.scalar_type() == at::kDouble && t.is_contiguous() && t.numel() > 0;
+}
+
+// Round one tensor with a C kernel, as RoundingMode._front_op would; false, with the tensor
+// untouched (or, for an exact op, partly rounded, which rounding again leaves as it is), when
+// Python must do it.
+bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
+  if (cls == kExact) {
+    if (d.round_inplace == nullptr || !kernel_lanes(t)) return false;
+    if (d.round_inplace(static_cast<int64_t*>(t.data_ptr()), t.numel(), d.k0, d.max_finite) != 0) return false;
+    bump(d.rounded, plan.id);
+    ++d.tensors;
+    return true;
+  }
+  if ((d.record == nullptr && d.replay == nullptr) || !kernel_lanes(t)) return false;
+  const int64_t n = t.numel();
+  const auto& band = band_of(d, plan.id);
+  auto* x = static_cast<int64_t*>(t.data_ptr());
+  if (d.record != nullptr) {
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    at::Tensor fresh;
+    int64_t* room = nullptr;
+    if (n <= kScratchMax) {
+      if (scratch.size() < static_cast<size_t>(n)) scratch.resize(std::max<int64_t>(n, int64_t{1} << 12));
+      room = scratch.data();
+    } else {
+      fresh = at::empty({n}, longs);
+      room = fresh.data_ptr<int64_t>();
+    }
+    const int64_t m = d.record(x, n, d.k0, d.max_finite, band[0], band[1], room);
+    if (m < 0) return false;
+    at::Tensor positions = at::empty({m}, longs);  // its own storage, m long
+    if (m > 0) std::memcpy(positions.data_ptr(), room, m * sizeof(int64_t));
+    d.records.push_back({d.op_index, plan.id, n, std::move(positions)});
+  } else {
+    if (d.cursor >= static_cast<int64_t>(d.entries.size())) return false;
+    const Entry& e = d.entries[d.cursor];
+    if (e.index != d.op_index || e.count != n || e.name != plan.name) return false;
+    const at::Tensor& pos = e.positions;
+    if (!pos.device().is_cpu() || pos.scalar_type() != at::kLong || !pos.is_contiguous()) return false;
+    int64_t stats[2] = {0, 0};
+    const int64_t rc = d.replay(x, n, d.k0, d.max_finite, band[0], band[1], pos.data_ptr<int64_t>(), pos.numel(),
+                                d.count_free, stats);
+    if (rc != 0) return false;
+    d.corrections += stats[0];
+    d.free += std::max<int64_t>(stats[1], 0);
+    ++d.cursor;
+  }
+  ++d.op_index;
+  bump(d.logged, plan.id);
+  ++d.tensors;
+  return true;
+}
+
+py::list take_records(Direct& d) {  // with the GIL
+  py::list out;
+  for (Record& r : d.records) out.append(py::make_tuple(r.index, r.row, r.count, std::move(r.positions)));
+  d.records.clear();
+  return out;
+}
+
 void note(Session& s, int id, int cls) {
   if (static_cast<size_t>(id) >= s.seen.size()) s.seen.resize(id + 1, 0);
   if (!s.seen[id]) {
@@ -195,14 +334,46 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   std::vector<at::Tensor> doubles;
   for (const at::Tensor& t : touched(std::move(found), *stack, op.schema().returns().size()))
     if (t.scalar_type() == at::kDouble) doubles.push_back(t);
-  if (doubles.empty()) return;
+  // In order: the first tensor a kernel does not take, and every one after it, go to Python (the
+  // op index follows the tensors' order).
+  size_t done = 0;
+  while (done < doubles.size() && round_direct(s.direct, plan, cls, doubles[done])) ++done;
+  if (done == doubles.size()) return;
+  doubles.erase(doubles.begin(), doubles.begin() + done);
+  Direct& d = s.direct;
   py::gil_scoped_acquire gil;
-  py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, doubles);  // raises error_already_set
+  py::list records = take_records(d);
+  auto synced = py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, doubles, d.op_index, d.cursor, records)
+                    .cast<py::tuple>();  // raises error_already_set
+  d.op_index = synced[0].cast<int64_t>();
+  d.cursor = synced[1].cast<int64_t>();
 }
 
-void enter(py::object plan_for, py::object on_op) {
+// The kernels the session may call: (round_inplace, record, replay) addresses, 0 for none; the
+// grid; the band callback; the entries to replay as (op index, name, count, positions).
+void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, bool count_free, py::object band_for,
+                py::list entries) {
+  d = Direct();
+  d.round_inplace = reinterpret_cast<InplaceFn>(kernels[0].cast<intptr_t>());
+  d.record = reinterpret_cast<RecordFn>(kernels[1].cast<intptr_t>());
+  d.replay = reinterpret_cast<ReplayFn>(kernels[2].cast<intptr_t>());
+  if (d.record != nullptr && d.replay != nullptr) throw std::runtime_error("record or replay, not both");
+  d.k0 = k0;
+  d.max_finite = max_finite;
+  d.count_free = count_free ? 1 : 0;
+  d.entries.reserve(entries.size());
+  for (const py::handle& h : entries) {
+    auto e = h.cast<py::tuple>();
+    d.entries.push_back({e[0].cast<int64_t>(), e[1].cast<std::string>(), e[2].cast<int64_t>(), e[3].cast<at::Tensor>()});
+  }
+  d.band_for = band_for.release().ptr();  // last: nothing above holds a reference when it throws
+}
+
+void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, bool count_free,
+           py::object band_for, py::list entries) {
   Session& s = session;
   if (s.active) throw std::runtime_error("the dispatch front is already on in this thread");
+  set_direct(s.direct, kernels, k0, max_finite, count_free, std::move(band_for), entries);
   s.plan_for = plan_for.release().ptr();
   s.on_op = on_op.release().ptr();
   s.seen.clear();
@@ -212,16 +383,23 @@ void enter(py::object plan_for, py::object on_op) {
   c10::impl::tls_set_dispatch_key_included(kKey, true);
 }
 
-std::vector<std::pair<int, int>> leave() {
+// Switch off; (first calls, op index, cursor, records, logged by row, rounded by row, corrections,
+// free, tensors the kernels took).
+py::tuple leave() {
   Session& s = session;
   if (!s.active) throw std::runtime_error("the dispatch front is not on in this thread");
   c10::impl::tls_set_dispatch_key_included(kKey, s.prior_included);
   s.active = false;
   Py_CLEAR(s.plan_for);
   Py_CLEAR(s.on_op);
+  Direct& d = s.direct;
+  Py_CLEAR(d.band_for);
   std::vector<std::pair<int, int>> calls;
   calls.swap(s.first_calls);
-  return calls;
+  py::tuple out = py::make_tuple(calls, d.op_index, d.cursor, take_records(d), d.logged, d.rounded, d.corrections,
+                                 d.free, d.tensors);
+  d = Direct();
+  return out;
 }
 
 bool active() { return session.active; }
@@ -239,8 +417,8 @@ bool set_included(bool on) {
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("enter", &enter, "Switch the front on for this thread.");
-  m.def("leave", &leave, "Switch it off; the (plan id, class) of each op's first call, in call order.");
+  m.def("enter", &enter, "Switch the front on for this thread, with the kernels it may call.");
+  m.def("leave", &leave, "Switch it off; what the session did that Python has not seen.");
   m.def("active", &active, "Whether the front is on in this thread.");
   m.def("set_included", &set_included, "Set whether this thread's ops reach the front; the setting before.");
 }

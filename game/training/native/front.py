@@ -3,9 +3,11 @@
 Why: a ``TorchDispatchMode`` costs some 9 us of Python for each of the ~480 ATen ops of a
 gpt-shakespeare step, a third of a plain float64 step, and half of those ops round nothing. The
 front is a C++ fallback below autograd: ops that round nothing run without Python, and an op that
-rounds calls :meth:`RoundingMode._front_op` once with the float64 tensors it produced or changed.
-Classes, logs and errors stay with the Python code in :mod:`game.training.intercept`, so a step
-gives the same bits, log and counters either way (tests/training/test_front.py holds them to it).
+rounds hands the float64 tensors it produced or changed to the C kernels itself where the mode
+would (:class:`Kernels`), or else calls :meth:`RoundingMode._front_op` once with them. Classes,
+log records, counters and errors are the Python code's in :mod:`game.training.intercept`, so a
+step gives the same bits, log and counters either way (tests/training/test_front.py holds them to
+it).
 
 The mode uses the front on CPU profiles that emulate nothing (:meth:`Profile.interceptor`), in
 every rounding mode and log format, unless a subclass changes ``__torch_dispatch__``. It is
@@ -24,10 +26,10 @@ import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -102,18 +104,55 @@ def available() -> bool:
     return not disabled.off and load() is not None
 
 
+class Kernels(NamedTuple):
+    """What the front rounds with the C kernels itself, without a Python call (front.cpp's
+    ``Direct``): kernel addresses (0: that work goes to Python), the grid, and for an inexact op
+    its band (``band_for(row) -> (rel, abs)``, asked once a session) and the entries to replay."""
+
+    round_inplace: int = 0  # exact ops' tensors
+    record: int = 0  # inexact ops' tensors, sparse record
+    replay: int = 0  # inexact ops' tensors, sparse replay
+    k0: int = 0
+    max_finite: int = 0
+    count_free: bool = False
+    band_for: Callable[[int], tuple[int, int]] | None = None
+    #: the chunk to replay: (op index, op name, count, positions) per record, in order
+    entries: Sequence[tuple[int, str, int, torch.Tensor]] = ()
+
+
+class Left(NamedTuple):
+    """What a session did that Python has not seen yet, from :func:`leave`."""
+
+    first_calls: list[tuple[int, int]]  # (row, class) of each op's first call, in call order
+    op_index: int  # the step's logged tensors so far
+    cursor: int  # replay records taken so far
+    records: list[tuple[int, int, int, torch.Tensor]]  # (op index, row, count, positions), not yet logged
+    logged: list[int]  # tensors the kernels rounded with the log, by row
+    rounded: list[int]  # tensors the kernels rounded without it, by row
+    corrections: int
+    free: int
+    tensors: int  # tensors the kernels took in all
+
+
 def enter(
-    plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int]], on_op: Any
+    plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str]],
+    on_op: Callable[..., tuple[int, int]],
+    kernels: Kernels,
 ) -> None:
-    """Switch the front on for this thread; ``plan_for`` gives an op's row the first time the front
-    meets it, ``on_op(id, class, tensors)`` rounds an op's float64 tensors."""
-    _module.enter(plan_for, on_op)
+    """Switch the front on for this thread. ``plan_for`` gives an op's row the first time the front
+    meets it; ``on_op(row, class, tensors, op index, cursor, records)`` rounds the float64 tensors
+    the kernels did not take, after logging ``records`` (the front's, since its last call) and
+    taking the op index and replay cursor from it, and returns them as they are after."""
+    k = kernels
+    _module.enter(
+        plan_for, on_op, (k.round_inplace, k.record, k.replay), k.k0, k.max_finite, k.count_free,
+        k.band_for, list(k.entries),
+    )  # fmt: skip
 
 
-def leave() -> list[tuple[int, int]]:
-    """Switch it off; the (row id, class) of each op's first call since :func:`enter`, in call order."""
-    calls: list[tuple[int, int]] = _module.leave()
-    return calls
+def leave() -> Left:
+    """Switch it off, with what the session did since the last ``on_op`` call."""
+    return Left(*_module.leave())
 
 
 def active() -> bool:
