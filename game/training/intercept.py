@@ -470,31 +470,44 @@ class RoundingMode(TorchDispatchMode):
 
     def _front_kernels(self) -> front.Kernels:
         """What the front may round with the C kernels itself: what :meth:`_front_op` would send to
-        them (exact ops' tensors; on the :attr:`_direct` path, inexact ones too), unless a subclass
-        changes how a tensor is rounded."""
-        own = type(self)._front_op is RoundingMode._front_op
+        them. Exact ops' tensors always; inexact ones in a record or replay on the path the Python
+        code would take to the same kernels (:attr:`_direct` for a sparse log; for a packed log,
+        :meth:`_record` and :meth:`_replay` rounding in place), unless a subclass changes it."""
+        cls, base = type(self), RoundingMode
+        own = cls._front_op is base._front_op
         g = self._grid
         exact = native.address("vg_round_inplace") if own else 0
+        plain = front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
+        if not (own and cls._round_inexact is base._round_inexact):
+            return plain
+        band = self._front_band
+        if isinstance(self.log, SparseStepLog):
+            if not (self._direct and cls._round_direct is base._round_direct):
+                return plain
+            if self.mode == "record":
+                return plain._replace(record=native.address("vg_round_and_band"), band_for=band)
+            entries = [
+                (e.record.op_index, e.record.op_name, e.record.count, e.positions) for e in self.log.entries()
+            ]
+            kernel = native.address("vg_round_with_entries")
+            return plain._replace(replay=kernel, count_free=self.count_free, band_for=band, entries=entries)
         if not (
-            own
-            and self._direct
-            and type(self)._round_inexact is RoundingMode._round_inexact
-            and type(self)._round_direct is RoundingMode._round_direct
+            isinstance(self.log, StepLog)
+            and self.mode in ("record", "replay")
+            and self._noise is None
+            and self._defer is None
+            and self.round_in_place
+            and cls._record is base._record
+            and cls._replay is base._replay
         ):
-            return front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
+            return plain
         if self.mode == "record":
-            return front.Kernels(
-                exact, record=native.address("vg_round_and_band"), k0=g.k0, max_finite=g.max_finite,
-                band_for=self._front_band,
-            )  # fmt: skip
-        assert isinstance(self.log, SparseStepLog)
-        entries = [
-            (e.record.op_index, e.record.op_name, e.record.count, e.positions) for e in self.log.entries()
-        ]
-        return front.Kernels(
-            exact, replay=native.address("vg_round_with_entries"), k0=g.k0, max_finite=g.max_finite,
-            count_free=self.count_free, band_for=self._front_band, entries=entries,
-        )  # fmt: skip
+            threshold = rounding.log_threshold(self.bits, self.tau)
+            kernel = native.address("vg_round_and_trits")
+            return plain._replace(trits_record=kernel, threshold=threshold, band_for=band)
+        entries = [(r.op_index, r.op_name, r.count, trits) for r, trits in self.log.entries()]
+        kernel = native.address("vg_round_with_trits")
+        return plain._replace(trits_replay=kernel, band_for=band, entries=entries)
 
     def _front_band(self, row: int) -> tuple[int, int]:
         params = self._band_params(_front_rows[row].name)
@@ -503,10 +516,13 @@ class RoundingMode(TorchDispatchMode):
     def _front_sync(self, op_index: int, cursor: int, records: list[tuple[int, int, int, Tensor]]) -> None:
         """Take what the front's kernels did since it last called: their log records, in op order
         (all before the op now calling), the op index and the replay cursor."""
-        if records:
-            assert isinstance(self.log, SparseStepLog)
+        if isinstance(self.log, SparseStepLog):
             for index, row, count, positions in records:
                 self.log.append(index, _front_rows[row].name, count, positions)
+        elif records:
+            assert isinstance(self.log, StepLog)
+            for index, row, _, trits in records:
+                self.log.append(index, _front_rows[row].name, trits)
         self.op_index = op_index
         if self._cursor is not None:
             self._cursor.move_to(cursor)

@@ -8,8 +8,8 @@
 // come from its Python code (once per op), and touched() below mirrors its _touched() line by line.
 //
 // Where the C kernels take a tensor (a contiguous float64 CPU tensor: an exact op's output, or an
-// inexact op's output in a sparse log's record or replay), the front calls the kernel itself, as
-// intercept.RoundingMode._round_direct does, and keeps the step's op index, replay cursor, new log
+// inexact op's output in a record or replay of either log format), the front calls the kernel
+// itself, as the mode's Python would (RoundingMode._round_direct, banding's fused kernels), and keeps the step's op index, replay cursor, new log
 // records and counters; it hands them to Python with its next call and when it is switched off.
 // Anything else, and any tensor a kernel refuses, goes to Python, which words the errors.
 //
@@ -65,29 +65,34 @@ using InplaceFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t);
 using RecordFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t*);
 using ReplayFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, int64_t,
                              int64_t, int64_t*);
+using TritsRecordFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+using TritsReplayFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t*);
 
-// One entry of the chunk being replayed (a sparse log's record and its positions).
+// One record of the chunk being replayed: a sparse log's positions, or a packed log's trits.
 struct Entry {
   int64_t index = 0;
   std::string name;
   int64_t count = 0;
-  at::Tensor positions;
+  at::Tensor payload;
 };
 
-// A record the front made, not yet in the Python log.
+// A record the front made, not yet in the Python log (payload as in Entry).
 struct Record {
   int64_t index = 0;
   int row = 0;
   int64_t count = 0;
-  at::Tensor positions;
+  at::Tensor payload;
 };
 
 // What the front does with the C kernels in one session; every kernel null: all to Python.
 struct Direct {
   InplaceFn round_inplace = nullptr;  // exact ops' tensors
-  RecordFn record = nullptr;          // inexact ops' tensors, record mode
-  ReplayFn replay = nullptr;          // inexact ops' tensors, replay mode
+  RecordFn record = nullptr;          // inexact ops' tensors, sparse record
+  ReplayFn replay = nullptr;          // inexact ops' tensors, sparse replay
+  TritsRecordFn trits_record = nullptr;  // inexact ops' tensors, packed record
+  TritsReplayFn trits_replay = nullptr;  // inexact ops' tensors, packed replay
   int64_t k0 = 0, max_finite = 0;     // the grid
+  int64_t threshold = 0;              // the packed log's floor(tau * step), in float64 ulps
   int64_t count_free = 0;
   PyObject* band_for = nullptr;       // row -> (rel, abs), the kernels' band of the op
   std::vector<std::array<int64_t, 2>> bands;  // by row
@@ -254,7 +259,8 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
     ++d.tensors;
     return true;
   }
-  if ((d.record == nullptr && d.replay == nullptr) || !kernel_lanes(t)) return false;
+  const bool logs = d.record != nullptr || d.replay != nullptr || d.trits_record != nullptr || d.trits_replay != nullptr;
+  if (!logs || !kernel_lanes(t)) return false;
   const int64_t n = t.numel();
   const auto& band = band_of(d, plan.id);
   auto* x = static_cast<int64_t*>(t.data_ptr());
@@ -274,18 +280,31 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
     at::Tensor positions = at::empty({m}, longs);  // its own storage, m long
     if (m > 0) std::memcpy(positions.data_ptr(), room, m * sizeof(int64_t));
     d.records.push_back({d.op_index, plan.id, n, std::move(positions)});
+  } else if (d.trits_record != nullptr) {
+    at::Tensor trits = at::empty({n}, at::TensorOptions().dtype(at::kByte));
+    if (d.trits_record(x, n, d.k0, d.max_finite, d.threshold, trits.data_ptr<uint8_t>()) != 0) return false;
+    d.records.push_back({d.op_index, plan.id, n, std::move(trits)});
   } else {
     if (d.cursor >= static_cast<int64_t>(d.entries.size())) return false;
     const Entry& e = d.entries[d.cursor];
     if (e.index != d.op_index || e.count != n || e.name != plan.name) return false;
-    const at::Tensor& pos = e.positions;
-    if (!pos.device().is_cpu() || pos.scalar_type() != at::kLong || !pos.is_contiguous()) return false;
+    const at::Tensor& load = e.payload;
+    const auto want = d.replay != nullptr ? at::kLong : at::kByte;
+    if (!load.device().is_cpu() || load.scalar_type() != want || !load.is_contiguous()) return false;
     int64_t stats[2] = {0, 0};
-    const int64_t rc = d.replay(x, n, d.k0, d.max_finite, band[0], band[1], pos.data_ptr<int64_t>(), pos.numel(),
-                                d.count_free, stats);
-    if (rc != 0) return false;
-    d.corrections += stats[0];
-    d.free += std::max<int64_t>(stats[1], 0);
+    if (d.replay != nullptr) {
+      const int64_t rc = d.replay(x, n, d.k0, d.max_finite, band[0], band[1], load.data_ptr<int64_t>(), load.numel(),
+                                  d.count_free, stats);
+      if (rc != 0) return false;
+      d.corrections += stats[0];
+      d.free += std::max<int64_t>(stats[1], 0);
+    } else {
+      if (load.numel() != n) return false;
+      const int64_t moved =
+          d.trits_replay(x, n, d.k0, d.max_finite, band[0], band[1], load.data_ptr<uint8_t>(), stats);
+      if (moved < 0) return false;
+      d.corrections += moved;
+    }
     ++d.cursor;
   }
   ++d.op_index;
@@ -296,7 +315,7 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
 
 py::list take_records(Direct& d) {  // with the GIL
   py::list out;
-  for (Record& r : d.records) out.append(py::make_tuple(r.index, r.row, r.count, std::move(r.positions)));
+  for (Record& r : d.records) out.append(py::make_tuple(r.index, r.row, r.count, std::move(r.payload)));
   d.records.clear();
   return out;
 }
@@ -349,17 +368,22 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   d.cursor = synced[1].cast<int64_t>();
 }
 
-// The kernels the session may call: (round_inplace, record, replay) addresses, 0 for none; the
-// grid; the band callback; the entries to replay as (op index, name, count, positions).
-void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, bool count_free, py::object band_for,
-                py::list entries) {
+// The kernels the session may call: (round_inplace, record, replay, trits record, trits replay)
+// addresses, 0 for none; the grid and the packed log's threshold; the band callback; the entries to
+// replay as (op index, name, count, positions or trits).
+void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold, bool count_free,
+                py::object band_for, py::list entries) {
   d = Direct();
   d.round_inplace = reinterpret_cast<InplaceFn>(kernels[0].cast<intptr_t>());
   d.record = reinterpret_cast<RecordFn>(kernels[1].cast<intptr_t>());
   d.replay = reinterpret_cast<ReplayFn>(kernels[2].cast<intptr_t>());
-  if (d.record != nullptr && d.replay != nullptr) throw std::runtime_error("record or replay, not both");
+  d.trits_record = reinterpret_cast<TritsRecordFn>(kernels[3].cast<intptr_t>());
+  d.trits_replay = reinterpret_cast<TritsReplayFn>(kernels[4].cast<intptr_t>());
+  const int logs = (d.record != nullptr) + (d.replay != nullptr) + (d.trits_record != nullptr) + (d.trits_replay != nullptr);
+  if (logs > 1) throw std::runtime_error("one of record, replay, trits record, trits replay at most");
   d.k0 = k0;
   d.max_finite = max_finite;
+  d.threshold = threshold;
   d.count_free = count_free ? 1 : 0;
   d.entries.reserve(entries.size());
   for (const py::handle& h : entries) {
@@ -369,11 +393,11 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, bo
   d.band_for = band_for.release().ptr();  // last: nothing above holds a reference when it throws
 }
 
-void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, bool count_free,
-           py::object band_for, py::list entries) {
+void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold,
+           bool count_free, py::object band_for, py::list entries) {
   Session& s = session;
   if (s.active) throw std::runtime_error("the dispatch front is already on in this thread");
-  set_direct(s.direct, kernels, k0, max_finite, count_free, std::move(band_for), entries);
+  set_direct(s.direct, kernels, k0, max_finite, threshold, count_free, std::move(band_for), entries);
   s.plan_for = plan_for.release().ptr();
   s.on_op = on_op.release().ptr();
   s.seen.clear();

@@ -112,11 +112,14 @@ class Kernels(NamedTuple):
     round_inplace: int = 0  # exact ops' tensors
     record: int = 0  # inexact ops' tensors, sparse record
     replay: int = 0  # inexact ops' tensors, sparse replay
+    trits_record: int = 0  # inexact ops' tensors, packed record
+    trits_replay: int = 0  # inexact ops' tensors, packed replay
     k0: int = 0
     max_finite: int = 0
+    threshold: int = 0  # the packed log's floor(tau * step) in float64 ulps
     count_free: bool = False
     band_for: Callable[[int], tuple[int, int]] | None = None
-    #: the chunk to replay: (op index, op name, count, positions) per record, in order
+    #: the chunk to replay: (op index, op name, count, positions or trits) per record, in order
     entries: Sequence[tuple[int, str, int, torch.Tensor]] = ()
 
 
@@ -126,7 +129,9 @@ class Left(NamedTuple):
     first_calls: list[tuple[int, int]]  # (row, class) of each op's first call, in call order
     op_index: int  # the step's logged tensors so far
     cursor: int  # replay records taken so far
-    records: list[tuple[int, int, int, torch.Tensor]]  # (op index, row, count, positions), not yet logged
+    records: list[
+        tuple[int, int, int, torch.Tensor]
+    ]  # (op index, row, count, positions or trits), not yet logged
     logged: list[int]  # tensors the kernels rounded with the log, by row
     rounded: list[int]  # tensors the kernels rounded without it, by row
     corrections: int
@@ -145,8 +150,8 @@ def enter(
     taking the op index and replay cursor from it, and returns them as they are after."""
     k = kernels
     _module.enter(
-        plan_for, on_op, (k.round_inplace, k.record, k.replay), k.k0, k.max_finite, k.count_free,
-        k.band_for, list(k.entries),
+        plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay), k.k0,
+        k.max_finite, k.threshold, k.count_free, k.band_for, list(k.entries),
     )  # fmt: skip
 
 
