@@ -515,7 +515,8 @@ class RoundingMode(TorchDispatchMode):
 
     def _front_sync(self, op_index: int, cursor: int, records: list[tuple[int, int, int, Tensor]]) -> None:
         """Take what the front's kernels did since it last called: their log records, in op order
-        (all before the op now calling), the op index and the replay cursor."""
+        (all before the op now calling), the op index and the replay cursor (-1 from
+        :func:`front.leave` when its last call here raised: the ones here are the newer then)."""
         if isinstance(self.log, SparseStepLog):
             for index, row, count, positions in records:
                 self.log.append(index, _front_rows[row].name, count, positions)
@@ -523,6 +524,8 @@ class RoundingMode(TorchDispatchMode):
             assert isinstance(self.log, StepLog)
             for index, row, _, trits in records:
                 self.log.append(index, _front_rows[row].name, trits)
+        if op_index < 0:
+            return
         self.op_index = op_index
         if self._cursor is not None:
             self._cursor.move_to(cursor)

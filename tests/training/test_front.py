@@ -4,6 +4,7 @@ Python dispatch mode it stands in for, and its errors are the mode's."""
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import pytest
@@ -212,6 +213,8 @@ def test_front_raisesTheModesErrors(where: str) -> None:
         out.backward(torch.full_like(out, 1e300))  # grad of a: 1e300 * 1e300
     assert mode.via_front and not front.active()
     assert caught.type is NonFiniteError
+    failed = re.search(r"op #(\d+)", str(caught.value))
+    assert failed is not None and mode.op_index == int(failed.group(1)) + 1  # as the mode counts
     logged = mode.op_index
     torch.mm(a.detach(), b)  # the front is off: nothing more reaches the mode
     assert mode.op_index == logged

@@ -100,6 +100,7 @@ struct Direct {
   std::vector<Entry> entries;
   int64_t op_index = 0;  // the step's logged tensors so far (RoundingMode.op_index)
   int64_t cursor = 0;    // entries taken so far (the replay cursor's position)
+  bool in_python = false;  // a Python call raised: its op index and cursor are newer than these
   std::vector<Record> records;
   std::vector<int64_t> logged, rounded;  // by row, since the session began
   int64_t corrections = 0, free = 0, tensors = 0;
@@ -362,8 +363,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   Direct& d = s.direct;
   py::gil_scoped_acquire gil;
   py::list records = take_records(d);
+  d.in_python = true;
   auto synced = py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, doubles, d.op_index, d.cursor, records)
                     .cast<py::tuple>();  // raises error_already_set
+  d.in_python = false;
   d.op_index = synced[0].cast<int64_t>();
   d.cursor = synced[1].cast<int64_t>();
 }
@@ -408,7 +411,8 @@ void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0,
 }
 
 // Switch off; (first calls, op index, cursor, records, logged by row, rounded by row, corrections,
-// free, tensors the kernels took).
+// free, tensors the kernels took). Op index and cursor are -1 when the last Python call raised:
+// Python's own are the newer then.
 py::tuple leave() {
   Session& s = session;
   if (!s.active) throw std::runtime_error("the dispatch front is not on in this thread");
@@ -420,8 +424,10 @@ py::tuple leave() {
   Py_CLEAR(d.band_for);
   std::vector<std::pair<int, int>> calls;
   calls.swap(s.first_calls);
-  py::tuple out = py::make_tuple(calls, d.op_index, d.cursor, take_records(d), d.logged, d.rounded, d.corrections,
-                                 d.free, d.tensors);
+  const int64_t op_index = d.in_python ? -1 : d.op_index;
+  const int64_t cursor = d.in_python ? -1 : d.cursor;
+  py::tuple out = py::make_tuple(calls, op_index, cursor, take_records(d), d.logged, d.rounded, d.corrections, d.free,
+                                 d.tensors);
   d = Direct();
   return out;
 }

@@ -127,8 +127,8 @@ class Left(NamedTuple):
     """What a session did that Python has not seen yet, from :func:`leave`."""
 
     first_calls: list[tuple[int, int]]  # (row, class) of each op's first call, in call order
-    op_index: int  # the step's logged tensors so far
-    cursor: int  # replay records taken so far
+    op_index: int  # the step's logged tensors so far; -1: the last on_op call raised, Python's is newer
+    cursor: int  # replay records taken so far; -1 as op_index
     records: list[
         tuple[int, int, int, torch.Tensor]
     ]  # (op index, row, count, positions or trits), not yet logged
