@@ -120,7 +120,7 @@ struct Session {
 thread_local Session session;
 // The record kernel needs room for n positions (it writes m <= n). Up to kScratchMax of them this
 // thread's buffer, reused; a larger tensor gets a fresh allocation whose untouched pages cost
-// nothing (a buffer kept at the largest size would hold hundreds of MB at GPT-2 sizes).
+// nothing (a buffer kept at the largest size would hold tens of MB at the paper shapes).
 constexpr int64_t kScratchMax = int64_t{1} << 20;
 thread_local std::vector<int64_t> scratch;
 
