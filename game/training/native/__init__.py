@@ -174,10 +174,18 @@ def available() -> bool:
     return not disabled.off and _load() is not None
 
 
+def _running() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (not built, or inside :func:`disabled`); no lock once loaded
+    (the hot paths ask on every call)."""
+    if disabled.off:
+        return None
+    return _lib if _tried else _load()
+
+
 def address(name: str) -> int:
     """A kernel's address, for the C++ dispatch front to call it without Python; 0 where the
     kernels do not run (not built, or inside :func:`disabled`)."""
-    lib = None if disabled.off else (_lib if _tried else _load())
+    lib = _running()
     if lib is None:
         return 0
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
@@ -188,12 +196,10 @@ _LANES = (torch.float64, torch.int64)
 
 
 def _usable(*tensors: Tensor) -> ctypes.CDLL | None:
-    if disabled.off:
-        return None
     for t in tensors:
         if not t.is_cpu or t.dtype not in _LANES or not t.is_contiguous():
             return None
-    return _lib if _tried else _load()
+    return _running()
 
 
 def _positions_buffer(n: int) -> tuple[Tensor, int]:
@@ -334,7 +340,7 @@ def to_float32(tensors: list[Tensor]) -> list[np.ndarray] | None:
 def uvarint_encode(values: np.ndarray) -> bytes | None:
     """LEB128 of int64 ``values`` (sparselog.uvarint_encode's bytes); None: use the numpy encoder
     (no kernels, or a negative value, whose error it words)."""
-    lib = None if disabled.off else _load()
+    lib = _running()
     if lib is None:
         return None
     v = np.ascontiguousarray(values, dtype=np.int64)
@@ -346,7 +352,7 @@ def uvarint_encode(values: np.ndarray) -> bytes | None:
 def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray, int] | None:
     """``count`` LEB128 values from the uint8 array ``buf[start:]`` and the position after them;
     None: use the numpy decoder (no kernels, or malformed bytes, whose error it words)."""
-    lib = None if disabled.off else _load()
+    lib = _running()
     if lib is None or buf.dtype != np.uint8 or not buf.flags.c_contiguous:
         return None
     view = buf[start:]
@@ -358,7 +364,7 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
     """The first ``blocks`` blocks of the uint8 trits (each 0..2) as roundlog.pack_trits lays them
     out; None: use the numpy packer."""
-    lib = None if disabled.off else _load()
+    lib = _running()
     if lib is None:
         return None
     t = np.ascontiguousarray(trits, dtype=np.uint8)
@@ -370,7 +376,7 @@ def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
 def unpack_trit_blocks(data: np.ndarray, blocks: int, out: np.ndarray) -> bool:
     """Write ``116 * blocks`` trits from the uint8 array ``data`` to the start of the uint8 array
     ``out``; False: use the numpy unpacker (no kernels, or a group out of range, whose error it words)."""
-    lib = None if disabled.off else _load()
+    lib = _running()
     if lib is None or not all(a.dtype == np.uint8 and a.flags.c_contiguous for a in (data, out)):
         return False
     if data.size < 23 * blocks or out.size < 116 * blocks:
@@ -382,7 +388,7 @@ def philox_stream(step: int, ids: Tensor | None, count: int, key: tuple[int, int
     """The RNG's stream words (rng.stream's bits) on CPU: int64 ``[len(ids), count]`` (one row of id 0
     when ``ids`` is None); None: use the torch code (no kernels). The caller has checked the step and
     the ids fit 32 bits."""
-    lib = None if disabled.off else _load()
+    lib = _running()
     if lib is None:
         return None
     rows = 1 if ids is None else ids.numel()
