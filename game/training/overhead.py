@@ -7,9 +7,9 @@ like:
 * ``fp32``: plain float32 training (the model in float32, no rounding, no log);
 * ``fp64``: plain float64 training (same model, same data order, no rounding);
 * ``trainer``: what ``vgame train`` does a step (:func:`~game.training.session.train_step`):
-  float64 with rounding and logging (``record``), the state hash, and the step queued for the
-  transcript's writer, which encodes the chunk and syncs chunk, chunk hash, checkpoint (every
-  ``checkpoint_interval`` steps) and leaf to disk on its own thread;
+  float64 with rounding and logging (``record``), the state's canonical bytes, and the step queued
+  for the transcript's writer, which hashes the state, encodes the chunk and syncs chunk, chunk
+  hash, checkpoint (every ``checkpoint_interval`` steps) and leaf to disk on its own thread;
 * ``auditor``: what ``vgame audit`` does a step: the trainer's chunk read, checked against its
   hash and decoded, the step replayed with it (``replay``), the state hash compared with the
   trainer's leaf.

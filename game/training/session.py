@@ -30,7 +30,7 @@ from game.merkle import merkle_root
 from game.training.config import TaskConfig
 from game.training.profiles import get_profile
 from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
-from game.training.state import TrainState, decode_state, encode_state, state_hash
+from game.training.state import TrainState, decode_state, encode_state, state_buffer, state_hash
 from game.training.step import StepEngine
 from game.training.transcript import (
     CHECKPOINT_DIR_NAME,
@@ -73,12 +73,6 @@ class Deviation:
 
     def after_step(self, step: int, state: TrainState) -> None:
         """Change ``state`` in place after ``step`` (tampered weights)."""
-
-    @property
-    def alters_state(self) -> bool:
-        """Whether :meth:`after_step` is overridden: the leaf is then hashed after it, not taken
-        from the step."""
-        return type(self).after_step is not Deviation.after_step
 
     def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
         """The log chunk actually published for ``step`` (a tampered log)."""
@@ -257,32 +251,41 @@ def initial_step(engine: StepEngine, writer: TranscriptWriter, dev: Deviation | 
     dev = dev or _HONEST
     state = engine.init_state()
     dev.after_step(0, state)  # a deviation may tamper with the initial state too
-    log0 = dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0))
-    writer.append_step(0, state_hash(state), log0, encode_state(state))
+    _append(writer, 0, state, dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0)))
     return state
 
 
 def train_step(
     engine: StepEngine, writer: TranscriptWriter, state: TrainState, step: int, dev: Deviation | None = None
 ) -> float | None:
-    """One step of :func:`train`: run it (or skip it), take its leaf and queue both for the disk.
+    """One step of :func:`train`: run it (or skip it) and queue it, with the state, for the disk.
     Returns the step's loss (None for a skipped step). ``vgame bench overhead`` times this."""
     dev = dev or _HONEST
-    leaf: bytes | None = None
     loss: float | None = None
     if dev.skip(step):
         step_log: ChunkLog = new_step_log(engine.cfg.log_format, step)
         state.step = step
     else:
-        result = dev.engine(step, engine).run_step(state, step, mode="record", batch_override=dev.batch(step))
+        result = dev.engine(step, engine).run_step(
+            state, step, mode="record", batch_override=dev.batch(step), hash_state=False
+        )
         assert result.log is not None  # record mode always returns the step's log
-        step_log, loss, leaf = result.log, result.loss, result.state_hash
+        step_log, loss = result.log, result.loss
     dev.after_step(step, state)
-    if leaf is None or dev.alters_state:
-        leaf = state_hash(state)  # else the step's own hash: the same bytes, hashed once
-    ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
-    writer.append_step(step, leaf, dev.tamper_log(step, step_log), ckpt)
+    _append(writer, step, state, dev.tamper_log(step, step_log))
     return loss
+
+
+def _append(writer: TranscriptWriter, step: int, state: TrainState, step_log: ChunkLog) -> None:
+    """Queue a step with its state: a small state's canonical bytes go to the writer's thread, which
+    hashes them there (and writes them as the checkpoint when one is due); a large one is hashed
+    here, piece by piece, and encoded only for a checkpoint."""
+    buf = state_buffer(state)
+    if buf is not None:
+        writer.append_state(step, buf.data, step_log)
+        return
+    ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
+    writer.append_step(step, state_hash(state), step_log, ckpt)
 
 
 def _result(

@@ -59,7 +59,7 @@ MAX_DEFER_FAILURES = 3
 class StepResult:
     """What one step produced besides the (mutated) state."""
 
-    state_hash: bytes | None  # leaf after the step; None for plain fp64 (off-grid state)
+    state_hash: bytes | None  # leaf after the step; None for plain fp64 (off-grid state) or hash_state False
     log: ChunkLog | None  # the recorded (record) or replayed (replay) chunk
     corrections: int  # rev moves applied (replay), else 0
     loss: float  # the step's loss before the update
@@ -114,11 +114,14 @@ class StepEngine:
         log: ChunkLog | None = None,
         batch_override: Batch | None = None,
         precision: Precision = "fp64",
+        hash_state: bool = True,
     ) -> StepResult:
         """Run training step ``step`` (== state.step + 1) on ``state`` in place.
 
         ``log``: the trainer's chunk to replay (``replay``), or an empty one to record into
-        (``record``; a fresh one when None). If the step raises, ``state`` is half-updated: rebuild it.
+        (``record``; a fresh one when None). ``hash_state`` False: no state hash in the result (the
+        caller takes the state's bytes itself). If the step raises, ``state`` is half-updated:
+        rebuild it.
         """
         if mode not in MODES:
             raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -171,7 +174,7 @@ class StepEngine:
 
         if self.check_grid and precision == "fp64" and mode != "plain":
             check_on_grid(state, self.cfg.bits)
-        has_bytes = precision == "fp32" or mode != "plain"
+        has_bytes = hash_state and (precision == "fp32" or mode != "plain")
         return StepResult(
             state_hash=state_hash(state) if has_bytes else None,
             log=log if mode in ("record", "replay") else None,

@@ -15,7 +15,8 @@ past the last leaf is a partial step that :meth:`TranscriptWriter.resume` cuts a
 
 The writer does this on a thread of its own, in step order, so a trainer computes step ``n + 1``
 while step ``n`` is encoded and synced (four fsyncs a step, milliseconds on a real disk, against a
-small model's step of 10 ms). At most :data:`WRITE_AHEAD` steps wait while one is written; a step
+small model's step of 10 ms); given the state's canonical bytes (:meth:`TranscriptWriter.append_state`)
+it also hashes them there. At most :data:`WRITE_AHEAD` steps wait while one is written; a step
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
@@ -24,12 +25,14 @@ This module imports no torch: the judge, the agents and ``vgame audit`` read tra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import platform
 import queue
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -219,9 +222,35 @@ class _StepJob:
     """One step for the writer's thread."""
 
     step: int
-    state_hash: bytes
+    state_hash: bytes | None  # None: the thread hashes ``state``
     step_log: ChunkLog
-    checkpoint: bytes | None
+    checkpoint: bytes | memoryview | None
+    state: bytes | memoryview | None = None  # the canonical state bytes, for append_state
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT's KeyboardInterrupt) back until the block is done, then raise it.
+
+    The writer's queue takes its lock in a ``with`` inside Python code; a KeyboardInterrupt raised
+    between the lock's acquire and that ``with`` leaves the lock held, and the trainer's ``close``
+    and the thread then wait on it for ever (seen: a ``vgame train`` hung after Ctrl-C). Waiting in
+    the block takes at most the few queued steps' writing. Only the main thread gets signals, and
+    a handler other than Python's default one is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class TranscriptWriter:
@@ -238,7 +267,8 @@ class TranscriptWriter:
         self.cfg = cfg
         self.spec_hash = cfg.spec_hash()
         self.manifest = manifest
-        self._leaves = done  # every accepted step's leaf, written or queued
+        # every accepted step's leaf, written or queued; None while the thread still hashes it
+        self._leaves: list[bytes | None] = list(done)
         self._log_writer = LogWriter(directory / LOG_DIR_NAME)
         self._jobs: queue.Queue[_StepJob | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._thread: threading.Thread | None = None
@@ -328,7 +358,11 @@ class TranscriptWriter:
 
     @property
     def leaves(self) -> list[bytes]:
-        return list(self._leaves)
+        """Every accepted step's leaf (waiting for the thread to hash those queued by
+        :meth:`append_state`)."""
+        if None in self._leaves:
+            self.flush()
+        return [leaf for leaf in self._leaves if leaf is not None]
 
     def wants_checkpoint(self, step: int) -> bool:
         return is_checkpoint_step(step, self.cfg.checkpoint_interval, self.cfg.steps)
@@ -342,11 +376,6 @@ class TranscriptWriter:
         ``checkpoint`` must be the canonical state bytes when :meth:`wants_checkpoint` says so; they
         must hash to ``state_hash``. ``step_log`` and ``checkpoint`` belong to the writer from here.
         """
-        self._raise_failure()
-        if step != self.num_done:
-            raise TranscriptError(f"steps are written in order: expected step {self.num_done}, got {step}")
-        if step > self.cfg.steps:
-            raise TranscriptError(f"step {step} is past the task's last step {self.cfg.steps}")
         if len(state_hash) != HASH_SIZE:
             raise TranscriptError(f"a state hash is {HASH_SIZE} bytes, got {len(state_hash)}")
         if self.wants_checkpoint(step):
@@ -354,24 +383,45 @@ class TranscriptWriter:
                 raise TranscriptError(f"step {step} is a checkpoint step but no state bytes were given")
         else:
             checkpoint = None
+        self._queue(_StepJob(step, bytes(state_hash), step_log, checkpoint), bytes(state_hash))
+
+    def append_state(self, step: int, state: bytes | memoryview, step_log: ChunkLog) -> None:
+        """:meth:`append_step` with the step's canonical state bytes instead of their hash: the
+        thread hashes them (the hash takes about a millisecond a megabyte, off the trainer's
+        thread) and writes them as the checkpoint when one is due. ``state`` belongs to the writer
+        from here and must not change."""
+        checkpoint = state if self.wants_checkpoint(step) else None
+        self._queue(_StepJob(step, None, step_log, checkpoint, state), None)
+
+    def _queue(self, job: _StepJob, leaf: bytes | None) -> None:
+        self._raise_failure()
+        if job.step != self.num_done:
+            raise TranscriptError(
+                f"steps are written in order: expected step {self.num_done}, got {job.step}"
+            )
+        if job.step > self.cfg.steps:
+            raise TranscriptError(f"step {job.step} is past the task's last step {self.cfg.steps}")
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_steps, name="vgame-transcript", daemon=True)
             self._thread.start()
-        self._jobs.put(_StepJob(step, bytes(state_hash), step_log, checkpoint))
-        self._leaves.append(bytes(state_hash))
+        with _interrupts_held():
+            self._jobs.put(job)
+            self._leaves.append(leaf)
 
     def flush(self) -> None:
         """Wait until every queued step is on disk; raise the thread's error if one failed."""
         if self._thread is not None:
-            self._jobs.join()
+            with _interrupts_held():
+                self._jobs.join()
         self._raise_failure()
 
     def close(self) -> None:
         """Write the queued steps and stop the thread (the writer takes more steps afterwards)."""
         if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
+            with _interrupts_held():
+                self._jobs.put(None)
+                self._thread.join()
+                self._thread = None
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -401,12 +451,17 @@ class TranscriptWriter:
         step = job.step
         chunk_hash = self._log_writer.write_chunk(step, job.step_log, self.spec_hash)
         append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
+        leaf = job.state_hash
+        if leaf is None:
+            assert job.state is not None
+            leaf = hashlib.sha256(job.state).digest()
+        elif job.checkpoint is not None and hashlib.sha256(job.checkpoint).digest() != leaf:
+            raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
         if job.checkpoint is not None:
-            if hashlib.sha256(job.checkpoint).digest() != job.state_hash:
-                raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
             atomic_write(self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step), job.checkpoint)
         # The leaf goes last: it is what marks the step complete.
-        append_fsync(self.directory / LEAVES_NAME, job.state_hash)
+        append_fsync(self.directory / LEAVES_NAME, leaf)
+        self._leaves[step] = leaf
 
     def finish(self) -> Manifest:
         """Write the queued steps, compute both roots, check every step is there, and mark the
@@ -419,7 +474,7 @@ class TranscriptWriter:
         hashes = _read_hashes(self.directory / CHUNK_HASHES_NAME, "chunk hashes")
         self.manifest = replace(
             self.manifest,
-            state_root=merkle_root(self._leaves).hex(),
+            state_root=merkle_root(self.leaves).hex(),
             log_root=merkle_root(hashes).hex(),
             complete=True,
         )

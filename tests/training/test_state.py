@@ -23,6 +23,7 @@ from game.training.state import (
     encode_state,
     move_state,
     parse_state,
+    state_buffer,
     state_hash,
     state_tensors,
 )
@@ -97,11 +98,44 @@ def test_encode_sliceByslice_isTheSameBytes(monkeypatch: pytest.MonkeyPatch) -> 
     value off the grid in a later slice is still found."""
     _, state = trained("gpt-shakespeare")
     data = encode_state(state)
+    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", 0)  # stream, as a large state does
     monkeypatch.setattr(state_module, "_SLICE", 7)
     assert encode_state(state) == data == reference_encode(state)
     assert state_hash(state) == hashlib.sha256(data).digest()
     with torch.no_grad():
         state.model.lm_head.weight.view(-1)[-1] = 1.0 / 3.0
+    with pytest.raises(OffGridError, match=r"lm_head\.weight"):
+        state_hash(state)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_oneBuffer_isTheStreamedBytes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small state's bytes come from one buffer (one C call); they are the bytes the streaming
+    path gives, and a strided float64 tensor, a float32 and an int64 one take their own ways in."""
+    _, state = trained(name)
+    buf = state_buffer(state)
+    assert buf is not None
+    if name == "cnn-digits":  # a strided view of a float64 state tensor: streamed into its place
+        w = next(p for p in state.model.parameters() if p.dim() == 2 and min(p.shape) > 1)
+        with torch.no_grad():
+            w.set_(w.detach().t().contiguous().t())  # same values, column-major
+        assert not w.is_contiguous()
+        buf = state_buffer(state)
+        assert buf is not None
+    one = buf.tobytes()
+    assert encode_state(state) == one
+    assert state_hash(state) == hashlib.sha256(one).digest()
+    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", len(one) - 1)
+    assert state_buffer(state) is None
+    assert encode_state(state) == one == reference_encode(state)
+    assert state_hash(state) == hashlib.sha256(one).digest()
+
+
+def test_oneBuffer_leavesOffGridValues_toTheStreamingError() -> None:
+    _, state = trained("gpt-shakespeare")
+    with torch.no_grad():
+        state.model.lm_head.weight.view(-1)[5] = 1.0 / 3.0
+    assert state_buffer(state) is None
     with pytest.raises(OffGridError, match=r"lm_head\.weight"):
         state_hash(state)
 

@@ -4,6 +4,9 @@ failure never leaves a later step's leaf behind a missing one (the crash-resume 
 from __future__ import annotations
 
 import hashlib
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +118,81 @@ def test_appendStep_refusesOutOfOrderSteps_andAMissingCheckpoint_atOnce(tmp_path
         _append(writer, 0, checkpoint=None)
     _append(writer, 0)
     writer.close()
+
+
+def test_appendState_hashesOnTheThread_andWritesTheSameBytesAsTheCheckpoint(tmp_path: Path) -> None:
+    """Steps queued with their state bytes get the same leaves, checkpoints and roots as steps queued
+    with their hashes, mixed in one run; ``leaves`` waits for the thread's hashes."""
+    cfg = _cfg()
+    roots = []
+    for k, by_bytes in enumerate(({2, 3, 4, 6}, set(range(cfg.steps + 1)), set())):
+        out = tmp_path / f"t{k}"
+        writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+        for step in range(cfg.steps + 1):
+            if step in by_bytes:
+                data = memoryview(bytearray(_state(step)[1]))
+                writer.append_state(step, data, new_step_log(cfg.log_format, step))
+            else:
+                _append(writer, step)
+        assert writer.num_done == cfg.steps + 1
+        assert writer.leaves == [_state(s)[0] for s in range(cfg.steps + 1)]
+        manifest = writer.finish()
+        roots.append(manifest.state_root)
+        t = Transcript(out)
+        t.verify()
+        assert t.checkpoint_steps() == [0, 2, 4, 6, 8]
+        assert [t.load_checkpoint(s) for s in (2, 4)] == [_state(2)[1], _state(4)[1]]
+    assert roots[0] == roots[1] == roots[2]
+
+
+def test_appendState_afterAFailedWrite_hasNoLeaf_andLeavesRaises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    honest = writer._log_writer.write_chunk
+
+    def write_chunk(step: int, *args: Any) -> bytes:
+        if step == 1:
+            raise OSError(28, "No space left on device")
+        return honest(step, *args)
+
+    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    writer.append_state(0, memoryview(_state(0)[1]), new_step_log(cfg.log_format, 0))
+    writer.append_state(1, memoryview(_state(1)[1]), new_step_log(cfg.log_format, 1))
+    with pytest.raises(TranscriptError, match="writing step 1"):
+        writer.leaves  # noqa: B018 (the property waits for the thread)
+    assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(0)[0]]
+
+
+def test_ctrlC_whileWaitingForTheThread_isRaisedOnceTheStepIsQueued_andCloseStillWrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt inside the queue's lock could leave it held and hang ``close`` (a
+    ``vgame train`` did after Ctrl-C): it is held back until the step is queued, then raised."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        cfg = _cfg()
+        writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+        honest = writer._log_writer.write_chunk
+
+        def slow_chunk(step: int, *args: Any) -> bytes:
+            time.sleep(0.3)
+            return honest(step, *args)
+
+        monkeypatch.setattr(writer._log_writer, "write_chunk", slow_chunk)
+        for step in range(WRITE_AHEAD + 1):  # the thread writes one, WRITE_AHEAD wait: the queue is full
+            _append(writer, step)
+        main = threading.main_thread().ident
+        assert main is not None
+        timer = threading.Timer(0.1, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            _append(writer, WRITE_AHEAD + 1)  # waits for room; the signal comes meanwhile
+        timer.join()
+        assert writer.num_done == WRITE_AHEAD + 2  # the step went in before the interrupt came out
+        writer.close()  # returns: the queue's lock was not left held
+        assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(WRITE_AHEAD + 2)]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -149,7 +150,7 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_round_inplace.restype = _I64
         lib.vg_round_inplace.argtypes = [_PTR, _I64, _I64, _I64]
         lib.vg_to_float32.restype = _I64
-        lib.vg_to_float32.argtypes = [_PTR, _PTR, _I64, _PTR]
+        lib.vg_to_float32.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR]
         lib.vg_uvarint_encode.restype = _I64
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
@@ -325,16 +326,38 @@ def to_float32(tensors: list[Tensor]) -> list[np.ndarray] | None:
     the float32 grid, whose error the caller words)."""
     if not tensors:
         return []
-    lib = _usable(*tensors)
-    if lib is None or any(t.dtype != torch.float64 for t in tensors):
-        return None
-    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
     counts = np.array([t.numel() for t in tensors], dtype=np.int64)
     out = np.empty(int(counts.sum()), dtype=np.float32)
-    if lib.vg_to_float32(addrs.ctypes.data, counts.ctypes.data, len(tensors), out.ctypes.data) != 0:
+    ends = np.cumsum(counts)
+    if not to_float32_into(tensors, out.view(np.uint8), 4 * (ends - counts)):
         return None
-    ends = np.cumsum(counts).tolist()  # views by slicing: np.split costs 4 us a piece
-    return [out[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    bounds = ends.tolist()  # views by slicing: np.split costs 4 us a piece
+    return [out[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+
+def to_float32_into(tensors: list[Tensor], out: np.ndarray, offsets: np.ndarray) -> bool:
+    """Write contiguous CPU float64 tensors as little-endian float32 into the uint8 array ``out``,
+    each at its byte offset (any alignment), in one call. False, with ``out`` partly written: use
+    torch (no kernels, a big-endian machine, a tensor the kernel cannot take, a lane off the
+    float32 grid, whose error the caller words)."""
+    if not tensors:
+        return True
+    lib = _usable(*tensors)
+    if lib is None or sys.byteorder != "little" or any(t.dtype != torch.float64 for t in tensors):
+        return False
+    if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("to_float32_into: out must be a writable contiguous uint8 array")
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    counts = np.array([t.numel() for t in tensors], dtype=np.int64)
+    if len(offsets) != len(tensors) or (offsets < 0).any() or (offsets + 4 * counts > len(out)).any():
+        raise ValueError("to_float32_into: a tensor does not fit in out at its offset")
+    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    return bool(
+        lib.vg_to_float32(
+            addrs.ctypes.data, counts.ctypes.data, offsets.ctypes.data, len(tensors), out.ctypes.data
+        )
+        == 0
+    )
 
 
 def uvarint_encode(values: np.ndarray) -> bytes | None:

@@ -14,6 +14,7 @@
  * floor = 2^(52 + abs + top - e(x)) when that exponent is >= 0 (capped at 2^62), else 0.
  */
 #include <stdint.h>
+#include <string.h>
 
 /* Where GCC can build them, the kernels come in two versions, picked when the library loads: one
  * for AVX2 (the 64-bit compares and shifts of the scans vectorise) and one for any x86-64. They
@@ -352,13 +353,21 @@ static inline int64_t to_float32(const double *restrict x, int64_t n, float *res
     return bad ? -1 : 0;
 }
 
-/* to_float32 over k tensors (addresses and lengths), one after the other into out: a state has a
- * hundred small tensors, and one call instead of a hundred saves most of the time. */
-VECTOR_CLONES int64_t vg_to_float32(const int64_t *addrs, const int64_t *counts, int64_t k,
-                                    float *restrict out) {
+/* to_float32 over k tensors (addresses and lengths), each into out at its byte offset: a state has
+ * a hundred small tensors, and one call instead of a hundred saves most of the time. The offsets
+ * are those of the canonical bytes, where a header precedes each tensor, so they need not be float
+ * aligned: a block is converted into an aligned buffer, then copied into place (little-endian
+ * machines only; the caller checks). */
+VECTOR_CLONES int64_t vg_to_float32(const int64_t *addrs, const int64_t *counts, const int64_t *offsets, int64_t k,
+                                    uint8_t *restrict out) {
+    float block[BLOCK];
     for (int64_t j = 0; j < k; j++) {
-        if (to_float32((const double *)(intptr_t)addrs[j], counts[j], out) != 0) return -1;
-        out += counts[j];
+        const double *x = (const double *)(intptr_t)addrs[j];
+        for (int64_t b = 0; b < counts[j]; b += BLOCK) {
+            int64_t len = counts[j] - b < BLOCK ? counts[j] - b : BLOCK;
+            if (to_float32(x + b, len, block) != 0) return -1;
+            memcpy(out + offsets[j] + 4 * b, block, (size_t)len * 4);
+        }
     }
     return 0;
 }
