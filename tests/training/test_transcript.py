@@ -7,6 +7,7 @@ import hashlib
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,29 @@ def _append(writer: TranscriptWriter, step: int, **overrides: Any) -> None:
     writer.append_step(step, step_log=new_step_log(writer.cfg.log_format, step), **args)
 
 
+def _writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before_chunk: Callable[[int], None]
+) -> TranscriptWriter:
+    """A writer of ``_cfg()`` whose thread calls ``before_chunk(step)`` before it writes a chunk."""
+    writer = TranscriptWriter.create(tmp_path / "t", _cfg(), "cpu-1t")
+    honest = writer._log_writer.write_chunk
+
+    def write_chunk(step: int, *args: Any) -> bytes:
+        before_chunk(step)
+        return honest(step, *args)
+
+    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    return writer
+
+
+def _disk_full_at(bad: int) -> Callable[[int], None]:
+    def before_chunk(step: int) -> None:
+        if step == bad:
+            raise OSError(28, "No space left on device")
+
+    return before_chunk
+
+
 def _on_disk(out: Path, name: str) -> list[bytes]:
     data = (out / name).read_bytes()
     return [data[i : i + 32] for i in range(0, len(data), 32)]
@@ -64,15 +88,7 @@ def test_aFailedWrite_isRaisedNamingTheStep_andNoLaterLeafLands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = _cfg()
-    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
-    honest = writer._log_writer.write_chunk
-
-    def write_chunk(step: int, *args: Any) -> bytes:
-        if step == 3:
-            raise OSError(28, "No space left on device")
-        return honest(step, *args)
-
-    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    writer = _writer(tmp_path, monkeypatch, _disk_full_at(3))
     with pytest.raises(TranscriptError, match=r"writing step 3 .* No space left on device"):
         for step in range(cfg.steps + 1):  # raised by a later append, or by flush at the latest
             _append(writer, step)
@@ -149,15 +165,7 @@ def test_appendState_afterAFailedWrite_hasNoLeaf_andLeavesRaises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = _cfg()
-    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
-    honest = writer._log_writer.write_chunk
-
-    def write_chunk(step: int, *args: Any) -> bytes:
-        if step == 1:
-            raise OSError(28, "No space left on device")
-        return honest(step, *args)
-
-    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    writer = _writer(tmp_path, monkeypatch, _disk_full_at(1))
     writer.append_state(0, memoryview(_state(0)[1]), new_step_log(cfg.log_format, 0))
     writer.append_state(1, memoryview(_state(1)[1]), new_step_log(cfg.log_format, 1))
     with pytest.raises(TranscriptError, match="writing step 1"):
@@ -172,15 +180,7 @@ def test_ctrlC_whileWaitingForTheThread_isRaisedOnceTheStepIsQueued_andCloseStil
     ``vgame train`` did after Ctrl-C): it is held back until the step is queued, then raised."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        cfg = _cfg()
-        writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
-        honest = writer._log_writer.write_chunk
-
-        def slow_chunk(step: int, *args: Any) -> bytes:
-            time.sleep(0.3)
-            return honest(step, *args)
-
-        monkeypatch.setattr(writer._log_writer, "write_chunk", slow_chunk)
+        writer = _writer(tmp_path, monkeypatch, lambda step: time.sleep(0.3))
         for step in range(WRITE_AHEAD + 1):  # the thread writes one, WRITE_AHEAD wait: the queue is full
             _append(writer, step)
         main = threading.main_thread().ident
