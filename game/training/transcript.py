@@ -405,8 +405,12 @@ class TranscriptWriter:
             self._thread = threading.Thread(target=self._write_steps, name="vgame-transcript", daemon=True)
             self._thread.start()
         with _interrupts_held():
-            self._jobs.put(job)
-            self._leaves.append(leaf)
+            self._leaves.append(leaf)  # first: the thread fills in a leaf it hashes by its index
+            try:
+                self._jobs.put(job)
+            except BaseException:
+                self._leaves.pop()
+                raise
 
     def flush(self) -> None:
         """Wait until every queued step is on disk; raise the thread's error if one failed."""

@@ -196,3 +196,23 @@ def test_ctrlC_whileWaitingForTheThread_isRaisedOnceTheStepIsQueued_andCloseStil
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_aStateTheThreadHashesAtOnce_stillGetsItsLeaf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread may write a step before the caller's ``append_state`` returns; the leaf's place
+    must already be there."""
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    put = writer._jobs.put
+
+    def put_and_wait(job: Any, *args: Any, **kwargs: Any) -> None:
+        put(job, *args, **kwargs)
+        writer._jobs.join()  # the thread has written the step before the caller goes on
+
+    monkeypatch.setattr(writer._jobs, "put", put_and_wait)
+    for step in range(3):
+        writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
+    assert writer.leaves == [_state(s)[0] for s in range(3)]
+    writer.close()
