@@ -472,7 +472,9 @@ class RoundingMode(TorchDispatchMode):
         """What the front may round with the C kernels itself: what :meth:`_front_op` would send to
         them. Exact ops' tensors always; inexact ones in a record or replay on the path the Python
         code would take to the same kernels (:attr:`_direct` for a sparse log; for a packed log,
-        :meth:`_record` and :meth:`_replay` rounding in place), unless a subclass changes it."""
+        :meth:`_record` and :meth:`_replay` rounding in place), and in mode ``round`` to nearest as
+        :meth:`_round_inexact` does (the kernel leaves a non-finite lane to it, which words the
+        error), unless a subclass changes it."""
         cls, base = type(self), RoundingMode
         own = cls._front_op is base._front_op
         g = self._grid
@@ -480,6 +482,10 @@ class RoundingMode(TorchDispatchMode):
         plain = front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
         if not (own and cls._round_inexact is base._round_inexact):
             return plain
+        if self.mode == "round":
+            return (
+                plain._replace(round_nearest=exact) if self._noise is None and self._defer is None else plain
+            )
         band = self._front_band
         if isinstance(self.log, SparseStepLog):
             if not (self._direct and cls._round_direct is base._round_direct):

@@ -69,6 +69,8 @@ def test_front_equalsThePythonMode(preset: str, log_format: str) -> None:
         _same_work(fast.last_mode, slow.last_mode)
     rounded = fast.run_step(sf, 4, mode="round")
     assert fast.last_mode is not None and fast.last_mode.via_front
+    # without a log the kernels round every tensor, inexact ones included: no Python call
+    assert fast.last_mode.front_kernel_tensors == fast.last_mode.rounded.total() > 0
     with front.disabled():
         assert slow.run_step(ss, 4, mode="round").leaf == rounded.leaf
     _same_work(fast.last_mode, slow.last_mode)
@@ -197,15 +199,16 @@ def test_front_kernels_interleaveWithPython(log_format: str) -> None:
     assert replay.free > 0 or log_format == "packed"  # a packed replay counts no free values
 
 
+@pytest.mark.parametrize("mode_name", ["record", "round"])
 @pytest.mark.parametrize("where", ["forward", "backward"])
-def test_front_raisesTheModesErrors(where: str) -> None:
+def test_front_raisesTheModesErrors(where: str, mode_name: str) -> None:
     """An error raised in the front's Python call, in the forward pass or in autograd's backward,
-    reaches the caller as the mode's own exception, and the front is off afterwards."""
+    reaches the caller as the mode's own exception, and the front is off afterwards (with a log,
+    and without one, where the kernel leaves the non-finite tensor to Python)."""
     a = torch.tensor([[1e-200]], dtype=torch.float64, requires_grad=True)
     b = torch.tensor([[1e300 if where == "backward" else 1e-300]], dtype=torch.float64)
-    mode = RoundingMode(
-        bits=32, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=7, log=SparseStepLog()
-    )
+    log = SparseStepLog() if mode_name == "record" else None
+    mode = RoundingMode(bits=32, tau=0.25, mode=mode_name, profile=get_profile("cpu-1t"), step=7, log=log)
     with pytest.raises(NonFiniteError, match=r"step 7, op #\d+ aten\.mm\.default") as caught, mode:
         out = torch.mm(a, b)  # op #0: finite either way
         if where == "forward":

@@ -87,6 +87,7 @@ struct Record {
 // What the front does with the C kernels in one session; every kernel null: all to Python.
 struct Direct {
   InplaceFn round_inplace = nullptr;  // exact ops' tensors
+  InplaceFn round_nearest = nullptr;  // inexact ops' tensors when there is no log (mode "round")
   RecordFn record = nullptr;          // inexact ops' tensors, sparse record
   ReplayFn replay = nullptr;          // inexact ops' tensors, sparse replay
   TritsRecordFn trits_record = nullptr;  // inexact ops' tensors, packed record
@@ -260,6 +261,14 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
     ++d.tensors;
     return true;
   }
+  if (d.round_nearest != nullptr) {  // as RoundingMode._round_inexact in mode "round": a logged tensor's index, no log
+    if (!kernel_lanes(t)) return false;
+    if (d.round_nearest(static_cast<int64_t*>(t.data_ptr()), t.numel(), d.k0, d.max_finite) != 0) return false;
+    ++d.op_index;
+    bump(d.rounded, plan.id);
+    ++d.tensors;
+    return true;
+  }
   const bool logs = d.record != nullptr || d.replay != nullptr || d.trits_record != nullptr || d.trits_replay != nullptr;
   if (!logs || !kernel_lanes(t)) return false;
   const int64_t n = t.numel();
@@ -371,8 +380,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   d.cursor = synced[1].cast<int64_t>();
 }
 
-// The kernels the session may call: (round_inplace, record, replay, trits record, trits replay)
-// addresses, 0 for none; the grid and the packed log's threshold; the band callback; the entries to
+// The kernels the session may call: (round_inplace, record, replay, trits record, trits replay,
+// round_nearest) addresses, 0 for none; the grid and the packed log's threshold; the band callback; the entries to
 // replay as (op index, name, count, positions or trits).
 void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold, bool count_free,
                 py::object band_for, py::list entries) {
@@ -382,8 +391,10 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, in
   d.replay = reinterpret_cast<ReplayFn>(kernels[2].cast<intptr_t>());
   d.trits_record = reinterpret_cast<TritsRecordFn>(kernels[3].cast<intptr_t>());
   d.trits_replay = reinterpret_cast<TritsReplayFn>(kernels[4].cast<intptr_t>());
-  const int logs = (d.record != nullptr) + (d.replay != nullptr) + (d.trits_record != nullptr) + (d.trits_replay != nullptr);
-  if (logs > 1) throw std::runtime_error("one of record, replay, trits record, trits replay at most");
+  d.round_nearest = reinterpret_cast<InplaceFn>(kernels[5].cast<intptr_t>());
+  const int logs = (d.record != nullptr) + (d.replay != nullptr) + (d.trits_record != nullptr) +
+                   (d.trits_replay != nullptr) + (d.round_nearest != nullptr);
+  if (logs > 1) throw std::runtime_error("one of record, replay, trits record, trits replay, round nearest at most");
   d.k0 = k0;
   d.max_finite = max_finite;
   d.threshold = threshold;

@@ -114,6 +114,7 @@ class Kernels(NamedTuple):
     replay: int = 0  # inexact ops' tensors, sparse replay
     trits_record: int = 0  # inexact ops' tensors, packed record
     trits_replay: int = 0  # inexact ops' tensors, packed replay
+    round_nearest: int = 0  # inexact ops' tensors without a log (mode "round")
     k0: int = 0
     max_finite: int = 0
     threshold: int = 0  # the packed log's floor(tau * step) in float64 ulps
@@ -150,7 +151,7 @@ def enter(
     taking the op index and replay cursor from it, and returns them as they are after."""
     k = kernels
     _module.enter(
-        plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay), k.k0,
+        plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay, k.round_nearest), k.k0,
         k.max_finite, k.threshold, k.count_free, k.band_for, list(k.entries),
     )  # fmt: skip
 
