@@ -280,8 +280,8 @@ def _layout(structure: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _Layout:
 
 
 def state_buffer(state: TrainState) -> np.ndarray | None:
-    """The canonical bytes in one new uint8 array (one C call, no Python a tensor), or None where
-    they must stream (:func:`encode_state`, :func:`state_hash`): a state on a device, one of more
+    """The canonical bytes in one new uint8 array (one C call writes the float64 tensors), or None
+    where they must stream (:func:`encode_state`, :func:`state_hash`): a state on a device, one of more
     than :data:`_ONE_BUFFER_MAX` bytes, no kernels, or a value off the grid (whose error the
     streaming words)."""
     if sys.byteorder != "little":
