@@ -48,18 +48,6 @@ _TAGS: dict[torch.dtype, str] = {
     torch.uint8: "u8",
     torch.bool: "bool",
 }
-#: Bytes a value of each tag.
-_WIDTH: dict[str, int] = {
-    "f32": 4,
-    "f16": 2,
-    "bf16": 2,
-    "i64": 8,
-    "i32": 4,
-    "i16": 2,
-    "i8": 1,
-    "u8": 1,
-    "bool": 1,
-}
 _NUMPY: dict[str, np.dtype] = {
     "f32": np.dtype("<f4"),
     "f16": np.dtype("<f2"),
@@ -70,6 +58,11 @@ _NUMPY: dict[str, np.dtype] = {
     "u8": np.dtype("u1"),
     "bool": np.dtype("?"),
 }
+
+
+def _width(tag: str) -> int:
+    """Bytes a value of a known tag takes in the canonical bytes (bfloat16 as its int16 bits)."""
+    return 2 if tag == "bf16" else _NUMPY[tag].itemsize
 
 
 class CheckpointError(TranscriptError, ValueError):
@@ -264,7 +257,7 @@ def _layout(structure: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _Layout:
         raw.append(header)
         pos += len(header)
         offsets.append(pos)
-        size = math.prod(shape) * (4 if tag == "f64" else _WIDTH[tag])
+        size = math.prod(shape) * _width("f32" if tag == "f64" else tag)
         if tag != "f64":
             which, where = others.setdefault(tag, ([], []))
             which.append(k)
@@ -437,11 +430,11 @@ def parse_state(data: bytes) -> tuple[int, dict[str, Tensor]]:
         for d in shape:
             numel *= d
         if tag == "bf16":
-            raw = r.take(2 * numel, f"values of {name}")
+            raw = r.take(_width(tag) * numel, f"values of {name}")
             t = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16)
         elif tag in _NUMPY:
             dt = _NUMPY[tag]
-            raw = r.take(dt.itemsize * numel, f"values of {name}")
+            raw = r.take(_width(tag) * numel, f"values of {name}")
             t = torch.from_numpy(np.frombuffer(raw, dtype=dt).astype(dt.newbyteorder("="), copy=True))
         else:
             raise CheckpointError(f"tensor {name}: unknown dtype tag {tag!r}")

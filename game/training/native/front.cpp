@@ -251,20 +251,16 @@ bool kernel_lanes(const at::Tensor& t) {  // what native._usable asks of a tenso
 }
 
 // Round one tensor with a C kernel, as RoundingMode._front_op would; false, with the tensor
-// untouched (or, for an exact op, partly rounded, which rounding again leaves as it is), when
+// untouched (or, rounded to nearest, partly rounded, which rounding again leaves as it is), when
 // Python must do it.
 bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
-  if (cls == kExact) {
-    if (d.round_inplace == nullptr || !kernel_lanes(t)) return false;
-    if (d.round_inplace(static_cast<int64_t*>(t.data_ptr()), t.numel(), d.k0, d.max_finite) != 0) return false;
-    bump(d.rounded, plan.id);
-    ++d.tensors;
-    return true;
-  }
-  if (d.round_nearest != nullptr) {  // as RoundingMode._round_inexact in mode "round": a logged tensor's index, no log
-    if (!kernel_lanes(t)) return false;
-    if (d.round_nearest(static_cast<int64_t*>(t.data_ptr()), t.numel(), d.k0, d.max_finite) != 0) return false;
-    ++d.op_index;
+  // To nearest: an exact op's tensor, and in mode "round" (no log) an inexact one too, which takes
+  // an op index as RoundingMode._round_inexact counts it.
+  if (cls == kExact || d.round_nearest != nullptr) {
+    const InplaceFn nearest = cls == kExact ? d.round_inplace : d.round_nearest;
+    if (nearest == nullptr || !kernel_lanes(t)) return false;
+    if (nearest(static_cast<int64_t*>(t.data_ptr()), t.numel(), d.k0, d.max_finite) != 0) return false;
+    if (cls != kExact) ++d.op_index;
     bump(d.rounded, plan.id);
     ++d.tensors;
     return true;
