@@ -503,6 +503,27 @@ def test_bits32_fastPath_equalsIntegerPath_onRandomPatterns() -> None:
     assert torch.equal(y.view(torch.int64), integer.view(torch.int64))
 
 
+def test_conversionProbe_expectsIEEE_evenWhenFirstWorkedOutUnderFlushToZero() -> None:
+    """The probe's expected bits are worked out once, by the first probe of the process: they must be
+    IEEE's round-to-nearest-even with gradual underflow (the exact reference and Python's own
+    float32 packing), whatever mode the thread was in then."""
+    torch.set_flush_denormal(True)  # where the CPU has no such mode this is the plain case
+    try:
+        rounding._probe.cache_clear()
+        probe, want = rounding._probe()
+    finally:
+        torch.set_flush_denormal(False)
+        rounding._probe.cache_clear()
+        rounding.recheck_conversion()
+    values = probe.tolist()
+    assert len(values) == 2 * len(rounding._PROBE_VALUES)
+    assert any(0 < abs(v) < 2.0**-126 for v in values)  # subnormal float32 results are probed
+    expected = [ref_rnd(v, 32) for v in values]
+    assert want.tolist() == _t(expected).view(torch.int64).tolist()
+    packed = [struct.unpack("<f", struct.pack("<f", v))[0] for v in values]
+    assert want.tolist() == _t(packed).view(torch.int64).tolist()
+
+
 def test_bits32_flushToZero_isSeen_andTheIntegerPathUsed() -> None:
     subnormal = [2.0**-140 * 1.3, -(2.0**-149) * 1.5, 2.0**-127 * 3]
     if not torch.set_flush_denormal(True):
