@@ -361,7 +361,7 @@ class Judge:
             state: TrainState = decode_state(t.load_checkpoint(ckpt), t.config)
             engine = self._engine(t.config)
             for s in range(ckpt + 1, step + 1):
-                engine.run_step(state, s, mode="replay", log=t.read_log(s))
+                engine.run_step(state, s, mode="replay", log=t.read_log(s), hash_state=False)
         except (TranscriptError, RoundingLogError) as exc:
             raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
         data = encode_state(state)
