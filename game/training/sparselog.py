@@ -196,21 +196,25 @@ def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
     flat = torch.from_numpy(running - np.repeat(before, sizes) - 1)
     last = flat.numpy()[ends[sizes > 0] - 1]
     too_far = np.flatnonzero(last >= head[sizes > 0, 2])
-    records: list[SparseRecord] = []
-    op_index = -1
+    # Op indices from one running sum too (gap = index - previous - 1, from -1). A gap is cut to
+    # 2^32 first: the sum cannot wrap, and a cut gap still puts its record out of range.
+    op_indices = np.cumsum(np.minimum(head[:, 0], 2**32) + 1) - 1
+    name_ids = head[:, 1]
+    bad = np.flatnonzero((op_indices >= 2**32) | (name_ids >= len(names)))
+    if bad.size:
+        raise Malformed(f"record {int(bad[0])}: op index or name id out of range")
     # one call for every record's view (slicing the tensor record by record cost ~10 us a record)
     pieces = torch.split(flat, sizes.tolist()) if n_records else ()
-    for (gap_op, name_id, count, _), positions in zip(head.tolist(), pieces, strict=True):
-        op_index += gap_op + 1
-        if op_index >= 2**32 or name_id >= len(names):
-            raise Malformed(f"record {len(records)}: op index or name id out of range")
-        records.append(SparseRecord(LogRecord(op_index, names[name_id], count), positions))
+    records = [
+        SparseRecord(LogRecord(op_index, names[name_id], count), positions)
+        for op_index, name_id, count, positions in zip(
+            op_indices.tolist(), name_ids.tolist(), head[:, 2].tolist(), pieces, strict=True
+        )
+    ]
     if too_far.size:
         r = int(np.flatnonzero(sizes > 0)[too_far[0]])
-        gap_ops = head[: r + 1, 0]
-        op = int(gap_ops.sum()) + r  # op index of record r (gaps are index - previous - 1, from -1)
         raise Malformed(
-            f"record {r} (op #{op}): position {int(last[too_far[0]])} >= {int(head[r, 2])} values"
+            f"record {r} (op #{int(op_indices[r])}): position {int(last[too_far[0]])} >= {int(head[r, 2])} values"
         )
     return records
 

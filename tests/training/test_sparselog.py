@@ -101,6 +101,29 @@ def test_positionPastTheValueCount_isAFormatError() -> None:
         decode_chunk(_with_payload(payload, 1), SPEC, 3)
 
 
+def test_positionPastTheValueCount_namesTheRecordsOpIndex() -> None:
+    # ops #2 (1 entry, fine) and #7 (position 6 of 4 values): the error names record 1, op #7
+    payload = uvarint_encode(np.array([1, 2])) + b"op"
+    payload += uvarint_encode(np.array([2, 0, 5, 1, 4, 0, 4, 1, 4, 6]))
+    with pytest.raises(ChunkFormatError, match=r"record 1 \(op #7\): position 6 >= 4 values"):
+        decode_chunk(_with_payload(payload, 2), SPEC, 3)
+
+
+@pytest.mark.parametrize(
+    ("head", "bad"),
+    [
+        ([0, 1, 5, 0], 0),  # name id 1 of a one-name table
+        ([3, 0, 5, 0, 2**32 - 4, 0, 5, 0], 1),  # op index 3, then 2^32: past uint32
+        ([4, 0, 5, 0, 2**63 - 3, 0, 5, 0], 1),  # a running sum in int64 would wrap to a negative index
+        ([0, 0, 5, 0, 2**62, 0, 5, 0, 2**62, 0, 5, 0, 2**62, 0, 5, 0], 1),
+    ],
+)
+def test_opIndexOrNameIdOutOfRange_isAFormatError_atItsRecord(head: list[int], bad: int) -> None:
+    payload = uvarint_encode(np.array([1, 2])) + b"op" + uvarint_encode(np.array(head))
+    with pytest.raises(ChunkFormatError, match=f"record {bad}: op index or name id out of range"):
+        decode_chunk(_with_payload(payload, len(head) // 4), SPEC, 3)
+
+
 def test_statedPayloadSizeMismatch_isAFormatError() -> None:
     payload = uvarint_encode(np.array([0]))
     data = sparselog.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 1000) + zlib.compress(payload)
