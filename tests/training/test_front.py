@@ -4,7 +4,11 @@ Python dispatch mode it stands in for, and its errors are the mode's."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -246,3 +250,20 @@ def test_front_isNotUsedWhereItCannotStandIn() -> None:
     ):
         engine.run_step(engine.init_state(), 1)
         assert engine.last_mode is not None and not engine.last_mode.via_front
+
+
+def test_builtFront_loadsDespiteALockFileLeftByAKilledRun(tmp_path: Any) -> None:
+    """A run killed while loading the front (``kill -9`` in its first step) used to leave torch's
+    builder lock file in the shared build directory, and every later run waited on it for ever.
+    A built front is imported from its file, whatever else the directory holds."""
+    built = front.build_dir()
+    where = tmp_path / "native" / built.name
+    where.mkdir(parents=True)
+    for lib in built.glob("*.so"):
+        shutil.copy2(lib, where / lib.name)
+    (where / "lock").touch()  # what the killed run left
+    code = "from game.training.native import front; assert front.load() is not None"
+    env = {**os.environ, "VGAME_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "compiling" not in done.stderr  # the built library, not a new build

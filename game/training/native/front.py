@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
@@ -61,25 +63,56 @@ def build_dir() -> Path:
     return native.cache_dir() / f"front-{hashlib.sha256(_source() + tag).hexdigest()[:16]}"
 
 
-def _build() -> Any:
-    from torch.utils import cpp_extension  # imports setuptools: only when building or loading
+#: The extension's file suffix (``torch.utils.cpp_extension.LIB_EXT``, named here so loading a
+#: built front does not import the builder, which imports setuptools).
+_LIB_EXT = ".pyd" if sys.platform == "win32" else ".so"
 
+
+def _build() -> Any:
+    """The front's module: the one built for this key, else a fresh build.
+
+    A built front is imported straight from its file, which appears only whole (renamed into place
+    once built, as the C kernels are). Why not ``cpp_extension.load`` on the shared directory: it
+    takes a lock file there even to find the build up to date, and a process killed while holding
+    it (``kill -9`` or a crash during a run's first step) left every later run waiting on that
+    file for ever.
+    """
     where = build_dir()
+    name = f"vgame_front_{where.name.removeprefix('front-')}"
+    target = where / f"{name}{_LIB_EXT}"
+    if target.exists():
+        try:
+            return _import(name, target)
+        except (ImportError, OSError) as exc:  # a damaged cache entry: build it again
+            log.warning("the C++ dispatch front in %s does not load (%s): building it again", where, exc)
+    return _compile(name, where, target)
+
+
+def _import(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile(name: str, where: Path, target: Path) -> Any:
+    """Build in a directory of this process's own (the builder's lock file and ninja's state stay
+    there), then rename the library into place: concurrent first runs each build, none waits on
+    another, and a killed build leaves only its temporary directory."""
+    from torch.utils import cpp_extension  # imports setuptools: only when building
+
     where.mkdir(parents=True, exist_ok=True)
-    src = where / "front.cpp"
-    if not src.exists() or src.read_bytes() != _source():
-        tmp = where / f"front.cpp.{os.getpid()}"
-        tmp.write_bytes(_source())
-        os.replace(tmp, src)
-    if not any(where.glob("*.so")):
-        log.warning("compiling the C++ dispatch front into %s (once, about a minute)", where)
-    return cpp_extension.load(
-        name=f"vgame_front_{where.name.removeprefix('front-')}",
-        sources=[str(src)],
-        build_directory=str(where),
-        extra_cflags=["-O2"],
-        verbose=False,
-    )
+    log.warning("compiling the C++ dispatch front into %s (once, about a minute)", where)
+    with tempfile.TemporaryDirectory(dir=where, prefix=".build-") as tmp:
+        src = Path(tmp) / "front.cpp"
+        src.write_bytes(_source())
+        module = cpp_extension.load(
+            name=name, sources=[str(src)], build_directory=tmp, extra_cflags=["-O2"], verbose=False
+        )
+        os.replace(Path(tmp) / target.name, target)
+    return module
 
 
 def load() -> Any:
