@@ -108,7 +108,8 @@ static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
 
 /* The hot loops run over blocks of lanes: a first loop with no exits and no lane-dependent stores
  * (it vectorises) writes the rounded lanes and a flag per lane; a second one acts on the few
- * flagged lanes, skipping four clear flags at a time. */
+ * flagged lanes, skipping four clear flags at a time, or the whole block when the first loop's OR
+ * of its flags is 0 (most blocks: a step lists some hundreds of its millions of lanes). */
 #define BLOCK 1024
 
 /* Trainer, in place: round x to nearest (ties to even) and write to out the positions of the lanes
@@ -126,12 +127,16 @@ VECTOR_CLONES int64_t vg_round_and_band(int64_t *restrict x, int64_t n, int64_t 
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t len = n - b < BLOCK ? n - b : BLOCK;
         int64_t *restrict xb = x + b;
+        int64_t any = 0;
         for (int64_t i = 0; i < len; i++) {
             int64_t v = xb[i];
             int64_t r = nearest(v, &g);
+            int64_t f = ((r & g.step) != 0) & in_band(v, &g, 2); /* listed: went odd, within 4 bands */
             xb[i] = r;
-            flag[i] = ((r & g.step) != 0) & in_band(v, &g, 2); /* listed: went odd, within 4 bands */
+            flag[i] = f;
+            any |= f;
         }
+        if (!any) continue; /* most blocks list nothing */
         flag[len] = flag[len + 1] = flag[len + 2] = 0;
         for (int64_t i = 0; i < len; i += 4) {
             if (!(flag[i] | flag[i + 1] | flag[i + 2] | flag[i + 3])) continue;
@@ -260,10 +265,14 @@ VECTOR_CLONES int64_t vg_round_with_trits(int64_t *restrict x, int64_t n, int64_
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t len = n - b < BLOCK ? n - b : BLOCK;
         const int64_t *xb = x + b;
+        int64_t any = 0;
         for (int64_t i = 0; i < len; i++) {
             int64_t up;
-            flag[i] = moved_by(xb[i], trits[b + i], &g, &up);
+            int64_t f = moved_by(xb[i], trits[b + i], &g, &up);
+            flag[i] = f;
+            any |= f;
         }
+        if (!any) continue; /* most blocks move nothing */
         flag[len] = flag[len + 1] = flag[len + 2] = 0;
         for (int64_t i = 0; i < len; i += 4) {
             if (!(flag[i] | flag[i + 1] | flag[i + 2] | flag[i + 3])) continue;
