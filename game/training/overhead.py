@@ -11,8 +11,9 @@ like:
   for the transcript's writer, which hashes the state, encodes the chunk and syncs chunk, chunk
   hash, checkpoint (every ``checkpoint_interval`` steps) and leaf to disk on its own thread;
 * ``auditor``: what ``vgame audit`` does a step: the trainer's chunk read, checked against its
-  hash and decoded, the step replayed with it (``replay``), the state hash compared with the
-  trainer's leaf.
+  hash and decoded, the step replayed with it (``replay``), the state's canonical bytes, hashed
+  on a thread while the next step runs and compared with the trainer's leaf (a block ends when
+  its last step's leaf is compared).
 
 The variants run in *blocks* of ``block`` consecutive steps, interleaved: for each block the four
 run in turn (the order rotates with the block so none always runs first), so drifts of the
@@ -41,6 +42,7 @@ import torch
 
 from game.errors import TrainingError
 from game.training.config import TaskConfig
+from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import Profile, get_profile
 from game.training.session import initial_step, train_step
 from game.training.state import TrainState
@@ -140,6 +142,7 @@ class _Variants:
             "auditor": self.engine.init_state(),
         }
         self.transcript = Transcript(self.out)
+        self.hasher = LeafHasher()
 
     def prepare(self, variant: str) -> None:
         """Untimed set-up of a block: the auditor opens the transcript as far as the trainer wrote
@@ -154,20 +157,29 @@ class _Variants:
             for step in range(first, last + 1):
                 train_step(engine, self.writer, state, step)
             self.writer.flush()
-        elif variant == "auditor":
+        elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs
             t = self.transcript
+            pending: PendingLeaf | None = None
             for step in range(first, last + 1):
-                res = engine.run_step(state, step, mode="replay", log=t.read_log(step))
-                if res.leaf != t.leaf(step):
-                    raise TrainingError(f"step {step}: the auditor's replay differs from the trainer's state")
+                engine.run_step(state, step, mode="replay", log=t.read_log(step), hash_state=False)
+                if pending is not None:
+                    self._check(pending)
+                pending = self.hasher.submit(state)
+            if pending is not None:
+                self._check(pending)
         else:
             for step in range(first, last + 1):
                 engine.run_step(state, step, mode="plain", precision="fp32" if variant == "fp32" else "fp64")
+
+    def _check(self, pending: PendingLeaf) -> None:
+        if pending.leaf() != self.transcript.leaf(pending.step):
+            raise TrainingError(f"step {pending.step}: the auditor's replay differs from the trainer's state")
 
     def __enter__(self) -> _Variants:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.hasher.close()
         self.writer.__exit__(*exc)  # the queued steps are written; an error in flight stays the one seen
 
 

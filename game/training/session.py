@@ -28,10 +28,11 @@ import torch
 from game.errors import RoundingLogError, TranscriptError
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
+from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import get_profile
 from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
 from game.training.state import TrainState, decode_state, encode_state, state_buffer, state_hash
-from game.training.step import StepEngine
+from game.training.step import StepEngine, StepResult
 from game.training.transcript import (
     CHECKPOINT_DIR_NAME,
     LOG_DIR_NAME,
@@ -367,31 +368,66 @@ def audit(
     corrections = 0
     rejected: list[int] = []
     log_errors: list[str] = []
-    for step in range(1, t.steps + 1):
-        if use_log and first_div is None:
+    pending: PendingLeaf | None = None  # the last step's leaf, hashed while this step runs
+
+    def settle(p: PendingLeaf) -> bool:
+        """Take the leaf of step ``p.step``; True when that step is the first divergent one."""
+        nonlocal first_div
+        leaves.append(p.leaf())
+        if first_div is not None or leaves[-1] == t.leaf(p.step):
+            return False
+        first_div = p.step
+        log.info(
+            "audit: first divergent step %d%s",
+            p.step,
+            "; the later steps run without the trainer's log" if use_log and p.step < t.steps else "",
+        )
+        return True
+
+    with LeafHasher() as hasher:
+        for step in range(1, t.steps + 1):
+            if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
+                settle(pending)
+                pending = None
+            with_log = use_log and first_div is None
+            result: StepResult | None = None
+            failed: Exception | None = None  # raised by a step run with the log, not yet judged
             try:
-                result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
-            except RoundingLogError as exc:
+                result = engine.run_step(
+                    state,
+                    step,
+                    mode="replay" if with_log else "round",
+                    log=t.read_log(step) if with_log else None,
+                    hash_state=False,
+                )
+            except Exception as exc:
+                if not with_log:
+                    raise
+                failed = exc
+            if pending is not None and settle(pending) and with_log:
+                # The step before this one diverged, so this one must run without the trainer's
+                # log (it describes other values), whatever it raised: again, from its pre-state.
+                state = pending.rebuild(t.config)
+                result = engine.run_step(state, step, mode="round", hash_state=False)
+                failed = None
+            pending = None
+            if failed is not None:
+                if not isinstance(failed, RoundingLogError):
+                    raise failed
                 # The chunk does not fit the computation (a tampered log): that step is the
                 # trainer's fault; run it without the log so the auditor still has its leaves.
-                log.warning("step %d: the trainer's log chunk is rejected: %s", step, exc)
+                log.warning("step %d: the trainer's log chunk is rejected: %s", step, failed)
                 rejected.append(step)
-                log_errors.append(str(exc))
+                log_errors.append(str(failed))
                 state = _load_state_at(t, engine, step - 1)  # the trainer's state up to here
-                result = engine.run_step(state, step, mode="round")
-        else:
-            result = engine.run_step(state, step, mode="round")
-        corrections += result.corrections
-        leaves.append(result.leaf)
-        if first_div is None and result.leaf != t.leaf(step):
-            first_div = step
-            log.info(
-                "audit: first divergent step %d%s",
-                step,
-                "; the later steps run without the trainer's log" if use_log and step < t.steps else "",
-            )
-        if progress is not None:
-            progress(step, t.steps)
+                result = engine.run_step(state, step, mode="round", hash_state=False)
+            assert result is not None
+            corrections += result.corrections
+            pending = hasher.submit(state)
+            if progress is not None:
+                progress(step, t.steps)
+        if pending is not None:
+            settle(pending)
     root = merkle_root(leaves)
     return AuditResult(
         match=root == trainer_root,

@@ -1,0 +1,102 @@
+"""Leaves hashed on a thread while the next step runs (game.training.leaves), and the auditor loop
+that uses them: it learns of a divergence one step late, and must end exactly where an auditor that
+hashes every state before the next step ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
+from game.training import state as state_mod
+from game.training.config import TaskConfig
+from game.training.leaves import LeafHasher
+from game.training.profiles import get_profile
+from game.training.session import audit, train
+from game.training.state import encode_state, state_hash
+from game.training.step import StepEngine
+
+STEPS = 6
+
+
+def tiny(**kw: Any) -> TaskConfig:
+    return TaskConfig.for_preset(
+        "mlp-digits", steps=STEPS, batch_size=8, checkpoint_interval=4, model={"hidden": 16}, **kw
+    )
+
+
+def test_leaf_isTheStateHash_evenWhenTheStateChangesRightAfter() -> None:
+    engine = StepEngine(tiny(), get_profile("cpu-1t"))
+    state = engine.init_state()
+    engine.run_step(state, 1, hash_state=False)
+    expected, before = state_hash(state), encode_state(state)
+    with LeafHasher() as hasher:
+        pending = hasher.submit(state)
+        engine.run_step(state, 2, hash_state=False)  # the bytes were taken: the next step may run
+        assert pending.step == 1 and pending.leaf() == expected
+        assert state_hash(state) != expected
+        assert encode_state(pending.rebuild(engine.cfg)) == before
+
+
+def test_aStateTooLargeForOneBuffer_isHashedAtOnce_andKeepsNoBytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = StepEngine(tiny(), get_profile("cpu-1t"))
+    state = engine.init_state()
+    engine.run_step(state, 1, hash_state=False)
+    expected = state_hash(state)
+    monkeypatch.setattr(state_mod, "_ONE_BUFFER_MAX", 16)
+    with LeafHasher() as hasher:
+        pending = hasher.submit(state)
+    assert pending.ready and pending.buffer is None and pending.leaf() == expected
+    with pytest.raises(ValueError, match="piece by piece"):
+        pending.rebuild(engine.cfg)
+
+
+_RUNS = [(None, 0)] + [
+    (d, s) for d in (Poison, SkipStep, WrongLR, TamperedLog, SteeredLog) for s in (1, 3, STEPS)
+]
+
+
+@pytest.mark.parametrize(("deviation", "step"), _RUNS)
+def test_audit_hashingBesideTheNextStep_endsAsHashingBeforeIt(
+    deviation: Any, step: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The auditor replays step s + 1 with the trainer's log before it knows step s diverged; it
+    must then run s + 1 again without the log, from the state after s, and not blame the log for
+    what s + 1 raised. A state too large for one buffer takes the old order (hash, then the next
+    step): both must give the same leaves, corrections, rejected steps and first divergence."""
+    cfg = tiny()
+    train(cfg, "cpu-1t", tmp_path / "t", deviation=deviation(cfg, step) if deviation else None)
+    beside = audit(tmp_path / "t", "splitk-16")
+    monkeypatch.setattr(state_mod, "_ONE_BUFFER_MAX", 16)  # every state hashed at once, in order
+    before = audit(tmp_path / "t", "splitk-16")
+    assert beside.leaves == before.leaves and len(beside.leaves) == STEPS + 1
+    assert beside.first_divergent_step == before.first_divergent_step
+    if deviation in (None, Poison, SkipStep, WrongLR):  # these change the state itself
+        assert beside.first_divergent_step == (step if deviation else None)
+    assert beside.rejected_log_steps == before.rejected_log_steps
+    assert beside.corrections == before.corrections
+    assert beside.auditor_state_root == before.auditor_state_root
+
+
+def test_audit_afterADivergence_runsTheNextStepWithoutTheLog(tmp_path: Path) -> None:
+    """The leaves after a poisoned step are the auditor's own steps without the log, run from its
+    own state: what it would have computed had it known at once."""
+    cfg = tiny()
+    train(cfg, "cpu-1t", tmp_path / "t", deviation=Poison(cfg, 3))
+    result = audit(tmp_path / "t", "cpu-2t")
+    assert result.first_divergent_step == 3
+    from game.training.transcript import Transcript
+
+    t = Transcript(tmp_path / "t")
+    engine = StepEngine(cfg, get_profile("cpu-2t"))
+    state = engine.init_state()
+    leaves = [state_hash(state)]
+    for s in range(1, STEPS + 1):
+        if s <= 3:
+            leaves.append(engine.run_step(state, s, mode="replay", log=t.read_log(s)).leaf)
+        else:
+            leaves.append(engine.run_step(state, s, mode="round").leaf)
+    assert list(result.leaves) == leaves
+    assert result.leaves[:3] == tuple(t.leaves()[:3]) and result.leaves[3] != t.leaf(3)
