@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from game.training.config import TaskConfig
-from game.training.state import TrainState, decode_state, state_buffer, state_hash
+from game.training.state import TrainState, decode_state, hash_streamed, state_buffer
 
 
 def _sha256(buf: np.ndarray) -> bytes:
@@ -73,7 +73,7 @@ class LeafHasher:
         thread; a state that does not fit one buffer is hashed here."""
         buf = state_buffer(state)
         if buf is None:
-            return PendingLeaf(state.step, None, None, state_hash(state))
+            return PendingLeaf(state.step, None, None, hash_streamed(state))
         return PendingLeaf(state.step, buf, self._pool.submit(_sha256, buf), None)
 
     def close(self) -> None:

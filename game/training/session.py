@@ -16,6 +16,7 @@ Everything here is a loop around :meth:`StepEngine.run_step`, the unit of the wh
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable
@@ -31,7 +32,14 @@ from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import get_profile
 from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
-from game.training.state import TrainState, decode_state, encode_state, state_buffer, state_hash
+from game.training.state import (
+    TrainState,
+    decode_state,
+    encode_streamed,
+    hash_streamed,
+    state_buffer,
+    state_hash,
+)
 from game.training.step import StepEngine, StepResult
 from game.training.transcript import (
     CHECKPOINT_DIR_NAME,
@@ -280,13 +288,16 @@ def train_step(
 def _append(writer: TranscriptWriter, step: int, state: TrainState, step_log: ChunkLog) -> None:
     """Queue a step with its state: a small state's canonical bytes go to the writer's thread, which
     hashes them there (and writes them as the checkpoint when one is due); a large one is hashed
-    here, piece by piece, and encoded only for a checkpoint."""
+    here, piece by piece, or encoded whole when a checkpoint is due (the leaf is then the hash of
+    those bytes: one pass over the state, not two)."""
     buf = state_buffer(state)
     if buf is not None:
         writer.append_state(step, buf.data, step_log)
-        return
-    ckpt = encode_state(state) if writer.wants_checkpoint(step) else None
-    writer.append_step(step, state_hash(state), step_log, ckpt)
+    elif writer.wants_checkpoint(step):
+        ckpt = encode_streamed(state)
+        writer.append_step(step, hashlib.sha256(ckpt).digest(), step_log, ckpt)
+    else:
+        writer.append_step(step, hash_streamed(state), step_log, None)
 
 
 def _result(

@@ -358,16 +358,27 @@ def encode_state(state: TrainState) -> bytes:
     buf = state_buffer(state)
     if buf is not None:
         return buf.tobytes()
-    return b"".join(list(_state_parts(state)))
+    return encode_streamed(state)
 
 
 def state_hash(state: TrainState) -> bytes:
     """``sha256(encode_state(state))``: the leaf of the state tree. A small state is hashed in one
-    buffer; a large one piece by piece, with small pieces (headers, small tensors) joined before
-    hashing: a hash update costs microseconds, which on the hundreds of pieces of a state add up."""
+    buffer (:func:`state_buffer`); a large one piece by piece (:func:`hash_streamed`)."""
     buf = state_buffer(state)
     if buf is not None:
         return hashlib.sha256(buf.data).digest()
+    return hash_streamed(state)
+
+
+def encode_streamed(state: TrainState) -> bytes:
+    """:func:`encode_state` from the pieces, for a caller that :func:`state_buffer` already refused."""
+    return b"".join(list(_state_parts(state)))
+
+
+def hash_streamed(state: TrainState) -> bytes:
+    """:func:`state_hash` piece by piece, for a caller that :func:`state_buffer` already refused.
+    Small pieces (headers, small tensors) are joined before hashing: a hash update costs
+    microseconds, which on the hundreds of pieces of a state add up."""
     h = hashlib.sha256()
     pending: list[bytes | memoryview] = []
     for part in _state_parts(state):
@@ -567,8 +578,10 @@ __all__ = [
     "check_on_grid",
     "decode_state",
     "encode_state",
+    "encode_streamed",
     "float_state_tensors",
     "fresh_state",
+    "hash_streamed",
     "move_state",
     "optimizer_state_tensors",
     "parse_state",

@@ -203,3 +203,21 @@ def test_train_onAnUnavailableProfile_writesNothing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not available"):
         train(tiny("mlp-digits"), "cuda", out)
     assert not out.exists()
+
+
+def test_train_ofAStateTooLargeForOneBuffer_writesTheSameTranscript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large state is hashed piece by piece, or at a checkpoint step encoded once and its leaf
+    taken from those bytes: the leaves, checkpoints and roots are those of the one-buffer path."""
+    from game.training import state as state_module
+
+    cfg = tiny("cnn-digits", dropout=0.1)
+    buffered = train(cfg, "cpu-1t", tmp_path / "buffered")
+    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", 0)
+    streamed = train(cfg, "cpu-1t", tmp_path / "streamed")
+    assert (streamed.state_root, streamed.log_root) == (buffered.state_root, buffered.log_root)
+    a, b = _files(tmp_path / "buffered"), _files(tmp_path / "streamed")
+    ckpts = [k for k in a if k.startswith(CHECKPOINT_DIR_NAME)]
+    assert len(ckpts) >= 3 and all(a[k] == b[k] for k in ckpts)
+    assert a[LEAVES_NAME] == b[LEAVES_NAME]
