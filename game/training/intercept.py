@@ -304,6 +304,8 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
 #: Plans of the ops the front has met, by row id (the front keeps the id, not the plan).
 _front_rows: list[_Plan] = []
+#: Their names, by the same row id: the sparse log reads a row's name here (it only grows).
+_front_names: list[str] = []
 _FRONT_KINDS = {OpClass.MOVE: front.MOVE, OpClass.EXACT: front.EXACT, OpClass.INEXACT: front.INEXACT}
 _FRONT_CLASSES = {front.MOVE: OpClass.MOVE, front.EXACT: OpClass.EXACT, front.INEXACT: OpClass.INEXACT}
 
@@ -333,6 +335,7 @@ def _front_row(schema_name: str, overload: str) -> tuple[int, int, int, list[int
             kind = _FRONT_KINDS[_conditional_class(func, (), {})]
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)
     _front_rows.append(plan)
+    _front_names.append(plan.name)
     return len(_front_rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training, plan.name
 
 
@@ -519,13 +522,14 @@ class RoundingMode(TorchDispatchMode):
         params = self._band_params(_front_rows[row].name)
         return params.rel, params.abs
 
-    def _front_sync(self, op_index: int, cursor: int, records: list[tuple[int, int, int, Tensor]]) -> None:
+    def _front_sync(self, op_index: int, cursor: int, records: front.Records) -> None:
         """Take what the front's kernels did since it last called: their log records, in op order
         (all before the op now calling), the op index and the replay cursor (-1 from
         :func:`front.leave` when its last call here raised: the ones here are the newer then)."""
-        if isinstance(self.log, SparseStepLog):
-            for index, row, count, positions in records:
-                self.log.append(index, _front_rows[row].name, count, positions)
+        if isinstance(records, tuple):  # a sparse record's, as columns
+            assert isinstance(self.log, SparseStepLog)
+            table, positions = records
+            self.log.add_rows(table.numpy(), positions.numpy(), _front_names)
         elif records:
             assert isinstance(self.log, StepLog)
             for index, row, _, trits in records:
@@ -543,7 +547,7 @@ class RoundingMode(TorchDispatchMode):
         tensors: list[Tensor],
         op_index: int,
         cursor: int,
-        records: list[tuple[int, int, int, Tensor]],
+        records: front.Records,
     ) -> tuple[int, int]:
         """The front's call for an op that rounds: its float64 tensors the kernels did not take, as
         :meth:`__torch_dispatch__` rounds them (the front ran the op; a front run has no deferral,

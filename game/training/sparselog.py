@@ -30,6 +30,7 @@ hash and the log root are the same as for packed chunks.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -69,19 +70,34 @@ class SparseRecord(NamedTuple):
     positions: torch.Tensor  # int64, strictly increasing, < record.count
 
 
+class RecordRows(NamedTuple):
+    """Records as columns, the way the C++ front hands them over (:meth:`SparseStepLog.add_rows`):
+    no Python object per record until something asks for the records one by one."""
+
+    table: np.ndarray  # (k, 4) int64: op index, row, value count, entry count, per record
+    positions: np.ndarray  # flat int64: every record's positions, one record after another
+    names: Sequence[str]  # row -> op name (a table that only grows: the rows above stay valid)
+
+
 def _where(step: int | None) -> str:
     return f"step {step}" if step is not None else "step ?"
 
 
 class SparseStepLog:
-    """The sparse rounding log of one step, in op order (the trainer appends; the auditor reads)."""
+    """The sparse rounding log of one step, in op order (the trainer appends; the auditor reads).
+
+    Records come one at a time (:meth:`append`) or as columns from the C++ front
+    (:meth:`add_rows`); :meth:`encode` reads the columns as they are, and anything that asks for the
+    records one by one turns them into :class:`SparseRecord` first."""
 
     format = "sparse"
 
     def __init__(self, step: int | None = None, *, codec: str = DEFAULT_CODEC) -> None:
         self.step = step
         self.codec = check_codec(codec)
-        self._entries: list[SparseRecord] = []
+        self._parts: list[SparseRecord | RecordRows] = []  # in op order
+        self._count = 0  # records in all the parts
+        self._has_rows = False  # whether a part is a RecordRows
 
     @classmethod
     def empty(cls, step: int | None = None) -> SparseStepLog:
@@ -95,34 +111,79 @@ class SparseStepLog:
             raise RoundingLogError(f"{_where(self.step)}: op #{op_index}: positions must be a flat tensor")
         if positions.requires_grad:  # else no detach: it makes a new tensor, some 200 times a step
             positions = positions.detach()
-        self._entries.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
+        self._parts.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
+        self._count += 1
+
+    def add_rows(self, table: np.ndarray, positions: np.ndarray, names: Sequence[str]) -> None:
+        """Record several ops' listed values at once, as columns (:class:`RecordRows`): the C++
+        front's records, its rows named by ``names``. The table's entry counts must add up to the
+        positions given."""
+        if table.ndim != 2 or table.shape[1] != 4 or positions.ndim != 1:
+            raise RoundingLogError(f"{_where(self.step)}: records must be a (k, 4) table and flat positions")
+        if not len(table):
+            return
+        if int(table[:, 3].sum()) != positions.size:
+            raise RoundingLogError(
+                f"{_where(self.step)}: the records' entry counts do not add up to their positions"
+            )
+        ops = table[:, 0]
+        if int(ops.min()) < 0 or int(ops.max()) >= 2**32:
+            bad = int(ops[(ops < 0) | (ops >= 2**32)][0])
+            raise RoundingLogError(f"{_where(self.step)}: op index {bad} does not fit uint32")
+        self._parts.append(RecordRows(table, positions, names))
+        self._count += len(table)
+        self._has_rows = True
 
     def pop(self) -> SparseRecord:
         """Remove and return the last record (for a tool that rewrites the op just logged)."""
-        return self._entries.pop()
+        record = self._records().pop()
+        self._count -= 1
+        return record
+
+    def _records(self) -> list[SparseRecord]:
+        """The records one by one: a part given as columns is turned into records here, once."""
+        if self._has_rows:
+            out: list[SparseRecord | RecordRows] = []
+            for part in self._parts:
+                if isinstance(part, SparseRecord):
+                    out.append(part)
+                    continue
+                table = part.table.tolist()
+                pieces = torch.split(torch.from_numpy(part.positions), [row[3] for row in table])
+                out += [
+                    SparseRecord(LogRecord(index, part.names[row], count), pos)
+                    for (index, row, count, _), pos in zip(table, pieces, strict=True)
+                ]
+            self._parts, self._has_rows = out, False
+        return self._parts  # type: ignore[return-value]  # every part is a SparseRecord now
 
     # ---- inspection ----------------------------------------------------------------------------
 
     @property
     def records(self) -> tuple[LogRecord, ...]:
-        return tuple(e.record for e in self._entries)
+        return tuple(e.record for e in self._records())
 
     def entries(self) -> list[SparseRecord]:
         """Every record with its entries (for tools that rewrite a log: tests, tampering)."""
-        return list(self._entries)
+        return list(self._records())
 
     @property
     def total_values(self) -> int:
         """Rounded values the step logged for (all of them, in or out of band)."""
-        return sum(e.record.count for e in self._entries)
+        return sum(
+            int(p.table[:, 2].sum()) if isinstance(p, RecordRows) else p.record.count for p in self._parts
+        )
 
     @property
     def total_entries(self) -> int:
         """Values that have an entry (in band and rounded to the odd neighbour)."""
-        return sum(int(e.positions.numel()) for e in self._entries)
+        return sum(
+            int(p.positions.size) if isinstance(p, RecordRows) else int(p.positions.numel())
+            for p in self._parts
+        )
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     # ---- bytes ---------------------------------------------------------------------------------
 
@@ -132,22 +193,19 @@ class SparseStepLog:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
-        names: dict[str, int] = {}
-        head: list[int] = []
-        sizes: list[int] = []
-        prev_op = -1
-        for e in self._entries:
-            r = e.record
-            name_id = names.setdefault(r.op_name, len(names))
-            size = int(e.positions.numel())
-            head += [r.op_index - prev_op - 1, name_id, r.count, size]
-            sizes.append(size)
-            prev_op = r.op_index
-        parts = [encode_names(list(names)), uvarint_encode(np.array(head, dtype=np.int64))]
-        parts.append(uvarint_encode(_gaps([e.positions for e in self._entries], sizes)))
+        columns = _columns(self._parts)
+        names: dict[str, int] = {}  # name -> id, in order of first use
+        name_ids = [names.setdefault(name, len(names)) for name in columns.names]
+        head = np.empty((self._count, 4), dtype=np.int64)
+        head[:, 0] = np.diff(columns.ops, prepend=-1) - 1  # op index gaps, the first from -1
+        head[:, 1] = name_ids
+        head[:, 2] = columns.counts
+        head[:, 3] = columns.sizes
+        parts = [encode_names(list(names)), uvarint_encode(head.ravel())]
+        parts.append(uvarint_encode(_gaps(columns.positions, columns.sizes)))
         payload = b"".join(parts)
         body, codec = compress(payload, self.codec)
-        header = _HEADER.pack(step, bytes(spec_hash), len(self._entries), CODECS[codec], len(payload))
+        header = _HEADER.pack(step, bytes(spec_hash), self._count, CODECS[codec], len(payload))
         return MAGIC + header + body
 
     @classmethod
@@ -167,12 +225,13 @@ class SparseStepLog:
         except Malformed as exc:
             raise ChunkFormatError(f"{where}: corrupt sparse log: {exc}") from None
         out = cls(own_step, codec=codec)
-        out._entries = entries
+        out._parts, out._count = list(entries), len(entries)
         return out
 
     def cursor(self) -> SparseCursor:
         """A reader that hands the records out in order to the replaying computation."""
-        return RecordCursor(self.step, [e.record for e in self._entries], self._entries)
+        records = self._records()
+        return RecordCursor(self.step, [e.record for e in records], records)
 
 
 def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
@@ -228,19 +287,68 @@ SparseCursor = RecordCursor[SparseRecord]
 # --------------------------------------------------------------------------------------------------
 
 
-def _gaps(positions: list[torch.Tensor], sizes: list[int]) -> np.ndarray:
+class _Columns(NamedTuple):
+    """A log's records as columns, for :meth:`SparseStepLog.encode`."""
+
+    ops: np.ndarray  # op index per record
+    names: list[str]  # op name per record
+    counts: np.ndarray  # value count per record
+    sizes: np.ndarray  # entry count per record
+    positions: np.ndarray  # every record's positions, one after another
+
+
+def _columns(parts: Sequence[SparseRecord | RecordRows]) -> _Columns:
+    """The parts' records as columns: a run of single records becomes columns here (their positions
+    moved to the CPU in one concatenation), a :class:`RecordRows` is already columns."""
+    ops: list[np.ndarray] = []
+    names: list[str] = []
+    counts: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if isinstance(part, RecordRows):
+            ops.append(part.table[:, 0])
+            names += [part.names[row] for row in part.table[:, 1].tolist()]
+            counts.append(part.table[:, 2])
+            sizes.append(part.table[:, 3])
+            positions.append(part.positions)
+            i += 1
+            continue
+        run: list[SparseRecord] = []
+        while i < len(parts) and isinstance(parts[i], SparseRecord):
+            run.append(parts[i])  # type: ignore[arg-type]  # checked on the line above
+            i += 1
+        ops.append(np.array([e.record.op_index for e in run], dtype=np.int64))
+        names += [e.record.op_name for e in run]
+        counts.append(np.array([e.record.count for e in run], dtype=np.int64))
+        sizes.append(np.array([e.positions.numel() for e in run], dtype=np.int64))
+        listed = [
+            p if p.is_cpu and p.dtype == torch.int64 else p.to("cpu", torch.int64)
+            for e in run
+            if (p := e.positions).numel()
+        ]
+        if listed:
+            positions.append(torch.cat(listed).numpy())
+
+    def joined(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+
+    return _Columns(joined(ops), names, joined(counts), joined(sizes), joined(positions))
+
+
+def _gaps(flat: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Every record's positions as gaps (``p[i] - p[i-1] - 1``, the first from -1), in one array:
-    one concatenation and one subtraction for the whole chunk instead of one per record."""
-    if not any(sizes):
+    one subtraction for the whole chunk instead of one per record."""
+    if not flat.size:
         return np.zeros(0, np.int64)
-    on_cpu = [p if p.is_cpu and p.dtype == torch.int64 else p.to("cpu", torch.int64) for p in positions]
-    flat = torch.cat(on_cpu).numpy()
     prev = np.empty_like(flat)
     prev[0] = -1
     prev[1:] = flat[:-1]
-    starts = np.cumsum([0, *sizes[:-1]])
-    prev[starts[np.asarray(sizes) > 0]] = -1  # each record's first position counts from -1
+    starts = np.cumsum(sizes) - sizes
+    prev[starts[sizes > 0]] = -1  # each record's first position counts from -1
     return flat - prev - 1
 
 
-__all__ = ["MAGIC", "SparseCursor", "SparseRecord", "SparseStepLog"]
+__all__ = ["MAGIC", "RecordRows", "SparseCursor", "SparseRecord", "SparseStepLog"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 
@@ -11,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from game.errors import RoundingLogError
 from game.training import chunkcodec, sparselog
 from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
 from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
@@ -216,3 +218,84 @@ def test_hugeGaps_areAFormatError_notAWrappedPosition() -> None:
     data = log.encode(3, SPEC)
     with pytest.raises(ChunkFormatError, match="add up past"):
         decode_chunk(data, SPEC, 3)
+
+
+# ---- records given as columns (the C++ front's) ------------------------------------------------
+
+NAMES = ["aten.mm.default", "aten.addmm.default", "aten._softmax.default", "aten.gelu.default"]
+
+
+def _as_rows(records: list[tuple[int, int, int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(op index, row, count, positions) records as the front's table and flat positions."""
+    table = np.array([(i, row, count, len(pos)) for i, row, count, pos in records], dtype=np.int64).reshape(
+        -1, 4
+    )
+    flat = np.array([p for *_, pos in records for p in pos], dtype=np.int64)
+    return table, flat
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(
+            st.integers(0, 3), st.lists(st.integers(0, 999), max_size=12).map(lambda v: sorted(set(v)))
+        ),
+        max_size=14,
+    ),
+    cuts=st.lists(st.integers(0, 14), max_size=4),
+    singles=st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_addRows_encodesAsTheSameRecordsAppendedOneByOne(
+    records: list[tuple[int, list[int]]], cuts: list[int], singles: list[bool]
+) -> None:
+    # the log split into parts at ``cuts``, each part given as columns or one record at a time
+    full = [(3 * i + 1, row, 1000, pos) for i, (row, pos) in enumerate(records)]
+    one_by_one, mixed = SparseStepLog(5), SparseStepLog(5)
+    for index, row, count, pos in full:
+        one_by_one.append(index, NAMES[row], count, torch.tensor(pos, dtype=torch.int64))
+    bounds = [0, *sorted({min(c, len(full)) for c in cuts}), len(full)]
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        if singles[k % len(singles)]:
+            for index, row, count, pos in full[a:b]:
+                mixed.append(index, NAMES[row], count, torch.tensor(pos, dtype=torch.int64))
+        else:
+            mixed.add_rows(*_as_rows(full[a:b]), NAMES)
+    assert len(mixed) == len(full)
+    assert mixed.total_values == one_by_one.total_values and mixed.total_entries == one_by_one.total_entries
+    assert mixed.encode(5, SPEC) == one_by_one.encode(5, SPEC)
+    assert _same(mixed, one_by_one)  # and record by record, once asked for them
+
+
+def test_addRows_recordsPopAndCursor_seeTheRecordsInOrder() -> None:
+    log = SparseStepLog(2)
+    log.append(0, NAMES[0], 10, torch.tensor([3]))
+    log.add_rows(*_as_rows([(1, 2, 20, [0, 19]), (4, 1, 30, [])]), NAMES)
+    assert [(r.op_index, r.op_name, r.count) for r in log.records] == [
+        (0, NAMES[0], 10),
+        (1, NAMES[2], 20),
+        (4, NAMES[1], 30),
+    ]
+    cursor = log.cursor()
+    assert cursor.take(0, NAMES[0], 10).positions.tolist() == [3]
+    assert cursor.take(1, NAMES[2], 20).positions.tolist() == [0, 19]
+    last = log.pop()
+    assert last.record.op_index == 4 and last.positions.numel() == 0 and len(log) == 2
+    log.append(5, NAMES[3], 7, torch.tensor([6]))  # appending after the records were asked for
+    back = decode_chunk(log.encode(2, SPEC), SPEC, 2)
+    assert [r.op_index for r in back.records] == [0, 1, 5]
+
+
+@pytest.mark.parametrize(
+    ("table", "flat", "match"),
+    [
+        (np.zeros((2, 3), np.int64), np.zeros(0, np.int64), "table"),
+        (np.array([[0, 0, 10, 2]], np.int64), np.array([1], np.int64), "add up"),
+        (np.array([[2**32, 0, 10, 0]], np.int64), np.zeros(0, np.int64), "op index 4294967296"),
+        (np.array([[-1, 0, 10, 0]], np.int64), np.zeros(0, np.int64), "op index -1"),
+    ],
+)
+def test_addRows_badColumns_areALogError(table: np.ndarray, flat: np.ndarray, match: str) -> None:
+    log = SparseStepLog(7)
+    with pytest.raises(RoundingLogError, match=match):
+        log.add_rows(table, flat, NAMES)
+    assert len(log) == 0

@@ -76,12 +76,21 @@ struct Entry {
   at::Tensor payload;
 };
 
-// A record the front made, not yet in the Python log (payload as in Entry).
+// A packed-log record the front made, not yet in the Python log: its trits.
 struct Record {
   int64_t index = 0;
   int row = 0;
   int64_t count = 0;
   at::Tensor payload;
+};
+
+// The sparse-log records the front made, not yet in the Python log, as columns: per record (op
+// index, row, count, entries), and every record's positions one after another. Python takes them
+// as two tensors (no object per record: a step makes some 200, and objects per record, with the
+// garbage collections they set off, cost more than the kernels' work on most of them).
+struct SparseRecords {
+  std::vector<int64_t> table;
+  std::vector<int64_t> positions;
 };
 
 // What the front does with the C kernels in one session; every kernel null: all to Python.
@@ -102,7 +111,8 @@ struct Direct {
   int64_t op_index = 0;  // the step's logged tensors so far (RoundingMode.op_index)
   int64_t cursor = 0;    // entries taken so far (the replay cursor's position)
   bool in_python = false;  // a Python call raised: its op index and cursor are newer than these
-  std::vector<Record> records;
+  std::vector<Record> records;   // packed record
+  SparseRecords sparse;          // sparse record
   std::vector<int64_t> logged, rounded;  // by row, since the session began
   int64_t corrections = 0, free = 0, tensors = 0;
 };
@@ -283,9 +293,8 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
     }
     const int64_t m = d.record(x, n, d.k0, d.max_finite, band[0], band[1], room);
     if (m < 0) return false;
-    at::Tensor positions = at::empty({m}, longs);  // its own storage, m long
-    if (m > 0) std::memcpy(positions.data_ptr(), room, m * sizeof(int64_t));
-    d.records.push_back({d.op_index, plan.id, n, std::move(positions)});
+    d.sparse.table.insert(d.sparse.table.end(), {d.op_index, static_cast<int64_t>(plan.id), n, m});
+    d.sparse.positions.insert(d.sparse.positions.end(), room, room + m);
   } else if (d.trits_record != nullptr) {
     at::Tensor trits = at::empty({n}, at::TensorOptions().dtype(at::kByte));
     if (d.trits_record(x, n, d.k0, d.max_finite, d.threshold, trits.data_ptr<uint8_t>()) != 0) return false;
@@ -319,7 +328,22 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
   return true;
 }
 
-py::list take_records(Direct& d) {  // with the GIL
+at::Tensor longs_of(const std::vector<int64_t>& v, int64_t columns) {
+  at::Tensor out = at::empty({static_cast<int64_t>(v.size()) / columns, columns}, at::TensorOptions().dtype(at::kLong));
+  if (!v.empty()) std::memcpy(out.data_ptr(), v.data(), v.size() * sizeof(int64_t));
+  return out;
+}
+
+// The records made since Python last took them (with the GIL): in a sparse record, (table, positions)
+// as SparseRecords has them, a (k, 4) and a flat int64 tensor; else a list of (op index, row, count,
+// trits), empty but in a packed record.
+py::object take_records(Direct& d) {
+  if (d.record != nullptr) {
+    py::tuple out = py::make_tuple(longs_of(d.sparse.table, 4), longs_of(d.sparse.positions, 1).view({-1}));
+    d.sparse.table.clear();
+    d.sparse.positions.clear();
+    return out;
+  }
   py::list out;
   for (Record& r : d.records) out.append(py::make_tuple(r.index, r.row, r.count, std::move(r.payload)));
   d.records.clear();
@@ -367,7 +391,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   doubles.erase(doubles.begin(), doubles.begin() + done);
   Direct& d = s.direct;
   py::gil_scoped_acquire gil;
-  py::list records = take_records(d);
+  py::object records = take_records(d);
   d.in_python = true;
   auto synced = py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, doubles, d.op_index, d.cursor, records)
                     .cast<py::tuple>();  // raises error_already_set

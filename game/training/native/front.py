@@ -157,15 +157,19 @@ class Kernels(NamedTuple):
     entries: Sequence[tuple[int, str, int, torch.Tensor]] = ()
 
 
+#: Log records the front made and Python has not logged yet. In a sparse record, two tensors: a
+#: (k, 4) int64 table of (op index, row, count, entries) per record, and every record's positions
+#: one after another (flat int64). Otherwise (op index, row, count, trits) per packed record.
+Records = tuple[torch.Tensor, torch.Tensor] | list[tuple[int, int, int, torch.Tensor]]
+
+
 class Left(NamedTuple):
     """What a session did that Python has not seen yet, from :func:`leave`."""
 
     first_calls: list[tuple[int, int]]  # (row, class) of each op's first call, in call order
     op_index: int  # the step's logged tensors so far; -1: the last on_op call raised, Python's is newer
     cursor: int  # replay records taken so far; -1 as op_index
-    records: list[
-        tuple[int, int, int, torch.Tensor]
-    ]  # (op index, row, count, positions or trits), not yet logged
+    records: Records  # not yet logged
     logged: list[int]  # tensors the kernels rounded with the log, by row
     rounded: list[int]  # tensors the kernels rounded without it, by row
     corrections: int
