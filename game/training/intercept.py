@@ -495,11 +495,10 @@ class RoundingMode(TorchDispatchMode):
                 return plain
             if self.mode == "record":
                 return plain._replace(record=native.address("vg_round_and_band"), band_for=band)
-            entries = [
-                (e.record.op_index, e.record.op_name, e.record.count, e.positions) for e in self.log.entries()
-            ]
+            table, names, positions = self.log.columns()
+            columns = front.SparseEntries(torch.from_numpy(table), names, torch.from_numpy(positions))
             kernel = native.address("vg_round_with_entries")
-            return plain._replace(replay=kernel, count_free=self.count_free, band_for=band, entries=entries)
+            return plain._replace(replay=kernel, count_free=self.count_free, band_for=band, entries=columns)
         if not (
             isinstance(self.log, StepLog)
             and self.mode in ("record", "replay")

@@ -530,9 +530,37 @@ class RecordCursor(Generic[_Item]):
 
     def __init__(self, step: int | None, records: Sequence[LogRecord], items: Sequence[_Item]) -> None:
         self._step = step
-        self._records = list(records)
-        self._items = list(items)
+        self._lists: tuple[list[LogRecord], list[_Item]] | None = (list(records), list(items))
+        self._load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]] | None = None
+        self._count = len(records)
         self._pos = 0
+
+    @classmethod
+    def later(
+        cls, step: int | None, count: int, load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]]
+    ) -> RecordCursor[_Item]:
+        """A cursor over ``count`` records that ``load`` gives only when one is read: a replay the C++
+        front runs reads none of them here, only moves the cursor."""
+        cursor = cls(step, (), ())
+        cursor._lists, cursor._load, cursor._count = None, load, count
+        return cursor
+
+    @property
+    def _records(self) -> list[LogRecord]:
+        return self._loaded()[0]
+
+    @property
+    def _items(self) -> list[_Item]:
+        return self._loaded()[1]
+
+    def _loaded(self) -> tuple[list[LogRecord], list[_Item]]:
+        if self._lists is None:
+            assert self._load is not None
+            records, items = self._load()
+            self._lists, self._load = (list(records), list(items)), None
+            if len(records) != self._count:
+                raise LogSequenceError(f"{_where(self._step)}: the log changed under its cursor")
+        return self._lists
 
     @property
     def position(self) -> int:
@@ -542,23 +570,21 @@ class RecordCursor(Generic[_Item]):
     def move_to(self, position: int) -> None:
         """Count records taken elsewhere, in order (the C++ front's kernels check each against its
         op as :meth:`take` does)."""
-        if not self._pos <= position <= len(self._records):
+        if not self._pos <= position <= self._count:
             raise LogSequenceError(
-                f"{_where(self._step)}: cursor moved from record {self._pos} to {position} "
-                f"of {len(self._records)}"
+                f"{_where(self._step)}: cursor moved from record {self._pos} to {position} of {self._count}"
             )
         self._pos = position
 
     def take(self, op_index: int, op_name: str, numel: int) -> _Item:
         """The next record's payload, after checking it was recorded for this op."""
         where = _where(self._step)
-        records = self._records
-        if self._pos >= len(records):
+        if self._pos >= self._count:
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
-                f"({len(records)} records)"
+                f"({self._count} records)"
             )
-        rec = records[self._pos]
+        rec = self._records[self._pos]
         if rec.op_index != op_index or rec.op_name != op_name:
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
@@ -574,11 +600,10 @@ class RecordCursor(Generic[_Item]):
 
     def finish(self) -> None:
         """Raise when records remain unread: the replay ran fewer ops than the trainer logged."""
-        records = self._records
-        if self._pos < len(records):
-            rec = records[self._pos]
+        if self._pos < self._count:
+            rec = self._records[self._pos]
             raise LogSequenceError(
-                f"{_where(self._step)}: {len(records) - self._pos} log records left unread, "
+                f"{_where(self._step)}: {self._count - self._pos} log records left unread, "
                 f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
             )
 

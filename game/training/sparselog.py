@@ -185,6 +185,19 @@ class SparseStepLog:
     def __len__(self) -> int:
         return self._count
 
+    def columns(self) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """The records as columns: a (k, 4) int64 table of (op index, name id, value count, entry
+        count) per record, the names by id (in order of first use, as a chunk lists them), and every
+        record's positions one after another (int64, on the CPU)."""
+        columns = _columns(self._parts)
+        names: dict[str, int] = {}  # name -> id
+        table = np.empty((self._count, 4), dtype=np.int64)
+        table[:, 0] = columns.ops
+        table[:, 1] = [names.setdefault(name, len(names)) for name in columns.names]
+        table[:, 2] = columns.counts
+        table[:, 3] = columns.sizes
+        return table, list(names), columns.positions
+
     # ---- bytes ---------------------------------------------------------------------------------
 
     def encode(self, step: int, spec_hash: bytes) -> bytes:
@@ -193,16 +206,11 @@ class SparseStepLog:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
-        columns = _columns(self._parts)
-        names: dict[str, int] = {}  # name -> id, in order of first use
-        name_ids = [names.setdefault(name, len(names)) for name in columns.names]
-        head = np.empty((self._count, 4), dtype=np.int64)
-        head[:, 0] = np.diff(columns.ops, prepend=-1) - 1  # op index gaps, the first from -1
-        head[:, 1] = name_ids
-        head[:, 2] = columns.counts
-        head[:, 3] = columns.sizes
-        parts = [encode_names(list(names)), uvarint_encode(head.ravel())]
-        parts.append(uvarint_encode(_gaps(columns.positions, columns.sizes)))
+        table, names, positions = self.columns()
+        head = table.copy()
+        head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
+        parts = [encode_names(names), uvarint_encode(head.ravel())]
+        parts.append(uvarint_encode(_gaps(positions, table[:, 3])))
         payload = b"".join(parts)
         body, codec = compress(payload, self.codec)
         header = _HEADER.pack(step, bytes(spec_hash), self._count, CODECS[codec], len(payload))
@@ -221,20 +229,28 @@ class SparseStepLog:
         try:
             codec = codec_name(codec_id)
             payload = decompress(bytes(data[len(MAGIC) + _HEADER.size :]), codec, size)
-            entries = _parse_payload(payload, n_records)
+            rows = _parse_payload(payload, n_records)
         except Malformed as exc:
             raise ChunkFormatError(f"{where}: corrupt sparse log: {exc}") from None
         out = cls(own_step, codec=codec)
-        out._parts, out._count = list(entries), len(entries)
+        out._parts, out._count, out._has_rows = [rows], len(rows.table), True
         return out
 
     def cursor(self) -> SparseCursor:
-        """A reader that hands the records out in order to the replaying computation."""
-        records = self._records()
-        return RecordCursor(self.step, [e.record for e in records], records)
+        """A reader that hands the records out in order to the replaying computation (it turns
+        records given as columns into records one by one only when it reads one)."""
+
+        def load() -> tuple[list[LogRecord], list[SparseRecord]]:
+            records = self._records()
+            return [e.record for e in records], records
+
+        if self._has_rows:
+            return RecordCursor.later(self.step, self._count, load)
+        return RecordCursor(self.step, *load())
 
 
-def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
+def _parse_payload(payload: bytes, n_records: int) -> RecordRows:
+    """The payload's records as columns (no object per record: the auditor's C++ front reads them so)."""
     buf = np.frombuffer(payload, dtype=np.uint8)
     names, pos = decode_names(buf, 0, n_records)
     head, pos = uvarint_decode(buf, pos, 4 * n_records)
@@ -244,16 +260,15 @@ def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
     if pos != buf.size:
         raise Malformed(f"{buf.size - pos} bytes left after the last entry")
     # Every record's positions from one running sum over the whole chunk: position = (running sum of
-    # gap + 1, from the record's start) - 1. One cumsum instead of one per record; each record's
-    # positions are a view of the one array.
+    # gap + 1, from the record's start) - 1. One cumsum instead of one per record.
     sizes = head[:, 3]
     if gaps.size and float(gaps.sum(dtype=np.float64)) + gaps.size >= 2.0**62:  # the sum could wrap
         raise Malformed("position gaps add up past any tensor's size")
     ends = np.cumsum(sizes)
     running = np.cumsum(gaps + 1)
     before = np.concatenate(([0], running))[ends - sizes]  # the running sum before each record
-    flat = torch.from_numpy(running - np.repeat(before, sizes) - 1)
-    last = flat.numpy()[ends[sizes > 0] - 1]
+    positions = running - np.repeat(before, sizes) - 1
+    last = positions[ends[sizes > 0] - 1]
     too_far = np.flatnonzero(last >= head[sizes > 0, 2])
     # Op indices from one running sum too (gap = index - previous - 1, from -1). A gap is cut to
     # 2^32 first: the sum cannot wrap, and a cut gap still puts its record out of range.
@@ -262,20 +277,13 @@ def _parse_payload(payload: bytes, n_records: int) -> list[SparseRecord]:
     bad = np.flatnonzero((op_indices >= 2**32) | (name_ids >= len(names)))
     if bad.size:
         raise Malformed(f"record {int(bad[0])}: op index or name id out of range")
-    # one call for every record's view (slicing the tensor record by record cost ~10 us a record)
-    pieces = torch.split(flat, sizes.tolist()) if n_records else ()
-    records = [
-        SparseRecord(LogRecord(op_index, names[name_id], count), positions)
-        for op_index, name_id, count, positions in zip(
-            op_indices.tolist(), name_ids.tolist(), head[:, 2].tolist(), pieces, strict=True
-        )
-    ]
     if too_far.size:
         r = int(np.flatnonzero(sizes > 0)[too_far[0]])
         raise Malformed(
             f"record {r} (op #{int(op_indices[r])}): position {int(last[too_far[0]])} >= {int(head[r, 2])} values"
         )
-    return records
+    head[:, 0] = op_indices  # the table of RecordRows, its rows the chunk's name ids
+    return RecordRows(head, positions, names)
 
 
 #: The sparse log's cursor hands out each record's entries.

@@ -267,3 +267,23 @@ def test_builtFront_loadsDespiteALockFileLeftByAKilledRun(tmp_path: Any) -> None
     done = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "compiling" not in done.stderr  # the built library, not a new build
+
+
+@pytest.mark.parametrize(
+    ("table", "names", "positions"),
+    [
+        ([[0, 1, 10, 0]], ["aten.mm.default"], []),  # a name id past the names
+        ([[0, 0, 10, 3]], ["aten.mm.default"], [1, 2]),  # more entries than positions
+        ([[0, 0, 10, -1]], ["aten.mm.default"], [1]),  # a negative entry count
+    ],
+)
+def test_front_refusesSparseEntriesThatDoNotHold(
+    table: list[list[int]], names: list[str], positions: list[int]
+) -> None:
+    entries = front.SparseEntries(
+        torch.tensor(table, dtype=torch.int64), names, torch.tensor(positions, dtype=torch.int64)
+    )
+    kernels = front.Kernels(replay=native.address("vg_round_with_entries"), entries=entries)
+    with pytest.raises(RuntimeError, match="sparse entries"):
+        front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
+    assert not front.active()

@@ -299,3 +299,24 @@ def test_addRows_badColumns_areALogError(table: np.ndarray, flat: np.ndarray, ma
     with pytest.raises(RoundingLogError, match=match):
         log.add_rows(table, flat, NAMES)
     assert len(log) == 0
+
+
+def test_decodedChunk_cursor_readsRecordsOnlyWhenOneIsTaken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the C++ front moves the cursor without reading records: a decoded chunk stays columns until then
+    log = _log(records=6)
+    back = decode_chunk(log.encode(3, SPEC), SPEC, 3)
+    assert isinstance(back, SparseStepLog)
+    want = log.entries()[2]
+    reads: list[int] = []
+    real = SparseStepLog._records
+    monkeypatch.setattr(SparseStepLog, "_records", lambda self: reads.append(1) or real(self))
+    cursor = back.cursor()
+    cursor.move_to(2)
+    assert reads == [] and cursor.position == 2
+    rec = want.record
+    taken = cursor.take(rec.op_index, rec.op_name, rec.count)
+    assert reads == [1] and torch.equal(taken.positions, want.positions)
+    with pytest.raises(LogSequenceError, match="cursor moved from record 3 to 7 of 6"):
+        cursor.move_to(7)
+    with pytest.raises(LogSequenceError, match=r"3 log records left unread, first: record 3 \(op #3 "):
+        cursor.finish()

@@ -68,11 +68,13 @@ using ReplayFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64
 using TritsRecordFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 using TritsReplayFn = int64_t (*)(int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t*);
 
-// One record of the chunk being replayed: a sparse log's positions, or a packed log's trits.
+// One record of the chunk being replayed: a sparse log's positions (size of them from offset in
+// Direct::positions), or a packed log's trits (payload).
 struct Entry {
   int64_t index = 0;
-  std::string name;
+  int name = 0;  // in Direct::names
   int64_t count = 0;
+  int64_t offset = 0, size = 0;
   at::Tensor payload;
 };
 
@@ -108,6 +110,8 @@ struct Direct {
   std::vector<std::array<int64_t, 2>> bands;  // by row
   std::vector<char> have_band;
   std::vector<Entry> entries;
+  std::vector<std::string> names;  // the entries' op names
+  at::Tensor positions;            // a sparse replay's positions, every entry's one after another
   int64_t op_index = 0;  // the step's logged tensors so far (RoundingMode.op_index)
   int64_t cursor = 0;    // entries taken so far (the replay cursor's position)
   bool in_python = false;  // a Python call raised: its op index and cursor are newer than these
@@ -302,18 +306,17 @@ bool round_direct(Direct& d, const Plan& plan, int cls, const at::Tensor& t) {
   } else {
     if (d.cursor >= static_cast<int64_t>(d.entries.size())) return false;
     const Entry& e = d.entries[d.cursor];
-    if (e.index != d.op_index || e.count != n || e.name != plan.name) return false;
-    const at::Tensor& load = e.payload;
-    const auto want = d.replay != nullptr ? at::kLong : at::kByte;
-    if (!load.device().is_cpu() || load.scalar_type() != want || !load.is_contiguous()) return false;
+    if (e.index != d.op_index || e.count != n || d.names[e.name] != plan.name) return false;
     int64_t stats[2] = {0, 0};
     if (d.replay != nullptr) {
-      const int64_t rc = d.replay(x, n, d.k0, d.max_finite, band[0], band[1], load.data_ptr<int64_t>(), load.numel(),
-                                  d.count_free, stats);
+      const int64_t* load = d.positions.data_ptr<int64_t>() + e.offset;  // checked in set_direct
+      const int64_t rc = d.replay(x, n, d.k0, d.max_finite, band[0], band[1], load, e.size, d.count_free, stats);
       if (rc != 0) return false;
       d.corrections += stats[0];
       d.free += std::max<int64_t>(stats[1], 0);
     } else {
+      const at::Tensor& load = e.payload;
+      if (!load.device().is_cpu() || load.scalar_type() != at::kByte || !load.is_contiguous()) return false;
       if (load.numel() != n) return false;
       const int64_t moved =
           d.trits_replay(x, n, d.k0, d.max_finite, band[0], band[1], load.data_ptr<uint8_t>(), stats);
@@ -400,11 +403,34 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   d.cursor = synced[1].cast<int64_t>();
 }
 
+// A sparse replay's entries, as SparseStepLog.columns gives them: a (k, 4) table of (op index, name
+// id, count, entry count), the names, and every entry's positions one after another.
+void set_sparse_entries(Direct& d, py::tuple columns) {
+  const auto table = columns[0].cast<at::Tensor>();
+  d.names = columns[1].cast<std::vector<std::string>>();
+  d.positions = columns[2].cast<at::Tensor>();
+  const auto cpu_longs = [](const at::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous();
+  };
+  if (!cpu_longs(table) || table.dim() != 2 || table.size(1) != 4 || !cpu_longs(d.positions) || d.positions.dim() != 1)
+    throw std::runtime_error("sparse entries: a (k, 4) int64 table and flat int64 positions on the CPU");
+  const int64_t* row = table.data_ptr<int64_t>();
+  const auto names = static_cast<int64_t>(d.names.size());
+  int64_t offset = 0;
+  d.entries.reserve(table.size(0));
+  for (int64_t i = 0; i < table.size(0); ++i, row += 4) {
+    if (row[1] < 0 || row[1] >= names || row[3] < 0 || row[3] > d.positions.numel() - offset)
+      throw std::runtime_error("sparse entries: a name id or an entry count out of range");
+    d.entries.push_back({row[0], static_cast<int>(row[1]), row[2], offset, row[3], at::Tensor()});
+    offset += row[3];
+  }
+}
+
 // The kernels the session may call: (round_inplace, record, replay, trits record, trits replay,
 // round_nearest) addresses, 0 for none; the grid and the packed log's threshold; the band callback; the entries to
-// replay as (op index, name, count, positions or trits).
+// replay: a sparse log's as columns (set_sparse_entries), a packed log's as (op index, name, count, trits).
 void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold, bool count_free,
-                py::object band_for, py::list entries) {
+                py::object band_for, py::object entries) {
   d = Direct();
   d.round_inplace = reinterpret_cast<InplaceFn>(kernels[0].cast<intptr_t>());
   d.record = reinterpret_cast<RecordFn>(kernels[1].cast<intptr_t>());
@@ -419,16 +445,23 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, in
   d.max_finite = max_finite;
   d.threshold = threshold;
   d.count_free = count_free ? 1 : 0;
-  d.entries.reserve(entries.size());
-  for (const py::handle& h : entries) {
-    auto e = h.cast<py::tuple>();
-    d.entries.push_back({e[0].cast<int64_t>(), e[1].cast<std::string>(), e[2].cast<int64_t>(), e[3].cast<at::Tensor>()});
+  if (py::isinstance<py::tuple>(entries)) {
+    set_sparse_entries(d, entries.cast<py::tuple>());
+  } else {
+    auto list = entries.cast<py::list>();
+    d.entries.reserve(list.size());
+    for (const py::handle& h : list) {
+      auto e = h.cast<py::tuple>();
+      d.names.push_back(e[1].cast<std::string>());
+      d.entries.push_back({e[0].cast<int64_t>(), static_cast<int>(d.names.size() - 1), e[2].cast<int64_t>(), 0, 0,
+                           e[3].cast<at::Tensor>()});
+    }
   }
   d.band_for = band_for.release().ptr();  // last: nothing above holds a reference when it throws
 }
 
 void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold,
-           bool count_free, py::object band_for, py::list entries) {
+           bool count_free, py::object band_for, py::object entries) {
   Session& s = session;
   if (s.active) throw std::runtime_error("the dispatch front is already on in this thread");
   set_direct(s.direct, kernels, k0, max_finite, threshold, count_free, std::move(band_for), entries);

@@ -137,6 +137,14 @@ def available() -> bool:
     return not disabled.off and load() is not None
 
 
+class SparseEntries(NamedTuple):
+    """A sparse chunk to replay, as columns (:meth:`~game.training.sparselog.SparseStepLog.columns`)."""
+
+    table: torch.Tensor  # (k, 4) int64: op index, name id, value count, entry count, per record
+    names: list[str]  # by name id
+    positions: torch.Tensor  # flat int64: every record's positions, one record after another
+
+
 class Kernels(NamedTuple):
     """What the front rounds with the C kernels itself, without a Python call (front.cpp's
     ``Direct``): kernel addresses (0: that work goes to Python), the grid, and for an inexact op
@@ -153,8 +161,9 @@ class Kernels(NamedTuple):
     threshold: int = 0  # the packed log's floor(tau * step) in float64 ulps
     count_free: bool = False
     band_for: Callable[[int], tuple[int, int]] | None = None
-    #: the chunk to replay: (op index, op name, count, positions or trits) per record, in order
-    entries: Sequence[tuple[int, str, int, torch.Tensor]] = ()
+    #: the chunk to replay: a sparse log's as :meth:`SparseStepLog.columns` gives them (as tensors),
+    #: a packed log's as (op index, op name, count, trits) per record, in order
+    entries: SparseEntries | Sequence[tuple[int, str, int, torch.Tensor]] = ()
 
 
 #: Log records the front made and Python has not logged yet. In a sparse record, two tensors: a
@@ -189,7 +198,8 @@ def enter(
     k = kernels
     _module.enter(
         plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay, k.round_nearest), k.k0,
-        k.max_finite, k.threshold, k.count_free, k.band_for, list(k.entries),
+        k.max_finite, k.threshold, k.count_free, k.band_for,
+        k.entries if isinstance(k.entries, SparseEntries) else list(k.entries),
     )  # fmt: skip
 
 
