@@ -293,22 +293,24 @@ def state_buffer(state: TrainState) -> np.ndarray | None:
     head = STATE_MAGIC + struct.pack("<QI", state.step, len(tensors))
     buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     buf[layout.header_at] = layout.header_bytes
-    direct, at = [], []
+    addresses, counts, at = [], [], []  # the float64 tensors the kernel converts (checked above: CPU)
     for (name, t), offset in zip(tensors, layout.offsets, strict=True):
         if t.dtype != torch.float64:
             continue
         if t.is_contiguous():
-            direct.append(t.detach())
+            addresses.append(t.data_ptr())
+            counts.append(t.numel())
             at.append(offset)
             continue
         for piece in _values(name, t):  # a strided view: converted a slice at a time
             buf[offset : offset + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             offset += len(piece)
-    if not native.to_float32_into(direct, buf, np.array(at, dtype=np.int64)):
+    if not native.float32_at(addresses, counts, at, buf):
         return None
-    for which, where in layout.others.values():  # an optimizer's step counters, a BatchNorm's count
-        values = torch.cat([tensors[k][1].detach().reshape(-1) for k in which])
-        buf[where] = values.view(torch.uint8).numpy()
+    with torch.no_grad():  # (no detach per tensor)
+        for which, where in layout.others.values():  # an optimizer's step counters, a BatchNorm's count
+            values = torch.cat([tensors[k][1].reshape(-1) for k in which])
+            buf[where] = values.view(torch.uint8).numpy()
     return buf
 
 

@@ -404,3 +404,23 @@ def test_toFloat32_convertsGridValues_andRefusesOffGrid() -> None:
     off = x.clone()
     off[2999] = 1.0 / 3.0
     assert native.to_float32([x[:10], off]) is None
+
+
+def test_float32At_writesAtAnyOffset_andRefusesOneThatDoesNotFit() -> None:
+    """The state buffer's conversion by address: values land at odd byte offsets, nothing else is
+    written, and an offset that would run past the buffer is refused before any write."""
+    if not native.available():
+        pytest.skip("no C kernels on this machine")
+    x = rounding.rnd(_mixed_values(300, 4, 32), 32)
+    a, b = x[:100], x[100:]
+    out = np.full(4 * 300 + 7, 0xAB, dtype=np.uint8)
+    assert native.float32_at([a.data_ptr(), b.data_ptr()], [100, 200], [3, 3 + 400], out)
+    want = x.float().numpy().view(np.uint8)
+    assert np.array_equal(out[3 : 3 + 1200], want)
+    assert (out[:3] == 0xAB).all() and (out[1203:] == 0xAB).all()
+    untouched = out.copy()
+    with pytest.raises(ValueError, match="does not fit"):
+        native.float32_at([a.data_ptr()], [100], [len(out) - 399], out)
+    with pytest.raises(ValueError, match="does not fit"):
+        native.float32_at([a.data_ptr()], [100], [-1], out)
+    assert np.array_equal(out, untouched)

@@ -342,21 +342,31 @@ def to_float32_into(tensors: list[Tensor], out: np.ndarray, offsets: np.ndarray)
     float32 grid, whose error the caller words)."""
     if not tensors:
         return True
-    lib = _usable(*tensors)
-    if lib is None or sys.byteorder != "little" or any(t.dtype != torch.float64 for t in tensors):
+    if _usable(*tensors) is None or any(t.dtype != torch.float64 for t in tensors):
+        return False
+    return float32_at(
+        [t.data_ptr() for t in tensors], [t.numel() for t in tensors], np.asarray(offsets).tolist(), out
+    )
+
+
+def float32_at(addresses: list[int], counts: list[int], offsets: list[int], out: np.ndarray) -> bool:
+    """:func:`to_float32_into` for a caller that has checked its tensors already (contiguous float64
+    on the CPU) and gives their addresses and value counts: a state's 100-odd tensors cost a
+    Python call or two each to check again."""
+    lib = _running()
+    if lib is None or sys.byteorder != "little":
         return False
     if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("to_float32_into: out must be a writable contiguous uint8 array")
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    counts = np.array([t.numel() for t in tensors], dtype=np.int64)
-    if len(offsets) != len(tensors) or (offsets < 0).any() or (offsets + 4 * counts > len(out)).any():
+    at = np.array(offsets, dtype=np.int64)
+    n = np.array(counts, dtype=np.int64)
+    if not (len(at) == len(n) == len(addresses)) or (at < 0).any() or (at + 4 * n > len(out)).any():
         raise ValueError("to_float32_into: a tensor does not fit in out at its offset")
-    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    if not addresses:
+        return True
+    addrs = np.array(addresses, dtype=np.int64)
     return bool(
-        lib.vg_to_float32(
-            addrs.ctypes.data, counts.ctypes.data, offsets.ctypes.data, len(tensors), out.ctypes.data
-        )
-        == 0
+        lib.vg_to_float32(addrs.ctypes.data, n.ctypes.data, at.ctypes.data, len(addrs), out.ctypes.data) == 0
     )
 
 
