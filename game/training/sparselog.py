@@ -130,6 +130,9 @@ class SparseStepLog:
         if int(ops.min()) < 0 or int(ops.max()) >= 2**32:
             bad = int(ops[(ops < 0) | (ops >= 2**32)][0])
             raise RoundingLogError(f"{_where(self.step)}: op index {bad} does not fit uint32")
+        rows = table[:, 1]
+        if int(rows.min()) < 0 or int(rows.max()) >= len(names):
+            raise RoundingLogError(f"{_where(self.step)}: a record's row has no op name")
         self._parts.append(RecordRows(table, positions, names))
         self._count += len(table)
         self._has_rows = True

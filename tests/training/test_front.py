@@ -287,3 +287,13 @@ def test_front_refusesSparseEntriesThatDoNotHold(
     with pytest.raises(RuntimeError, match="sparse entries"):
         front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
     assert not front.active()
+
+
+def test_front_refusesASparseReplayWhoseEntriesAreNotColumns() -> None:
+    kernels = front.Kernels(
+        replay=native.address("vg_round_with_entries"),
+        entries=[(0, "aten.mm.default", 10, torch.tensor([1], dtype=torch.int64))],
+    )
+    with pytest.raises(RuntimeError, match="takes them as columns"):
+        front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
+    assert not front.active()

@@ -292,6 +292,7 @@ def test_addRows_recordsPopAndCursor_seeTheRecordsInOrder() -> None:
         (np.array([[0, 0, 10, 2]], np.int64), np.array([1], np.int64), "add up"),
         (np.array([[2**32, 0, 10, 0]], np.int64), np.zeros(0, np.int64), "op index 4294967296"),
         (np.array([[-1, 0, 10, 0]], np.int64), np.zeros(0, np.int64), "op index -1"),
+        (np.array([[0, 4, 10, 0]], np.int64), np.zeros(0, np.int64), "row has no op name"),
     ],
 )
 def test_addRows_badColumns_areALogError(table: np.ndarray, flat: np.ndarray, match: str) -> None:

@@ -88,8 +88,8 @@ struct Record {
 
 // The sparse-log records the front made, not yet in the Python log, as columns: per record (op
 // index, row, count, entries), and every record's positions one after another. Python takes them
-// as two tensors (no object per record: a step makes some 200, and objects per record, with the
-// garbage collections they set off, cost more than the kernels' work on most of them).
+// as two tensors, with no object per record: a gpt-shakespeare step makes some 200, and an object
+// each, with the garbage collections they set off, cost its trainer about 0.8 ms of a 22 ms step.
 struct SparseRecords {
   std::vector<int64_t> table;
   std::vector<int64_t> positions;
@@ -339,7 +339,7 @@ at::Tensor longs_of(const std::vector<int64_t>& v, int64_t columns) {
 
 // The records made since Python last took them (with the GIL): in a sparse record, (table, positions)
 // as SparseRecords has them, a (k, 4) and a flat int64 tensor; else a list of (op index, row, count,
-// trits), empty but in a packed record.
+// trits), empty unless in a packed record.
 py::object take_records(Direct& d) {
   if (d.record != nullptr) {
     py::tuple out = py::make_tuple(longs_of(d.sparse.table, 4), longs_of(d.sparse.positions, 1).view({-1}));
@@ -448,6 +448,7 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, in
   if (py::isinstance<py::tuple>(entries)) {
     set_sparse_entries(d, entries.cast<py::tuple>());
   } else {
+    if (d.replay != nullptr) throw std::runtime_error("sparse entries: a sparse replay takes them as columns");
     auto list = entries.cast<py::list>();
     d.entries.reserve(list.size());
     for (const py::handle& h : list) {
