@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import chunkcodec, sparselog
+from game.training import chunkcodec, native, sparselog
 from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
 from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
 from game.training.sparselog import SparseStepLog
@@ -321,3 +321,71 @@ def test_decodedChunk_cursor_readsRecordsOnlyWhenOneIsTaken(monkeypatch: pytest.
         cursor.move_to(7)
     with pytest.raises(LogSequenceError, match=r"3 log records left unread, first: record 3 \(op #3 "):
         cursor.finish()
+
+
+# ---- the C parser of a chunk's records against the numpy one ------------------------------------
+
+
+def _parse_both(payload: bytes, n_records: int) -> tuple[object, object]:
+    """What each parser makes of a payload: its table, positions and names, or its error."""
+
+    def parse() -> object:
+        try:
+            rows = sparselog._parse_payload(payload, n_records)
+        except Malformed as exc:
+            return str(exc)
+        return rows.table.tolist(), rows.positions.tolist(), list(rows.names)
+
+    fast = parse()
+    with native.disabled():
+        slow = parse()
+    return fast, slow
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    records=st.lists(
+        st.lists(st.integers(0, 3000), max_size=20).map(lambda v: sorted(set(v))), min_size=0, max_size=10
+    ),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 3),
+    extra=st.binary(max_size=2),
+)
+def test_cParser_acceptsAndReadsExactlyWhatTheNumpyParserDoes(
+    records: list[list[int]], flips: list[tuple[int, int]], cut: int, extra: bytes
+) -> None:
+    # a valid payload, then damaged: bytes overwritten, cut short, or left over
+    log = SparseStepLog(2, codec="stored")
+    for i, pos in enumerate(records):
+        log.append(3 * i, NAMES[i % 4], 3001, torch.tensor(pos, dtype=torch.int64))
+    data = log.encode(2, SPEC)
+    payload = bytearray(data[len(sparselog.MAGIC) + sparselog._HEADER.size :])
+    fast, slow = _parse_both(bytes(payload), len(records))
+    assert fast == slow and not isinstance(fast, str)
+    for at, value in flips:
+        if payload:
+            payload[at % len(payload)] = value
+    damaged = bytes(payload[: len(payload) - cut] if cut <= len(payload) else b"") + extra
+    fast, slow = _parse_both(damaged, len(records))
+    assert fast == slow
+
+
+@pytest.mark.parametrize("gap", [2**62 - 4, 2**62 - 3, 2**62 - 2, 2**62 - 1, 2**62])
+def test_cParser_andNumpy_drawTheGapSumLineAtTheSamePlace(gap: int) -> None:
+    # two records of one entry each: the chunk's sum of (gap + 1) is gap + 1 + 1, refused from 2^62 on
+    payload = chunkcodec.encode_names(["aten.mm.default"]) + uvarint_encode(
+        np.array([0, 0, 2**62, 1, 0, 0, 2**62, 1, gap, 0], dtype=np.int64)
+    )
+    fast, slow = _parse_both(payload, 2)
+    assert fast == slow
+    assert isinstance(fast, str) == (gap + 2 >= 2**62)
+
+
+@pytest.mark.parametrize(("position", "refused"), [(9, False), (10, True), (11, True)])
+def test_cParser_andNumpy_refuseAPositionFromItsRecordsCountOn(position: int, refused: bool) -> None:
+    log = SparseStepLog(2, codec="stored")
+    log.append(0, NAMES[0], 10, torch.tensor([1, position], dtype=torch.int64))
+    payload = log.encode(2, SPEC)[len(sparselog.MAGIC) + sparselog._HEADER.size :]
+    fast, slow = _parse_both(payload, 1)
+    assert fast == slow
+    assert isinstance(fast, str) == refused

@@ -155,6 +155,8 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_uvarint_encode.argtypes = [_PTR, _I64, _PTR]
         lib.vg_uvarint_decode.restype = _I64
         lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
+        lib.vg_sparse_rows.restype = _I64
+        lib.vg_sparse_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         lib.vg_round_and_trits.restype = _I64
         lib.vg_round_and_trits.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
         lib.vg_round_with_trits.restype = _I64
@@ -394,6 +396,22 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
     return None if n < 0 else (out, start + n)
 
 
+def sparse_rows(buf: np.ndarray, start: int, n: int, n_names: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A sparse chunk's records from the uint8 array ``buf[start:]`` (after its name table), as
+    :func:`sparselog._parse_payload` reads them: the (n, 4) table with op indices, and the positions.
+    None: use the numpy code (no kernels, or anything malformed, whose error it words)."""
+    lib = _running()
+    if lib is None or buf.dtype != np.uint8 or not buf.flags.c_contiguous:
+        return None
+    view = buf[start:]
+    table = np.empty((n, 4), dtype=np.int64)
+    positions = np.empty(view.size, dtype=np.int64)  # each position takes a byte at least
+    m = lib.vg_sparse_rows(
+        view.ctypes.data, view.size, n, n_names, table.ctypes.data, positions.ctypes.data, view.size
+    )
+    return None if m < 0 else (table, positions[:m])
+
+
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
     """The first ``blocks`` blocks of the uint8 trits (each 0..2) as roundlog.pack_trits lays them
     out; None: use the numpy packer."""
@@ -441,6 +459,7 @@ __all__ = [
     "available",
     "cache_dir",
     "disabled",
+    "float32_at",
     "pack_trit_blocks",
     "philox_stream",
     "round_and_band",
@@ -448,6 +467,7 @@ __all__ = [
     "round_inplace",
     "round_with_entries",
     "round_with_trits",
+    "sparse_rows",
     "to_float32",
     "unpack_trit_blocks",
     "uvarint_decode",

@@ -349,6 +349,45 @@ int64_t vg_uvarint_decode(const uint8_t *buf, int64_t len, int64_t count, int64_
     return k;
 }
 
+/* A sparse chunk's records after its name table (sparselog._parse_payload): n records of four
+ * LEB128 values (op-index gap, name id, value count, entry count), then every entry's position gap,
+ * record after record. Writes the table (n x 4, the op indices in place of their gaps) and the
+ * positions (room for at most `room`). Returns how many positions, or -1 when anything is off, and
+ * the numpy code then words it: the bytes (truncated, overlong, left over), a name id past n_names,
+ * an op index past uint32, gaps that add up to 2^62 or more over the chunk, a position at or past
+ * its record's value count, more positions than room. It accepts exactly what the numpy code does. */
+int64_t vg_sparse_rows(const uint8_t *buf, int64_t len, int64_t n, int64_t n_names, int64_t *table,
+                       int64_t *positions, int64_t room) {
+    const int64_t op_limit = (int64_t)1 << 32, sum_limit = (int64_t)1 << 62;
+    int64_t k = n > 0 ? vg_uvarint_decode(buf, len, 4 * n, table) : 0;
+    if (k < 0) return -1;
+    int64_t op = -1, total = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t *row = table + 4 * r;
+        if (row[0] >= op_limit) return -1;
+        op += row[0] + 1;
+        if (op >= op_limit || row[1] >= n_names || row[3] > room - total) return -1;
+        row[0] = op;
+        total += row[3];
+    }
+    int64_t m = total > 0 ? vg_uvarint_decode(buf + k, len - k, total, positions) : 0;
+    if (m < 0 || k + m != len) return -1;
+    int64_t sum = 0, at = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t *row = table + 4 * r;
+        int64_t p = -1;
+        for (int64_t j = 0; j < row[3]; j++, at++) {
+            int64_t g = positions[at];
+            if (g >= sum_limit - sum - 1) return -1; /* the chunk's sum of (gap + 1) would reach 2^62 */
+            sum += g + 1;
+            p += g + 1;
+            positions[at] = p;
+        }
+        if (row[3] > 0 && p >= row[2]) return -1;
+    }
+    return total;
+}
+
 /* float64 lanes to float32, for state tensors, which lie on the float32 grid: returns 0, or -1 when
  * a lane is not a float32 value (off the grid, or NaN; the caller words it). The conversion is
  * exact for every lane that passes, so the bytes do not depend on the machine. */
