@@ -493,22 +493,33 @@ void vg_pack_trit_blocks(const uint8_t *restrict t, int64_t blocks, uint8_t *res
 }
 
 /* Inverse of vg_pack_trit_blocks. Returns 0, or -1 - i when group i is above 3^29 - 1 (not 29
- * trits); nothing is promised about t then. */
+ * trits); nothing is promised about t then. Why the split: 29 divisions by 3 in a row are one chain
+ * of dependent multiplies (the auditor's read of a packed gpt-shakespeare chunk took 2.2 ms, its
+ * 1.85M trits). Each group is cut into its low 15 trits and its high 14 (one division by 3^15),
+ * and the block's eight 32-bit remainders are divided by 3 side by side. */
 int64_t vg_unpack_trit_blocks(const uint8_t *restrict in, int64_t blocks, uint8_t *restrict t) {
-    const uint64_t m46 = (1ULL << 46) - 1;
+    const uint64_t m46 = (1ULL << 46) - 1, p15 = 14348907ULL; /* 3^15 */
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = in + b * BLOCK_BYTES;
         uint64_t w0 = get_le(p, 8), w1 = get_le(p + 8, 8), w2 = get_le(p + 16, 7);
         uint64_t g[4] = {w0 & m46, ((w0 >> 46) | (w1 << 18)) & m46, ((w1 >> 28) | (w2 << 36)) & m46, w2 >> 10};
-        uint8_t *d = t + b * BLOCK_TRITS;
+        uint32_t lo[4], hi[4];
         for (int k = 0; k < 4; k++) {
-            uint64_t v = g[k];
-            if (v > MAX_GROUP) return -1 - (b * 4 + k);
-            for (int i = 0; i < GROUP_TRITS; i++) {
-                d[k * GROUP_TRITS + i] = (uint8_t)(v % 3);
-                v /= 3;
+            if (g[k] > MAX_GROUP) return -1 - (b * 4 + k);
+            lo[k] = (uint32_t)(g[k] % p15); /* trits 0..14 of the group */
+            hi[k] = (uint32_t)(g[k] / p15); /* trits 15..28 */
+        }
+        uint8_t *d = t + b * BLOCK_TRITS;
+        for (int i = 0; i < GROUP_TRITS - 15; i++) {
+            for (int k = 0; k < 4; k++) {
+                uint32_t ql = lo[k] / 3, qh = hi[k] / 3;
+                d[k * GROUP_TRITS + i] = (uint8_t)(lo[k] - 3 * ql);
+                d[k * GROUP_TRITS + 15 + i] = (uint8_t)(hi[k] - 3 * qh);
+                lo[k] = ql;
+                hi[k] = qh;
             }
         }
+        for (int k = 0; k < 4; k++) d[k * GROUP_TRITS + 14] = (uint8_t)lo[k]; /* the last low trit: 0..2 */
     }
     return 0;
 }
