@@ -165,6 +165,9 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_pack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
         lib.vg_unpack_trit_blocks.restype = _I64
         lib.vg_unpack_trit_blocks.argtypes = [_PTR, _I64, _PTR]
+        lib.vg_init.restype = None
+        lib.vg_init.argtypes = []
+        lib.vg_init()  # the kernels' tables, before any of them runs
         lib.vg_philox_stream.restype = None
         lib.vg_philox_stream.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _PTR]
         _lib = lib

@@ -492,34 +492,44 @@ void vg_pack_trit_blocks(const uint8_t *restrict t, int64_t blocks, uint8_t *res
     }
 }
 
+/* Five trits for each byte value below 3^5 = 243, digit 0 first (vg_init fills it). */
+static uint8_t trits_of[243][5];
+
+/* Fill the tables; the loader calls it once, before any kernel runs. */
+void vg_init(void) {
+    for (int v = 0; v < 243; v++) {
+        int x = v;
+        for (int i = 0; i < 5; i++) {
+            trits_of[v][i] = (uint8_t)(x % 3);
+            x /= 3;
+        }
+    }
+}
+
 /* Inverse of vg_pack_trit_blocks. Returns 0, or -1 - i when group i is above 3^29 - 1 (not 29
- * trits); nothing is promised about t then. Why the split: 29 divisions by 3 in a row are one chain
- * of dependent multiplies (the auditor's read of a packed gpt-shakespeare chunk took 2.2 ms, its
- * 1.85M trits). Each group is cut into its low 15 trits and its high 14 (one division by 3^15),
- * and the block's eight 32-bit remainders are divided by 3 side by side. */
+ * trits); nothing is promised about t then. Why not 29 divisions by 3 a group: they are one chain
+ * of dependent multiplies (the auditor's read of a packed gpt-shakespeare chunk, 1.85M trits, took
+ * 2.2 ms). A group is cut at 3^15 into its low 15 trits and its high 14, each of those into three
+ * base-243 digits, and a digit's five trits come from a table. */
 int64_t vg_unpack_trit_blocks(const uint8_t *restrict in, int64_t blocks, uint8_t *restrict t) {
     const uint64_t m46 = (1ULL << 46) - 1, p15 = 14348907ULL; /* 3^15 */
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = in + b * BLOCK_BYTES;
         uint64_t w0 = get_le(p, 8), w1 = get_le(p + 8, 8), w2 = get_le(p + 16, 7);
         uint64_t g[4] = {w0 & m46, ((w0 >> 46) | (w1 << 18)) & m46, ((w1 >> 28) | (w2 << 36)) & m46, w2 >> 10};
-        uint32_t lo[4], hi[4];
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 4; k++)
             if (g[k] > MAX_GROUP) return -1 - (b * 4 + k);
-            lo[k] = (uint32_t)(g[k] % p15); /* trits 0..14 of the group */
-            hi[k] = (uint32_t)(g[k] / p15); /* trits 15..28 */
-        }
         uint8_t *d = t + b * BLOCK_TRITS;
-        for (int i = 0; i < GROUP_TRITS - 15; i++) {
-            for (int k = 0; k < 4; k++) {
-                uint32_t ql = lo[k] / 3, qh = hi[k] / 3;
-                d[k * GROUP_TRITS + i] = (uint8_t)(lo[k] - 3 * ql);
-                d[k * GROUP_TRITS + 15 + i] = (uint8_t)(hi[k] - 3 * qh);
-                lo[k] = ql;
-                hi[k] = qh;
-            }
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = (uint32_t)(g[k] % p15), hi = (uint32_t)(g[k] / p15); /* hi < 3^14 */
+            uint8_t *o = d + k * GROUP_TRITS;
+            memcpy(o, trits_of[lo % 243], 5);
+            memcpy(o + 5, trits_of[lo / 243 % 243], 5);
+            memcpy(o + 10, trits_of[lo / 59049], 5); /* 243^2: lo / 243^2 < 243 */
+            memcpy(o + 15, trits_of[hi % 243], 5);
+            memcpy(o + 20, trits_of[hi / 243 % 243], 5);
+            memcpy(o + 25, trits_of[hi / 59049], 4); /* below 81: four trits, the group's last */
         }
-        for (int k = 0; k < 4; k++) d[k * GROUP_TRITS + 14] = (uint8_t)lo[k]; /* the last low trit: 0..2 */
     }
     return 0;
 }
