@@ -362,11 +362,11 @@ def float32_at(addresses: list[int], counts: list[int], offsets: list[int], out:
     if lib is None or sys.byteorder != "little":
         return False
     if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("to_float32_into: out must be a writable contiguous uint8 array")
+        raise ValueError("float32 conversion: out must be a writable contiguous uint8 array")
     at = np.array(offsets, dtype=np.int64)
     n = np.array(counts, dtype=np.int64)
     if not (len(at) == len(n) == len(addresses)) or (at < 0).any() or (at + 4 * n > len(out)).any():
-        raise ValueError("to_float32_into: a tensor does not fit in out at its offset")
+        raise ValueError("float32 conversion: a tensor does not fit in out at its offset")
     if not addresses:
         return True
     addrs = np.array(addresses, dtype=np.int64)
