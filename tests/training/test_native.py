@@ -124,6 +124,50 @@ def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
         assert native.round_with_entries(xf.clone(), params, positions, True) is not None
 
 
+def band_edge_values(bits: int, band: Band, binades: int = 48) -> torch.Tensor:
+    """Lanes exactly at, one below and one above the edges of one, four and sixteen bands from
+    their midpoint, on both sides of it, in each of the top ``binades`` binades below 1.0 (the
+    tensor's top, one lane on the grid), went odd and even, both signs: where the C kernels' sieve
+    must let through every lane the band holds (its binade cut, its reach), and no more than it."""
+    g = rounding._grid(bits)
+    top = 1023
+    lanes = [top << 52]
+    for e in range(top - binades, top + 1):
+        probe = torch.tensor([(e << 52) | 1], dtype=torch.int64)
+        b = int(banding.geometry(probe, bits, band, top_biased=top).band[0])
+        for kept in (4, 5):  # the neighbour below the midpoint: even, odd (and its next bit clear)
+            base = (e << 52) | (kept << g.k0)
+            for widen in (0, 2, 4):
+                for delta in (-1, 0, 1):
+                    for side in (-1, 1):
+                        dropped = g.half + side * ((b << widen) + delta)
+                        if 0 < dropped < g.step:
+                            lanes += [base | dropped, (base | dropped) | -(2**63)]
+    return torch.tensor(lanes, dtype=torch.int64).view(torch.float64)
+
+
+@pytest.mark.parametrize("bits", [32, 26, 16])
+@pytest.mark.parametrize("band", [Band(-35, -46), Band(-46, -46), Band(-40, -60), Band(-30, -40)])
+def test_kernels_atTheBandsEdges_equalTorch(bits: int, band: Band) -> None:
+    """Both C kernels list and move exactly the lanes torch does at the band's edges, in every
+    binade: narrow bands take the kernels' sieve (cut and reach included), a wide one the exact
+    loops."""
+    x = band_edge_values(bits, band)
+    got_r, got_p = banding.round_and_band(x, bits, band)
+    with native.disabled():
+        want_r, want_p = banding.round_and_band(x, bits, band)
+    assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
+    # both sides of the trainer's edge: lanes listed, and not every lane that went odd (half of them)
+    assert 0 < got_p.numel() < x.numel() // 2
+    for count_free in (False, True):
+        got = banding.round_with_entries(x, bits, band, got_p[::2], count_free=count_free)
+        with native.disabled():
+            want = banding.round_with_entries(x, bits, band, want_p[::2], count_free=count_free)
+        assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
+        assert (got.corrections, got.free) == (want.corrections, want.free)
+        assert got.corrections > 0
+
+
 def test_auditorKernel_entryOutsideTheBand_sameError() -> None:
     x = _mixed_values(2000, 3)
     xf = x.view(torch.int64)

@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "VGAME_NATIVE"
 
 #: Compiler flags (part of the cache key). No -ffast-math: the kernels are integer code and exact
-#: float64 -> float32 conversions, which it could change.
-CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-math")
+#: float64 -> float32 conversions, which it could change. -Wno-psabi: the sieve's helpers take
+#: four-lane vectors by value, about which GCC and Clang note an ABI change where AVX is off; they
+#: are always inlined, so no call crosses it.
+CFLAGS: tuple[str, ...] = ("-O3", "-std=c99", "-shared", "-fPIC", "-fno-fast-math", "-Wno-psabi")
 
 _I64 = ctypes.c_int64
 #: Pointers go in as plain addresses (``Tensor.data_ptr()``, ``ndarray.ctypes.data``): a ctypes

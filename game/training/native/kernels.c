@@ -106,7 +106,159 @@ static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
     return top > MIN_NORMAL_BIASED ? top : MIN_NORMAL_BIASED;
 }
 
-/* The hot loops run over blocks of lanes: a first loop with no exits and no lane-dependent stores
+/* The sieve. The trainer lists a lane, and the auditor moves one to its even neighbour, only when
+ * it went to the odd neighbour and lies off the grid within a few bands of its rounding midpoint:
+ * a step lists some hundreds of its millions of lanes. The exact band test costs a dozen vector
+ * operations a lane (the band depends on the lane's binade), so where the band is narrow the
+ * kernels first run a cheaper test that every such lane passes, sixteen lanes at a time, and give
+ * the exact test only to the lanes that pass it (0.3 to 0.9 in a hundred on the presets' tensors).
+ * The band only grows as the binade falls (its floor term), so every lane at or above binade `cut`
+ * has a band at most band_of(cut): a lane passes when it went odd, is off the grid, and lies within
+ * reach = band_of(cut) << widen of its midpoint or below binade `cut`. `cut` is the binade where
+ * the floor is 2^s, s the larger of the relative term's exponent and k0 - 12, so band_of(cut) is at
+ * most 2^(s + 1). `useful` says whether reach is small enough (at most a 32nd of half a step) for
+ * few lanes to pass; otherwise (a wide band, or the auditor counting free lanes, which need not
+ * have gone odd) the exact test runs on every lane, in the loops further down. Both give the same
+ * bits; the sieved loops cost the trainer's kernel 0.78x and the auditor's 0.75x the time on a
+ * gpt-shakespeare step's tensors. */
+typedef struct {
+    int64_t cut;  /* the pattern of binade `cut`'s first value: lanes with |x| below it pass */
+    int64_t low;  /* half - reach, reach = band_of(cut) << widen */
+    int64_t span; /* 2 * reach + 1 */
+    int useful;
+} sieve_t;
+
+static sieve_t sieve_for(const grid_t *g, int64_t rel, int widen) {
+    int64_t s = g->k0 - 12;
+    if (g->rel_units != 0 && MANT + rel > s) s = MANT + rel;
+    int64_t cut = g->floor_base - s;
+    cut = cut < 0 ? 0 : (cut > 2047 ? 2047 : cut);
+    int64_t reach = band_of(cut << MANT, g) << widen;
+    sieve_t sv;
+    sv.cut = cut << MANT;
+    sv.low = g->half - reach;
+    sv.span = 2 * reach + 1;
+    sv.useful = reach <= (g->half >> 5);
+    return sv;
+}
+
+/* Whether the trainer lists a lane: it went to the odd neighbour, within 4 bands of a midpoint. */
+static inline int64_t listed(int64_t v, const grid_t *g) {
+    return ((nearest(v, g) & g->step) != 0) & in_band(v, g, 2);
+}
+
+/* Auditor: one lane that is not listed, rounded (one band: the even neighbour, else nearest r),
+ * adding to counts[0] a correction and to counts[1] a free lane (off the grid, within 16 bands). */
+static inline int64_t with_band(int64_t v, int64_t r, const grid_t *g, int64_t *counts) {
+    int64_t band = band_of(v & ABS_MASK, g), d = dist_of(v, g), off = (v & (g->step - 1)) != 0;
+    int64_t out = off & (d <= band) ? neighbour(v, g, 0) : r;
+    counts[0] += out != r;
+    counts[1] += off & (d <= (band << 4));
+    return out;
+}
+
+#if defined(__GNUC__)
+/* Four lanes as one value (GCC's and Clang's vector extension: AVX2 registers in the kernels' AVX2
+ * versions, pairs of SSE or NEON registers elsewhere). Comparisons give -1 or 0 a lane. */
+typedef int64_t lanes_t __attribute__((vector_size(32)));
+typedef uint64_t ulanes_t __attribute__((vector_size(32)));
+#define SIEVE 1
+/* Always inlined into the exported kernels, so that each of their versions (AVX2 or not) compiles
+ * them for its own instruction set. */
+#define LANES static inline __attribute__((always_inline))
+
+LANES lanes_t load4(const int64_t *p) {
+    lanes_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+LANES void store4(int64_t *p, lanes_t v) { memcpy(p, &v, sizeof v); }
+
+LANES lanes_t nearest4(lanes_t x, const grid_t *g) { /* nearest(), four lanes */
+    lanes_t odd = (lanes_t)(((ulanes_t)x >> g->k0) & 1);
+    return (x + (g->half - 1) + odd) & -g->step;
+}
+
+/* Negative in the lanes that pass the sieve (x, rounded to nearest r). Within reach of the
+ * midpoint: the dropped bits less `low`, modulo a step, at most 2 * reach (below `low` they wrap
+ * past it; a lane on the grid is then out of reach too, since reach < half). Went odd: r's last
+ * kept bit, shifted into the sign. */
+LANES lanes_t sieve4(lanes_t x, lanes_t r, const grid_t *g, const sieve_t *sv) {
+    lanes_t near = sv->span > (lanes_t)(((ulanes_t)x - (uint64_t)sv->low) & (uint64_t)(g->step - 1));
+    lanes_t small = (sv->cut > (x & ABS_MASK)) & ~((x & (g->step - 1)) == 0);
+    return (near | small) & (lanes_t)((ulanes_t)r << (63 - g->k0));
+}
+
+LANES int64_t any4(lanes_t m) { return ((m[0] | m[1]) | (m[2] | m[3])) < 0; }
+
+/* Lanes a turn of the sieved loops: one test of the sieve for all of them. */
+#define TURN 16
+#define VECS (TURN / 4)
+
+/* One turn: the lanes v, rounded to nearest r, and the sieve's verdict p (negative: passed). */
+typedef struct {
+    lanes_t v[VECS], r[VECS], p[VECS];
+} turn_t;
+
+/* Loads, rounds and sieves the TURN lanes at x; returns whether any passed. */
+LANES int64_t sieve_turn(turn_t *t, const int64_t *x, const grid_t *g, const sieve_t *sv) {
+    lanes_t any = {0, 0, 0, 0};
+    for (int j = 0; j < VECS; j++) {
+        t->v[j] = load4(x + 4 * j);
+        t->r[j] = nearest4(t->v[j], g);
+        t->p[j] = sieve4(t->v[j], t->r[j], g, sv);
+        any |= t->p[j];
+    }
+    return any4(any);
+}
+
+/* Trainer, where the sieve is useful: rounds x in place and lists positions as vg_round_and_band. */
+LANES int64_t round_and_band_sieved(int64_t *restrict x, int64_t n, const grid_t *g, const sieve_t *sv,
+                                    int64_t *restrict out) {
+    int64_t m = 0, i = 0;
+    for (; i + TURN <= n; i += TURN) {
+        turn_t t;
+        if (sieve_turn(&t, x + i, g, sv)) { /* rare: the exact test, for the lanes that passed */
+            for (int j = 0; j < VECS; j++)
+                for (int k = 0; k < 4; k++) {
+                    if (t.p[j][k] >= 0) continue;
+                    out[m] = i + 4 * j + k; /* appended without a branch: out has room for n */
+                    m += listed(t.v[j][k], g);
+                }
+        }
+        for (int j = 0; j < VECS; j++) store4(x + i + 4 * j, t.r[j]);
+    }
+    for (; i < n; i++) {
+        out[m] = i;
+        m += listed(x[i], g);
+        x[i] = nearest(x[i], g);
+    }
+    return m;
+}
+
+/* Auditor, where the sieve is useful: one block of vg_round_with_entries before its listed lanes,
+ * adding the corrections to counts[0] (counts[1] is left short: the sieve passes only lanes that
+ * went odd, not every free lane). */
+LANES void with_band_sieved(int64_t *restrict xb, int64_t len, const grid_t *g, const sieve_t *sv,
+                            int64_t *counts) {
+    int64_t i = 0;
+    for (; i + TURN <= len; i += TURN) {
+        turn_t t;
+        if (sieve_turn(&t, xb + i, g, sv)) { /* rare: the exact test, for the lanes that passed */
+            for (int j = 0; j < VECS; j++)
+                for (int k = 0; k < 4; k++)
+                    if (t.p[j][k] < 0) t.r[j][k] = with_band(t.v[j][k], t.r[j][k], g, counts);
+        }
+        for (int j = 0; j < VECS; j++) store4(xb + i + 4 * j, t.r[j]);
+    }
+    for (; i < len; i++) xb[i] = with_band(xb[i], nearest(xb[i], g), g, counts);
+}
+#else
+#define SIEVE 0
+#endif
+
+/* Without the sieve, the hot loops run over blocks of lanes: a first loop with no exits and no lane-dependent stores
  * (it vectorises) writes the rounded lanes and a flag per lane; a second one acts on the few
  * flagged lanes, skipping four clear flags at a time, or the whole block when the first loop's OR
  * of its flags is 0 (most blocks: a step lists some hundreds of its millions of lanes). */
@@ -122,6 +274,10 @@ VECTOR_CLONES int64_t vg_round_and_band(int64_t *restrict x, int64_t n, int64_t 
     int64_t top = scan(x, n, &g);
     if (top < 0) return -1;
     init(&g, k0, max_finite, rel, abs_, top);
+#if SIEVE
+    sieve_t sv = sieve_for(&g, rel, 2);
+    if (sv.useful) return round_and_band_sieved(x, n, &g, &sv, out);
+#endif
     int64_t flag[BLOCK + 4];
     int64_t m = 0;
     for (int64_t b = 0; b < n; b += BLOCK) {
@@ -174,6 +330,10 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
             return -2;
         }
     }
+#if SIEVE /* the moved lanes are within one band and went odd; counting free lanes needs them all */
+    sieve_t sv = sieve_for(&g, rel, 0);
+    sv.useful &= !count_free;
+#endif
     int64_t odd[BLOCK], near[BLOCK];
     int64_t corrections = 0, free = 0, j = 0;
     for (int64_t b = 0; b < n; b += BLOCK) {
@@ -185,20 +345,29 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
             odd[j - j0] = neighbour(v, &g, 1);
             near[j - j0] = nearest(v, &g);
         }
-        int64_t counts = 0; /* one sum for both counts (free << 32 | corrections): GCC 12 does not
-                               vectorise a loop with two sums; a block's counts fit in 32 bits */
-        for (int64_t i = 0; i < len; i++) {
-            int64_t v = xb[i];
-            int64_t r = nearest(v, &g);
-            /* in_band at widths 1 and 16, sharing the band and the distance */
-            int64_t off = (v & (g.step - 1)) != 0 ? 1 : 0;
-            int64_t band = band_of(v & ABS_MASK, &g), d = dist_of(v, &g);
-            int64_t out = off & (d <= band) ? neighbour(v, &g, 0) : r;
-            counts += ((off & (d <= (band << 4)) ? (int64_t)1 : 0) << 32) + (out != r ? 1 : 0);
-            xb[i] = out;
+#if SIEVE
+        if (sv.useful) {
+            int64_t counts[2] = {0, 0};
+            with_band_sieved(xb, len, &g, &sv, counts);
+            corrections += counts[0];
+        } else
+#endif
+        {
+            int64_t counts = 0; /* one sum for both counts (free << 32 | corrections): GCC 12 does not
+                                   vectorise a loop with two sums; a block's counts fit in 32 bits */
+            for (int64_t i = 0; i < len; i++) {
+                int64_t v = xb[i];
+                int64_t r = nearest(v, &g);
+                /* in_band at widths 1 and 16, sharing the band and the distance */
+                int64_t off = (v & (g.step - 1)) != 0 ? 1 : 0;
+                int64_t band = band_of(v & ABS_MASK, &g), d = dist_of(v, &g);
+                int64_t out = off & (d <= band) ? neighbour(v, &g, 0) : r;
+                counts += ((off & (d <= (band << 4)) ? (int64_t)1 : 0) << 32) + (out != r ? 1 : 0);
+                xb[i] = out;
+            }
+            free += counts >> 32;
+            corrections += counts & 0xffffffffLL;
         }
-        free += counts >> 32;
-        corrections += counts & 0xffffffffLL;
         for (int64_t k = j0; k < j; k++) { /* listed lanes go to the odd neighbour instead */
             int64_t i = pos[k] - b;
             corrections += (odd[k - j0] != near[k - j0]) - (xb[i] != near[k - j0]);
