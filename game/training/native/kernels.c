@@ -245,12 +245,14 @@ LANES void with_band_sieved(int64_t *restrict xb, int64_t len, const grid_t *g, 
     int64_t i = 0;
     for (; i + TURN <= len; i += TURN) {
         turn_t t;
-        if (sieve_turn(&t, xb + i, g, sv)) { /* rare: the exact test, for the lanes that passed */
+        int64_t any = sieve_turn(&t, xb + i, g, sv);
+        for (int j = 0; j < VECS; j++) store4(xb + i + 4 * j, t.r[j]);
+        if (any) { /* rare: the exact test, for the lanes that passed, written over their r (not
+                      into t.r: a lane written into a vector costs the auditor's kernel 2%) */
             for (int j = 0; j < VECS; j++)
                 for (int k = 0; k < 4; k++)
-                    if (t.p[j][k] < 0) t.r[j][k] = with_band(t.v[j][k], t.r[j][k], g, counts);
+                    if (t.p[j][k] < 0) xb[i + 4 * j + k] = with_band(t.v[j][k], t.r[j][k], g, counts);
         }
-        for (int j = 0; j < VECS; j++) store4(xb + i + 4 * j, t.r[j]);
     }
     for (; i < len; i++) xb[i] = with_band(xb[i], nearest(xb[i], g), g, counts);
 }
