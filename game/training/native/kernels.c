@@ -175,9 +175,9 @@ LANES lanes_t load4(const int64_t *p) {
 
 LANES void store4(int64_t *p, lanes_t v) { memcpy(p, &v, sizeof v); }
 
-LANES lanes_t nearest4(lanes_t x, const grid_t *g) { /* nearest(), four lanes */
-    lanes_t odd = (lanes_t)(((ulanes_t)x >> g->k0) & 1);
-    return (x + (g->half - 1) + odd) & -g->step;
+LANES lanes_t nearest4(lanes_t x, const grid_t *g) { /* nearest(), four lanes, wrapping on any lane */
+    ulanes_t u = (ulanes_t)x;
+    return (lanes_t)((u + (uint64_t)(g->half - 1) + ((u >> g->k0) & 1)) & (uint64_t)-g->step);
 }
 
 /* Negative in the lanes that pass the sieve (x, rounded to nearest r). Within reach of the
@@ -465,14 +465,39 @@ VECTOR_CLONES int64_t vg_round_with_trits(int64_t *restrict x, int64_t n, int64_
     return moved;
 }
 
-/* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 when a block of
- * lanes holds a rare lane: that block and every one after it stay untouched; the blocks before it
- * are rounded already, which is harmless (rounding is idempotent) for the caller, who then rounds
- * the whole tensor with the torch kernel. Blocks keep both inner loops free of early exits, so
- * they vectorise. */
+/* Round x in place to nearest, ties to even (rounding.round_). Returns 0, or -1 when a lane is
+ * rare: then the lanes before it, or (with the vector extension) every lane but the rare ones, are
+ * rounded already, which is harmless (rounding is idempotent) for the caller, who then rounds the
+ * whole tensor with the torch kernel. With the vector extension it is one pass: each lane is
+ * rounded unless rare, which it keeps. Without it, blocks of a read-only scan then a rounding
+ * loop, each free of early exits so that it vectorises. */
 VECTOR_CLONES int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_t max_finite) {
     grid_t g;
     init(&g, k0, max_finite, -60, -60, 0);
+#if SIEVE
+    const uint64_t flip = (uint64_t)1 << 63;
+    const int64_t low = (int64_t)((((uint64_t)MIN_NORMAL_BIASED << MANT) - 1) ^ flip);
+    lanes_t rare = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        lanes_t v = load4(x + i), a = v & ABS_MASK;
+        /* below_normal (one unsigned compare, as a signed one with the top bit flipped), or past the
+         * largest finite value */
+        lanes_t r = ((lanes_t)(((ulanes_t)a - 1) ^ flip) < low) | (a > g.max_finite);
+        store4(x + i, (v & r) | (nearest4(v, &g) & ~r));
+        rare |= r;
+    }
+    int64_t bad = (rare[0] | rare[1]) | (rare[2] | rare[3]);
+    for (; i < n; i++) {
+        int64_t a = x[i] & ABS_MASK;
+        if (below_normal(a) | (a > g.max_finite)) {
+            bad = 1;
+            continue;
+        }
+        x[i] = nearest(x[i], &g);
+    }
+    return bad ? -1 : 0;
+#else
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t len = n - b < BLOCK ? n - b : BLOCK;
         int64_t *xb = x + b;
@@ -480,6 +505,7 @@ VECTOR_CLONES int64_t vg_round_inplace(int64_t *x, int64_t n, int64_t k0, int64_
         for (int64_t i = 0; i < len; i++) xb[i] = nearest(xb[i], &g);
     }
     return 0;
+#endif
 }
 
 /* LEB128 (7 bits a byte, high bit = more; shortest form) of n values into out, which has room for
