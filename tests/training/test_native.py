@@ -128,7 +128,7 @@ def band_edge_values(bits: int, band: Band, binades: int = 48) -> torch.Tensor:
     """Lanes exactly at, one below and one above the edges of one, four and sixteen bands from
     their midpoint, on both sides of it, in each of the top ``binades`` binades below 1.0 (the
     tensor's top, one lane on the grid), went odd and even, both signs: where the C kernels' sieve
-    must let through every lane the band holds (its binade cut, its reach), and no more than it."""
+    must let through every lane the band holds (both of its binade cuts and their reaches)."""
     g = rounding._grid(bits)
     top = 1023
     lanes = [top << 52]
