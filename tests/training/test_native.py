@@ -366,6 +366,29 @@ def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.Monk
     assert damaged.read_bytes()[:4] == b"\x7fELF"
 
 
+def test_aCompilerThatRefusesTheKernels_leavesTheTorchKernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that cannot build kernels.c (an old one, one without GCC's vector extension) costs
+    speed, not results: the load fails with a warning and the torch kernels run."""
+    if shutil.which("false") is None:
+        pytest.skip("no `false` command to stand in for a failing compiler")
+    monkeypatch.setenv("VGAME_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exits 1 on every file, as a compiler that refuses the source
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    x = _values(5, 32, "none", 1.0)
+    g = rounding._grid(32)
+    params = native.BandParams(g.k0, g.max_finite, -35, -46)
+    assert not native.available()
+    assert native.round_and_band(x.clone().view(torch.int64), params) is None
+    got_r, got_p = banding.round_and_band(x, 32, Band(-35, -46))
+    with native.disabled():
+        want_r, want_p = banding.round_and_band(x, 32, Band(-35, -46))
+    assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
+    assert not list(tmp_path.rglob("*.so"))
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     values=st.lists(
