@@ -236,12 +236,13 @@ LANES int64_t round_and_band_sieved(int64_t *restrict x, int64_t n, const grid_t
     int64_t m = 0, i = 0;
     for (; i + TURN <= n; i += TURN) {
         turn_t t;
-        if (sieve_turn(&t, x + i, g, sv)) { /* rare: the exact test, for the lanes that passed */
+        if (sieve_turn(&t, x + i, g, sv)) { /* rare: the band test, for the lanes that passed (they
+                                               went odd already, which listed() would test again) */
             for (int j = 0; j < VECS; j++)
                 for (int k = 0; k < 4; k++) {
                     if (t.p[j][k] >= 0) continue;
                     out[m] = i + 4 * j + k; /* appended without a branch: out has room for n */
-                    m += listed(t.v[j][k], g);
+                    m += in_band(t.v[j][k], g, 2);
                 }
         }
         for (int j = 0; j < VECS; j++) store4(x + i + 4 * j, t.r[j]);
