@@ -117,18 +117,22 @@ static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
  * passes when it went odd, is off the grid, and lies within reach = band_of(cut) << widen of its
  * midpoint, or below `cut` within reach2 = band_of(cut2) << widen, or below `cut2`. `cut` is the
  * binade where the floor is 2^s, s the larger of the relative term's exponent and k0 - 12, so
- * band_of(cut) is at most 2^(s + 1); `cut2` is SIEVE_TIER binades lower. The second tier matters
- * as training goes on: at cnn-digits' step 800 one lane in ten lies below `cut`, and with one
- * tier the sieve let 5% of the lanes through, with two 0.9%. `useful` says whether reach is small
- * enough (at most a 32nd of half a step) for few lanes to pass; otherwise (a wide band, or the
- * auditor counting free lanes, which need not have gone odd) the exact test runs on every lane, in
- * the loops further down. Both give the same bits. On a gpt-shakespeare step's tensors the sieved
- * loops take the trainer's kernel 0.82x and the auditor's 0.74x the time of the exact ones. */
+ * band_of(cut) is at most 2^(s + 1); `cut2` is SIEVE_TIER binades lower. The three tiers are one
+ * compare: with y how far a lane lies past its midpoint on the side that rounds to odd, less one
+ * (modulo a step), a lane passes when y < reach, reach2 or half - 1 by its tier (sieve4 says why).
+ * The second tier matters as training goes on: at cnn-digits' step 800 one lane in ten lies below
+ * `cut`, and with one tier the sieve let 5% of the lanes through, with two 0.9%. `useful` says
+ * whether reach is small enough (at most a 32nd of half a step) for few lanes to pass; otherwise
+ * (a wide band, or the auditor counting free lanes, which need not have gone odd) the exact test
+ * runs on every lane, in the loops further down. Both give the same bits. On a gpt-shakespeare
+ * step's tensors the sieved loops (on 32-bit words) take the trainer's kernel 0.65x and the
+ * auditor's 0.64x the time of the exact ones. */
 typedef struct {
     int64_t cut;        /* the pattern of binade `cut`'s first value */
     int64_t cut2;       /* the same for the second tier's binade: lanes with |x| below it pass */
-    int64_t low, span;  /* at or above cut: half - reach and 2 * reach + 1 */
-    int64_t low2, span2; /* from cut2 up to cut: the same for reach2 */
+    int64_t reach;      /* at or above cut, a lane passes when y < reach */
+    int64_t more;       /* reach2 - reach: added to the bound below cut */
+    int64_t most;       /* half - 1 - reach2: added below cut2 (every lane that went odd off the grid) */
     int useful;
 } sieve_t;
 
@@ -148,10 +152,9 @@ static inline sieve_t sieve_for(const grid_t *g, int64_t rel, int widen) {
     sieve_t sv;
     sv.cut = cut << MANT;
     sv.cut2 = cut2 << MANT;
-    sv.low = g->half - reach;
-    sv.span = 2 * reach + 1;
-    sv.low2 = g->half - reach2;
-    sv.span2 = 2 * reach2 + 1;
+    sv.reach = reach;
+    sv.more = reach2 - reach;
+    sv.most = g->half - 1 - reach2;
     sv.useful = reach <= (g->half >> 5);
     return sv;
 }
@@ -194,53 +197,87 @@ LANES lanes_t nearest4(lanes_t x, const grid_t *g) { /* nearest(), four lanes, w
     return (lanes_t)((u + (uint64_t)(g->half - 1) + ((u >> g->k0) & 1)) & (uint64_t)-g->step);
 }
 
-/* Negative in the lanes that pass the sieve (x, rounded to nearest r). Within reach of the
- * midpoint: the dropped bits less `low`, modulo a step, at most 2 * reach (below `low` they wrap
- * past it; a lane on the grid is then out of reach too, since reach < half). Went odd: r's last
- * kept bit, shifted into the sign. */
-LANES lanes_t sieve4(lanes_t x, lanes_t r, const grid_t *g, const sieve_t *sv) {
-    const uint64_t mask = (uint64_t)(g->step - 1);
+/* Negative in the lanes that pass the sieve. y = (x - half - 1) mod step for a lane whose last
+ * kept bit is even, (-x - half - 1) mod step for an odd one (the dropped bits u then count as
+ * step - u): it is below half - 1 exactly when the lane lies off the grid and rounds to the odd
+ * neighbour (u > half from even, 0 < u < half from odd; ties go to even), and below reach when it
+ * does so within reach of its midpoint. The negation is (x ^ -bit) + bit, in unsigned lanes so
+ * that it wraps. The bound is reach, plus `more` below cut, plus `most` below cut2. */
+LANES lanes_t sieve4(lanes_t x, const grid_t *g, const sieve_t *sv) {
+    ulanes_t bit = ((ulanes_t)x >> g->k0) & 1;
+    lanes_t y = (lanes_t)((((ulanes_t)x ^ -bit) + bit - (uint64_t)(g->half + 1)) & (uint64_t)(g->step - 1));
     lanes_t a = x & ABS_MASK;
-    lanes_t near = sv->span > (lanes_t)(((ulanes_t)x - (uint64_t)sv->low) & mask);
-    lanes_t near2 = (sv->cut > a) & (sv->span2 > (lanes_t)(((ulanes_t)x - (uint64_t)sv->low2) & mask));
-    lanes_t small = (sv->cut2 > a) & ~((x & (g->step - 1)) == 0);
-    return (near | near2 | small) & (lanes_t)((ulanes_t)r << (63 - g->k0));
+    lanes_t bound = sv->reach + ((sv->cut > a) & sv->more) + ((sv->cut2 > a) & sv->most);
+    return bound > y;
 }
 
-LANES int64_t any4(lanes_t m) { return ((m[0] | m[1]) | (m[2] | m[3])) < 0; }
+/* Eight 32-bit words a vector. float32's grid drops 29 bits: where the dropped bits and the last
+ * kept one lie in a lane's low word (k0 <= 31), the sieve runs on the low and high words of eight
+ * lanes at once, twice the lanes an operation of sieve4 (on a gpt-shakespeare step's tensors the
+ * trainer's kernel takes 0.79x, the auditor's 0.87x the time). The words are split with a float
+ * shuffle, one vshufps for each. */
+typedef int32_t words_t __attribute__((vector_size(32)));
+typedef uint32_t uwords_t __attribute__((vector_size(32)));
+typedef float floats_t __attribute__((vector_size(32)));
+#define NARROW_K0 31
+
+/* sieve4 on the eight lanes of x0 and x1, in the order of passed(). */
+LANES words_t sieve8(lanes_t x0, lanes_t x1, const grid_t *g, const sieve_t *sv) {
+    floats_t f0 = (floats_t)x0, f1 = (floats_t)x1;
+    uwords_t lo = (uwords_t)__builtin_shuffle(f0, f1, (words_t){0, 2, 8, 10, 4, 6, 12, 14});
+    words_t hi = (words_t)__builtin_shuffle(f0, f1, (words_t){1, 3, 9, 11, 5, 7, 13, 15});
+    uwords_t bit = (lo >> (int)g->k0) & 1;
+    words_t y = (words_t)(((lo ^ -bit) + bit - (uint32_t)(g->half + 1)) & (uint32_t)(g->step - 1));
+    words_t a = hi & 0x7fffffff; /* cut and cut2 start binades: their low words are 0 */
+    words_t bound = (int32_t)sv->reach + (((int32_t)(sv->cut >> 32) > a) & (int32_t)sv->more) +
+                    (((int32_t)(sv->cut2 >> 32) > a) & (int32_t)sv->most);
+    return bound > y;
+}
 
 /* Lanes a turn of the sieved loops: one test of the sieve for all of them. */
 #define TURN 16
 #define VECS (TURN / 4)
 
-/* One turn: the lanes v, rounded to nearest r, and the sieve's verdict p (negative: passed). */
+/* One turn: the lanes v, rounded to nearest r, and the sieve's verdicts p (negative: passed):
+ * sieve4's, or when narrow sieve8's in the first VECS / 2 vectors. */
 typedef struct {
     lanes_t v[VECS], r[VECS], p[VECS];
 } turn_t;
 
-/* Loads, rounds and sieves the TURN lanes at x; returns whether any passed. */
-LANES int64_t sieve_turn(turn_t *t, const int64_t *x, const grid_t *g, const sieve_t *sv) {
+/* Loads, rounds and sieves the TURN lanes at x; returns whether any passed. The kernels call it
+ * with narrow a constant (k0 <= NARROW_K0: sieve8), so each of their loops is compiled for one. */
+LANES int64_t sieve_turn(turn_t *t, const int64_t *x, const grid_t *g, const sieve_t *sv, int narrow) {
     lanes_t any = {0, 0, 0, 0};
     for (int j = 0; j < VECS; j++) {
         t->v[j] = load4(x + 4 * j);
         t->r[j] = nearest4(t->v[j], g);
-        t->p[j] = sieve4(t->v[j], t->r[j], g, sv);
+    }
+    for (int j = 0; j < (narrow ? VECS / 2 : VECS); j++) {
+        t->p[j] = narrow ? (lanes_t)sieve8(t->v[2 * j], t->v[2 * j + 1], g, sv) : sieve4(t->v[j], g, sv);
         any |= t->p[j];
     }
-    return any4(any);
+    return ((any[0] | any[1]) | (any[2] | any[3])) != 0;
+}
+
+/* Whether lane k of vector j passed. sieve8 takes its words two by two from each of its vectors
+ * (a's lanes 0 1, b's 0 1, a's 2 3, b's 2 3), as vshufps does. */
+LANES int passed(const turn_t *t, int j, int k, int narrow) {
+    if (!narrow) return t->p[j][k] < 0;
+    return ((words_t)t->p[j >> 1])[(k & 1) + (j & 1) * 2 + (k >> 1) * 4] < 0;
 }
 
 /* Trainer, where the sieve is useful: rounds x in place and lists positions as vg_round_and_band. */
 LANES int64_t round_and_band_sieved(int64_t *restrict x, int64_t n, const grid_t *g, const sieve_t *sv,
-                                    int64_t *restrict out) {
+                                    int64_t *restrict out, int narrow) {
     int64_t m = 0, i = 0;
     for (; i + TURN <= n; i += TURN) {
         turn_t t;
-        if (sieve_turn(&t, x + i, g, sv)) { /* rare: the band test, for the lanes that passed (they
-                                               went odd already, which listed() would test again) */
+        if (sieve_turn(&t, x + i, g, sv, narrow)) { /* rare: the band test, for the lanes that
+                                                       passed (they went odd already, which
+                                                       listed() would test again) */
             for (int j = 0; j < VECS; j++)
                 for (int k = 0; k < 4; k++) {
-                    if (t.p[j][k] >= 0) continue;
+                    if (!passed(&t, j, k, narrow)) continue;
                     out[m] = i + 4 * j + k; /* appended without a branch: out has room for n */
                     m += in_band(t.v[j][k], g, 2);
                 }
@@ -259,17 +296,18 @@ LANES int64_t round_and_band_sieved(int64_t *restrict x, int64_t n, const grid_t
  * adding the corrections to counts[0] (counts[1] is left short: the sieve passes only lanes that
  * went odd, not every free lane). */
 LANES void with_band_sieved(int64_t *restrict xb, int64_t len, const grid_t *g, const sieve_t *sv,
-                            int64_t *counts) {
+                            int64_t *counts, int narrow) {
     int64_t i = 0;
     for (; i + TURN <= len; i += TURN) {
         turn_t t;
-        int64_t any = sieve_turn(&t, xb + i, g, sv);
+        int64_t any = sieve_turn(&t, xb + i, g, sv, narrow);
         for (int j = 0; j < VECS; j++) store4(xb + i + 4 * j, t.r[j]);
         if (any) { /* rare: the exact test, for the lanes that passed, written over their r (not
                       into t.r: a lane written into a vector costs the auditor's kernel 2%) */
             for (int j = 0; j < VECS; j++)
                 for (int k = 0; k < 4; k++)
-                    if (t.p[j][k] < 0) xb[i + 4 * j + k] = with_band(t.v[j][k], t.r[j][k], g, counts);
+                    if (passed(&t, j, k, narrow))
+                        xb[i + 4 * j + k] = with_band(t.v[j][k], t.r[j][k], g, counts);
         }
     }
     for (; i < len; i++) xb[i] = with_band(xb[i], nearest(xb[i], g), g, counts);
@@ -296,7 +334,8 @@ VECTOR_CLONES int64_t vg_round_and_band(int64_t *restrict x, int64_t n, int64_t 
     init(&g, k0, max_finite, rel, abs_, top);
 #if SIEVE
     sieve_t sv = sieve_for(&g, rel, 2);
-    if (sv.useful) return round_and_band_sieved(x, n, &g, &sv, out);
+    if (sv.useful && k0 <= NARROW_K0) return round_and_band_sieved(x, n, &g, &sv, out, 1);
+    if (sv.useful) return round_and_band_sieved(x, n, &g, &sv, out, 0);
 #endif
     int64_t flag[BLOCK + 4];
     int64_t m = 0;
@@ -368,7 +407,10 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
 #if SIEVE
         if (sv.useful) {
             int64_t counts[2] = {0, 0};
-            with_band_sieved(xb, len, &g, &sv, counts);
+            if (k0 <= NARROW_K0)
+                with_band_sieved(xb, len, &g, &sv, counts, 1);
+            else
+                with_band_sieved(xb, len, &g, &sv, counts, 0);
             corrections += counts[0];
         } else
 #endif
