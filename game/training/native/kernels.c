@@ -66,7 +66,7 @@ static inline int64_t dist_of(int64_t x, const grid_t *g) {
 
 static inline int64_t in_band(int64_t x, const grid_t *g, int widen) {
     /* off the grid, and within (band << widen) of the midpoint: 0 or 1, as a select (vectorises) */
-    return ((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (band_of(x & ABS_MASK, g) << widen)) ? 1 : 0;
+    return (((x & (g->step - 1)) != 0) & (dist_of(x, g) <= (band_of(x & ABS_MASK, g) << widen))) ? 1 : 0;
 }
 
 static inline int64_t nearest(int64_t x, const grid_t *g) {
@@ -168,7 +168,7 @@ static inline int64_t listed(int64_t v, const grid_t *g) {
  * adding to counts[0] a correction and to counts[1] a free lane (off the grid, within 16 bands). */
 static inline int64_t with_band(int64_t v, int64_t r, const grid_t *g, int64_t *counts) {
     int64_t band = band_of(v & ABS_MASK, g), d = dist_of(v, g), off = (v & (g->step - 1)) != 0;
-    int64_t out = off & (d <= band) ? neighbour(v, g, 0) : r;
+    int64_t out = (off & (d <= band)) ? neighbour(v, g, 0) : r;
     counts[0] += out != r;
     counts[1] += off & (d <= (band << 4));
     return out;
@@ -220,12 +220,20 @@ typedef int32_t words_t __attribute__((vector_size(32)));
 typedef uint32_t uwords_t __attribute__((vector_size(32)));
 typedef float floats_t __attribute__((vector_size(32)));
 #define NARROW_K0 31
+/* The eight words at positions i of a's and b's sixteen (Clang names GCC's builtin otherwise). */
+#if defined(__clang__)
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) \
+    __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) \
+    __builtin_shuffle(a, b, (words_t){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
 
 /* sieve4 on the eight lanes of x0 and x1, in the order of passed(). */
 LANES words_t sieve8(lanes_t x0, lanes_t x1, const grid_t *g, const sieve_t *sv) {
     floats_t f0 = (floats_t)x0, f1 = (floats_t)x1;
-    uwords_t lo = (uwords_t)__builtin_shuffle(f0, f1, (words_t){0, 2, 8, 10, 4, 6, 12, 14});
-    words_t hi = (words_t)__builtin_shuffle(f0, f1, (words_t){1, 3, 9, 11, 5, 7, 13, 15});
+    uwords_t lo = (uwords_t)SHUFFLE8(f0, f1, 0, 2, 8, 10, 4, 6, 12, 14);
+    words_t hi = (words_t)SHUFFLE8(f0, f1, 1, 3, 9, 11, 5, 7, 13, 15);
     uwords_t bit = (lo >> (int)g->k0) & 1;
     words_t y = (words_t)(((lo ^ -bit) + bit - (uint32_t)(g->half + 1)) & (uint32_t)(g->step - 1));
     words_t a = hi & 0x7fffffff; /* cut and cut2 start binades: their low words are 0 */
@@ -423,7 +431,7 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
                 /* in_band at widths 1 and 16, sharing the band and the distance */
                 int64_t off = (v & (g.step - 1)) != 0 ? 1 : 0;
                 int64_t band = band_of(v & ABS_MASK, &g), d = dist_of(v, &g);
-                int64_t out = off & (d <= band) ? neighbour(v, &g, 0) : r;
+                int64_t out = (off & (d <= band)) ? neighbour(v, &g, 0) : r;
                 counts += ((off & (d <= (band << 4)) ? (int64_t)1 : 0) << 32) + (out != r ? 1 : 0);
                 xb[i] = out;
             }
