@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import struct
 
@@ -21,6 +22,7 @@ from game.training.state import (
     check_on_grid,
     decode_state,
     encode_state,
+    encode_streamed,
     move_state,
     parse_state,
     state_buffer,
@@ -129,6 +131,59 @@ def test_oneBuffer_isTheStreamedBytes(name: str, monkeypatch: pytest.MonkeyPatch
     assert state_buffer(state) is None
     assert encode_state(state) == one == reference_encode(state)
     assert state_hash(state) == hashlib.sha256(one).digest()
+
+
+@pytest.mark.parametrize("name", ["gpt-shakespeare", "cnn-digits"])
+def test_oneBuffer_keepsItsPlan_onlyWhileTheTensorsAreTheSame(name: str) -> None:
+    """The buffer's plan (layout, addresses) is reused from step to step, and made again when the
+    state's tensors change under it: new optimizer state, a parameter given new storage, another
+    shape, strides, dtype or name. The bytes are the reference layout's every time."""
+    cfg, state = trained(name)
+    engine = StepEngine(cfg, get_profile("cpu-1t"))
+
+    def bytes_now() -> bytes:
+        buf = state_buffer(state)
+        assert buf is not None
+        assert buf.tobytes() == reference_encode(state) == encode_streamed(state)
+        return buf.tobytes()
+
+    bytes_now()
+    plan = state.buffer_plan
+    engine.run_step(state, 3, mode="round")
+    bytes_now()
+    assert state.buffer_plan is plan  # the same tensors, new values: the same plan
+    state.optimizer.load_state_dict(copy.deepcopy(state.optimizer.state_dict()))  # new tensors
+    before = bytes_now()
+    assert state.buffer_plan is not plan
+    plan = state.buffer_plan
+    w = next(p for p in state.model.parameters() if p.dim() == 2 and min(p.shape) > 1)
+    shape = w.shape
+    with torch.no_grad():
+        w.data = w.data.clone().mul_(2)  # new storage, the same tensor object (values stay on the grid)
+    after = bytes_now()
+    assert after != before
+    assert state.buffer_plan is not plan
+    with torch.no_grad():
+        w.data = w.data.view(1, -1)  # the same storage, another shape
+    bytes_now()
+    with torch.no_grad():
+        w.data = w.data.view(shape)
+    assert bytes_now() == after
+    with torch.no_grad():  # the same storage and shape, read column-major
+        w.data = torch.as_strided(w.data, shape, (1, shape[0]))
+    assert not w.is_contiguous()
+    assert bytes_now() != after
+    with torch.no_grad():
+        w.data = w.data.contiguous()
+    contiguous = bytes_now()
+    entries = next(iter(state.optimizer.state.values()))  # the same storage and shape, another dtype
+    key = next(k for k, v in entries.items() if isinstance(v, torch.Tensor) and v.dtype == torch.float64)
+    entries[key] = entries[key].view(torch.int64)
+    assert bytes_now() != contiguous
+    last = next(reversed(state.model._modules))  # the same tensors under other names
+    state.model._modules = {(k + "_" if k == last else k): m for k, m in state.model._modules.items()}
+    assert any(n.startswith(f"param/{last}_.") for n in state_tensors(state))
+    bytes_now()
 
 
 def test_oneBuffer_leavesOffGridValues_toTheStreamingError() -> None:

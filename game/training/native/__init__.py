@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
@@ -356,22 +356,27 @@ def to_float32_into(tensors: list[Tensor], out: np.ndarray, offsets: np.ndarray)
     )
 
 
-def float32_at(addresses: list[int], counts: list[int], offsets: list[int], out: np.ndarray) -> bool:
+def float32_at(
+    addresses: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
+    offsets: Sequence[int] | np.ndarray,
+    out: np.ndarray,
+) -> bool:
     """:func:`to_float32_into` for a caller that has checked its tensors already (contiguous float64
-    on the CPU) and gives their addresses and value counts: a state's 100-odd tensors cost a
-    Python call or two each to check again."""
+    on the CPU) and gives their addresses and value counts (lists, or int64 arrays it can keep from
+    step to step): a state's 100-odd tensors cost a Python call or two each to check again."""
     lib = _running()
     if lib is None or sys.byteorder != "little":
         return False
     if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("float32 conversion: out must be a writable contiguous uint8 array")
-    at = np.array(offsets, dtype=np.int64)
-    n = np.array(counts, dtype=np.int64)
+    at = np.asarray(offsets, dtype=np.int64)
+    n = np.asarray(counts, dtype=np.int64)
     if not (len(at) == len(n) == len(addresses)) or (at < 0).any() or (at + 4 * n > len(out)).any():
         raise ValueError("float32 conversion: a tensor does not fit in out at its offset")
-    if not addresses:
+    if len(addresses) == 0:
         return True
-    addrs = np.array(addresses, dtype=np.int64)
+    addrs = np.asarray(addresses, dtype=np.int64)
     return bool(
         lib.vg_to_float32(addrs.ctypes.data, n.ctypes.data, at.ctypes.data, len(addrs), out.ctypes.data) == 0
     )
