@@ -306,6 +306,9 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 _front_rows: list[_Plan] = []
 #: Their names, by the same row id: the sparse log reads a row's name here (it only grows).
 _front_names: list[str] = []
+#: The kernels' bands of every row in ``_front_rows``, by (band table, grid k0, grid's largest finite
+#: pattern): the front takes them at ``enter`` and asks Python only for a row met after.
+_front_bands: dict[tuple[BandTable, int, int], Tensor] = {}
 _FRONT_KINDS = {OpClass.MOVE: front.MOVE, OpClass.EXACT: front.EXACT, OpClass.INEXACT: front.INEXACT}
 _FRONT_CLASSES = {front.MOVE: OpClass.MOVE, front.EXACT: OpClass.EXACT, front.INEXACT: OpClass.INEXACT}
 
@@ -490,6 +493,7 @@ class RoundingMode(TorchDispatchMode):
                 plain._replace(round_nearest=exact) if self._noise is None and self._defer is None else plain
             )
         band = self._front_band
+        plain = plain._replace(bands=self._known_bands())
         if isinstance(self.log, SparseStepLog):
             if not (self._direct and cls._round_direct is base._round_direct):
                 return plain
@@ -516,6 +520,22 @@ class RoundingMode(TorchDispatchMode):
         entries = [(r.op_index, r.op_name, r.count, trits) for r, trits in self.log.entries()]
         kernel = native.address("vg_round_with_trits")
         return plain._replace(trits_replay=kernel, band_for=band, entries=entries)
+
+    def _known_bands(self) -> Tensor | None:
+        """The bands of every row the front has met, worked out once a run (None where a subclass
+        works bands out its own way): without them, each step's first tensor of each inexact op
+        would take the GIL to ask :meth:`_front_band`."""
+        cls, base = type(self), RoundingMode
+        if not (cls._front_band is base._front_band and cls._band_params is base._band_params):
+            return None
+        key = (self.bands, self._grid.k0, self._grid.max_finite)
+        known = _front_bands.get(key)
+        if known is None or len(known) < len(_front_rows):
+            params = [self._band_params(plan.name) for plan in list(_front_rows)]
+            known = _front_bands[key] = torch.tensor(
+                [(p.rel, p.abs) for p in params], dtype=torch.int64
+            ).reshape(-1, 2)
+        return known
 
     def _front_band(self, row: int) -> tuple[int, int]:
         params = self._band_params(_front_rows[row].name)

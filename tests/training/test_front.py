@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from game.errors import NonFiniteError
-from game.training import native
+from game.training import intercept, native
+from game.training.bands import Band, BandTable
 from game.training.intercept import OpClass, RoundingMode
 from game.training.native import front
 from game.training.profiles import get_profile
@@ -78,6 +79,41 @@ def test_front_equalsThePythonMode(preset: str, log_format: str) -> None:
     with front.disabled():
         assert slow.run_step(ss, 4, mode="round").leaf == rounded.leaf
     _same_work(fast.last_mode, slow.last_mode)
+
+
+def test_front_bandsKnownAhead_areEachTablesOwn() -> None:
+    """The front takes the bands it has met before at ``enter``, kept by band table and grid: steps
+    with the preset's bands, then with every op's band one binade wider (a longer sparse log), then
+    the first again, each the Python mode's, row by row (the first step with none known ahead, so
+    the front asks for each). A band kept for the wrong table would list
+    another set of values."""
+    base = small_cfg("gpt-shakespeare")
+    table = base.band_table
+    wider = BandTable(
+        default=Band(table.default.rel + 1, table.default.abs + 1),
+        ops={name: Band(b.rel + 1, b.abs + 1) for name, b in table.ops.items()},
+    )
+    spec = base.spec_hash()
+    logs = []
+    intercept._front_bands.clear()  # the first step asks band_for for every row
+    for cfg in (base, base.replace(bands=wider), base):
+        fast, slow = StepEngine(cfg, get_profile("cpu-1t")), StepEngine(cfg, get_profile("cpu-1t"))
+        sf, ss = fast.init_state(), slow.init_state()
+        for step in (1, 2):
+            rf = fast.run_step(sf, step)
+            mode = fast.last_mode
+            assert mode is not None and mode.via_front
+            known = mode._known_bands()
+            assert known is not None and known.shape[0] > 0
+            assert [tuple(row) for row in known.tolist()] == [
+                mode._front_band(r) for r in range(known.shape[0])
+            ]
+            with front.disabled():
+                rs = slow.run_step(ss, step)
+            assert rf.log is not None and rs.log is not None
+            assert rf.leaf == rs.leaf and rf.log.encode(step, spec) == rs.log.encode(step, spec)
+        logs.append(rf.log.encode(2, spec))
+    assert logs[0] == logs[2] and len(logs[1]) > len(logs[0])
 
 
 def _ops(kind: str) -> list[torch.Tensor]:

@@ -427,11 +427,20 @@ void set_sparse_entries(Direct& d, py::tuple columns) {
 }
 
 // The kernels the session may call: (round_inplace, record, replay, trits record, trits replay,
-// round_nearest) addresses, 0 for none; the grid and the packed log's threshold; the band callback; the entries to
-// replay: a sparse log's as columns (set_sparse_entries), a packed log's as (op index, name, count, trits).
+// round_nearest) addresses, 0 for none; the grid and the packed log's threshold; the band callback and the bands
+// known ahead; the entries to replay: a sparse log's as columns (set_sparse_entries), a packed log's as (op index, name, count, trits).
 void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold, bool count_free,
-                py::object band_for, py::object entries) {
+                py::object band_for, const at::Tensor& bands, py::object entries) {
   d = Direct();
+  // The bands Python worked out in earlier sessions, by row: band_of asks band_for only past them
+  // (each ask takes the GIL, which the transcript writer's thread may hold, in the middle of a step).
+  if (!bands.device().is_cpu() || bands.scalar_type() != at::kLong || !bands.is_contiguous() || bands.dim() != 2 ||
+      bands.size(1) != 2)
+    throw std::runtime_error("bands: a (rows, 2) int64 tensor of (rel, abs) on the CPU");
+  const int64_t* band = bands.data_ptr<int64_t>();
+  d.bands.resize(bands.size(0));
+  d.have_band.assign(bands.size(0), 1);
+  for (int64_t row = 0; row < bands.size(0); ++row) d.bands[row] = {band[2 * row], band[2 * row + 1]};
   d.round_inplace = reinterpret_cast<InplaceFn>(kernels[0].cast<intptr_t>());
   d.record = reinterpret_cast<RecordFn>(kernels[1].cast<intptr_t>());
   d.replay = reinterpret_cast<ReplayFn>(kernels[2].cast<intptr_t>());
@@ -462,10 +471,10 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, in
 }
 
 void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold,
-           bool count_free, py::object band_for, py::object entries) {
+           bool count_free, py::object band_for, const at::Tensor& bands, py::object entries) {
   Session& s = session;
   if (s.active) throw std::runtime_error("the dispatch front is already on in this thread");
-  set_direct(s.direct, kernels, k0, max_finite, threshold, count_free, std::move(band_for), entries);
+  set_direct(s.direct, kernels, k0, max_finite, threshold, count_free, std::move(band_for), bands, entries);
   s.plan_for = plan_for.release().ptr();
   s.on_op = on_op.release().ptr();
   s.seen.clear();

@@ -148,7 +148,8 @@ class SparseEntries(NamedTuple):
 class Kernels(NamedTuple):
     """What the front rounds with the C kernels itself, without a Python call (front.cpp's
     ``Direct``): kernel addresses (0: that work goes to Python), the grid, and for an inexact op
-    its band (``band_for(row) -> (rel, abs)``, asked once a session) and the entries to replay."""
+    its band (``bands`` known ahead, ``band_for(row) -> (rel, abs)`` asked once a session past
+    them) and the entries to replay."""
 
     round_inplace: int = 0  # exact ops' tensors
     record: int = 0  # inexact ops' tensors, sparse record
@@ -161,6 +162,9 @@ class Kernels(NamedTuple):
     threshold: int = 0  # the packed log's floor(tau * step) in float64 ulps
     count_free: bool = False
     band_for: Callable[[int], tuple[int, int]] | None = None
+    #: the bands of rows 0..n-1 known ahead, as an (n, 2) int64 tensor of (rel, abs): ``band_for``
+    #: is asked only for a row past them (each ask takes the GIL in the middle of the step)
+    bands: torch.Tensor | None = None
     #: the chunk to replay: a sparse log's as :meth:`SparseStepLog.columns` gives them (as tensors),
     #: a packed log's as (op index, op name, count, trits) per record, in order
     entries: SparseEntries | Sequence[tuple[int, str, int, torch.Tensor]] = ()
@@ -186,6 +190,9 @@ class Left(NamedTuple):
     tensors: int  # tensors the kernels took in all
 
 
+_NO_BANDS = torch.zeros(0, 2, dtype=torch.int64)
+
+
 def enter(
     plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str]],
     on_op: Callable[..., tuple[int, int]],
@@ -199,6 +206,7 @@ def enter(
     _module.enter(
         plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay, k.round_nearest), k.k0,
         k.max_finite, k.threshold, k.count_free, k.band_for,
+        k.bands if k.bands is not None else _NO_BANDS,
         k.entries if isinstance(k.entries, SparseEntries) else list(k.entries),
     )  # fmt: skip
 
