@@ -211,11 +211,12 @@ class SparseStepLog:
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
         table, names, positions = self.columns()
-        head = table.copy()
-        head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
-        parts = [encode_names(names), uvarint_encode(head.ravel())]
-        parts.append(uvarint_encode(_gaps(positions, table[:, 3])))
-        payload = b"".join(parts)
+        body = native.sparse_body(table, positions)
+        if body is None:
+            head = table.copy()
+            head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
+            body = uvarint_encode(head.ravel()) + uvarint_encode(_gaps(positions, table[:, 3]))
+        payload = encode_names(names) + body
         body, codec = compress(payload, self.codec)
         header = _HEADER.pack(step, bytes(spec_hash), self._count, CODECS[codec], len(payload))
         return MAGIC + header + body

@@ -389,3 +389,65 @@ def test_cParser_andNumpy_refuseAPositionFromItsRecordsCountOn(position: int, re
     fast, slow = _parse_both(payload, 1)
     assert fast == slow
     assert isinstance(fast, str) == refused
+
+
+# ---- the C encoder of a chunk's records against the numpy one -----------------------------------
+
+
+def _encode_both(log: SparseStepLog) -> tuple[object, object]:
+    """The chunk bytes each encoder writes, or its error."""
+
+    def encode() -> object:
+        try:
+            return log.encode(5, SPEC)
+        except RoundingLogError as exc:
+            return str(exc)
+
+    fast = encode()
+    with native.disabled():
+        slow = encode()
+    return fast, slow
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(
+            st.integers(0, 2**20),  # op index gap
+            st.integers(1, 2**40),  # value count
+            st.lists(st.integers(0, 2**40), max_size=20).map(lambda v: sorted(set(v))),
+        ),
+        max_size=12,
+    ),
+    shuffle=st.integers(0, 3),
+)
+def test_cEncoder_writesExactlyWhatTheNumpyEncoderDoes(
+    records: list[tuple[int, int, list[int]]], shuffle: int
+) -> None:
+    # large gaps and counts take every uvarint length; empty records sit between full ones
+    log = SparseStepLog(5, codec="stored")
+    op = -1
+    for i, (gap, count, pos) in enumerate(records):
+        op += gap + 1
+        log.append(op, NAMES[(i * shuffle) % 4], count, torch.tensor(pos, dtype=torch.int64))
+    fast, slow = _encode_both(log)
+    assert fast == slow and isinstance(fast, bytes)
+    if native.available():  # the bytes above came from the C encoder, not its numpy fallback
+        table, _, positions = log.columns()
+        assert native.sparse_body(table, positions) is not None
+
+
+@pytest.mark.parametrize("bad", ["op index back", "op index repeated", "positions back", "position repeated"])
+def test_cEncoder_refusesWhatTheNumpyEncoderRefuses(bad: str) -> None:
+    ops = {"op index back": [4, 3], "op index repeated": [4, 4]}.get(bad, [3, 4])
+    second = {"positions back": [7, 5], "position repeated": [5, 5]}.get(bad, [5, 7])
+    log = SparseStepLog(5, codec="stored")
+    log.append(ops[0], NAMES[0], 10, torch.tensor([1, 2], dtype=torch.int64))
+    log.append(ops[1], NAMES[1], 10, torch.tensor(second, dtype=torch.int64))
+    fast, slow = _encode_both(log)
+    assert fast == slow and isinstance(fast, str) and "non-negative" in fast
+    table, _, positions = log.columns()
+    assert native.sparse_body(table, positions) is None
+    # entry counts that do not add up to the positions given
+    table[1, 3] += 1
+    assert native.sparse_body(table, positions) is None

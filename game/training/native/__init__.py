@@ -158,6 +158,8 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_uvarint_decode.restype = _I64
         lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
         lib.vg_sparse_rows.restype = _I64
+        lib.vg_sparse_body.restype = _I64
+        lib.vg_sparse_body.argtypes = [_PTR, _I64, _PTR, _I64, _PTR]
         lib.vg_sparse_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         lib.vg_round_and_trits.restype = _I64
         lib.vg_round_and_trits.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
@@ -420,6 +422,23 @@ def sparse_rows(buf: np.ndarray, start: int, n: int, n_names: int) -> tuple[np.n
         view.ctypes.data, view.size, n, n_names, table.ctypes.data, positions.ctypes.data, view.size
     )
     return None if m < 0 else (table, positions[:m])
+
+
+def sparse_body(table: np.ndarray, positions: np.ndarray) -> bytes | None:
+    """A sparse chunk's payload after its name table, from the (n, 4) int64 table of (op index,
+    name id, value count, entry count) and every record's positions one after another, as
+    :meth:`SparseStepLog.encode` writes it. None: use the numpy code (no kernels, or values it
+    refuses: op indices or a record's positions not increasing, entry counts that do not add up)."""
+    lib = _running()
+    if lib is None:
+        return None
+    t = np.ascontiguousarray(table, dtype=np.int64)
+    p = np.ascontiguousarray(positions, dtype=np.int64)
+    if t.ndim != 2 or t.shape[1] != 4 or p.ndim != 1:
+        return None
+    out = np.empty(9 * (t.size + p.size), dtype=np.uint8)
+    n = lib.vg_sparse_body(t.ctypes.data, t.shape[0], p.ctypes.data, p.size, out.ctypes.data)
+    return None if n < 0 else out[:n].tobytes()
 
 
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:

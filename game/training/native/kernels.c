@@ -614,6 +614,50 @@ int64_t vg_uvarint_decode(const uint8_t *buf, int64_t len, int64_t count, int64_
     return k;
 }
 
+static inline int64_t put_uvarint(uint64_t u, uint8_t *out) {
+    int64_t k = 0;
+    while (u >= 0x80) {
+        out[k++] = (uint8_t)(u | 0x80);
+        u >>= 7;
+    }
+    out[k++] = (uint8_t)u;
+    return k;
+}
+
+/* What vg_sparse_rows reads, written (SparseStepLog.encode after its name table): n records of
+ * four LEB128 values (op-index gap, name id, value count, entry count) from the (n x 4) table of
+ * (op index, name id, value count, entry count), then every entry's position gap, record after
+ * record (the first from -1). One call where numpy took a dozen, on the transcript writer's thread.
+ * Returns the bytes written (out has room for 9 * (4n + total)), or -1 when a value to write is
+ * negative (op indices not increasing, positions not increasing within a record) or the entry
+ * counts do not add up to total; the numpy code then words it. */
+int64_t vg_sparse_body(const int64_t *table, int64_t n, const int64_t *positions, int64_t total, uint8_t *out) {
+    int64_t k = 0, op = -1, sum = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t *row = table + 4 * r;
+        const int64_t head[4] = {row[0] - op - 1, row[1], row[2], row[3]};
+        for (int i = 0; i < 4; i++) {
+            if (head[i] < 0) return -1;
+            k += put_uvarint((uint64_t)head[i], out + k);
+        }
+        op = row[0];
+        if (row[3] > total - sum) return -1;
+        sum += row[3];
+    }
+    if (sum != total) return -1;
+    int64_t at = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t p = -1;
+        for (int64_t j = 0; j < table[4 * r + 3]; j++, at++) {
+            const int64_t g = positions[at] - p - 1;
+            if (g < 0) return -1;
+            k += put_uvarint((uint64_t)g, out + k);
+            p = positions[at];
+        }
+    }
+    return k;
+}
+
 /* A sparse chunk's records after its name table (sparselog._parse_payload): n records of four
  * LEB128 values (op-index gap, name id, value count, entry count), then every entry's position gap,
  * record after record. Writes the table (n x 4, the op indices in place of their gaps) and the
