@@ -30,6 +30,7 @@ data, and a chunk names its step and task, so a reordered or foreign chunk is ca
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -339,6 +340,11 @@ class StepLog:
             return torch.cat(self._trits).cpu()
         return torch.cat([t.cpu() for t in self._trits])
 
+    def prepare(self, step: int, spec_hash: bytes) -> PreparedChunk:
+        """The chunk to be finished on the writer's thread: here all of the encoding waits for it (the
+        trits, packed by the C kernels, are most of a packed chunk and take no GIL)."""
+        return PreparedChunk(step, spec_hash, functools.partial(self.encode, step, bytes(spec_hash)))
+
     def encode(self, step: int, spec_hash: bytes, *, version: int = 2) -> bytes:
         """The chunk bytes (see the module docstring); ``version=1`` writes the first layout."""
         if not 0 <= step < 2**64:
@@ -500,6 +506,31 @@ def _split_trits(
 ChunkLog: TypeAlias = "StepLog | SparseStepLog"
 
 
+class PreparedChunk:
+    """A step's chunk as far as :meth:`StepLog.prepare` or :meth:`SparseStepLog.prepare` built it on
+    the caller's thread; :meth:`encode` finishes it (the transcript writer's thread compresses it and
+    packs its header). Why: that thread shares the GIL with the trainer's, and a few hundred
+    microseconds of its Python made the trainer's thread wait for the GIL several times a step,
+    where the same work costs the trainer's thread some 40 us done there at once
+    (docs/benchmarks.md)."""
+
+    __slots__ = ("_finish", "spec_hash", "step")
+
+    def __init__(self, step: int, spec_hash: bytes, finish: Callable[[], bytes]) -> None:
+        self.step = step
+        self.spec_hash = bytes(spec_hash)
+        self._finish = finish
+
+    def encode(self, step: int, spec_hash: bytes) -> bytes:
+        """The chunk bytes; ``step`` and ``spec_hash`` must be the ones it was prepared for."""
+        if step != self.step or bytes(spec_hash) != self.spec_hash:
+            raise RoundingLogError(
+                f"a chunk prepared for step {self.step} of task {self.spec_hash.hex()[:16]}... was asked "
+                f"for as step {step} of task {bytes(spec_hash).hex()[:16]}..."
+            )
+        return self._finish()
+
+
 def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> ChunkLog:
     """Decode a chunk of either format (told apart by its magic); pass ``step`` wherever it is known,
     so a reordered chunk is caught."""
@@ -633,11 +664,11 @@ class LogWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
-    def write_chunk(self, step: int, step_log: ChunkLog, spec_hash: bytes) -> bytes:
+    def write_chunk(self, step: int, step_log: ChunkLog | PreparedChunk, spec_hash: bytes) -> bytes:
         """Encode, write (tmp file, fsync, rename) and return the chunk hash."""
         data = step_log.encode(step, spec_hash)
         atomic_write(self.directory / chunk_file_name(step), data)
-        log.debug("step %d: wrote %d-byte log chunk (%d trits)", step, len(data), step_log.total_values)
+        log.debug("step %d: wrote %d-byte log chunk", step, len(data))
         return chunk_hash(data)
 
     def truncate_after(self, step: int) -> list[int]:

@@ -29,6 +29,7 @@ hash and the log root are the same as for packed chunks.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -55,6 +56,7 @@ from game.training.roundlog import (
     HASH_SIZE,
     ChunkFormatError,
     LogRecord,
+    PreparedChunk,
     RecordCursor,
     check_chunk_identity,
 )
@@ -206,6 +208,11 @@ class SparseStepLog:
 
     def encode(self, step: int, spec_hash: bytes) -> bytes:
         """The chunk bytes (see the module docstring)."""
+        return self.prepare(step, spec_hash).encode(step, spec_hash)
+
+    def prepare(self, step: int, spec_hash: bytes) -> PreparedChunk:
+        """The chunk's payload, built now; compression and the header wait for the writer's thread
+        (:class:`~game.training.roundlog.PreparedChunk` says why). Raises what :meth:`encode` does."""
         if not 0 <= step < 2**64:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
@@ -217,9 +224,11 @@ class SparseStepLog:
             head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
             body = uvarint_encode(head.ravel()) + uvarint_encode(_gaps(positions, table[:, 3]))
         payload = encode_names(names) + body
-        body, codec = compress(payload, self.codec)
-        header = _HEADER.pack(step, bytes(spec_hash), self._count, CODECS[codec], len(payload))
-        return MAGIC + header + body
+        return PreparedChunk(
+            step,
+            spec_hash,
+            functools.partial(_finish, step, bytes(spec_hash), self._count, self.codec, payload),
+        )
 
     @classmethod
     def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> SparseStepLog:
@@ -252,6 +261,12 @@ class SparseStepLog:
         if self._has_rows:
             return RecordCursor.later(self.step, self._count, load)
         return RecordCursor(self.step, *load())
+
+
+def _finish(step: int, spec_hash: bytes, count: int, codec: str, payload: bytes) -> bytes:
+    """A sparse chunk's bytes from its payload: compressed with ``codec``, after the header."""
+    body, used = compress(payload, codec)
+    return MAGIC + _HEADER.pack(step, spec_hash, count, CODECS[used], len(payload)) + body
 
 
 def _parse_payload(payload: bytes, n_records: int) -> RecordRows:

@@ -14,7 +14,7 @@ leaf is written last, after the chunk, its hash and any checkpoint, so after a c
 past the last leaf is a partial step that :meth:`TranscriptWriter.resume` cuts away.
 
 The writer does this on a thread of its own, in step order, so a trainer computes step ``n + 1``
-while step ``n`` is encoded and synced (four fsyncs a step, milliseconds on a real disk, against a
+while step ``n`` is compressed and synced (four fsyncs a step, milliseconds on a real disk, against a
 small model's step of 10 ms); given the state's canonical bytes (:meth:`TranscriptWriter.append_state`)
 it also hashes them there. At most :data:`WRITE_AHEAD` steps wait while one is written; a step
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
@@ -44,7 +44,7 @@ from game.errors import RoundingLogError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.config import TaskConfig
-from game.training.roundlog import ChunkLog, LogReader, LogWriter, chunk_hash, decode_chunk
+from game.training.roundlog import ChunkLog, LogReader, LogWriter, PreparedChunk, chunk_hash, decode_chunk
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class _StepJob:
 
     step: int
     state_hash: bytes | None  # None: the thread hashes ``state``
-    step_log: ChunkLog
+    chunk: PreparedChunk  # the step's log, its payload built on the caller's thread
     checkpoint: bytes | memoryview | None
     state: bytes | memoryview | None = None  # the canonical state bytes, for append_state
 
@@ -383,15 +383,18 @@ class TranscriptWriter:
                 raise TranscriptError(f"step {step} is a checkpoint step but no state bytes were given")
         else:
             checkpoint = None
-        self._queue(_StepJob(step, bytes(state_hash), step_log, checkpoint), bytes(state_hash))
+        chunk = step_log.prepare(step, self.spec_hash)
+        self._queue(_StepJob(step, bytes(state_hash), chunk, checkpoint), bytes(state_hash))
 
     def append_state(self, step: int, state: bytes | memoryview, step_log: ChunkLog) -> None:
         """:meth:`append_step` with the step's canonical state bytes instead of their hash: the
         thread hashes them (the hash takes about a millisecond a megabyte, off the trainer's
         thread) and writes them as the checkpoint when one is due. ``state`` belongs to the writer
-        from here and must not change."""
+        from here and must not change. A sparse log's payload is built here, on the caller's
+        thread (:class:`~game.training.roundlog.PreparedChunk`); the thread compresses it."""
         checkpoint = state if self.wants_checkpoint(step) else None
-        self._queue(_StepJob(step, None, step_log, checkpoint, state), None)
+        chunk = step_log.prepare(step, self.spec_hash)
+        self._queue(_StepJob(step, None, chunk, checkpoint, state), None)
 
     def _queue(self, job: _StepJob, leaf: bytes | None) -> None:
         self._raise_failure()
@@ -453,7 +456,7 @@ class TranscriptWriter:
 
     def _write(self, job: _StepJob) -> None:
         step = job.step
-        chunk_hash = self._log_writer.write_chunk(step, job.step_log, self.spec_hash)
+        chunk_hash = self._log_writer.write_chunk(step, job.chunk, self.spec_hash)
         append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
         leaf = job.state_hash
         if leaf is None:

@@ -451,3 +451,18 @@ def test_cEncoder_refusesWhatTheNumpyEncoderRefuses(bad: str) -> None:
     # entry counts that do not add up to the positions given
     table[1, 3] += 1
     assert native.sparse_body(table, positions) is None
+
+
+def test_preparedChunk_holdsThePayloadBuiltWhenPrepared_andItsStep() -> None:
+    # the trainer's thread builds the payload; the writer's thread finishes it later: records the
+    # log gains in between are not in it, and it is refused as another step or task's chunk
+    log = _log(step=3)
+    expected = log.encode(3, SPEC)
+    chunk = log.prepare(3, SPEC)
+    log.append(50, NAMES[0], 10, torch.tensor([1, 2], dtype=torch.int64))
+    assert log.encode(3, SPEC) != expected
+    assert chunk.encode(3, SPEC) == expected
+    with pytest.raises(RoundingLogError, match="prepared for step 3"):
+        chunk.encode(4, SPEC)
+    with pytest.raises(RoundingLogError, match="prepared for step 3"):
+        chunk.encode(3, bytes(32))
