@@ -511,7 +511,7 @@ class PreparedChunk:
     the caller's thread; :meth:`encode` finishes it (the transcript writer's thread compresses it and
     packs its header). Why: that thread shares the GIL with the trainer's, and a few hundred
     microseconds of its Python made the trainer's thread wait for the GIL several times a step,
-    where the same work costs the trainer's thread some 40 us done there at once
+    where the same work costs the trainer's thread 40 to 70 us done there at once
     (docs/benchmarks.md)."""
 
     __slots__ = ("_finish", "spec_hash", "step")
