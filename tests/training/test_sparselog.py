@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import struct
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -326,6 +327,14 @@ def test_decodedChunk_cursor_readsRecordsOnlyWhenOneIsTaken(monkeypatch: pytest.
 # ---- the C parser of a chunk's records against the numpy one ------------------------------------
 
 
+def _with_and_without_kernels(run: Callable[[], object]) -> tuple[object, object]:
+    """What ``run`` gives with the C kernels, then with the numpy code alone."""
+    fast = run()
+    with native.disabled():
+        slow = run()
+    return fast, slow
+
+
 def _parse_both(payload: bytes, n_records: int) -> tuple[object, object]:
     """What each parser makes of a payload: its table, positions and names, or its error."""
 
@@ -336,10 +345,7 @@ def _parse_both(payload: bytes, n_records: int) -> tuple[object, object]:
             return str(exc)
         return rows.table.tolist(), rows.positions.tolist(), list(rows.names)
 
-    fast = parse()
-    with native.disabled():
-        slow = parse()
-    return fast, slow
+    return _with_and_without_kernels(parse)
 
 
 @settings(max_examples=80, deadline=None)
@@ -403,10 +409,7 @@ def _encode_both(log: SparseStepLog) -> tuple[object, object]:
         except RoundingLogError as exc:
             return str(exc)
 
-    fast = encode()
-    with native.disabled():
-        slow = encode()
-    return fast, slow
+    return _with_and_without_kernels(encode)
 
 
 @settings(max_examples=80, deadline=None)
