@@ -627,7 +627,7 @@ static inline int64_t put_uvarint(uint64_t u, uint8_t *out) {
 /* What vg_sparse_rows reads, written (SparseStepLog.encode after its name table): n records of
  * four LEB128 values (op-index gap, name id, value count, entry count) from the (n x 4) table of
  * (op index, name id, value count, entry count), then every entry's position gap, record after
- * record (the first from -1). One call where numpy took a dozen, on the transcript writer's thread.
+ * record (the first from -1). One call where numpy took a dozen.
  * Returns the bytes written (out has room for 9 * (4n + total)), or -1 when a value to write is
  * negative (op indices not increasing, positions not increasing within a record) or the entry
  * counts do not add up to total; the numpy code then words it. */
