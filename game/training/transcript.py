@@ -20,7 +20,8 @@ it also hashes them there. At most :data:`WRITE_AHEAD` steps wait while one is w
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
-This module imports no torch: the judge, the agents and ``vgame audit`` read transcripts with it.
+The judge, the agents and ``vgame audit`` read transcripts with this module. Its own code uses no
+torch, but the chunk decoders it calls (:mod:`game.training.roundlog`) import it.
 """
 
 from __future__ import annotations
