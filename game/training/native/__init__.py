@@ -158,9 +158,9 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_uvarint_decode.restype = _I64
         lib.vg_uvarint_decode.argtypes = [_PTR, _I64, _I64, _PTR]
         lib.vg_sparse_rows.restype = _I64
+        lib.vg_sparse_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         lib.vg_sparse_body.restype = _I64
         lib.vg_sparse_body.argtypes = [_PTR, _I64, _PTR, _I64, _PTR]
-        lib.vg_sparse_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         lib.vg_round_and_trits.restype = _I64
         lib.vg_round_and_trits.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
         lib.vg_round_with_trits.restype = _I64
