@@ -309,6 +309,8 @@ _front_names: list[str] = []
 #: The kernels' bands of every row in ``_front_rows``, by (band table, grid k0, grid's largest finite
 #: pattern): the front takes them at ``enter`` and asks Python only for a row met after.
 _front_bands: dict[tuple[BandTable, int, int], Tensor] = {}
+#: The last of them asked for, with its key (the table by identity).
+_front_bands_last: tuple[BandTable, int, int, Tensor] | None = None
 _FRONT_KINDS = {OpClass.MOVE: front.MOVE, OpClass.EXACT: front.EXACT, OpClass.INEXACT: front.INEXACT}
 _FRONT_CLASSES = {front.MOVE: OpClass.MOVE, front.EXACT: OpClass.EXACT, front.INEXACT: OpClass.INEXACT}
 
@@ -408,9 +410,10 @@ class RoundingMode(TorchDispatchMode):
         self.corrections = 0  # rev moves applied (replay)
         self.count_free = count_free  # replay of a sparse log: count the values a trainer could choose
         self.free = 0  # off-grid values within 16 bands of a midpoint (sparse replay, when counted)
-        self.classes: dict[str, OpClass] = {}  # str(func) -> class, for every op that ran
-        self.logged: Counter[str] = Counter()  # str(func) -> tensors rounded with the log
-        self.rounded: Counter[str] = Counter()  # str(func) -> tensors rounded without the log
+        self._classes: dict[str, OpClass] = {}  # see :attr:`classes`
+        self._logged: Counter[str] = Counter()  # see :attr:`logged`
+        self._rounded: Counter[str] = Counter()  # see :attr:`rounded`
+        self._tallies: front.Left | None = None  # the front's, not yet added to the three above
         self._grid = rounding._grid(bits)
         self._defer: Deferred | None = None
         if defer:
@@ -461,18 +464,45 @@ class RoundingMode(TorchDispatchMode):
             return
         self._front = False
         left = front.leave()
-        for row, kind in left.first_calls:  # the classes of the ops' first calls, in call order
-            name = _front_rows[row].name
-            if name not in self.classes:
-                self.classes[name] = _FRONT_CLASSES[kind]
         self._front_sync(left.op_index, left.cursor, left.records)
-        for counter, by_row in ((self.logged, left.logged), (self.rounded, left.rounded)):
-            for row, n in enumerate(by_row):
-                if n:
-                    counter[_front_rows[row].name] += n
         self.corrections += left.corrections
         self.free += left.free
         self.front_kernel_tensors = left.tensors
+        self._add_tallies()  # an earlier session's, if any: this one's are added when read
+        self._tallies = left
+
+    def _add_tallies(self) -> None:
+        """Add the front's classes and counts, kept since :meth:`__exit__`, to the mode's: only a
+        test or a tool reads them, and the loops over every row cost a step some 40 us."""
+        left, self._tallies = self._tallies, None
+        if left is None:
+            return
+        for row, kind in left.first_calls:  # the classes of the ops' first calls, in call order
+            name = _front_rows[row].name
+            if name not in self._classes:
+                self._classes[name] = _FRONT_CLASSES[kind]
+        for counter, by_row in ((self._logged, left.logged), (self._rounded, left.rounded)):
+            for row, n in enumerate(by_row):
+                if n:
+                    counter[_front_rows[row].name] += n
+
+    @property
+    def classes(self) -> dict[str, OpClass]:
+        """``str(func)`` -> class, for every op that ran."""
+        self._add_tallies()
+        return self._classes
+
+    @property
+    def logged(self) -> Counter[str]:
+        """``str(func)`` -> tensors rounded with the log."""
+        self._add_tallies()
+        return self._logged
+
+    @property
+    def rounded(self) -> Counter[str]:
+        """``str(func)`` -> tensors rounded without the log."""
+        self._add_tallies()
+        return self._rounded
 
     def _front_kernels(self) -> front.Kernels:
         """What the front may round with the C kernels itself: what :meth:`_front_op` would send to
@@ -528,13 +558,24 @@ class RoundingMode(TorchDispatchMode):
         cls, base = type(self), RoundingMode
         if not (cls._front_band is base._front_band and cls._band_params is base._band_params):
             return None
-        key = (self.bands, self._grid.k0, self._grid.max_finite)
+        global _front_bands_last
+        k0, max_finite = self._grid.k0, self._grid.max_finite
+        last = _front_bands_last  # a task's steps use one table: no hash of it (some 20 us a step)
+        if (
+            last is not None
+            and last[0] is self.bands
+            and last[1:3] == (k0, max_finite)
+            and len(last[3]) == len(_front_rows)
+        ):
+            return last[3]
+        key = (self.bands, k0, max_finite)
         known = _front_bands.get(key)
         if known is None or len(known) < len(_front_rows):
             params = [self._band_params(plan.name) for plan in list(_front_rows)]
             known = _front_bands[key] = torch.tensor(
                 [(p.rel, p.abs) for p in params], dtype=torch.int64
             ).reshape(-1, 2)
+        _front_bands_last = (self.bands, k0, max_finite, known)
         return known
 
     def _front_band(self, row: int) -> tuple[int, int]:
@@ -577,7 +618,7 @@ class RoundingMode(TorchDispatchMode):
         if kind == front.EXACT:
             for t in tensors:
                 rounding.round_(t, self.bits)
-                self.rounded[name] += 1
+                self._rounded[name] += 1
         else:
             for t in tensors:
                 self._round_inexact(t, name)
@@ -662,8 +703,8 @@ class RoundingMode(TorchDispatchMode):
         plan = _plan(func)
         cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
         name = plan.name
-        if name not in self.classes:
-            self.classes[name] = cls
+        if name not in self._classes:
+            self._classes[name] = cls
         if cls is OpClass.MOVE:
             return func(*args, **kwargs)
         if cls is OpClass.EXACT:
@@ -679,7 +720,7 @@ class RoundingMode(TorchDispatchMode):
                             and self._deferred(defer.round_inplace(t, g.k0, g.max_finite))
                         ):
                             rounding.round_(t, self.bits)
-                        self.rounded[name] += 1
+                        self._rounded[name] += 1
             return out
         out = self.profile.compute(func, args, kwargs)
         for t in _touched(plan, args, kwargs, out):
@@ -709,7 +750,7 @@ class RoundingMode(TorchDispatchMode):
                 if self._deferred(ticket is not None):
                     assert ticket is not None
                     self._pending.append((index, name, t.numel(), ticket))
-                    self.logged[name] += 1
+                    self._logged[name] += 1
                     return
             else:
                 assert self._cursor is not None
@@ -717,7 +758,7 @@ class RoundingMode(TorchDispatchMode):
                 i = self._cursor.position - 1
                 listed = self._device_positions[self._offsets[i] : self._offsets[i + 1]]
                 if self._deferred(self._defer.round_with_entries(t, params, entry.positions, listed)):
-                    self.logged[name] += 1
+                    self._logged[name] += 1
                     return
         where = f"step {self.step}, op #{index} {name}"
         # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
@@ -726,7 +767,7 @@ class RoundingMode(TorchDispatchMode):
         top = rounding.check_finite(t, where) if self.mode == "round" else None
         if self.mode == "round":
             rounding.round_(t, self.bits, top=top)
-            self.rounded[name] += 1
+            self._rounded[name] += 1
             return
         band = self.bands.band(name)
         try:
@@ -738,7 +779,7 @@ class RoundingMode(TorchDispatchMode):
             raise exc.at(self.step, index, name) from None
         if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
             t.copy_(r)
-        self.logged[name] += 1
+        self._logged[name] += 1
 
     def _band_params(self, name: str) -> native.BandParams:
         """The kernels' integers for op ``name``'s band (worked out once a step per op)."""
@@ -771,7 +812,7 @@ class RoundingMode(TorchDispatchMode):
                 return False
             self.corrections += replayed.corrections
             self.free += max(replayed.free, 0)
-        self.logged[name] += 1
+        self._logged[name] += 1
         return True
 
     def _record(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -63,7 +63,13 @@ class StepResult:
     log: ChunkLog | None  # the recorded (record) or replayed (replay) chunk
     corrections: int  # rev moves applied (replay), else 0
     loss: float  # the step's loss before the update
-    ops: frozenset[str]  # str(func) of every ATen op that ran (empty for unintercepted plain runs)
+    #: the step's interceptor: :attr:`ops` reads it only when asked (its tallies cost a step otherwise)
+    mode: RoundingMode | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """``str(func)`` of every ATen op that ran (empty for unintercepted plain runs)."""
+        return self.mode.ops if self.mode is not None else frozenset()
 
     @property
     def leaf(self) -> bytes:
@@ -161,16 +167,17 @@ class StepEngine:
             rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
         state.step = step
         self.last_mode = rm
-        logger.debug(
-            "step %d (%s, %s, %s): %d logged tensors, %d corrections, %d op kinds",
-            step,
-            mode,
-            precision,
-            self.profile.name,
-            rm.op_index,
-            rm.corrections,
-            len(rm.classes),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # counting the op kinds adds up the front's tallies
+            logger.debug(
+                "step %d (%s, %s, %s): %d logged tensors, %d corrections, %d op kinds",
+                step,
+                mode,
+                precision,
+                self.profile.name,
+                rm.op_index,
+                rm.corrections,
+                len(rm.classes),
+            )
 
         if self.check_grid and precision == "fp64" and mode != "plain":
             check_on_grid(state, self.cfg.bits)
@@ -180,7 +187,7 @@ class StepEngine:
             log=log if mode in ("record", "replay") else None,
             corrections=rm.corrections,
             loss=float(loss.detach()),
-            ops=rm.ops,
+            mode=rm,
         )
 
     # ---- helpers ------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ def test_front_bandsKnownAhead_areEachTablesOwn() -> None:
     spec = base.spec_hash()
     logs = []
     intercept._front_bands.clear()  # the first step asks band_for for every row
+    intercept._front_bands_last = None
     for cfg in (base, base.replace(bands=wider), base):
         fast, slow = StepEngine(cfg, get_profile("cpu-1t")), StepEngine(cfg, get_profile("cpu-1t"))
         sf, ss = fast.init_state(), slow.init_state()
