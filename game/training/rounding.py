@@ -328,6 +328,8 @@ def rnd(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor
     float32 fast path (:func:`fast_float32`) needs no scan of its own.
     """
     g = _grid(bits)
+    if isinstance(x, torch.Tensor) and (copy := native.rounded_copy(x, g.k0, g.max_finite)) is not None:
+        return copy
     if fast_float32(x, bits, top):
         return x.detach().to(torch.float32, memory_format=torch.contiguous_format).to(torch.float64)
     xf = _flat(x)

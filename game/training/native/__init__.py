@@ -192,13 +192,20 @@ def _running() -> ctypes.CDLL | None:
     return _lib if _tried else _load()
 
 
+#: Kernel addresses looked up so far (the library is loaded once a process).
+_addresses: dict[str, int] = {}
+
+
 def address(name: str) -> int:
     """A kernel's address, for the C++ dispatch front to call it without Python; 0 where the
     kernels do not run (not built, or inside :func:`disabled`)."""
     lib = _running()
     if lib is None:
         return 0
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+    found = _addresses.get(name)
+    if found is None:
+        found = _addresses[name] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+    return found
 
 
 #: The kernels read and write 8-byte lanes: float64 values (as their bit patterns) or int64 views.
@@ -272,6 +279,16 @@ def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
     if lib is None or xf.numel() == 0:
         return False
     return bool(lib.vg_round_inplace(xf.data_ptr(), xf.numel(), k0, max_finite) == 0)
+
+
+def rounded_copy(x: Tensor, k0: int, max_finite: int) -> Tensor | None:
+    """A rounded copy of a CPU float64 tensor (contiguous, ``x``'s shape, detached): one copy and
+    one C pass, where torch's float32 round trip takes a scan, two conversions and a few small
+    calls. None where :func:`round_inplace` would be False (the caller's own path then)."""
+    if x.dtype != torch.float64 or not x.is_cpu or x.numel() == 0 or _running() is None:
+        return None
+    out = x.detach().clone(memory_format=torch.contiguous_format)
+    return out if round_inplace(out, k0, max_finite) else None
 
 
 def round_and_trits(xf: Tensor, k0: int, max_finite: int, threshold: int) -> Tensor | None:
@@ -496,6 +513,7 @@ __all__ = [
     "round_inplace",
     "round_with_entries",
     "round_with_trits",
+    "rounded_copy",
     "sparse_rows",
     "to_float32",
     "unpack_trit_blocks",
