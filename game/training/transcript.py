@@ -26,14 +26,12 @@ torch, but the chunk decoders it calls (:mod:`game.training.roundlog`) import it
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import platform
 import queue
 import re
-import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -229,31 +227,6 @@ class _StepJob:
     state: bytes | memoryview | None = None  # the canonical state bytes, for append_state
 
 
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT's KeyboardInterrupt) back until the block is done, then raise it.
-
-    The writer's queue takes its lock in a ``with`` inside Python code; a KeyboardInterrupt raised
-    between the lock's acquire and that ``with`` leaves the lock held, and the trainer's ``close``
-    and the thread then wait on it for ever (seen: a ``vgame train`` hung after Ctrl-C). Waiting in
-    the block takes at most the few queued steps' writing. Only the main thread gets signals, and
-    a handler other than Python's default one is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt
-
-
 class TranscriptWriter:
     """Appends one step at a time; :meth:`finish` writes the roots and marks the manifest complete.
 
@@ -268,10 +241,15 @@ class TranscriptWriter:
         self.cfg = cfg
         self.spec_hash = cfg.spec_hash()
         self.manifest = manifest
-        # every accepted step's leaf, written or queued; None while the thread still hashes it
-        self._leaves: list[bytes | None] = list(done)
+        # Every accepted step, in order: its leaf once on disk, its job while the thread has it. The
+        # caller's one ``append`` hands a step over; the thread puts the leaf in the job's place.
+        self._leaves: list[bytes | _StepJob] = list(done)
+        self._written = len(done)  # steps the thread is done with (written, or dropped after a failure)
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()  # to the thread: steps are waiting
+        self._done: queue.SimpleQueue[None] = queue.SimpleQueue()  # from it, while the caller waits
+        self._waiting = False  # whether the caller waits for ``_done``
+        self._stop = False  # the thread returns once it has written every step
         self._log_writer = LogWriter(directory / LOG_DIR_NAME)
-        self._jobs: queue.Queue[_StepJob | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._thread: threading.Thread | None = None
         self._failure: TranscriptError | None = None  # set by the thread; later steps are dropped
 
@@ -361,9 +339,9 @@ class TranscriptWriter:
     def leaves(self) -> list[bytes]:
         """Every accepted step's leaf (waiting for the thread to hash those queued by
         :meth:`append_state`)."""
-        if None in self._leaves:
+        if self._written < len(self._leaves):
             self.flush()
-        return [leaf for leaf in self._leaves if leaf is not None]
+        return [leaf for leaf in self._leaves if isinstance(leaf, bytes)]
 
     def wants_checkpoint(self, step: int) -> bool:
         return is_checkpoint_step(step, self.cfg.checkpoint_interval, self.cfg.steps)
@@ -385,7 +363,7 @@ class TranscriptWriter:
         else:
             checkpoint = None
         chunk = step_log.prepare(step, self.spec_hash)
-        self._queue(_StepJob(step, bytes(state_hash), chunk, checkpoint), bytes(state_hash))
+        self._queue(_StepJob(step, bytes(state_hash), chunk, checkpoint))
 
     def append_state(self, step: int, state: bytes | memoryview, step_log: ChunkLog) -> None:
         """:meth:`append_step` with the step's canonical state bytes instead of their hash: the
@@ -395,9 +373,12 @@ class TranscriptWriter:
         thread (:class:`~game.training.roundlog.PreparedChunk`); the thread compresses it."""
         checkpoint = state if self.wants_checkpoint(step) else None
         chunk = step_log.prepare(step, self.spec_hash)
-        self._queue(_StepJob(step, None, chunk, checkpoint, state), None)
+        self._queue(_StepJob(step, None, chunk, checkpoint, state))
 
-    def _queue(self, job: _StepJob, leaf: bytes | None) -> None:
+    def _queue(self, job: _StepJob) -> None:
+        """Hand ``job`` to the thread: one ``list.append``, which a Ctrl-C cannot cut in half, and no
+        lock held across Python code (a ``queue.Queue``'s could be left held by a KeyboardInterrupt
+        and hang ``close``). Waits while :data:`WRITE_AHEAD` steps wait."""
         self._raise_failure()
         if job.step != self.num_done:
             raise TranscriptError(
@@ -406,30 +387,39 @@ class TranscriptWriter:
         if job.step > self.cfg.steps:
             raise TranscriptError(f"step {job.step} is past the task's last step {self.cfg.steps}")
         if self._thread is None:
+            self._stop = False
             self._thread = threading.Thread(target=self._write_steps, name="vgame-transcript", daemon=True)
             self._thread.start()
-        with _interrupts_held():
-            self._leaves.append(leaf)  # first: the thread fills in a leaf it hashes by its index
-            try:
-                self._jobs.put(job)
-            except BaseException:
-                self._leaves.pop()
-                raise
+        self._wait_until(len(self._leaves) - WRITE_AHEAD)  # one being written, WRITE_AHEAD waiting
+        self._leaves.append(job)
+        self._wake.put(None)
+
+    def _wait_until(self, written: int) -> None:
+        """Block until the thread is done with ``written`` steps (a Ctrl-C comes out of the wait
+        with nothing held)."""
+        if self._written >= written:
+            return
+        self._waiting = True  # before the check: the thread tells every step it is done with now
+        try:
+            while self._written < written:
+                self._done.get()
+        finally:
+            self._waiting = False
 
     def flush(self) -> None:
         """Wait until every queued step is on disk; raise the thread's error if one failed."""
         if self._thread is not None:
-            with _interrupts_held():
-                self._jobs.join()
+            self._wake.put(None)  # a step appended but not yet announced (a Ctrl-C between the two)
+            self._wait_until(len(self._leaves))
         self._raise_failure()
 
     def close(self) -> None:
         """Write the queued steps and stop the thread (the writer takes more steps afterwards)."""
         if self._thread is not None:
-            with _interrupts_held():
-                self._jobs.put(None)
-                self._thread.join()
-                self._thread = None
+            self._stop = True
+            self._wake.put(None)
+            self._thread.join()
+            self._thread = None
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -437,23 +427,26 @@ class TranscriptWriter:
             raise self._failure
 
     def _write_steps(self) -> None:
-        """The thread: write jobs in order until ``None``; after a failure, drop the rest (a later
-        step's leaf must never land after a missing one)."""
+        """The thread: write the steps in order until told to stop with none left; after a failure,
+        drop the rest (a later step's leaf must never land after a missing one)."""
         while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                if self._failure is None:
-                    self._write(job)
-            except Exception as exc:  # handed to the caller's thread
-                failure = TranscriptError(
-                    f"writing step {job.step if job else '?'} to {self.directory} failed: {exc}"
-                )
-                failure.__cause__ = exc
-                self._failure = failure
-            finally:
-                self._jobs.task_done()
+            self._wake.get()
+            while self._written < len(self._leaves):
+                job = self._leaves[self._written]
+                assert isinstance(job, _StepJob)  # a step's leaf replaces its job only here
+                try:
+                    if self._failure is None:
+                        self._write(job)
+                except Exception as exc:  # handed to the caller's thread
+                    failure = TranscriptError(f"writing step {job.step} to {self.directory} failed: {exc}")
+                    failure.__cause__ = exc
+                    self._failure = failure
+                finally:
+                    self._written += 1
+                    if self._waiting:
+                        self._done.put(None)
+            if self._stop:
+                return
 
     def _write(self, job: _StepJob) -> None:
         step = job.step

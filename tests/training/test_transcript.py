@@ -173,15 +173,16 @@ def test_appendState_afterAFailedWrite_hasNoLeaf_andLeavesRaises(
     assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(0)[0]]
 
 
-def test_ctrlC_whileWaitingForTheThread_isRaisedOnceTheStepIsQueued_andCloseStillWrites(
+def test_ctrlC_whileWaitingForTheThread_leavesTheStepOut_andCloseStillWrites(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A KeyboardInterrupt inside the queue's lock could leave it held and hang ``close`` (a
-    ``vgame train`` did after Ctrl-C): it is held back until the step is queued, then raised."""
+    """A KeyboardInterrupt inside a queue's lock could leave it held and hang ``close`` (a ``vgame
+    train`` did after Ctrl-C). The writer holds no lock across Python code: a Ctrl-C while a step
+    waits for room comes out with the step not taken, and ``close`` writes the ones taken."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         writer = _writer(tmp_path, monkeypatch, lambda step: time.sleep(0.3))
-        for step in range(WRITE_AHEAD + 1):  # the thread writes one, WRITE_AHEAD wait: the queue is full
+        for step in range(WRITE_AHEAD + 1):  # the thread writes one, WRITE_AHEAD wait: no room
             _append(writer, step)
         main = threading.main_thread().ident
         assert main is not None
@@ -190,10 +191,10 @@ def test_ctrlC_whileWaitingForTheThread_isRaisedOnceTheStepIsQueued_andCloseStil
         with pytest.raises(KeyboardInterrupt):
             _append(writer, WRITE_AHEAD + 1)  # waits for room; the signal comes meanwhile
         timer.join()
-        assert writer.num_done == WRITE_AHEAD + 2  # the step went in before the interrupt came out
-        writer.close()  # returns: the queue's lock was not left held
+        assert writer.num_done == WRITE_AHEAD + 1  # the step was not taken
+        _append(writer, WRITE_AHEAD + 1)  # and can be appended again
+        writer.close()  # returns: nothing was left held
         assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(WRITE_AHEAD + 2)]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -205,13 +206,22 @@ def test_aStateTheThreadHashesAtOnce_stillGetsItsLeaf(
     must already be there."""
     cfg = _cfg()
     writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
-    put = writer._jobs.put
 
-    def put_and_wait(job: Any, *args: Any, **kwargs: Any) -> None:
-        put(job, *args, **kwargs)
-        writer._jobs.join()  # the thread has written the step before the caller goes on
+    class WakeAndWait:
+        """The thread's wake-up, which returns once the thread has written every step."""
 
-    monkeypatch.setattr(writer._jobs, "put", put_and_wait)
+        def __init__(self, wake: Any) -> None:
+            self.wake = wake
+
+        def get(self) -> None:
+            self.wake.get()
+
+        def put(self, item: None) -> None:
+            self.wake.put(item)
+            while writer._written < writer.num_done:
+                time.sleep(0.001)
+
+    monkeypatch.setattr(writer, "_wake", WakeAndWait(writer._wake))
     for step in range(3):
         writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
     assert writer.leaves == [_state(s)[0] for s in range(3)]
