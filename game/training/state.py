@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from game.errors import TrainingError, TranscriptError
 from game.training import native, rounding
 from game.training.config import TaskConfig
+from game.training.native import front
 
 log = logging.getLogger(__name__)
 
@@ -139,14 +140,41 @@ def _optimizer_tensors(state: TrainState, names: dict[int, str]) -> dict[str, Te
     return out
 
 
+def _module_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``named_parameters()`` and :func:`_persistent_buffers` in one walk of the modules, with no
+    generator a level and no Python ``Tensor.__hash__`` a parameter (``named_parameters`` spends
+    85 us a gpt-shakespeare step on those). The walk is ``named_modules(remove_duplicate=False)``'s:
+    depth first, children in order, a shared module under each of its names (its buffers so, as
+    ``state_dict`` has them); a parameter is named where first met, as ``named_parameters`` does
+    (it skips a module met before, whose parameters were all met with it)."""
+    params: dict[str, Tensor] = {}
+    buffers: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        dot = f"{prefix}." if prefix else ""
+        for name, p in module._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                params[dot + name] = p
+        skip = module._non_persistent_buffers_set
+        for name, b in module._buffers.items():
+            if b is not None and name not in skip:
+                buffers[dot + name] = b
+        stack.extend(reversed([(dot + name, m) for name, m in module._modules.items() if m is not None]))
+    return params, buffers
+
+
 def state_tensors(state: TrainState) -> dict[str, Tensor]:
     """Every tensor of the state by canonical name, sorted."""
     out: dict[str, Tensor] = {}
     names: dict[int, str] = {}
-    for name, p in state.model.named_parameters():
+    params, buffers = _module_tensors(state.model)
+    for name, p in params.items():
         out[f"param/{name}"] = p
         names[id(p)] = name
-    for name, b in _persistent_buffers(state.model).items():
+    for name, b in buffers.items():
         out[f"buffer/{name}"] = b
     out.update(_optimizer_tensors(state, names))
     return dict(sorted(out.items()))
@@ -267,14 +295,15 @@ def _layout(structure: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _Layout:
     )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _BufferPlan:
     """What :func:`state_buffer` works out from a state's tensors and reuses while they stay as they
     were: their layout, and for the copies the contiguous float64 tensors' addresses, value counts
     and offsets (one C call converts them), the other contiguous tensors' offsets, addresses and
     byte counts, and the strided ones (copied piece by piece). Working it out walks every tensor in
     Python; checking it costs less (0.15 ms less a gpt-shakespeare step). What it reads is fixed by
-    what it checks: each tensor's name, data pointer, shape, dtype and contiguity."""
+    what it checks: each tensor's name, data pointer, shape, dtype and contiguity (read in one call
+    to the C++ front, :func:`~game.training.native.front.layouts`, once the front is loaded)."""
 
     names: list[str]
     pointers: list[int]
@@ -287,19 +316,27 @@ class _BufferPlan:
     offsets: np.ndarray
     raw: tuple[tuple[int, int, int], ...]  # (offset in the bytes, address, byte count)
     strided: tuple[int, ...]  # positions in ``tensors``
+    #: the tensors' :func:`front.layouts` (None until the front is loaded)
+    layouts: bytes | None = None
 
     def fits(self, names: list[str], tensors: list[Tensor]) -> bool:
         """Whether the plan still describes these tensors: the same names, and each tensor where, what
         and how laid out it was, on the CPU (a restored checkpoint, an optimizer's new state or a
         parameter given new data fails this)."""
-        return (
-            names == self.names
-            and [t.data_ptr() for t in tensors] == self.pointers
+        if names != self.names:
+            return False
+        if self.layouts is not None and (now := front.layouts(tensors)) is not None:
+            return now == self.layouts
+        fits = (
+            [t.data_ptr() for t in tensors] == self.pointers
             and [t.shape for t in tensors] == self.shapes
             and [t.dtype for t in tensors] == self.dtypes
             and [t.is_contiguous() for t in tensors] == self.contiguous
             and all(t.is_cpu for t in tensors)
         )
+        if fits and self.layouts is None:
+            self.layouts = front.layouts(tensors)  # the plan was made before the front loaded
+        return fits
 
 
 def _buffer_plan(names: list[str], tensors: list[Tensor]) -> _BufferPlan | None:
@@ -331,6 +368,7 @@ def _buffer_plan(names: list[str], tensors: list[Tensor]) -> _BufferPlan | None:
             if flat and t.dtype != torch.float64
         ),
         strided=tuple(k for k, flat in enumerate(contiguous) if not flat),
+        layouts=front.layouts(tensors),
     )
 
 

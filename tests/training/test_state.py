@@ -13,6 +13,7 @@ from game.errors import TranscriptError
 from game.training import rounding
 from game.training import state as state_module
 from game.training.config import TaskConfig
+from game.training.native import front
 from game.training.profiles import get_profile
 from game.training.state import (
     STATE_MAGIC,
@@ -133,13 +134,53 @@ def test_oneBuffer_isTheStreamedBytes(name: str, monkeypatch: pytest.MonkeyPatch
     assert state_hash(state) == hashlib.sha256(one).digest()
 
 
+class _Tangled(torch.nn.Module):
+    """What a module walk can get wrong: a module under two names, a weight tied to another
+    module's, a None parameter and child, a non-persistent buffer, containers inside containers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+        self.a = shared
+        self.b = torch.nn.ModuleList([torch.nn.Linear(3, 4), torch.nn.ModuleDict({"s": shared})])
+        self.head = torch.nn.Linear(3, 3)
+        self.head.weight = shared[0].weight
+        self.register_parameter("nothing", None)
+        self.register_module("gone", None)
+        self.register_buffer("scale", torch.ones(2), persistent=False)
+        self.register_buffer("count", torch.zeros(1))
+
+
+@pytest.mark.parametrize("name", [*SMALL, "tangled"])
+def test_moduleWalk_namesWhatTorchNames_inItsOrder(name: str) -> None:
+    """The state's one walk of the modules gives ``named_parameters()`` (each parameter once, where
+    first met) and the persistent buffers under every name ``state_dict`` gives them, in order."""
+    model = _Tangled() if name == "tangled" else trained(name)[1].model
+    params, buffers = state_module._module_tensors(model)
+    assert [(n, id(p)) for n, p in params.items()] == [(n, id(p)) for n, p in model.named_parameters()]
+    tensors = model.state_dict(keep_vars=True)
+    want = [(n, id(b)) for n, b in tensors.items() if not isinstance(b, torch.nn.Parameter)]
+    assert [(n, id(b)) for n, b in buffers.items()] == want
+    if name == "tangled":
+        assert "b.1.s.1.running_mean" in buffers and "head.weight" not in params and "scale" not in buffers
+
+
+@pytest.mark.parametrize("checked_by", ["front", "python"])
 @pytest.mark.parametrize("name", ["gpt-shakespeare", "cnn-digits"])
-def test_oneBuffer_keepsItsPlan_onlyWhileTheTensorsAreTheSame(name: str) -> None:
+def test_oneBuffer_keepsItsPlan_onlyWhileTheTensorsAreTheSame(
+    name: str, checked_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The buffer's plan (layout, addresses) is reused from step to step, and made again when the
     state's tensors change under it: new optimizer state, a parameter given new storage, another
-    shape, strides, dtype or name. The bytes are the reference layout's every time."""
+    shape, strides, dtype or name. The bytes are the reference layout's every time, whether the
+    C++ front reads the tensors' layouts or Python does."""
     cfg, state = trained(name)
     engine = StepEngine(cfg, get_profile("cpu-1t"))
+    if checked_by == "python":
+        monkeypatch.setattr(front, "layouts", lambda tensors: None)
+    elif not front.available():
+        pytest.skip("the C++ front does not load here")
+    state.buffer_plan = None  # a plan made before, checked the other way
 
     def bytes_now() -> bytes:
         buf = state_buffer(state)
@@ -152,6 +193,7 @@ def test_oneBuffer_keepsItsPlan_onlyWhileTheTensorsAreTheSame(name: str) -> None
     engine.run_step(state, 3, mode="round")
     bytes_now()
     assert state.buffer_plan is plan  # the same tensors, new values: the same plan
+    assert (plan.layouts is not None) == (checked_by == "front")
     state.optimizer.load_state_dict(copy.deepcopy(state.optimizer.state_dict()))  # new tensors
     before = bytes_now()
     assert state.buffer_plan is not plan

@@ -516,6 +516,25 @@ bool set_included(bool on) {
   return before;
 }
 
+// Each tensor's data pointer, dtype, device, contiguity and shape, as bytes: equal bytes, the same
+// layouts. The state's buffer plan (state.py) checks its tensors with one call a step, where Python
+// reads five attributes a tensor (some 60 us a gpt-shakespeare step).
+py::bytes layouts(const std::vector<at::Tensor>& tensors) {
+  std::string out;
+  for (const at::Tensor& t : tensors) {
+    const int64_t head[5] = {
+        reinterpret_cast<int64_t>(t.data_ptr()),
+        static_cast<int64_t>(t.scalar_type()),
+        static_cast<int64_t>(t.device().type()) << 16 | static_cast<uint16_t>(t.device().index()),
+        t.is_contiguous(),
+        t.dim(),
+    };
+    out.append(reinterpret_cast<const char*>(head), sizeof head);
+    out.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
+  }
+  return py::bytes(out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
@@ -525,4 +544,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("leave", &leave, "Switch it off; what the session did that Python has not seen.");
   m.def("active", &active, "Whether the front is on in this thread.");
   m.def("set_included", &set_included, "Set whether this thread's ops reach the front; the setting before.");
+  m.def("layouts", &layouts, "Each tensor's data pointer, dtype, device, contiguity and shape, as bytes.");
 }

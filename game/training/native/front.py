@@ -15,6 +15,9 @@ compiled with torch's C++ extension builder (a C++ compiler and ``ninja``) the f
 needed, into the kernels' cache directory, keyed by the source, torch and Python; ``python -m
 game.training.native.front`` builds it ahead (``make setup`` does). Where it cannot be built, with
 ``VGAME_NATIVE=0`` or ``VGAME_FRONT=0``, or inside :func:`disabled`, the Python mode runs instead.
+
+The module also reads tensors' layouts for the state's buffer plan (:func:`layouts`), one call where
+Python would read five attributes a tensor.
 """
 
 from __future__ import annotations
@@ -130,6 +133,19 @@ def load() -> Any:
             log.warning("C++ dispatch front unavailable (%s): the Python dispatch mode runs instead", exc)
             _module = None
         return _module
+
+
+def layouts(tensors: Sequence[torch.Tensor]) -> bytes | None:
+    """Each tensor's data pointer, dtype, device, contiguity and shape, as bytes (equal bytes: the
+    same layouts), in one call; None where the front is not loaded (this builds nothing) or a
+    tensor has no data pointer. :func:`disabled` does not apply: this reads, it intercepts nothing."""
+    module = _module
+    if module is None:
+        return None
+    try:
+        return bytes(module.layouts(list(tensors)))
+    except RuntimeError:  # a tensor without storage
+        return None
 
 
 def available() -> bool:
