@@ -129,12 +129,12 @@ class SparseStepLog:
             raise RoundingLogError(
                 f"{_where(self.step)}: the records' entry counts do not add up to their positions"
             )
-        ops = table[:, 0]
-        if int(ops.min()) < 0 or int(ops.max()) >= 2**32:
+        (op_lo, row_lo, *_), (op_hi, row_hi, *_) = table.min(axis=0).tolist(), table.max(axis=0).tolist()
+        if op_lo < 0 or op_hi >= 2**32:
+            ops = table[:, 0]
             bad = int(ops[(ops < 0) | (ops >= 2**32)][0])
             raise RoundingLogError(f"{_where(self.step)}: op index {bad} does not fit uint32")
-        rows = table[:, 1]
-        if int(rows.min()) < 0 or int(rows.max()) >= len(names):
+        if row_lo < 0 or row_hi >= len(names):
             raise RoundingLogError(f"{_where(self.step)}: a record's row has no op name")
         self._parts.append(RecordRows(table, positions, names))
         self._count += len(table)
@@ -195,8 +195,14 @@ class SparseStepLog:
         """The records as columns: a (k, 4) int64 table of (op index, name id, value count, entry
         count) per record, the names by id (in order of first use, as a chunk lists them), and every
         record's positions one after another (int64, on the CPU)."""
-        columns = _columns(self._parts)
         names: dict[str, int] = {}  # name -> id
+        if len(self._parts) == 1 and isinstance(part := self._parts[0], RecordRows):
+            # one part as columns (a step of the C++ front's, a decoded chunk): only the name ids
+            # change, in a few calls (the general way below takes some twenty)
+            table = part.table.astype(np.int64)  # a copy
+            table[:, 1] = [names.setdefault(part.names[row], len(names)) for row in table[:, 1].tolist()]
+            return table, list(names), part.positions.astype(np.int64)
+        columns = _columns(self._parts)
         table = np.empty((self._count, 4), dtype=np.int64)
         table[:, 0] = columns.ops
         table[:, 1] = [names.setdefault(name, len(names)) for name in columns.names]
