@@ -102,6 +102,21 @@ def test_aFailedWrite_isRaisedNamingTheStep_andNoLaterLeafLands(
     assert resumed.num_done == 3  # the run goes on from the first step that is not on disk
 
 
+def test_close_thenMoreSteps_startsTheThreadAgain_andLosesNone(tmp_path: Path) -> None:
+    """``close`` stops the thread once every step is written; a later append starts a new one,
+    which takes the steps from where the first stopped."""
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    for part in (range(0, 4), range(4, 5), range(5, cfg.steps + 1)):
+        for step in part:
+            _append(writer, step)
+        writer.close()
+        assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(part.stop)]
+    assert writer.leaves == [_state(s)[0] for s in range(cfg.steps + 1)]
+    writer.finish()
+    Transcript(tmp_path / "t").verify()
+
+
 def test_anErrorOfTheCaller_stillWritesTheQueuedSteps(tmp_path: Path) -> None:
     cfg = _cfg()
     with (
