@@ -5,7 +5,7 @@ Layout of a transcript directory (format ``vgame-transcript-v1``)::
     manifest.json               task config, spec hash, versions, profile, roots, ``complete`` flag
     leaves.bin                  32-byte state hashes; leaf i = state after step i (leaf 0 = init)
     chunk_hashes.bin            32-byte hashes of the log chunks of steps 0..S, same order
-    log/                        one rounding-log chunk per step (written by ``roundlog.LogWriter``)
+    log/                        one rounding-log chunk per step (named as ``roundlog.LogWriter`` names them)
     checkpoints/state-<step:09d>.bin   canonical state bytes at step 0, every k steps and the last
 
 Crash safety: whole files are written to a temporary name, fsynced and renamed; the two append-only
@@ -20,8 +20,12 @@ it also hashes them there. At most :data:`WRITE_AHEAD` steps wait while one is w
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
+A step's files go to disk in one C call (:func:`game.training.native.write_step`), which holds no
+GIL: in Python they were some twenty calls, and the trainer's thread waited for the GIL after each.
+
 The judge, the agents and ``vgame audit`` read transcripts with this module. Its own code uses no
-torch, but the chunk decoders it calls (:mod:`game.training.roundlog`) import it.
+torch, but the chunk decoders and the kernels it calls (:mod:`game.training.roundlog`,
+:mod:`game.training.native`) import it.
 """
 
 from __future__ import annotations
@@ -42,8 +46,17 @@ from typing import Any
 from game.errors import RoundingLogError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
+from game.training import native
 from game.training.config import TaskConfig
-from game.training.roundlog import ChunkLog, LogReader, LogWriter, PreparedChunk, chunk_hash, decode_chunk
+from game.training.roundlog import (
+    ChunkLog,
+    LogReader,
+    LogWriter,
+    PreparedChunk,
+    chunk_file_name,
+    chunk_hash,
+    decode_chunk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +262,6 @@ class TranscriptWriter:
         self._done: queue.SimpleQueue[None] = queue.SimpleQueue()  # from it, while the caller waits
         self._waiting = False  # whether the caller waits for ``_done``
         self._stop = False  # the thread returns once it has written every step
-        self._log_writer = LogWriter(directory / LOG_DIR_NAME)
         self._thread: threading.Thread | None = None
         self._failure: TranscriptError | None = None  # set by the thread; later steps are dropped
 
@@ -450,19 +462,35 @@ class TranscriptWriter:
 
     def _write(self, job: _StepJob) -> None:
         step = job.step
-        chunk_hash = self._log_writer.write_chunk(step, job.chunk, self.spec_hash)
-        append_fsync(self.directory / CHUNK_HASHES_NAME, chunk_hash)
+        chunk = job.chunk.encode(step, self.spec_hash)
         leaf = job.state_hash
         if leaf is None:
             assert job.state is not None
             leaf = hashlib.sha256(job.state).digest()
         elif job.checkpoint is not None and hashlib.sha256(job.checkpoint).digest() != leaf:
             raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
-        if job.checkpoint is not None:
-            atomic_write(self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step), job.checkpoint)
-        # The leaf goes last: it is what marks the step complete.
-        append_fsync(self.directory / LEAVES_NAME, leaf)
+        self._put_files(step, chunk, job.checkpoint, leaf)
         self._leaves[step] = leaf
+
+    def _put_files(self, step: int, chunk: bytes, checkpoint: bytes | memoryview | None, leaf: bytes) -> None:
+        """The step's files, in the order of the module docstring, the leaf last: it is what marks
+        the step complete. In one C call where the kernels run (no GIL held, so the trainer's thread
+        does not wait on this one's file calls), else the same moves in Python."""
+        chunk_path = self.directory / LOG_DIR_NAME / chunk_file_name(step)
+        ckpt_path = (
+            None if checkpoint is None else self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step)
+        )
+        hashes_path, leaves_path = self.directory / CHUNK_HASHES_NAME, self.directory / LEAVES_NAME
+        if native.write_step(
+            chunk_path, chunk, hashes_path, chunk_hash(chunk), ckpt_path, checkpoint, leaves_path, leaf
+        ):
+            return
+        atomic_write(chunk_path, chunk)
+        append_fsync(hashes_path, chunk_hash(chunk))
+        if ckpt_path is not None:
+            assert checkpoint is not None
+            atomic_write(ckpt_path, checkpoint)
+        append_fsync(leaves_path, leaf)
 
     def finish(self) -> Manifest:
         """Write the queued steps, compute both roots, check every step is there, and mark the

@@ -3,7 +3,9 @@ failure never leaves a later step's leaf behind a missing one (the crash-resume 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import shutil
 import signal
 import threading
 import time
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from game.errors import TranscriptError
+from game.training import native
 from game.training.config import TaskConfig
 from game.training.roundlog import new_step_log
 from game.training.transcript import (
@@ -45,15 +48,15 @@ def _append(writer: TranscriptWriter, step: int, **overrides: Any) -> None:
 def _writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before_chunk: Callable[[int], None]
 ) -> TranscriptWriter:
-    """A writer of ``_cfg()`` whose thread calls ``before_chunk(step)`` before it writes a chunk."""
+    """A writer of ``_cfg()`` whose thread calls ``before_chunk(step)`` before it writes a step's files."""
     writer = TranscriptWriter.create(tmp_path / "t", _cfg(), "cpu-1t")
-    honest = writer._log_writer.write_chunk
+    honest = writer._put_files
 
-    def write_chunk(step: int, *args: Any) -> bytes:
+    def put_files(step: int, *args: Any) -> None:
         before_chunk(step)
-        return honest(step, *args)
+        honest(step, *args)
 
-    monkeypatch.setattr(writer._log_writer, "write_chunk", write_chunk)
+    monkeypatch.setattr(writer, "_put_files", put_files)
     return writer
 
 
@@ -138,6 +141,7 @@ def test_checkpointBytesThatDoNotHashToTheLeaf_areRefusedNamingTheStep(tmp_path:
     with pytest.raises(TranscriptError, match="checkpoint bytes of step 2 do not hash"):
         writer.flush()
     assert len(_on_disk(tmp_path / "t", LEAVES_NAME)) == 2
+    assert len(_on_disk(tmp_path / "t", CHUNK_HASHES_NAME)) == 2  # checked before any file of the step
 
 
 def test_appendStep_refusesOutOfOrderSteps_andAMissingCheckpoint_atOnce(tmp_path: Path) -> None:
@@ -241,3 +245,79 @@ def test_aStateTheThreadHashesAtOnce_stillGetsItsLeaf(
         writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
     assert writer.leaves == [_state(s)[0] for s in range(3)]
     writer.close()
+
+
+def _files_way(way: str) -> contextlib.AbstractContextManager[None]:
+    """The step's files written by the C call (``c``) or by the Python moves (``python``)."""
+    if way == "c" and not native.available():
+        pytest.skip("no C compiler on this machine")
+    return native.disabled() if way == "python" else contextlib.nullcontext()
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_theStepsFiles_areTheSameWrittenInCOrInPython(tmp_path: Path) -> None:
+    """Both ways leave the same files, byte for byte, and no temporary file (a step queued with its
+    hash or with its state's bytes, checkpoint steps among them)."""
+    cfg = _cfg()
+    trees = []
+    for way in ("c", "python"):
+        out = tmp_path / way
+        with _files_way(way):
+            writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+            for step in range(cfg.steps + 1):
+                if step % 3 == 1:
+                    writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
+                else:
+                    _append(writer, step)
+            writer.finish()
+        Transcript(out).verify()
+        trees.append(_tree(out))
+    assert trees[0] == trees[1]
+    assert {name for name in trees[0] if name.endswith(".tmp")} == set()
+    assert sum(name.startswith("checkpoints/") for name in trees[0]) == 5
+
+
+@pytest.mark.parametrize("way", ["c", "python"])
+@pytest.mark.parametrize(
+    "broken", ["log", CHUNK_HASHES_NAME, LEAVES_NAME], ids=["log-directory", "chunk-hashes", "leaves"]
+)
+def test_aFileThatCannotBeWritten_failsTheStepNamingIt_andNothingAfterItLands(
+    tmp_path: Path, way: str, broken: str
+) -> None:
+    """A real failure, not a patched one: ``broken`` is made something a step cannot write to (a
+    file where the log directory was, a directory where an append-only file was) before checkpoint
+    step 4. The error names the step and the file; what the step writes after that file (module
+    docstring: chunk, chunk hash, checkpoint, leaf) is not written; steps 0-3 stay as they were."""
+    cfg = _cfg()
+    out = tmp_path / "t"
+    bad = 4
+    assert cfg.checkpoint_interval == 2
+    with _files_way(way):
+        writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+        for step in range(bad):
+            _append(writer, step)
+        writer.flush()
+        leaves, hashes = _on_disk(out, LEAVES_NAME), _on_disk(out, CHUNK_HASHES_NAME)
+        target = out / broken
+        if target.is_dir():
+            shutil.rmtree(target)
+            target.write_bytes(b"")
+        else:
+            target.unlink()
+            target.mkdir()
+        _append(writer, bad)
+        with pytest.raises(TranscriptError, match=rf"writing step {bad} .*{broken}"):
+            writer.flush()
+    if broken != LEAVES_NAME:
+        assert _on_disk(out, LEAVES_NAME) == leaves
+    if broken == "log":
+        assert _on_disk(out, CHUNK_HASHES_NAME) == hashes
+    if broken == LEAVES_NAME:  # everything before the leaf landed
+        chunk = (out / "log" / f"step-{bad:09d}.bin").read_bytes()
+        assert _on_disk(out, CHUNK_HASHES_NAME) == [*hashes, hashlib.sha256(chunk).digest()]
+    checkpoint = out / "checkpoints" / f"state-{bad:09d}.bin"
+    assert checkpoint.exists() == (broken == LEAVES_NAME)
+    assert [p.name for p in out.rglob("*.tmp")] == []

@@ -4,15 +4,18 @@ reference.
 Why: on CPU the torch kernels of :mod:`game.training.banding` make a dozen passes over every logged
 tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
 step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass, and also
-writes and reads the sparse log's varints (numpy needs a pass per byte of the longest) and draws
-the RNG's Philox words (:func:`philox_stream`: as torch ops, dropout's masks took a third of a
-plain gpt-shakespeare step on CPU). It is
-compiled with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time
-it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by
-the source's hash. Without a compiler, with ``VGAME_NATIVE=0``, on CUDA tensors, or when a tensor
-holds rare lanes (float32-subnormal range, past the range, inf, NaN), the torch kernels run instead:
-the results are the same bit for bit (tests/training/test_native.py holds them to it); the numpy
-varint code is the fallback and words every error.
+writes and reads the sparse log's varints (numpy needs a pass per byte of the longest) and draws the
+RNG's Philox words (:func:`philox_stream`: as torch ops, dropout's masks took a third of a plain
+gpt-shakespeare step on CPU). It also writes a transcript step's files in one call that holds no GIL
+(:func:`write_step`): the trainer's thread no longer waits for the GIL after each of the writer
+thread's file calls. It is compiled with the machine's C compiler (``$CC``, else ``cc``) into a
+cache directory the first time it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``,
+else ``~/.cache/vgame``), keyed by the source's hash. Without a compiler, with ``VGAME_NATIVE=0``,
+on CUDA tensors, or when a tensor holds rare lanes (float32-subnormal range, past the range, inf,
+NaN), the torch kernels run instead: the results are the same bit for bit
+(tests/training/test_native.py holds them to it); the numpy varint code is the fallback and words
+every error; the transcript writes its files in Python (tests/training/test_transcript.py holds both
+ways to the same files).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+
+from game.fsio import temp_name
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +179,14 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_init()  # the kernels' tables, before any of them runs
         lib.vg_philox_stream.restype = None
         lib.vg_philox_stream.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _PTR]
+        lib.vg_write_step.restype = _I64
+        _path = ctypes.c_char_p
+        lib.vg_write_step.argtypes = [
+            *(_path, _path, _path, _PTR, _I64),  # the chunk
+            *(_path, _PTR),  # its hash
+            *(_path, _path, _path, _PTR, _I64),  # the checkpoint
+            *(_path, _PTR, _PTR),  # the leaf, where it failed
+        ]
         _lib = lib
         return lib
 
@@ -456,6 +469,63 @@ def sparse_body(table: np.ndarray, positions: np.ndarray) -> bytes | None:
     out = np.empty(9 * (t.size + p.size), dtype=np.uint8)
     n = lib.vg_sparse_body(t.ctypes.data, t.shape[0], p.ctypes.data, p.size, out.ctypes.data)
     return None if n < 0 else out[:n].tobytes()
+
+
+#: ``vg_write_step``'s numbers for the file it failed on.
+_STEP_FILES = {1: "chunk", 2: "chunk hashes", 3: "checkpoint", 4: "leaves"}
+
+
+def write_step(
+    chunk_path: Path,
+    chunk: bytes,
+    hashes_path: Path,
+    chunk_hash: bytes,
+    checkpoint_path: Path | None,
+    checkpoint: bytes | memoryview | None,
+    leaves_path: Path,
+    leaf: bytes,
+) -> bool:
+    """Write a transcript step's files in one C call, which holds no GIL (``vg_write_step`` in
+    kernels.c says why): the chunk and the checkpoint as :func:`game.fsio.atomic_write` writes a
+    file, the hashes as :func:`game.fsio.append_fsync` appends them, in that order. False: nothing
+    was written (no kernels, or a platform without them), write them in Python. Raises ``OSError``
+    naming the file that failed; nothing after it was written."""
+    lib = _running()
+    if lib is None:
+        return False
+    if len(chunk_hash) != 32 or len(leaf) != 32:
+        raise ValueError("a chunk hash and a leaf are 32 bytes")
+    buffers = [np.frombuffer(b, dtype=np.uint8) for b in (chunk, chunk_hash, leaf)]
+    ckpt = None if checkpoint is None else np.frombuffer(checkpoint, dtype=np.uint8)
+    ckpt_paths: list[bytes | None] = [None, None, None]
+    if checkpoint_path is not None:
+        if ckpt is None:
+            raise ValueError("a checkpoint path needs the checkpoint's bytes")
+        ckpt_paths = [
+            os.fsencode(p) for p in (checkpoint_path, temp_name(checkpoint_path), checkpoint_path.parent)
+        ]
+    failed = np.zeros(1, dtype=np.int64)
+    err = lib.vg_write_step(
+        os.fsencode(chunk_path),
+        os.fsencode(temp_name(chunk_path)),
+        os.fsencode(chunk_path.parent),
+        buffers[0].ctypes.data,
+        buffers[0].size,
+        os.fsencode(hashes_path),
+        buffers[1].ctypes.data,
+        *ckpt_paths,
+        0 if ckpt is None else ckpt.ctypes.data,
+        0 if ckpt is None else ckpt.size,
+        os.fsencode(leaves_path),
+        buffers[2].ctypes.data,
+        failed.ctypes.data,
+    )
+    if err < 0:
+        return False
+    if err > 0:
+        where = {1: chunk_path, 2: hashes_path, 3: checkpoint_path, 4: leaves_path}[int(failed[0])]
+        raise OSError(err, f"{os.strerror(err)} (the step's {_STEP_FILES[int(failed[0])]})", str(where))
+    return True
 
 
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:

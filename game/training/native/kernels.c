@@ -1,5 +1,6 @@
 /* Fused rounding kernels for the sparse log: one pass over a tensor instead of a dozen torch ops;
- * and the log's LEB128 varints (at the end), one byte at a time instead of numpy's many passes.
+ * the log's LEB128 varints (at the end), one byte at a time instead of numpy's many passes; and a
+ * transcript step's file writes in one call that holds no GIL (vg_write_step, last).
  *
  * Every function works on the int64 bit patterns of float64 values and computes exactly what the
  * torch code in game/training/banding.py and rounding.py computes (integer arithmetic only, so the
@@ -13,6 +14,7 @@
  * midpoint in float64 ulps of x), band = min(2^(52 + rel) + floor, half / 4) with
  * floor = 2^(52 + abs + top - e(x)) when that exponent is >= 0 (capped at 2^62), else 0.
  */
+#define _POSIX_C_SOURCE 200809L /* fsync, for vg_write_step */
 #include <stdint.h>
 #include <string.h>
 
@@ -842,3 +844,93 @@ int64_t vg_unpack_trit_blocks(const uint8_t *restrict in, int64_t blocks, uint8_
     }
     return 0;
 }
+
+/* One transcript step's files (game/training/transcript.py), in the writer's order and with the
+ * moves of game/fsio.py: the chunk written to its temporary name, fsynced and renamed, the log
+ * directory fsynced; the chunk hash appended and fsynced; the checkpoint, when there is one, like
+ * the chunk; the leaf appended and fsynced last, since it marks the step complete. Why in C: ctypes
+ * lets go of the GIL for the whole call, where the same moves in Python were some twenty calls a
+ * step, each a hand-over of the GIL that the trainer's thread then waited for (docs/benchmarks.md).
+ * Returns 0, or the errno of the first failure with *failed set to the file it hit: 1 the chunk,
+ * 2 the chunk hashes, 3 the checkpoint, 4 the leaves; then nothing after that file was written,
+ * and a temporary file is removed. -1: not built for this platform (the caller writes in Python). */
+#if defined(__unix__) || defined(__APPLE__)
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static int write_all(int fd, const uint8_t *p, int64_t n) {
+    while (n > 0) {
+        ssize_t k = write(fd, p, (size_t)(n < (1 << 30) ? n : (1 << 30)));
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        p += k;
+        n -= k;
+    }
+    return 0;
+}
+
+/* As fsio.fsync_dir: best effort (some file systems refuse to open or sync a directory). */
+static void sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        (void)close(fd);
+    }
+}
+
+/* Write, fsync and close fd; the first errno, or 0. */
+static int finish_file(int fd, const uint8_t *data, int64_t n) {
+    int err = write_all(fd, data, n);
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    return err;
+}
+
+static int put_file(const char *path, const char *tmp, const char *dir, const uint8_t *data, int64_t n) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return errno;
+    int err = finish_file(fd, data, n);
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) {
+        (void)unlink(tmp);
+        return err;
+    }
+    sync_dir(dir);
+    return 0;
+}
+
+static int append_file(const char *path, const uint8_t *data, int64_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0) return errno;
+    return finish_file(fd, data, n);
+}
+
+int64_t vg_write_step(const char *chunk_path, const char *chunk_tmp, const char *log_dir, const uint8_t *chunk,
+                      int64_t chunk_len, const char *hashes_path, const uint8_t *chunk_hash, const char *ckpt_path,
+                      const char *ckpt_tmp, const char *ckpt_dir, const uint8_t *ckpt, int64_t ckpt_len,
+                      const char *leaves_path, const uint8_t *leaf, int64_t *failed) {
+    int err;
+    *failed = 1;
+    if ((err = put_file(chunk_path, chunk_tmp, log_dir, chunk, chunk_len))) return err;
+    *failed = 2;
+    if ((err = append_file(hashes_path, chunk_hash, 32))) return err;
+    *failed = 3;
+    if (ckpt_path && (err = put_file(ckpt_path, ckpt_tmp, ckpt_dir, ckpt, ckpt_len))) return err;
+    *failed = 4;
+    if ((err = append_file(leaves_path, leaf, 32))) return err;
+    *failed = 0;
+    return 0;
+}
+#else
+int64_t vg_write_step(const char *chunk_path, const char *chunk_tmp, const char *log_dir, const uint8_t *chunk,
+                      int64_t chunk_len, const char *hashes_path, const uint8_t *chunk_hash, const char *ckpt_path,
+                      const char *ckpt_tmp, const char *ckpt_dir, const uint8_t *ckpt, int64_t ckpt_len,
+                      const char *leaves_path, const uint8_t *leaf, int64_t *failed) {
+    *failed = 0;
+    return -1;
+}
+#endif
