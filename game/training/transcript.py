@@ -475,18 +475,19 @@ class TranscriptWriter:
     def _put_files(self, step: int, chunk: bytes, checkpoint: bytes | memoryview | None, leaf: bytes) -> None:
         """The step's files, in the order of the module docstring, the leaf last: it is what marks
         the step complete. In one C call where the kernels run (no GIL held, so the trainer's thread
-        does not wait on this one's file calls), else the same moves in Python."""
+        does not wait for the GIL after each file call), else the same moves in Python."""
         chunk_path = self.directory / LOG_DIR_NAME / chunk_file_name(step)
         ckpt_path = (
             None if checkpoint is None else self.directory / CHECKPOINT_DIR_NAME / checkpoint_name(step)
         )
         hashes_path, leaves_path = self.directory / CHUNK_HASHES_NAME, self.directory / LEAVES_NAME
+        hashed = chunk_hash(chunk)
         if native.write_step(
-            chunk_path, chunk, hashes_path, chunk_hash(chunk), ckpt_path, checkpoint, leaves_path, leaf
+            chunk_path, chunk, hashes_path, hashed, ckpt_path, checkpoint, leaves_path, leaf
         ):
             return
         atomic_write(chunk_path, chunk)
-        append_fsync(hashes_path, chunk_hash(chunk))
+        append_fsync(hashes_path, hashed)
         if ckpt_path is not None:
             assert checkpoint is not None
             atomic_write(ckpt_path, checkpoint)
