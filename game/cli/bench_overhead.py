@@ -89,20 +89,28 @@ def _print(report: OverheadReport) -> None:
 
     n = len(report.samples["trainer"])
     times = Table(
-        title=f"{report.preset} on {report.profile}: median seconds per step ({n} timed blocks of up to "
-        f"{report.block} steps, {report.steps} steps x {report.repeats} repeats, interleaved)",
+        title=f"{report.preset} on {report.profile}: median milliseconds per step ({n} timed blocks of up "
+        f"to {report.block} steps, {report.steps} steps x {report.repeats} repeats, interleaved)",
         title_justify="left",
+        caption="trainer: rounding, log, state hash and transcript on disk; auditor: chunk read, checked and "
+        "decoded, replay, state hash. step thread CPU: the CPU time of the thread that runs the steps; "
+        "waits: wall time less that; other threads CPU: the rest of the process (the trainer's writer, "
+        "the auditor's hasher).",
+        caption_justify="left",
     )
     times.add_column("variant")
-    times.add_column("median s/step", justify="right")
+    for col in ("wall", "step thread CPU", "waits", "other threads CPU"):
+        times.add_column(col, justify="right")
     labels = {
         "fp32": "plain float32",
         "fp64": "plain float64",
-        "trainer": "trainer (round + log + hash + transcript on disk)",
-        "auditor": "auditor (read + check + decode + replay + hash)",
+        "trainer": "trainer (record, hash, disk)",
+        "auditor": "auditor (read, replay, hash)",
     }
+    cpu = report.cpu
     for v, label in labels.items():
-        times.add_row(label, f"{report.medians[v]:.4f}")
+        figures = (report.medians[v], cpu["step_thread"][v], cpu["waits"][v], cpu["other_threads"][v])
+        times.add_row(label, *(f"{1e3 * x:.2f}" for x in figures))
     console.print(times)
 
     ratios = Table(title="Ratios of the medians", title_justify="left")

@@ -21,7 +21,15 @@ machine's speed hit all four alike. A trainer's block ends when its writer has p
 disk, so the writing a block started is timed in that block, whichever thread did it; the
 auditor's block then reads those steps. The first ``warmup`` steps of each repeat are not timed.
 A sample is a block's seconds per step; medians over every block of every repeat are reported, and
-ratios are ratios of those medians. Caveat: :meth:`StepEngine.run_step` hashes the float32 state
+ratios are ratios of those medians.
+
+Each block's CPU time is read too, per step: the step thread's own (``time.thread_time``: the thread
+that runs the steps) and the rest of the process's (``time.process_time`` less that: the trainer's
+transcript writer, the auditor's leaf hasher, torch's worker threads on ``cpu-2t``). Wall time less
+the step thread's CPU time is its *wait*: for the GIL, for the writer at the block's end, for the
+disk, or for a core. They tell where a variant's extra time goes: more work on the step's thread,
+more waiting, or work on other threads, which on a machine with few cores slows the step beside it.
+Medians over the blocks, like the times. Caveat: :meth:`StepEngine.run_step` hashes the float32 state
 too (it has canonical bytes), so the ``fp32`` baseline includes one state hash per step. On a CUDA
 profile the device is synchronised before and after every timed block, so a block's time includes
 its kernels, not only their launch.
@@ -34,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +89,27 @@ class OverheadReport:
     medians: dict[str, float]  # variant -> median seconds per step
     samples: dict[str, list[float]]  # variant -> every timed block's seconds per step
     config: dict[str, Any]
+    #: variant -> every timed block's CPU seconds per step on the step thread, and on the other
+    #: threads of the process (the module docstring)
+    thread_cpu: dict[str, list[float]] = field(default_factory=dict)
+    other_cpu: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def cpu(self) -> dict[str, dict[str, float]]:
+        """Medians per variant, seconds per step: ``step_thread`` (CPU), ``waits`` (wall time less
+        the step thread's CPU, block by block) and ``other_threads`` (CPU)."""
+        waits = {
+            v: [wall - cpu for wall, cpu in zip(self.samples[v], self.thread_cpu[v], strict=True)]
+            for v in self.thread_cpu
+        }
+        return {
+            name: {v: statistics.median(xs) for v, xs in by.items()}
+            for name, by in (
+                ("step_thread", self.thread_cpu),
+                ("waits", waits),
+                ("other_threads", self.other_cpu),
+            )
+        }
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -119,6 +148,7 @@ class OverheadReport:
             "repeats": self.repeats,
             "block": self.block,
             "median_seconds": dict(self.medians),
+            "median_cpu_seconds": self.cpu,
             "samples": {k: len(v) for k, v in self.samples.items()},
             "ratios": self.ratios,
             "paper": {"trainer_over_plain": list(PAPER_TRAINER), "auditor_over_plain": list(PAPER_AUDITOR)},
@@ -206,6 +236,8 @@ def measure_overhead(
     sync = torch.cuda.synchronize if prof.device.startswith("cuda") else _no_sync
     cfg = cfg.replace(steps=max(cfg.steps, warmup + steps))
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    thread_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    other_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(repeats):
         with (
             tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp,
@@ -219,10 +251,15 @@ def measure_overhead(
                 for name in _block_order(k):
                     variants.prepare(name)
                     sync()
-                    t0 = time.perf_counter()
+                    # nested clocks: the thread's CPU within the process's, both within the wall's
+                    t0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
                     variants.run(name, first, last)
                     sync()
-                    samples[name].append((time.perf_counter() - t0) / (last - first + 1))
+                    c1, p1, t1 = time.thread_time(), time.process_time(), time.perf_counter()
+                    n = last - first + 1
+                    samples[name].append((t1 - t0) / n)
+                    thread_cpu[name].append((c1 - c0) / n)
+                    other_cpu[name].append(((p1 - p0) - (c1 - c0)) / n)
                 if progress is not None:
                     progress(f"repeat {rep + 1}/{repeats}, steps {first - warmup}-{last - warmup}/{steps}")
     medians = {v: statistics.median(samples[v]) for v in VARIANTS}
@@ -237,6 +274,8 @@ def measure_overhead(
         medians=medians,
         samples=samples,
         config=cfg.to_dict(),
+        thread_cpu=thread_cpu,
+        other_cpu=other_cpu,
     )
 
 

@@ -6,6 +6,7 @@ No timing is asserted: only that the figures are consistent with one another.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,28 @@ def test_overhead_ratios_are_ratios_of_the_reported_medians() -> None:
     assert doc["paper"] == {"trainer_over_plain": [1.17, 1.38], "auditor_over_plain": [1.29, 1.69]}
 
 
+def test_overhead_cpu_times_nest_within_the_wall_time() -> None:
+    """Block by block, the step thread's CPU time is at most the block's wall time and the process's
+    at least the thread's. Plain float64 on cpu-1t works on the step thread alone; the trainer's
+    writer works on a thread of its own."""
+    report = measure_overhead(tiny("gpt-shakespeare"), steps=3, repeats=1, warmup=1, block=2)
+    for v in VARIANTS:
+        assert len(report.thread_cpu[v]) == len(report.other_cpu[v]) == len(report.samples[v]) == 2
+        for wall, cpu, other in zip(
+            report.samples[v], report.thread_cpu[v], report.other_cpu[v], strict=True
+        ):
+            assert 0 < cpu <= wall + 1e-6 and other >= -1e-6
+    assert min(report.other_cpu["trainer"]) > 0
+    assert report.cpu["other_threads"]["fp64"] < 0.5 * report.cpu["step_thread"]["fp64"]
+    doc = report.to_dict()["median_cpu_seconds"]
+    assert set(doc) == {"step_thread", "waits", "other_threads"}
+    for v in VARIANTS:
+        waits = [w - c for w, c in zip(report.samples[v], report.thread_cpu[v], strict=True)]
+        assert doc["step_thread"][v] == pytest.approx(statistics.median(report.thread_cpu[v]))
+        assert doc["waits"][v] == pytest.approx(statistics.median(waits))
+        assert doc["other_threads"][v] == pytest.approx(statistics.median(report.other_cpu[v]))
+
+
 def test_overhead_rejects_zero_steps() -> None:
     with pytest.raises(TrainingError, match="steps"):
         measure_overhead(tiny("mlp-digits"), steps=0)
@@ -61,7 +84,7 @@ def test_bench_overhead_json_has_the_documented_keys() -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) >= {"preset", "profile", "steps", "warmup", "repeats", "median_seconds", "samples",
-                        "ratios", "paper", "targets", "config"}  # fmt: skip
+                        "median_cpu_seconds", "ratios", "paper", "targets", "config"}  # fmt: skip
     assert doc["profile"] == "cpu-1t" and doc["preset"] == "mlp-digits"
     assert set(doc["ratios"]) >= {"trainer_over_fp64", "auditor_over_fp64", "trainer_over_fp32"}
     m = doc["median_seconds"]
