@@ -42,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +91,8 @@ class OverheadReport:
     config: dict[str, Any]
     #: variant -> every timed block's CPU seconds per step on the step thread, and on the other
     #: threads of the process (the module docstring)
-    thread_cpu: dict[str, list[float]] = field(default_factory=dict)
-    other_cpu: dict[str, list[float]] = field(default_factory=dict)
+    thread_cpu: dict[str, list[float]]
+    other_cpu: dict[str, list[float]]
 
     @property
     def cpu(self) -> dict[str, dict[str, float]]:
