@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # torch loads only when the command runs
 def overhead(
     preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per repeat.")] = 5,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Fresh runs of all four variants.")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Fresh runs of all the variants.")] = 3,
     warmup: Annotated[
         int, typer.Option("--warmup", min=0, help="Untimed steps at the start of each repeat.")
     ] = 1,
@@ -43,8 +43,16 @@ def overhead(
     ] = None,
     profile: Annotated[
         str,
-        typer.Option("--profile", help="Hardware profile all four variants run on: cpu-1t, cpu-2t or cuda."),
+        typer.Option("--profile", help="Hardware profile every variant runs on: cpu-1t, cpu-2t or cuda."),
     ] = "cpu-1t",
+    split: Annotated[
+        bool,
+        typer.Option(
+            "--split",
+            help="Also time the trainer's thread with no writer behind it (record) and the auditor's "
+            "replay with its logs in memory and no hasher (replay).",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
@@ -63,7 +71,7 @@ def overhead(
         cfg = TaskConfig.for_preset(preset, **overrides)
         if json_out:
             report = measure_overhead(
-                cfg, steps=steps, repeats=repeats, warmup=warmup, block=block, profile=profile
+                cfg, steps=steps, repeats=repeats, warmup=warmup, block=block, profile=profile, split=split
             )
         else:
             with console.status("measuring overhead") as status:
@@ -74,6 +82,7 @@ def overhead(
                     warmup=warmup,
                     block=block,
                     profile=profile,
+                    split=split,
                     progress=lambda m: status.update(m),
                 )
     except VGameError as exc:
@@ -88,14 +97,23 @@ def _print(report: OverheadReport) -> None:
     from rich.table import Table
 
     n = len(report.samples["trainer"])
+    caption = (
+        "trainer: rounding, log, state hash and transcript on disk; auditor: chunk read, checked and "
+        "decoded, replay, state hash. step thread CPU: the CPU time of the thread that runs the steps; "
+        "waits: wall time less that; other threads CPU: the rest of the process (the trainer's writer, "
+        "the auditor's hasher)."
+    )
+    if "record" in report.medians:
+        caption += (
+            " trainer's thread alone: the trainer's rounding, log, state bytes and chunk payload, the "
+            "step dropped where the writer would take it; auditor's replay alone: the replay from logs "
+            "read before the clock starts, and the state bytes it would hash."
+        )
     times = Table(
         title=f"{report.preset} on {report.profile}: median milliseconds per step ({n} timed blocks of up "
         f"to {report.block} steps, {report.steps} steps x {report.repeats} repeats, interleaved)",
         title_justify="left",
-        caption="trainer: rounding, log, state hash and transcript on disk; auditor: chunk read, checked and "
-        "decoded, replay, state hash. step thread CPU: the CPU time of the thread that runs the steps; "
-        "waits: wall time less that; other threads CPU: the rest of the process (the trainer's writer, "
-        "the auditor's hasher).",
+        caption=caption,
         caption_justify="left",
     )
     times.add_column("variant")
@@ -106,9 +124,12 @@ def _print(report: OverheadReport) -> None:
         "fp64": "plain float64",
         "trainer": "trainer (record, hash, disk)",
         "auditor": "auditor (read, replay, hash)",
+        "record": "trainer's thread alone (no writer)",
+        "replay": "auditor's replay alone (log in memory, no hasher)",
     }
     cpu = report.cpu
-    for v, label in labels.items():
+    for v in report.medians:
+        label = labels[v]
         figures = (report.medians[v], cpu["step_thread"][v], cpu["waits"][v], cpu["other_threads"][v])
         times.add_row(label, *(f"{1e3 * x:.2f}" for x in figures))
     console.print(times)

@@ -15,11 +15,21 @@ like:
   on a thread while the next step runs and compared with the trainer's leaf (a block ends when
   its last step's leaf is compared).
 
-The variants run in *blocks* of ``block`` consecutive steps, interleaved: for each block the four
+With ``split``, two more variants say how much of the trainer's and the auditor's time is their own
+thread's work and how much the work beside it:
+
+* ``record``: everything :func:`~game.training.session.train_step` does on its own thread (the
+  rounding and logging, the state's canonical bytes, the chunk's payload), with the step dropped
+  where the trainer hands it to the writer: no writer thread, no hashing, no disk;
+* ``replay``: the auditor's replay from the trainer's logs, read before the block's clock starts,
+  and the state's canonical bytes it would hand to its hasher: no chunk read, no hasher thread (a
+  state too large for one buffer is hashed on the step's thread, as the auditor does).
+
+The variants run in *blocks* of ``block`` consecutive steps, interleaved: for each block they all
 run in turn (the order rotates with the block so none always runs first), so drifts of the
-machine's speed hit all four alike. A trainer's block ends when its writer has put every step on
+machine's speed hit them all alike. A trainer's block ends when its writer has put every step on
 disk, so the writing a block started is timed in that block, whichever thread did it; the
-auditor's block then reads those steps. The first ``warmup`` steps of each repeat are not timed.
+auditor's block (and ``replay``'s) then reads those steps. The first ``warmup`` steps of each repeat are not timed.
 A sample is a block's seconds per step; medians over every block of every repeat are reported, and
 ratios are ratios of those medians.
 
@@ -52,15 +62,20 @@ from game.errors import TrainingError
 from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import Profile, get_profile
+from game.training.roundlog import ChunkLog
 from game.training.session import initial_step, train_step
-from game.training.state import TrainState
+from game.training.state import TrainState, hash_streamed, state_buffer
 from game.training.step import StepEngine
-from game.training.transcript import Transcript, TranscriptWriter
+from game.training.transcript import Transcript, TranscriptWriter, _StepJob
 
 log = logging.getLogger(__name__)
 
 #: The variants, in the order they are reported.
 VARIANTS: tuple[str, ...] = ("fp32", "fp64", "trainer", "auditor")
+#: The two more that ``split`` adds (the module docstring).
+SPLIT_VARIANTS: tuple[str, ...] = ("record", "replay")
+#: Variants that read the trainer's steps, so run after the trainer's block.
+_READERS = ("auditor", "replay")
 #: The profile every variant runs on unless another is named.
 OVERHEAD_PROFILE = "cpu-1t"
 #: Consecutive steps a variant runs before the next variant's turn (see the module docstring).
@@ -114,12 +129,14 @@ class OverheadReport:
     @property
     def ratios(self) -> dict[str, float]:
         m = self.medians
-        return {
+        out = {
             "trainer_over_fp64": m["trainer"] / m["fp64"],
             "auditor_over_fp64": m["auditor"] / m["fp64"],
             "trainer_over_fp32": m["trainer"] / m["fp32"],
             "fp32_over_fp64": m["fp32"] / m["fp64"],
         }
+        out.update({f"{v}_over_fp64": m[v] / m["fp64"] for v in SPLIT_VARIANTS if v in m})
+        return out
 
     @property
     def targets(self) -> dict[str, dict[str, Any]]:
@@ -157,10 +174,19 @@ class OverheadReport:
         }
 
 
-class _Variants:
-    """The four states and the work of a block of steps of each; built fresh for every repeat."""
+class _DroppingWriter(TranscriptWriter):
+    """A transcript writer that drops each step where the real one hands it to its thread, so that
+    :func:`train_step` does all of its own thread's work with no writer behind it (``record``)."""
 
-    def __init__(self, cfg: TaskConfig, workdir: Path, profile: Profile) -> None:
+    def _queue(self, job: _StepJob) -> None:
+        self._leaves.append(b"")  # counts the step; the job and its state bytes are dropped
+        self._written += 1
+
+
+class _Variants:
+    """The states and the work of a block of steps of each; built fresh for every repeat."""
+
+    def __init__(self, cfg: TaskConfig, workdir: Path, profile: Profile, variants: tuple[str, ...]) -> None:
         self.cfg = cfg
         self.engine = StepEngine(cfg, profile)
         self.out = workdir / "transcript"
@@ -171,14 +197,24 @@ class _Variants:
             "trainer": initial_step(self.engine, self.writer),
             "auditor": self.engine.init_state(),
         }
+        self.dropping: TranscriptWriter | None = None
+        if "record" in variants:
+            self.dropping = _DroppingWriter.create(workdir / "dropped", cfg, profile.name)
+            self.states["record"] = initial_step(self.engine, self.dropping)
+        if "replay" in variants:
+            self.states["replay"] = self.engine.init_state()
         self.transcript = Transcript(self.out)
         self.hasher = LeafHasher()
+        self.logs: dict[int, ChunkLog] = {}
 
-    def prepare(self, variant: str) -> None:
+    def prepare(self, variant: str, first: int, last: int) -> None:
         """Untimed set-up of a block: the auditor opens the transcript as far as the trainer wrote
-        it (``vgame audit`` opens it once, not once a block)."""
+        it (``vgame audit`` opens it once, not once a block); ``replay`` reads the block's logs."""
         if variant == "auditor":
             self.transcript = Transcript(self.out)
+        elif variant == "replay":
+            t = Transcript(self.out)
+            self.logs = {step: t.read_log(step) for step in range(first, last + 1)}
 
     def run(self, variant: str, first: int, last: int) -> None:
         """Steps ``first..last`` of ``variant``; the trainer's are on disk when it returns."""
@@ -187,6 +223,15 @@ class _Variants:
             for step in range(first, last + 1):
                 train_step(engine, self.writer, state, step)
             self.writer.flush()
+        elif variant == "record":
+            assert self.dropping is not None
+            for step in range(first, last + 1):
+                train_step(engine, self.dropping, state, step)
+        elif variant == "replay":  # the auditor's thread, less the chunk's read and the hasher's work
+            for step in range(first, last + 1):
+                engine.run_step(state, step, mode="replay", log=self.logs.pop(step), hash_state=False)
+                if state_buffer(state) is None:  # as LeafHasher.submit: a large state is hashed here
+                    hash_streamed(state)
         elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs
             t = self.transcript
             pending: PendingLeaf | None = None
@@ -221,10 +266,11 @@ def measure_overhead(
     warmup: int = 1,
     block: int = BLOCK,
     profile: str = OVERHEAD_PROFILE,
+    split: bool = False,
     progress: ProgressFn | None = None,
 ) -> OverheadReport:
-    """Time ``steps`` steps (after ``warmup`` untimed ones) of all four variants in blocks of
-    ``block`` steps, ``repeats`` times."""
+    """Time ``steps`` steps (after ``warmup`` untimed ones) of all four variants (six with
+    ``split``) in blocks of ``block`` steps, ``repeats`` times."""
     if steps < 1 or repeats < 1 or warmup < 0 or block < 1:
         raise TrainingError("overhead: steps, repeats and block must be >= 1 and warmup >= 0")
     prof = get_profile(profile)
@@ -235,21 +281,22 @@ def measure_overhead(
         )
     sync = torch.cuda.synchronize if prof.device.startswith("cuda") else _no_sync
     cfg = cfg.replace(steps=max(cfg.steps, warmup + steps))
-    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    thread_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    other_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    names = VARIANTS + SPLIT_VARIANTS if split else VARIANTS
+    samples: dict[str, list[float]] = {v: [] for v in names}
+    thread_cpu: dict[str, list[float]] = {v: [] for v in names}
+    other_cpu: dict[str, list[float]] = {v: [] for v in names}
     for rep in range(repeats):
         with (
             tempfile.TemporaryDirectory(prefix="vgame-overhead-") as tmp,
-            _Variants(cfg, Path(tmp), prof) as variants,
+            _Variants(cfg, Path(tmp), prof, names) as variants,
         ):
-            for name in VARIANTS if warmup else ():
-                variants.prepare(name)
+            for name in _block_order(0, names) if warmup else ():
+                variants.prepare(name, 1, warmup)
                 variants.run(name, 1, warmup)
             for k, first in enumerate(range(warmup + 1, warmup + steps + 1, block)):
                 last = min(first + block - 1, warmup + steps)
-                for name in _block_order(k):
-                    variants.prepare(name)
+                for name in _block_order(k, names):
+                    variants.prepare(name, first, last)
                     sync()
                     # nested clocks: the thread's CPU within the process's, both within the wall's
                     t0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
@@ -262,7 +309,7 @@ def measure_overhead(
                     other_cpu[name].append(((p1 - p0) - (c1 - c0)) / n)
                 if progress is not None:
                     progress(f"repeat {rep + 1}/{repeats}, steps {first - warmup}-{last - warmup}/{steps}")
-    medians = {v: statistics.median(samples[v]) for v in VARIANTS}
+    medians = {v: statistics.median(samples[v]) for v in names}
     log.info("overhead %s: medians %s", cfg.preset, medians)
     return OverheadReport(
         preset=cfg.preset,
@@ -283,15 +330,17 @@ def _no_sync() -> None:
     """A CPU profile's steps are done when they return."""
 
 
-def _block_order(k: int) -> list[str]:
-    """The four variants for block ``k``: rotated by the block, the auditor always after the
-    trainer (it reads the trainer's steps)."""
-    k %= len(VARIANTS)
-    rotated = [*VARIANTS[k:], *VARIANTS[:k]]
-    if rotated.index("auditor") < rotated.index("trainer"):
-        rotated.remove("auditor")
-        rotated.insert(rotated.index("trainer") + 1, "auditor")
+def _block_order(k: int, names: tuple[str, ...] = VARIANTS) -> list[str]:
+    """The variants for block ``k``: rotated by the block, those that read the trainer's steps
+    (the auditor, ``replay``) always after the trainer."""
+    k %= len(names)
+    rotated = [*names[k:], *names[:k]]
+    early = [v for v in rotated[: rotated.index("trainer")] if v in _READERS]
+    for v in early:
+        rotated.remove(v)
+    at = rotated.index("trainer") + 1
+    rotated[at:at] = early
     return rotated
 
 
-__all__ = ["BLOCK", "OVERHEAD_PROFILE", "VARIANTS", "OverheadReport", "measure_overhead"]
+__all__ = ["BLOCK", "OVERHEAD_PROFILE", "SPLIT_VARIANTS", "VARIANTS", "OverheadReport", "measure_overhead"]

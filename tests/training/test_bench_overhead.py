@@ -19,8 +19,11 @@ from game.errors import ConfigError, TrainingError
 from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
 from game.training.logsize import check_bits, measure_log_size
-from game.training.overhead import VARIANTS, measure_overhead
+from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
+from game.training.profiles import get_profile
 from game.training.roundlog import BLOCK_BYTES, BLOCK_TRITS, StepLog, packed_size
+from game.training.state import state_hash
+from game.training.transcript import LEAVES_NAME, LOG_DIR_NAME
 
 
 def vgame(*args: str) -> subprocess.CompletedProcess[str]:
@@ -74,6 +77,51 @@ def test_overhead_cpu_times_nest_within_the_wall_time() -> None:
         assert doc["other_threads"][v] == pytest.approx(statistics.median(report.other_cpu[v]))
 
 
+def test_overhead_split_adds_the_trainers_thread_alone_and_the_auditors_replay_alone() -> None:
+    """``split`` times two more variants, with ratios of the medians like the others; the trainer's
+    thread alone has no writer's thread working beside it."""
+    report = measure_overhead(tiny("gpt-shakespeare"), steps=3, repeats=1, warmup=1, block=2, split=True)
+    doc = report.to_dict()
+    m, r = doc["median_seconds"], doc["ratios"]
+    assert set(m) == set(VARIANTS + SPLIT_VARIANTS) and doc["samples"] == {v: 2 for v in m}
+    assert r["record_over_fp64"] == pytest.approx(m["record"] / m["fp64"])
+    assert r["replay_over_fp64"] == pytest.approx(m["replay"] / m["fp64"])
+    assert set(doc["targets"]) == {"trainer_over_fp64", "auditor_over_fp64"}
+    assert min(report.other_cpu["trainer"]) > 0
+    assert report.cpu["other_threads"]["record"] < 0.5 * report.cpu["step_thread"]["record"]
+    assert set(measure_overhead(tiny("mlp-digits"), steps=1, repeats=1, warmup=0).medians) == set(VARIANTS)
+
+
+def test_overhead_split_variants_do_the_trainers_and_the_auditors_work(tmp_path: Path) -> None:
+    """After the same blocks, ``record``'s and ``replay``'s states hash to the trainer's leaves, as
+    the auditor's does, and ``record`` puts no step on disk."""
+    names = VARIANTS + SPLIT_VARIANTS
+    with _Variants(tiny("gpt-shakespeare"), tmp_path, get_profile("cpu-1t"), names) as variants:
+        for k, (first, last) in enumerate(((1, 2), (3, 3))):
+            for name in _block_order(k, names):
+                variants.prepare(name, first, last)
+                variants.run(name, first, last)
+            leaf = variants.writer.leaves[last]
+            assert {v: state_hash(variants.states[v]) == leaf for v in names[2:]} == dict.fromkeys(
+                names[2:], True
+            )
+    dropped = tmp_path / "dropped"
+    assert not any((dropped / LOG_DIR_NAME).iterdir()) and (dropped / LEAVES_NAME).read_bytes() == b""
+
+
+@pytest.mark.parametrize("names", [VARIANTS, VARIANTS + SPLIT_VARIANTS])
+def test_overhead_block_order_rotates_and_readers_follow_the_trainer(names: tuple[str, ...]) -> None:
+    firsts = set()
+    for k in range(2 * len(names)):
+        order = _block_order(k, names)
+        assert sorted(order) == sorted(names)
+        for reader in ("auditor", "replay"):
+            if reader in names:
+                assert order.index(reader) > order.index("trainer")
+        firsts.add(order[0])
+    assert firsts == set(names) - {"auditor", "replay"}  # every variant but a reader leads a block
+
+
 def test_overhead_rejects_zero_steps() -> None:
     with pytest.raises(TrainingError, match="steps"):
         measure_overhead(tiny("mlp-digits"), steps=0)
@@ -89,6 +137,20 @@ def test_bench_overhead_json_has_the_documented_keys() -> None:
     assert set(doc["ratios"]) >= {"trainer_over_fp64", "auditor_over_fp64", "trainer_over_fp32"}
     m = doc["median_seconds"]
     assert doc["ratios"]["trainer_over_fp64"] == pytest.approx(m["trainer"] / m["fp64"])
+
+
+def test_bench_overhead_split_json_has_its_ratios() -> None:
+    r = vgame(
+        "bench", "overhead", "--preset", "mlp-digits", "--steps", "1", "--repeats", "1", "--split", "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["median_seconds"]) == set(VARIANTS + SPLIT_VARIANTS)
+    assert set(doc["ratios"]) >= {"record_over_fp64", "replay_over_fp64"}
+    for v in SPLIT_VARIANTS:
+        assert doc["ratios"][f"{v}_over_fp64"] == pytest.approx(
+            doc["median_seconds"][v] / doc["median_seconds"]["fp64"]
+        )
 
 
 def test_overhead_onAnotherProfile_reportsIt() -> None:
