@@ -4,7 +4,9 @@ Reading the saved JSON (rather than re-measuring) lets the figure in ``docs/`` b
 very documents the tables in ``docs/benchmarks.md`` come from. Two panels:
 
 * overhead: trainer/fp64 and auditor/fp64 per preset as bars, the paper's ranges as bands and the
-  targets as dashed lines (both read from the files);
+  targets as dashed lines (both read from the files); a run with ``--split`` also shows, hatched
+  inside each bar, what the trainer's thread alone and the auditor's replay alone cost, so the rest
+  of the bar is what the work beside the step (the writer, the read, the hasher) adds;
 * log size: every ``bits_per_value*`` figure of every row (packed, trits, zlib, lzma, or whatever
   a newer ``bench log`` adds) per preset and grid width, on a log axis, with the paper's packed line.
 
@@ -18,7 +20,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from game.errors import ConfigError
 log = logging.getLogger(__name__)
 
 RATIOS = ("trainer_over_fp64", "auditor_over_fp64")
+#: The ``--split`` ratio drawn inside each of :data:`RATIOS`' bars: that side's own thread alone.
+ALONE = {"trainer_over_fp64": "record_over_fp64", "auditor_over_fp64": "replay_over_fp64"}
 BPV_PREFIX = "bits_per_value"
 
 
@@ -51,6 +55,8 @@ class OverheadPoint:
     bands: dict[str, Band]
     source: Path
     label: str = ""  # the preset, and what differs from the default run (packed log, a GPU)
+    #: a ``--split`` run's thread-alone ratio for each of RATIOS (:data:`ALONE`); empty without
+    alone: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,12 @@ def read_overhead(path: Path) -> OverheadPoint:
             raise BenchFileError(f"{path}: targets.{name}.paper must be a [low, high] pair")
         lo, hi = (_require(path, f"targets.{name}.paper", v) for v in paper)
         bands[name] = Band((lo, hi), _require(path, f"targets.{name}.target", t.get("target")))
-    return OverheadPoint(preset, ratios, bands, Path(path), _overhead_label(preset, doc))
+    alone = {
+        name: _require(path, f"ratios.{key}", ratios_doc[key])
+        for name, key in ALONE.items()
+        if key in ratios_doc
+    }
+    return OverheadPoint(preset, ratios, bands, Path(path), _overhead_label(preset, doc), alone)
 
 
 def _overhead_label(preset: str, doc: dict[str, Any]) -> str:
@@ -180,6 +191,10 @@ def _unique_labels(names: Sequence[str]) -> list[str]:
 def _draw_overhead(ax: Any, points: Sequence[OverheadPoint]) -> None:
     colours = {"trainer_over_fp64": "tab:blue", "auditor_over_fp64": "tab:orange"}
     who = {"trainer_over_fp64": "trainer", "auditor_over_fp64": "auditor"}
+    alone_label = {
+        "trainer_over_fp64": "trainer's thread alone",
+        "auditor_over_fp64": "auditor's replay alone",
+    }
     width = 0.38
     xs = range(len(points))
     for j, name in enumerate(RATIOS):
@@ -187,6 +202,10 @@ def _draw_overhead(ax: Any, points: Sequence[OverheadPoint]) -> None:
         vals = [p.ratios[name] for p in points]
         bars = ax.bar(offs, vals, width, color=colours[name], label=f"{who[name]} / fp64", zorder=2)
         ax.bar_label(bars, labels=[f"{v:.2f}x" for v in vals], fontsize=7, padding=2)
+        if any(name in p.alone for p in points):  # a run without --split has no inner bar
+            inner = [p.alone.get(name, math.nan) for p in points]
+            ax.bar(offs, inner, width * 0.7, fill=False, hatch="///", edgecolor="black", linewidth=0.5,
+                   zorder=2.5, label=alone_label[name])  # fmt: skip
         # WHY sorted: files may disagree (older runs); each distinct band is drawn once, in a fixed order
         for band in sorted({p.bands[name] for p in points}, key=lambda b: (b.paper, b.target)):
             lo, hi = band.paper
@@ -197,7 +216,7 @@ def _draw_overhead(ax: Any, points: Sequence[OverheadPoint]) -> None:
     ax.axhline(1.0, color="grey", linewidth=0.6, zorder=1)
     ax.set_xticks(list(xs), _unique_labels([p.label or p.preset for p in points]), fontsize=8)
     ax.set_xlim(-0.5, len(points) - 0.5)
-    ax.set_ylim(0, max(max(p.ratios.values()) for p in points) * 1.45)
+    ax.set_ylim(0, max(max(*p.ratios.values(), *p.alone.values()) for p in points) * 1.45)
     ax.set_ylabel("time per step / plain float64")
     ax.set_title("Overhead of verifiable training (lower is better)")
     ax.legend(fontsize=7, ncols=3, loc="upper center")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from game.benchplot import BenchFileError, plot_benchmarks, read_log, read_overhead
+from game.benchplot import BenchFileError, _draw_overhead, plot_benchmarks, read_log, read_overhead
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,6 +74,53 @@ def test_readOverhead_ratiosAndBandsFromTheFile(tmp_path: Path) -> None:
     assert point.ratios == {"trainer_over_fp64": 4.34, "auditor_over_fp64": 4.64}
     assert point.bands["trainer_over_fp64"].paper == (1.17, 1.38)
     assert point.bands["auditor_over_fp64"].target == 1.25
+
+
+def split_doc(preset: str, trainer: float, auditor: float, record: float, replay: float) -> dict[str, Any]:
+    """A ``bench overhead --split`` document: two more ratios."""
+    doc = overhead_doc(preset, trainer, auditor)
+    doc["ratios"] |= {"record_over_fp64": record, "replay_over_fp64": replay}
+    return doc
+
+
+def test_readOverhead_aSplitRunsThreadAloneRatios_andNoneWithoutSplit(tmp_path: Path) -> None:
+    split = read_overhead(write(tmp_path / "split.json", split_doc("cnn-digits", 1.5, 1.4, 1.2, 1.1)))
+    assert split.alone == {"trainer_over_fp64": 1.2, "auditor_over_fp64": 1.1}
+    assert split.ratios == {"trainer_over_fp64": 1.5, "auditor_over_fp64": 1.4}
+    assert read_overhead(write(tmp_path / "plain.json", overhead_doc("cnn-digits", 1.5, 1.4))).alone == {}
+    bad = split_doc("cnn-digits", 1.5, 1.4, 1.2, 1.1)
+    bad["ratios"]["record_over_fp64"] = "fast"
+    with pytest.raises(BenchFileError, match=r"ratios\.record_over_fp64"):
+        read_overhead(write(tmp_path / "bad.json", bad))
+
+
+def test_drawOverhead_hatchesEachSplitRunsThreadAloneInsideItsBar(tmp_path: Path) -> None:
+    """The inner bars stand at the thread-alone ratios of the runs that have them, none elsewhere."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [
+        read_overhead(write(tmp_path / "a.json", split_doc("cnn-digits", 1.5, 1.4, 1.2, 1.1))),
+        read_overhead(write(tmp_path / "b.json", overhead_doc("gpt-shakespeare", 1.3, 1.2))),
+    ]
+    fig, ax = plt.subplots()
+    try:
+        _draw_overhead(ax, points)
+        bars = {c.get_label(): [r.get_height() for r in c.patches] for c in ax.containers}
+    finally:
+        plt.close(fig)
+    assert bars["trainer / fp64"] == [1.5, 1.3] and bars["auditor / fp64"] == [1.4, 1.2]
+    inner_trainer, inner_auditor = bars["trainer's thread alone"], bars["auditor's replay alone"]
+    assert inner_trainer[0] == 1.2 and inner_auditor[0] == 1.1
+    assert math.isnan(inner_trainer[1]) and math.isnan(inner_auditor[1])
+    fig, ax = plt.subplots()
+    try:
+        _draw_overhead(ax, points[1:])
+        assert {c.get_label() for c in ax.containers} == {"trainer / fp64", "auditor / fp64"}
+    finally:
+        plt.close(fig)
 
 
 @pytest.mark.parametrize(
