@@ -29,9 +29,9 @@ The variants run in *blocks* of ``block`` consecutive steps, interleaved: for ea
 run in turn (the order rotates with the block so none always runs first), so drifts of the
 machine's speed hit them all alike. A trainer's block ends when its writer has put every step on
 disk, so the writing a block started is timed in that block, whichever thread did it; the
-auditor's block (and ``replay``'s) then reads those steps. The first ``warmup`` steps of each repeat are not timed.
-A sample is a block's seconds per step; medians over every block of every repeat are reported, and
-ratios are ratios of those medians.
+auditor's block (and ``replay``'s) then reads those steps. The first ``warmup`` steps of each
+repeat are not timed. A sample is a block's seconds per step; medians over every block of every
+repeat are reported, and ratios are ratios of those medians.
 
 Each block's CPU time is read too, per step: the step thread's own (``time.thread_time``: the thread
 that runs the steps) and the rest of the process's (``time.process_time`` less that: the trainer's
