@@ -15,7 +15,12 @@ from pathlib import Path
 
 def temp_name(path: Path) -> Path:
     """The temporary name used while ``path`` is written: hidden, so directory packers skip it."""
-    return path.with_name(f".{path.name}.tmp")
+    return path.with_name(temp_file_name(path.name))
+
+
+def temp_file_name(name: str) -> str:
+    """:func:`temp_name` of a file called ``name``, as a name."""
+    return f".{name}.tmp"
 
 
 def is_temp_name(name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import lzma
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,31 +53,68 @@ def codec_name(codec_id: int) -> str:
     raise Malformed(f"unknown codec {codec_id}")
 
 
-def _lzma_filters(size: int) -> list[dict[str, int]]:
-    """LZMA2 at preset 6 with a dictionary no larger than the payload needs (at least 64 KiB): the
-    preset's 8 MiB dictionary costs milliseconds to set up per chunk and gains nothing on small ones."""
-    dict_size = min(max(1 << 16, 1 << max(size - 1, 1).bit_length()), 1 << 23)
-    return [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": dict_size}]
+def lzma_dict_size(size: int) -> int:
+    """LZMA2's dictionary for a payload of ``size`` bytes: no larger than the payload needs (at least
+    64 KiB), where preset 6's 8 MiB costs milliseconds to set up per chunk and gains nothing on small
+    ones."""
+    return min(max(1 << 16, 1 << max(size - 1, 1).bit_length()), 1 << 23)
+
+
+def zlib_level(size: int) -> int:
+    """zlib's level for a payload of ``size`` bytes (see :data:`ZLIB_BEST_MAX`)."""
+    return 9 if size <= ZLIB_BEST_MAX else ZLIB_LEVEL_LARGE
+
+
+def tried_codecs(codec: str, size: int) -> tuple[str, ...]:
+    """The codecs ``codec`` tries on a payload of ``size`` bytes, in order; the smallest result wins,
+    a tie the first."""
+    if codec == "auto":
+        return ("zlib", "lzma", "stored") if size <= LZMA_AUTO_MAX else ("zlib", "stored")
+    return (check_codec(codec),)
+
+
+def check_payload_size(size: int) -> None:
+    """Refuse a payload larger than :data:`MAX_PAYLOAD` (a chunk is one step's log)."""
+    if size > MAX_PAYLOAD:
+        raise RoundingLogError(f"a chunk payload of {size} bytes is above the limit {MAX_PAYLOAD}")
 
 
 def compress(payload: bytes, codec: str) -> tuple[bytes, str]:
     """``payload`` compressed with ``codec``; "auto" keeps whichever gives the fewest bytes (lzma
     tried only up to :data:`LZMA_AUTO_MAX`). Returns the bytes and the codec used."""
-    if len(payload) > MAX_PAYLOAD:
-        raise RoundingLogError(f"a chunk payload of {len(payload)} bytes is above the limit {MAX_PAYLOAD}")
-    if codec == "auto":
-        tried = ("zlib", "lzma", "stored") if len(payload) <= LZMA_AUTO_MAX else ("zlib", "stored")
-        return min(((_compress_with(payload, c), c) for c in tried), key=lambda b: len(b[0]))
-    return _compress_with(payload, check_codec(codec)), codec
+    check_payload_size(len(payload))
+    tried = tried_codecs(codec, len(payload))
+    if len(tried) == 1:
+        return compress_with(payload, codec), codec
+    return min(((compress_with(payload, c), c) for c in tried), key=lambda b: len(b[0]))
 
 
-def _compress_with(payload: bytes, codec: str) -> bytes:
+def compress_with(payload: bytes, codec: str) -> bytes:
+    """``payload`` compressed with one codec (a name in :data:`CODECS`), at the writer's settings."""
     if codec == "zlib":
-        return zlib.compress(payload, 9 if len(payload) <= ZLIB_BEST_MAX else ZLIB_LEVEL_LARGE)
+        return zlib.compress(payload, zlib_level(len(payload)))
     if codec == "lzma":
-        filters = _lzma_filters(len(payload))
+        filters = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": lzma_dict_size(len(payload))}]
         return lzma.compress(payload, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
     return payload
+
+
+class Compressible(NamedTuple):
+    """A chunk that is a head, with a codec byte in it, then a payload compressed: what the
+    transcript writer's C call can finish on its own (:mod:`game.training.native.stepwriter`), or
+    :meth:`finish` in Python, to the same bytes."""
+
+    head: bytes  # the chunk's bytes before the compressed payload; its codec byte is rewritten
+    codec_at: int  # where the codec byte is in ``head``
+    payload: bytes
+    codec: str  # "auto" or a name in CODECS
+
+    def finish(self) -> bytes:
+        """The chunk's bytes."""
+        body, used = compress(self.payload, self.codec)
+        head = bytearray(self.head)
+        head[self.codec_at] = CODECS[used]
+        return bytes(head) + body
 
 
 def decompress(body: bytes, codec: str, size: int) -> bytes:

@@ -51,6 +51,7 @@ from game.training import native
 from game.training.chunkcodec import (
     CODECS,
     DEFAULT_CODEC,
+    Compressible,
     Malformed,
     check_codec,
     codec_name,
@@ -512,23 +513,33 @@ class PreparedChunk:
     packs its header). Why: that thread shares the GIL with the trainer's, and a few hundred
     microseconds of its Python made the trainer's thread wait for the GIL several times a step,
     where the same work costs the trainer's thread 40 to 70 us done there at once
-    (docs/benchmarks.md)."""
+    (docs/benchmarks.md). ``finish`` is what is left to do, or a :class:`Compressible` chunk (a
+    sparse one), which the writer's C call can finish without Python (:attr:`compressible`)."""
 
     __slots__ = ("_finish", "spec_hash", "step")
 
-    def __init__(self, step: int, spec_hash: bytes, finish: Callable[[], bytes]) -> None:
+    def __init__(self, step: int, spec_hash: bytes, finish: Callable[[], bytes] | Compressible) -> None:
         self.step = step
         self.spec_hash = bytes(spec_hash)
         self._finish = finish
 
+    @property
+    def compressible(self) -> Compressible | None:
+        """The chunk as a head and a payload to compress, when it is one."""
+        return self._finish if isinstance(self._finish, Compressible) else None
+
     def encode(self, step: int, spec_hash: bytes) -> bytes:
         """The chunk bytes; ``step`` and ``spec_hash`` must be the ones it was prepared for."""
+        self.check_for(step, spec_hash)
+        return self._finish.finish() if isinstance(self._finish, Compressible) else self._finish()
+
+    def check_for(self, step: int, spec_hash: bytes) -> None:
+        """Refuse a step or a task other than the ones the chunk was prepared for."""
         if step != self.step or bytes(spec_hash) != self.spec_hash:
             raise RoundingLogError(
                 f"a chunk prepared for step {self.step} of task {self.spec_hash.hex()[:16]}... was asked "
                 f"for as step {step} of task {bytes(spec_hash).hex()[:16]}..."
             )
-        return self._finish()
 
 
 def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> ChunkLog:

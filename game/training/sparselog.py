@@ -29,7 +29,6 @@ hash and the log root are the same as for packed chunks.
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -40,12 +39,12 @@ import torch
 from game.errors import RoundingLogError
 from game.training import native
 from game.training.chunkcodec import (
-    CODECS,
     DEFAULT_CODEC,
+    Compressible,
     Malformed,
     check_codec,
+    check_payload_size,
     codec_name,
-    compress,
     decode_names,
     decompress,
     encode_names,
@@ -63,6 +62,7 @@ from game.training.roundlog import (
 
 MAGIC = b"vgame-slog-v1\0"
 _HEADER = struct.Struct("<Q32sIBI")  # step, spec hash, record count, codec, payload size
+_CODEC_AT = len(MAGIC) + struct.calcsize("<Q32sI")  # the codec byte's offset in a chunk
 
 
 class SparseRecord(NamedTuple):
@@ -230,11 +230,9 @@ class SparseStepLog:
             head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
             body = uvarint_encode(head.ravel()) + uvarint_encode(_gaps(positions, table[:, 3]))
         payload = encode_names(names) + body
-        return PreparedChunk(
-            step,
-            spec_hash,
-            functools.partial(_finish, step, bytes(spec_hash), self._count, self.codec, payload),
-        )
+        check_payload_size(len(payload))
+        chunk_head = MAGIC + _HEADER.pack(step, bytes(spec_hash), self._count, 0, len(payload))
+        return PreparedChunk(step, spec_hash, Compressible(chunk_head, _CODEC_AT, payload, self.codec))
 
     @classmethod
     def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> SparseStepLog:
@@ -267,12 +265,6 @@ class SparseStepLog:
         if self._has_rows:
             return RecordCursor.later(self.step, self._count, load)
         return RecordCursor(self.step, *load())
-
-
-def _finish(step: int, spec_hash: bytes, count: int, codec: str, payload: bytes) -> bytes:
-    """A sparse chunk's bytes from its payload: compressed with ``codec``, after the header."""
-    body, used = compress(payload, codec)
-    return MAGIC + _HEADER.pack(step, spec_hash, count, CODECS[used], len(payload)) + body
 
 
 def _parse_payload(payload: bytes, n_records: int) -> RecordRows:

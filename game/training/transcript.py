@@ -22,6 +22,9 @@ most those steps, which a resumed run computes again.
 
 A step's files go to disk in one C call (:func:`game.training.native.write_step`), which holds no
 GIL: in Python they were some twenty calls, and the trainer's thread waited for the GIL after each.
+A sparse chunk given with the state's bytes goes further in one C call
+(:func:`game.training.native.stepwriter.finish_step`): compressed, hashed with the state and
+written, so the writer's thread takes the GIL once a step.
 
 The judge, the agents and ``vgame audit`` read transcripts with this module. Its own code uses no
 torch, but the chunk decoders and the kernels it calls (:mod:`game.training.roundlog`,
@@ -33,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import queue
 import re
@@ -44,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from game.errors import RoundingLogError, TranscriptError
-from game.fsio import append_fsync, atomic_write, fsync_dir, truncate_fsync
+from game.fsio import append_fsync, atomic_write, fsync_dir, temp_file_name, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training import native
 from game.training.config import TaskConfig
+from game.training.native import stepwriter
 from game.training.roundlog import (
     ChunkLog,
     LogReader,
@@ -264,6 +269,11 @@ class TranscriptWriter:
         self._stop = False  # the thread returns once it has written every step
         self._thread: threading.Thread | None = None
         self._failure: TranscriptError | None = None  # set by the thread; later steps are dropped
+        # the step's files' directories as the C calls take them, worked out once
+        self._dir_bytes = tuple(
+            os.fsencode(directory / name)
+            for name in (LOG_DIR_NAME, CHECKPOINT_DIR_NAME, CHUNK_HASHES_NAME, LEAVES_NAME)
+        )
 
     def __enter__(self) -> TranscriptWriter:
         return self
@@ -462,6 +472,19 @@ class TranscriptWriter:
 
     def _write(self, job: _StepJob) -> None:
         step = job.step
+        compressible = job.chunk.compressible
+        if (
+            compressible is not None
+            and job.state is not None
+            and job.checkpoint in (None, job.state)
+            and stepwriter.available()
+        ):
+            job.chunk.check_for(step, self.spec_hash)
+            paths = self._step_paths(step, job.checkpoint is not None)
+            written = stepwriter.finish_step(compressible, job.state, paths)
+            if written is not None:
+                self._leaves[step] = written
+                return
         chunk = job.chunk.encode(step, self.spec_hash)
         leaf = job.state_hash
         if leaf is None:
@@ -471,6 +494,24 @@ class TranscriptWriter:
             raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
         self._put_files(step, chunk, job.checkpoint, leaf)
         self._leaves[step] = leaf
+
+    def _step_paths(self, step: int, checkpoint: bool) -> stepwriter.StepPaths:
+        """A step's files for :func:`stepwriter.finish_step`, named as :meth:`_put_files` names them."""
+        log_dir, ckpt_dir, hashes, leaves = self._dir_bytes
+        name = chunk_file_name(step)
+        ckpt = checkpoint_name(step) if checkpoint else None
+        return stepwriter.StepPaths(
+            chunk=os.path.join(log_dir, os.fsencode(name)),
+            chunk_tmp=os.path.join(log_dir, os.fsencode(temp_file_name(name))),
+            log_dir=log_dir,
+            hashes=hashes,
+            checkpoint=None if ckpt is None else os.path.join(ckpt_dir, os.fsencode(ckpt)),
+            checkpoint_tmp=None
+            if ckpt is None
+            else os.path.join(ckpt_dir, os.fsencode(temp_file_name(ckpt))),
+            checkpoint_dir=None if ckpt is None else ckpt_dir,
+            leaves=leaves,
+        )
 
     def _put_files(self, step: int, chunk: bytes, checkpoint: bytes | memoryview | None, leaf: bytes) -> None:
         """The step's files, in the order of the module docstring, the leaf last: it is what marks

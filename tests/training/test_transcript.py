@@ -18,6 +18,7 @@ import pytest
 from game.errors import TranscriptError
 from game.training import native
 from game.training.config import TaskConfig
+from game.training.native import stepwriter
 from game.training.roundlog import new_step_log
 from game.training.transcript import (
     CHUNK_HASHES_NAME,
@@ -45,18 +46,29 @@ def _append(writer: TranscriptWriter, step: int, **overrides: Any) -> None:
     writer.append_step(step, step_log=new_step_log(writer.cfg.log_format, step), **args)
 
 
+def _append_state(writer: TranscriptWriter, step: int) -> None:
+    """:func:`_append` with the state's bytes: the writer hashes them (and keeps them as the checkpoint)."""
+    writer.append_state(step, memoryview(_state(step)[1]), new_step_log(writer.cfg.log_format, step))
+
+
 def _writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before_chunk: Callable[[int], None]
 ) -> TranscriptWriter:
-    """A writer of ``_cfg()`` whose thread calls ``before_chunk(step)`` before it writes a step's files."""
+    """A writer of ``_cfg()`` whose thread calls ``before_chunk(step)`` before it writes a step's files
+    (in Python, or in the C call that also compresses and hashes, which asks for the step's paths first)."""
     writer = TranscriptWriter.create(tmp_path / "t", _cfg(), "cpu-1t")
-    honest = writer._put_files
+    honest, honest_paths = writer._put_files, writer._step_paths
 
     def put_files(step: int, *args: Any) -> None:
         before_chunk(step)
         honest(step, *args)
 
+    def step_paths(step: int, checkpoint: bool) -> Any:
+        before_chunk(step)
+        return honest_paths(step, checkpoint)
+
     monkeypatch.setattr(writer, "_put_files", put_files)
+    monkeypatch.setattr(writer, "_step_paths", step_paths)
     return writer
 
 
@@ -248,9 +260,13 @@ def test_aStateTheThreadHashesAtOnce_stillGetsItsLeaf(
 
 
 def _files_way(way: str) -> contextlib.AbstractContextManager[None]:
-    """The step's files written by the C call (``c``) or by the Python moves (``python``)."""
-    if way == "c" and not native.available():
+    """The step's files written by the C call (``c``), by the C call that also compresses and
+    hashes (``c-whole``, for steps queued with their state's bytes) or by the Python moves
+    (``python``)."""
+    if way != "python" and not native.available():
         pytest.skip("no C compiler on this machine")
+    if way == "c-whole" and not stepwriter.available():
+        pytest.skip("no zlib, liblzma or OpenSSL headers on this machine")
     return native.disabled() if way == "python" else contextlib.nullcontext()
 
 
@@ -280,7 +296,7 @@ def test_theStepsFiles_areTheSameWrittenInCOrInPython(tmp_path: Path) -> None:
     assert sum(name.startswith("checkpoints/") for name in trees[0]) == 5
 
 
-@pytest.mark.parametrize("way", ["c", "python"])
+@pytest.mark.parametrize("way", ["c", "c-whole", "python"])
 @pytest.mark.parametrize(
     "broken", ["log", CHUNK_HASHES_NAME, LEAVES_NAME], ids=["log-directory", "chunk-hashes", "leaves"]
 )
@@ -297,8 +313,9 @@ def test_aFileThatCannotBeWritten_failsTheStepNamingIt_andNothingAfterItLands(
     assert cfg.checkpoint_interval == 2
     with _files_way(way):
         writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+        append = _append_state if way == "c-whole" else _append
         for step in range(bad):
-            _append(writer, step)
+            append(writer, step)
         writer.flush()
         leaves, hashes = _on_disk(out, LEAVES_NAME), _on_disk(out, CHUNK_HASHES_NAME)
         target = out / broken
@@ -308,7 +325,7 @@ def test_aFileThatCannotBeWritten_failsTheStepNamingIt_andNothingAfterItLands(
         else:
             target.unlink()
             target.mkdir()
-        _append(writer, bad)
+        append(writer, bad)
         with pytest.raises(TranscriptError, match=rf"writing step {bad} .*{broken}"):
             writer.flush()
     if broken != LEAVES_NAME:

@@ -111,21 +111,40 @@ def library_path() -> Path:
     return cache_dir() / f"kernels-{key[:16]}.so"
 
 
-def _compile(source: bytes, target: Path) -> None:
-    """Compile ``source`` into the shared library ``target`` (atomically: a temporary file, then a rename)."""
+def compile_library(
+    source: bytes, target: Path, *, name: str = "kernels.c", libs: Sequence[str] = ()
+) -> None:
+    """Compile ``source`` (a C file called ``name``) into the shared library ``target``, linked with
+    ``libs`` (``-l`` flags), atomically: a temporary file, then a rename. ``OSError`` with the
+    compiler's message when it fails."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise OSError("no C compiler found (set CC, or install cc)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "kernels.c"
+        src = Path(tmp) / name
         src.write_bytes(source)
         out = Path(tmp) / target.name
-        cmd = [cc, *CFLAGS, "-o", str(out), str(src)]
+        cmd = [cc, *CFLAGS, "-o", str(out), str(src), *libs]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise OSError(f"{' '.join(cmd[:-3])} failed: {done.stderr.strip()[:500]}")
+            raise OSError(f"{' '.join(cmd[: len(CFLAGS) + 1])} failed: {done.stderr.strip()[:500]}")
         os.replace(out, target)
+
+
+def open_library(
+    source: bytes, target: Path, *, name: str = "kernels.c", libs: Sequence[str] = ()
+) -> ctypes.CDLL:
+    """The shared library ``target`` built from ``source`` (:func:`compile_library`), loaded; built
+    now if it never was, or again if it does not load (a damaged cache entry: disk trouble, a
+    foreign file). ``OSError`` when it cannot be built or loaded."""
+    if not target.exists():
+        compile_library(source, target, name=name, libs=libs)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError:
+        compile_library(source, target, name=name, libs=libs)
+        return ctypes.CDLL(str(target))
 
 
 def _load() -> ctypes.CDLL | None:
@@ -137,16 +156,8 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get(ENV_SWITCH, "1") == "0":
             log.info("native kernels switched off (%s=0): using the torch kernels", ENV_SWITCH)
             return None
-        source = _source()
-        target = library_path()
         try:
-            if not target.exists():
-                _compile(source, target)
-            try:
-                lib = ctypes.CDLL(str(target))
-            except OSError:  # a damaged cache entry (disk trouble, a foreign file): build it again
-                _compile(source, target)
-                lib = ctypes.CDLL(str(target))
+            lib = open_library(_source(), library_path())
         except OSError as exc:
             log.warning("native kernels unavailable (%s): using the torch kernels", exc)
             return None
@@ -472,7 +483,7 @@ def sparse_body(table: np.ndarray, positions: np.ndarray) -> bytes | None:
 
 
 #: ``vg_write_step``'s numbers for the file it failed on.
-_STEP_FILES = {1: "chunk", 2: "chunk hashes", 3: "checkpoint", 4: "leaves"}
+STEP_FILES = {1: "chunk", 2: "chunk hashes", 3: "checkpoint", 4: "leaves"}
 
 
 def write_step(
@@ -524,7 +535,7 @@ def write_step(
         return False
     if err > 0:
         where = {1: chunk_path, 2: hashes_path, 3: checkpoint_path, 4: leaves_path}[int(failed[0])]
-        raise OSError(err, f"{os.strerror(err)} (the step's {_STEP_FILES[int(failed[0])]})", str(where))
+        raise OSError(err, f"{os.strerror(err)} (the step's {STEP_FILES[int(failed[0])]})", str(where))
     return True
 
 

@@ -1,0 +1,214 @@
+"""The transcript writer's step in one C call (``writer.c``): the chunk compressed, both hashes and
+the files, with no GIL held.
+
+Why: the trainer's thread runs beside the writer's. Done in Python, a step's writing lets the GIL go
+and takes it back five times (zlib, lzma's two calls, the state's hash, the files), and each time
+the writer's thread takes it back, the trainer's thread waits for it between two torch ops: on
+cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/benchmarks.md).
+
+``writer.c`` links zlib, liblzma and OpenSSL's libcrypto. It is compiled like the C kernels, into
+their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
+compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
+:func:`disabled` or :func:`game.training.native.disabled`, or where its codecs would not give the
+bytes Python's give (a probe, once a process), :func:`finish_step` returns None and the writer
+writes the step in Python, to the same files (tests/training/test_stepwriter.py holds both ways to
+it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import threading
+import zlib
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from game.training import native
+from game.training.chunkcodec import (
+    CODECS,
+    MAX_PAYLOAD,
+    Compressible,
+    compress_with,
+    lzma_dict_size,
+    tried_codecs,
+    zlib_level,
+)
+
+log = logging.getLogger(__name__)
+
+#: Set to ``0`` to write every step in Python (``VGAME_NATIVE=0`` also does).
+ENV_SWITCH = "VGAME_WRITER"
+#: What ``writer.c`` links.
+LIBS: tuple[str, ...] = ("-lz", "-llzma", "-lcrypto")
+
+#: ``with stepwriter.disabled():`` writes every step in Python inside.
+disabled = native.OffSwitch()
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_PATH = ctypes.c_char_p
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _source() -> bytes:
+    return resources.files(native.__name__).joinpath("writer.c").read_bytes()
+
+
+def library_path() -> Path:
+    """Where the compiled writer is (or will be) kept: keyed by the source, the flags and the platform."""
+    tag = "|".join([platform.machine(), platform.system(), *native.CFLAGS, *LIBS]).encode()
+    key = hashlib.sha256(_source() + tag).hexdigest()
+    return native.cache_dir() / f"writer-{key[:16]}.so"
+
+
+def _open() -> ctypes.CDLL:
+    lib = native.open_library(_source(), library_path(), name="writer.c", libs=LIBS)
+    lib.vg_compress.restype = _I64
+    lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _PTR, _I64]
+    lib.vg_sha256.restype = _I64
+    lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
+    lib.vg_finish_step.restype = _I64
+    lib.vg_finish_step.argtypes = [
+        *(_PTR, _I64, _I64, _PTR, _I64),  # head, codec byte, payload
+        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
+        *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
+        *(_PATH, _PATH, _PATH, _PATH),  # the chunk, its temporary name, the log directory, the hashes
+        *(_PATH, _PATH, _PATH, _PATH),  # the checkpoint, its temporary name, its directory, the leaves
+        *(_PTR, _PTR, _PTR),  # the leaf, where it failed, vg_write_step
+    ]
+    return lib
+
+
+def _probe() -> bytes:
+    """A payload like a sparse chunk's (small varints, runs, a few larger values), fixed."""
+    rng = np.random.default_rng(20261124)
+    small = rng.geometric(0.3, size=3000).astype(np.uint8)
+    small[::97] = rng.integers(128, 256, size=small[::97].size, dtype=np.uint8)
+    return b"probe names\0" + small.tobytes()
+
+
+def _agrees(lib: ctypes.CDLL) -> str | None:
+    """Why the C codecs and hash would give other bytes than Python's, or None when they agree."""
+    payload = _probe()
+    for size in (len(payload), 200):
+        part = payload[:size]
+        for codec in ("zlib", "lzma"):
+            got = compress(part, codec, lib)
+            if got != compress_with(part, codec):
+                return f"its {codec} gives other bytes than Python's (zlib {zlib.ZLIB_RUNTIME_VERSION} there)"
+    digest = np.empty(32, dtype=np.uint8)
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    if lib.vg_sha256(buf.ctypes.data, buf.size, digest.ctypes.data) != 0:
+        return "its SHA-256 failed"
+    if digest.tobytes() != hashlib.sha256(payload).digest():
+        return "its SHA-256 differs from hashlib's"
+    return None
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _tried
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get(native.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
+            return None
+        if native.address("vg_write_step") == 0:
+            return None  # no kernels: the files are written in Python anyway
+        try:
+            lib = _open()
+        except OSError as exc:
+            log.info("the transcript writer's C call is unavailable (%s): steps are written in Python", exc)
+            return None
+        why = _agrees(lib)
+        if why is not None:
+            log.info("the transcript writer's C call is not used: %s; steps are written in Python", why)
+            return None
+        _lib = lib
+        return lib
+
+
+def _running() -> ctypes.CDLL | None:
+    if disabled.off or native.disabled.off:
+        return None
+    return _lib if _tried else _load()
+
+
+def available() -> bool:
+    """Whether :func:`finish_step` writes steps (building the library now if it never was)."""
+    return _running() is not None
+
+
+def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> bytes | None:
+    """``payload`` compressed by ``writer.c`` with "zlib" or "lzma" at the writer's settings
+    (:func:`~game.training.chunkcodec.zlib_level`, :func:`~game.training.chunkcodec.lzma_dict_size`);
+    None where the library is not used."""
+    lib = lib or _running()
+    if lib is None:
+        return None
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    cap = len(payload) + len(payload) // 8 + 1024
+    out = np.empty(cap, dtype=np.uint8)
+    n = lib.vg_compress(
+        CODECS[codec], buf.ctypes.data, buf.size, zlib_level(buf.size), lzma_dict_size(buf.size),
+        out.ctypes.data, cap,
+    )  # fmt: skip
+    return None if n < 0 else out[:n].tobytes()
+
+
+class StepPaths(NamedTuple):
+    """A step's files as ``vg_write_step`` takes them (file system bytes)."""
+
+    chunk: bytes
+    chunk_tmp: bytes
+    log_dir: bytes
+    hashes: bytes
+    checkpoint: bytes | None  # with its temporary name and directory, when the step has one
+    checkpoint_tmp: bytes | None
+    checkpoint_dir: bytes | None
+    leaves: bytes
+
+
+def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths) -> bytes | None:
+    """Finish a step in one C call that holds no GIL: the chunk's bytes (as ``chunk.finish()``), its
+    hash, the leaf (the SHA-256 of ``state``), then the files as :func:`game.training.native.
+    write_step` writes them (``state`` as the checkpoint where ``paths`` name one). Returns the
+    leaf; None, with nothing written, where the C call is not used or could not do it (write the
+    step in Python). Raises ``OSError`` naming the file that failed; nothing after it was written."""
+    lib = _running()
+    if lib is None or len(chunk.payload) > MAX_PAYLOAD:
+        return None
+    tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, len(chunk.payload)))
+    size = len(chunk.payload)
+    head, payload = np.frombuffer(chunk.head, dtype=np.uint8), np.frombuffer(chunk.payload, dtype=np.uint8)
+    body = np.frombuffer(state, dtype=np.uint8)
+    leaf = np.empty(32, dtype=np.uint8)
+    failed = np.zeros(1, dtype=np.int64)
+    err = lib.vg_finish_step(
+        head.ctypes.data, head.size, chunk.codec_at, payload.ctypes.data, size,
+        tries, zlib_level(size), lzma_dict_size(size),
+        body.ctypes.data, body.size, int(paths.checkpoint is not None),
+        paths.chunk, paths.chunk_tmp, paths.log_dir, paths.hashes,
+        paths.checkpoint, paths.checkpoint_tmp, paths.checkpoint_dir, paths.leaves,
+        leaf.ctypes.data, failed.ctypes.data, native.address("vg_write_step"),
+    )  # fmt: skip
+    if err < 0:
+        return None
+    if err > 0:
+        which = int(failed[0])
+        where = {1: paths.chunk, 2: paths.hashes, 3: paths.checkpoint, 4: paths.leaves}[which]
+        assert where is not None
+        raise OSError(err, f"{os.strerror(err)} (the step's {native.STEP_FILES[which]})", os.fsdecode(where))
+    return leaf.tobytes()
+
+
+__all__ = ["ENV_SWITCH", "StepPaths", "available", "compress", "disabled", "finish_step", "library_path"]

@@ -1,0 +1,165 @@
+/* The transcript writer's work for one step in one call that holds no GIL: a chunk's payload
+ * compressed (zlib, lzma or stored, the smallest of those asked for), the chunk's hash, the state's
+ * hash (the leaf), and the step's files through kernels.c's vg_write_step.
+ *
+ * Why: done in Python on the writer's thread, the same work is five calls that each let the GIL
+ * go and take it back (zlib, lzma's two, the state's hash, the files), and each time the writer
+ * takes it back the trainer's thread stops for it between two torch ops. On a step of a few
+ * milliseconds those hand-overs cost more than the work (docs/benchmarks.md). Here the writer's
+ * thread takes the GIL once a step, to pick the step up.
+ *
+ * It links zlib, liblzma and OpenSSL's libcrypto, the libraries Python's own zlib, lzma and hashlib
+ * modules wrap; where their headers are missing it does not build and the writer stays in Python.
+ * The Python side (stepwriter.py) compresses a probe with both before using it: where the two
+ * would give other bytes (other library versions), it stays in Python too, so a chunk's bytes never
+ * depend on which side wrote them. */
+#define _POSIX_C_SOURCE 200809L
+#include <lzma.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+/* Codec ids, as a chunk's codec byte names them (chunkcodec.CODECS). */
+#define STORED 0
+#define ZLIB 1
+#define LZMA 2
+
+/* kernels.c's vg_write_step, whose address the caller passes. */
+typedef int64_t (*write_step_fn)(const char *, const char *, const char *, const uint8_t *, int64_t, const char *,
+                                 const uint8_t *, const char *, const char *, const char *, const uint8_t *, int64_t,
+                                 const char *, const uint8_t *, int64_t *);
+
+/* One lzma encoder per thread, kept between calls: set up afresh, an encoder costs three times what
+ * compressing a small chunk does (its match finder's tables). Freed when its thread ends. */
+static pthread_key_t stream_key;
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+static int stream_key_ok = 0;
+
+static void free_stream(void *p) {
+    lzma_end((lzma_stream *)p);
+    free(p);
+}
+
+static void make_key(void) { stream_key_ok = pthread_key_create(&stream_key, free_stream) == 0; }
+
+static lzma_stream *thread_stream(void) {
+    (void)pthread_once(&stream_once, make_key);
+    if (!stream_key_ok) return NULL;
+    lzma_stream *s = pthread_getspecific(stream_key);
+    if (s == NULL) {
+        s = malloc(sizeof *s);
+        if (s == NULL) return NULL;
+        lzma_stream init = LZMA_STREAM_INIT;
+        *s = init;
+        if (pthread_setspecific(stream_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+/* As zlib.compress(payload, level): deflate's defaults (15 window bits, memory level 8). */
+static int64_t with_zlib(const uint8_t *in, int64_t n, int64_t level, uint8_t *out, int64_t cap) {
+    uLongf len = (uLongf)cap;
+    if (compress2(out, &len, in, (uLong)n, (int)level) != Z_OK) return -1;
+    return (int64_t)len;
+}
+
+/* As lzma.compress(payload, format=FORMAT_XZ, check=CHECK_NONE, filters=[LZMA2, preset 6,
+ * dict_size]): the input in with LZMA_RUN, then LZMA_FINISH, as Python's compressor feeds it. */
+static int64_t with_lzma(const uint8_t *in, int64_t n, int64_t dict_size, uint8_t *out, int64_t cap) {
+    lzma_stream *s = thread_stream();
+    lzma_options_lzma opt;
+    if (s == NULL || lzma_lzma_preset(&opt, 6)) return -1;
+    opt.dict_size = (uint32_t)dict_size;
+    lzma_filter filters[2] = {{LZMA_FILTER_LZMA2, &opt}, {LZMA_VLI_UNKNOWN, NULL}};
+    if (lzma_stream_encoder(s, filters, LZMA_CHECK_NONE) != LZMA_OK) return -1;
+    s->next_in = in;
+    s->avail_in = (size_t)n;
+    s->next_out = out;
+    s->avail_out = (size_t)cap;
+    while (s->avail_in > 0)
+        if (lzma_code(s, LZMA_RUN) != LZMA_OK || s->avail_out == 0) return -1;
+    for (;;) {
+        lzma_ret r = lzma_code(s, LZMA_FINISH);
+        if (r == LZMA_STREAM_END) break;
+        if (r != LZMA_OK || s->avail_out == 0) return -1;
+    }
+    return cap - (int64_t)s->avail_out;
+}
+
+/* ``in`` compressed with codec ZLIB (at ``level``) or LZMA (with ``dict_size``) into out; the
+ * length, or -1 (out too small, or the library failed). */
+int64_t vg_compress(int64_t codec, const uint8_t *in, int64_t n, int64_t level, int64_t dict_size, uint8_t *out,
+                    int64_t cap) {
+    if (codec == ZLIB) return with_zlib(in, n, level, out, cap);
+    if (codec == LZMA) return with_lzma(in, n, dict_size, out, cap);
+    return -1;
+}
+
+/* SHA-256 of ``in`` into out (32 bytes); 0, or -1 when the library failed. */
+int64_t vg_sha256(const uint8_t *in, int64_t n, uint8_t *out) {
+    unsigned int len = 0;
+    return EVP_Digest(in, (size_t)n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
+}
+
+/* Room for any codec's output: zlib's bound, and xz's container around LZMA2's chunks (a few
+ * bytes in 64 KiB) with room to spare. */
+static int64_t room(int64_t n) { return n + n / 8 + 1024; }
+
+/* A step of the transcript: the chunk is ``head`` (codec byte at ``codec_at``, overwritten) and the
+ * payload compressed with the smallest of the codecs whose bits are set in ``tries`` (1 << id; a
+ * tie goes to the first of zlib, lzma, stored, as chunkcodec.compress picks); the leaf is the
+ * SHA-256 of ``state``, written to leaf_out; ``state`` is the checkpoint too when ``checkpoint``.
+ * Then the files as vg_write_step writes them. Returns vg_write_step's errno and ``failed`` (the
+ * file), 0 when done, or -1 with nothing written (no memory, a codec or the hash failed): the
+ * caller writes the step its own way. */
+int64_t vg_finish_step(const uint8_t *head, int64_t head_len, int64_t codec_at, const uint8_t *payload, int64_t n,
+                       int64_t tries, int64_t level, int64_t dict_size, const uint8_t *state, int64_t state_len,
+                       int64_t checkpoint, const char *chunk_path, const char *chunk_tmp, const char *log_dir,
+                       const char *hashes_path, const char *ckpt_path, const char *ckpt_tmp, const char *ckpt_dir,
+                       const char *leaves_path, uint8_t *leaf_out, int64_t *failed, void *write_step) {
+    *failed = 0;
+    if (codec_at < 0 || codec_at >= head_len || (tries & 7) == 0 || write_step == NULL) return -1;
+    int64_t cap = room(n);
+    uint8_t *chunk = malloc((size_t)(head_len + cap));
+    uint8_t *spare = malloc((size_t)cap);
+    int64_t err = -1;
+    if (chunk == NULL || spare == NULL) goto done;
+    uint8_t *body = chunk + head_len;
+    int64_t len = -1;
+    int codec = STORED;
+    if (tries & (1 << ZLIB)) {
+        if ((len = with_zlib(payload, n, level, body, cap)) < 0) goto done;
+        codec = ZLIB;
+    }
+    if (tries & (1 << LZMA)) {
+        int64_t k = with_lzma(payload, n, dict_size, len < 0 ? body : spare, cap);
+        if (k < 0) goto done;
+        if (len < 0 || k < len) {
+            if (len >= 0) memcpy(body, spare, (size_t)k);
+            len = k;
+            codec = LZMA;
+        }
+    }
+    if ((tries & (1 << STORED)) && (len < 0 || n < len)) {
+        memcpy(body, payload, (size_t)n);
+        len = n;
+        codec = STORED;
+    }
+    memcpy(chunk, head, (size_t)head_len);
+    chunk[codec_at] = (uint8_t)codec;
+    uint8_t chunk_hash[32];
+    if (vg_sha256(chunk, head_len + len, chunk_hash) != 0 || vg_sha256(state, state_len, leaf_out) != 0) goto done;
+    err = ((write_step_fn)write_step)(chunk_path, chunk_tmp, log_dir, chunk, head_len + len, hashes_path, chunk_hash,
+                                      checkpoint ? ckpt_path : NULL, ckpt_tmp, ckpt_dir, checkpoint ? state : NULL,
+                                      checkpoint ? state_len : 0, leaves_path, leaf_out, failed);
+done:
+    free(chunk);
+    free(spare);
+    return err;
+}

@@ -1,0 +1,173 @@
+"""The transcript writer's C call (``writer.c``): the same chunk bytes, leaves and files as the Python
+writer, for every codec, and it steps aside where its libraries would give other bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from game.training import chunkcodec, native
+from game.training.chunkcodec import CODECS, LZMA_AUTO_MAX
+from game.training.config import TaskConfig
+from game.training.native import stepwriter
+from game.training.session import train
+from game.training.sparselog import SparseStepLog
+from game.training.transcript import Transcript, TranscriptWriter
+
+SPEC = bytes(range(32))
+
+needs_writer = pytest.mark.skipif(
+    not stepwriter.available(), reason="no C compiler, or no zlib, liblzma or OpenSSL headers"
+)
+
+
+def _log(step: int, codec: str, records: int, seed: int = 0) -> SparseStepLog:
+    """A sparse log of ``records`` records, sizes and gaps like a training step's."""
+    g = torch.Generator().manual_seed(seed)
+    out = SparseStepLog(step, codec=codec)
+    for i in range(records):
+        count = int(torch.randint(1, 20000, (1,), generator=g))
+        k = int(torch.randint(0, min(count, 60) + 1, (1,), generator=g))
+        pos = torch.randperm(count, generator=g)[:k].sort().values
+        out.append(
+            3 * i, ["aten.mm.default", "aten.addmm.default", "aten.convolution.default"][i % 3], count, pos
+        )
+    return out
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@needs_writer
+@settings(max_examples=60, deadline=None)
+@given(payload=st.binary(min_size=0, max_size=6000), codec=st.sampled_from(["zlib", "lzma"]))
+def test_theCCodecs_giveTheBytesOfPythons(payload: bytes, codec: str) -> None:
+    assert stepwriter.compress(payload, codec) == chunkcodec.compress_with(payload, codec)
+
+
+@needs_writer
+@pytest.mark.parametrize("codec", ["auto", "zlib", "lzma", "stored"])
+@pytest.mark.parametrize("records", [0, 8, 120], ids=["empty", "small", "past-lzma-auto-max"])
+def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, records: int
+) -> None:
+    """Same files byte for byte (chunk, chunk hashes, checkpoint, leaves), for every codec and for
+    payloads on both sides of ``LZMA_AUTO_MAX``; and the C call wrote every step."""
+    cfg = TaskConfig.for_preset("mlp-digits", steps=6, checkpoint_interval=3)
+    honest = stepwriter.finish_step
+    taken: list[int] = []
+
+    def finish_step(*args: Any) -> bytes | None:
+        leaf = honest(*args)
+        taken.append(leaf is not None)
+        return leaf
+
+    monkeypatch.setattr(stepwriter, "finish_step", finish_step)
+    sizes = set()
+    trees = []
+    for way in ("c", "python"):
+        out = tmp_path / way
+        with stepwriter.disabled() if way == "python" else contextlib.nullcontext():
+            writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+            for step in range(cfg.steps + 1):
+                log = _log(step, codec, records, seed=step)
+                chunk = log.prepare(step, cfg.spec_hash()).compressible
+                assert chunk is not None
+                sizes.add(len(chunk.payload))
+                state = np.random.default_rng(step).integers(0, 256, size=4096 + step, dtype=np.uint8)
+                writer.append_state(step, memoryview(state.tobytes()), log)
+            writer.finish()
+        Transcript(out).verify()
+        trees.append(_tree(out))
+    assert trees[0] == trees[1]
+    assert taken == [True] * (cfg.steps + 1)  # the C way only: the Python way never asks
+    assert sum(name.startswith("checkpoints/") for name in trees[0]) == 3
+    if records == 120:
+        assert min(sizes) > LZMA_AUTO_MAX
+    elif records == 8:
+        assert max(sizes) <= LZMA_AUTO_MAX
+
+
+@needs_writer
+@pytest.mark.parametrize(
+    ("payload", "codecs"),
+    [
+        (bytes(3000), ("zlib", "lzma")),
+        (np.random.default_rng(2).bytes(3000), ("stored",)),
+        (np.random.default_rng(3).bytes(LZMA_AUTO_MAX + 1), ("stored",)),
+        (bytes(LZMA_AUTO_MAX + 1), ("zlib",)),
+    ],
+    ids=["compressible", "incompressible", "incompressible-large", "compressible-large"],
+)
+def test_theCCall_keepsTheSmallestCodec_asPythonDoes(
+    tmp_path: Path, payload: bytes, codecs: tuple[str, ...]
+) -> None:
+    """``auto`` keeps the fewest bytes (lzma only up to ``LZMA_AUTO_MAX``, no compression when
+    nothing is gained); the chunk's codec byte says which, and the chunk is Python's, byte for byte."""
+    head = b"head" + bytes(8)
+    chunk = chunkcodec.Compressible(head, 6, payload, "auto")
+    paths = stepwriter.StepPaths(
+        chunk=bytes(tmp_path / "chunk"), chunk_tmp=bytes(tmp_path / ".chunk.tmp"), log_dir=bytes(tmp_path),
+        hashes=bytes(tmp_path / "hashes"), checkpoint=None, checkpoint_tmp=None, checkpoint_dir=None,
+        leaves=bytes(tmp_path / "leaves"),
+    )  # fmt: skip
+    leaf = stepwriter.finish_step(chunk, b"the state", paths)
+    written = (tmp_path / "chunk").read_bytes()
+    assert written == chunk.finish()
+    assert written[6] in {CODECS[c] for c in codecs}
+    assert leaf == hashlib.sha256(b"the state").digest() == (tmp_path / "leaves").read_bytes()
+    assert (tmp_path / "hashes").read_bytes() == hashlib.sha256(written).digest()
+
+
+@needs_writer
+def test_aTrainingRun_writesTheSameTranscriptWithOrWithoutTheCCall(tmp_path: Path) -> None:
+    """Real steps of cnn-digits, checkpoints among them: the same roots and files either way."""
+    cfg = TaskConfig.for_preset("cnn-digits", steps=5, checkpoint_interval=2)
+    results = []
+    for way in ("c", "python"):
+        with stepwriter.disabled() if way == "python" else contextlib.nullcontext():
+            results.append(train(cfg, "cpu-1t", tmp_path / way))
+    assert (results[0].state_root, results[0].log_root) == (results[1].state_root, results[1].log_root)
+    trees = [_tree(tmp_path / way) for way in ("c", "python")]
+    del trees[0]["manifest.json"], trees[1]["manifest.json"]
+    assert trees[0] == trees[1]
+
+
+def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The probe at load: a zlib of another version (here, a level the writer does not use) keeps
+    every step in Python, and says why."""
+    if not native.available():
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.setattr(stepwriter, "_lib", None)
+    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setattr(stepwriter, "compress_with", lambda payload, codec: b"other bytes")
+    with caplog.at_level(logging.INFO, logger=stepwriter.__name__):
+        assert not stepwriter.available()
+    assert stepwriter.finish_step(_log(0, "auto", 3).prepare(0, SPEC).compressible, b"s", _no_paths()) is None
+    if "unavailable" not in caplog.text:  # the library built: the probe turned it down
+        assert "gives other bytes than Python's" in caplog.text
+
+
+def test_switchedOff_theWriterStaysInPython(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stepwriter, "_lib", None)
+    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setenv(stepwriter.ENV_SWITCH, "0")
+    assert not stepwriter.available()
+
+
+def _no_paths() -> stepwriter.StepPaths:
+    return stepwriter.StepPaths(
+        b"/nonexistent/c", b"/nonexistent/.c.tmp", b"/nonexistent", b"", None, None, None, b""
+    )
