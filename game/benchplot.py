@@ -245,14 +245,15 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
     ax.set_xlim(-0.5, len(points) - 0.5)
     ax.set_yscale("log")
     lo, hi = min(values + papers), max(values + papers)
-    ax.set_ylim(lo / 1.3, hi * 1.6)  # headroom for the legend
+    bottom, top = lo / 1.3, hi * 5  # headroom for the legend's two rows above the tallest bars' labels
+    ax.set_ylim(bottom, top)
     # WHY explicit ticks: matplotlib labels only some decades of a log axis; 1-2-5 steps read well
     ax.yaxis.set_minor_locator(NullLocator())
-    decades = range(math.floor(math.log10(lo / 1.3)), math.ceil(math.log10(hi * 1.6)) + 1)
-    ticks = [m * 10.0**k for k in decades for m in (1, 2, 5) if lo / 1.3 <= m * 10.0**k <= hi * 1.6]
+    decades = range(math.floor(math.log10(bottom)), math.ceil(math.log10(top)) + 1)
+    ticks = [m * 10.0**k for k in decades for m in (1, 2, 5) if bottom <= m * 10.0**k <= hi * 1.6]
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{t:g}" for t in ticks])
-    ax.set_ylim(lo / 1.3, hi * 1.6)
+    ax.set_ylim(bottom, top)
     ax.set_ylabel("bits per logged value (log scale)")
     ax.set_title("Size of the rounding log")
     ax.legend(fontsize=7, ncols=min(len(formats) + len(papers), 5), loc="upper center")
