@@ -118,11 +118,13 @@ def _check_profile(name: str) -> None:
 @app.command("profiles")
 def profiles_cmd(as_json: JsonOpt = False) -> None:
     """List the hardware profiles a trainer or auditor can run on."""
+    from game.training.native import stepwriter
     from game.training.profiles import list_profiles
 
     rows = [_profile_row(p) for p in list_profiles()]
+    writer = stepwriter.describe()
     if as_json:
-        emit_json({"profiles": rows})
+        emit_json({"profiles": rows, "transcript_writer": writer})
         return
     table = Table(title="hardware profiles")
     table.add_column("name", style="bold")
@@ -139,6 +141,7 @@ def profiles_cmd(as_json: JsonOpt = False) -> None:
             row["description"],
         )
     console.print(table)
+    console.print(f"transcript writer (compression, hashes, files): {writer}")
 
 
 def _profile_row(profile: dict[str, Any]) -> dict[str, Any]:

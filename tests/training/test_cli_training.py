@@ -31,8 +31,25 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_profiles_json_lists_real_emulated_and_noisy_profiles() -> None:
     r = vgame("profiles", "--json")
     assert r.returncode == 0
-    names = {p["name"] for p in json.loads(r.stdout)["profiles"]}
+    doc = json.loads(r.stdout)
+    names = {p["name"] for p in doc["profiles"]}
     assert {"cpu-1t", "cpu-2t", "splitk-16", "splitk-64", "noisy"} <= names
+    assert doc["transcript_writer"] == "c" or doc["transcript_writer"].startswith("python (")
+
+
+def test_profiles_says_who_writes_the_transcript_and_why_not_the_c_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VGAME_WRITER", "0")
+    r = vgame("profiles", "--json")
+    assert r.returncode == 0, r.stderr
+    assert (
+        json.loads(r.stdout)["transcript_writer"] == "python (switched off: VGAME_NATIVE=0 or VGAME_WRITER=0)"
+    )
+    r = vgame("profiles")
+    assert "transcript writer (compression, hashes, files): python (switched off" in " ".join(
+        r.stdout.split()
+    )
 
 
 def test_audit_json_shape_and_exit_codes(trained: Path) -> None:

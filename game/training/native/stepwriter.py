@@ -57,6 +57,7 @@ _PATH = ctypes.c_char_p
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
+_why: str | None = None  # why the C call is not used, once a load found out
 
 
 def _source() -> bytes:
@@ -115,23 +116,26 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
+    global _lib, _tried, _why
     with _lock:
         if _tried:
             return _lib
         _tried = True
         if os.environ.get(native.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
+            _why = f"switched off: {native.ENV_SWITCH}=0 or {ENV_SWITCH}=0"
             return None
         if native.address("vg_write_step") == 0:
-            return None  # no kernels: the files are written in Python anyway
+            _why = "no C kernels"  # the files are written in Python anyway
+            return None
         try:
             lib = _open()
         except OSError as exc:
+            _why = f"not built: {exc}"
             log.info("the transcript writer's C call is unavailable (%s): steps are written in Python", exc)
             return None
-        why = _agrees(lib)
-        if why is not None:
-            log.info("the transcript writer's C call is not used: %s; steps are written in Python", why)
+        _why = _agrees(lib)
+        if _why is not None:
+            log.info("the transcript writer's C call is not used: %s; steps are written in Python", _why)
             return None
         _lib = lib
         return lib
@@ -146,6 +150,13 @@ def _running() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether :func:`finish_step` writes steps (building the library now if it never was)."""
     return _running() is not None
+
+
+def describe() -> str:
+    """Who writes a trainer's steps here, for ``vgame profiles``: ``c``, or ``python (why)``."""
+    if available():
+        return "c"
+    return "python" if _why is None else f"python ({_why})"
 
 
 def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> bytes | None:
@@ -211,4 +222,13 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     return leaf.tobytes()
 
 
-__all__ = ["ENV_SWITCH", "StepPaths", "available", "compress", "disabled", "finish_step", "library_path"]
+__all__ = [
+    "ENV_SWITCH",
+    "StepPaths",
+    "available",
+    "compress",
+    "describe",
+    "disabled",
+    "finish_step",
+    "library_path",
+]
