@@ -476,7 +476,7 @@ class TranscriptWriter:
         if (
             compressible is not None
             and job.state is not None
-            and job.checkpoint in (None, job.state)
+            and (job.checkpoint is None or job.checkpoint is job.state)  # as append_state queues it
             and stepwriter.available()
         ):
             job.chunk.check_for(step, self.spec_hash)
