@@ -250,6 +250,7 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
     # WHY explicit ticks: matplotlib labels only some decades of a log axis; 1-2-5 steps read well
     ax.yaxis.set_minor_locator(NullLocator())
     decades = range(math.floor(math.log10(bottom)), math.ceil(math.log10(top)) + 1)
+    # (no tick above the tallest bars' labels: the legend sits there)
     ticks = [m * 10.0**k for k in decades for m in (1, 2, 5) if bottom <= m * 10.0**k <= hi * 1.6]
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{t:g}" for t in ticks])

@@ -84,8 +84,6 @@ def compress(payload: bytes, codec: str) -> tuple[bytes, str]:
     tried only up to :data:`LZMA_AUTO_MAX`). Returns the bytes and the codec used."""
     check_payload_size(len(payload))
     tried = tried_codecs(codec, len(payload))
-    if len(tried) == 1:
-        return compress_with(payload, codec), codec
     return min(((compress_with(payload, c), c) for c in tried), key=lambda b: len(b[0]))
 
 
