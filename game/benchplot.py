@@ -22,9 +22,12 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from game.errors import ConfigError
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the CLI
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,8 @@ RATIOS = ("trainer_over_fp64", "auditor_over_fp64")
 #: The ``--split`` ratio drawn inside each of :data:`RATIOS`' bars: that side's own thread alone.
 ALONE = {"trainer_over_fp64": "record_over_fp64", "auditor_over_fp64": "replay_over_fp64"}
 BPV_PREFIX = "bits_per_value"
+#: The PNG's resolution (the figure is 4.6 inches high, 6.5 or more wide a panel).
+DPI = 120
 
 
 class BenchFileError(ConfigError):
@@ -234,7 +239,9 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
         vals = [p.bits_per_value.get(fmt, math.nan) for p in points]
         values += [v for v in vals if v > 0]
         bars = ax.bar(offs, vals, width, label=fmt, zorder=2)
-        ax.bar_label(bars, labels=[f"{v:.2g}" if v > 0 else "" for v in vals], fontsize=5, padding=1)
+        # WHY upright: up to seven bars share a group, too narrow for their figures side by side
+        ax.bar_label(bars, labels=[f"{v:.2g}" if v > 0 else "" for v in vals], fontsize=6, padding=2,
+                     rotation=90)  # fmt: skip
     papers = sorted({p.paper_packed for p in points if p.paper_packed is not None})
     for paper in papers:
         ax.axhline(
@@ -260,8 +267,8 @@ def _draw_log(ax: Any, points: Sequence[LogPoint]) -> None:
     ax.legend(fontsize=7, ncols=min(len(formats) + len(papers), 5), loc="upper center")
 
 
-def plot_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint], out: Path) -> Path:
-    """Draw the panels that have data (overhead, log size) side by side into the PNG ``out``."""
+def draw_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint]) -> Figure:
+    """The figure with the panels that have data (overhead, log size) side by side, laid out, unsaved."""
     if not overhead and not logs:
         raise ConfigError("nothing to plot: give at least one overhead or log file")
     import matplotlib
@@ -270,18 +277,34 @@ def plot_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint],
     import matplotlib.pyplot as plt
 
     draws: list[Callable[[Any], None]] = []
+    widths: list[float] = []
     if overhead:
         draws.append(lambda ax: _draw_overhead(ax, overhead))
+        widths.append(6.5)
     if logs:
         draws.append(lambda ax: _draw_log(ax, logs))
-    fig, axes = plt.subplots(1, len(draws), figsize=(6.5 * len(draws), 4.6), squeeze=False)
+        # WHY wider: a bar per format and grid width, each with its figure upright above it
+        widths.append(max(6.5, 0.13 * len(logs) * len({f for p in logs for f in p.bits_per_value})))
+    fig, axes = plt.subplots(1, len(draws), figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths)
     try:
         for ax, draw in zip(axes[0], draws, strict=True):
             draw(ax)
         fig.tight_layout()
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def plot_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint], out: Path) -> Path:
+    """Draw the panels that have data (overhead, log size) side by side into the PNG ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_benchmarks(overhead, logs)
+    try:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        fig.savefig(out, dpi=DPI)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the figure: {exc}") from None
     finally:

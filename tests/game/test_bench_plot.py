@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from game.benchplot import BenchFileError, _draw_overhead, plot_benchmarks, read_log, read_overhead
+from game.benchplot import (
+    DPI,
+    BenchFileError,
+    _draw_overhead,
+    draw_benchmarks,
+    plot_benchmarks,
+    read_log,
+    read_overhead,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -153,6 +161,43 @@ def test_plot_bothPanels_writesNonEmptyPng(tmp_path: Path) -> None:
     out = plot_benchmarks(overhead, logs, tmp_path / "img" / "benchmarks.png")
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_draw_logPanelsFiguresAsTheDocsFigureHasThem_noTwoOverlapNorTheLegend(tmp_path: Path) -> None:
+    """Nine groups of seven bars, as in docs/img/benchmarks.png: every bar's figure must be readable."""
+    sparse = {
+        "bits_per_value_sparse": 0.022,
+        "bits_per_value_sparse_stored": 0.029,
+        "bits_per_value_sparse_zlib": 0.022,
+    }
+    logs = [
+        point
+        for preset in ("gpt-shakespeare", "cnn-digits", "mlp-digits")
+        for point in read_log(write(tmp_path / f"{preset}.json", three_widths(log_doc(preset, sparse))))
+    ]
+    overhead = [read_overhead(write(tmp_path / "oh.json", overhead_doc("cnn-digits", 1.44, 1.42)))]
+    fig = draw_benchmarks(overhead, logs)
+    try:
+        fig.set_dpi(DPI)
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        for ax in fig.axes:
+            boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
+            assert boxes
+            legend = ax.get_legend().get_window_extent(renderer)
+            for i, box in enumerate(boxes):
+                assert not box.overlaps(legend), (ax.get_title(), ax.texts[i].get_text())
+                for other in boxes[i + 1 :]:
+                    assert not box.overlaps(other), (ax.get_title(), box, other)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def three_widths(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with a third grid width, 28, as ``vgame bench log`` runs by default."""
+    return {**doc, "rows": [doc["rows"][0], {**doc["rows"][0], "bits": 28}, doc["rows"][1]]}
 
 
 @pytest.mark.parametrize(
