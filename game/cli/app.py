@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from game.errors import VGameError
+from game.errors import ConfigError, VGameError
+
+if TYPE_CHECKING:
+    from game.training.config import TaskConfig
 
 app = typer.Typer(
     name="vgame",
@@ -30,6 +34,24 @@ app.add_typer(bench_app, name="bench")
 
 console = Console()
 err_console = Console(stderr=True)
+
+# Options that several commands take, declared once so their names and help agree.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help='Model sizes for --preset, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or '
+        '"arch=resnet50".',
+    ),
+]
+BatchSizeOpt = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Examples per step, for --preset.")
+]
+BandsOpt = Annotated[
+    Path | None,
+    typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
+]
 
 
 def emit_json(obj: Any) -> None:
@@ -64,3 +86,55 @@ def parse_model_overrides(text: str | None) -> dict[str, int | str]:
         except ValueError:
             out[key.strip()] = value.strip()
     return out
+
+
+def task_config(
+    preset: str | None,
+    config: Path | None = None,
+    *,
+    steps: int | None = None,
+    seed: int | None = None,
+    bits: int | None = None,
+    tau: float | None = None,
+    log_format: str | None = None,
+    bands: Path | None = None,
+    model: dict[str, int | str] | None = None,
+    batch_size: int | None = None,
+) -> TaskConfig:
+    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last.
+
+    ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
+    own ``[model]`` table and ``batch_size``."""
+    from game.training.bands import load_bands
+    from game.training.config import TaskConfig, load_config
+
+    overrides: dict[str, Any] = {}
+    for key, value in (
+        ("steps", steps),
+        ("seed", seed),
+        ("bits", bits),
+        ("tau", tau),
+        ("log_format", log_format),
+    ):
+        if value is not None:
+            overrides[key] = float(value) if key == "tau" else value
+    if bands is not None:
+        overrides["bands"] = load_bands(bands)
+    if config is not None and (model or batch_size is not None):
+        raise ConfigError(
+            "--model and --batch-size go with --preset; in a config file set [model] and batch_size"
+        )
+    if model:
+        overrides["model"] = model
+    if batch_size is not None:
+        overrides["batch_size"] = batch_size
+    if config is not None:
+        cfg = load_config(config)
+        if preset is not None and preset != cfg.preset:
+            raise ConfigError(
+                f"--preset {preset} disagrees with preset {cfg.preset!r} in {config}; pass only one of them"
+            )
+        return cfg.replace(**overrides) if overrides else cfg
+    if preset is None:
+        raise ConfigError("no task given: pass --preset NAME or --config FILE.toml (see `vgame profiles`)")
+    return TaskConfig.for_preset(preset, **overrides)

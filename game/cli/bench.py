@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, err_console, fail
+from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
@@ -27,7 +27,7 @@ def _parse_sizes(text: str) -> list[int]:
 def gas(
     chain: str = typer.Option("embedded", "--chain", help="embedded | anvil (time travel is needed)"),
     sizes: str = typer.Option("10,20", "--sizes", help="log2 of the leaf counts to play, comma-separated"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
+    json_out: JsonOpt = False,
 ) -> None:
     """Deploy the game, call every function once and play whole disputes; report the gas."""
     from game.chain.backends import connect

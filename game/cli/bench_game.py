@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, err_console, fail
+from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
@@ -40,7 +40,7 @@ def game(
     ] = None,
     chain: Annotated[str, typer.Option("--chain", help="embedded | anvil | both")] = "both",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Disputes played per chain and size.")] = 3,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Play whole disputes (challenge, bisection, ruling); report transactions, gas and wall time."""
     from game.chain.backends import connect

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail, parse_model_overrides
+from game.cli.app import (
+    BandsOpt,
+    BatchSizeOpt,
+    JsonOpt,
+    ModelOpt,
+    bench_app,
+    console,
+    emit_json,
+    fail,
+    parse_model_overrides,
+    task_config,
+)
 from game.errors import VGameError
 
 
@@ -29,33 +39,22 @@ def log_size(
     preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Recorded steps per grid width.")] = 5,
     bits: Annotated[str, typer.Option("--bits", help="Grid widths (16..32), comma-separated.")] = "32,28,26",
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
-        ),
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
-    bands: Annotated[
-        Path | None,
-        typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    model: ModelOpt = None,
+    batch_size: BatchSizeOpt = None,
+    bands: BandsOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Record steps at each grid width; report the log per step, bits per value and noisy corrections."""
-    from game.training.bands import load_bands
-    from game.training.config import TaskConfig
     from game.training.logsize import measure_log_size, report_dict
 
     widths = _parse_bits(bits)
     try:
-        overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
-        if batch_size is not None:
-            overrides["batch_size"] = batch_size
-        if bands is not None:
-            overrides["bands"] = load_bands(bands)
-        cfg = TaskConfig.for_preset(preset, **overrides)
+        cfg = task_config(
+            preset,
+            model=parse_model_overrides(model),
+            batch_size=batch_size,
+            bands=bands,
+        )
         if json_out:
             rows = measure_log_size(cfg, widths, steps=steps)
         else:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail, parse_model_overrides
+from game.cli.app import (
+    BandsOpt,
+    BatchSizeOpt,
+    JsonOpt,
+    ModelOpt,
+    bench_app,
+    console,
+    emit_json,
+    fail,
+    parse_model_overrides,
+    task_config,
+)
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # torch loads only when the command runs
@@ -26,18 +36,9 @@ def overhead(
         int,
         typer.Option("--block", min=1, help="Consecutive steps of one variant before the next one's turn."),
     ] = 10,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help='Model sizes, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
-        ),
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")] = None,
-    bands: Annotated[
-        Path | None,
-        typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
-    ] = None,
+    model: ModelOpt = None,
+    batch_size: BatchSizeOpt = None,
+    bands: BandsOpt = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Trainer's log format: sparse (default) or packed.")
     ] = None,
@@ -53,22 +54,19 @@ def overhead(
             "replay with its logs in memory and no hasher (replay).",
         ),
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
-    from game.training.bands import load_bands
-    from game.training.config import TaskConfig
     from game.training.overhead import measure_overhead
 
     try:
-        overrides: dict[str, Any] = {"model": parse_model_overrides(model)}
-        if batch_size is not None:
-            overrides["batch_size"] = batch_size
-        if bands is not None:
-            overrides["bands"] = load_bands(bands)
-        if log_format is not None:
-            overrides["log_format"] = log_format
-        cfg = TaskConfig.for_preset(preset, **overrides)
+        cfg = task_config(
+            preset,
+            model=parse_model_overrides(model),
+            batch_size=batch_size,
+            bands=bands,
+            log_format=log_format,
+        )
         if json_out:
             report = measure_overhead(
                 cfg, steps=steps, repeats=repeats, warmup=warmup, block=block, profile=profile, split=split

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.app import JsonOpt, bench_app, console, emit_json, fail
 from game.errors import VGameError
 
 
@@ -22,7 +22,7 @@ def plot(
         list[Path] | None,
         typer.Option("--log", help="`vgame bench log --json` output; repeat for each preset."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Draw overhead ratios and log bits per value, with the paper's figures and the targets."""
     from game.benchplot import plot_benchmarks, read_log, read_overhead

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.app import JsonOpt, bench_app, console, emit_json, fail
 from game.errors import VGameError
 
 
@@ -25,7 +25,7 @@ def replication(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Keep the transcripts here (default: a temp dir).")
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Train on every profile and audit every ordered pair of distinct profiles; exit 1 on any mismatch."""
     from game.training.config import TaskConfig

@@ -8,8 +8,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from game.cli.app import app, console, emit_json, err_console, parse_model_overrides
-from game.cli.training import JsonOpt, _task_config
+from game.cli.app import (
+    BatchSizeOpt,
+    JsonOpt,
+    ModelOpt,
+    app,
+    console,
+    emit_json,
+    err_console,
+    parse_model_overrides,
+    task_config,
+)
 from game.errors import ConfigError
 from game.fsio import atomic_write
 
@@ -34,28 +43,19 @@ def calibrate_cmd(
         Path | None,
         typer.Option("--out", help="Write the bands file here (use it with `--bands` or in a config)."),
     ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help='Model sizes for --preset, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64": bands '
-            "measured at the size the task will train at.",
-        ),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Examples per step, for --preset.")
-    ] = None,
+    model: ModelOpt = None,
+    batch_size: BatchSizeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure how far each rounded op's float64 results lie apart across profiles; write the bands."""
+    """Measure how far each rounded op's float64 results lie apart across profiles; write the bands.
+
+    Give --model and --batch-size as the task will train, so the bands are measured at its size."""
     from game.training.calibrate import calibrate
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if len(names) < 2:
         raise ConfigError("--profiles: give at least two profiles, comma-separated")
-    cfg = _task_config(
-        preset, config, None, None, None, None, model=parse_model_overrides(model), batch_size=batch_size
-    )
+    cfg = task_config(preset, config, model=parse_model_overrides(model), batch_size=batch_size)
     if as_json:
         result = calibrate(cfg, names, steps=steps, margin=margin, random_inputs=random_inputs)
     else:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import app, console, emit_json
+from game.cli.app import JsonOpt, app, console, emit_json
 from game.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ KeyOpt = Annotated[
 ContractOpt = Annotated[
     str, typer.Option("--contract", envvar="VGAME_CONTRACT", help="Address of the deployed game contract.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
 
 
 @contextmanager

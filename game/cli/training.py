@@ -19,16 +19,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from game.cli.app import app, console, emit_json, err_console
-from game.errors import ConfigError
+from game.cli.app import BandsOpt, JsonOpt, app, console, emit_json, err_console, task_config
 
 if TYPE_CHECKING:
-    from game.training.config import TaskConfig
     from game.training.session import DivergenceResult
 
 ProgressFn = Callable[[int, int], None]
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
 
 
 @contextmanager
@@ -50,58 +46,6 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
             bar.update(task, completed=done, total=total)
 
         yield update
-
-
-def _task_config(
-    preset: str | None,
-    config: Path | None,
-    steps: int | None,
-    seed: int | None,
-    bits: int | None,
-    tau: float | None,
-    *,
-    log_format: str | None = None,
-    bands: Path | None = None,
-    model: dict[str, int | str] | None = None,
-    batch_size: int | None = None,
-) -> TaskConfig:
-    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last.
-
-    ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
-    own ``[model]`` table and ``batch_size``."""
-    from game.training.bands import load_bands
-    from game.training.config import TaskConfig, load_config
-
-    overrides: dict[str, Any] = {}
-    for key, value in (
-        ("steps", steps),
-        ("seed", seed),
-        ("bits", bits),
-        ("tau", tau),
-        ("log_format", log_format),
-    ):
-        if value is not None:
-            overrides[key] = float(value) if key == "tau" else value
-    if bands is not None:
-        overrides["bands"] = load_bands(bands)
-    if config is not None and (model or batch_size is not None):
-        raise ConfigError(
-            "--model and --batch-size go with --preset; in a config file set [model] and batch_size"
-        )
-    if model:
-        overrides["model"] = model
-    if batch_size is not None:
-        overrides["batch_size"] = batch_size
-    if config is not None:
-        cfg = load_config(config)
-        if preset is not None and preset != cfg.preset:
-            raise ConfigError(
-                f"--preset {preset} disagrees with preset {cfg.preset!r} in {config}; pass only one of them"
-            )
-        return cfg.replace(**overrides) if overrides else cfg
-    if preset is None:
-        raise ConfigError("no task given: pass --preset NAME or --config FILE.toml (see `vgame profiles`)")
-    return TaskConfig.for_preset(preset, **overrides)
 
 
 def _check_profile(name: str) -> None:
@@ -181,14 +125,13 @@ def train_cmd(
             "--log-format", help="sparse (in-band values only, the default) or packed (a trit per value)."
         ),
     ] = None,
-    bands: Annotated[
-        Path | None,
-        typer.Option("--bands", help="Bands file from `vgame calibrate` (default: the preset's)."),
-    ] = None,
+    bands: BandsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots)."""
-    cfg = _task_config(preset, config, steps, seed, bits, tau, log_format=log_format, bands=bands)
+    cfg = task_config(
+        preset, config, steps=steps, seed=seed, bits=bits, tau=tau, log_format=log_format, bands=bands
+    )
     _check_profile(profile)
     from game.training.session import train
     from game.training.transcript import steps_on_disk
@@ -298,7 +241,7 @@ def divergence_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Weight distance between two profiles per step: fp32, fp64+rounding without and with the log."""
-    cfg = _task_config(preset, None, steps, seed, None, None)
+    cfg = task_config(preset, steps=steps, seed=seed)
     _check_profile(trainer_profile)
     _check_profile(auditor_profile)
     from game.training.session import divergence
