@@ -24,7 +24,10 @@ A step's files go to disk in one C call (:func:`game.training.native.write_step`
 GIL: in Python they were some twenty calls, and the trainer's thread waited for the GIL after each.
 A sparse chunk given with the state's bytes goes further in one C call
 (:func:`game.training.native.stepwriter.finish_step`): compressed, hashed with the state and
-written, so the writer's thread takes the GIL once a step.
+written. Such steps go to a thread of that C library's own (:class:`~game.training.native.
+stepwriter.Ring`), which never takes the GIL; the Python thread writes the others (a packed log, a
+state given by its hash, or where the C library is not used). Each step goes to one of the two
+only once the other has written every step before it, so the steps still land in order.
 
 The judge, the agents and ``vgame audit`` read transcripts with this module. Its own code uses no
 torch, but the chunk decoders and the kernels it calls (:mod:`game.training.roundlog`,
@@ -269,6 +272,12 @@ class TranscriptWriter:
         self._stop = False  # the thread returns once it has written every step
         self._thread: threading.Thread | None = None
         self._failure: TranscriptError | None = None  # set by the thread; later steps are dropped
+        # Steps from ``_ring_base`` on go to the C library's thread, while ``_ring`` is not None
+        # (the Python thread is idle then); ``_ring_off``: a step it could not write turned it off.
+        self._ring: stepwriter.Ring | None = None
+        self._ring_base = 0
+        self._ring_off = False
+        self._cut_short: int | None = None  # a step _write_here started and did not finish
         # the step's files' directories as the C calls take them, worked out once
         self._dir_bytes = tuple(
             os.fsencode(directory / name)
@@ -408,6 +417,11 @@ class TranscriptWriter:
             )
         if job.step > self.cfg.steps:
             raise TranscriptError(f"step {job.step} is past the task's last step {self.cfg.steps}")
+        if self._to_ring(job):
+            return
+        if self._ring is not None:  # its steps first
+            self._close_ring()
+            self._raise_failure()
         if self._thread is None:
             self._stop = False
             self._thread = threading.Thread(target=self._write_steps, name="vgame-transcript", daemon=True)
@@ -416,10 +430,117 @@ class TranscriptWriter:
         self._leaves.append(job)
         self._wake.put(None)
 
+    def _to_ring(self, job: _StepJob) -> bool:
+        """Hand ``job`` to the C library's thread, when it can take it; whether it did."""
+        compressible = job.chunk.compressible
+        if (
+            self._ring_off
+            or compressible is None
+            or job.state is None
+            or (job.checkpoint is not None and job.checkpoint is not job.state)  # as append_state queues it
+            or not stepwriter.Ring.takes(compressible)
+        ):
+            return False
+        if self._ring is None:
+            if not stepwriter.available():
+                return False
+            self._stop_thread()  # the Python thread's steps first; it is not there while the ring is
+            self._raise_failure()
+            self._ring = stepwriter.Ring.start()
+            if self._ring is None:  # no thread could be started: the Python thread from here on
+                self._ring_off = True
+                return False
+            self._ring_base = len(self._leaves)
+        self._wait_until(len(self._leaves) - WRITE_AHEAD)  # one being written, WRITE_AHEAD waiting
+        self._leaves.append(job)
+        self._announce()
+        return True
+
+    def _announce(self) -> None:
+        """Push to the ring the steps appended but not pushed yet (one, or none after a Ctrl-C
+        between the two)."""
+        ring = self._ring
+        assert ring is not None
+        for index in range(ring.pushed + self._ring_base, len(self._leaves)):
+            job = self._leaves[index]
+            assert isinstance(job, _StepJob) and job.chunk.compressible is not None and job.state is not None
+            if self._failure is not None or self._ring_off:
+                return  # _collect drops them, or writes them in Python
+            try:
+                job.chunk.check_for(job.step, self.spec_hash)
+                paths = self._step_paths(job.step, job.checkpoint is not None)
+            except Exception as exc:  # as the thread would have met it: the step fails
+                self._fail(job.step, exc)
+                return
+            ring.push(job.chunk.compressible, job.state, paths)
+
+    def _collect(self, written: int) -> None:
+        """Wait (without the GIL) until the ring has done ``written`` steps, and take their leaves.
+        Each step's result is read by its index, so a Ctrl-C that cuts this short loses nothing:
+        the next call takes up from ``_written``."""
+        ring = self._ring
+        assert ring is not None
+        self._announce()
+        done = ring.done()
+        if done + self._ring_base < written:
+            done = ring.wait(written - self._ring_base)
+        while self._written < min(written, len(self._leaves)):
+            index = self._written - self._ring_base
+            if index >= done:  # not pushed: after a failure, dropped; else written here, in Python
+                job = self._leaves[self._written]
+                assert isinstance(job, _StepJob)
+                if self._failure is None:
+                    self._ring_off = True  # no later step may go to the ring past this one
+                    self._write_here(job)
+                self._written += 1
+                continue
+            result = ring.result(index)
+            if isinstance(result, bytes):
+                self._leaves[self._written] = result
+            elif self._failure is None:
+                job = self._leaves[self._written]
+                assert isinstance(job, _StepJob)
+                if result is None:  # the C call could not compress or hash it: Python can
+                    self._ring_off = True
+                    self._write_here(job)
+                else:
+                    self._fail(job.step, result)
+            self._written += 1
+            ring.release(index + 1)
+
+    def _write_here(self, job: _StepJob) -> None:
+        """Write ``job`` on the caller's thread, as the Python thread would. A Ctrl-C may cut that
+        short, with some of the step's files written: then the step is not written again (a second
+        chunk hash would land), it fails, and a resumed run cuts the partial step away."""
+        if self._cut_short == job.step:
+            self._fail(job.step, InterruptedError("interrupted while its files were written"))
+            return
+        self._cut_short = job.step
+        try:
+            self._write(job, in_c=False)
+        except Exception as exc:
+            self._fail(job.step, exc)
+        self._cut_short = None
+
+    def _fail(self, step: int, exc: BaseException) -> None:
+        failure = TranscriptError(f"writing step {step} to {self.directory} failed: {exc}")
+        failure.__cause__ = exc
+        self._failure = failure
+
+    def _close_ring(self) -> None:
+        """Take every step from the ring and stop its thread."""
+        assert self._ring is not None
+        self._collect(len(self._leaves))
+        self._ring.close()
+        self._ring = None
+
     def _wait_until(self, written: int) -> None:
         """Block until the thread is done with ``written`` steps (a Ctrl-C comes out of the wait
         with nothing held)."""
         if self._written >= written:
+            return
+        if self._ring is not None:
+            self._collect(written)
             return
         self._waiting = True  # before the check: the thread tells every step it is done with now
         try:
@@ -430,19 +551,27 @@ class TranscriptWriter:
 
     def flush(self) -> None:
         """Wait until every queued step is on disk; raise the thread's error if one failed."""
-        if self._thread is not None:
+        if self._ring is not None:
+            self._collect(len(self._leaves))
+        elif self._thread is not None:
             self._wake.put(None)  # a step appended but not yet announced (a Ctrl-C between the two)
             self._wait_until(len(self._leaves))
         self._raise_failure()
 
     def close(self) -> None:
         """Write the queued steps and stop the thread (the writer takes more steps afterwards)."""
+        if self._ring is not None:
+            self._close_ring()
+        self._stop_thread()
+        self._raise_failure()
+
+    def _stop_thread(self) -> None:
+        """Let the Python thread write its steps, and stop it."""
         if self._thread is not None:
             self._stop = True
             self._wake.put(None)
             self._thread.join()
             self._thread = None
-        self._raise_failure()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -460,9 +589,7 @@ class TranscriptWriter:
                     if self._failure is None:
                         self._write(job)
                 except Exception as exc:  # handed to the caller's thread
-                    failure = TranscriptError(f"writing step {job.step} to {self.directory} failed: {exc}")
-                    failure.__cause__ = exc
-                    self._failure = failure
+                    self._fail(job.step, exc)
                 finally:
                     self._written += 1
                     if self._waiting:
@@ -470,11 +597,14 @@ class TranscriptWriter:
             if self._stop:
                 return
 
-    def _write(self, job: _StepJob) -> None:
+    def _write(self, job: _StepJob, *, in_c: bool = True) -> None:
+        """Write ``job``'s files: in one C call where it can (``in_c``), else the chunk encoded here
+        and the files by :meth:`_put_files`."""
         step = job.step
         compressible = job.chunk.compressible
         if (
-            compressible is not None
+            in_c
+            and compressible is not None
             and job.state is not None
             and (job.checkpoint is None or job.checkpoint is job.state)  # as append_state queues it
             and stepwriter.available()

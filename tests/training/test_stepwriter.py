@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,20 +64,35 @@ def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, records: int
 ) -> None:
     """Same files byte for byte (chunk, chunk hashes, checkpoint, leaves), for every codec and for
-    payloads on both sides of ``LZMA_AUTO_MAX``; and the C call wrote every step."""
+    payloads on both sides of ``LZMA_AUTO_MAX``, whether the C library's thread wrote them
+    (``ring``), the C call on the Python thread (``c``) or Python; and each C way wrote every step."""
     cfg = TaskConfig.for_preset("mlp-digits", steps=6, checkpoint_interval=3)
-    honest = stepwriter.finish_step
-    taken: list[int] = []
+    taken: dict[str, list[bool]] = {"ring": [], "c": []}
+    way = "ring"
+    honest_finish, honest_push, honest_start = (
+        stepwriter.finish_step,
+        stepwriter.Ring.push,
+        stepwriter.Ring.start,
+    )
 
     def finish_step(*args: Any) -> bytes | None:
-        leaf = honest(*args)
-        taken.append(leaf is not None)
+        leaf = honest_finish(*args)
+        taken[way].append(leaf is not None)
         return leaf
 
+    def push(ring: stepwriter.Ring, *args: Any) -> int:
+        taken[way].append(True)
+        return honest_push(ring, *args)
+
+    def start() -> stepwriter.Ring | None:
+        return None if way == "c" else honest_start()
+
     monkeypatch.setattr(stepwriter, "finish_step", finish_step)
+    monkeypatch.setattr(stepwriter.Ring, "push", push)
+    monkeypatch.setattr(stepwriter.Ring, "start", start)
     sizes = set()
     trees = []
-    for way in ("c", "python"):
+    for way in ("ring", "c", "python"):
         out = tmp_path / way
         with stepwriter.disabled() if way == "python" else contextlib.nullcontext():
             writer = TranscriptWriter.create(out, cfg, "cpu-1t")
@@ -89,8 +106,8 @@ def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
             writer.finish()
         Transcript(out).verify()
         trees.append(_tree(out))
-    assert trees[0] == trees[1]
-    assert taken == [True] * (cfg.steps + 1)  # the C way only: the Python way never asks
+    assert trees[0] == trees[1] == trees[2]
+    assert taken == {"ring": [True] * (cfg.steps + 1), "c": [True] * (cfg.steps + 1)}
     assert sum(name.startswith("checkpoints/") for name in trees[0]) == 3
     if records == 120:
         assert min(sizes) > LZMA_AUTO_MAX
@@ -141,6 +158,84 @@ def test_aTrainingRun_writesTheSameTranscriptWithOrWithoutTheCCall(tmp_path: Pat
     trees = [_tree(tmp_path / way) for way in ("c", "python")]
     del trees[0]["manifest.json"], trees[1]["manifest.json"]
     assert trees[0] == trees[1]
+
+
+@needs_writer
+def test_aStepTheRingCannotFinish_isWrittenInPython_andTheStepsAfterItToo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the C library cannot compress or hash a step (here: no codec asked for, as a codec that
+    failed would leave it), that step and every later one are written in Python, in order, to the
+    files the Python writer writes."""
+    cfg = TaskConfig.for_preset("mlp-digits", steps=6, checkpoint_interval=3)
+    honest = stepwriter.tried_codecs
+    asked: list[int] = []
+
+    def tried_codecs(codec: str, size: int) -> tuple[str, ...]:
+        asked.append(size)
+        return () if len(asked) == 3 else honest(codec, size)  # the third step the ring takes
+
+    trees = []
+    for way in ("ring", "python"):
+        out = tmp_path / way
+        with (
+            monkeypatch.context() as patch,
+            stepwriter.disabled() if way == "python" else contextlib.nullcontext(),
+        ):
+            patch.setattr(stepwriter, "tried_codecs", tried_codecs)
+            writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+            for step in range(cfg.steps + 1):
+                log = _log(step, "auto", 8, seed=step)
+                writer.append_state(step, memoryview(f"state {step}".encode() * 50), log)
+            writer.finish()
+        Transcript(out).verify()
+        trees.append(_tree(out))
+    assert trees[0] == trees[1]
+    assert len(asked) >= 3  # the ring took steps 0-2 (later ones: the C call on the Python thread)
+
+
+_EXIT_SCRIPT = """
+import sys
+import numpy as np
+from game.training.config import TaskConfig
+from game.training.native import stepwriter
+from game.training.sparselog import SparseStepLog
+from game.training.transcript import TranscriptWriter
+from tests.training.test_stepwriter import _state
+
+assert stepwriter.available()
+cfg = TaskConfig.for_preset("mlp-digits", steps=20, checkpoint_interval=5)
+writer = TranscriptWriter.create(sys.argv[1], cfg, "cpu-1t")
+for step in range(cfg.steps + 1):
+    writer.append_state(step, memoryview(_state(step)), SparseStepLog(step))
+sys.exit(0)  # no close: the ring finishes its steps on the way out, with their buffers alive
+"""
+
+
+def _state(step: int) -> bytes:
+    """1 MiB, and 128 MiB for the last step (20), which takes the ring's thread long after the
+    script's last line."""
+    return bytes([step]) * (1 << (27 if step == 20 else 20))
+
+
+@needs_writer
+def test_aProcessThatExitsWithoutClose_stillHasEveryStepTheRingTook(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=Path(__file__).parents[2],  # the script imports this module
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = TaskConfig.for_preset("mlp-digits", steps=20, checkpoint_interval=5)
+    leaves = (out / "leaves.bin").read_bytes()
+    expected = [hashlib.sha256(_state(s)).digest() for s in range(cfg.steps + 1)]
+    assert [leaves[i : i + 32] for i in range(0, len(leaves), 32)] == expected
+    resumed = TranscriptWriter.resume(out, cfg)
+    assert resumed.num_done == cfg.steps + 1
 
 
 def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(

@@ -253,10 +253,41 @@ def test_aStateTheThreadHashesAtOnce_stillGetsItsLeaf(
                 time.sleep(0.001)
 
     monkeypatch.setattr(writer, "_wake", WakeAndWait(writer._wake))
-    for step in range(3):
-        writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
-    assert writer.leaves == [_state(s)[0] for s in range(3)]
-    writer.close()
+    with stepwriter.disabled():  # else the C library's thread takes them, not the Python one
+        for step in range(3):
+            writer.append_state(step, memoryview(_state(step)[1]), new_step_log(cfg.log_format, step))
+        assert writer.leaves == [_state(s)[0] for s in range(3)]
+        writer.close()
+
+
+def test_withoutTheCLibrary_onePythonThreadWritesEveryStep(tmp_path: Path) -> None:
+    """Steps queued with their state's bytes go to the C library's thread where it runs; where it
+    does not, the Python thread takes them, one thread for the whole run (not one a step)."""
+    cfg = _cfg()
+    with stepwriter.disabled():
+        writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+        threads = set()
+        for step in range(cfg.steps + 1):
+            _append_state(writer, step)
+            threads.add(writer._thread)
+        writer.close()
+    assert len(threads) == 1 and None not in threads
+    assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(cfg.steps + 1)]
+
+
+def test_stepsByHashAndByState_mixed_landInOrder_whicheverThreadTakesThem(tmp_path: Path) -> None:
+    """A step queued by its hash goes to the Python thread, one with its state's bytes to the C
+    library's: each waits for the other's steps before it, so the leaves land in step order."""
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    for step in range(cfg.steps + 1):
+        if step in (2, 3, 6):
+            _append(writer, step)
+        else:
+            _append_state(writer, step)
+    writer.finish()
+    assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(cfg.steps + 1)]
+    Transcript(tmp_path / "t").verify()
 
 
 def _files_way(way: str) -> contextlib.AbstractContextManager[None]:

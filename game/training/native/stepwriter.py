@@ -23,10 +23,11 @@ import logging
 import os
 import platform
 import threading
+import weakref
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 #: Set to ``0`` to write every step in Python (``VGAME_NATIVE=0`` also does).
 ENV_SWITCH = "VGAME_WRITER"
 #: What ``writer.c`` links.
-LIBS: tuple[str, ...] = ("-lz", "-llzma", "-lcrypto")
+LIBS: tuple[str, ...] = ("-lz", "-llzma", "-lcrypto", "-pthread")
 
 #: ``with stepwriter.disabled():`` writes every step in Python inside.
 disabled = native.OffSwitch()
@@ -56,6 +57,9 @@ _PTR = ctypes.c_void_p
 _PATH = ctypes.c_char_p
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
+#: The same library, loaded so that its calls keep the GIL: the ring's quick calls, made on the
+#: trainer's thread, then neither let the GIL go nor wait to take it back.
+_held: ctypes.PyDLL | None = None
 _tried = False
 _why: str | None = None  # why the C call is not used, once a load found out
 
@@ -86,7 +90,30 @@ def _open() -> ctypes.CDLL:
         *(_PATH, _PATH, _PATH, _PATH),  # the checkpoint, its temporary name, its directory, the leaves
         *(_PTR, _PTR, _PTR),  # the leaf, where it failed, vg_write_step
     ]
+    lib.vg_ring_new.restype = _PTR
+    lib.vg_ring_new.argtypes = [_PTR]
+    lib.vg_ring_wait.restype = _I64
+    lib.vg_ring_wait.argtypes = [_PTR, _I64]
+    lib.vg_ring_free.restype = None
+    lib.vg_ring_free.argtypes = [_PTR]
     return lib
+
+
+def _open_held(lib: ctypes.CDLL) -> ctypes.PyDLL:
+    held = ctypes.PyDLL(lib._name)
+    held.vg_ring_push.restype = _I64
+    held.vg_ring_push.argtypes = [
+        *(_PTR, _PATH, _I64, _I64, _PATH, _I64),  # the ring, head, codec byte, payload
+        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
+        *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
+        *(_PATH,) * 8,  # the paths, as vg_finish_step takes them
+    ]
+    for name in ("vg_ring_pushed", "vg_ring_done"):
+        getattr(held, name).restype = _I64
+        getattr(held, name).argtypes = [_PTR]
+    held.vg_ring_result.restype = _I64
+    held.vg_ring_result.argtypes = [_PTR, _I64, _PTR, _PTR]
+    return held
 
 
 def _probe() -> bytes:
@@ -116,7 +143,7 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _tried, _why
+    global _lib, _held, _tried, _why
     with _lock:
         if _tried:
             return _lib
@@ -129,7 +156,8 @@ def _load() -> ctypes.CDLL | None:
             return None
         try:
             lib = _open()
-        except OSError as exc:
+            held = _open_held(lib)
+        except (OSError, AttributeError) as exc:  # AttributeError: a library of an older writer.c
             _why = f"not built: {exc}"
             log.info("the transcript writer's C call is unavailable (%s): steps are written in Python", exc)
             return None
@@ -137,7 +165,7 @@ def _load() -> ctypes.CDLL | None:
         if _why is not None:
             log.info("the transcript writer's C call is not used: %s; steps are written in Python", _why)
             return None
-        _lib = lib
+        _lib, _held = lib, held
         return lib
 
 
@@ -215,15 +243,126 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     if err < 0:
         return None
     if err > 0:
-        which = int(failed[0])
-        where = {1: paths.chunk, 2: paths.hashes, 3: paths.checkpoint, 4: paths.leaves}[which]
-        assert where is not None
-        raise OSError(err, f"{os.strerror(err)} (the step's {native.STEP_FILES[which]})", os.fsdecode(where))
+        raise _file_error(err, int(failed[0]), paths)
     return leaf.tobytes()
+
+
+def _file_error(err: int, which: int, paths: StepPaths) -> OSError:
+    """``vg_write_step``'s errno as an ``OSError`` naming the file (``which``: 1-4) that failed."""
+    where = {1: paths.chunk, 2: paths.hashes, 3: paths.checkpoint, 4: paths.leaves}[which]
+    assert where is not None
+    return OSError(err, f"{os.strerror(err)} (the step's {native.STEP_FILES[which]})", os.fsdecode(where))
+
+
+class _Kept(NamedTuple):
+    """What a step in the ring points into, kept alive until its thread is done with it."""
+
+    chunk: Compressible
+    state: np.ndarray[Any, np.dtype[np.uint8]]
+    paths: StepPaths
+
+
+def _free_ring(lib: ctypes.CDLL, handle: int, keep: dict[int, _Kept]) -> None:
+    """Finish the ring's steps and stop its thread (``keep`` holds their buffers alive until then)."""
+    lib.vg_ring_free(handle)
+    keep.clear()
+
+
+class Ring:
+    """Steps finished in order by a thread of ``writer.c``'s own, which never takes the GIL.
+
+    :meth:`push` hands a step over in one call that keeps the GIL; the trainer's thread does not
+    stop for the writer again until it calls :meth:`wait`. Step ``i`` (the ``i``-th pushed) is done once
+    :meth:`done` is past it; :meth:`result` then tells what became of it. The ring holds each step's
+    buffers until :meth:`release`, and, where its owner is dropped without :meth:`close` (or the
+    interpreter exits), finishes its steps before they are freed.
+    """
+
+    #: Steps in flight at most (``RING_CAP`` in writer.c): :meth:`result` reads a step's result until
+    #: this many more are pushed.
+    CAPACITY = 16
+
+    def __init__(self, lib: ctypes.CDLL, held: ctypes.PyDLL) -> None:
+        handle = lib.vg_ring_new(native.address("vg_write_step"))
+        if not handle:
+            raise OSError("the transcript writer's thread could not be started")
+        self._lib, self._held, self._handle = lib, held, handle
+        self._keep: dict[int, _Kept] = {}  # step index -> what its pointers point into
+        self._leaf_out = np.empty(32, dtype=np.uint8)  # where result() has a step's leaf written
+        self._failed_out = np.zeros(1, dtype=np.int64)
+        self._closer = weakref.finalize(self, _free_ring, lib, handle, self._keep)
+
+    @classmethod
+    def start(cls) -> Ring | None:
+        """A ring with its thread running; None where the C call is not used (:func:`available`)."""
+        lib = _running()
+        if lib is None or _held is None:
+            return None
+        try:
+            return cls(lib, _held)
+        except OSError as exc:
+            log.warning("%s: steps are written by a Python thread", exc)
+            return None
+
+    @staticmethod
+    def takes(chunk: Compressible) -> bool:
+        """Whether a step with this chunk can go to the ring (its payload is within the format's limit)."""
+        return len(chunk.payload) <= MAX_PAYLOAD
+
+    def push(self, chunk: Compressible, state: bytes | memoryview, paths: StepPaths) -> int:
+        """Queue a step (``state`` as the checkpoint too where ``paths`` name one); its index. The
+        caller keeps fewer than :attr:`CAPACITY` steps in flight (else ``RuntimeError``)."""
+        size = len(chunk.payload)
+        tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
+        body = np.frombuffer(state, dtype=np.uint8)
+        index = self.pushed
+        self._keep[index] = _Kept(chunk, body, paths)  # before the push: its pointers must outlive it
+        got = self._held.vg_ring_push(
+            self._handle, chunk.head, len(chunk.head), chunk.codec_at, chunk.payload, size,
+            tries, zlib_level(size), lzma_dict_size(size),
+            body.ctypes.data, body.size, int(paths.checkpoint is not None), *paths,
+        )  # fmt: skip
+        if got < 0:
+            raise RuntimeError(f"the writer's ring holds {self.CAPACITY} steps already")
+        return int(got)
+
+    @property
+    def pushed(self) -> int:
+        return int(self._held.vg_ring_pushed(self._handle))
+
+    def done(self) -> int:
+        """How many steps are done (written, failed, or dropped after a failure)."""
+        return int(self._held.vg_ring_done(self._handle))
+
+    def wait(self, upto: int) -> int:
+        """Wait, without the GIL, until ``upto`` steps (or all pushed) are done; how many are."""
+        return int(self._lib.vg_ring_wait(self._handle, upto))
+
+    def result(self, index: int) -> bytes | OSError | None:
+        """Step ``index``'s leaf once written; the ``OSError`` naming the file that failed; or None
+        when it was not written (the C call could not compress or hash it, or an earlier step
+        failed): the caller writes it in Python or drops it."""
+        leaf, failed = self._leaf_out, self._failed_out
+        err = int(self._held.vg_ring_result(self._handle, index, leaf.ctypes.data, failed.ctypes.data))
+        if err == -3:
+            raise RuntimeError(f"step {index} of the writer's ring is not done or no longer kept")
+        if err > 0:
+            return _file_error(err, int(failed[0]), self._keep[index].paths)
+        return leaf.tobytes() if err == 0 else None
+
+    def release(self, upto: int) -> None:
+        """Let go of the buffers of the steps before ``upto`` (done; their results read)."""
+        for index in [i for i in self._keep if i < upto]:
+            del self._keep[index]
+
+    def close(self) -> None:
+        """Finish every step pushed and stop the thread (waits, without the GIL)."""
+        self._closer()
 
 
 __all__ = [
     "ENV_SWITCH",
+    "Ring",
     "StepPaths",
     "available",
     "compress",

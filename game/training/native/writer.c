@@ -163,3 +163,172 @@ done:
     free(spare);
     return err;
 }
+
+/* The writer's own thread (a ring of steps): the trainer's thread hands a step over with one call
+ * that keeps the GIL (vg_ring_push, loaded through ctypes.PyDLL), and a thread of this library's
+ * finishes the steps in order with vg_finish_step, with no Python at all. Why: a Python writer's
+ * thread takes the GIL to pick each step up and again when the C call returns, and on two vCPUs
+ * each of those hand-overs stops the trainer's thread between two torch ops (docs/benchmarks.md).
+ *
+ * The caller keeps every pointer it pushes alive until the step is done (vg_ring_done). After a step
+ * that fails (vg_finish_step's errno, or -1: it could not compress or hash), the steps after it are
+ * not written (-2): a later leaf must never land after a missing one. A step's result stays readable
+ * until RING_CAP more steps are pushed; the caller keeps fewer than that in flight. */
+#define RING_CAP 16
+
+typedef struct {
+    const uint8_t *head, *payload, *state;
+    int64_t head_len, codec_at, n, tries, level, dict_size, state_len, checkpoint;
+    const char *paths[8]; /* chunk, its temporary name, log dir, hashes, checkpoint, its temporary name, its dir,
+                             leaves */
+    uint8_t leaf[32];
+    int64_t failed, err;
+} ring_job;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done_cv;
+    pthread_t thread;
+    void *write_step;
+    int64_t pushed, done, stopping, sleeping, broken;
+    ring_job jobs[RING_CAP];
+} ring_t;
+
+static void *ring_main(void *arg) {
+    ring_t *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (r->done == r->pushed && !r->stopping) {
+            r->sleeping = 1;
+            pthread_cond_wait(&r->work, &r->mu);
+            r->sleeping = 0;
+        }
+        if (r->done == r->pushed) break; /* stopping, and every step done */
+        ring_job *j = &r->jobs[r->done % RING_CAP];
+        int64_t broken = r->broken;
+        pthread_mutex_unlock(&r->mu);
+        if (broken)
+            j->err = -2;
+        else
+            j->err = vg_finish_step(j->head, j->head_len, j->codec_at, j->payload, j->n, j->tries, j->level,
+                                    j->dict_size, j->state, j->state_len, j->checkpoint, j->paths[0], j->paths[1],
+                                    j->paths[2], j->paths[3], j->paths[4], j->paths[5], j->paths[6], j->paths[7],
+                                    j->leaf, &j->failed, r->write_step);
+        pthread_mutex_lock(&r->mu);
+        if (j->err != 0) r->broken = 1;
+        r->done++;
+        pthread_cond_broadcast(&r->done_cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* A ring whose thread runs; NULL when it could not be started. */
+void *vg_ring_new(void *write_step) {
+    ring_t *r = calloc(1, sizeof *r);
+    if (r == NULL || write_step == NULL) goto fail;
+    r->write_step = write_step;
+    if (pthread_mutex_init(&r->mu, NULL) != 0) goto fail;
+    if (pthread_cond_init(&r->work, NULL) != 0 || pthread_cond_init(&r->done_cv, NULL) != 0) goto fail;
+    if (pthread_create(&r->thread, NULL, ring_main, r) != 0) goto fail;
+    return r;
+fail:
+    free(r);
+    return NULL;
+}
+
+/* Queue a step (vg_finish_step's arguments, the paths in its order); returns its index, or -1 when
+ * RING_CAP steps are in flight (nothing queued). Never waits for the thread's work. */
+int64_t vg_ring_push(void *ring, const uint8_t *head, int64_t head_len, int64_t codec_at, const uint8_t *payload,
+                     int64_t n, int64_t tries, int64_t level, int64_t dict_size, const uint8_t *state,
+                     int64_t state_len, int64_t checkpoint, const char *chunk_path, const char *chunk_tmp,
+                     const char *log_dir, const char *hashes_path, const char *ckpt_path, const char *ckpt_tmp,
+                     const char *ckpt_dir, const char *leaves_path) {
+    ring_t *r = ring;
+    pthread_mutex_lock(&r->mu);
+    if (r->pushed - r->done >= RING_CAP) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
+    }
+    ring_job *j = &r->jobs[r->pushed % RING_CAP];
+    j->head = head;
+    j->head_len = head_len;
+    j->codec_at = codec_at;
+    j->payload = payload;
+    j->n = n;
+    j->tries = tries;
+    j->level = level;
+    j->dict_size = dict_size;
+    j->state = state;
+    j->state_len = state_len;
+    j->checkpoint = checkpoint;
+    const char *paths[8] = {chunk_path, chunk_tmp, log_dir, hashes_path, ckpt_path, ckpt_tmp, ckpt_dir, leaves_path};
+    memcpy(j->paths, paths, sizeof paths);
+    j->failed = 0;
+    j->err = 0;
+    int64_t index = r->pushed++;
+    int64_t wake = r->sleeping;
+    pthread_mutex_unlock(&r->mu);
+    if (wake) pthread_cond_signal(&r->work);
+    return index;
+}
+
+/* Steps pushed, and steps done, so far. */
+int64_t vg_ring_pushed(void *ring) {
+    ring_t *r = ring;
+    pthread_mutex_lock(&r->mu);
+    int64_t n = r->pushed;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+int64_t vg_ring_done(void *ring) {
+    ring_t *r = ring;
+    pthread_mutex_lock(&r->mu);
+    int64_t n = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* Wait (called without the GIL) until ``upto`` steps are done, or every step pushed is; returns
+ * how many are done. */
+int64_t vg_ring_wait(void *ring, int64_t upto) {
+    ring_t *r = ring;
+    pthread_mutex_lock(&r->mu);
+    if (upto > r->pushed) upto = r->pushed;
+    while (r->done < upto) pthread_cond_wait(&r->done_cv, &r->mu);
+    int64_t n = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* Step ``index``'s result (once done): vg_finish_step's return (or -2: not tried, an earlier step
+ * failed), its leaf into leaf_out and the file that failed into failed_out. */
+int64_t vg_ring_result(void *ring, int64_t index, uint8_t *leaf_out, int64_t *failed_out) {
+    ring_t *r = ring;
+    pthread_mutex_lock(&r->mu);
+    int64_t err = -3; /* not done, or no longer kept */
+    if (index >= 0 && index < r->done && index >= r->pushed - RING_CAP) {
+        ring_job *j = &r->jobs[index % RING_CAP];
+        memcpy(leaf_out, j->leaf, 32);
+        *failed_out = j->failed;
+        err = j->err;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return err;
+}
+
+/* Finish every step pushed, stop the thread and free the ring (called without the GIL). */
+void vg_ring_free(void *ring) {
+    ring_t *r = ring;
+    if (r == NULL) return;
+    pthread_mutex_lock(&r->mu);
+    r->stopping = 1;
+    pthread_mutex_unlock(&r->mu);
+    pthread_cond_signal(&r->work);
+    pthread_join(r->thread, NULL);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->work);
+    pthread_cond_destroy(&r->done_cv);
+    free(r);
+}
