@@ -27,7 +27,7 @@ import weakref
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -258,8 +258,15 @@ class _Kept(NamedTuple):
     """What a step in the ring points into, kept alive until its thread is done with it."""
 
     chunk: Compressible
-    state: np.ndarray[Any, np.dtype[np.uint8]]
+    state: bytes | memoryview
     paths: StepPaths
+
+
+def _address(data: bytes | memoryview) -> int:
+    """Where ``data``'s bytes are (contiguous bytes: a state's canonical buffer)."""
+    if isinstance(data, memoryview) and not data.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(data))  # a few times cheaper than numpy's
+    return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
 
 
 def _free_ring(lib: ctypes.CDLL, handle: int, keep: dict[int, _Kept]) -> None:
@@ -290,6 +297,7 @@ class Ring:
         self._keep: dict[int, _Kept] = {}  # step index -> what its pointers point into
         self._leaf_out = np.empty(32, dtype=np.uint8)  # where result() has a step's leaf written
         self._failed_out = np.zeros(1, dtype=np.int64)
+        self._out_at = (self._leaf_out.ctypes.data, self._failed_out.ctypes.data)  # worked out once
         self._closer = weakref.finalize(self, _free_ring, lib, handle, self._keep)
 
     @classmethod
@@ -314,13 +322,12 @@ class Ring:
         caller keeps fewer than :attr:`CAPACITY` steps in flight (else ``RuntimeError``)."""
         size = len(chunk.payload)
         tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
-        body = np.frombuffer(state, dtype=np.uint8)
         index = self.pushed
-        self._keep[index] = _Kept(chunk, body, paths)  # before the push: its pointers must outlive it
+        self._keep[index] = _Kept(chunk, state, paths)  # before the push: its pointers must outlive it
         got = self._held.vg_ring_push(
             self._handle, chunk.head, len(chunk.head), chunk.codec_at, chunk.payload, size,
             tries, zlib_level(size), lzma_dict_size(size),
-            body.ctypes.data, body.size, int(paths.checkpoint is not None), *paths,
+            _address(state), len(state), int(paths.checkpoint is not None), *paths,
         )  # fmt: skip
         if got < 0:
             raise RuntimeError(f"the writer's ring holds {self.CAPACITY} steps already")
@@ -342,13 +349,12 @@ class Ring:
         """Step ``index``'s leaf once written; the ``OSError`` naming the file that failed; or None
         when it was not written (the C call could not compress or hash it, or an earlier step
         failed): the caller writes it in Python or drops it."""
-        leaf, failed = self._leaf_out, self._failed_out
-        err = int(self._held.vg_ring_result(self._handle, index, leaf.ctypes.data, failed.ctypes.data))
+        err = int(self._held.vg_ring_result(self._handle, index, *self._out_at))
         if err == -3:
             raise RuntimeError(f"step {index} of the writer's ring is not done or no longer kept")
         if err > 0:
-            return _file_error(err, int(failed[0]), self._keep[index].paths)
-        return leaf.tobytes() if err == 0 else None
+            return _file_error(err, int(self._failed_out[0]), self._keep[index].paths)
+        return self._leaf_out.tobytes() if err == 0 else None
 
     def release(self, upto: int) -> None:
         """Let go of the buffers of the steps before ``upto`` (done; their results read)."""
