@@ -273,22 +273,17 @@ int64_t vg_ring_push(void *ring, const uint8_t *head, int64_t head_len, int64_t 
     return index;
 }
 
-/* Steps pushed, and steps done, so far. */
-int64_t vg_ring_pushed(void *ring) {
-    ring_t *r = ring;
+static int64_t locked_read(ring_t *r, const int64_t *field) {
     pthread_mutex_lock(&r->mu);
-    int64_t n = r->pushed;
+    int64_t n = *field;
     pthread_mutex_unlock(&r->mu);
     return n;
 }
 
-int64_t vg_ring_done(void *ring) {
-    ring_t *r = ring;
-    pthread_mutex_lock(&r->mu);
-    int64_t n = r->done;
-    pthread_mutex_unlock(&r->mu);
-    return n;
-}
+/* Steps pushed, and steps done, so far. */
+int64_t vg_ring_pushed(void *ring) { return locked_read(ring, &((ring_t *)ring)->pushed); }
+
+int64_t vg_ring_done(void *ring) { return locked_read(ring, &((ring_t *)ring)->done); }
 
 /* Wait (called without the GIL) until ``upto`` steps are done, or every step pushed is; returns
  * how many are done. */
