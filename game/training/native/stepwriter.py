@@ -269,9 +269,11 @@ def _address(data: bytes | memoryview) -> int:
     return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
 
 
-def _free_ring(lib: ctypes.CDLL, handle: int, keep: dict[int, _Kept]) -> None:
-    """Finish the ring's steps and stop its thread (``keep`` holds their buffers alive until then)."""
-    lib.vg_ring_free(handle)
+def _free_ring(lib: ctypes.CDLL, handle: int, keep: dict[int, _Kept], pid: int) -> None:
+    """Finish the ring's steps and stop its thread (``keep`` holds their buffers alive until then).
+    Not in a child that ``fork`` made: the thread is its parent's, and the parent finishes it."""
+    if os.getpid() == pid:
+        lib.vg_ring_free(handle)
     keep.clear()
 
 
@@ -298,7 +300,7 @@ class Ring:
         self._leaf_out = np.empty(32, dtype=np.uint8)  # where result() has a step's leaf written
         self._failed_out = np.zeros(1, dtype=np.int64)
         self._out_at = (self._leaf_out.ctypes.data, self._failed_out.ctypes.data)  # worked out once
-        self._closer = weakref.finalize(self, _free_ring, lib, handle, self._keep)
+        self._closer = weakref.finalize(self, _free_ring, lib, handle, self._keep, os.getpid())
 
     @classmethod
     def start(cls) -> Ring | None:
