@@ -304,9 +304,14 @@ class TranscriptWriter:
         directory = Path(directory)
         if (directory / MANIFEST_NAME).exists():
             raise TranscriptError(f"{directory} already holds a transcript; choose another --out")
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
-        (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
+        if directory.exists() and not directory.is_dir():
+            raise TranscriptError(f"{directory} is a file, not a directory; choose another --out")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
+            (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise TranscriptError(f"cannot make the transcript directory {directory}: {exc}") from exc
         for name in (LEAVES_NAME, CHUNK_HASHES_NAME):
             atomic_write(directory / name, b"")
         manifest = Manifest(
@@ -689,8 +694,9 @@ class Transcript:
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
+            what = "is a file, not a directory" if self.directory.exists() else "does not exist"
             raise TranscriptError(
-                f"transcript directory {self.directory} does not exist (pass the --out of `vgame train`)"
+                f"transcript directory {self.directory} {what} (pass the --out of `vgame train`)"
             )
         self.manifest = read_manifest(self.directory)
         self.config = _config_of(self.manifest, self.directory / MANIFEST_NAME)

@@ -81,9 +81,12 @@ def test_replay_step_json(trained: Path) -> None:
         (["train", *SMALL, "--profile", "tpu-9", "--out", "x"], "tpu-9"),
         (["audit", "--transcript", "/nonexistent/t", "--profile", "cpu-1t"], "nonexistent"),
         (["train", *SMALL, "--bits", "40", "--out", "x"], "bits"),
+        (["train", *SMALL, "--out", "a-file"], "a-file is a file, not a directory"),
+        (["audit", "--transcript", "a-file", "--profile", "cpu-1t"], "a-file is a file, not a directory"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a transcript")
     r = subprocess.run(
         [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, cwd=tmp_path
     )
