@@ -247,6 +247,17 @@ class _StepJob:
     checkpoint: bytes | memoryview | None
     state: bytes | memoryview | None = None  # the canonical state bytes, for append_state
 
+    @property
+    def finishable_in_c(self) -> bool:
+        """Whether the C library can finish this step on its own: a sparse chunk and the state's
+        bytes, which are the checkpoint too where one is due (as :meth:`TranscriptWriter.
+        append_state` queues them)."""
+        return (
+            self.chunk.compressible is not None
+            and self.state is not None
+            and (self.checkpoint is None or self.checkpoint is self.state)
+        )
+
 
 class TranscriptWriter:
     """Appends one step at a time; :meth:`finish` writes the roots and marks the manifest complete.
@@ -437,14 +448,7 @@ class TranscriptWriter:
 
     def _to_ring(self, job: _StepJob) -> bool:
         """Hand ``job`` to the C library's thread, when it can take it; whether it did."""
-        compressible = job.chunk.compressible
-        if (
-            self._ring_off
-            or compressible is None
-            or job.state is None
-            or (job.checkpoint is not None and job.checkpoint is not job.state)  # as append_state queues it
-            or not stepwriter.Ring.takes(compressible)
-        ):
+        if self._ring_off or not job.finishable_in_c:
             return False
         if self._ring is None:
             if not stepwriter.available():
@@ -606,17 +610,12 @@ class TranscriptWriter:
         """Write ``job``'s files: in one C call where it can (``in_c``), else the chunk encoded here
         and the files by :meth:`_put_files`."""
         step = job.step
-        compressible = job.chunk.compressible
-        if (
-            in_c
-            and compressible is not None
-            and job.state is not None
-            and (job.checkpoint is None or job.checkpoint is job.state)  # as append_state queues it
-            and stepwriter.available()
-        ):
+        compressible, state = job.chunk.compressible, job.state
+        if in_c and job.finishable_in_c and stepwriter.available():
+            assert compressible is not None and state is not None
             job.chunk.check_for(step, self.spec_hash)
             paths = self._step_paths(step, job.checkpoint is not None)
-            written = stepwriter.finish_step(compressible, job.state, paths)
+            written = stepwriter.finish_step(compressible, state, paths)
             if written is not None:
                 self._leaves[step] = written
                 return

@@ -226,15 +226,13 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     lib = _running()
     if lib is None or len(chunk.payload) > MAX_PAYLOAD:
         return None
-    tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, len(chunk.payload)))
     size = len(chunk.payload)
     head, payload = np.frombuffer(chunk.head, dtype=np.uint8), np.frombuffer(chunk.payload, dtype=np.uint8)
     body = np.frombuffer(state, dtype=np.uint8)
     leaf = np.empty(32, dtype=np.uint8)
     failed = np.zeros(1, dtype=np.int64)
     err = lib.vg_finish_step(
-        head.ctypes.data, head.size, chunk.codec_at, payload.ctypes.data, size,
-        tries, zlib_level(size), lzma_dict_size(size),
+        head.ctypes.data, head.size, chunk.codec_at, payload.ctypes.data, size, *_codec_args(chunk),
         body.ctypes.data, body.size, int(paths.checkpoint is not None),
         paths.chunk, paths.chunk_tmp, paths.log_dir, paths.hashes,
         paths.checkpoint, paths.checkpoint_tmp, paths.checkpoint_dir, paths.leaves,
@@ -245,6 +243,14 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     if err > 0:
         raise _file_error(err, int(failed[0]), paths)
     return leaf.tobytes()
+
+
+def _codec_args(chunk: Compressible) -> tuple[int, int, int]:
+    """How the C call compresses ``chunk``'s payload: the codecs to try (a bit ``1 << id`` each),
+    zlib's level and lzma's dictionary, as :func:`~game.training.chunkcodec.compress` would."""
+    size = len(chunk.payload)
+    tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
+    return tries, zlib_level(size), lzma_dict_size(size)
 
 
 def _file_error(err: int, which: int, paths: StepPaths) -> OSError:
@@ -314,22 +320,14 @@ class Ring:
             log.warning("%s: steps are written by a Python thread", exc)
             return None
 
-    @staticmethod
-    def takes(chunk: Compressible) -> bool:
-        """Whether a step with this chunk can go to the ring (its payload is within the format's limit)."""
-        return len(chunk.payload) <= MAX_PAYLOAD
-
     def push(self, chunk: Compressible, state: bytes | memoryview, paths: StepPaths) -> int:
         """Queue a step (``state`` as the checkpoint too where ``paths`` name one); its index. The
         caller keeps fewer than :attr:`CAPACITY` steps in flight (else ``RuntimeError``)."""
-        size = len(chunk.payload)
-        tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
         index = self.pushed
         self._keep[index] = _Kept(chunk, state, paths)  # before the push: its pointers must outlive it
         got = self._held.vg_ring_push(
-            self._handle, chunk.head, len(chunk.head), chunk.codec_at, chunk.payload, size,
-            tries, zlib_level(size), lzma_dict_size(size),
-            _address(state), len(state), int(paths.checkpoint is not None), *paths,
+            self._handle, chunk.head, len(chunk.head), chunk.codec_at, chunk.payload, len(chunk.payload),
+            *_codec_args(chunk), _address(state), len(state), int(paths.checkpoint is not None), *paths,
         )  # fmt: skip
         if got < 0:
             raise RuntimeError(f"the writer's ring holds {self.CAPACITY} steps already")
