@@ -26,8 +26,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 if [ ! -d contracts/node_modules/solc ] || [ contracts/package-lock.json -nt contracts/node_modules/.package-lock.json ]; then
-    # `npm install` (not `npm ci`): the lock pins every version and hash, but npm records only this
-    # platform's optional anvil binary in it, and `npm ci` then refuses the lock on any platform.
+    # `npm ci`: exactly the lock's versions and hashes, and it never rewrites the lock. The lock
+    # records anvil's optional binary for every platform, so the same file installs on each.
     echo "==> installing contract toolchain in contracts/ (solc, anvil) from package-lock.json"
-    (cd contracts && npm install --no-audit --no-fund --loglevel=error)
+    (cd contracts && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: anvil's default mnemonic; its first accounts hold 10,000 ether each
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
-INSTALL_HINT = "install the pinned toolchain with `npm install --prefix contracts` (or set VGAME_ANVIL)"
+INSTALL_HINT = "install the pinned toolchain with `npm ci --prefix contracts` (or set VGAME_ANVIL)"
 _LISTEN = re.compile(r"Listening on (\S+):(\d+)")
 
 _live: weakref.WeakSet[AnvilChain] = weakref.WeakSet()
