@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from game.store import BlobStore
 
 log = logging.getLogger(__name__)
+#: One INFO record per action an agent takes. ``vgame node`` prints each action itself (a line, or
+#: a JSON line) and turns this logger down, so that a terminal does not show every action twice.
+ACTION_LOG = logging.getLogger(f"{__name__}.actions")
 
 ACTORS = ("client", "trainer", "auditor", "judge")
 WHATS = (
@@ -165,7 +168,7 @@ class TaskAgent:
     def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
         """Record an action: in the step's result, the log, and the caller's sink (the live table)."""
         out.append(action)
-        log.info("%s task %d: %s %s", self.ACTOR, self.task_id, action.what, action.detail)
+        ACTION_LOG.info("%s task %d: %s %s", self.ACTOR, self.task_id, action.what, action.detail)
         if self.on_action is not None:
             self.on_action(action)
 

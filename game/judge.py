@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from game.agents import ActionSink, AgentAction, StateFile, action_from_receipt, config_path, pre_state_path
+from game.agents import (
+    ACTION_LOG,
+    ActionSink,
+    AgentAction,
+    StateFile,
+    action_from_receipt,
+    config_path,
+    pre_state_path,
+)
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
@@ -149,7 +157,7 @@ class Judge:
                 + (f" ({ruling.note})" if ruling.note else ""),
             )
             out.append(action)
-            log.info("judge: %s", action.detail)
+            ACTION_LOG.info("judge: %s", action.detail)
             if self.on_action is not None:
                 self.on_action(action)
         return out

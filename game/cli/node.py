@@ -97,7 +97,7 @@ def node_cmd(
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
     import json
 
-    from game.agents import AgentError
+    from game.agents import ACTION_LOG, AgentError
     from game.chain.client import VerificationGameClient
     from game.chain.rpc import RpcChain
     from game.store import BlobStore, parse_key
@@ -105,6 +105,7 @@ def node_cmd(
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    ACTION_LOG.setLevel(logging.WARNING)  # each action is printed below, once
     hexkey = data_key or os.environ.get("VGAME_DATA_KEY")
     if not hexkey:
         raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")

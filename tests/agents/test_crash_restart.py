@@ -227,7 +227,9 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     cfg_file.write_text(_toml(cfg))
     key = new_key().hex()
 
-    def start(role: str, account: Any, profile: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start(
+        role: str, account: Any, profile: str, *extra: str, json_lines: bool = True
+    ) -> subprocess.Popen[bytes]:
         args = [sys.executable, "-m", "game.cli", "node", role, "--chain", chain.url, "--contract", address]
         args += [
             "--task",
@@ -246,7 +248,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
             profile,
             "--poll",
             "0.2",
-            "--json",
+            *(["--json"] if json_lines else []),
         ]
         log = open(tmp_path / f"{role}.log", "ab")  # noqa: SIM115 - the child owns it
         return subprocess.Popen([*args, *extra], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -269,8 +271,10 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
         tr.wait(10)
         tr = start("trainer", trainer, "cpu-1t", "--config", str(cfg_file))
         wait(lambda: c.task(task_id).status == TaskStatus.COMMITTED, "the commit")
-        au = start("auditor", auditor, "noisy")
+        au = start("auditor", auditor, "noisy", json_lines=False)  # as a person runs it
         assert au.wait(120) == 0, (tmp_path / "auditor.log").read_text()[-2000:]
+        # Its one action, the replay, is printed once: not also as a log record.
+        assert (tmp_path / "auditor.log").read_text().count("match on noisy") == 1
         chain.time_travel(window + 1)
         assert tr.wait(120) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
     finally:
