@@ -192,11 +192,14 @@ def revert_data_of(exc: BaseException) -> bytes | None:
     return None
 
 
-def connect(spec: str = DEFAULT_CHAIN, *, key: str | None = None, **options: Any) -> Chain:
+def connect(
+    spec: str = DEFAULT_CHAIN, *, key: str | None = None, reads_only: bool = False, **options: Any
+) -> Chain:
     """Open the chain named by ``spec``: ``embedded``, ``anvil`` or a JSON-RPC URL.
 
     ``key`` (a hex private key or a keystore file path) is only used by URL backends; without it
-    they read ``VGAME_PRIVATE_KEY`` or ``VGAME_KEYSTORE``. Extra ``options`` go to the backend
+    they read ``VGAME_PRIVATE_KEY`` or ``VGAME_KEYSTORE``, and with ``reads_only`` they need none
+    (the chain then only reads). Extra ``options`` go to the backend
     (e.g. ``accounts=20`` for embedded, ``block_time`` for anvil).
     """
     spec = (spec or DEFAULT_CHAIN).strip()
@@ -211,5 +214,5 @@ def connect(spec: str = DEFAULT_CHAIN, *, key: str | None = None, **options: Any
     if spec.startswith(("http://", "https://", "ws://", "wss://")):
         from game.chain.rpc import RpcChain
 
-        return RpcChain(spec, key=key, **options)
+        return RpcChain(spec, key=key, reads_only=reads_only, **options)
     raise ConfigError(f"unknown chain {spec!r}: use 'embedded', 'anvil' or an http(s)/ws(s) JSON-RPC URL")

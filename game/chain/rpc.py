@@ -28,9 +28,15 @@ from game.errors import ChainError, ConfigError
 log = logging.getLogger(__name__)
 
 
-def load_account(key: str | None = None) -> LocalAccount:
-    """A ``LocalAccount`` from a hex key or keystore path, falling back to the environment."""
+def load_account(key: str | None = None, *, reads_only: bool = False) -> LocalAccount:
+    """A ``LocalAccount`` from a hex key or keystore path, falling back to the environment.
+
+    ``reads_only``: with no key anywhere, a fresh account that holds nothing: a call (``eth_call``)
+    needs a sender but no signature, so reading a task asks for no key."""
     key = key or os.environ.get("VGAME_PRIVATE_KEY") or os.environ.get("VGAME_KEYSTORE")
+    if not key and reads_only:
+        fresh: LocalAccount = Account.create()
+        return fresh
     if not key:
         raise ConfigError(
             "a JSON-RPC chain needs a signing key: pass --key 0x... or a keystore file, "
@@ -64,7 +70,9 @@ class RpcChain(Chain):
     kind = "rpc"
     supports_time_travel = False
 
-    def __init__(self, url: str, *, key: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, url: str, *, key: str | None = None, timeout: float = 30.0, reads_only: bool = False
+    ) -> None:
         provider: Any
         if url.startswith(("ws://", "wss://")):
             provider = SyncWebSocketProvider(url, timeout=timeout)
@@ -75,7 +83,7 @@ class RpcChain(Chain):
             chain_id = int(w3.eth.chain_id)
         except Exception as exc:
             raise ChainError(f"no JSON-RPC node answers at {_redact(url)}: {exc}") from exc
-        super().__init__(w3, [load_account(key)])
+        super().__init__(w3, [load_account(key, reads_only=reads_only)])
         self.url = url
         log.info("connected to %s (chain id %d) as %s", _redact(url), chain_id, self.accounts[0].address)
 

@@ -47,8 +47,11 @@ ContractOpt = Annotated[
 
 
 @contextmanager
-def _client(chain: str, key: str | None, contract: str | None) -> Iterator[VerificationGameClient]:
-    """A client of the deployed contract on a running node, signing with ``key``."""
+def _client(
+    chain: str, key: str | None, contract: str | None, *, reads_only: bool = False
+) -> Iterator[VerificationGameClient]:
+    """A client of the deployed contract on a running node, signing with ``key`` (``reads_only``:
+    no key needed, see :func:`game.chain.rpc.load_account`)."""
     if not chain:
         raise ConfigError("--chain is required: the JSON-RPC URL of a running node (or set VGAME_CHAIN)")
     if chain in ("embedded", "anvil"):
@@ -59,7 +62,7 @@ def _client(chain: str, key: str | None, contract: str | None) -> Iterator[Verif
     from game.chain.backends import connect
     from game.chain.client import VerificationGameClient
 
-    with connect(chain, key=key) as ch:
+    with connect(chain, key=key, reads_only=reads_only) as ch:
         if contract is None:
             yield VerificationGameClient(ch, "0x" + "00" * 20, ch.account(0))
             return
@@ -231,10 +234,10 @@ def show_cmd(
     contract: ContractOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
-    """The task's state and every game played against it."""
+    """The task's state and every game played against it (reads only: needs no --key)."""
     from game.tasks import describe_task
 
-    with _client(chain, key, _required_contract(contract)) as c:
+    with _client(chain, key, _required_contract(contract), reads_only=True) as c:
         doc = describe_task(c, task_id)
     if as_json:
         emit_json(doc)

@@ -51,7 +51,11 @@ def test_scenario_on_anvil(
     assert doc["balances"]["trainer"]["gas_cost"] > 0
 
 
-def test_task_commands_against_a_running_node(runner: CliRunner, anvil_chain: Any, tmp_path: Path) -> None:
+def test_task_commands_against_a_running_node(
+    runner: CliRunner, anvil_chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("VGAME_PRIVATE_KEY", "VGAME_KEYSTORE"):
+        monkeypatch.delenv(name, raising=False)
     url = anvil_chain.url
     client_key = "0x" + bytes(anvil_chain.account(0).key).hex()
     trainer, judge = anvil_chain.account(1).address, anvil_chain.account(2).address
@@ -75,6 +79,11 @@ def test_task_commands_against_a_running_node(runner: CliRunner, anvil_chain: An
     shown = _json(runner, "task", "show", str(task_id), *common)
     assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)
     assert shown["trainer"] == trainer and shown["spec_hash"] == created["spec_hash"]
+    # Reading needs no key; anything that sends a transaction still does.
+    keyless = ["--chain", url, "--contract", contract]
+    assert _json(runner, "task", "show", str(task_id), *keyless) == shown
+    res = runner.invoke(app, ["task", "cancel", str(task_id), *keyless])
+    assert type(res.exception).__name__ == "ConfigError" and "signing key" in str(res.exception)
 
     res = runner.invoke(app, ["task", "finalize", str(task_id), *common])
     assert type(res.exception).__name__ == "WrongTaskStatus"  # an open task cannot be settled
