@@ -29,6 +29,21 @@ log = logging.getLogger(__name__)
 
 #: where ``--chain anvil`` looks for a running anvil (its default port)
 LOCAL_ANVIL_URL = "http://127.0.0.1:8545"
+#: an idle node warns once when the chain's latest block is older than this (seconds)
+STALE_BLOCK_S = 60
+
+
+def stale_clock_warning(latest_block_time: int, wall_time: float) -> str | None:
+    """Why a node may wait forever: a chain's clock is its latest block's timestamp, and a local
+    chain that mines only on transactions (anvil's default) stops it, so no deadline comes due."""
+    age = int(wall_time) - latest_block_time
+    if age <= STALE_BLOCK_S:
+        return None
+    return (
+        f"the chain's latest block is {age} s old and the contract's clock moves only with new blocks, "
+        "so deadlines (the challenge window, the clocks) wait for the next transaction; "
+        "start a local anvil with `--block-time 1`"
+    )
 
 
 class Role(StrEnum):
@@ -151,9 +166,13 @@ def node_cmd(
         )
     if not as_json:
         err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
+    warned = False
     while True:
         try:
             actions = agent.step()
+            if not actions and not warned and (warning := stale_clock_warning(rpc.now(), time.time())):
+                err_console.print(f"[yellow]warning:[/] {warning}")
+                warned = True
         except AgentError:
             raise  # this node cannot go on (wrong config, lost workdir): say so and stop
         except ChainError as exc:  # a node hiccup or a refused transaction: try again next round

@@ -121,3 +121,52 @@ def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path)
     assert (result.winner, result.trainer_paid, result.balances_ok) == ("trainer", True, True)
     addresses = {b.address for b in result.balances.values()}
     assert len(addresses) == 4  # three fresh accounts besides the funding key
+
+
+def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> None:
+    """anvil without --block-time mines only on transactions, so block time stops and deadlines never
+    come due; an idle node says why once, rather than waiting in silence."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from game.chain.anvil import AnvilChain
+    from game.chain.deploy import deploy
+    from game.cli.node import STALE_BLOCK_S
+    from game.store import new_key
+
+    # The chain's clock starts an hour back: its latest block is old as soon as it is mined.
+    with AnvilChain(extra_args=["--timestamp", str(int(time.time()) - 3600)]) as node:
+        address = deploy(node, node.account(0))
+        assert time.time() - node.now() > STALE_BLOCK_S
+        args = ["node", "judge", "--chain", node.url, "--contract", address, "--task", "1"]
+        args += ["--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "judge")]
+        args += [
+            "--key",
+            "0x" + bytes(node.account(2).key).hex(),
+            "--data-key",
+            new_key().hex(),
+            "--poll",
+            "0.1",
+        ]
+        log = tmp_path / "judge.err"
+        with log.open("w") as err_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "game.cli", *args],
+                stdout=subprocess.DEVNULL,
+                stderr=err_file,
+                env={**os.environ, "COLUMNS": "400"},  # one warning, one line
+            )
+            try:
+                end = time.monotonic() + 60
+                while "latest block is" not in log.read_text() and time.monotonic() < end:
+                    time.sleep(0.2)
+                time.sleep(2)  # some 20 idle rounds more
+            finally:
+                proc.kill()
+                proc.wait()
+        err = log.read_text()
+    warnings = [line for line in err.splitlines() if "latest block is" in line]
+    assert len(warnings) == 1, err  # once, however long it waits
+    assert "--block-time 1" in warnings[0]
