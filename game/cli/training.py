@@ -179,8 +179,24 @@ def audit_cmd(
     _check_profile(profile)
     from game.training.session import audit
 
+    replayed = [0, 0]  # steps done, of how many: for the message if it is interrupted
     with _progress(f"audit on {profile}", as_json) as update:
-        result = audit(transcript, profile, use_log=not no_log, progress=update)
+
+        def track(done: int, total: int) -> None:
+            replayed[:] = [done, total]
+            if update is not None:
+                update(done, total)
+
+        try:
+            result = audit(transcript, profile, use_log=not no_log, progress=track)
+        except KeyboardInterrupt:
+            done, total = replayed
+            err_console.print(
+                f"[yellow]interrupted:[/] {f'{done} of {total} steps replayed' if total else 'no step replayed yet'}; "
+                "an audit writes nothing, so run it again to start over",
+                soft_wrap=True,
+            )
+            raise
     doc = result.to_dict()
     if as_json:
         emit_json(doc)

@@ -178,4 +178,33 @@ def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path) -> None:
     done = leaves.stat().st_size // 32
     assert 3 <= done < 5001
     said = f"interrupted: {done} of 5001 steps (0..5000) are complete in {out}; run the same command"
-    assert said in stderr
+    assert said in stderr and len(stderr.splitlines()) == 1
+
+
+# A Ctrl-C at a known point: the session function the command calls is replaced by one that
+# reports some progress and then raises KeyboardInterrupt, as the signal would.
+_INTERRUPTED = """
+import sys
+import game.training.session as session
+
+def interrupted(*args, progress=None, **kwargs):
+    for done in (1, 2, 3):
+        if progress is not None:
+            progress(done, 40)
+    raise KeyboardInterrupt
+
+setattr(session, sys.argv[1], interrupted)
+sys.argv = ["vgame", *sys.argv[2:]]
+from game.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_interrupted_audit_saysHowFarItGot(extra: list[str]) -> None:
+    args = ["audit", "--transcript", "t", "--profile", "cpu-1t", *extra]
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "audit", *args], capture_output=True, text=True)
+    assert r.returncode == 130, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr  # no JSON document for an audit that did not end
+    said = "interrupted: 3 of 40 steps replayed; an audit writes nothing, so run it again to start over"
+    assert r.stderr.strip() == said
