@@ -9,6 +9,7 @@ An embedded chain lives inside one process, so nodes talk to a JSON-RPC node: ``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,6 +25,8 @@ from game.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
     from game.agents import AgentAction
+    from game.chain.client import VerificationGameClient
+    from game.chain.rpc import RpcChain
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,7 @@ def node_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
-    import json
-
-    from game.agents import ACTION_LOG, AgentError
-    from game.chain.client import VerificationGameClient
+    from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
     from game.store import BlobStore, parse_key
 
@@ -126,7 +126,7 @@ def node_cmd(
         raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
     dkey = parse_key(hexkey)
     rpc = RpcChain(chain_url(chain), key=key)
-    client = VerificationGameClient(rpc, contract, rpc.account(0))
+    client = _game_client(rpc, contract, task)
     blobs = BlobStore(store)
     agent: Any
     if role == Role.trainer:
@@ -166,6 +166,42 @@ def node_cmd(
         )
     if not as_json:
         err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
+    try:
+        _run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
+    except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
+        err_console.print(
+            f"[yellow]stopped:[/] {role.value} node for task {task}; run the same command to go on",
+            soft_wrap=True,
+        )
+        raise
+
+
+def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameClient:
+    """The client of the game contract at ``contract``, once it is known to hold task ``task``
+    (a mistyped address or task id is one clear line, not a decoding error later)."""
+    from web3 import Web3
+
+    from game.chain.client import VerificationGameClient
+    from game.chain.errors import TaskNotFound
+
+    if not Web3.is_address(contract):
+        raise ConfigError(f"--contract {contract!r} is not an address (0x followed by 40 hex digits)")
+    client = VerificationGameClient(rpc, contract, rpc.account(0))
+    if not rpc.w3.eth.get_code(client.address):
+        raise ConfigError(f"no contract at {client.address} on {rpc.describe()}")
+    try:
+        client.task(task)
+    except TaskNotFound:
+        raise ConfigError(
+            f"no task {task} in the game contract at {client.address}; `vgame task create` posts one"
+        ) from None
+    return client
+
+
+def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -> None:
+    """Step ``agent`` until it is done, printing each action once (a line, or a JSON line)."""
+    from game.agents import AgentError
+
     warned = False
     while True:
         try:
@@ -186,7 +222,7 @@ def node_cmd(
                 console.print(_line(a))
         if agent.done:
             if not as_json:
-                err_console.print(f"{role.value} node: task {task} is done")
+                err_console.print(f"{label} is done")
             return
         if not actions:
             time.sleep(poll)

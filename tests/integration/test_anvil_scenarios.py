@@ -125,13 +125,15 @@ def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path)
 
 def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> None:
     """anvil without --block-time mines only on transactions, so block time stops and deadlines never
-    come due; an idle node says why once, rather than waiting in silence."""
+    come due; an idle node says why once, rather than waiting in silence. Ctrl-C stops it, saying so."""
     import os
+    import signal
     import subprocess
     import sys
     import time
 
     from game.chain.anvil import AnvilChain
+    from game.chain.client import VerificationGameClient
     from game.chain.deploy import deploy
     from game.cli.node import STALE_BLOCK_S
     from game.store import new_key
@@ -139,6 +141,13 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
     # The chain's clock starts an hour back: its latest block is old as soon as it is mined.
     with AnvilChain(extra_args=["--timestamp", str(int(time.time()) - 3600)]) as node:
         address = deploy(node, node.account(0))
+        client = VerificationGameClient(node, address, node.account(0))
+        rec = client.create_task(
+            b"\x01" * 32, node.account(1).address, node.account(2).address,
+            payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
+            clock_allowance=600, challenge_window=600, judge_window=600,
+        )  # fmt: skip
+        assert rec.result == 1  # the judge's task: open, so the judge has nothing to do yet
         assert time.time() - node.now() > STALE_BLOCK_S
         args = ["node", "judge", "--chain", node.url, "--contract", address, "--task", "1"]
         args += ["--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "judge")]
@@ -163,6 +172,8 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
                 while "latest block is" not in log.read_text() and time.monotonic() < end:
                     time.sleep(0.2)
                 time.sleep(2)  # some 20 idle rounds more
+                proc.send_signal(signal.SIGINT)
+                assert proc.wait(30) == 130
             finally:
                 proc.kill()
                 proc.wait()
@@ -170,3 +181,39 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
     warnings = [line for line in err.splitlines() if "latest block is" in line]
     assert len(warnings) == 1, err  # once, however long it waits
     assert "--block-time 1" in warnings[0]
+    assert err.splitlines()[-1] == "stopped: judge node for task 1; run the same command to go on"
+
+
+def test_node_with_a_wrong_contract_or_task_says_which(anvil_chain: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from game.chain.deploy import deploy
+    from game.store import new_key
+
+    address = deploy(anvil_chain, anvil_chain.account(0))
+    nobody = "0x" + "11" * 20
+
+    def node(contract: str) -> subprocess.CompletedProcess[str]:
+        args = ["node", "judge", "--chain", anvil_chain.url, "--contract", contract, "--task", "7"]
+        args += [
+            "--store",
+            str(tmp_path / "s"),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--data-key",
+            new_key().hex(),
+        ]
+        args += ["--key", "0x" + bytes(anvil_chain.account(2).key).hex()]
+        return subprocess.run(
+            [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, timeout=120
+        )
+
+    for contract, said in [
+        ("0xbad", "--contract '0xbad' is not an address"),
+        (nobody, f"no contract at {nobody}"),  # all digits: its checksummed spelling too
+        (address, "no task 7 in the game contract at"),
+    ]:
+        r = node(contract)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert said in " ".join(r.stderr.split()), r.stderr
