@@ -45,5 +45,10 @@ class ChainError(VGameError, RuntimeError):
     """Talking to a chain backend failed (node not reachable, transaction failed, bad key)."""
 
 
+class NodeUnreachable(ChainError):
+    """The JSON-RPC node did not answer (refused, timed out, closed the connection, an HTTP error),
+    after the provider's own retries. Often passes: a long-lived node warns and tries again."""
+
+
 class VerificationGameError(ChainError):
     """The game contract refused a call; subclasses mirror the contract's custom errors."""

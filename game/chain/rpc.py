@@ -16,14 +16,15 @@ import threading
 from pathlib import Path
 from typing import Any, cast
 
+import requests
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from web3 import Web3
+from web3 import HTTPProvider, Web3
 from web3.providers import JSONBaseProvider
 from web3.types import RPCEndpoint, RPCResponse
 
 from game.chain.backends import Chain
-from game.errors import ChainError, ConfigError
+from game.errors import ChainError, ConfigError, NodeUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class RpcChain(Chain):
         if url.startswith(("ws://", "wss://")):
             provider = SyncWebSocketProvider(url, timeout=timeout)
         else:
-            provider = Web3.HTTPProvider(url, request_kwargs={"timeout": timeout})
+            provider = ReportingHTTPProvider(url, request_kwargs={"timeout": timeout})
         w3 = Web3(provider)
         try:
             chain_id = int(w3.eth.chain_id)
@@ -95,6 +96,20 @@ class RpcChain(Chain):
         if isinstance(provider, SyncWebSocketProvider):
             provider.close()
         super().close()
+
+
+class ReportingHTTPProvider(HTTPProvider):
+    """web3's HTTP provider, whose transport failures, once its own retries are spent, raise
+    :class:`NodeUnreachable` (a ChainError) rather than a ``requests`` exception: callers and the
+    CLI handle one error tree, and a long-lived node waits out an outage instead of dying."""
+
+    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        try:
+            return super().make_request(method, params)
+        except requests.RequestException as exc:
+            raise NodeUnreachable(
+                f"the JSON-RPC node at {_redact(self.endpoint_uri or '')} does not answer ({type(exc).__name__})"
+            ) from exc
 
 
 class SyncWebSocketProvider(JSONBaseProvider):
@@ -126,11 +141,23 @@ class SyncWebSocketProvider(JSONBaseProvider):
             self._ws = None
 
     def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        from websockets.exceptions import WebSocketException
+
         request = self.encode_rpc_request(method, params)
         with self._lock:
-            ws = self._socket()
-            ws.send(request.decode())
-            raw = ws.recv(timeout=self.timeout)
+            try:
+                ws = self._socket()
+                ws.send(request.decode())
+                raw = ws.recv(timeout=self.timeout)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                # Drop the socket: a late answer to this request must not be read as the next
+                # one's, and the next request connects afresh (the node may be back by then).
+                with contextlib.suppress(OSError, WebSocketException):
+                    self._stack.close()
+                self._ws = None
+                raise NodeUnreachable(
+                    f"the JSON-RPC node at {_redact(self.url)} does not answer ({type(exc).__name__})"
+                ) from exc
         return cast(RPCResponse, self.decode_rpc_response(raw if isinstance(raw, bytes) else raw.encode()))
 
     def is_connected(self, show_traceback: bool = False) -> bool:

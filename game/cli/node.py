@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -120,7 +121,7 @@ def node_cmd(
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    ACTION_LOG.setLevel(logging.WARNING)  # each action is printed below, once
+    ACTION_LOG.setLevel(logging.WARNING)  # the node prints each action itself, once (_printer)
     hexkey = data_key or os.environ.get("VGAME_DATA_KEY")
     if not hexkey:
         raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
@@ -128,6 +129,7 @@ def node_cmd(
     rpc = RpcChain(chain_url(chain), key=key)
     client = _game_client(rpc, contract, task)
     blobs = BlobStore(store)
+    show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
     agent: Any
     if role == Role.trainer:
         from game.training.config import load_config
@@ -136,7 +138,14 @@ def node_cmd(
         if config is None:
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         agent = TrainerAgent(
-            client, task, load_config(config), profile=profile, workdir=workdir, store=blobs, data_key=dkey
+            client,
+            task,
+            load_config(config),
+            profile=profile,
+            workdir=workdir,
+            store=blobs,
+            data_key=dkey,
+            on_action=show,
         )
     elif role == Role.auditor:
         from auditor_node.agent import AuditorAgent
@@ -151,6 +160,7 @@ def node_cmd(
             strategy=strategy,
             seed=seed,
             evidence_dir=evidence_dir,
+            on_action=show,
         )
     else:
         from game.judge import Judge
@@ -163,6 +173,7 @@ def node_cmd(
             data_key=dkey,
             evidence_dir=evidence_dir,
             task_id=task,
+            on_action=show,
         )
     if not as_json:
         err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
@@ -198,31 +209,56 @@ def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameCli
     return client
 
 
+def _printer(as_json: bool) -> Callable[[AgentAction], None]:
+    """Prints an action: a line for people, or a JSON line (``--json``)."""
+
+    def show(a: AgentAction) -> None:
+        if as_json:
+            sys.stdout.write(json.dumps(a.to_dict()) + "\n")
+            sys.stdout.flush()
+        else:
+            console.print(_line(a))
+
+    return show
+
+
 def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -> None:
-    """Step ``agent`` until it is done, printing each action once (a line, or a JSON line)."""
+    """Step ``agent`` until it is done (its actions print as they happen). A chain that fails (the
+    node unreachable, a refused transaction) is warned of and tried again next round: everything
+    the agent needs is on chain and in its workdir. A failure that repeats round after round (an
+    outage) is warned of once, until a round goes through."""
     from game.agents import AgentError
 
-    warned = False
+    said: set[str] = set()  # warnings given since the last round that went through
+
+    def warn(text: str) -> None:
+        if text not in said:
+            said.add(text)
+            err_console.print(f"[yellow]warning:[/] {text}")
+
+    clock_warned = False
     while True:
+        actions = []
+        failed = False
         try:
             actions = agent.step()
-            if not actions and not warned and (warning := stale_clock_warning(rpc.now(), time.time())):
-                err_console.print(f"[yellow]warning:[/] {warning}")
-                warned = True
         except AgentError:
             raise  # this node cannot go on (wrong config, lost workdir): say so and stop
-        except ChainError as exc:  # a node hiccup or a refused transaction: try again next round
-            err_console.print(f"[yellow]warning:[/] {exc}")
-            actions = []
-        for a in actions:
-            if as_json:
-                sys.stdout.write(json.dumps(a.to_dict()) + "\n")
-                sys.stdout.flush()
-            else:
-                console.print(_line(a))
-        if agent.done:
-            if not as_json:
-                err_console.print(f"{label} is done")
-            return
+        except ChainError as exc:
+            warn(str(exc))
+            failed = True
+        try:
+            if agent.done:
+                if not as_json:
+                    err_console.print(f"{label} is done")
+                return
+            if not actions and not clock_warned and (warning := stale_clock_warning(rpc.now(), time.time())):
+                warn(warning)
+                clock_warned = True
+        except ChainError as exc:
+            warn(str(exc))
+            failed = True
+        if not failed:
+            said.clear()
         if not actions:
             time.sleep(poll)

@@ -217,3 +217,146 @@ def test_node_with_a_wrong_contract_or_task_says_which(anvil_chain: Any, tmp_pat
         r = node(contract)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert said in " ".join(r.stderr.split()), r.stderr
+
+
+class _AnvilOnPort:
+    """anvil on a port of our choosing, with its state in a file: stopped and started again, it is
+    the same chain at the same address, as a restarted RPC node is."""
+
+    def __init__(self, port: int, state: Path) -> None:
+        self.port, self.state = port, state
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: Any = None
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        from web3 import Web3
+
+        from game.chain.anvil import ANVIL_MNEMONIC, find_anvil
+
+        args = [
+            str(find_anvil()),
+            "--port",
+            str(self.port),
+            "--mnemonic",
+            ANVIL_MNEMONIC,
+            "--block-time",
+            "1",
+        ]
+        self.proc = subprocess.Popen(
+            [*args, "--state", str(self.state)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        w3 = Web3(Web3.HTTPProvider(self.url))
+        end = time.monotonic() + 30
+        while not w3.is_connected() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert w3.is_connected(), "anvil did not come up"
+
+    def stop(self) -> None:
+        self.proc.terminate()  # anvil writes its state on the way out
+        self.proc.wait(30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_node_rides_out_an_rpc_outage(tmp_path: Path) -> None:
+    """The RPC node goes away and comes back: a `vgame node` warns while it is gone and carries on
+    (it died with a requests traceback)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from game.chain.backends import connect
+    from game.chain.client import VerificationGameClient
+    from game.chain.deploy import deploy
+    from game.store import new_key
+
+    node = _AnvilOnPort(_free_port(), tmp_path / "anvil-state.json")
+    node.start()
+    try:
+        keys = []
+        with connect("anvil") as scratch:  # anvil's accounts, by the same mnemonic
+            keys = ["0x" + bytes(scratch.account(i).key).hex() for i in range(3)]
+        with connect(node.url, key=keys[0]) as chain:
+            address = deploy(chain, chain.account(0))
+            client = VerificationGameClient(chain, address, chain.account(0))
+            judge_address = chain.w3.eth.account.from_key(keys[2]).address
+            client.create_task(
+                b"\x01" * 32, chain.w3.eth.account.from_key(keys[1]).address, judge_address,
+                payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
+                clock_allowance=600, challenge_window=600, judge_window=600,
+            )  # fmt: skip
+        args = ["node", "judge", "--chain", node.url, "--contract", address, "--task", "1", "--poll", "0.2"]
+        args += [
+            "--store",
+            str(tmp_path / "s"),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--data-key",
+            new_key().hex(),
+        ]
+        log = tmp_path / "judge.err"
+        with log.open("w") as err_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "game.cli", *args, "--key", keys[2]],
+                stdout=subprocess.DEVNULL,
+                stderr=err_file,
+                env={**os.environ, "COLUMNS": "400"},
+            )
+            try:
+
+                def wait_for(text: str) -> None:
+                    end = time.monotonic() + 60
+                    while text not in log.read_text() and proc.poll() is None and time.monotonic() < end:
+                        time.sleep(0.1)
+                    assert text in log.read_text(), log.read_text()
+
+                wait_for("judge node for task 1")
+                node.stop()
+                wait_for("does not answer")  # the outage, warned of
+                time.sleep(6)  # a few more rounds of it
+                assert proc.poll() is None, log.read_text()  # lived through,
+                assert log.read_text().count("does not answer") == 1  # and said so once
+                node.start()
+                with connect(node.url, key=keys[0]) as chain:  # the same chain, back
+                    VerificationGameClient(chain, address, chain.account(0)).cancel(1)
+                assert proc.wait(60) == 0, log.read_text()  # it saw the cancel: its task is settled
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert "judge node: task 1 is done" in log.read_text()
+    finally:
+        if node.proc.poll() is None:
+            node.stop()
+
+
+@pytest.mark.parametrize("scheme", ["http", "ws"])
+def test_rpc_chain_reports_a_lost_node_and_reconnects(tmp_path: Path, scheme: str) -> None:
+    """A node gone is one NodeUnreachable (not a requests or websockets error); back, the same
+    RpcChain works again (the websocket provider connects afresh)."""
+    from game.chain.backends import connect
+    from game.errors import NodeUnreachable
+
+    node = _AnvilOnPort(_free_port(), tmp_path / "anvil-state.json")
+    node.start()
+    try:
+        with connect(node.url.replace("http", scheme, 1), reads_only=True) as chain:
+            before = chain.block_number()
+            node.stop()
+            with pytest.raises(NodeUnreachable, match="does not answer"):
+                chain.block_number()
+            node.start()
+            assert chain.block_number() >= before
+    finally:
+        if node.proc.poll() is None:
+            node.stop()
