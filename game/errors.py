@@ -41,6 +41,15 @@ class TranscriptError(TrainingError):
     """A transcript directory is missing files, inconsistent or does not match its manifest."""
 
 
+class StepWriteError(TranscriptError):
+    """A step's files could not be written (a full disk, a path that is not writable). The steps
+    before it are on disk; the same run, started again once the cause is gone, goes on from there."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class ChainError(VGameError, RuntimeError):
     """Talking to a chain backend failed (node not reachable, transaction failed, bad key)."""
 

@@ -133,12 +133,20 @@ def train_cmd(
         preset, config, steps=steps, seed=seed, bits=bits, tau=tau, log_format=log_format, bands=bands
     )
     _check_profile(profile)
+    from game.errors import StepWriteError
     from game.training.session import train
     from game.training.transcript import steps_on_disk
 
     try:
         with _progress(f"train {cfg.preset} on {profile}", as_json) as update:
             result = train(cfg, profile, out, progress=update)
+    except StepWriteError as exc:  # the steps before it are kept: say so, and how to go on
+        done = steps_on_disk(out)
+        raise StepWriteError(
+            f"{exc}. {done} of {cfg.steps + 1} steps (0..{cfg.steps}) are complete in {out}; once the "
+            "cause is fixed (disk space, permissions), run the same command to go on from there",
+            exc.step,
+        ) from exc
     except KeyboardInterrupt:  # the steps already computed were written on the way out
         done = steps_on_disk(out)
         err_console.print(

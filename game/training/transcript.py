@@ -50,7 +50,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from game.errors import RoundingLogError, TranscriptError
+from game.errors import RoundingLogError, StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, temp_file_name, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training import native
@@ -298,14 +298,17 @@ class TranscriptWriter:
     def __enter__(self) -> TranscriptWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *rest: object
+    ) -> None:
         if exc_type is None:
             self.close()
             return
         try:  # the caller's error is the one to see; the writer's is only logged
             self.close()
         except TranscriptError as failure:
-            log.warning("%s", failure)
+            if str(failure) != str(exc):  # not the failure in flight, raised again by close
+                log.warning("%s", failure)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -532,7 +535,7 @@ class TranscriptWriter:
         self._cut_short = None
 
     def _fail(self, step: int, exc: BaseException) -> None:
-        failure = TranscriptError(f"writing step {step} to {self.directory} failed: {exc}")
+        failure = StepWriteError(f"writing step {step} to {self.directory} failed: {exc}", step)
         failure.__cause__ = exc
         self._failure = failure
 

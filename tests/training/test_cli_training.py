@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -208,3 +209,32 @@ def test_interrupted_audit_saysHowFarItGot(extra: list[str]) -> None:
     assert r.stdout == "" and "Traceback" not in r.stderr  # no JSON document for an audit that did not end
     said = "interrupted: 3 of 40 steps replayed; an audit writes nothing, so run it again to start over"
     assert r.stderr.strip() == said
+
+
+# A full disk at step 3, the way the writer reports it: the session function is replaced by one
+# that writes nothing and raises what the writer raises.
+_DISK_FULL = """
+import sys
+import game.training.session as session
+from game.errors import StepWriteError
+
+def full(*args, **kwargs):
+    raise StepWriteError("writing step 3 to t failed: [Errno 28] No space left on device", 3)
+
+session.train = full
+sys.argv = ["vgame", *sys.argv[1:]]
+from game.cli import main
+main()
+"""
+
+
+def test_train_failingToWrite_saysWhatIsKeptAndHowToGoOn(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    args = ["train", "--preset", "mlp-digits", "--steps", "4", "--out", str(out)]
+    wide = {**os.environ, "COLUMNS": "400"}  # a long path is not folded across lines
+    r = subprocess.run([sys.executable, "-c", _DISK_FULL, *args], capture_output=True, text=True, env=wide)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    said = " ".join(r.stderr.split())
+    assert said.startswith("error: writing step 3 to t failed: [Errno 28] No space left on device.")
+    assert f"0 of 5 steps (0..4) are complete in {out}; once the cause is fixed" in said
+    assert said.endswith("run the same command to go on from there")

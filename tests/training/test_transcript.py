@@ -117,6 +117,27 @@ def test_aFailedWrite_isRaisedNamingTheStep_andNoLaterLeafLands(
     assert resumed.num_done == 3  # the run goes on from the first step that is not on disk
 
 
+def test_aFailedWrite_leavingTheWithBlock_isSeenOnce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer's own failure, raised in its ``with`` block, is not logged again on the way out
+    (`vgame train` printed it twice); under another error it is logged, once."""
+    cfg = _cfg()
+    with (
+        pytest.raises(TranscriptError, match="writing step 3"),
+        _writer(tmp_path / "a", monkeypatch, _disk_full_at(3)) as writer,
+    ):
+        for step in range(cfg.steps + 1):
+            _append(writer, step)
+        writer.flush()
+    assert "writing step 3" not in caplog.text
+    with pytest.raises(KeyError), _writer(tmp_path / "b", monkeypatch, _disk_full_at(3)) as writer:
+        for step in range(4):
+            _append(writer, step)
+        raise KeyError("the caller's own error")
+    assert caplog.text.count("writing step 3") == 1
+
+
 def test_close_thenMoreSteps_startsTheThreadAgain_andLosesNone(tmp_path: Path) -> None:
     """``close`` stops the thread once every step is written; a later append starts a new one,
     which takes the steps from where the first stopped."""
