@@ -1,0 +1,201 @@
+"""`vgame node` as a long-lived process against a real JSON-RPC node (anvil): what it says when
+the chain's clock stands still, when it is pointed at the wrong contract or task, when the RPC
+node goes away and comes back, and when it is stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.chain.client import VerificationGameClient
+from game.chain.deploy import deploy
+from game.store import new_key
+
+pytestmark = pytest.mark.anvil
+
+
+def _accounts() -> list[Any]:
+    """anvil's first three accounts (its default mnemonic): client, trainer, judge."""
+    from eth_account import Account
+
+    from game.chain.anvil import ANVIL_MNEMONIC
+
+    Account.enable_unaudited_hdwallet_features()
+    return [Account.from_mnemonic(ANVIL_MNEMONIC, account_path=f"m/44'/60'/0'/0/{i}") for i in range(3)]
+
+
+def _key(account: Any) -> str:
+    return "0x" + bytes(account.key).hex()
+
+
+def _post_task(chain: Any, address: str) -> int:
+    """A task of the client's with its trainer and judge (:func:`_accounts`); nobody commits to
+    it, so its judge has nothing to do."""
+    client_acct, trainer, judge = _accounts()
+    client = VerificationGameClient(chain, address, client_acct)
+    rec = client.create_task(
+        b"\x01" * 32, trainer.address, judge.address,
+        payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
+        clock_allowance=600, challenge_window=600, judge_window=600,
+    )  # fmt: skip
+    return int(rec.result or 0)
+
+
+def _judge(url: str, address: str, task: int, key: str, workdir: Path) -> list[str]:
+    """The command line of a judge node (polling every 0.2 s)."""
+    args = ["node", "judge", "--chain", url, "--contract", address, "--task", str(task), "--key", key]
+    args += ["--store", str(workdir / "store"), "--workdir", str(workdir / "judge"), "--poll", "0.2"]
+    return [sys.executable, "-m", "game.cli", *args, "--data-key", new_key().hex()]
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("w") as err:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "COLUMNS": "400"},  # a warning is one line
+        )
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while text not in log.read_text() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)
+    assert text in log.read_text(), log.read_text()
+
+
+def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> None:
+    """anvil without --block-time mines only on transactions, so block time stops and deadlines never
+    come due; an idle node says why once, rather than waiting in silence. Ctrl-C stops it, saying so."""
+    from game.chain.anvil import AnvilChain
+    from game.cli.node import STALE_BLOCK_S
+
+    # The chain's clock starts an hour back: its latest block is old as soon as it is mined.
+    with AnvilChain(extra_args=["--timestamp", str(int(time.time()) - 3600)]) as node:
+        address = deploy(node, node.account(0))
+        assert _post_task(node, address) == 1
+        assert time.time() - node.now() > STALE_BLOCK_S
+        log = tmp_path / "judge.err"
+        proc = _start(_judge(node.url, address, 1, _key(_accounts()[2]), tmp_path), log)
+        try:
+            _wait_for(log, "latest block is", proc)
+            time.sleep(2)  # some ten idle rounds more
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        finally:
+            proc.kill()
+            proc.wait()
+    err = log.read_text()
+    warnings = [line for line in err.splitlines() if "latest block is" in line]
+    assert len(warnings) == 1, err  # once, however long it waits
+    assert "--block-time 1" in warnings[0]
+    assert err.splitlines()[-1] == "stopped: judge node for task 1; run the same command to go on"
+
+
+def test_node_with_a_wrong_contract_or_task_says_which(anvil_chain: Any, tmp_path: Path) -> None:
+    address = deploy(anvil_chain, anvil_chain.account(0))
+    nobody = "0x" + "11" * 20
+    for contract, said in [
+        ("0xbad", "--contract '0xbad' is not an address"),
+        (nobody, f"no contract at {nobody}"),  # all digits: its checksummed spelling too
+        (address, "no task 7 in the game contract at"),
+    ]:
+        argv = _judge(anvil_chain.url, contract, 7, _key(_accounts()[2]), tmp_path)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert said in " ".join(r.stderr.split()), r.stderr
+
+
+class _AnvilOnPort:
+    """anvil on a port of our choosing, with its state in a file: stopped and started again, it is
+    the same chain at the same address, as a restarted RPC node is."""
+
+    def __init__(self, state: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port: int = s.getsockname()[1]
+        self.state = state
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        from web3 import Web3
+
+        from game.chain.anvil import ANVIL_MNEMONIC, find_anvil
+
+        args = [str(find_anvil()), "--port", str(self.port), "--mnemonic", ANVIL_MNEMONIC]
+        args += ["--block-time", "1", "--state", str(self.state)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        w3 = Web3(Web3.HTTPProvider(self.url))
+        end = time.monotonic() + 30
+        while not w3.is_connected() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert w3.is_connected(), "anvil did not come up"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # anvil writes its state on the way out
+            self.proc.wait(30)
+
+
+def test_node_rides_out_an_rpc_outage(tmp_path: Path) -> None:
+    """The RPC node goes away and comes back: a `vgame node` warns once while it is gone and
+    carries on (it died with a requests traceback)."""
+    from game.chain.backends import connect
+
+    client_key, judge_key = _key(_accounts()[0]), _key(_accounts()[2])
+    node = _AnvilOnPort(tmp_path / "anvil-state.json")
+    node.start()
+    try:
+        with connect(node.url, key=client_key) as chain:
+            address = deploy(chain, chain.account(0))
+            assert _post_task(chain, address) == 1
+        log = tmp_path / "judge.err"
+        proc = _start(_judge(node.url, address, 1, judge_key, tmp_path), log)
+        try:
+            _wait_for(log, "judge node for task 1", proc)
+            node.stop()
+            _wait_for(log, "does not answer", proc)  # the outage, warned of
+            time.sleep(6)  # a few more rounds of it
+            assert proc.poll() is None, log.read_text()  # lived through,
+            assert log.read_text().count("does not answer") == 1  # and said so once
+            node.start()
+            with connect(node.url, key=client_key) as chain:  # the same chain, back
+                VerificationGameClient(chain, address, chain.account(0)).cancel(1)
+            assert proc.wait(60) == 0, log.read_text()  # it saw the cancel: its task is settled
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert "judge node: task 1 is done" in log.read_text()
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("scheme", ["http", "ws"])
+def test_rpc_chain_reports_a_lost_node_and_reconnects(tmp_path: Path, scheme: str) -> None:
+    """A node gone is one NodeUnreachable (not a requests or websockets error); back, the same
+    RpcChain works again (the websocket provider connects afresh)."""
+    from game.chain.backends import connect
+    from game.errors import NodeUnreachable
+
+    node = _AnvilOnPort(tmp_path / "anvil-state.json")
+    node.start()
+    try:
+        with connect(node.url.replace("http", scheme, 1), reads_only=True) as chain:
+            before = chain.block_number()
+            node.stop()
+            with pytest.raises(NodeUnreachable, match="does not answer"):
+                chain.block_number()
+            node.start()
+            assert chain.block_number() >= before
+    finally:
+        node.stop()
