@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from game.cli.app import app, console, err_console
 from game.errors import ChainError, ConfigError
@@ -130,6 +132,7 @@ def node_cmd(
     client = _game_client(rpc, contract, task)
     blobs = BlobStore(store)
     show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
+    bars = None if as_json else ProgressBars(f"task {task}")
     agent: Any
     if role == Role.trainer:
         from game.training.config import load_config
@@ -146,6 +149,7 @@ def node_cmd(
             store=blobs,
             data_key=dkey,
             on_action=show,
+            progress=bars,
         )
     elif role == Role.auditor:
         from auditor_node.agent import AuditorAgent
@@ -161,6 +165,7 @@ def node_cmd(
             seed=seed,
             evidence_dir=evidence_dir,
             on_action=show,
+            progress=bars,
         )
     else:
         from game.judge import Judge
@@ -180,11 +185,16 @@ def node_cmd(
     try:
         _run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
     except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
+        if bars is not None:
+            bars.close()
         err_console.print(
             f"[yellow]stopped:[/] {role.value} node for task {task}; run the same command to go on",
             soft_wrap=True,
         )
         raise
+    finally:
+        if bars is not None:
+            bars.close()  # a bar of work an error ended: no live display outlives the node
 
 
 def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameClient:
@@ -207,6 +217,36 @@ def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameCli
             f"no task {task} in the game contract at {client.address}; `vgame task create` posts one"
         ) from None
     return client
+
+
+class ProgressBars:
+    """The agent's long work (training, a replay) as a progress bar on stderr, shown only while
+    that work runs: a node idles for hours between, with no live display to refresh."""
+
+    def __init__(self, label: str, out: Console = err_console) -> None:
+        self.label, self.out = label, out
+        self.bars: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self.bars is None:
+            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
+            self.bars = Progress(*columns, TimeRemainingColumn(), console=self.out, transient=True)
+            self.bars.start()
+        task = self.tasks.get(what)
+        if task is None:
+            task = self.tasks[what] = self.bars.add_task(f"{what} ({self.label})", total=total)
+        self.bars.update(task, completed=done, total=total)
+        if done >= total:
+            self.bars.remove_task(self.tasks.pop(what))
+            if not self.tasks:
+                self.close()
+
+    def close(self) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+            self.bars = None
+            self.tasks.clear()
 
 
 def _printer(as_json: bool) -> Callable[[AgentAction], None]:

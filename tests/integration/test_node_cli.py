@@ -19,8 +19,6 @@ from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy
 from game.store import new_key
 
-pytestmark = pytest.mark.anvil
-
 
 def _accounts() -> list[Any]:
     """anvil's first three accounts (its default mnemonic): client, trainer, judge."""
@@ -73,6 +71,7 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: floa
     assert text in log.read_text(), log.read_text()
 
 
+@pytest.mark.anvil
 def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> None:
     """anvil without --block-time mines only on transactions, so block time stops and deadlines never
     come due; an idle node says why once, rather than waiting in silence. Ctrl-C stops it, saying so."""
@@ -101,6 +100,7 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
     assert err.splitlines()[-1] == "stopped: judge node for task 1; run the same command to go on"
 
 
+@pytest.mark.anvil
 def test_node_with_a_wrong_contract_or_task_says_which(anvil_chain: Any, tmp_path: Path) -> None:
     address = deploy(anvil_chain, anvil_chain.account(0))
     nobody = "0x" + "11" * 20
@@ -147,6 +147,7 @@ class _AnvilOnPort:
             self.proc.wait(30)
 
 
+@pytest.mark.anvil
 def test_node_rides_out_an_rpc_outage(tmp_path: Path) -> None:
     """The RPC node goes away and comes back: a `vgame node` warns once while it is gone and
     carries on (it died with a requests traceback)."""
@@ -180,6 +181,7 @@ def test_node_rides_out_an_rpc_outage(tmp_path: Path) -> None:
         node.stop()
 
 
+@pytest.mark.anvil
 @pytest.mark.parametrize("scheme", ["http", "ws"])
 def test_rpc_chain_reports_a_lost_node_and_reconnects(tmp_path: Path, scheme: str) -> None:
     """A node gone is one NodeUnreachable (not a requests or websockets error); back, the same
@@ -199,3 +201,25 @@ def test_rpc_chain_reports_a_lost_node_and_reconnects(tmp_path: Path, scheme: st
             assert chain.block_number() >= before
     finally:
         node.stop()
+
+
+def test_progressBars_showWhileWorkRuns_andGoWhenItEnds() -> None:
+    """A node's bar lives only as long as its work: a node idles for hours with no live display."""
+    import io
+
+    from rich.console import Console
+
+    from game.cli.node import ProgressBars
+
+    out = io.StringIO()
+    bars = ProgressBars("task 3", Console(file=out, force_terminal=True, width=100))
+    for done in range(1, 5):
+        bars("train", done, 8)
+        assert bars.bars is not None and bars.bars.live.is_started
+    bars("train", 8, 8)
+    assert bars.bars is None  # the work ended: no live display left
+    assert "train (task 3)" in out.getvalue()
+    bars("replay", 1, 2)  # the next work gets a bar of its own
+    assert bars.bars is not None
+    bars.close()
+    assert bars.bars is None
