@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="vgame",
-    help="Verifiable ML training: bit-exact replay across hardware, settled by an on-chain verification game.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -34,6 +33,25 @@ app.add_typer(bench_app, name="bench")
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from game import __version__
+
+        console.print(f"vgame {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Verifiable ML training: bit-exact replay across hardware, settled by an on-chain verification game."""
+
 
 # Options that several commands take, declared once so their names and help agree.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]

@@ -238,3 +238,13 @@ def test_train_failingToWrite_saysWhatIsKeptAndHowToGoOn(tmp_path: Path) -> None
     assert said.startswith("error: writing step 3 to t failed: [Errno 28] No space left on device.")
     assert f"0 of 5 steps (0..4) are complete in {out}; once the cause is fixed" in said
     assert said.endswith("run the same command to go on from there")
+
+
+def test_version_isTheInstalledDistributions() -> None:
+    from importlib.metadata import version
+
+    import game
+
+    r = vgame("--version")
+    assert r.returncode == 0 and r.stdout.split() == ["vgame", game.__version__]
+    assert version("vgame") == game.__version__  # pyproject takes it from game.__version__
