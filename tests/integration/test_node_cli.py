@@ -47,11 +47,11 @@ def _post_task(chain: Any, address: str) -> int:
     return int(rec.result or 0)
 
 
-def _judge(url: str, address: str, task: int, key: str, workdir: Path) -> list[str]:
+def _judge(url: str, address: str, task: int, key: str, workdir: Path, *extra: str) -> list[str]:
     """The command line of a judge node (polling every 0.2 s)."""
     args = ["node", "judge", "--chain", url, "--contract", address, "--task", str(task), "--key", key]
     args += ["--store", str(workdir / "store"), "--workdir", str(workdir / "judge"), "--poll", "0.2"]
-    return [sys.executable, "-m", "game.cli", *args, "--data-key", new_key().hex()]
+    return [sys.executable, "-m", "game.cli", *args, "--data-key", new_key().hex(), *extra]
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -101,15 +101,24 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
 
 
 @pytest.mark.anvil
-def test_node_with_a_wrong_contract_or_task_says_which(anvil_chain: Any, tmp_path: Path) -> None:
+def test_node_with_a_wrong_contract_task_or_profile_says_which_at_start(
+    anvil_chain: Any, tmp_path: Path
+) -> None:
+    import torch
+
     address = deploy(anvil_chain, anvil_chain.account(0))
+    _post_task(anvil_chain, address)
     nobody = "0x" + "11" * 20
-    for contract, said in [
-        ("0xbad", "--contract '0xbad' is not an address"),
-        (nobody, f"no contract at {nobody}"),  # all digits: its checksummed spelling too
-        (address, "no task 7 in the game contract at"),
-    ]:
-        argv = _judge(anvil_chain.url, contract, 7, _key(_accounts()[2]), tmp_path)
+    cases = [
+        ("0xbad", [], "--contract '0xbad' is not an address"),
+        (nobody, [], f"no contract at {nobody}"),  # all digits: its checksummed spelling too
+        (address, ["--task", "7"], "no task 7 in the game contract at"),
+        (address, ["--profile", "nope"], "unknown profile 'nope'; valid: cpu-1t"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((address, ["--profile", "cuda"], "profile 'cuda' is not available on this machine"))
+    for contract, extra, said in cases:
+        argv = _judge(anvil_chain.url, contract, 1, _key(_accounts()[2]), tmp_path, *extra)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert said in " ".join(r.stderr.split()), r.stderr
