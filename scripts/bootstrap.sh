@@ -28,6 +28,12 @@ fi
 if [ ! -d contracts/node_modules/solc ] || [ contracts/package-lock.json -nt contracts/node_modules/.package-lock.json ]; then
     # `npm ci`: exactly the lock's versions and hashes, and it never rewrites the lock. The lock
     # records anvil's optional binary for every platform, so the same file installs on each.
+    node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+    if [ "$node_major" -lt 20 ]; then
+        echo "error: the contract toolchain needs Node.js 20 or later (anvil's npm package asks for" \
+            "it); found $(node --version 2>/dev/null || echo 'no node')" >&2
+        exit 1
+    fi
     echo "==> installing contract toolchain in contracts/ (solc, anvil) from package-lock.json"
     (cd contracts && npm ci --no-audit --no-fund --loglevel=error)
 fi
