@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from game.cli.app import app, err_console
+from game.cli.app import app, err_console, interrupts
 from game.errors import VGameError
 
 
@@ -40,5 +40,11 @@ def main() -> None:
     except VGameError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages may hold [brackets]
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # outside a command (one inside comes out of typer as exit code 130)
+        if not interrupts.said:
+            err_console.print("[yellow]interrupted[/]")
         raise SystemExit(130) from None
+    except SystemExit as exc:
+        if exc.code == 130 and not interrupts.said:
+            err_console.print("[yellow]interrupted[/]")
+        raise

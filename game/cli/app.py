@@ -35,6 +35,21 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class _Interrupts:
+    """Who says what on a Ctrl-C: a command that kept something says what and how to go on
+    (:meth:`say`); for any other, ``main`` says "interrupted" (typer turns the KeyboardInterrupt
+    into exit code 130 before ``main`` could see it)."""
+
+    said = False
+
+    def say(self, message: str) -> None:
+        self.said = True
+        err_console.print(message, soft_wrap=True)  # one line: a path is not broken in two
+
+
+interrupts = _Interrupts()
+
+
 def _print_version(wanted: bool) -> None:
     if wanted:
         from game import __version__

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from game.cli.app import app, console, err_console
+from game.cli.app import app, console, err_console, interrupts
 from game.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
@@ -188,9 +188,8 @@ def node_cmd(
     except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
         if bars is not None:
             bars.close()
-        err_console.print(
-            f"[yellow]stopped:[/] {role.value} node for task {task}; run the same command to go on",
-            soft_wrap=True,
+        interrupts.say(
+            f"[yellow]stopped:[/] {role.value} node for task {task}; run the same command to go on"
         )
         raise
     finally:

@@ -19,7 +19,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from game.cli.app import BandsOpt, JsonOpt, app, console, emit_json, err_console, task_config
+from game.cli.app import BandsOpt, JsonOpt, app, console, emit_json, err_console, interrupts, task_config
 
 if TYPE_CHECKING:
     from game.training.session import DivergenceResult
@@ -149,10 +149,9 @@ def train_cmd(
         ) from exc
     except KeyboardInterrupt:  # the steps already computed were written on the way out
         done = steps_on_disk(out)
-        err_console.print(
+        interrupts.say(
             f"[yellow]interrupted:[/] {done} of {cfg.steps + 1} steps (0..{cfg.steps}) are complete in {out}; "
-            "run the same command to go on from there",
-            soft_wrap=True,  # one line: a path is not broken in two
+            "run the same command to go on from there"
         )
         raise
     doc = result.to_dict()
@@ -199,10 +198,9 @@ def audit_cmd(
             result = audit(transcript, profile, use_log=not no_log, progress=track)
         except KeyboardInterrupt:
             done, total = replayed
-            err_console.print(
-                f"[yellow]interrupted:[/] {f'{done} of {total} steps replayed' if total else 'no step replayed yet'}; "
-                "an audit writes nothing, so run it again to start over",
-                soft_wrap=True,
+            how_far = f"{done} of {total} steps replayed" if total else "no step replayed yet"
+            interrupts.say(
+                f"[yellow]interrupted:[/] {how_far}; an audit writes nothing, so run it again to start over"
             )
             raise
     doc = result.to_dict()

@@ -248,3 +248,13 @@ def test_version_isTheInstalledDistributions() -> None:
     r = vgame("--version")
     assert r.returncode == 0 and r.stdout.split() == ["vgame", game.__version__]
     assert version("vgame") == game.__version__  # pyproject takes it from game.__version__
+
+
+def test_interrupted_commandWithNothingKept_saysInterrupted() -> None:
+    """A Ctrl-C in any other command is one word, not silence (typer exits 130 before main sees it)."""
+    args = ["replay-step", "--transcript", "t", "--step", "2", "--profile", "cpu-1t"]
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, "replay_step", *args], capture_output=True, text=True
+    )
+    assert r.returncode == 130 and r.stdout == "", r.stderr
+    assert r.stderr.strip() == "interrupted"
