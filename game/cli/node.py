@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from game.cli.app import app, console, err_console, interrupts
+from game.cli.app import app, check_profile, console, err_console, interrupts
 from game.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def node_cmd(
     if not hexkey:
         raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
     dkey = parse_key(hexkey)
-    _check_profile(profile)
+    check_profile(profile)  # not hours later, when work comes
     rpc = RpcChain(chain_url(chain), key=key)
     client = _game_client(rpc, contract, task)
     blobs = BlobStore(store)
@@ -195,14 +195,6 @@ def node_cmd(
     finally:
         if bars is not None:
             bars.close()  # a bar of work an error ended: no live display outlives the node
-
-
-def _check_profile(name: str) -> None:
-    """A profile the node cannot run on is refused at start, not hours later when work comes."""
-    from game.training.profiles import get_profile
-
-    if not get_profile(name).available():  # an unknown name raises, listing the valid ones
-        raise ConfigError(f"profile {name!r} is not available on this machine (see `vgame profiles`)")
 
 
 def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameClient:

@@ -19,7 +19,17 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from game.cli.app import BandsOpt, JsonOpt, app, console, emit_json, err_console, interrupts, task_config
+from game.cli.app import (
+    BandsOpt,
+    JsonOpt,
+    app,
+    check_profile,
+    console,
+    emit_json,
+    err_console,
+    interrupts,
+    task_config,
+)
 
 if TYPE_CHECKING:
     from game.training.session import DivergenceResult
@@ -46,12 +56,6 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
             bar.update(task, completed=done, total=total)
 
         yield update
-
-
-def _check_profile(name: str) -> None:
-    from game.training.profiles import get_profile
-
-    get_profile(name)  # raises ConfigError listing the valid names
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +136,7 @@ def train_cmd(
     cfg = task_config(
         preset, config, steps=steps, seed=seed, bits=bits, tau=tau, log_format=log_format, bands=bands
     )
-    _check_profile(profile)
+    check_profile(profile)
     from game.errors import StepWriteError
     from game.training.session import train
     from game.training.transcript import steps_on_disk
@@ -183,7 +187,7 @@ def audit_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-train as the auditor (Algorithm 3) and compare state roots; exit code 1 on a mismatch."""
-    _check_profile(profile)
+    check_profile(profile)
     from game.training.session import audit
 
     replayed = [0, 0]  # steps done, of how many: for the message if it is interrupted
@@ -234,7 +238,7 @@ def replay_step_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-run one step with its log chunk (the judge's primitive) and compare with the trainer's leaf."""
-    _check_profile(profile)
+    check_profile(profile)
     from game.training.session import replay_step
 
     result = replay_step(transcript, step, profile)
@@ -264,8 +268,8 @@ def divergence_cmd(
 ) -> None:
     """Weight distance between two profiles per step: fp32, fp64+rounding without and with the log."""
     cfg = task_config(preset, steps=steps, seed=seed)
-    _check_profile(trainer_profile)
-    _check_profile(auditor_profile)
+    check_profile(trainer_profile)
+    check_profile(auditor_profile)
     from game.training.session import divergence
 
     with _progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:

@@ -307,7 +307,7 @@ class TranscriptWriter:
         try:  # the caller's error is the one to see; the writer's is only logged
             self.close()
         except TranscriptError as failure:
-            if str(failure) != str(exc):  # not the failure in flight, raised again by close
+            if failure is not exc:  # close raises the writer's one failure; once in flight, it is seen
                 log.warning("%s", failure)
 
     # -- opening ---------------------------------------------------------------------------
