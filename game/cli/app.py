@@ -148,7 +148,7 @@ def task_config(
     ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
     own ``[model]`` table and ``batch_size``."""
     from game.training.bands import load_bands
-    from game.training.config import TaskConfig, load_config
+    from game.training.config import PRESET_NAMES, TaskConfig, load_config
 
     overrides: dict[str, Any] = {}
     for key, value in (
@@ -178,5 +178,7 @@ def task_config(
             )
         return cfg.replace(**overrides) if overrides else cfg
     if preset is None:
-        raise ConfigError("no task given: pass --preset NAME or --config FILE.toml (see `vgame profiles`)")
+        raise ConfigError(
+            f"no task given: pass --preset NAME ({', '.join(PRESET_NAMES)}) or --config FILE.toml"
+        )
     return TaskConfig.for_preset(preset, **overrides)

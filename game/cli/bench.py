@@ -7,33 +7,26 @@ from typing import TYPE_CHECKING
 import typer
 
 from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
+from game.cli.bench_game import parse_leaves
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
     from game.chain.gasbench import GasReport
 
 
-def _parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter("sizes are comma-separated log2 leaf counts, e.g. 10,20") from None
-    if not sizes or any(not 1 <= k <= 24 for k in sizes):
-        raise typer.BadParameter("each size must be a log2 leaf count between 1 and 24")
-    return sizes
-
-
 @bench_app.command("gas")
 def gas(
     chain: str = typer.Option("embedded", "--chain", help="embedded | anvil (time travel is needed)"),
-    sizes: str = typer.Option("10,20", "--sizes", help="log2 of the leaf counts to play, comma-separated"),
+    sizes: str = typer.Option(
+        "10,20", "--sizes", help="log2 of the leaf counts to play (k or 2^k), comma-separated"
+    ),
     json_out: JsonOpt = False,
 ) -> None:
     """Deploy the game, call every function once and play whole disputes; report the gas."""
     from game.chain.backends import connect
     from game.chain.gasbench import measure
 
-    log2_sizes = _parse_sizes(sizes)
+    log2_sizes = parse_leaves([sizes], "--sizes")
     try:
         with connect(chain) as ch:
             if json_out:

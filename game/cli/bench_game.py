@@ -17,18 +17,38 @@ DEFAULT_LEAVES = (10, 20)
 MAX_LOG2_LEAVES = 24
 
 
-def parse_leaves(values: list[str] | None) -> list[int]:
-    """``--leaves`` given any number of times, each a log2 size or a comma-separated list of them."""
-    if not values:
-        return list(DEFAULT_LEAVES)
+def _log2_size(part: str, option: str) -> int:
+    """One size: ``k`` or ``2^k`` (``2**k``), the log2 of a leaf count in 1..MAX_LOG2_LEAVES."""
+    text = part.strip()
+    base, caret, exponent = text.replace("**", "^").partition("^")
     try:
-        sizes = [int(part) for v in values for part in v.split(",") if part.strip()]
+        k = int(exponent) if caret and int(base) == 2 else int(text)
     except ValueError:
         raise typer.BadParameter(
-            "--leaves takes log2 leaf counts, e.g. --leaves 10 --leaves 20 or 10,20"
+            f"{option} takes log2 leaf counts, e.g. {option} 10 or 2^10 (1,024 leaves); not {text!r}"
         ) from None
-    if not sizes or any(not 1 <= k <= MAX_LOG2_LEAVES for k in sizes):
-        raise typer.BadParameter(f"each --leaves must be a log2 leaf count between 1 and {MAX_LOG2_LEAVES}")
+    if not 1 <= k <= MAX_LOG2_LEAVES:
+        hint = (
+            f"; {k:,} leaves is {option} {k.bit_length() - 1} (or 2^{k.bit_length() - 1})"
+            if k > MAX_LOG2_LEAVES and k & (k - 1) == 0
+            else ""
+        )
+        raise typer.BadParameter(
+            f"{option} takes the log2 of the leaf count, 1..{MAX_LOG2_LEAVES}, not {k}{hint}"
+        )
+    return k
+
+
+def parse_leaves(values: list[str] | None, option: str = "--leaves") -> list[int]:
+    """Sizes given any number of times, each ``k`` or ``2^k`` or a comma-separated list of them.
+
+    A plain number is the log2 of the leaf count (``20`` is 1,048,576 leaves), as the tables print
+    it; a leaf count typed in full is refused with the exponent to pass instead."""
+    if not values:
+        return list(DEFAULT_LEAVES)
+    sizes = [_log2_size(part, option) for v in values for part in v.split(",") if part.strip()]
+    if not sizes:
+        raise typer.BadParameter(f"{option} needs at least one size, e.g. {option} 10,20")
     return list(dict.fromkeys(sizes))
 
 
@@ -36,7 +56,9 @@ def parse_leaves(values: list[str] | None) -> list[int]:
 def game(
     leaves: Annotated[
         list[str] | None,
-        typer.Option("--leaves", help="log2 of the leaf count; repeat or comma-separate (default 10,20)."),
+        typer.Option(
+            "--leaves", help="log2 of the leaf count, or 2^k; repeat or comma-separate (default 10,20)."
+        ),
     ] = None,
     chain: Annotated[str, typer.Option("--chain", help="embedded | anvil | both")] = "both",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Disputes played per chain and size.")] = 3,

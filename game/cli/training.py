@@ -213,7 +213,9 @@ def audit_cmd(
     elif result.match:
         console.print(f"[bold green]match[/]: {result.steps} steps replayed on {profile}")
         console.print(f"  state root   {doc['auditor_state_root']}")
-        console.print(f"  corrections  {result.corrections} (trainer directions applied by rev)")
+        console.print(
+            f"  corrections  {result.corrections} (values rounded to the side the trainer logged, not the side this machine computed)"
+        )
     else:
         console.print(f"[bold red]MISMATCH[/]: first divergent step {result.first_divergent_step}")
         console.print(f"  trainer root  {doc['trainer_state_root']}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
@@ -117,3 +118,32 @@ def test_cli_benchGame_badOptions_exitNonZero(args: list[str]) -> None:
     _register()
     result = CliRunner().invoke(app, ["bench", "game", *args])
     assert result.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    ("given", "sizes"),
+    [(["10,20"], [10, 20]), (["2^10", "2**20"], [10, 20]), (["3", "3,2^3"], [3]), (None, [10, 20])],
+)
+def test_parseLeaves_takesExponentsOrPowersOfTwo(given: list[str] | None, sizes: list[int]) -> None:
+    from game.cli.bench_game import parse_leaves
+
+    assert parse_leaves(given) == sizes
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("1024", "1,024 leaves is --leaves 10 (or 2^10)"),  # the "N = 2^10" typed as a count
+        ("1048576", "--leaves 20"),
+        ("25", "1..24, not 25"),
+        ("3^4", "not '3^4'"),
+        ("", "at least one size"),
+    ],
+)
+def test_parseLeaves_leafCountOrNonsense_saysWhatToPass(given: str, says: str) -> None:
+    import typer
+
+    from game.cli.bench_game import parse_leaves
+
+    with pytest.raises(typer.BadParameter, match=re.escape(says)):
+        parse_leaves([given])

@@ -79,6 +79,7 @@ def test_replay_step_json(trained: Path) -> None:
     ("args", "needle"),
     [
         (["train", "--preset", "no-such", "--steps", "2", "--out", "x"], "no-such"),
+        (["train", "--steps", "2", "--out", "x"], "--preset NAME (mlp-digits, cnn-digits"),
         (["train", *SMALL, "--profile", "tpu-9", "--out", "x"], "tpu-9"),
         (["audit", "--transcript", "/nonexistent/t", "--profile", "cpu-1t"], "nonexistent"),
         (["train", *SMALL, "--bits", "40", "--out", "x"], "bits"),
