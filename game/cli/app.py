@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from game.errors import ConfigError, VGameError
 
@@ -85,6 +86,18 @@ BandsOpt = Annotated[
     Path | None,
     typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),
 ]
+
+
+def progress_bar(out: Console = err_console) -> Progress:
+    """The one look of a long job's bar (label, bar, steps done of all, time left), on stderr so
+    that ``--json`` output stays clean; transient, so a finished job leaves its result lines only."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=out, transient=True)
 
 
 def emit_json(obj: Any) -> None:

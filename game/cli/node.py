@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import Progress, TaskID
 
-from game.cli.app import app, check_profile, console, err_console, interrupts
+from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar
 from game.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
@@ -230,8 +230,7 @@ class ProgressBars:
 
     def __call__(self, what: str, done: int, total: int) -> None:
         if self.bars is None:
-            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
-            self.bars = Progress(*columns, TimeRemainingColumn(), console=self.out, transient=True)
+            self.bars = progress_bar(self.out)
             self.bars.start()
         task = self.tasks.get(what)
         if task is None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from game.cli.app import (
@@ -26,8 +25,8 @@ from game.cli.app import (
     check_profile,
     console,
     emit_json,
-    err_console,
     interrupts,
+    progress_bar,
     task_config,
 )
 
@@ -43,13 +42,7 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
     if quiet:
         yield None
         return
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=True) as bar:
+    with progress_bar() as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:
@@ -162,9 +155,14 @@ def train_cmd(
     if as_json:
         emit_json(doc)
         return
-    console.print(f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {profile}")
-    if result.resumed_from is not None:
-        console.print(f"  resumed after step {result.resumed_from}")
+    if result.resumed_from == result.steps:
+        console.print(
+            f"[bold green]already trained[/] {cfg.preset}: all {result.steps} steps were on disk; none run"
+        )
+    else:
+        console.print(f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {profile}")
+        if result.resumed_from is not None:
+            console.print(f"  resumed after step {result.resumed_from}")
     console.print(f"  transcript  {result.out_dir}")
     console.print(f"  spec hash   {doc['spec_hash']}")
     console.print(f"  state root  {doc['state_root']}")

@@ -65,6 +65,15 @@ def test_audit_json_shape_and_exit_codes(trained: Path) -> None:
     assert json.loads(r.stdout)["match"] is False
 
 
+def test_train_again_onAFinishedTranscript_saysNothingRanAndLeavesItAlone(trained: Path) -> None:
+    leaves = (trained / "leaves.bin").read_bytes()
+    r = vgame("train", *SMALL, "--profile", "cpu-1t", "--out", str(trained))
+    assert r.returncode == 0, r.stderr
+    assert "already trained" in r.stdout and "all 4 steps were on disk; none run" in r.stdout
+    assert "resumed" not in r.stdout
+    assert (trained / "leaves.bin").read_bytes() == leaves
+
+
 def test_replay_step_json(trained: Path) -> None:
     r = vgame("replay-step", "--transcript", str(trained), "--step", "4", "--profile", "splitk-16", "--json")
     assert r.returncode == 0, r.stderr
