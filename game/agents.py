@@ -165,6 +165,11 @@ class TaskAgent:
         self.taskdir.mkdir(parents=True, exist_ok=True)
         self.state = StateFile(self.taskdir / self.STATE_NAME)
 
+    @property
+    def home(self) -> Path:
+        """The directory this agent writes (state, transcript): one running node's alone."""
+        return self.taskdir
+
     def _emit(self, out: list[AgentAction], action: AgentAction) -> None:
         """Record an action: in the step's result, the log, and the caller's sink (the live table)."""
         out.append(action)

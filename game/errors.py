@@ -21,6 +21,11 @@ class ConfigError(VGameError, ValueError):
     """A task config, preset name, profile name or CLI argument is invalid."""
 
 
+class DirectoryInUse(VGameError):
+    """Another live process holds a directory this one must write alone (a transcript that a second
+    `vgame train` would interleave its steps with, a node's workdir)."""
+
+
 class MerkleError(VGameError, ValueError):
     """A Merkle tree, leaf or inclusion proof is malformed."""
 

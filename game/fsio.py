@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+from game.errors import DirectoryInUse
+
+if sys.platform != "win32":
+    import fcntl
 
 
 def temp_name(path: Path) -> Path:
@@ -68,3 +75,29 @@ def truncate_fsync(path: Path, size: int) -> None:
         fh.truncate(size)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
+def exclusive_directory(directory: Path, busy: str) -> Iterator[Path]:
+    """Hold ``directory`` (made if missing) for this process alone while the block runs, or raise
+    :class:`DirectoryInUse` with ``busy`` at once if another process holds it.
+
+    Why: two writers of one transcript (a second `vgame train` started on the same ``--out``, two
+    nodes on one workdir) would cut and append each other's steps. The lock is an advisory
+    ``flock`` on the directory itself: no lock file to publish with the transcript or to clean up,
+    and the kernel lets go when the process dies, so a killed run never leaves a stale lock.
+    (Where ``flock`` does not exist, Windows, nothing is held.)"""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if sys.platform == "win32":
+        yield directory
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirectoryInUse(busy) from None
+        yield directory
+    finally:
+        os.close(fd)  # closing the descriptor lets the lock go

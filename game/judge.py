@@ -127,6 +127,11 @@ class Judge:
         self.state = StateFile(self.workdir / STATE_NAME)
         self.last_errors: dict[int, EvidenceError] = {}
 
+    @property
+    def home(self) -> Path:
+        """The directory this judge writes (state, fetched transcripts): one running node's alone."""
+        return self.workdir
+
     # ------------------------------------------------------------------------------- step
     def step(self) -> list[AgentAction]:
         """Rule on every pinned game of ours whose judge deadline has not passed."""

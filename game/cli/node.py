@@ -25,6 +25,7 @@ from rich.progress import Progress, TaskID
 
 from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar
 from game.errors import ChainError, ConfigError
+from game.fsio import exclusive_directory
 
 if TYPE_CHECKING:
     from game.agents import AgentAction
@@ -181,10 +182,16 @@ def node_cmd(
             task_id=task,
             on_action=show,
         )
-    if not as_json:
-        err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
+    same = "--workdir" if role == Role.judge else "--workdir and --task"
+    busy = (
+        f"{agent.home} is in use by another running node (the same {same}); "
+        "stop that one, or give each node a --workdir of its own"
+    )
     try:
-        _run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
+        with exclusive_directory(agent.home, busy):
+            if not as_json:
+                err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
+            _run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
     except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
         if bars is not None:
             bars.close()

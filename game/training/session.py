@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from game.errors import RoundingLogError, TranscriptError
+from game.fsio import exclusive_directory
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher, PendingLeaf
@@ -217,9 +218,32 @@ def train(
     progress: ProgressFn | None = None,
     deviation: Deviation | None = None,
 ) -> TrainResult:
-    """Algorithm 2: train ``cfg`` on ``profile`` and write (or finish) the transcript in ``out_dir``."""
+    """Algorithm 2: train ``cfg`` on ``profile`` and write (or finish) the transcript in ``out_dir``.
+
+    The directory is this process's alone while it runs: a second `vgame train` (or trainer node)
+    on it stops at once with :class:`~game.errors.DirectoryInUse` instead of cutting and appending steps under
+    the first one's feet."""
     out = Path(out_dir)
-    engine = _engine(cfg, profile)
+    engine = _engine(cfg, profile)  # an unknown or absent profile is refused before a file is made
+    if out.exists() and not out.is_dir():
+        raise TranscriptError(f"{out} is a file, not a directory; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TranscriptError(f"cannot make the transcript directory {out}: {exc}") from exc
+    busy = (
+        f"{out} is being written by another process (a `vgame train` or a trainer node); "
+        "let it finish, or stop it and run this again to go on from its last step"
+    )
+    with exclusive_directory(out, busy):
+        return _train_alone(engine, profile, out, progress=progress, deviation=deviation)
+
+
+def _train_alone(
+    engine: StepEngine, profile: str, out: Path, *, progress: ProgressFn | None, deviation: Deviation | None
+) -> TrainResult:
+    """:func:`train` once the directory is held."""
+    cfg = engine.cfg
     dev = deviation or Deviation()
     resumed_from: int | None = None
     state: TrainState | None = None

@@ -124,6 +124,22 @@ def test_node_with_a_wrong_contract_task_or_profile_says_which_at_start(
         assert said in " ".join(r.stderr.split()), r.stderr
 
 
+@pytest.mark.anvil
+def test_node_onAWorkdirAnotherNodeHolds_stopsAtOnceSayingSo(anvil_chain: Any, tmp_path: Path) -> None:
+    """Two nodes on one workdir would write each other's state and transcript: the second stops."""
+    from game.fsio import exclusive_directory
+
+    address = deploy(anvil_chain, anvil_chain.account(0))
+    _post_task(anvil_chain, address)
+    argv = _judge(anvil_chain.url, address, 1, _key(_accounts()[2]), tmp_path)
+    with exclusive_directory(tmp_path / "judge", "held by the test"):  # as a running node holds it
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"{tmp_path / 'judge'} is in use by another running node (the same --workdir)" in said, said
+    assert "judge node for task 1 as" not in said  # it stopped before it began
+
+
 class _AnvilOnPort:
     """anvil on a port of our choosing, with its state in a file: stopped and started again, it is
     the same chain at the same address, as a restarted RPC node is."""

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from game.errors import ConfigError, TranscriptError
+from game.errors import ConfigError, DirectoryInUse, TranscriptError
+from game.fsio import exclusive_directory
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
 from game.training.session import (
@@ -133,6 +134,23 @@ def test_train_refuses_a_directory_of_another_task(transcript: Path) -> None:
     cfg = TaskConfig.from_dict(Transcript(transcript).config.to_dict()).replace(seed=12345)
     with pytest.raises(TranscriptError, match="another task"):
         train(cfg, "cpu-1t", transcript)
+
+
+def test_train_onADirectoryAnotherWriterHolds_stopsAtOnceAndTouchesNothing(
+    transcript: Path, tmp_path: Path
+) -> None:
+    cfg = TaskConfig.from_dict(Transcript(transcript).config.to_dict())
+    fresh, copy = tmp_path / "fresh", tmp_path / "copy"
+    shutil.copytree(transcript, copy)
+    before = _files(copy)
+    for out in (fresh, copy):
+        with exclusive_directory(out, "held by the test"), pytest.raises(DirectoryInUse) as caught:
+            train(cfg, "cpu-1t", out)
+        assert f"{out} is being written by another process" in str(caught.value)
+    assert list(fresh.iterdir()) == []
+    assert _files(copy) == before
+    train(cfg, "cpu-1t", fresh)  # the holder gone, the same call goes through
+    assert _files(fresh) == before
 
 
 def _files(d: Path) -> dict[str, bytes]:
