@@ -5,12 +5,15 @@ Every ``error X(...)`` of ``VerificationGame.sol`` has a class here with the sam
 problem it is (``NotYourTurn`` is a ``PermissionError``, ``ClockExpired`` a ``TimeoutError``).
 The client raises the very same classes from its pre-checks, so a caller handles one exception
 whether the contract or the pre-check refused. Typed arguments are attributes in snake_case
-(``exc.game_id``, ``exc.phase``: enums decoded) and all of them are in ``exc.fields``.
+(``exc.game_id``, ``exc.phase``: enums decoded) and all of them are in ``exc.fields``. The message
+is that raw form, ``WrongTaskStatus(task_id=1, status=OPEN)``, for scripts and logs, then what the
+refusal means for a person (the class's ``explain``): the CLI and the nodes print it as it is.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from eth_abi import decode as abi_decode
@@ -35,6 +38,8 @@ class ContractError(VerificationGameError):
     params: ClassVar[tuple[str, ...]] = ()
     #: Solidity enum behind a ``uint8`` parameter, by parameter name
     enum_params: ClassVar[dict[str, type]] = {}
+    #: what the refusal means to a person, over the fields (appended to the message after ``: ``)
+    explain: ClassVar[str] = ""
 
     def __init__(self, *values: Any, message: str | None = None, **named: Any) -> None:
         if values and named:
@@ -53,6 +58,8 @@ class ContractError(VerificationGameError):
         for key, value in self.fields.items():
             setattr(self, key, value)
         shown = ", ".join(f"{k}={_show(v)}" for k, v in self.fields.items())
+        if message is None and self.explain:
+            message = self.explain.format(**{k: _say(k, v) for k, v in self.fields.items()})
         super().__init__(f"{type(self).__name__}({shown})" + (f": {message}" if message else ""))
 
     def __eq__(self, other: object) -> bool:
@@ -71,31 +78,49 @@ def _show(value: Any) -> str:
 
 
 ENUMS_TUPLE = tuple(ENUMS.values())
+_TIMES = ("window_ends", "deadline")  # fields that hold a block timestamp
+
+
+def _say(key: str, value: Any) -> str:
+    """A field as :attr:`ContractError.explain` puts it: a timestamp also in UTC."""
+    if key in _TIMES and isinstance(value, int):
+        try:
+            when = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        except (OverflowError, ValueError, OSError):  # past year 9999: no calendar date
+            return f"block time {value}"
+        return f"{when} (block time {value})"
+    return _show(value)
 
 
 # ---------------------------------------------------------------------------------- the errors
 class ZeroPayment(ContractError, ValueError):
     """``createTask`` sent no payment."""
 
+    explain = "a task must escrow a payment above 0 wei"
+
 
 class InvalidRoles(ContractError, ValueError):
     """Trainer or judge is the zero address, or they are the same."""
 
     params = ("trainer", "judge")
+    explain = "the trainer and the judge must be two different, non-zero addresses"
 
 
 class InvalidDurations(ContractError, ValueError):
     """A clock allowance, challenge window or judge window of zero seconds."""
 
     params = ("clock_allowance", "challenge_window", "judge_window")
+    explain = "the clock allowance, the challenge window and the judge window must each be at least 1 s"
 
 
 class TaskNotFound(ContractError, LookupError):
     params = ("task_id",)
+    explain = "there is no task {task_id} in this game contract (is this the contract it was posted to?)"
 
 
 class GameNotFound(ContractError, LookupError):
     params = ("game_id",)
+    explain = "there is no game {game_id} in this game contract"
 
 
 class WrongTaskStatus(ContractError):
@@ -103,56 +128,71 @@ class WrongTaskStatus(ContractError):
 
     params = ("task_id", "status")
     enum_params: ClassVar[dict[str, type]] = {"status": TaskStatus}
+    explain = (
+        "task {task_id} is {status}: an OPEN task can be committed to or cancelled, a COMMITTED "
+        "one challenged or finalized, a CANCELLED or FINALIZED one nothing more"
+    )
 
 
 class Unauthorized(ContractError, PermissionError):
     """The caller is not the role this call belongs to."""
 
     params = ("caller", "expected")
+    explain = "this call is {expected}'s to make, and the key given is {caller}'s"
 
 
 class ChallengerNotAllowed(ContractError, PermissionError):
     """The task's trainer or judge tried to challenge it."""
 
     params = ("caller",)
+    explain = "the task's own trainer or judge ({caller}) cannot challenge it"
 
 
 class WrongBond(ContractError, ValueError):
     params = ("sent", "required")
+    explain = "the bond must be exactly {required} wei, as the task fixed; {sent} wei was sent"
 
 
 class InvalidLeafCount(ContractError, ValueError):
     params = ("num_leaves",)
+    explain = "a commitment needs 1 to 2^48 leaves, not {num_leaves}"
 
 
 class InvalidProof(ContractError, ValueError):
     """A Merkle proof does not lead to the committed root."""
 
     params = ("index", "leaf")
+    explain = "the Merkle proof of leaf {index} does not lead to the committed root"
 
 
 class WindowClosed(ContractError, TimeoutError):
     """Challenge at or after the end of the challenge window."""
 
     params = ("task_id", "window_ends")
+    explain = "task {task_id}'s challenge window closed at {window_ends}"
 
 
 class WindowOpen(ContractError):
     """Finalize before the challenge window ended."""
 
     params = ("task_id", "window_ends")
+    explain = "task {task_id}'s challenge window is open until {window_ends}; finalize after that"
 
 
 class GamesLive(ContractError):
     """Finalize while games of the task are still being played."""
 
     params = ("task_id", "live_games")
+    explain = (
+        "{live_games} game(s) of task {task_id} are still being played; finalize once every one has ended"
+    )
 
 
 class NothingToBisect(ContractError, ValueError):
     """A bisection challenge against a one-leaf commitment."""
 
     params = ("task_id",)
+    explain = "task {task_id} committed a single leaf, so there is nothing to bisect"
 
 
 class GameOver(ContractError):
@@ -160,6 +200,7 @@ class GameOver(ContractError):
 
     params = ("game_id", "outcome")
     enum_params: ClassVar[dict[str, type]] = {"outcome": Outcome}
+    explain = "game {game_id} has ended ({outcome})"
 
 
 class NotYourTurn(ContractError, PermissionError):
@@ -167,28 +208,33 @@ class NotYourTurn(ContractError, PermissionError):
 
     params = ("game_id", "phase")
     enum_params: ClassVar[dict[str, type]] = {"phase": Phase}
+    explain = "game {game_id} is at {phase}, which does not take this move from this account"
 
 
 class ClockExpired(ContractError, TimeoutError):
     """The mover's clock (or the judge's window) ran out; someone may call ``timeout``."""
 
     params = ("game_id", "deadline")
+    explain = "the mover's time in game {game_id} ran out at {deadline}; anyone may now call timeout"
 
 
 class ClockRunning(ContractError):
     """``timeout`` before the deadline passed."""
 
     params = ("game_id", "deadline")
+    explain = "game {game_id}'s deadline is {deadline}; a timeout can be called only after it"
 
 
 class NothingToWithdraw(ContractError, LookupError):
     params = ("account",)
+    explain = "{account} has no credit in the contract to withdraw"
 
 
 class TransferFailed(ContractError):
     """The receiver of a withdrawal reverted."""
 
     params = ("account", "amount")
+    explain = "sending {amount} wei to {account} failed: the receiver reverted"
 
 
 class UnknownContractError(ContractError):

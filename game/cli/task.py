@@ -96,7 +96,7 @@ def _report(rec: TxReceipt | None, what: str, as_json: bool, **extra: Any) -> No
         emit_json(doc)
         return
     if rec is None:
-        console.print(f"nothing to {what}")
+        console.print(f"nothing {what}: this account has no credit in the contract")
         return
     console.print(f"[bold green]{what}[/] tx {rec.tx_hash} (gas {rec.gas_used:,})")
 

@@ -73,7 +73,24 @@ def test_decode_everyCustomError_roundTripsClassAndTypedArgs(
             assert got == sent and isinstance(got, cls.enum_params[name])
         else:
             assert got == sent
-    assert entry["name"] in str(exc)
+    name, said = str(exc).split(": ", 1)  # the raw form for scripts, then what it means for people
+    assert name.startswith(f"{entry['name']}(") and said
+    for key, value in exc.fields.items():
+        if "{" + key + "}" in cls.explain:
+            assert E._show(value) in said or f"block time {value}" in said
+
+
+def test_explain_saysWhatTheRefusalMeans() -> None:
+    assert str(E.WrongTaskStatus(1, 1)) == (
+        "WrongTaskStatus(task_id=1, status=OPEN): task 1 is OPEN: an OPEN task can be committed to or "
+        "cancelled, a COMMITTED one challenged or finalized, a CANCELLED or FINALIZED one nothing more"
+    )
+    assert str(E.WindowOpen(3, 1_800_000_000)).endswith(
+        "task 3's challenge window is open until 2027-01-15 08:00:00 UTC (block time 1800000000); "
+        "finalize after that"
+    )
+    assert "deadline is block time 18446744073709551615;" in str(E.ClockRunning(1, 2**64 - 1))  # no date
+    assert all(cls.explain for cls in E.ERROR_CLASSES.values())
 
 
 def test_decode_errorStringPanicUnknownAndEmpty() -> None:

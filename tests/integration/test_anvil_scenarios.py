@@ -87,11 +87,14 @@ def test_task_commands_against_a_running_node(
 
     res = runner.invoke(app, ["task", "finalize", str(task_id), *common])
     assert type(res.exception).__name__ == "WrongTaskStatus"  # an open task cannot be settled
+    assert "task 1 is OPEN: an OPEN task can be committed to or cancelled" in str(res.exception)
 
     assert _json(runner, "task", "cancel", str(task_id), *common)["done"] is True
     reclaimed = _json(runner, "task", "reclaim", *common)
     assert (reclaimed["done"], reclaimed["amount"]) == (True, 1000)
     assert _json(runner, "task", "reclaim", *common)["done"] is False
+    again = runner.invoke(app, ["task", "reclaim", *common])
+    assert again.exit_code == 0 and "nothing reclaimed: this account has no credit" in again.stdout
     assert _json(runner, "task", "show", str(task_id), *common)["status"] == "cancelled"
 
 
