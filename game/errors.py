@@ -64,5 +64,10 @@ class NodeUnreachable(ChainError):
     after the provider's own retries. Often passes: a long-lived node warns and tries again."""
 
 
+class InsufficientFunds(ChainError):
+    """The sending account cannot pay a transaction's value and gas (a fresh testnet key, a
+    payment typed in wei where ether was meant)."""
+
+
 class VerificationGameError(ChainError):
     """The game contract refused a call; subclasses mirror the contract's custom errors."""

@@ -23,11 +23,13 @@ from web3 import Web3
 from web3.exceptions import TimeExhausted, TransactionNotFound, Web3RPCError
 
 from game.chain.backends import Chain, Reverted
-from game.errors import ChainError
+from game.errors import ChainError, InsufficientFunds
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)
+# how nodes word "this account cannot pay": geth and anvil, then py-evm's two checks
+_CANNOT_PAY = ("insufficient funds", "cannot afford txn gas", "not have enough balance")
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,28 @@ class TxSender:
         return self.chain.w3
 
     def estimate(self, account: LocalAccount, tx: dict[str, Any]) -> int:
-        """The node's gas estimate; raises :class:`Reverted` (raw data) when the call would revert."""
-        return self.chain.estimate_gas({**tx, "from": account.address})
+        """The node's gas estimate; raises :class:`Reverted` (raw data) when the call would revert,
+        and :class:`InsufficientFunds` or :class:`ChainError` when the node will not run it at all."""
+        try:
+            return self.chain.estimate_gas({**tx, "from": account.address})
+        except (Web3RPCError, ValueError, ValidationError) as exc:
+            raise self._refusal(account, int(tx.get("value", 0)), exc) from exc
+
+    def _refusal(self, account: LocalAccount, value: int, exc: Exception) -> ChainError:
+        """The node's refusal of a transaction as our error: an account that cannot pay says how
+        much it holds and what was asked (each node words that refusal its own way)."""
+        text = str(exc)
+        if any(m in text.lower() for m in _CANNOT_PAY):
+            try:
+                holds = f"holds {Web3.from_wei(self.chain.balance(account.address), 'ether')} ETH"
+            except Exception:  # the refusal is the news; the balance only adds to it
+                holds = "cannot pay"
+            return InsufficientFunds(
+                f"{account.address} {holds}; this transaction sends "
+                f"{Web3.from_wei(value, 'ether')} ETH ({value} wei) plus its gas: fund the account, "
+                f"or send less (the node said: {text})"
+            )
+        return ChainError(f"the node refused the transaction: {text}")
 
     def transfer(self, account: LocalAccount, to: str, wei: int) -> Sent:
         return self.send(account, {"to": Web3.to_checksum_address(to), "value": wei, "data": b""}, gas=21_000)
@@ -167,10 +189,10 @@ class TxSender:
                     continue
                 else:
                     book.forget(account.address)
-                    raise ChainError(f"the node refused the transaction: {exc}") from exc
+                    raise self._refusal(account, base["value"], exc) from exc
             except ValidationError as exc:  # py-evm's refusal (e.g. intrinsic gas too low)
                 book.forget(account.address)
-                raise ChainError(f"the node refused the transaction: {exc}") from exc
+                raise self._refusal(account, base["value"], exc) from exc
             if receipt["status"] == 1:
                 log.debug(
                     "tx %s mined in block %d, gas %d/%d",

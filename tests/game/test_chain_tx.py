@@ -119,3 +119,23 @@ def test_nonces_backToBackSends_useConsecutiveNonces(chain: Any) -> None:
         sent = sender.transfer(payer, to, 1)
         nonces.append(chain.w3.eth.get_transaction(sent.receipt["transactionHash"])["nonce"])
     assert nonces == [start, start + 1, start + 2]
+
+
+@pytest.mark.parametrize("fixed_gas", [None, 21_000])  # refused at the estimate, or at the broadcast
+@pytest.mark.parametrize("rich", [False, True])  # nothing at all, or less than the value sent
+def test_send_accountThatCannotPay_saysWhatItHoldsAndWhatWasAsked(
+    chain: Any, fixed_gas: int | None, rich: bool
+) -> None:
+    from eth_account import Account
+
+    from game.errors import InsufficientFunds
+
+    sender = chain.account(0) if rich else Account.create()
+    value = chain.balance(chain.account(0).address) * 2 if rich else 10**18
+    nonce = chain.nonce(sender.address)
+    tx = {"to": chain.account(1).address, "value": value, "data": b""}
+    with pytest.raises(InsufficientFunds) as caught:
+        TxSender(chain).send(sender, tx, gas=fixed_gas)
+    said = str(caught.value)
+    assert said.startswith(f"{sender.address} holds ") and f"({value} wei) plus its gas" in said
+    assert chain.nonce(sender.address) == nonce  # nothing was sent

@@ -74,6 +74,13 @@ def test_task_commands_against_a_running_node(
     )  # fmt: skip
     task_id = created["task_id"]
     assert task_id == 1
+    broke = runner.invoke(
+        app,
+        ["task", "create", *common, "--config", str(config), "--trainer", trainer, "--judge", judge,
+         "--payment", str(10**30)],
+    )  # fmt: skip
+    assert type(broke.exception).__name__ == "InsufficientFunds", broke.output  # was web3's raw RPC error
+    assert "ETH (1000000000000000000000000000000 wei) plus its gas" in str(broke.exception)
     assert key_file.read_text().strip() == created["data_key"]
 
     shown = _json(runner, "task", "show", str(task_id), *common)
