@@ -8,8 +8,10 @@ command, which would forget the task at once, so they are refused here with a hi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -69,6 +71,22 @@ def _client(
         if not ch.w3.eth.get_code(_address(contract)):
             raise ConfigError(f"no contract at {contract} on {ch.describe()}")
         yield VerificationGameClient(ch, contract, ch.account(0))
+
+
+_UNITS = {"wei": 0, "gwei": 9, "eth": 18, "ether": 18}
+_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$")
+
+
+def parse_wei(text: str) -> int:
+    """An amount for ``--payment`` and the bonds: wei (``1000000000000000``), or a number with a
+    unit (``0.001ether``, ``0.001 eth``, ``5gwei``), exact to the wei."""
+    m = _AMOUNT.match(str(text).lower())
+    if m is None or m.group(2) not in ("", *_UNITS):
+        raise typer.BadParameter(f"{text!r} is not an amount: give wei (1000) or a unit (0.001ether, 5gwei)")
+    value = Decimal(m.group(1)).scaleb(_UNITS[m.group(2) or "wei"])
+    if value != value.to_integral_value():
+        raise typer.BadParameter(f"{text!r} is not a whole number of wei")
+    return int(value)
 
 
 def _address(text: str) -> ChecksumAddress:
@@ -158,10 +176,30 @@ def create_cmd(
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
-    payment: Annotated[int, typer.Option("--payment", help="Payment escrowed, in wei.")] = 10**15,
-    trainer_bond: Annotated[int, typer.Option("--trainer-bond", help="Trainer's bond, in wei.")] = 5 * 10**14,
-    auditor_bond: Annotated[int, typer.Option("--auditor-bond", help="Each auditor's bond, in wei.")] = 10
-    ** 14,
+    payment: Annotated[
+        int,
+        typer.Option(
+            "--payment",
+            parser=parse_wei,
+            metavar="AMOUNT",
+            help="Payment escrowed: wei, or 0.001ether, 5gwei.",
+        ),
+    ] = 10**15,
+    trainer_bond: Annotated[
+        int,
+        typer.Option(
+            "--trainer-bond", parser=parse_wei, metavar="AMOUNT", help="Trainer's bond (wei, or with a unit)."
+        ),
+    ] = 5 * 10**14,
+    auditor_bond: Annotated[
+        int,
+        typer.Option(
+            "--auditor-bond",
+            parser=parse_wei,
+            metavar="AMOUNT",
+            help="Each auditor's bond (wei, or with a unit).",
+        ),
+    ] = 10**14,
     clock: Annotated[int, typer.Option("--clock", help="Seconds per party per game (chess clock).")] = 3600,
     window: Annotated[
         int, typer.Option("--window", help="Challenge window after the commit, seconds.")

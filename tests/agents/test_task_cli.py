@@ -98,3 +98,29 @@ def test_task_commands_need_a_running_node(runner: CliRunner, chain: str) -> Non
     res = runner.invoke(app, ["task", "show", "1", "--chain", chain, "--contract", "0x" + "11" * 20])
     assert isinstance(res.exception, ConfigError)
     assert "JSON-RPC URL" in str(res.exception)
+
+
+@pytest.mark.parametrize(
+    ("text", "wei"),
+    [
+        ("1000", 1000),
+        ("0.001ether", 10**15),
+        ("0.001 ETH", 10**15),
+        ("5gwei", 5 * 10**9),
+        (".5ether", 5 * 10**17),
+    ],
+)
+def test_amounts_takeWeiOrAUnit_exactly(text: str, wei: int) -> None:
+    from game.cli.task import parse_wei
+
+    assert parse_wei(text) == wei
+
+
+@pytest.mark.parametrize(
+    ("text", "says"), [("1.5", "whole number of wei"), ("1e18", "not an amount"), ("2 btc", "not an amount")]
+)
+def test_amounts_notAnAmount_saySo(runner: CliRunner, text: str, says: str) -> None:
+    res = runner.invoke(
+        app, ["task", "create", "--config", "x.toml", "--trainer", "0x1", "--judge", "0x2", "--payment", text]
+    )
+    assert res.exit_code == 2 and says in res.output

@@ -70,7 +70,7 @@ def test_task_commands_against_a_running_node(
         runner,
         "task", "create", *common,
         "--config", str(config), "--trainer", trainer, "--judge", judge,
-        "--payment", "1000", "--window", "600", "--data-key-out", str(key_file),
+        "--payment", "0.000000000000001ether", "--window", "600", "--data-key-out", str(key_file),
     )  # fmt: skip
     task_id = created["task_id"]
     assert task_id == 1
