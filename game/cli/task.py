@@ -264,6 +264,46 @@ def _required_contract(contract: str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+_WEI_FIELDS = ("payment", "trainer_bond", "auditor_bond")
+_SECONDS_FIELDS = ("clock_allowance", "challenge_window", "judge_window")
+_HASH_FIELDS = ("state_root", "log_root", "transcript_id")
+
+
+def _span(seconds: int) -> str:
+    """``90061`` -> ``1d 1h 1m 1s``: a duration as a person reads it."""
+    parts = [
+        (seconds // 86400, "d"),
+        (seconds % 86400 // 3600, "h"),
+        (seconds % 3600 // 60, "m"),
+        (seconds % 60, "s"),
+    ]
+    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
+
+
+def _shown(key: str, value: Any, *, now: int) -> str:
+    """A field of ``task show`` for a person: amounts also in ETH, times in UTC and from now,
+    durations in days and hours, roots not yet committed said so (``--json`` keeps the raw values)."""
+    from datetime import UTC, datetime
+
+    if key in _WEI_FIELDS:
+        return f"{Decimal(value).scaleb(-18).normalize():f} ETH ({value} wei)"
+    if key in _SECONDS_FIELDS:
+        return f"{_span(value)} ({value} s)"
+    if key in _HASH_FIELDS and not int(value, 16):
+        return "none yet"
+    if key in ("window_ends", "now"):
+        if key == "window_ends" and not value:
+            return "not started (it opens at the trainer's commit)"
+        when = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if key == "now":
+            return f"{when} (latest block)"
+        ago = "from now" if value > now else "ago"
+        return f"{when} ({_span(abs(value - now))} {ago})"
+    if key == "trainer_paid" and value is None:
+        return "not settled yet"
+    return str(value)
+
+
 @task_app.command("show")
 def show_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id (1, 2, ...).")],
@@ -282,10 +322,10 @@ def show_cmd(
         return
     table = Table(title=f"task {task_id}", show_header=False)
     table.add_column("field", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a hash is copied whole, never cut with an ellipsis
     for k, v in doc.items():
         if k != "games":
-            table.add_row(k, str(v))
+            table.add_row(k, _shown(k, v, now=doc["now"]))
     console.print(table)
     if doc["games"]:
         games = Table(title="games")
