@@ -273,6 +273,8 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
     node unreachable, a refused transaction) is warned of and tried again next round: everything
     the agent needs is on chain and in its workdir. A failure that repeats round after round (an
     outage) is warned of once, until a round goes through."""
+    import requests
+
     from game.agents import AgentError
 
     said: set[str] = set()  # warnings given since the last round that went through
@@ -290,9 +292,14 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
             actions = agent.step()
         except AgentError:
             raise  # this node cannot go on (wrong config, lost workdir): say so and stop
-        except ChainError as exc:
+        except (ChainError, requests.RequestException, ConnectionError, TimeoutError) as exc:
             warn(str(exc))
             failed = True
+        except OSError as exc:  # a full disk, a store or workdir it may not write: stop, and say why
+            raise AgentError(
+                f"{label} stopped: {exc}; what it did is on chain and in its files, so once the cause "
+                "is fixed (disk space, permissions), run the same command to go on"
+            ) from exc
         try:
             if agent.done:
                 if not as_json:

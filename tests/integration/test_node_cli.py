@@ -248,3 +248,45 @@ def test_progressBars_showWhileWorkRuns_andGoWhenItEnds() -> None:
     assert bars.bars is not None
     bars.close()
     assert bars.bars is None
+
+
+class _Agent:
+    """An agent whose rounds raise what it is given, in turn, then report done."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.rounds = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.failures
+
+    def step(self) -> list[Any]:
+        self.rounds += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return []
+
+
+class _Clock:
+    def now(self) -> int:
+        return int(time.time())
+
+
+def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import requests
+
+    from game.agents import AgentError
+    from game.cli.node import _run
+
+    flaky = _Agent(requests.ConnectionError("connection refused"), ConnectionResetError("reset by peer"))
+    _run(flaky, _Clock(), poll=0, as_json=True, label="judge node: task 1")  # type: ignore[arg-type]
+    assert flaky.rounds == 2 and flaky.done
+    full = _Agent(OSError(28, "No space left on device"))
+    with pytest.raises(AgentError) as caught:
+        _run(full, _Clock(), poll=0, as_json=True, label="trainer node: task 1")  # type: ignore[arg-type]
+    said = str(caught.value)
+    assert said.startswith("trainer node: task 1 stopped: [Errno 28] No space left on device")
+    assert "run the same command to go on" in said
