@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.markup import escape
 
 from game.cli.app import app, err_console, interrupts
@@ -39,6 +41,11 @@ def main() -> None:
         app()
     except VGameError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages may hold [brackets]
+        raise SystemExit(2) from None
+    except OSError as exc:  # a path it cannot write or read (--out under a missing directory)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        if os.environ.get("VGAME_DEBUG"):
+            raise
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # outside a command (one inside comes out of typer as exit code 130)
         if not interrupts.said:

@@ -94,6 +94,8 @@ def test_replay_step_json(trained: Path) -> None:
         (["train", *SMALL, "--bits", "40", "--out", "x"], "bits"),
         (["train", *SMALL, "--out", "a-file"], "a-file is a file, not a directory"),
         (["audit", "--transcript", "a-file", "--profile", "cpu-1t"], "a-file is a file, not a directory"),
+        (["task", "keygen", "--out", "a-file/key"], "[Errno"),  # an OSError: one line, no traceback
+        (["divergence", "--preset", "mlp-digits", "--steps", "1", "--out", "a-file/d"], "[Errno"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
