@@ -113,7 +113,7 @@ def node_cmd(
     evidence_dir: Annotated[
         Path | None, typer.Option("--evidence-dir", help="Directory where the judge's evidence is left.")
     ] = None,
-    poll: Annotated[float, typer.Option("--poll", help="Seconds between steps.")] = 2.0,
+    poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between rounds when idle.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""

@@ -115,6 +115,8 @@ def test_node_with_a_wrong_contract_task_or_profile_says_which_at_start(
         (address, ["--task", "7"], "no task 7 in the game contract at"),
         (address, ["--profile", "nope"], "unknown profile 'nope'; valid: cpu-1t"),
     ]
+    cases.append((address, ["--poll", "-1"], "Invalid value for '--poll'"))  # was a traceback from time.sleep
+    cases.append((address, ["--poll", "0"], "Invalid value for '--poll'"))  # a loop that hammers the node
     if not torch.cuda.is_available():
         cases.append((address, ["--profile", "cuda"], "profile 'cuda' is not available on this machine"))
     for contract, extra, said in cases:
