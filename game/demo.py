@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from game.chain.types import Game, Task
     from game.tasks import TaskTerms
     from game.training.config import TaskConfig
+    from game.training.session import Deviation
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,30 @@ def demo_config(preset: str = DEFAULT_PRESET, steps: int | None = DEFAULT_STEPS)
     return cfg.replace(steps=steps) if steps is not None else cfg
 
 
+def prepare_scenario(
+    name: str,
+    *,
+    preset: str = DEFAULT_PRESET,
+    steps: int | None = DEFAULT_STEPS,
+    config: TaskConfig | None = None,
+    poison_step: int | None = None,
+    trainer_profile: str = DEFAULT_TRAINER_PROFILE,
+    auditor_profile: str = DEFAULT_AUDITOR_PROFILE,
+) -> tuple[Scenario, TaskConfig, Deviation | None]:
+    """The scenario, its task and its trainer's deviation, or a :class:`ConfigError` naming what
+    is wrong: cheap, so a caller checks its arguments before it draws or connects anything."""
+    scenario = get_scenario(name)
+    if len({trainer_profile, auditor_profile}) < 2:
+        raise ConfigError(
+            f"trainer and auditor must run on different profiles (both {trainer_profile!r}): "
+            "the demo shows replication across hardware"
+        )
+    cfg = config if config is not None else demo_config(preset, steps)
+    if poison_step is not None and not scenario.takes_step:
+        raise ConfigError(f"scenario {name!r} has no deviating step; drop --poison-step")
+    return scenario, cfg, scenario.make_deviation(cfg, poison_step)
+
+
 def run_scenario(
     name: str,
     *,
@@ -197,16 +222,10 @@ def run_scenario(
     the trainer deviates (default: the middle step). ``chain`` reuses an open chain (a fresh
     contract is deployed on it either way); otherwise ``chain_spec`` is connected and closed here.
     """
-    scenario = get_scenario(name)
-    if len({trainer_profile, auditor_profile}) < 2:
-        raise ConfigError(
-            f"trainer and auditor must run on different profiles (both {trainer_profile!r}): "
-            "the demo shows replication across hardware"
-        )
-    cfg = config if config is not None else demo_config(preset, steps)
-    if poison_step is not None and not scenario.takes_step:
-        raise ConfigError(f"scenario {name!r} has no deviating step; drop --poison-step")
-    deviation = scenario.make_deviation(cfg, poison_step)
+    scenario, cfg, deviation = prepare_scenario(
+        name, preset=preset, steps=steps, config=config, poison_step=poison_step,
+        trainer_profile=trainer_profile, auditor_profile=auditor_profile,
+    )  # fmt: skip
     step_s = getattr(deviation, "step", None)
     with ExitStack() as stack:
         if chain is None:

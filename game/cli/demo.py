@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from game.cli.app import app, console, emit_json
+from game.cli.app import app, check_profile, console, emit_json
 from game.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
@@ -66,17 +66,14 @@ def demo_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
     from game import demo
-    from game.scenarios import get_scenario
-    from game.training.profiles import get_profile
 
-    get_scenario(scenario)  # unknown name: a ConfigError listing the valid ones, before any work
     profiles = {
         "trainer": trainer_profile or demo.DEFAULT_TRAINER_PROFILE,
         "auditor": auditor_profile or demo.DEFAULT_AUDITOR_PROFILE,
         "judge": judge_profile or demo.DEFAULT_JUDGE_PROFILE,
     }
     for name in profiles.values():
-        get_profile(name)
+        check_profile(name)  # unknown, or not runnable here (cuda without a GPU): now, not after training
     kwargs: dict[str, Any] = {
         "chain_spec": chain,
         "preset": preset or demo.DEFAULT_PRESET,
@@ -89,6 +86,10 @@ def demo_cmd(
         "key": key,
         "workdir": workdir,
     }
+    demo.prepare_scenario(  # a bad --steps or --poison-step is one line, before the live table is drawn
+        scenario, preset=kwargs["preset"], steps=kwargs["steps"], poison_step=poison_step,
+        trainer_profile=profiles["trainer"], auditor_profile=profiles["auditor"],
+    )  # fmt: skip
     if as_json:
         emit_json(demo.run_scenario(scenario, **kwargs).to_dict())
         return

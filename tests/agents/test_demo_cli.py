@@ -95,3 +95,28 @@ def test_same_profile_for_both_sides_is_refused() -> None:
     res = _vgame("demo", "-s", "honest", *TINY, "--trainer-profile", "noisy", "--auditor-profile", "noisy")
     assert res.returncode == 2
     assert "different profiles" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--steps", "0"], "steps: 0 is outside"),
+        (["--poison-step", "99"], "must be in 1..4"),
+        (["--judge-profile", "nope"], "unknown profile 'nope'"),
+    ],
+)
+def test_badArguments_areOneLineBeforeTheLiveTableIsDrawn(extra: list[str], said: str) -> None:
+    # the steps and the poison step used to be checked inside the run, under an empty table of moves
+    res = _vgame("demo", *TINY, *extra)
+    assert res.returncode == 2 and said in " ".join(res.stderr.split()), res.stderr
+    assert res.stdout == ""
+
+
+def test_aProfileThisMachineCannotRun_isRefusedBeforeTraining() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine runs cuda")
+    res = _vgame("demo", *TINY, "--auditor-profile", "cuda")  # it trained first and failed at the replay
+    assert res.returncode == 2 and "profile 'cuda' is not available on this machine" in res.stderr
+    assert res.stdout == ""
