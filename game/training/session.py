@@ -256,7 +256,12 @@ def _train_alone(
             )
         if existing.complete:
             log.info("transcript at %s is already complete; nothing to do", out)
-            return _result(Transcript(out), profile, steps_run=0, resumed_from=cfg.steps, loss=None)
+            return _result(Transcript(out), existing.profile, steps_run=0, resumed_from=cfg.steps, loss=None)
+        if existing.profile != profile:  # its manifest names one profile, and says what ran the steps
+            raise TranscriptError(
+                f"{out} was started on profile {existing.profile!r}, not {profile!r}: go on with "
+                f"--profile {existing.profile}, or train afresh in another --out"
+            )
         writer = TranscriptWriter.resume(out, cfg)
         if writer.num_done > 0:
             resumed_from = writer.num_done - 1

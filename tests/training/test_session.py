@@ -153,6 +153,20 @@ def test_train_onADirectoryAnotherWriterHolds_stopsAtOnceAndTouchesNothing(
     assert _files(fresh) == before
 
 
+def test_train_resumedOnAnotherProfile_isRefusedNamingTheOneItStartedOn(
+    transcript: Path, tmp_path: Path
+) -> None:
+    cfg = TaskConfig.from_dict(Transcript(transcript).config.to_dict())
+    assert train(cfg, "cpu-2t", transcript).profile == "cpu-1t"  # finished: nothing runs, and it says whose
+    partial = tmp_path / "partial"
+    shutil.copytree(transcript, partial)
+    manifest = partial / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"complete": true', '"complete": false'))
+    with pytest.raises(TranscriptError, match="was started on profile 'cpu-1t', not 'cpu-2t'"):
+        train(cfg, "cpu-2t", partial)
+    assert train(cfg, "cpu-1t", partial).state_root.hex() == Transcript(transcript).manifest.state_root
+
+
 def _files(d: Path) -> dict[str, bytes]:
     keep = (LEAVES_NAME, LOG_DIR_NAME, CHECKPOINT_DIR_NAME, "chunk_hashes.bin")
     return {
