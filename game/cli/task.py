@@ -89,6 +89,11 @@ def parse_wei(text: str) -> int:
     return int(value)
 
 
+def _amount(flag: str, what: str) -> Any:
+    """An option that takes an amount of ether (:func:`parse_wei`)."""
+    return typer.Option(flag, parser=parse_wei, metavar="AMOUNT", help=f"{what}: wei, or 0.001ether, 5gwei.")
+
+
 def _address(text: str) -> ChecksumAddress:
     from web3 import Web3
 
@@ -176,30 +181,9 @@ def create_cmd(
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
-    payment: Annotated[
-        int,
-        typer.Option(
-            "--payment",
-            parser=parse_wei,
-            metavar="AMOUNT",
-            help="Payment escrowed: wei, or 0.001ether, 5gwei.",
-        ),
-    ] = 10**15,
-    trainer_bond: Annotated[
-        int,
-        typer.Option(
-            "--trainer-bond", parser=parse_wei, metavar="AMOUNT", help="Trainer's bond (wei, or with a unit)."
-        ),
-    ] = 5 * 10**14,
-    auditor_bond: Annotated[
-        int,
-        typer.Option(
-            "--auditor-bond",
-            parser=parse_wei,
-            metavar="AMOUNT",
-            help="Each auditor's bond (wei, or with a unit).",
-        ),
-    ] = 10**14,
+    payment: Annotated[int, _amount("--payment", "Payment escrowed")] = 10**15,
+    trainer_bond: Annotated[int, _amount("--trainer-bond", "Trainer's bond")] = 5 * 10**14,
+    auditor_bond: Annotated[int, _amount("--auditor-bond", "Each auditor's bond")] = 10**14,
     clock: Annotated[int, typer.Option("--clock", help="Seconds per party per game (chess clock).")] = 3600,
     window: Annotated[
         int, typer.Option("--window", help="Challenge window after the commit, seconds.")

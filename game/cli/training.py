@@ -160,7 +160,9 @@ def train_cmd(
             f"[bold green]already trained[/] {cfg.preset}: all {result.steps} steps were on disk; none run"
         )
     else:
-        console.print(f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {result.profile}")
+        console.print(
+            f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {result.profile}"
+        )
         if result.resumed_from is not None:
             console.print(f"  resumed after step {result.resumed_from}")
     console.print(f"  transcript  {result.out_dir}")
