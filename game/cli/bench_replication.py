@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, fail
+from game.cli.app import JsonOpt, bench_app, check_profile, console, emit_json, fail
 from game.errors import VGameError
 
 
@@ -29,7 +29,7 @@ def replication(
 ) -> None:
     """Train on every profile and audit every ordered pair of distinct profiles; exit 1 on any mismatch."""
     from game.training.config import TaskConfig
-    from game.training.profiles import available_profiles, get_profile
+    from game.training.profiles import available_profiles
     from game.training.replication import replication_matrix
 
     try:
@@ -37,7 +37,7 @@ def replication(
             p.name for p in available_profiles()
         ]
         for n in names:
-            get_profile(n)
+            check_profile(n)  # all of them now, not after the first has trained
         if len(names) < 2:
             raise fail("give at least two profiles")
         cfg = TaskConfig.for_preset(preset, steps=steps)

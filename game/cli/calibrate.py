@@ -13,6 +13,7 @@ from game.cli.app import (
     JsonOpt,
     ModelOpt,
     app,
+    check_profile,
     console,
     emit_json,
     err_console,
@@ -55,6 +56,8 @@ def calibrate_cmd(
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if len(names) < 2:
         raise ConfigError("--profiles: give at least two profiles, comma-separated")
+    for name in names:
+        check_profile(name)  # all of them now, not after the first has run
     cfg = task_config(preset, config, model=parse_model_overrides(model), batch_size=batch_size)
     if as_json:
         result = calibrate(cfg, names, steps=steps, margin=margin, random_inputs=random_inputs)

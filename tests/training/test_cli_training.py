@@ -270,3 +270,18 @@ def test_interrupted_commandWithNothingKept_saysInterrupted() -> None:
     )
     assert r.returncode == 130 and r.stdout == "", r.stderr
     assert r.stderr.strip() == "interrupted"
+
+
+def test_profilesThisMachineCannotRun_areRefusedBeforeAnyTraining(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine runs cuda")
+    work = tmp_path / "work"
+    r = vgame("bench", "replication", "--preset", "mlp-digits", "--steps", "2", "--profiles", "cpu-1t,cuda",
+              "--workdir", str(work))  # fmt: skip
+    assert r.returncode == 2 and "profile 'cuda' is not available on this machine" in r.stderr
+    assert not work.exists() or not any(work.iterdir())  # cpu-1t's run was trained first, and kept
+    r = vgame("calibrate", "--preset", "mlp-digits", "--steps", "2", "--profiles", "cpu-1t,cuda",
+              "--out", str(tmp_path / "b.toml"))  # fmt: skip
+    assert r.returncode == 2 and "not available on this machine (see `vgame profiles`)" in r.stderr
