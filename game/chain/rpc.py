@@ -2,7 +2,8 @@
 
 The key comes from ``--key`` (hex private key or keystore file), else ``VGAME_PRIVATE_KEY``,
 else ``VGAME_KEYSTORE`` (an encrypted JSON keystore; the password from ``VGAME_KEYSTORE_PASSWORD``
-or an interactive prompt). The key never leaves this process: transactions are signed locally.
+or a prompt, when there is a terminal to ask on). The key never leaves this process: transactions
+are signed locally.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import getpass
 import json
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -44,18 +46,30 @@ def load_account(key: str | None = None, *, reads_only: bool = False) -> LocalAc
             "or set VGAME_PRIVATE_KEY / VGAME_KEYSTORE"
         )
     hexkey = key[2:] if key.startswith("0x") else key
-    if len(hexkey) == 64 and all(c in "0123456789abcdefABCDEF" for c in hexkey):
+    is_hex = bool(hexkey) and all(c in "0123456789abcdefABCDEF" for c in hexkey)
+    if len(hexkey) == 64 and is_hex:
         acct: LocalAccount = Account.from_key(bytes.fromhex(hexkey))
         return acct
     path = Path(key).expanduser()
-    if not path.is_file():
-        raise ConfigError("the key is neither a 32-byte hex private key nor a keystore file")
+    if not path.is_file():  # never echo what may be most of a private key: only a name like a path
+        if is_hex or key.startswith("0x"):
+            raise ConfigError(f"a hex private key is 64 hex digits (32 bytes); this one has {len(hexkey)}")
+        if "/" in key or key.endswith(".json"):
+            raise ConfigError(f"no keystore file at {path}")
+        raise ConfigError("the key is neither a 64-hex-digit private key nor a keystore file")
     try:
         keystore = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"keystore {path.name} is not readable JSON: {exc}") from exc
+    if not isinstance(keystore, dict) or not ({"crypto", "Crypto"} & set(keystore)):
+        raise ConfigError(f"{path.name} is not an encrypted keystore (it has no 'crypto' section)")
     password = os.environ.get("VGAME_KEYSTORE_PASSWORD")
     if password is None:
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                f"keystore {path.name} needs its password: set VGAME_KEYSTORE_PASSWORD "
+                "(there is no terminal to ask on)"
+            )
         password = getpass.getpass(f"password for keystore {path.name}: ")
     try:
         secret = Account.decrypt(keystore, password)
@@ -82,6 +96,8 @@ class RpcChain(Chain):
         w3 = Web3(provider)
         try:
             chain_id = int(w3.eth.chain_id)
+        except NodeUnreachable:
+            raise  # it names the node and says it does not answer
         except Exception as exc:
             raise ChainError(f"no JSON-RPC node answers at {_redact(url)}: {exc}") from exc
         super().__init__(w3, [load_account(key, reads_only=reads_only)])

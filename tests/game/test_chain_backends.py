@@ -113,9 +113,39 @@ def test_loadAccount_nothingGiven_saysHowToGiveAKey(monkeypatch: pytest.MonkeyPa
         load_account("not-a-key-nor-a-file")
 
 
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("0x1234", "a hex private key is 64 hex digits (32 bytes); this one has 4"),
+        ("ab" * 31 + "zz", "neither a 64-hex-digit private key nor a keystore file"),
+        ("keys/missing.json", "no keystore file at keys/missing.json"),
+    ],
+)
+def test_loadAccount_badKey_saysWhatIsWrong_withoutEchoingAKey(given: str, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_account(given)
+    assert says in str(caught.value)
+    assert "abab" not in str(caught.value)  # a mistyped private key is not printed back
+
+
+def test_loadAccount_keystore_notAKeystoreOrNoTerminal_isRefusedBeforeAnyPrompt(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VGAME_KEYSTORE_PASSWORD", raising=False)
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"x": 1}')
+    with pytest.raises(ConfigError, match=r"junk\.json is not an encrypted keystore"):
+        load_account(str(junk))
+    real = tmp_path / "key.json"
+    real.write_text(json.dumps(Account.encrypt(Account.create().key, "pw", iterations=2)))
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)  # a script, a service: nobody to type it
+    with pytest.raises(ConfigError, match="set VGAME_KEYSTORE_PASSWORD"):
+        load_account(str(real))
+
+
 def test_rpc_unreachableNode_raisesChainError() -> None:
-    with pytest.raises(ChainError, match="no JSON-RPC node"):
-        RpcChain("http://127.0.0.1:9", key="0x" + "11" * 32, timeout=2)
+    with pytest.raises(ChainError, match=r"^the JSON-RPC node at http://127.0.0.1:9 does not answer"):
+        RpcChain("http://127.0.0.1:9", key="0x" + "11" * 32, timeout=2)  # said once, not twice
 
 
 def test_findAnvil_badEnvPath_raisesConfigError(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
