@@ -21,6 +21,7 @@ from game.agents import (
     ActionSink,
     AgentAction,
     AgentError,
+    NotThereYet,
     ProgressSink,
     TaskAgent,
     action_from_receipt,
@@ -34,7 +35,7 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
-from game.store import BlobStore, StoreError, fetch_directory
+from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
 from game.training.transcript import Transcript
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ class AuditorAgent(TaskAgent):
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+            except BlobNotFound as exc:
+                raise NotThereYet(
+                    f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "
+                    "each round (is --store the one the trainer publishes to?)"
+                ) from exc
             except StoreError as exc:
                 raise AgentError(f"cannot get the transcript of task {self.task_id}: {exc}") from exc
             shutil.rmtree(self.transcript_dir, ignore_errors=True)

@@ -56,6 +56,11 @@ class AgentError(VGameError, RuntimeError):
     """An agent cannot go on (its config is not the task's, its transcript disagrees with the chain)."""
 
 
+class NotThereYet(VGameError):
+    """What the agent needs next is not there yet (a transcript the chain names, missing from a
+    store that is synced between machines): nothing is lost, and the next round tries again."""
+
+
 @dataclass(frozen=True)
 class AgentAction:
     """One thing an agent did (a transaction, or off-chain work worth showing)."""
@@ -312,6 +317,7 @@ __all__ = [
     "Agent",
     "AgentAction",
     "AgentError",
+    "NotThereYet",
     "ProgressSink",
     "StateFile",
     "TaskAgent",

@@ -34,6 +34,10 @@ class StoreError(VGameError, ValueError):
     """A blob is missing, modified, or cannot be opened with the given key."""
 
 
+class BlobNotFound(StoreError):
+    """No blob of that id in the store (yet: a store synced between machines may lag the chain)."""
+
+
 def new_key() -> bytes:
     """A fresh random 256-bit data key (the client makes one per task)."""
     return secrets.token_bytes(KEY_SIZE)
@@ -96,7 +100,7 @@ class BlobStore:
     def get(self, bid: bytes) -> bytes:
         p = self.path(bid)
         if not p.exists():
-            raise StoreError(f"blob {bid.hex()} not found in store {self.root}")
+            raise BlobNotFound(f"blob {bid.hex()} not found in store {self.root}")
         blob = p.read_bytes()
         if blob_id(blob) != bid:
             raise StoreError(f"blob {bid.hex()} in store {self.root} is corrupt (hash mismatch)")

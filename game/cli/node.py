@@ -275,7 +275,7 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
     outage) is warned of once, until a round goes through."""
     import requests
 
-    from game.agents import AgentError
+    from game.agents import AgentError, NotThereYet
 
     said: set[str] = set()  # warnings given since the last round that went through
 
@@ -292,7 +292,7 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
             actions = agent.step()
         except AgentError:
             raise  # this node cannot go on (wrong config, lost workdir): say so and stop
-        except (ChainError, requests.RequestException, ConnectionError, TimeoutError) as exc:
+        except (ChainError, NotThereYet, requests.RequestException, ConnectionError, TimeoutError) as exc:
             warn(str(exc))
             failed = True
         except OSError as exc:  # a full disk, a store or workdir it may not write: stop, and say why

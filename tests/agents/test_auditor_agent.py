@@ -96,3 +96,35 @@ def test_deviations_whose_chunk_does_not_fit_are_pinned(
     assert g.pinned_step == step and g.outcome == Outcome.AUDITOR_WON
     tree = agents.trainer.tree()
     assert agents.auditor.leaves[:step] == [tree.leaf(i) for i in range(step)]
+
+
+def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, store: Any, data_key: bytes, tmp_path: Any
+) -> None:
+    """A store synced between machines may lag the chain: the auditor waits for the blob, then replays."""
+    import shutil
+
+    from auditor_node.agent import AuditorAgent
+    from game.agents import AgentError, NotThereYet
+    from game.store import BlobStore
+    from tests.agents.conftest import AUDITOR_PROFILE
+
+    cfg = small_config(steps=3)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    for _ in range(10):  # the trainer trains, publishes to its store and commits
+        agents.trainer.step()
+        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
+            break
+    lagging = BlobStore(tmp_path / "lagging")
+    auditor = AuditorAgent(
+        roles["auditor"], task_id, profile=AUDITOR_PROFILE, workdir=tmp_path / "far-auditor",
+        store=lagging, data_key=data_key,
+    )  # fmt: skip
+    with pytest.raises(NotThereYet, match="not in the store yet") as caught:
+        auditor.step()
+    assert not isinstance(caught.value, AgentError)  # a node rides it out instead of stopping
+    assert auditor.verdict is None
+    shutil.copytree(store.root, lagging.root, dirs_exist_ok=True)  # the sync catches up
+    auditor.step()
+    assert auditor.verdict == "match"

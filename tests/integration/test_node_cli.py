@@ -280,12 +280,18 @@ def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
 ) -> None:
     import requests
 
-    from game.agents import AgentError
+    from game.agents import AgentError, NotThereYet
     from game.cli.node import _run
 
-    flaky = _Agent(requests.ConnectionError("connection refused"), ConnectionResetError("reset by peer"))
-    _run(flaky, _Clock(), poll=0, as_json=True, label="judge node: task 1")  # type: ignore[arg-type]
-    assert flaky.rounds == 2 and flaky.done
+    flaky = _Agent(
+        requests.ConnectionError("connection refused"),
+        ConnectionResetError("reset by peer"),
+        NotThereYet("the transcript of task 1 is not in the store yet"),
+    )
+    _run(flaky, _Clock(), poll=0, as_json=False, label="auditor node: task 1")  # type: ignore[arg-type]
+    assert flaky.rounds == 3 and flaky.done
+    warned = " ".join(capsys.readouterr().err.split())
+    assert "warning: the transcript of task 1 is not in the store yet" in warned
     full = _Agent(OSError(28, "No space left on device"))
     with pytest.raises(AgentError) as caught:
         _run(full, _Clock(), poll=0, as_json=True, label="trainer node: task 1")  # type: ignore[arg-type]
