@@ -297,9 +297,16 @@ def draw_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint])
 
 
 def plot_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint], out: Path) -> Path:
-    """Draw the panels that have data (overhead, log size) side by side into the PNG ``out``."""
+    """Draw the panels that have data (overhead, log size) side by side into ``out`` (a PNG, or
+    any format matplotlib writes, by the suffix: .svg, .pdf)."""
     import matplotlib.pyplot as plt
+    from matplotlib.backend_bases import FigureCanvasBase
 
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if Path(out).suffix.lower().lstrip(".") not in kinds:
+        raise ConfigError(
+            f"{out}: name the figure's file with one of {', '.join('.' + k for k in sorted(kinds))}"
+        )
     fig = draw_benchmarks(overhead, logs)
     try:
         out = Path(out)

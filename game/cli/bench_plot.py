@@ -13,7 +13,9 @@ from game.errors import VGameError
 
 @bench_app.command("plot")
 def plot(
-    out: Annotated[Path, typer.Option("--out", help="PNG to write, e.g. docs/img/benchmarks.png.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Figure to write (.png, .svg, .pdf), e.g. docs/img/benchmarks.png.")
+    ],
     overhead: Annotated[
         list[Path] | None,
         typer.Option("--overhead", help="`vgame bench overhead --json` output; repeat for each preset."),

@@ -163,6 +163,16 @@ def test_plot_bothPanels_writesNonEmptyPng(tmp_path: Path) -> None:
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
 
 
+def test_plot_fileNameWithoutAFigureSuffix_isRefusedBeforeDrawing(tmp_path: Path) -> None:
+    from game.errors import ConfigError
+
+    overhead = [read_overhead(write(tmp_path / "oh.json", overhead_doc("mlp-digits", 5.07, 4.74)))]
+    with pytest.raises(ConfigError, match=r"p\.txt: name the figure's file with one of .*\.png.*\.svg"):
+        plot_benchmarks(overhead, [], tmp_path / "p.txt")  # was matplotlib's ValueError, a traceback
+    assert not (tmp_path / "p.txt").exists()
+    assert plot_benchmarks(overhead, [], tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
 def test_draw_logPanelsFiguresAsTheDocsFigureHasThem_noTwoOverlapNorTheLegend(tmp_path: Path) -> None:
     """Nine groups of seven bars, as in docs/img/benchmarks.png: every bar's figure must be readable."""
     sparse = {
