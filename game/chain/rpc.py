@@ -13,7 +13,6 @@ import getpass
 import json
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -65,7 +64,7 @@ def load_account(key: str | None = None, *, reads_only: bool = False) -> LocalAc
         raise ConfigError(f"{path.name} is not an encrypted keystore (it has no 'crypto' section)")
     password = os.environ.get("VGAME_KEYSTORE_PASSWORD")
     if password is None:
-        if not sys.stdin.isatty():
+        if not _has_terminal():
             raise ConfigError(
                 f"keystore {path.name} needs its password: set VGAME_KEYSTORE_PASSWORD "
                 "(there is no terminal to ask on)"
@@ -77,6 +76,15 @@ def load_account(key: str | None = None, *, reads_only: bool = False) -> LocalAc
         raise ConfigError(f"could not decrypt keystore {path.name}: wrong password or corrupt file") from exc
     acct = Account.from_key(secret)
     return acct
+
+
+def _has_terminal() -> bool:
+    """Whether a password prompt has a terminal to ask on (``getpass`` reads ``/dev/tty``, not stdin)."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
 
 
 class RpcChain(Chain):

@@ -138,7 +138,7 @@ def test_loadAccount_keystore_notAKeystoreOrNoTerminal_isRefusedBeforeAnyPrompt(
         load_account(str(junk))
     real = tmp_path / "key.json"
     real.write_text(json.dumps(Account.encrypt(Account.create().key, "pw", iterations=2)))
-    monkeypatch.setattr("sys.stdin.isatty", lambda: False)  # a script, a service: nobody to type it
+    monkeypatch.setattr("game.chain.rpc._has_terminal", lambda: False)  # a service: nobody to type it
     with pytest.raises(ConfigError, match="set VGAME_KEYSTORE_PASSWORD"):
         load_account(str(real))
 
