@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_ARGS ?=
 
-.PHONY: setup demo test lint typecheck contracts contracts-check pytest clean
+.PHONY: setup demo test lint format typecheck contracts contracts-check pytest clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -17,6 +17,11 @@ test: setup contracts-check lint typecheck pytest
 lint: setup
 	$(VENV)/ruff check game trainer_node auditor_node tests
 	$(VENV)/ruff format --check game trainer_node auditor_node tests
+
+# What `lint` checks, fixed in place (import order, formatting); run it before a commit.
+format: setup
+	$(VENV)/ruff check --fix game trainer_node auditor_node tests
+	$(VENV)/ruff format game trainer_node auditor_node tests
 
 typecheck: setup
 	$(VENV)/mypy
