@@ -279,7 +279,7 @@ class AuditorAgent(TaskAgent):
         try:
             rec = self.client.timeout(gid)
         except VerificationGameError as exc:
-            log.info("timeout of game %d not possible yet: %s", gid, exc)
+            log.debug("timeout of game %d not possible yet: %s", gid, exc)
             return
         self._emit(out, action_from_receipt(ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=detail))
 

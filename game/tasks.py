@@ -163,7 +163,7 @@ def finalize_if_due(client: VerificationGameClient, task_id: int) -> TxReceipt |
     try:
         return client.finalize(task_id)
     except (WindowOpen, GamesLive) as exc:  # a race with the clock or a fresh challenge: not yet
-        log.info("finalize of task %d not possible yet: %s", task_id, exc)
+        log.debug("finalize of task %d not possible yet: %s", task_id, exc)
         return None
 
 

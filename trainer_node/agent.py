@@ -225,7 +225,7 @@ class TrainerAgent(TaskAgent):
         try:
             rec = self.client.timeout(gid)
         except VerificationGameError as exc:  # ClockRunning (next block too early) or GameOver
-            log.info("timeout of game %d not possible yet: %s", gid, exc)
+            log.debug("timeout of game %d not possible yet: %s", gid, exc)
             return
         who = "auditor" if phase == Phase.AWAITING_RESPONSE else "judge"
         self._emit(
@@ -240,7 +240,7 @@ class TrainerAgent(TaskAgent):
         try:
             rec = self.client.finalize(self.task_id)
         except VerificationGameError as exc:
-            log.info("finalize of task %d not possible yet: %s", self.task_id, exc)
+            log.debug("finalize of task %d not possible yet: %s", self.task_id, exc)
             return
         paid = any(getattr(e, "trainer_paid", False) for e in rec.events_named("TaskFinalized"))
         self._emit(

@@ -241,14 +241,18 @@ class TxSender:
             return None
 
     def _replay_revert(self, account: LocalAccount, base: dict[str, Any], receipt: Any) -> Exception:
-        """Re-run a mined, failed call on the state before its block to learn why it reverted."""
+        """Re-run a mined, failed call to learn why it reverted: on the state before its block, then
+        on the state after it, which holds what a transaction ahead of ours in the same block did
+        (two parties calling ``timeout`` at once: the second finds the game over)."""
         call = {k: v for k, v in base.items() if k != "chainId"}
         call["from"] = account.address
-        try:
-            self.chain.call(call, max(0, int(receipt["blockNumber"]) - 1))
-        except Reverted as rev:
-            return rev
+        block = int(receipt["blockNumber"])
+        for state_at in (max(0, block - 1), block):
+            try:
+                self.chain.call(call, state_at)
+            except Reverted as rev:
+                return rev
         return ChainError(
             f"transaction {HexBytes(receipt['transactionHash']).hex()} reverted on-chain "
-            f"(gas used {receipt['gasUsed']}) and a replay did not reproduce it"
+            f"(gas used {receipt['gasUsed']}) and a replay before and after its block did not reproduce it"
         )

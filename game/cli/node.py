@@ -131,7 +131,7 @@ def node_cmd(
     dkey = parse_key(hexkey)
     check_profile(profile)  # not hours later, when work comes
     rpc = RpcChain(chain_url(chain), key=key)
-    client = _game_client(rpc, contract, task)
+    client = _game_client(rpc, contract, task, role)
     blobs = BlobStore(store)
     show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
     bars = None if as_json else ProgressBars(f"task {task}")
@@ -204,9 +204,11 @@ def node_cmd(
             bars.close()  # a bar of work an error ended: no live display outlives the node
 
 
-def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameClient:
-    """The client of the game contract at ``contract``, once it is known to hold task ``task``
-    (a mistyped address or task id is one clear line, not a decoding error later)."""
+def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> VerificationGameClient:
+    """The client of the game contract at ``contract``, once it is known to hold task ``task`` and
+    the key to be one that ``role`` can act with there (a mistyped address, task id or key is one
+    clear line now, not a decoding error later, nor a node that waits in silence: a judge node
+    with another account's key never sees a game of its own to rule on)."""
     from web3 import Web3
 
     from game.chain.client import VerificationGameClient
@@ -218,11 +220,23 @@ def _game_client(rpc: RpcChain, contract: str, task: int) -> VerificationGameCli
     if not rpc.w3.eth.get_code(client.address):
         raise ConfigError(f"no contract at {client.address} on {rpc.describe()}")
     try:
-        client.task(task)
+        t = client.task(task)
     except TaskNotFound:
         raise ConfigError(
             f"no task {task} in the game contract at {client.address}; `vgame task create` posts one"
         ) from None
+    named = {Role.trainer: t.trainer, Role.judge: t.judge}.get(role)
+    me = client.me.lower()
+    if named is not None and named.lower() != me:
+        raise ConfigError(
+            f"task {task}'s {role.value} is {named}, and the key given is {client.me}'s: "
+            f"a {role.value} node signs with the {role.value}'s key"
+        )
+    if role == Role.auditor and me in (t.trainer.lower(), t.judge.lower()):
+        raise ConfigError(
+            f"the key given is task {task}'s {'trainer' if me == t.trainer.lower() else 'judge'}, "
+            "which the contract does not let challenge its own task: an auditor needs a key of its own"
+        )
     return client
 
 

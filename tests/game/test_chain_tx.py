@@ -139,3 +139,29 @@ def test_send_accountThatCannotPay_saysWhatItHoldsAndWhatWasAsked(
     said = str(caught.value)
     assert said.startswith(f"{sender.address} holds ") and f"({value} wei) plus its gas" in said
     assert chain.nonce(sender.address) == nonce  # nothing was sent
+
+
+def test_replayRevert_aTransactionAheadInTheSameBlock_givesTheRevertItCaused() -> None:
+    """Two parties call ``timeout`` in one block: the second's revert shows only on the state after
+    the block (before it, the game was still running), and that is the reason to report."""
+    from game.chain.backends import Reverted
+
+    class _Chain:
+        def __init__(self, reverts_from: int) -> None:
+            self.reverts_from, self.asked = reverts_from, []
+
+        def call(self, call: dict[str, Any], block: int) -> bytes:
+            self.asked.append(block)
+            if block >= self.reverts_from:
+                raise Reverted(b"\xde\xad")
+            return b""
+
+    receipt = {"blockNumber": 7, "transactionHash": b"\x01" * 32, "gasUsed": 26_304}
+    account = type("A", (), {"address": "0x" + "11" * 20})()
+    base = {"to": "0x" + "22" * 20, "data": b"", "value": 0, "chainId": 1}
+    ahead = _Chain(reverts_from=7)  # the state after block 7 reverts, the one before does not
+    got = TxSender(ahead)._replay_revert(account, base, receipt)  # type: ignore[arg-type]
+    assert isinstance(got, Reverted) and got.data == b"\xde\xad" and ahead.asked == [6, 7]
+    never = _Chain(reverts_from=99)
+    got = TxSender(never)._replay_revert(account, base, receipt)  # type: ignore[arg-type]
+    assert type(got) is ChainError and "before and after its block" in str(got)

@@ -142,6 +142,28 @@ def test_node_onAWorkdirAnotherNodeHolds_stopsAtOnceSayingSo(anvil_chain: Any, t
     assert "judge node for task 1 as" not in said  # it stopped before it began
 
 
+@pytest.mark.anvil
+def test_node_withAKeyThatIsNotTheRoles_saysWhoseKeyItNeeds(anvil_chain: Any, tmp_path: Path) -> None:
+    """A judge node with another account's key would wait in silence for games it can never rule on
+    (seen by hand: the judge's window ran out and the game ended void)."""
+    address = deploy(anvil_chain, anvil_chain.account(0))
+    _post_task(anvil_chain, address)
+    _, trainer, judge = _accounts()
+    as_judge = _judge(anvil_chain.url, address, 1, _key(trainer), tmp_path)
+    as_auditor = _judge(anvil_chain.url, address, 1, _key(judge), tmp_path)
+    as_auditor[as_auditor.index("judge")] = "auditor"
+    for argv, said in (
+        (as_judge, f"task 1's judge is {judge.address}, and the key given is {trainer.address}'s"),
+        (
+            as_auditor,
+            "the key given is task 1's judge, which the contract does not let challenge its own task",
+        ),
+    ):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert said in " ".join(r.stderr.split()), r.stderr
+
+
 class _AnvilOnPort:
     """anvil on a port of our choosing, with its state in a file: stopped and started again, it is
     the same chain at the same address, as a restarted RPC node is."""
