@@ -89,12 +89,15 @@ def _line(a: AgentAction) -> str:
 @app.command("node")
 def node_cmd(
     role: Annotated[Role, typer.Argument(help="Which agent to run.")],
-    contract: Annotated[str, typer.Option("--contract", help="Address of the deployed game contract.")],
+    contract: Annotated[
+        str,
+        typer.Option("--contract", envvar="VGAME_CONTRACT", help="Address of the deployed game contract."),
+    ],
     task: Annotated[int, typer.Option("--task", help="Task id to work on.")],
     store: Annotated[Path, typer.Option("--store", help="Blob store directory (shared with the others).")],
     workdir: Annotated[Path, typer.Option("--workdir", help="This node's own files (progress, transcript).")],
     chain: Annotated[
-        str, typer.Option("--chain", help="anvil (local, port 8545) or a JSON-RPC URL.")
+        str, typer.Option("--chain", envvar="VGAME_CHAIN", help="anvil (local, port 8545) or a JSON-RPC URL.")
     ] = "anvil",
     key: Annotated[
         str | None, typer.Option("--key", help="Hex private key or keystore file (else VGAME_PRIVATE_KEY).")

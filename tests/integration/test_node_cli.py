@@ -164,6 +164,18 @@ def test_node_withAKeyThatIsNotTheRoles_saysWhoseKeyItNeeds(anvil_chain: Any, tm
         assert said in " ".join(r.stderr.split()), r.stderr
 
 
+def test_node_takesChainAndContractFromTheEnvironment_asTheTaskCommandsDo(tmp_path: Path) -> None:
+    argv = _judge("unused", "unused", 1, "0x" + "11" * 32, tmp_path)
+    for flag in ("--chain", "--contract"):
+        i = argv.index(flag)
+        del argv[i : i + 2]
+    env = {**os.environ, "VGAME_CHAIN": "http://127.0.0.1:9", "VGAME_CONTRACT": "0xbad", "COLUMNS": "400"}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "the JSON-RPC node at http://127.0.0.1:9 does not answer" in r.stderr, (
+        r.stderr
+    )
+
+
 class _AnvilOnPort:
     """anvil on a port of our choosing, with its state in a file: stopped and started again, it is
     the same chain at the same address, as a restarted RPC node is."""
