@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from rich.markup import escape
 
@@ -49,9 +50,20 @@ def main() -> None:
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # outside a command (one inside comes out of typer as exit code 130)
         if not interrupts.said:
-            err_console.print("[yellow]interrupted[/]")
+            err_console.print(f"[yellow]interrupted:[/] {escape(_command())}")
         raise SystemExit(130) from None
     except SystemExit as exc:
         if exc.code == 130 and not interrupts.said:
-            err_console.print("[yellow]interrupted[/]")
+            err_console.print(f"[yellow]interrupted:[/] {escape(_command())}")
         raise
+
+
+def _command() -> str:
+    """The command that was running (``vgame bench overhead``), from its leading words: a log of
+    several runs then says which one a Ctrl-C stopped."""
+    words = ["vgame"]
+    for arg in sys.argv[1:3]:
+        if arg.startswith("-"):
+            break
+        words.append(arg)
+    return " ".join(words)

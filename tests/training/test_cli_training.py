@@ -269,7 +269,7 @@ def test_interrupted_commandWithNothingKept_saysInterrupted() -> None:
         [sys.executable, "-c", _INTERRUPTED, "replay_step", *args], capture_output=True, text=True
     )
     assert r.returncode == 130 and r.stdout == "", r.stderr
-    assert r.stderr.strip() == "interrupted"
+    assert r.stderr.strip() == "interrupted: vgame replay-step"
 
 
 def test_profilesThisMachineCannotRun_areRefusedBeforeAnyTraining(tmp_path: Path) -> None:
