@@ -44,7 +44,12 @@ def main() -> None:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages may hold [brackets]
         raise SystemExit(2) from None
     except OSError as exc:  # a path it cannot write or read (--out under a missing directory)
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        why = (
+            " (a file stands where a directory is needed)"
+            if isinstance(exc, FileExistsError | NotADirectoryError)
+            else ""
+        )
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}{why}")
         if os.environ.get("VGAME_DEBUG"):
             raise
         raise SystemExit(2) from None
