@@ -90,13 +90,19 @@ def demo_cmd(
         scenario, preset=kwargs["preset"], steps=kwargs["steps"], poison_step=poison_step,
         trainer_profile=profiles["trainer"], auditor_profile=profiles["auditor"],
     )  # fmt: skip
-    if as_json:
-        emit_json(demo.run_scenario(scenario, **kwargs).to_dict())
-        return
-    view = _LiveView(scenario)
-    with Live(view.render(), console=console, refresh_per_second=8, transient=False) as live:
-        view.live = live
-        result = demo.run_scenario(scenario, on_action=view.action, progress=view.progress, **kwargs)
+    from game.chain.backends import connect
+
+    # the chain before the live table: a URL with no key, or no node there, is one line
+    with connect(kwargs.pop("chain_spec"), key=kwargs.pop("key")) as open_chain:
+        if as_json:
+            emit_json(demo.run_scenario(scenario, chain=open_chain, **kwargs).to_dict())
+            return
+        view = _LiveView(scenario)
+        with Live(view.render(), console=console, refresh_per_second=8, transient=False) as live:
+            view.live = live
+            result = demo.run_scenario(
+                scenario, chain=open_chain, on_action=view.action, progress=view.progress, **kwargs
+            )
     console.print()
     console.print(_verdict(result))
 

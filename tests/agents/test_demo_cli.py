@@ -103,6 +103,7 @@ def test_same_profile_for_both_sides_is_refused() -> None:
         (["--steps", "0"], "steps: 0 is outside"),
         (["--poison-step", "99"], "must be in 1..4"),
         (["--judge-profile", "nope"], "unknown profile 'nope'"),
+        (["--chain", "http://127.0.0.1:9"], "the JSON-RPC node at http://127.0.0.1:9 does not answer"),
     ],
 )
 def test_badArguments_areOneLineBeforeTheLiveTableIsDrawn(extra: list[str], said: str) -> None:
