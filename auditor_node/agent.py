@@ -95,6 +95,7 @@ class AuditorAgent(TaskAgent):
     def step(self) -> list[AgentAction]:
         """Do everything due now; returns what was done (empty when nothing was due)."""
         out: list[AgentAction] = []
+        self.state.bind(self.client, self.home)
         task = self.client.task(self.task_id)
         if task.status in (TaskStatus.COMMITTED, TaskStatus.FINALIZED):
             if self.verdict is None:

@@ -129,6 +129,33 @@ class StateFile:
                 raise AgentError(f"agent state {path} is not a JSON object; delete it to start over")
             self.data = loaded
 
+        self._bound = False  # checked against the chain in this process (``bind``)
+
+    def bind(self, client: VerificationGameClient, home: Path) -> None:
+        """Tie these files to one game contract on one chain, or refuse the files of another.
+
+        Why: ids and addresses repeat. A local chain started again from genesis deploys the game at
+        the same address and posts task 1 again, and the state of the old chain's task 1 (a verdict,
+        the games known, the block to scan from, a transcript trained with another deviation) would
+        mislead the agent: an auditor that trusted an old "match" would not challenge. A chain's
+        genesis block names it (a local chain's differs at each start). Asked once per process."""
+        if self._bound:
+            return
+        here = {
+            "genesis": bytes(client.chain.w3.eth.get_block(0)["hash"]).hex(),
+            "contract": client.address.lower(),
+        }
+        bound = self.get("bound_to")
+        if bound is None:
+            self.update(bound_to=here)
+        elif bound != here:
+            raise AgentError(
+                f"{home} holds the files of a game contract on another chain (contract {bound.get('contract')}, "
+                f"genesis {str(bound.get('genesis'))[:16]}...), not of {here['contract']} on this one: "
+                f"give this agent a fresh --workdir, or delete {home} to start over"
+            )
+        self._bound = True
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
 

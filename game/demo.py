@@ -181,9 +181,15 @@ def prepare_scenario(
     poison_step: int | None = None,
     trainer_profile: str = DEFAULT_TRAINER_PROFILE,
     auditor_profile: str = DEFAULT_AUDITOR_PROFILE,
+    workdir: Path | None = None,
 ) -> tuple[Scenario, TaskConfig, Deviation | None]:
     """The scenario, its task and its trainer's deviation, or a :class:`ConfigError` naming what
     is wrong: cheap, so a caller checks its arguments before it draws or connects anything."""
+    if workdir is not None and Path(workdir).is_dir() and any(Path(workdir).iterdir()):
+        raise ConfigError(
+            f"--workdir {workdir} is not empty: each demo deploys a fresh contract and posts task 1, "
+            "so an earlier run's files would mislead its agents; give an empty or new directory"
+        )
     scenario = get_scenario(name)
     if len({trainer_profile, auditor_profile}) < 2:
         raise ConfigError(
@@ -224,7 +230,7 @@ def run_scenario(
     """
     scenario, cfg, deviation = prepare_scenario(
         name, preset=preset, steps=steps, config=config, poison_step=poison_step,
-        trainer_profile=trainer_profile, auditor_profile=auditor_profile,
+        trainer_profile=trainer_profile, auditor_profile=auditor_profile, workdir=workdir,
     )  # fmt: skip
     step_s = getattr(deviation, "step", None)
     with ExitStack() as stack:

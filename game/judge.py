@@ -136,6 +136,7 @@ class Judge:
     def step(self) -> list[AgentAction]:
         """Rule on every pinned game of ours whose judge deadline has not passed."""
         out: list[AgentAction] = []
+        self.state.bind(self.client, self.home)
         for gid in self.pinned_games():
             g = self.client.game(gid)
             if g.phase != Phase.PINNED or self.client.chain.now() + 1 > self.client.deadline(gid):

@@ -73,6 +73,7 @@ class TrainerAgent(TaskAgent):
     def step(self) -> list[AgentAction]:
         """Do everything due now; returns what was done (empty when nothing was due)."""
         out: list[AgentAction] = []
+        self.state.bind(self.client, self.home)
         task = self.client.task(self.task_id)
         if task.spec_hash != self.cfg.spec_hash():
             raise AgentError(

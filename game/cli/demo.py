@@ -61,7 +61,10 @@ def demo_cmd(
         str | None, typer.Option("--key", help="Funding private key for a URL chain (or VGAME_PRIVATE_KEY).")
     ] = None,
     workdir: Annotated[
-        Path | None, typer.Option("--workdir", help="Keep the agents' files here (default: a temp dir).")
+        Path | None,
+        typer.Option(
+            "--workdir", help="Keep the agents' files in this empty or new directory (default: a temp dir)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
 ) -> None:
@@ -88,7 +91,7 @@ def demo_cmd(
     }
     demo.prepare_scenario(  # a bad --steps or --poison-step is one line, before the live table is drawn
         scenario, preset=kwargs["preset"], steps=kwargs["steps"], poison_step=poison_step,
-        trainer_profile=profiles["trainer"], auditor_profile=profiles["auditor"],
+        trainer_profile=profiles["trainer"], auditor_profile=profiles["auditor"], workdir=workdir,
     )  # fmt: skip
     from game.chain.backends import connect
 

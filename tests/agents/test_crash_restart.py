@@ -288,3 +288,44 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     # Exactly one commitment on-chain, whichever process sent it: the kill may land after the
     # commit transaction is mined but before the first process could log it.
     assert len(c.get_events("Committed", 0)) == 1
+
+
+def test_stateOfAnotherChain_isRefused_notTrusted(tmp_path: Path) -> None:
+    """A local chain started again from genesis deploys the game at the same address and posts task
+    1 again: an agent restarted on the old workdir must not act on the old chain's state (an auditor
+    that trusted its old "match" verdict would not challenge)."""
+    import time
+    from types import SimpleNamespace
+
+    from game.agents import AgentError, StateFile
+    from game.chain.backends import connect
+
+    address = "0x" + "ab" * 20
+    path = tmp_path / "task-1" / "auditor.json"
+    with connect("embedded") as first:
+        time.sleep(1.1)  # an embedded chain's genesis holds its start time, to the second
+        restarted = connect("embedded")
+        assert first.w3.eth.get_block(0)["hash"] != restarted.w3.eth.get_block(0)["hash"]
+        state = StateFile(path)
+        state.bind(SimpleNamespace(chain=first, address=address), path.parent)  # type: ignore[arg-type]
+        state.update(verdict="match")
+        again = StateFile(path)  # the same chain, a new process: its files are its own
+        again.bind(SimpleNamespace(chain=first, address=address), path.parent)  # type: ignore[arg-type]
+        for chain, contract in ((restarted, address), (first, "0x" + "cd" * 20)):
+            fresh = StateFile(path)
+            with pytest.raises(AgentError, match="holds the files of a game contract on another chain"):
+                fresh.bind(SimpleNamespace(chain=chain, address=contract), path.parent)  # type: ignore[arg-type]
+        restarted.close()
+    assert StateFile(path).get("verdict") == "match"  # refused, not overwritten
+
+
+def test_demo_onAWorkdirOfAnEarlierRun_isRefused(tmp_path: Path) -> None:
+    """Seen by hand: `vgame demo --scenario poison --workdir wd` after an honest demo there reused the
+    honest transcript and verdict, and reported the trainer the winner with no dispute."""
+    from game.demo import run_scenario
+    from game.errors import ConfigError
+
+    first = run_scenario("honest", preset="mlp-digits", steps=3, workdir=tmp_path)
+    assert first.winner == "trainer"
+    with pytest.raises(ConfigError, match="is not empty"):
+        run_scenario("poison", preset="mlp-digits", steps=3, workdir=tmp_path)
