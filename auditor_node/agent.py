@@ -26,6 +26,7 @@ from game.agents import (
     TaskAgent,
     action_from_receipt,
     atomic_write,
+    check_key,
     config_path,
     format_wei,
     games_of_task,
@@ -97,6 +98,7 @@ class AuditorAgent(TaskAgent):
         out: list[AgentAction] = []
         self.state.bind(self.client, self.home)
         task = self.client.task(self.task_id)
+        check_key(ACTOR, self.task_id, task, self.client.me)
         if task.status in (TaskStatus.COMMITTED, TaskStatus.FINALIZED):
             if self.verdict is None:
                 self._replay(task, out)

@@ -26,7 +26,7 @@ from game.fsio import atomic_write
 if TYPE_CHECKING:
     from game.chain.backends import Chain
     from game.chain.client import VerificationGameClient
-    from game.chain.types import TxReceipt
+    from game.chain.types import Task, TxReceipt
     from game.store import BlobStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,26 @@ class AgentError(VGameError, RuntimeError):
 class NotThereYet(VGameError):
     """What the agent needs next is not there yet (a transcript the chain names, missing from a
     store that is synced between machines): nothing is lost, and the next round tries again."""
+
+
+def check_key(role: str, task_id: int, task: Task, me: str) -> None:
+    """Refuse a key that ``role`` cannot act with on the task: the trainer's and the judge's are
+    named by the task, and an auditor's must be neither (the contract refuses their challenge).
+
+    Why here, for every caller: a judge with another account's key sees no game of its own and
+    waits in silence until its window runs out and the game ends void."""
+    named = {"trainer": task.trainer, "judge": task.judge}.get(role)
+    mine = me.lower()
+    if named is not None and named.lower() != mine:
+        raise AgentError(
+            f"task {task_id}'s {role} is {named}, and the key given is {me}'s: "
+            f"a {role} node signs with the {role}'s key"
+        )
+    if role == "auditor" and mine in (task.trainer.lower(), task.judge.lower()):
+        raise AgentError(
+            f"the key given is task {task_id}'s {'trainer' if mine == task.trainer.lower() else 'judge'}, "
+            "which the contract does not let challenge its own task: an auditor needs a key of its own"
+        )
 
 
 @dataclass(frozen=True)
@@ -350,6 +370,7 @@ __all__ = [
     "TaskAgent",
     "action_from_receipt",
     "atomic_write",
+    "check_key",
     "config_path",
     "drive",
     "format_wei",

@@ -30,6 +30,7 @@ from game.agents import (
     AgentAction,
     StateFile,
     action_from_receipt,
+    check_key,
     config_path,
     pre_state_path,
 )
@@ -126,6 +127,7 @@ class Judge:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.state = StateFile(self.workdir / STATE_NAME)
         self.last_errors: dict[int, EvidenceError] = {}
+        self._key_checked = False  # this key is the task's judge (asked once, at the first step)
 
     @property
     def home(self) -> Path:
@@ -137,6 +139,9 @@ class Judge:
         """Rule on every pinned game of ours whose judge deadline has not passed."""
         out: list[AgentAction] = []
         self.state.bind(self.client, self.home)
+        if self.task_id is not None and not self._key_checked:  # a judge of every task rules on
+            check_key(ACTOR, self.task_id, self.client.task(self.task_id), self.client.me)  # what names it
+            self._key_checked = True
         for gid in self.pinned_games():
             g = self.client.game(gid)
             if g.phase != Phase.PINNED or self.client.chain.now() + 1 > self.client.deadline(gid):

@@ -19,6 +19,7 @@ from game.agents import (
     ProgressSink,
     TaskAgent,
     action_from_receipt,
+    check_key,
     format_wei,
     games_of_task,
 )
@@ -80,8 +81,7 @@ class TrainerAgent(TaskAgent):
                 f"task {self.task_id} has spec hash {task.spec_hash.hex()[:16]}..., this trainer's config "
                 f"hashes to {self.cfg.spec_hash().hex()[:16]}...: it is another task"
             )
-        if task.trainer.lower() != self.client.me.lower():
-            raise AgentError(f"task {self.task_id}'s trainer is {task.trainer}, not this account")
+        check_key(ACTOR, self.task_id, task, self.client.me)
         if task.status == TaskStatus.OPEN:
             self._train(out)
             self._publish(out)

@@ -214,6 +214,7 @@ def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> Verific
     with another account's key never sees a game of its own to rule on)."""
     from web3 import Web3
 
+    from game.agents import check_key
     from game.chain.client import VerificationGameClient
     from game.chain.errors import TaskNotFound
 
@@ -228,18 +229,7 @@ def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> Verific
         raise ConfigError(
             f"no task {task} in the game contract at {client.address}; `vgame task create` posts one"
         ) from None
-    named = {Role.trainer: t.trainer, Role.judge: t.judge}.get(role)
-    me = client.me.lower()
-    if named is not None and named.lower() != me:
-        raise ConfigError(
-            f"task {task}'s {role.value} is {named}, and the key given is {client.me}'s: "
-            f"a {role.value} node signs with the {role.value}'s key"
-        )
-    if role == Role.auditor and me in (t.trainer.lower(), t.judge.lower()):
-        raise ConfigError(
-            f"the key given is task {task}'s {'trainer' if me == t.trainer.lower() else 'judge'}, "
-            "which the contract does not let challenge its own task: an auditor needs a key of its own"
-        )
+    check_key(role.value, task, t, client.me)  # the agents' own check, before the first round
     return client
 
 

@@ -146,3 +146,21 @@ def test_judge_without_evidence_does_not_rule_and_the_game_is_void(
     assert withdrawn(client, roles["auditor"].me) == task.auditor_bond
     assert withdrawn(client, roles["trainer"].me) == task.trainer_bond
     assert client.credit(client.me) == task.payment
+
+
+def test_judge_withAKeyThatIsNotTheTasksJudge_saysSo_insteadOfWaiting(
+    roles: dict[str, Any], post_task: Any, tmp_path: Path, store: Any, data_key: bytes
+) -> None:
+    """With another account's key a judge sees no game of its own and would wait out its window."""
+    from game.agents import AgentError
+    from game.judge import Judge
+    from tests.agents.conftest import small_config
+
+    task_id = post_task(small_config(steps=2))
+    wrong = Judge(roles["trainer"], profile="cpu-1t", workdir=tmp_path / "j", store=store, data_key=data_key,
+                  task_id=task_id)  # fmt: skip
+    with pytest.raises(AgentError, match=f"task {task_id}'s judge is {roles['judge'].me}"):
+        wrong.step()
+    right = Judge(roles["judge"], profile="cpu-1t", workdir=tmp_path / "j2", store=store, data_key=data_key,
+                  task_id=task_id)  # fmt: skip
+    assert right.step() == []
