@@ -48,6 +48,7 @@ from game.training.transcript import (
     MANIFEST_NAME,
     Transcript,
     TranscriptWriter,
+    make_transcript_dir,
     read_manifest,
 )
 
@@ -225,12 +226,7 @@ def train(
     the first one's feet."""
     out = Path(out_dir)
     engine = _engine(cfg, profile)  # an unknown or absent profile is refused before a file is made
-    if out.exists() and not out.is_dir():
-        raise TranscriptError(f"{out} is a file, not a directory; choose another --out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TranscriptError(f"cannot make the transcript directory {out}: {exc}") from exc
+    make_transcript_dir(out)
     busy = (
         f"{out} is being written by another process (a `vgame train` or a trainer node); "
         "let it finish, or stop it and run this again to go on from its last step"

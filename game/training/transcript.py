@@ -218,6 +218,16 @@ def _config_of(manifest: Manifest, where: Path) -> TaskConfig:
     return cfg
 
 
+def make_transcript_dir(directory: Path) -> None:
+    """Make ``directory`` for a transcript (with its parents), or say in one line why it cannot be."""
+    if directory.exists() and not directory.is_dir():
+        raise TranscriptError(f"{directory} is a file, not a directory; choose another --out")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TranscriptError(f"cannot make the transcript directory {directory}: {exc}") from exc
+
+
 def read_manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST_NAME
     if not path.is_file():
@@ -318,10 +328,8 @@ class TranscriptWriter:
         directory = Path(directory)
         if (directory / MANIFEST_NAME).exists():
             raise TranscriptError(f"{directory} already holds a transcript; choose another --out")
-        if directory.exists() and not directory.is_dir():
-            raise TranscriptError(f"{directory} is a file, not a directory; choose another --out")
+        make_transcript_dir(directory)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             (directory / LOG_DIR_NAME).mkdir(exist_ok=True)
             (directory / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
         except OSError as exc:
