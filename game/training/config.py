@@ -440,8 +440,8 @@ def _check_float(
     if not math.isfinite(value):
         raise ConfigError(f"{key}: {value} is not finite")
     if value < lo or (lo_open and value == lo) or value > hi or (hi_open and value == hi):
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
+        lb = "(" if lo_open or math.isinf(lo) else "["
+        rb = ")" if hi_open or math.isinf(hi) else "]"
         raise ConfigError(f"{key}: {value} is outside {lb}{lo}, {hi}{rb}")
 
 

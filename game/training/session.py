@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from game.errors import RoundingLogError, TranscriptError
+from game.errors import NonFiniteError, RoundingLogError, TranscriptError
 from game.fsio import exclusive_directory
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
@@ -271,7 +271,13 @@ def _train_alone(
             state = initial_step(engine, writer, dev)
         loss: float | None = None
         for step in range(writer.num_done, cfg.steps + 1):
-            step_loss = train_step(engine, writer, state, step, dev)
+            try:
+                step_loss = train_step(engine, writer, state, step, dev)
+            except NonFiniteError as exc:
+                raise NonFiniteError(
+                    f"{exc}: the training diverged, and a transcript cannot commit NaN or inf; going on "
+                    f"from step {step - 1} would only diverge again: change the task (a smaller lr first)"
+                ) from exc
             loss = step_loss if step_loss is not None else loss
             steps_run += 1
             if progress is not None:

@@ -95,6 +95,11 @@ def test_badToml_errorNamesKey(toml: str, key: str) -> None:
     assert str(info.value).startswith(key) or key in str(info.value)
 
 
+def test_rangeInError_marksAnInfiniteBoundOpen() -> None:
+    with pytest.raises(ConfigError, match=r"lr: -1\.0 is outside \(0\.0, inf\)$"):  # inf is refused too
+        loads_config('preset = "mlp-digits"\nlr = -1.0\n')
+
+
 def test_cnnArch_badValue_listsValidArchs() -> None:
     with pytest.raises(ConfigError) as info:
         TaskConfig.for_preset("cnn-digits", model={"arch": "resnet18"})

@@ -6,6 +6,7 @@ Each test trains a tiny task once (module-scoped) and checks a property of what 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from game.errors import ConfigError, DirectoryInUse, TranscriptError
+from game.errors import ConfigError, DirectoryInUse, NonFiniteError, TranscriptError
 from game.fsio import exclusive_directory
 from game.merkle import merkle_root
 from game.training.config import TaskConfig
@@ -165,6 +166,18 @@ def test_train_resumedOnAnotherProfile_isRefusedNamingTheOneItStartedOn(
     with pytest.raises(TranscriptError, match="was started on profile 'cpu-1t', not 'cpu-2t'"):
         train(cfg, "cpu-2t", partial)
     assert train(cfg, "cpu-1t", partial).state_root.hex() == Transcript(transcript).manifest.state_root
+
+
+def test_train_thatDiverges_keepsItsFiniteStepsAndSaysResumingCannotHelp(tmp_path: Path) -> None:
+    cfg = TaskConfig.for_preset("mlp-digits", steps=6, lr=1e30)
+    out = tmp_path / "t"
+    with pytest.raises(NonFiniteError, match=r"at step (\d+).*diverged.*a smaller lr") as caught:
+        train(cfg, "cpu-1t", out)
+    failed = int(re.search(r"at step (\d+)", str(caught.value)).group(1))  # type: ignore[union-attr]
+    assert 1 <= failed <= cfg.steps
+    assert (out / LEAVES_NAME).stat().st_size == 32 * failed  # steps 0..failed-1 reached the disk
+    with pytest.raises(NonFiniteError, match=f"at step {failed}"):  # and the same command fails alike
+        train(cfg, "cpu-1t", out)
 
 
 def _files(d: Path) -> dict[str, bytes]:
