@@ -7,6 +7,7 @@ they import torch and web3 inside the command functions so ``vgame --help`` stay
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -141,6 +142,21 @@ def check_profile(name: str) -> None:
 
     if not get_profile(name).available():
         raise ConfigError(f"profile {name!r} is not available on this machine (see `vgame profiles`)")
+
+
+def check_out_file(path: Path, option: str = "--out", *, example: str = "out") -> None:
+    """Refuse, before any work, a file path that cannot be written: a directory, a file standing
+    where one of its parent directories would be made, or a directory this user may not write in."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory: name the file to write (e.g. {path / example})")
+    for parent in path.parents:
+        if not parent.exists():
+            continue
+        if not parent.is_dir():
+            raise ConfigError(f"{option} {path}: {parent} is a file, so no directory can be made there")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{option} {path}: {parent} is not writable")
+        return
 
 
 def task_config(

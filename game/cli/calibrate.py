@@ -13,6 +13,7 @@ from game.cli.app import (
     JsonOpt,
     ModelOpt,
     app,
+    check_out_file,
     check_profile,
     console,
     emit_json,
@@ -58,6 +59,8 @@ def calibrate_cmd(
         raise ConfigError("--profiles: give at least two profiles, comma-separated")
     for name in names:
         check_profile(name)  # all of them now, not after the first has run
+    if out is not None:
+        check_out_file(out, example="bands.toml")  # now, not after the measuring
     cfg = task_config(preset, config, model=parse_model_overrides(model), batch_size=batch_size)
     if as_json:
         result = calibrate(cfg, names, steps=steps, margin=margin, random_inputs=random_inputs)

@@ -272,11 +272,11 @@ def divergence_cmd(
     cfg = task_config(preset, steps=steps, seed=seed)
     check_profile(trainer_profile)
     check_profile(auditor_profile)
+    out.mkdir(parents=True, exist_ok=True)  # before the training, which may take minutes
     from game.training.session import divergence
 
     with _progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:
         result = divergence(cfg, steps, trainer_profile, auditor_profile, progress=update)
-    out.mkdir(parents=True, exist_ok=True)
     doc = result.to_dict()
     (out / "divergence.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot_divergence(result, out / "divergence.png")

@@ -95,13 +95,19 @@ def test_replay_step_json(trained: Path) -> None:
         (["train", *SMALL, "--out", "a-file"], "a-file is a file, not a directory"),
         (["audit", "--transcript", "a-file", "--profile", "cpu-1t"], "a-file is a file, not a directory"),
         (["task", "keygen", "--out", "a-file/key"], "a file stands where"),  # an OSError: one line
-        (["divergence", "--preset", "mlp-digits", "--steps", "1", "--out", "a-file/d"], "[Errno"),
+        # refused before the work (a million steps would outlast the timeout below)
+        (["divergence", "--preset", "mlp-digits", "--steps", "1000000", "--out", "a-file/d"], "[Errno"),
+        (["calibrate", "--preset", "mlp-digits", "--steps", "1000000", "--out", "."], ". is a directory"),
+        (
+            ["calibrate", "--preset", "mlp-digits", "--steps", "1000000", "--out", "a-file/b.toml"],
+            "a-file is a file, so no directory",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a transcript")
     r = subprocess.run(
-        [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
     assert r.returncode == 2
     assert needle in r.stderr and "Traceback" not in r.stderr
