@@ -22,6 +22,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 
 from game.chain import errors as E
+from game.chain.address import checked_address
 from game.chain.artifacts import GAME_CONTRACT, abi_types, load_artifact
 from game.chain.backends import Chain, Reverted
 from game.chain.events import ContractEvent, EventDecoder, EventPoller, get_events
@@ -59,7 +60,7 @@ class VerificationGameClient:
         prechecks: bool | None = None,
     ) -> None:
         self.chain = chain
-        self.address = Web3.to_checksum_address(address)
+        self.address = checked_address(address, "contract")
         self.account = account
         opts = options or ClientOptions()
         if prechecks is not None:
@@ -144,8 +145,8 @@ class VerificationGameClient:
 
         args = [
             spec_hash,
-            Web3.to_checksum_address(trainer),
-            Web3.to_checksum_address(judge),
+            checked_address(trainer, "trainer"),
+            checked_address(judge, "judge"),
             trainer_bond,
             auditor_bond,
             clock_allowance,

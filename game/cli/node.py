@@ -212,15 +212,13 @@ def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> Verific
     the key to be one that ``role`` can act with there (a mistyped address, task id or key is one
     clear line now, not a decoding error later, nor a node that waits in silence: a judge node
     with another account's key never sees a game of its own to rule on)."""
-    from web3 import Web3
 
     from game.agents import check_key
+    from game.chain.address import checked_address
     from game.chain.client import VerificationGameClient
     from game.chain.errors import TaskNotFound
 
-    if not Web3.is_address(contract):
-        raise ConfigError(f"--contract {contract!r} is not an address (0x followed by 40 hex digits)")
-    client = VerificationGameClient(rpc, contract, rpc.account(0))
+    client = VerificationGameClient(rpc, checked_address(contract, "--contract"), rpc.account(0))
     if not rpc.w3.eth.get_code(client.address):
         raise ConfigError(f"no contract at {client.address} on {rpc.describe()}")
     try:

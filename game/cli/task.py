@@ -68,7 +68,7 @@ def _client(
         if contract is None:
             yield VerificationGameClient(ch, "0x" + "00" * 20, ch.account(0))
             return
-        if not ch.w3.eth.get_code(_address(contract)):
+        if not ch.w3.eth.get_code(_address(contract, "--contract")):
             raise ConfigError(f"no contract at {contract} on {ch.describe()}")
         yield VerificationGameClient(ch, contract, ch.account(0))
 
@@ -94,12 +94,10 @@ def _amount(flag: str, what: str) -> Any:
     return typer.Option(flag, parser=parse_wei, metavar="AMOUNT", help=f"{what}: wei, or 0.001ether, 5gwei.")
 
 
-def _address(text: str) -> ChecksumAddress:
-    from web3 import Web3
+def _address(text: str, what: str) -> ChecksumAddress:
+    from game.chain.address import checked_address
 
-    if not Web3.is_address(text):
-        raise ConfigError(f"{text!r} is not an address (0x followed by 40 hex digits)")
-    return Web3.to_checksum_address(text)
+    return checked_address(text, what)
 
 
 def _tx_doc(rec: TxReceipt) -> dict[str, Any]:
@@ -213,7 +211,7 @@ def create_cmd(
         challenge_window=window,
         judge_window=judge_window,
     )
-    trainer_addr, judge_addr = _address(trainer), _address(judge)
+    trainer_addr, judge_addr = _address(trainer, "--trainer"), _address(judge, "--judge")
     dkey = parse_key(data_key) if data_key else new_key()
     with _client(chain, key, _required_contract(contract)) as c:
         rec = post_task(c, cfg.spec_hash(), trainer=trainer_addr, judge=judge_addr, terms=terms)
@@ -240,7 +238,7 @@ def _required_contract(contract: str) -> str:
         raise ConfigError(
             "--contract is required (or set VGAME_CONTRACT); deploy one with `vgame task deploy`"
         )
-    return _address(contract)
+    return _address(contract, "--contract")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,6 +53,18 @@ def test_post_then_describe_shows_the_terms(game_client: Callable[..., Any]) -> 
     json.dumps(doc)  # plain JSON all the way down
 
 
+def test_post_withATrainerAddressMistyped_isRefusedAndPostsNothing(game_client: Callable[..., Any]) -> None:
+    client, before = _post(game_client)
+    trainer = game_client("trainer").me
+    i = next(i for i, ch in enumerate(trainer) if i >= 2 and ch.isalpha())
+    typo = trainer[:i] + trainer[i].swapcase() + trainer[i + 1 :]  # one letter's case: the checksum fails
+    balance = client.chain.balance(client.me)
+    with pytest.raises(ConfigError, match=f"trainer {typo} fails its checksum"):
+        post_task(client, SPEC, trainer=typo, judge=game_client("judge").me, terms=TaskTerms())
+    assert client.chain.balance(client.me) == balance  # no payment escrowed, no gas spent
+    assert _post(game_client)[1] == before + 1  # and no task was made
+
+
 def test_cancel_then_reclaim_returns_the_payment(game_client: Callable[..., Any]) -> None:
     client, task_id = _post(game_client)
     chain = client.chain

@@ -112,6 +112,7 @@ def test_node_with_a_wrong_contract_task_or_profile_says_which_at_start(
     cases = [
         ("0xbad", [], "--contract '0xbad' is not an address"),
         (nobody, [], f"no contract at {nobody}"),  # all digits: its checksummed spelling too
+        ("0x" + address[2:].swapcase(), [], "fails its checksum"),  # every letter in the other case
         (address, ["--task", "7"], "no task 7 in the game contract at"),
         (address, ["--profile", "nope"], "unknown profile 'nope'; valid: cpu-1t"),
     ]
