@@ -38,6 +38,7 @@ def _register() -> None:
 def main() -> None:
     """Console-script entry point: turn our errors into a one-line message and exit code 2."""
     _register()
+    interrupts.catch_stops()
     try:
         app()
     except VGameError as exc:
@@ -54,13 +55,27 @@ def main() -> None:
             raise
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # outside a command (one inside comes out of typer as exit code 130)
-        if not interrupts.said:
-            err_console.print(f"[yellow]interrupted:[/] {escape(_command())}")
-        raise SystemExit(130) from None
+        _interrupted()
     except SystemExit as exc:
-        if exc.code == 130 and not interrupts.said:
-            err_console.print(f"[yellow]interrupted:[/] {escape(_command())}")
+        if exc.code == 130:
+            _interrupted()
         raise
+
+
+def _interrupted() -> None:
+    """Say so (unless the command did), and exit 130 for Ctrl-C, 128 + N for stop signal N."""
+    if not interrupts.said:
+        err_console.print(f"[yellow]interrupted:[/] {escape(_command())}{_by_signal()}")
+    code = 130 if interrupts.signal is None else 128 + interrupts.signal
+    raise SystemExit(code) from None
+
+
+def _by_signal() -> str:
+    if interrupts.signal is None:
+        return ""
+    import signal
+
+    return f" ({signal.Signals(interrupts.signal).name})"
 
 
 def _command() -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -40,13 +42,35 @@ err_console = Console(stderr=True)
 class _Interrupts:
     """Who says what on a Ctrl-C: a command that kept something says what and how to go on
     (:meth:`say`); for any other, ``main`` says "interrupted" (typer turns the KeyboardInterrupt
-    into exit code 130 before ``main`` could see it)."""
+    into exit code 130 before ``main`` could see it).
+
+    SIGTERM (a service manager's or container's stop, ``kill``) and SIGHUP (the terminal closed)
+    take the same way out (:meth:`catch_stops`): Python's default for them ends the process on
+    the spot, so no ``finally`` ran and an anvil that ``--chain anvil`` started lived on alone.
+    """
 
     said = False
+    signal: int | None = None  # the stop signal that came, if one did
 
     def say(self, message: str) -> None:
         self.said = True
         err_console.print(message, soft_wrap=True)  # one line: a path is not broken in two
+
+    def catch_stops(self) -> None:
+        """Turn SIGTERM and SIGHUP into a KeyboardInterrupt in the main thread, once; a signal
+        this process was started ignoring (``nohup``) stays ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, self._stop)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.signal = signum
+        for other in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if other is not None and signal.getsignal(other) == self._stop:
+                signal.signal(other, signal.SIG_IGN)  # a second one must not cut the clean-up short
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 interrupts = _Interrupts()

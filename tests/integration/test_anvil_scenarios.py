@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +135,36 @@ def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path)
     assert (result.winner, result.trainer_paid, result.balances_ok) == ("trainer", True, True)
     addresses = {b.address for b in result.balances.values()}
     assert len(addresses) == 4  # three fresh accounts besides the funding key
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live child processes of ``pid`` and their names, from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if int(rest[1]) == pid and rest[0] != "Z":
+            found[int(stat.parent.name)] = name
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc")
+def test_demo_onAnvil_stoppedBySigterm_stopsTheAnvilItStarted(runner: CliRunner, tmp_path: Path) -> None:
+    argv = ["demo", "--scenario", "poison", "--chain", "anvil", "--workdir", str(tmp_path / "wd")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "game.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    anvil: list[int] = []
+    deadline = time.monotonic() + 120
+    while not anvil and proc.poll() is None and time.monotonic() < deadline:
+        anvil = [pid for pid, name in _children(proc.pid).items() if name == "anvil"]
+        time.sleep(0.02)
+    assert len(anvil) == 1, proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)  # what `docker stop` or systemd sends
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.rstrip().endswith("interrupted: vgame demo (SIGTERM)"), stderr
+    assert not Path(f"/proc/{anvil[0]}").exists()  # stopped and reaped, not left running alone

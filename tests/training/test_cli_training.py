@@ -177,7 +177,10 @@ def test_error_messages_keep_their_brackets(tmp_path: Path) -> None:
     assert r.returncode == 2 and "expected [rel, abs]" in r.stderr
 
 
-def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)  # Ctrl-C; a service manager's stop or `kill`; the terminal closed: each the same clean way out
+def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path, signum: int, code: int) -> None:
     out = tmp_path / "t"
     args = ["train", "--preset", "mlp-digits", "--steps", "5000", "--profile", "cpu-1t", "--out", str(out)]
     proc = subprocess.Popen(
@@ -190,9 +193,9 @@ def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while not (leaves.is_file() and leaves.stat().st_size >= 3 * 32) and time.monotonic() < deadline:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == code, stderr
     assert stdout == ""  # no JSON document for a run that did not finish
     done = leaves.stat().st_size // 32
     assert 3 <= done < 5001
