@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: anvil's default mnemonic; its first accounts hold 10,000 ether each
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
-INSTALL_HINT = "install the pinned toolchain with `npm ci --prefix contracts` (or set VGAME_ANVIL)"
+_PINNED = "@foundry-rs/anvil@1.7.1"  # as contracts/package.json pins it (a test holds the two equal)
 _LISTEN = re.compile(r"Listening on (\S+):(\d+)")
 
 _live: weakref.WeakSet[AnvilChain] = weakref.WeakSet()
@@ -42,6 +42,14 @@ _live: weakref.WeakSet[AnvilChain] = weakref.WeakSet()
 def repo_root() -> Path:
     """The source checkout holding ``contracts/`` (game/chain/anvil.py -> ../../..)."""
     return Path(__file__).resolve().parents[2]
+
+
+def install_hint() -> str:
+    """How to get anvil: in a source checkout, the pinned toolchain beside the contracts; for an
+    installed package (no ``contracts/`` to run npm in), anvil on PATH."""
+    if (repo_root() / "contracts" / "package.json").is_file():
+        return "install the pinned toolchain with `npm ci --prefix contracts` (or set VGAME_ANVIL)"
+    return f"install anvil (`npm install -g {_PINNED}`, or Foundry's foundryup) and put it on PATH, or set VGAME_ANVIL"
 
 
 def find_anvil() -> Path:
@@ -63,7 +71,8 @@ def find_anvil() -> Path:
     found = shutil.which("anvil")
     if found:
         return Path(found)
-    raise ConfigError(f"anvil not found under {modules.name}/ or on PATH: {INSTALL_HINT}")
+    where = "under contracts/node_modules/ or on PATH" if modules.is_dir() else "on PATH"
+    raise ConfigError(f"anvil not found {where}: {install_hint()}")
 
 
 class AnvilProcess:
@@ -83,7 +92,7 @@ class AnvilProcess:
             )
         except OSError as exc:
             self._cleanup_log()
-            raise ChainError(f"could not start anvil ({binary}): {exc}; {INSTALL_HINT}") from exc
+            raise ChainError(f"could not start anvil ({binary}): {exc}; {install_hint()}") from exc
         try:
             self.url = self._wait_listening(startup_timeout)
         except BaseException:

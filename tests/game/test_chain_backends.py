@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,6 +153,23 @@ def test_findAnvil_badEnvPath_raisesConfigError(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("VGAME_ANVIL", str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="VGAME_ANVIL"):
         find_anvil()
+
+
+def test_findAnvil_inAnInstalledPackage_saysToPutAnvilOnPath(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import game.chain.anvil as anvil_mod
+
+    monkeypatch.delenv("VGAME_ANVIL", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no anvil on it
+    monkeypatch.setattr(anvil_mod, "repo_root", lambda: tmp_path)  # site-packages: no contracts/ beside
+    with pytest.raises(ConfigError, match=r"^anvil not found on PATH: install anvil") as caught:
+        find_anvil()
+    pinned = json.loads((Path(__file__).resolve().parents[2] / "contracts" / "package.json").read_text())
+    assert f"npm install -g @foundry-rs/anvil@{pinned['dependencies']['@foundry-rs/anvil']}`" in str(
+        caught.value
+    )
+    assert "npm ci --prefix contracts" not in str(caught.value)  # there is no contracts/ to run it in
 
 
 @pytest.mark.anvil
