@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from game.agents import AgentAction
     from game.chain.client import VerificationGameClient
     from game.chain.rpc import RpcChain
+    from game.training.config import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,22 +134,26 @@ def node_cmd(
         raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
     dkey = parse_key(hexkey)
     check_profile(profile)  # not hours later, when work comes
+    task_cfg: TaskConfig | None = None
+    if role == Role.trainer:  # its config read, and checked, before a node is asked anything
+        from game.training.config import load_config
+
+        if config is None:
+            raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
+        task_cfg = load_config(config)
     rpc = RpcChain(chain_url(chain), key=key)
     client = _game_client(rpc, contract, task, role)
     blobs = BlobStore(store)
     show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
     bars = None if as_json else ProgressBars(f"task {task}")
     agent: Any
-    if role == Role.trainer:
-        from game.training.config import load_config
+    if task_cfg is not None:
         from trainer_node.agent import TrainerAgent
 
-        if config is None:
-            raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         agent = TrainerAgent(
             client,
             task,
-            load_config(config),
+            task_cfg,
             profile=profile,
             workdir=workdir,
             store=blobs,

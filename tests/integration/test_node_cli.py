@@ -333,3 +333,15 @@ def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
     said = str(caught.value)
     assert said.startswith("trainer node: task 1 stopped: [Errno 28] No space left on device")
     assert "run the same command to go on" in said
+
+
+def test_node_trainer_checksItsConfigBeforeAskingAnyNode(tmp_path: Path) -> None:
+    bad = tmp_path / "task.toml"
+    bad.write_text('preset = "mlp-digits"\nlr = -1.0\n')
+    base = [sys.executable, "-m", "game.cli", "node", "trainer", "--chain", "http://127.0.0.1:9",
+            "--key", "0x" + "11" * 32, "--contract", "0x" + "22" * 20, "--task", "1",
+            "--store", str(tmp_path / "s"), "--workdir", str(tmp_path / "w"), "--data-key", new_key().hex()]  # fmt: skip
+    for extra, said in (([], "needs the task config"), (["--config", str(bad)], "lr: -1.0 is outside")):
+        r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+        assert "does not answer" not in r.stderr  # nothing listens on port 9: no node was asked
