@@ -37,12 +37,15 @@ from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
 from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
+from game.training.auditprogress import DEFAULT_EVERY_S
 from game.training.transcript import Transcript
 
 log = logging.getLogger(__name__)
 
 ACTOR = "auditor"
 TRANSCRIPT_DIR = "transcript"
+#: Where the replay keeps its progress, so that a node restarted after a crash goes on from there.
+REPLAY_PROGRESS_DIR = "replay-progress"
 STRATEGIES = ("honest", "lying", "silent-after-challenge")
 
 
@@ -66,6 +69,7 @@ class AuditorAgent(TaskAgent):
         evidence_dir: Path | None = None,
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
+        save_every_s: float = DEFAULT_EVERY_S,
     ) -> None:
         if strategy not in STRATEGIES:
             raise AgentError(f"auditor strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -76,6 +80,7 @@ class AuditorAgent(TaskAgent):
         self.strategy = strategy
         self.seed = seed
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
+        self.save_every_s = save_every_s  # wall time between two saves of the replay's progress
 
     @property
     def transcript_dir(self) -> Path:
@@ -174,7 +179,14 @@ class AuditorAgent(TaskAgent):
             if progress is not None:
                 progress("replay", done, total)
 
-        result = audit(self.transcript_dir, self.profile, use_log=True, progress=tick)
+        result = audit(
+            self.transcript_dir,
+            self.profile,
+            use_log=True,
+            progress=tick,
+            keep_progress=self.taskdir / REPLAY_PROGRESS_DIR,
+            save_every_s=self.save_every_s,
+        )
         verdict = "match" if result.match else "mismatch"
         self.state.update(
             leaves=[h.hex() for h in result.leaves],
@@ -182,6 +194,8 @@ class AuditorAgent(TaskAgent):
             first_divergent_step=result.first_divergent_step,
         )
         detail = f"{verdict} on {self.profile}, {result.corrections} corrections"
+        if result.resumed_from is not None:
+            detail += f" (went on from step {result.resumed_from}, saved before a restart)"
         if result.first_divergent_step is not None:
             detail += f", first divergent step {result.first_divergent_step}"
         if result.rejected_log_steps:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,9 +29,10 @@ from game.cli.app import (
     progress_bar,
     task_config,
 )
+from game.fsio import exclusive_directory
 
 if TYPE_CHECKING:
-    from game.training.session import DivergenceResult
+    from game.training.session import AuditResult, DivergenceResult
 
 ProgressFn = Callable[[int, int], None]
 
@@ -184,10 +185,55 @@ def audit_cmd(
     no_log: Annotated[
         bool, typer.Option("--no-log", help="Ignore the trainer's rounding log (shows why it is needed).")
     ] = False,
+    keep_progress: Annotated[
+        Path | None,
+        typer.Option(
+            "--keep-progress",
+            help="Save the replay's progress in this directory; run again, the same command goes on from "
+            "the last save (for audits of hours).",
+        ),
+    ] = None,
+    save_every: Annotated[
+        float, typer.Option("--save-every", min=0.0, help="Seconds between saves, with --keep-progress.")
+    ] = 300.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-train as the auditor (Algorithm 3) and compare state roots; exit code 1 on a mismatch."""
     check_profile(profile)
+    with ExitStack() as held:
+        if keep_progress is not None:
+            keep_progress.mkdir(parents=True, exist_ok=True)
+            busy = f"{keep_progress} is in use by another `vgame audit`; let it finish, or give this one another directory"
+            held.enter_context(exclusive_directory(keep_progress, busy))
+        result = _audit_with_progress(transcript, profile, not no_log, keep_progress, save_every, as_json)
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+        if not result.match:
+            raise typer.Exit(1)
+        return
+    if result.resumed_from is not None:
+        console.print(f"went on from step {result.resumed_from}, saved in {keep_progress}")
+    if result.match:
+        console.print(f"[bold green]match[/]: {result.steps} steps replayed on {profile}")
+        console.print(f"  state root   {doc['auditor_state_root']}")
+        console.print(
+            f"  corrections  {result.corrections} (values rounded to the side the trainer logged, not the side this machine computed)"
+        )
+    else:
+        console.print(f"[bold red]MISMATCH[/]: first divergent step {result.first_divergent_step}")
+        console.print(f"  trainer root  {doc['trainer_state_root']}")
+        console.print(f"  auditor root  {doc['auditor_state_root']}")
+    for msg in result.log_errors:
+        console.print(f"  [bold red]rejected log[/] {msg}")
+    if not result.match:
+        raise typer.Exit(1)
+
+
+def _audit_with_progress(
+    transcript: Path, profile: str, use_log: bool, keep: Path | None, every: float, as_json: bool
+) -> AuditResult:
+    """The audit under a progress bar; on Ctrl-C, say how far it got and what is kept."""
     from game.training.session import audit
 
     replayed = [0, 0]  # steps done, of how many: for the message if it is interrupted
@@ -199,32 +245,20 @@ def audit_cmd(
                 update(done, total)
 
         try:
-            result = audit(transcript, profile, use_log=not no_log, progress=track)
+            result = audit(
+                transcript, profile, use_log=use_log, progress=track, keep_progress=keep, save_every_s=every
+            )
         except KeyboardInterrupt:
             done, total = replayed
             how_far = f"{done} of {total} steps replayed" if total else "no step replayed yet"
-            interrupts.say(
-                f"[yellow]interrupted:[/] {how_far}; an audit writes nothing, so run it again to start over"
+            then = (
+                "an audit without --keep-progress keeps nothing, so run it again to start over"
+                if keep is None
+                else f"run the same command to go on from the last save in {keep}"
             )
+            interrupts.say(f"[yellow]interrupted:[/] {how_far}; {then}")
             raise
-    doc = result.to_dict()
-    if as_json:
-        emit_json(doc)
-    elif result.match:
-        console.print(f"[bold green]match[/]: {result.steps} steps replayed on {profile}")
-        console.print(f"  state root   {doc['auditor_state_root']}")
-        console.print(
-            f"  corrections  {result.corrections} (values rounded to the side the trainer logged, not the side this machine computed)"
-        )
-    else:
-        console.print(f"[bold red]MISMATCH[/]: first divergent step {result.first_divergent_step}")
-        console.print(f"  trainer root  {doc['trainer_state_root']}")
-        console.print(f"  auditor root  {doc['auditor_state_root']}")
-    if not as_json:
-        for msg in result.log_errors:
-            console.print(f"  [bold red]rejected log[/] {msg}")
-    if not result.match:
-        raise typer.Exit(1)
+    return result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch
 from game.errors import NonFiniteError, RoundingLogError, TranscriptError
 from game.fsio import exclusive_directory
 from game.merkle import merkle_root
+from game.training.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import get_profile
@@ -145,10 +146,12 @@ class AuditResult:
     leaves: tuple[bytes, ...] = field(repr=False, default=())
     rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
     log_errors: tuple[str, ...] = ()  # why, one message per rejected step (tampering names step, op, value)
+    resumed_from: int | None = None  # the step saved progress let it go on from, None for a whole replay
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "match": self.match,
+            "resumed_from": self.resumed_from,
             "rejected_log_steps": list(self.rejected_log_steps),
             "log_errors": list(self.log_errors),
             "trainer_state_root": self.trainer_state_root.hex(),
@@ -392,24 +395,44 @@ def audit(
     *,
     use_log: bool = True,
     progress: ProgressFn | None = None,
+    keep_progress: Path | str | None = None,
+    save_every_s: float = DEFAULT_EVERY_S,
 ) -> AuditResult:
     """Algorithm 3: re-train on ``profile`` (with the trainer's log unless ``use_log`` is False).
 
     The log is applied up to the first divergent step. A chunk that does not fit the computation
     there is the trainer's fault (``rejected_log_steps``); after that step the auditor's states are
     its own, the trainer's log describes other values, and the later steps run without it (a
-    chunk rejected there would only repeat the divergence, not point at the log)."""
+    chunk rejected there would only repeat the divergence, not point at the log).
+
+    With ``keep_progress`` (a directory this process holds alone), the audit saves its progress
+    there every ``save_every_s`` seconds and, run again after a crash, goes on from the last save
+    (:mod:`game.training.auditprogress`); the saved progress is removed once the audit ends."""
     t = Transcript(transcript_dir)
     t.verify()
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
     engine = _engine(t.config, profile)
-    state = engine.init_state()
-    leaves = [state_hash(state)]
-    first_div = None if leaves[0] == t.leaf(0) else 0
-    corrections = 0
-    rejected: list[int] = []
-    log_errors: list[str] = []
+    saver = None if keep_progress is None else ProgressSaver(Path(keep_progress), save_every_s)
+    saved = None if saver is None else saver.load(trainer_root, profile, use_log)
+    if saved is None:
+        state = engine.init_state()
+        leaves = [state_hash(state)]
+        first_div = None if leaves[0] == t.leaf(0) else 0
+        corrections = 0
+        rejected: list[int] = []
+        log_errors: list[str] = []
+        resumed_from = None
+    else:
+        done, state_bytes = saved
+        state = decode_state(state_bytes, t.config)
+        leaves = list(done.leaves)
+        first_div = done.first_divergent_step
+        corrections = done.corrections
+        rejected = list(done.rejected_log_steps)
+        log_errors = list(done.log_errors)
+        resumed_from = done.step
+        log.info("audit: going on from step %d, saved in %s", done.step, keep_progress)
     pending: PendingLeaf | None = None  # the last step's leaf, hashed while this step runs
 
     def settle(p: PendingLeaf) -> bool:
@@ -427,7 +450,7 @@ def audit(
         return True
 
     with LeafHasher() as hasher:
-        for step in range(1, t.steps + 1):
+        for step in range(len(leaves), t.steps + 1):
             if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
                 settle(pending)
                 pending = None
@@ -466,10 +489,21 @@ def audit(
             assert result is not None
             corrections += result.corrections
             pending = hasher.submit(state)
+            if saver is not None and saver.due() and step < t.steps:
+                settle(pending)  # the leaf now, not a step late: the saved state is one already judged
+                kept = pending.buffer.data if pending.buffer is not None else encode_streamed(state)
+                pending = None
+                done_so_far = AuditProgress(
+                    trainer_root, profile, use_log, tuple(leaves), corrections, first_div,
+                    tuple(rejected), tuple(log_errors),
+                )  # fmt: skip
+                saver.save(done_so_far, kept)
             if progress is not None:
                 progress(step, t.steps)
         if pending is not None:
             settle(pending)
+    if saver is not None:
+        saver.clear()
     root = merkle_root(leaves)
     return AuditResult(
         match=root == trainer_root,
@@ -482,6 +516,7 @@ def audit(
         leaves=tuple(leaves),
         rejected_log_steps=tuple(rejected),
         log_errors=tuple(log_errors),
+        resumed_from=resumed_from,
     )
 
 

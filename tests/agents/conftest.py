@@ -138,6 +138,7 @@ def make_agents(
         use_evidence: bool = True,
         actions: list[AgentAction] | None = None,
         base: Path | None = None,
+        auditor_save_every_s: float = 300.0,
     ) -> Agents:
         from auditor_node.agent import AuditorAgent
         from game.judge import Judge
@@ -176,6 +177,7 @@ def make_agents(
             evidence_dir=ev,
             on_action=sink,
             progress=progress,
+            save_every_s=auditor_save_every_s,
         )
         judge = Judge(
             roles["judge"],

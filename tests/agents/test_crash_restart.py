@@ -34,6 +34,7 @@ def _play(
     kill_at: int | None = None,
     kill_progress: tuple[str, int] | None = None,
     kill_tx: tuple[dict[str, Any], int] | None = None,
+    auditor_save_every_s: float = 300.0,
 ) -> tuple[list[AgentAction], int]:
     """Run the poison game; kill the agent that acts ``kill_at``-th (or at a progress point). Returns
     the actions and how many kills happened. ``kill_tx=(roles, k)`` kills the agent whose
@@ -82,6 +83,7 @@ def _play(
             progress=progress,
             actions=actions,
             base=base,
+            auditor_save_every_s=auditor_save_every_s,
         )
 
     agents = build()
@@ -166,8 +168,14 @@ def test_kill_during_training_or_replay(
     client = roles["client"]
     cfg = small_config()
     task_id = post_task(cfg)
-    actions, kills = _play(make_agents, client, task_id, cfg, tmp_path / "run", kill_progress=where)
+    actions, kills = _play(
+        make_agents, client, task_id, cfg, tmp_path / "run", kill_progress=where, auditor_save_every_s=0.0
+    )
     assert kills == 1
+    if where[0] == "replay":  # the restarted auditor went on from its last save, not from step 0
+        (replay,) = [a for a in actions if a.what == "replay"]
+        assert f"went on from step {where[1]}" in replay.detail, replay.detail
+        assert not any((tmp_path / "run" / "auditor" / f"task-{task_id}" / "replay-progress").iterdir())
     out = _outcome(roles, task_id)
     assert out["pinned"] == POISON_STEP and out["status"] == TaskStatus.FINALIZED
     task = client.task(task_id)

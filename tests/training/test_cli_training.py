@@ -223,12 +223,17 @@ main()
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
-def test_interrupted_audit_saysHowFarItGot(extra: list[str]) -> None:
+def test_interrupted_audit_saysHowFarItGot(extra: list[str], tmp_path: Path) -> None:
     args = ["audit", "--transcript", "t", "--profile", "cpu-1t", *extra]
     r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "audit", *args], capture_output=True, text=True)
     assert r.returncode == 130, r.stderr
     assert r.stdout == "" and "Traceback" not in r.stderr  # no JSON document for an audit that did not end
-    said = "interrupted: 3 of 40 steps replayed; an audit writes nothing, so run it again to start over"
+    said = "interrupted: 3 of 40 steps replayed; an audit without --keep-progress keeps nothing, so run it again to start over"
+    assert r.stderr.strip() == said
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "audit", *args, "--keep-progress", "kp"],
+                       capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 130, r.stderr
+    said = "interrupted: 3 of 40 steps replayed; run the same command to go on from the last save in kp"
     assert r.stderr.strip() == said
 
 
@@ -294,3 +299,24 @@ def test_profilesThisMachineCannotRun_areRefusedBeforeAnyTraining(tmp_path: Path
     r = vgame("calibrate", "--preset", "mlp-digits", "--steps", "2", "--profiles", "cpu-1t,cuda",
               "--out", str(tmp_path / "b.toml"))  # fmt: skip
     assert r.returncode == 2 and "not available on this machine (see `vgame profiles`)" in r.stderr
+
+
+def test_audit_keepProgress_goesOnFromTheLastSave(trained: Path, tmp_path: Path) -> None:
+    from game.training.session import audit
+
+    keep = tmp_path / "progress"
+
+    def stop(done: int, total: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # as a Ctrl-C would stop it, progress saved every step
+        audit(trained, "splitk-16", keep_progress=keep, save_every_s=0.0, progress=stop)
+    args = ["audit", "--transcript", str(trained), "--profile", "splitk-16", "--keep-progress", str(keep)]
+    r = vgame(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["resumed_from"] == 2 and doc["match"] is True
+    assert list(keep.iterdir()) == []  # done: the saved progress is gone
+    r = vgame(*args, "--save-every", "-1")
+    assert r.returncode == 2 and "--save-every" in r.stderr
