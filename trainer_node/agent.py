@@ -132,7 +132,7 @@ class TrainerAgent(TaskAgent):
             return None
         bid = bytes.fromhex(hexid)
         try:
-            self.store.get(bid)
+            self.store.check(bid)  # there and whole: read through, not into memory
         except StoreError:
             return None
         return bid

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import secrets
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from hypothesis import given
+from hypothesis import strategies as st
 
+from game import store as store_module
 from game.store import (
     BlobStore,
     StoreError,
@@ -69,3 +77,75 @@ def test_parse_key() -> None:
         parse_key("abcd")
     with pytest.raises(StoreError, match="64 hex"):
         parse_key("zz" * 32)
+
+
+SMALL = 64  # segment size in these tests, so that a few hundred bytes make many segments
+
+
+def _segments(blob: bytes) -> tuple[bytes, list[bytes]]:
+    head = len(store_module.MAGIC) + store_module.PREFIX_SIZE
+    step = SMALL + store_module.TAG_SIZE
+    return blob[:head], [blob[i : i + step] for i in range(head, len(blob), step)]
+
+
+@given(st.binary(max_size=20 * SMALL))
+def test_sealedInSegments_opensToTheSameBytes_andEverySegmentCounts(payload: bytes) -> None:
+    key = new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        blob = seal(key, payload, b"transcript")
+        assert unseal(key, blob, b"transcript") == payload
+        head, segs = _segments(blob)
+        assert len(segs) == len(payload) // SMALL + 1  # a full last segment still has an end after it
+        broken = [head + b"".join(segs[:-1])]  # cut off at a segment boundary
+        broken.append(blob + segs[-1])  # a segment added at the end
+        if len(segs) >= 2:
+            broken.append(head + b"".join(segs[1:]))  # the first dropped
+            broken.append(head + segs[1] + segs[0] + b"".join(segs[2:]))  # two swapped
+        for bad in broken:
+            with pytest.raises(StoreError):
+                unseal(key, bad, b"transcript")
+
+
+def test_aBlobOfTheFirstFormat_stillOpens() -> None:
+    key, nonce = new_key(), secrets.token_bytes(12)
+    v1 = (
+        store_module.MAGIC_V1
+        + nonce
+        + AESGCM(key).encrypt(nonce, b"old", store_module.MAGIC_V1 + b"transcript")
+    )
+    assert unseal(key, v1, b"transcript") == b"old"
+    with pytest.raises(StoreError, match="wrong key"):
+        unseal(new_key(), v1, b"transcript")
+
+
+def test_publishFetch_ofAManySegmentTranscript_roundTrips_andStoresUnderTheSealedBytesHash(
+    tmp_path: Path,
+) -> None:
+    src = make_tree(tmp_path / "src")
+    (src / "checkpoints").mkdir()
+    big = secrets.token_bytes(50 * SMALL + 7)
+    (src / "checkpoints" / "state-000000000.bin").write_bytes(big)
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        bid = publish_directory(store, key, src)
+        raw = store.path(bid).read_bytes()
+        assert hashlib.sha256(raw).digest() == bid and big[:SMALL] not in raw
+        assert sorted(p.name for p in store.root.iterdir()) == [bid.hex()[:2]]  # no temporary file left
+        out = fetch_directory(store, key, bid, tmp_path / "out")
+        assert unseal(key, raw, b"transcript") == pack_directory(src)  # the same deterministic tar
+    assert (out / "checkpoints" / "state-000000000.bin").read_bytes() == big
+    store.check(bid)
+    store.path(bid).write_bytes(raw[:-1])
+    with pytest.raises(StoreError, match="corrupt"):
+        store.check(bid)
+
+
+def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
+    """What a failed open wrote is the caller's to throw away: fetch_directory unpacks only after."""
+    key = new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        blob = seal(key, bytes(5 * SMALL), b"transcript")
+        out = io.BytesIO()
+        with pytest.raises(StoreError):
+            store_module.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
+    assert len(out.getvalue()) == 4 * SMALL  # the segments before the last, not yet proved whole
