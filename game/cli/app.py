@@ -6,11 +6,14 @@ they import torch and web3 inside the command functions so ``vgame --help`` stay
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import signal
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -181,6 +184,26 @@ def check_out_file(path: Path, option: str = "--out", *, example: str = "out") -
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{option} {path}: {parent} is not writable")
         return
+
+
+def warn_key_in_argv(key: str | None, chain: str) -> None:
+    """Warn when ``--key`` holds a raw private key for a chain off this machine: a command line is
+    readable by every user of the machine (``ps``, ``/proc``) for as long as the process runs, days
+    for a node. A keystore file, or ``VGAME_PRIVATE_KEY``, keeps it out. A loopback chain (anvil's
+    development accounts, whose keys are public) is not warned about."""
+    if not key or Path(key).expanduser().is_file():
+        return
+    host = urllib.parse.urlparse(chain).hostname if "://" in chain else None
+    if host is None or host == "localhost":
+        return
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    err_console.print(
+        "[yellow]warning:[/] the private key given with --key can be read by every user of this machine "
+        "(`ps`) while the command runs; set VGAME_PRIVATE_KEY, or pass a keystore file as --key",
+        soft_wrap=True,
+    )
 
 
 def task_config(

@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from game.cli.app import app, check_profile, console, emit_json
+from game.cli.app import app, check_profile, console, emit_json, warn_key_in_argv
 from game.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def demo_cmd(
     from game.chain.backends import connect
 
     # the chain before the live table: a URL with no key, or no node there, is one line
+    warn_key_in_argv(kwargs["key"], kwargs["chain_spec"])
     with connect(kwargs.pop("chain_spec"), key=kwargs.pop("key")) as open_chain:
         if as_json:
             emit_json(demo.run_scenario(scenario, chain=open_chain, **kwargs).to_dict())

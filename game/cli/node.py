@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar
+from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar, warn_key_in_argv
 from game.errors import ChainError, ConfigError
 from game.fsio import exclusive_directory
 
@@ -141,6 +141,7 @@ def node_cmd(
         if config is None:
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         task_cfg = load_config(config)
+    warn_key_in_argv(key, chain_url(chain))
     rpc = RpcChain(chain_url(chain), key=key)
     client = _game_client(rpc, contract, task, role)
     blobs = BlobStore(store)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import JsonOpt, app, console, emit_json
+from game.cli.app import JsonOpt, app, console, emit_json, warn_key_in_argv
 from game.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def _client(
     from game.chain.backends import connect
     from game.chain.client import VerificationGameClient
 
+    warn_key_in_argv(key, chain)
     with connect(chain, key=key, reads_only=reads_only) as ch:
         if contract is None:
             yield VerificationGameClient(ch, "0x" + "00" * 20, ch.account(0))

@@ -152,3 +152,31 @@ def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:
     assert _shown("state_root", "ab" * 32, now=now) == "ab" * 32
     assert _shown("trainer_paid", None, now=now) == "not settled yet"
     assert _shown("status", "open", now=now) == "open"
+
+
+@pytest.mark.parametrize(
+    ("chain", "warned"),
+    [
+        ("https://rpc.example.org", True),
+        ("wss://10.1.2.3:8546", True),
+        ("http://127.0.0.1:8545", False),  # a local anvil: its development keys are public anyway
+        ("http://localhost:8545", False),
+        ("http://[::1]:8545", False),
+        ("anvil", False),
+        ("embedded", False),
+    ],
+)
+def test_aRawKeyInArgvForAChainOffThisMachine_isWarnedAbout(
+    chain: str, warned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from game.cli.app import warn_key_in_argv
+
+    warn_key_in_argv("0x" + "ab" * 32, chain)
+    said = capsys.readouterr().err
+    assert ("can be read by every user of this machine" in said) is warned
+    assert "ab" * 32 not in said  # never the key itself
+    keystore = tmp_path / "key.json"
+    keystore.write_text("{}")
+    warn_key_in_argv(str(keystore), chain)  # a file's name in argv gives nothing away
+    warn_key_in_argv(None, chain)
+    assert capsys.readouterr().err == ""
