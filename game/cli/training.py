@@ -29,6 +29,7 @@ from game.cli.app import (
     progress_bar,
     task_config,
 )
+from game.errors import ConfigError
 from game.fsio import exclusive_directory
 
 if TYPE_CHECKING:
@@ -202,6 +203,11 @@ def audit_cmd(
     check_profile(profile)
     with ExitStack() as held:
         if keep_progress is not None:
+            if keep_progress.resolve().is_relative_to(transcript.resolve()):
+                raise ConfigError(
+                    f"--keep-progress {keep_progress} lies inside the transcript {transcript}, which is the "
+                    "trainer's to write and publish: give the audit a directory of its own"
+                )
             keep_progress.mkdir(parents=True, exist_ok=True)
             busy = f"{keep_progress} is in use by another `vgame audit`; let it finish, or give this one another directory"
             held.enter_context(exclusive_directory(keep_progress, busy))

@@ -320,3 +320,6 @@ def test_audit_keepProgress_goesOnFromTheLastSave(trained: Path, tmp_path: Path)
     assert list(keep.iterdir()) == []  # done: the saved progress is gone
     r = vgame(*args, "--save-every", "-1")
     assert r.returncode == 2 and "--save-every" in r.stderr
+    r = vgame(*args[:-1], str(trained / "progress"))  # the trainer's directory is not the audit's
+    assert r.returncode == 2 and "lies inside the transcript" in " ".join(r.stderr.split()), r.stderr
+    assert not (trained / "progress").exists()
