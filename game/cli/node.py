@@ -118,6 +118,14 @@ def node_cmd(
         Path | None, typer.Option("--evidence-dir", help="Directory where the judge's evidence is left.")
     ] = None,
     poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between rounds when idle.")] = 2.0,
+    save_every: Annotated[
+        float,
+        typer.Option(
+            "--save-every",
+            min=0.0,
+            help="Auditor: seconds between saves of its replay's progress (kept over a crash).",
+        ),
+    ] = 300.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
@@ -177,6 +185,7 @@ def node_cmd(
             evidence_dir=evidence_dir,
             on_action=show,
             progress=bars,
+            save_every_s=save_every,
         )
     else:
         from game.judge import Judge
