@@ -9,7 +9,9 @@ with the same arguments sends no transaction twice and ends the game the same wa
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from pathlib import Path
 
 from game.agents import (
@@ -30,12 +32,19 @@ from game.merkle import MerkleTree
 from game.store import BlobStore, StoreError, publish_directory
 from game.training.config import TaskConfig
 from game.training.session import Deviation, train
-from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest
+from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest, steps_on_disk
 
 log = logging.getLogger(__name__)
 
 ACTOR = "trainer"
 TRANSCRIPT_DIR = "transcript"
+#: Seconds of training between two looks at the task: a task the client cancels meanwhile stops
+#: the training (hours of it, on a large task) instead of running to a commit the contract refuses.
+CANCEL_CHECK_S = 30.0
+
+
+class _Cancelled(Exception):
+    """The client cancelled the task while this trainer trained."""
 
 
 class TrainerAgent(TaskAgent):
@@ -83,9 +92,11 @@ class TrainerAgent(TaskAgent):
             )
         check_key(ACTOR, self.task_id, task, self.client.me)
         if task.status == TaskStatus.OPEN:
-            self._train(out)
-            self._publish(out)
-            self._commit(out)
+            with contextlib.suppress(_Cancelled):  # said by _still_open, next
+                self._train(out)
+            if self._still_open(out):
+                self._publish(out)
+                self._commit(out)
         elif task.status == TaskStatus.COMMITTED:
             self._check_commitment(task)
             self._play(task, out)
@@ -109,10 +120,16 @@ class TrainerAgent(TaskAgent):
         if self._complete():
             return
         progress = self.progress
+        looked = time.monotonic()
 
         def tick(done: int, total: int) -> None:
+            nonlocal looked
             if progress is not None:
                 progress("train", done, total)
+            if time.monotonic() - looked >= CANCEL_CHECK_S:
+                looked = time.monotonic()
+                if self._cancelled():
+                    raise _Cancelled  # the steps done are on disk: train() stops cleanly
 
         result = train(self.cfg, self.profile, self.transcript_dir, progress=tick, deviation=self.deviation)
         resumed = "" if result.resumed_from is None else f", resumed after step {result.resumed_from}"
@@ -149,6 +166,34 @@ class TrainerAgent(TaskAgent):
         if self._tree is None:
             self._tree = MerkleTree(Transcript(self.transcript_dir).leaves())
         return self._tree
+
+    def _cancelled(self) -> bool:
+        """Whether the chain says the client cancelled the task; a chain that does not answer now
+        says nothing (training goes on, the next look may tell)."""
+        try:
+            return self.client.task(self.task_id).status == TaskStatus.CANCELLED
+        except Exception as exc:  # a look in passing must not stop the training
+            log.debug("task %d: could not look at its status while training: %s", self.task_id, exc)
+            return False
+
+    def _still_open(self, out: list[AgentAction]) -> bool:
+        """Whether the task still waits for this trainer's commit; a cancelled one is said once."""
+        if self.client.task(self.task_id).status == TaskStatus.OPEN:
+            return True
+        if not self.state.get("saw_cancel"):
+            self.state.update(saw_cancel=True)
+            done = steps_on_disk(self.transcript_dir)  # leaves: step 0 and the steps trained
+            self._emit(
+                out,
+                AgentAction(
+                    ACTOR,
+                    "cancelled",
+                    self.task_id,
+                    detail=f"the client cancelled the task; nothing to commit ({max(done - 1, 0)} steps "
+                    f"trained are kept in {self.transcript_dir})",
+                ),
+            )
+        return False
 
     def _commit(self, out: list[AgentAction]) -> None:
         bid = self._published_id()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from game.chain.types import TaskStatus
-from tests.agents.conftest import run_game, withdrawn
+from game.training.transcript import steps_on_disk
+from tests.agents.conftest import run_game, small_config, withdrawn
 
 
 def test_honest_trainer_is_paid_after_the_window(
@@ -23,3 +26,25 @@ def test_honest_trainer_is_paid_after_the_window(
     assert task.status == TaskStatus.FINALIZED
     assert withdrawn(roles["client"], roles["trainer"].me) == task.payment + task.trainer_bond
     assert agents.trainer.done and agents.auditor.done
+
+
+def test_taskCancelledWhileTraining_stopsTheTraining_andCommitsNothing(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainer_node.agent as trainer_module
+
+    cfg = small_config(steps=40)
+    task_id = post_task(cfg)
+    monkeypatch.setattr(trainer_module, "CANCEL_CHECK_S", 0.0)  # look at the task after every step
+
+    def progress(label: str, done: int, total: int) -> None:
+        if label == "train" and done == 5:
+            roles["client"].cancel(task_id)  # the client changes its mind mid-training
+
+    agents = make_agents(task_id, cfg, progress=progress)
+    actions = agents.trainer.step()
+    assert [a.what for a in actions] == ["cancelled"], actions
+    assert "nothing to commit (5 steps trained are kept in" in actions[0].detail
+    assert steps_on_disk(agents.trainer.transcript_dir) == 6  # leaf 0 and steps 1-5: not 40
+    assert roles["client"].task(task_id).status == TaskStatus.CANCELLED
+    assert agents.trainer.step() == [] and agents.trainer.done  # said once; nothing left to do
