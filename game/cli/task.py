@@ -8,6 +8,7 @@ command, which would forget the task at once, so they are refused here with a hi
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ import typer
 from rich.table import Table
 
 from game.cli.app import JsonOpt, app, console, emit_json, warn_key_in_argv
-from game.errors import ConfigError
+from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:
     from eth_typing import ChecksumAddress
@@ -147,11 +148,34 @@ def keygen_cmd(
     console.print(key)
 
 
-def _write_secret(path: Path, text: str) -> None:
+def _write_secret(path: Path, text: str) -> bool:
+    """Write a key to ``path``: its owner's alone from the first byte (mode 600), whole or not at
+    all. A file that holds another key is never overwritten: it may be the only copy of a task's
+    key. Returns whether a file was made (False: it held this key already)."""
+    from game.fsio import fsync_dir, temp_name
+
+    data = (text + "\n").encode("ascii")
+    if path.exists():
+        if path.is_file() and path.read_bytes().strip() == data.strip():
+            return False
+        raise ConfigError(
+            f"{path} exists and holds another key (another task's?): name a new file; "
+            f"to use the key it holds, pass --data-key $(cat {path})"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(text + "\n", encoding="ascii")
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return True
 
 
 @task_app.command("deploy")
@@ -214,10 +238,18 @@ def create_cmd(
     )
     trainer_addr, judge_addr = _address(trainer, "--trainer"), _address(judge, "--judge")
     dkey = parse_key(data_key) if data_key else new_key()
-    with _client(chain, key, _required_contract(contract)) as c:
-        rec = post_task(c, cfg.spec_hash(), trainer=trainer_addr, judge=judge_addr, terms=terms)
-    if data_key_out is not None:
-        _write_secret(data_key_out, dkey.hex())
+    # The key reaches its file before the task reaches the chain: a task whose key was lost (the
+    # file could not be written after the transaction) could only be cancelled.
+    made = data_key_out is not None and _write_secret(data_key_out, dkey.hex())
+    try:
+        with _client(chain, key, _required_contract(contract)) as c:
+            rec = post_task(c, cfg.spec_hash(), trainer=trainer_addr, judge=judge_addr, terms=terms)
+    except (ConfigError, InsufficientFunds, VerificationGameError):
+        # refused before or by the contract: no task holds the key, and the same command may run
+        # again. Any other failure (a node lost mid-transaction) keeps the file: a task may hold it.
+        if made and data_key_out is not None:
+            data_key_out.unlink(missing_ok=True)
+        raise
     doc = {
         "task_id": rec.result,
         "spec_hash": cfg.spec_hash().hex(),

@@ -103,6 +103,9 @@ def test_keygen_prints_and_writes_a_private_key(runner: CliRunner, tmp_path: Pat
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     again = json.loads(runner.invoke(app, ["task", "keygen", "--json"]).stdout)["data_key"]
     assert again != key
+    res = runner.invoke(app, ["task", "keygen", "--out", str(out)])  # it may be a task's only copy
+    assert isinstance(res.exception, ConfigError) and "exists and holds another key" in str(res.exception)
+    assert out.read_text().strip() == key
 
 
 @pytest.mark.parametrize("chain", ["embedded", "anvil", ""])

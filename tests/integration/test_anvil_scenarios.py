@@ -86,6 +86,20 @@ def test_task_commands_against_a_running_node(
     assert type(broke.exception).__name__ == "InsufficientFunds", broke.output  # was web3's raw RPC error
     assert "ETH (1000000000000000000000000000000 wei) plus its gas" in str(broke.exception)
     assert key_file.read_text().strip() == created["data_key"]
+    # The key reaches its file before the task reaches the chain; a file holding another key is
+    # never overwritten; a key no task holds (the contract or the funds refused) is not left behind.
+    post = ["task", "create", *common, "--config", str(config), "--trainer", trainer, "--judge", judge]
+    (tmp_path / "a-file").write_text("")
+    for out, extra, said in (
+        (key_file, [], "exists and holds another key"),
+        (tmp_path / "a-file" / "key", [], "File exists"),  # main() adds what it means
+        (tmp_path / "fresh.key", ["--payment", str(10**30)], "plus its gas"),
+    ):
+        res = runner.invoke(app, [*post, *extra, "--data-key-out", str(out)])
+        assert res.exit_code != 0 and said in str(res.exception), (res.output, res.exception)
+    assert key_file.read_text().strip() == created["data_key"] and not (tmp_path / "fresh.key").exists()
+    reused = _json(runner, *post, "--data-key", created["data_key"], "--data-key-out", str(key_file))
+    assert reused["task_id"] == 2  # none of the refused ones posted a task
 
     shown = _json(runner, "task", "show", str(task_id), *common)
     assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)
