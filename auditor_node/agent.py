@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 from game.agents import (
@@ -46,6 +47,8 @@ ACTOR = "auditor"
 TRANSCRIPT_DIR = "transcript"
 #: Where the replay keeps its progress, so that a node restarted after a crash goes on from there.
 REPLAY_PROGRESS_DIR = "replay-progress"
+#: Seconds of replay between two looks at its pace against the challenge window.
+PACE_CHECK_S = 60.0
 STRATEGIES = ("honest", "lying", "silent-after-challenge")
 
 
@@ -174,10 +177,12 @@ class AuditorAgent(TaskAgent):
 
         self._fetch(task)
         progress = self.progress
+        pace = _Pace(self.client, task, self.task_id)
 
         def tick(done: int, total: int) -> None:
             if progress is not None:
                 progress("replay", done, total)
+            pace.step(done, total)
 
         result = audit(
             self.transcript_dir,
@@ -349,3 +354,46 @@ class AuditorAgent(TaskAgent):
 
 
 __all__ = ["STRATEGIES", "AuditorAgent"]
+
+
+class _Pace:
+    """Warns, once, when the replay will not end before the challenge window closes: told early,
+    the operator can move it to a faster machine or profile instead of finding out at the end.
+    Only on a real-time chain (a chain with time travel runs on the tests' clock)."""
+
+    def __init__(self, client: VerificationGameClient, task: Task, task_id: int) -> None:
+        self.client, self.window_ends, self.task_id = client, task.window_ends, task_id
+        self.live = not client.chain.supports_time_travel and task.window_ends > 0
+        self.started = time.monotonic()
+        self.looked = self.started
+        self.first: int | None = None  # the first step this run replayed (a resumed one starts late)
+
+    def step(self, done: int, total: int) -> None:
+        if self.first is None:
+            self.first, self.started = done, time.monotonic()
+            return
+        now = time.monotonic()
+        if not self.live or now - self.looked < PACE_CHECK_S or done <= self.first:
+            return
+        self.looked = now
+        rate = (done - self.first) / (now - self.started)
+        try:
+            chain_now = self.client.chain.now()
+        except Exception:  # a look in passing: the next one may get through
+            return
+        ends = chain_now + (total - done) / rate
+        if ends > self.window_ends:
+            self.live = False
+            log.warning(
+                "task %d: at %.2f steps a second the replay ends %s, after the challenge window "
+                "closes %s: a challenge would come too late; replay on a faster machine or profile",
+                self.task_id,
+                rate,
+                _when(int(ends), chain_now),
+                _when(self.window_ends, chain_now),
+            )
+
+
+def _when(t: int, now: int) -> str:
+    ahead = max(t - now, 0)
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))} (in {ahead // 3600}h {ahead % 3600 // 60}m)"

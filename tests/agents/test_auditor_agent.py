@@ -128,3 +128,35 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
     shutil.copytree(store.root, lagging.root, dirs_exist_ok=True)  # the sync catches up
     auditor.step()
     assert auditor.verdict == "match"
+
+
+@pytest.mark.parametrize(
+    ("time_travel", "window_left", "warned"),
+    [(False, 10, True), (False, 10_000, False), (True, 10, False)],  # a test chain's clock is no guide
+)
+def test_replayTooSlowForTheWindow_isSaidOnce_early(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    time_travel: bool,
+    window_left: int,
+    warned: bool,
+) -> None:
+    import time
+    from types import SimpleNamespace
+
+    import auditor_node.agent as auditor_module
+
+    monkeypatch.setattr(auditor_module, "PACE_CHECK_S", 0.0)
+    now = 1_800_000_000
+    chain = SimpleNamespace(supports_time_travel=time_travel, now=lambda: now)
+    pace = auditor_module._Pace(
+        SimpleNamespace(chain=chain), SimpleNamespace(window_ends=now + window_left), 7
+    )  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="auditor_node.agent"):
+        for done in range(1, 6):  # some 20 steps a second: 1,000 steps take some 50 s
+            pace.step(done, 1000)
+            time.sleep(0.05)
+    said = [r.getMessage() for r in caplog.records if "too late" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert said[0].startswith("task 7: at ") and "after the challenge window closes 2027-01-15" in said[0]
