@@ -353,9 +353,6 @@ class AuditorAgent(TaskAgent):
         self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(credit)))
 
 
-__all__ = ["STRATEGIES", "AuditorAgent"]
-
-
 class _Pace:
     """Warns, once, when the replay will not end before the challenge window closes: told early,
     the operator can move it to a faster machine or profile instead of finding out at the end.
@@ -397,3 +394,6 @@ class _Pace:
 def _when(t: int, now: int) -> str:
     ahead = max(t - now, 0)
     return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))} (in {ahead // 3600}h {ahead % 3600 // 60}m)"
+
+
+__all__ = ["STRATEGIES", "AuditorAgent"]

@@ -44,13 +44,15 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half."""
+def atomic_write(path: Path, data: bytes | memoryview, *, mode: int = 0o666) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half.
+    ``mode`` (less the umask) holds from the file's first byte: 0o600 keeps a secret its owner's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
+    tmp.unlink(missing_ok=True)  # a crash's leftover would keep its own mode
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

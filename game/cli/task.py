@@ -8,7 +8,6 @@ command, which would forget the task at once, so they are refused here with a hi
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -152,7 +151,7 @@ def _write_secret(path: Path, text: str) -> bool:
     """Write a key to ``path``: its owner's alone from the first byte (mode 600), whole or not at
     all. A file that holds another key is never overwritten: it may be the only copy of a task's
     key. Returns whether a file was made (False: it held this key already)."""
-    from game.fsio import fsync_dir, temp_name
+    from game.fsio import atomic_write
 
     data = (text + "\n").encode("ascii")
     if path.exists():
@@ -162,19 +161,7 @@ def _write_secret(path: Path, text: str) -> bool:
             f"{path} exists and holds another key (another task's?): name a new file; "
             f"to use the key it holds, pass --data-key $(cat {path})"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    atomic_write(path, data, mode=0o600)
     return True
 
 

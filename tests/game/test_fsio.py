@@ -47,3 +47,17 @@ def test_exclusiveDirectory_heldByAKilledProcess_isFreeAgain(tmp_path: Path) -> 
         proc.wait()
     with exclusive_directory(tmp_path, "no stale lock after kill -9"):
         pass
+
+
+def test_atomicWrite_withAMode_holdsItFromTheFirstByte_overACrashesLeftover(tmp_path: Path) -> None:
+    import stat
+
+    from game.fsio import atomic_write, temp_name
+
+    path = tmp_path / "secret.key"
+    leftover = temp_name(path)
+    leftover.write_bytes(b"half")
+    leftover.chmod(0o644)  # a crash's temporary file, readable by all
+    atomic_write(path, b"key\n", mode=0o600)
+    assert path.read_bytes() == b"key\n" and not leftover.exists()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
