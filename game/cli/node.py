@@ -26,6 +26,7 @@ from rich.progress import Progress, TaskID
 from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar, warn_key_in_argv
 from game.errors import ChainError, ConfigError
 from game.fsio import exclusive_directory
+from game.training.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
     from game.agents import AgentAction
@@ -125,7 +126,7 @@ def node_cmd(
             min=0.0,
             help="Auditor: seconds between saves of its replay's progress (kept over a crash).",
         ),
-    ] = 300.0,
+    ] = DEFAULT_EVERY_S,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""

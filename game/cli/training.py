@@ -31,6 +31,7 @@ from game.cli.app import (
 )
 from game.errors import ConfigError
 from game.fsio import exclusive_directory
+from game.training.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
     from game.training.session import AuditResult, DivergenceResult
@@ -196,7 +197,7 @@ def audit_cmd(
     ] = None,
     save_every: Annotated[
         float, typer.Option("--save-every", min=0.0, help="Seconds between saves, with --keep-progress.")
-    ] = 300.0,
+    ] = DEFAULT_EVERY_S,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-train as the auditor (Algorithm 3) and compare state roots; exit code 1 on a mismatch."""

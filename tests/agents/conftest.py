@@ -21,6 +21,7 @@ import pytest
 
 from game.agents import AgentAction, drive
 from game.store import BlobStore, new_key
+from game.training.auditprogress import DEFAULT_EVERY_S
 from game.training.config import TaskConfig
 from game.training.session import Deviation
 
@@ -138,7 +139,7 @@ def make_agents(
         use_evidence: bool = True,
         actions: list[AgentAction] | None = None,
         base: Path | None = None,
-        auditor_save_every_s: float = 300.0,
+        auditor_save_every_s: float = DEFAULT_EVERY_S,
     ) -> Agents:
         from auditor_node.agent import AuditorAgent
         from game.judge import Judge

@@ -15,6 +15,7 @@ import pytest
 
 from game.agents import AgentAction, AgentError, next_due_time
 from game.chain.types import TaskStatus
+from game.training.auditprogress import DEFAULT_EVERY_S
 from tests.agents.conftest import Agents, PoisonBatch, games, small_config, withdrawn
 
 POISON_STEP = 5
@@ -34,7 +35,7 @@ def _play(
     kill_at: int | None = None,
     kill_progress: tuple[str, int] | None = None,
     kill_tx: tuple[dict[str, Any], int] | None = None,
-    auditor_save_every_s: float = 300.0,
+    auditor_save_every_s: float = DEFAULT_EVERY_S,
 ) -> tuple[list[AgentAction], int]:
     """Run the poison game; kill the agent that acts ``kill_at``-th (or at a progress point). Returns
     the actions and how many kills happened. ``kill_tx=(roles, k)`` kills the agent whose
