@@ -223,7 +223,7 @@ def task_config(
 
     ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
     own ``[model]`` table and ``batch_size``."""
-    from game.training.bands import load_bands
+    from game.training.bands import BandsOrigin, load_bands_file
     from game.training.config import PRESET_NAMES, TaskConfig, load_config
 
     overrides: dict[str, Any] = {}
@@ -236,8 +236,9 @@ def task_config(
     ):
         if value is not None:
             overrides[key] = float(value) if key == "tau" else value
+    origin: BandsOrigin | None = None
     if bands is not None:
-        overrides["bands"] = load_bands(bands)
+        overrides["bands"], origin = load_bands_file(bands)
     if config is not None and (model or batch_size is not None):
         raise ConfigError(
             "--model and --batch-size go with --preset; in a config file set [model] and batch_size"
@@ -252,9 +253,12 @@ def task_config(
             raise ConfigError(
                 f"--preset {preset} disagrees with preset {cfg.preset!r} in {config}; pass only one of them"
             )
-        return cfg.replace(**overrides) if overrides else cfg
-    if preset is None:
+        cfg = cfg.replace(**overrides) if overrides else cfg
+    elif preset is None:
         raise ConfigError(
             f"no task given: pass --preset NAME ({', '.join(PRESET_NAMES)}) or --config FILE.toml"
         )
-    return TaskConfig.for_preset(preset, **overrides)
+    else:
+        cfg = TaskConfig.for_preset(preset, **overrides)
+    cfg.check_bands_origin(origin, f"--bands {bands}")
+    return cfg

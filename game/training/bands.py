@@ -22,6 +22,7 @@ This module imports no torch, so configs can be read and hashed cheaply.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -119,12 +120,14 @@ class BandTable:
         table.validate()
         return table
 
-    def to_toml(self, *, comment: str = "") -> str:
-        """A bands file (``[bands]`` table) that :func:`load_bands` and task configs read."""
+    def to_toml(self, *, comment: str = "", origin: BandsOrigin | None = None) -> str:
+        """A bands file (``[bands]`` table) that :func:`load_bands` and task configs read; ``origin``
+        adds the ``[calibrated]`` table saying which task the bands were measured on."""
         lines = [f"# {line}" if line else "#" for line in comment.splitlines()] if comment else []
+        lines += [f'format = "{BANDS_FORMAT}"', ""]
+        if origin is not None:
+            lines += [*origin.toml_lines(), ""]
         lines += [
-            f'format = "{BANDS_FORMAT}"',
-            "",
             "[bands]",
             f"default = {self.default.to_list()}",
             "",
@@ -132,6 +135,48 @@ class BandTable:
         ]
         lines += [f'"{name}" = {band.to_list()}' for name, band in self.ops.items()]
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class BandsOrigin:
+    """What a bands file was calibrated on: the preset, its model sizes and the batch size.
+
+    Bands measured on one model say little about another's ops (sums over other lengths, other
+    ops), and bands narrower than the real divergence let an honest trainer lose a dispute: so a
+    task refuses a file of another preset and warns about one of other sizes
+    (:meth:`TaskConfig.check_bands_origin`). Files written before this table have no origin.
+    """
+
+    preset: str
+    model: Mapping[str, int | str]
+    batch_size: int
+
+    def toml_lines(self) -> list[str]:
+        return [
+            "[calibrated]",
+            f"preset = {json.dumps(self.preset)}",
+            f"batch_size = {self.batch_size}",
+            "model = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in self.model.items()) + " }",
+        ]
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> BandsOrigin:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}.calibrated: expected a table with preset, model and batch_size")
+        preset, model, batch = data.get("preset"), data.get("model"), data.get("batch_size")
+        if not isinstance(preset, str):
+            raise ConfigError(f"{where}.calibrated.preset: expected a preset name, got {preset!r}")
+        if not isinstance(model, Mapping) or not all(
+            isinstance(v, int | str) and not isinstance(v, bool) for v in model.values()
+        ):
+            raise ConfigError(f"{where}.calibrated.model: expected a table of model sizes, got {model!r}")
+        if isinstance(batch, bool) or not isinstance(batch, int):
+            raise ConfigError(f"{where}.calibrated.batch_size: expected an integer, got {batch!r}")
+        return cls(preset=preset, model=dict(model), batch_size=batch)
+
+    def describe(self) -> str:
+        sizes = ",".join(f"{k}={v}" for k, v in self.model.items())
+        return f"{self.preset} at {sizes}, batch size {self.batch_size}"
 
 
 def _band_from(value: Any, where: str) -> Band:
@@ -149,6 +194,11 @@ def _band_from(value: Any, where: str) -> Band:
 
 def loads_bands(text: str, where: str = "bands file") -> BandTable:
     """Parse a bands file (the output of ``vgame calibrate``)."""
+    return loads_bands_file(text, where)[0]
+
+
+def loads_bands_file(text: str, where: str = "bands file") -> tuple[BandTable, BandsOrigin | None]:
+    """Parse a bands file: its table, and what it was calibrated on (None for a file without it)."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -158,17 +208,23 @@ def loads_bands(text: str, where: str = "bands file") -> BandTable:
         raise ConfigError(f"{where}: format {fmt!r} is not {BANDS_FORMAT!r}")
     if "bands" not in doc:
         raise ConfigError(f"{where}: no [bands] table")
-    return BandTable.from_dict(doc["bands"], "bands")
+    origin = BandsOrigin.from_dict(doc["calibrated"], where) if "calibrated" in doc else None
+    return BandTable.from_dict(doc["bands"], "bands"), origin
 
 
 def load_bands(path: str | Path) -> BandTable:
     """Read a bands file from disk."""
+    return load_bands_file(path)[0]
+
+
+def load_bands_file(path: str | Path) -> tuple[BandTable, BandsOrigin | None]:
+    """Read a bands file from disk: its table and what it was calibrated on."""
     p = Path(path)
     try:
         text = p.read_text("utf-8")
     except OSError as exc:
         raise ConfigError(f"bands file {str(p)!r}: {exc.strerror or exc}") from exc
-    return loads_bands(text, f"bands file {str(p)!r}")
+    return loads_bands_file(text, f"bands file {str(p)!r}")
 
 
 def preset_bands(preset: str) -> BandTable:
@@ -185,7 +241,10 @@ __all__ = [
     "MIN_EXP",
     "Band",
     "BandTable",
+    "BandsOrigin",
     "load_bands",
+    "load_bands_file",
     "loads_bands",
+    "loads_bands_file",
     "preset_bands",
 ]

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from game.errors import ConfigError
 from game.training import rounding
-from game.training.bands import MAX_EXP, MIN_EXP, Band, BandTable
+from game.training.bands import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
 from game.training.config import TaskConfig
 from game.training.intercept import OpClass, RoundingMode, classify, op_name, touched_tensors
 from game.training.profiles import Profile, get_profile
@@ -264,7 +264,8 @@ class Calibration:
             "Per op: [rel, abs] exponents: |x_a - x_b| <= 2**rel * 2**e(x) + 2**abs * 2**e(max |tensor|),\n"
             f"margin {self.margin}x included. Part of the task config (and so of its spec hash)."
         )
-        return self.table.to_toml(comment=comment)
+        origin = BandsOrigin(preset=self.preset, model=self.model, batch_size=self.batch_size)
+        return self.table.to_toml(comment=comment, origin=origin)
 
 
 def calibrate(

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 import tomllib
 from collections.abc import Mapping
@@ -21,7 +22,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from game.errors import ConfigError
-from game.training.bands import BandTable, load_bands, preset_bands
+from game.training.bands import BandsOrigin, BandTable, load_bands_file, preset_bands
+
+log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning or layout of the canonical JSON changes, including what computation a
 #: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's.
@@ -335,6 +338,41 @@ class TaskConfig:
         """A copy with ``changes`` (validated)."""
         return dataclasses.replace(self, **changes)
 
+    def check_bands_origin(self, origin: BandsOrigin | None, where: str) -> None:
+        """Refuse bands calibrated on another preset; warn about bands measured at other sizes.
+
+        Bands narrower than the real divergence can cost an honest trainer its dispute, and
+        another preset's file is a mix-up, never a choice (its ops are other ops). Other sizes may
+        be a choice (a calibration at a smaller, cheaper size), so they are only warned about.
+        """
+        if origin is None:
+            return
+        if origin.preset != self.preset:
+            raise ConfigError(
+                f"{where} was calibrated on preset {origin.preset!r}, not {self.preset!r}: "
+                f"calibrate this task (`vgame calibrate --preset {self.preset} --out FILE`) or leave "
+                "the bands out to take the preset's shipped ones"
+            )
+        try:
+            same_model = _shape_from(type(self.model), origin.model, partial=True) == self.model
+        except ConfigError:
+            same_model = False
+        if not same_model or origin.batch_size != self.batch_size:
+            sizes = ",".join(f"{k}={v}" for k, v in _shape_dict(self.model).items())
+            log.warning(
+                "%s was calibrated on %s; this task is %s at %s, batch size %d. Divergence grows "
+                "with sizes: calibrate at the task's (`vgame calibrate --preset %s --model %s "
+                "--batch-size %d`)",
+                where,
+                origin.describe(),
+                self.preset,
+                sizes,
+                self.batch_size,
+                self.preset,
+                sizes,
+                self.batch_size,
+            )
+
 
 def load_config(path: str | Path) -> TaskConfig:
     """Read a TOML task config; keys left out take the preset's defaults."""
@@ -346,9 +384,14 @@ def load_config(path: str | Path) -> TaskConfig:
         raise ConfigError(f"config file {str(p)!r}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r}: invalid TOML: {exc}") from exc
+    origin = None
     if isinstance(data.get("bands"), str):  # a bands file written by `vgame calibrate`, beside the config
-        data["bands"] = load_bands(p.parent / data["bands"])
-    return TaskConfig.from_dict(data, partial=True)
+        bands_path = p.parent / data["bands"]
+        data["bands"], origin = load_bands_file(bands_path)
+    cfg = TaskConfig.from_dict(data, partial=True)
+    if origin is not None:
+        cfg.check_bands_origin(origin, f"bands file {str(bands_path)!r}")
+    return cfg
 
 
 def example_config(name: str) -> TaskConfig:

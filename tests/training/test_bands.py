@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from game.errors import ConfigError
-from game.training.bands import Band, BandTable, load_bands, loads_bands, preset_bands
+from game.training.bands import (
+    Band,
+    BandsOrigin,
+    BandTable,
+    load_bands,
+    loads_bands,
+    loads_bands_file,
+    preset_bands,
+)
 from game.training.calibrate import OpStats, calibrate
 from game.training.config import PRESET_NAMES, TaskConfig, load_config
 from game.training.profiles import get_profile
@@ -76,6 +84,49 @@ def test_configFile_readsABandsFileBesideIt(tmp_path: Path) -> None:
         load_config(tmp_path / "task2.toml")
 
 
+def test_bandsFile_ofAnotherPreset_isRefused_ofOtherSizes_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bands narrower than the real divergence can cost an honest trainer its dispute: a file
+    measured on another model must not slip into a task unnoticed."""
+    origin = BandsOrigin(preset="mlp-digits", model={"hidden": 16}, batch_size=8)
+    (tmp_path / "bands.toml").write_text(_table().to_toml(origin=origin))
+    assert loads_bands_file((tmp_path / "bands.toml").read_text()) == (_table(), origin)
+    (tmp_path / "same.toml").write_text(
+        'preset = "mlp-digits"\nbatch_size = 8\nbands = "bands.toml"\n[model]\nhidden = 16\n'
+    )
+    with caplog.at_level("WARNING"):
+        assert load_config(tmp_path / "same.toml").bands == _table()
+    assert not caplog.records
+    (tmp_path / "wide.toml").write_text('preset = "mlp-digits"\nbatch_size = 8\nbands = "bands.toml"\n')
+    with caplog.at_level("WARNING"):
+        load_config(tmp_path / "wide.toml")
+    assert "calibrated on mlp-digits at hidden=16, batch size 8; this task is mlp-digits at hidden=64" in (
+        caplog.text
+    )
+    (tmp_path / "other.toml").write_text('preset = "cnn-digits"\nbands = "bands.toml"\n')
+    with pytest.raises(ConfigError, match=r"calibrated on preset 'mlp-digits', not 'cnn-digits'"):
+        load_config(tmp_path / "other.toml")
+    # a file from before the [calibrated] table says nothing about its origin: taken as it is
+    (tmp_path / "bands.toml").write_text(_table().to_toml())
+    assert load_config(tmp_path / "other.toml").bands == _table()
+
+
+@pytest.mark.parametrize(
+    ("calibrated", "match"),
+    [
+        ('"x"', r"calibrated: expected a table"),
+        ("{ model = {}, batch_size = 8 }", r"calibrated\.preset"),
+        ('{ preset = "mlp-digits", model = { hidden = true }, batch_size = 8 }', r"calibrated\.model"),
+        ('{ preset = "mlp-digits", model = {}, batch_size = "8" }', r"calibrated\.batch_size"),
+    ],
+)
+def test_badCalibratedTable_isAConfigError(calibrated: str, match: str) -> None:
+    text = f"calibrated = {calibrated}\n" + _table().to_toml()
+    with pytest.raises(ConfigError, match=match):
+        loads_bands(text)
+
+
 @pytest.mark.parametrize("preset", PRESET_NAMES)
 def test_shippedBands_coverEveryInexactOpOfThePreset(preset: str) -> None:
     # An op the calibration never saw would fall back to the default band: it must not happen for
@@ -119,7 +170,10 @@ def test_calibrate_measuresEveryOpWithinTheNoiseBound() -> None:
         # noisy perturbs by a relative 2**-40: less than 2**-39 of the binade; bands add the 16x margin
         assert op["max_rel_log2"] is None or op["max_rel_log2"] <= -39 + 1e-9
         assert op["band"][0] <= -39 + 4
-    assert loads_bands(result.to_toml()) == result.table
+    assert loads_bands_file(result.to_toml()) == (
+        result.table,
+        BandsOrigin(preset="mlp-digits", model={"hidden": 16}, batch_size=8),
+    )
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,17 @@ def test_calibrate_atOtherModelSizes_recordsThem(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["model"] == {"hidden": 8} and doc["batch_size"] == 4
     assert "hidden=8 and batch size 4" in bands.read_text()
+    # a task at other sizes is warned (it may be a choice); another preset's task is refused
+    r = vgame("train", *SMALL, "--steps", "1", "--bands", str(bands), "--out", str(tmp_path / "t"))
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 0, r.stderr
+    assert "was calibrated on mlp-digits at hidden=8, batch size 4; this task is mlp-digits at" in said
+    assert "--batch-size 32" in said
+    r = vgame("train", "--preset", "cnn-digits", "--steps", "1", "--bands", str(bands),
+              "--out", str(tmp_path / "c"))  # fmt: skip
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "was calibrated on preset 'mlp-digits', not 'cnn-digits'" in said
+    assert not (tmp_path / "c").exists()
     r = vgame("calibrate", "--config", str(bands), "--model", "hidden=8", "--profiles", "cpu-1t,noisy")
     assert r.returncode != 0 and "--model and --batch-size go with --preset" in r.stderr
 
