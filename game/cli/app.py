@@ -191,7 +191,27 @@ def warn_key_in_argv(key: str | None, chain: str) -> None:
     readable by every user of the machine (``ps``, ``/proc``) for as long as the process runs, days
     for a node. A keystore file, or ``VGAME_PRIVATE_KEY``, keeps it out. A loopback chain (anvil's
     development accounts, whose keys are public) is not warned about."""
-    if not key or Path(key).expanduser().is_file():
+    _warn_secret_in_argv(
+        key,
+        chain,
+        "the private key given with --key",
+        "set VGAME_PRIVATE_KEY, or pass a keystore file as --key",
+    )
+
+
+def warn_data_key_in_argv(data_key: str | None, chain: str) -> None:
+    """The same for ``--data-key``: whoever reads the data key can read the task's data and model
+    from the store, so a node that serves a real network takes it from a file or the environment."""
+    _warn_secret_in_argv(
+        data_key,
+        chain,
+        "the data key given with --data-key",
+        "pass the key's file as --data-key (`task keygen --out`), or set VGAME_DATA_KEY",
+    )
+
+
+def _warn_secret_in_argv(secret: str | None, chain: str, what: str, remedy: str) -> None:
+    if not secret or Path(secret).expanduser().is_file():
         return
     host = urllib.parse.urlparse(chain).hostname if "://" in chain else None
     if host is None or host == "localhost":
@@ -200,10 +220,38 @@ def warn_key_in_argv(key: str | None, chain: str) -> None:
         if ipaddress.ip_address(host).is_loopback:
             return
     err_console.print(
-        "[yellow]warning:[/] the private key given with --key can be read by every user of this machine "
-        "(`ps`) while the command runs; set VGAME_PRIVATE_KEY, or pass a keystore file as --key",
+        f"[yellow]warning:[/] {what} can be read by every user of this machine (`ps`) while the "
+        f"command runs; {remedy}",
         soft_wrap=True,
     )
+
+
+def read_data_key(value: str, option: str = "--data-key") -> bytes:
+    """A data key given as 64 hex characters, or as the file that holds them (what ``task keygen
+    --out`` and ``task create --data-key-out`` write): a file's name on a command line gives
+    nothing away, the key itself can be read by every user of the machine while a node runs."""
+    from game.store import parse_key
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text("ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{option} {value}: the key file cannot be read ({exc})") from exc
+        try:
+            return parse_key(text)
+        except VGameError as exc:
+            raise ConfigError(f"{option} {value}: the file does not hold a data key: {exc}") from exc
+    if not _looks_hex(value):
+        raise ConfigError(
+            f"{option} {value}: no such file, and not a data key (64 hex characters or a file holding them)"
+        )
+    return parse_key(value)
+
+
+def _looks_hex(text: str) -> bool:
+    t = text.strip().removeprefix("0x")
+    return bool(t) and all(c in "0123456789abcdefABCDEF" for c in t)
 
 
 def task_config(

@@ -23,7 +23,17 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from game.cli.app import app, check_profile, console, err_console, interrupts, progress_bar, warn_key_in_argv
+from game.cli.app import (
+    app,
+    check_profile,
+    console,
+    err_console,
+    interrupts,
+    progress_bar,
+    read_data_key,
+    warn_data_key_in_argv,
+    warn_key_in_argv,
+)
 from game.errors import ChainError, ConfigError
 from game.fsio import exclusive_directory
 from game.training.auditprogress import DEFAULT_EVERY_S
@@ -105,7 +115,10 @@ def node_cmd(
         str | None, typer.Option("--key", help="Hex private key or keystore file (else VGAME_PRIVATE_KEY).")
     ] = None,
     data_key: Annotated[
-        str | None, typer.Option("--data-key", help="The task's 64-hex data key (else VGAME_DATA_KEY).")
+        str | None,
+        typer.Option(
+            "--data-key", help="The task's data key: its file, or 64 hex (else VGAME_DATA_KEY, the same)."
+        ),
     ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
@@ -132,16 +145,18 @@ def node_cmd(
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
     from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
-    from game.store import BlobStore, parse_key
+    from game.store import BlobStore
 
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
     )
     ACTION_LOG.setLevel(logging.WARNING)  # the node prints each action itself, once (_printer)
-    hexkey = data_key or os.environ.get("VGAME_DATA_KEY")
-    if not hexkey:
-        raise ConfigError("the task's data key is needed: pass --data-key HEX or set VGAME_DATA_KEY")
-    dkey = parse_key(hexkey)
+    given = data_key or os.environ.get("VGAME_DATA_KEY")
+    if not given:
+        raise ConfigError(
+            "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
+        )
+    dkey = read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
     check_profile(profile)  # not hours later, when work comes
     task_cfg: TaskConfig | None = None
     if role == Role.trainer:  # its config read, and checked, before a node is asked anything
@@ -151,6 +166,7 @@ def node_cmd(
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         task_cfg = load_config(config)
     warn_key_in_argv(key, chain_url(chain))
+    warn_data_key_in_argv(data_key, chain_url(chain))
     rpc = RpcChain(chain_url(chain), key=key)
     client = _game_client(rpc, contract, task, role)
     blobs = BlobStore(store)

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import JsonOpt, app, console, emit_json, warn_key_in_argv
+from game.cli.app import (
+    JsonOpt,
+    app,
+    console,
+    emit_json,
+    read_data_key,
+    warn_data_key_in_argv,
+    warn_key_in_argv,
+)
 from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:
@@ -131,7 +139,7 @@ def _report(rec: TxReceipt | None, what: str, as_json: bool, **extra: Any) -> No
 @task_app.command("keygen")
 def keygen_cmd(
     out: Annotated[
-        Path | None, typer.Option("--out", help="Also write the key to this file (mode 600).")
+        Path | None, typer.Option("--out", help="Write the key to this file (mode 600), not to the terminal.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -144,7 +152,13 @@ def keygen_cmd(
     if as_json:
         emit_json({"data_key": key, "file": str(out) if out else None})
         return
-    console.print(key)
+    if out is None:
+        console.print(key)
+    else:  # not on the terminal too, where scrollback and logs keep it
+        console.print(
+            f"[bold green]wrote[/] a fresh data key to {out} (mode 600): pass `--data-key {out}` "
+            "to `task create` and to the nodes"
+        )
 
 
 def _write_secret(path: Path, text: str) -> bool:
@@ -159,7 +173,7 @@ def _write_secret(path: Path, text: str) -> bool:
             return False
         raise ConfigError(
             f"{path} exists and holds another key (another task's?): name a new file; "
-            f"to use the key it holds, pass --data-key $(cat {path})"
+            f"to use the key it holds, pass --data-key {path}"
         )
     atomic_write(path, data, mode=0o600)
     return True
@@ -202,7 +216,8 @@ def create_cmd(
         int, typer.Option("--judge-window", help="Seconds the judge has to rule.")
     ] = 3600,
     data_key: Annotated[
-        str | None, typer.Option("--data-key", help="Use this data key (64 hex) instead of a fresh one.")
+        str | None,
+        typer.Option("--data-key", help="Use this data key (its file, or 64 hex) instead of a fresh one."),
     ] = None,
     data_key_out: Annotated[
         Path | None, typer.Option("--data-key-out", help="Write the data key to this file (mode 600).")
@@ -210,7 +225,7 @@ def create_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
-    from game.store import new_key, parse_key
+    from game.store import new_key
     from game.tasks import TaskTerms, post_task
     from game.training.config import load_config
 
@@ -224,7 +239,8 @@ def create_cmd(
         judge_window=judge_window,
     )
     trainer_addr, judge_addr = _address(trainer, "--trainer"), _address(judge, "--judge")
-    dkey = parse_key(data_key) if data_key else new_key()
+    dkey = read_data_key(data_key) if data_key else new_key()
+    warn_data_key_in_argv(data_key, chain)
     # The key reaches its file before the task reaches the chain: a task whose key was lost (the
     # file could not be written after the transaction) could only be cancelled.
     made = data_key_out is not None and _write_secret(data_key_out, dkey.hex())
@@ -250,7 +266,13 @@ def create_cmd(
         return
     console.print(f"[bold green]task {rec.result}[/] posted (tx {rec.tx_hash}, gas {rec.gas_used:,})")
     console.print(f"  spec hash  {doc['spec_hash']}")
-    console.print(f"  data key   {doc['data_key']}  (give it to the trainer, auditors and judge)")
+    key_file = data_key_out or (
+        Path(data_key) if data_key and Path(data_key).expanduser().is_file() else None
+    )
+    if key_file is not None:  # not on the terminal too, where scrollback and logs keep it
+        console.print(f"  data key   in {key_file}  (give it to the trainer, auditors and judge)")
+    else:
+        console.print(f"  data key   {doc['data_key']}  (give it to the trainer, auditors and judge)")
 
 
 def _required_contract(contract: str) -> str:

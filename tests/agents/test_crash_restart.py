@@ -234,7 +234,8 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     task_id = int(rec.result or 0)
     cfg_file = tmp_path / "task.toml"
     cfg_file.write_text(_toml(cfg))
-    key = new_key().hex()
+    key = tmp_path / "data.key"  # the key's file, as `task keygen --out` writes it, not the key in argv
+    key.write_text(new_key().hex() + "\n")
 
     def start(
         role: str, account: Any, profile: str, *extra: str, json_lines: bool = True
@@ -252,7 +253,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
             "--key",
             account.key.hex(),
             "--data-key",
-            key,
+            str(key),
             "--profile",
             profile,
             "--poll",

@@ -16,6 +16,7 @@ from game.chain.types import TaskStatus
 from game.cli import _register
 from game.cli.app import app
 from game.errors import ConfigError
+from game.store import StoreError, new_key
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
 from game.training.config import TaskConfig
 
@@ -106,6 +107,43 @@ def test_keygen_prints_and_writes_a_private_key(runner: CliRunner, tmp_path: Pat
     res = runner.invoke(app, ["task", "keygen", "--out", str(out)])  # it may be a task's only copy
     assert isinstance(res.exception, ConfigError) and "exists and holds another key" in str(res.exception)
     assert out.read_text().strip() == key
+    fresh = tmp_path / "fresh.key"
+    res = runner.invoke(app, ["task", "keygen", "--out", str(fresh)])
+    assert res.exit_code == 0 and f"--data-key {fresh}" in " ".join(res.stdout.split())
+    assert fresh.read_text().strip() not in res.stdout  # in its file, not in the terminal's scrollback
+
+
+def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path) -> None:
+    from game.cli.app import read_data_key
+
+    key = new_key()
+    (tmp_path / "data.key").write_text(key.hex() + "\n")
+    assert read_data_key(str(tmp_path / "data.key")) == key
+    assert read_data_key("0x" + key.hex()) == key == read_data_key(key.hex())
+    with pytest.raises(ConfigError, match=r"--data-key data\.kye: no such file, and not a data key"):
+        read_data_key("data.kye")  # a typo of the file's name is named as such
+    (tmp_path / "junk.key").write_text("not a key\n")
+    with pytest.raises(ConfigError, match=r"junk\.key: the file does not hold a data key"):
+        read_data_key(str(tmp_path / "junk.key"))
+    with pytest.raises(StoreError, match="64 hex characters"):
+        read_data_key("ab" * 31)
+
+
+@pytest.mark.parametrize(
+    ("chain", "warned"), [("https://rpc.example.org", True), ("http://127.0.0.1:8545", False)]
+)
+def test_aRawDataKeyInArgv_isWarnedAbout(
+    chain: str, warned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from game.cli.app import warn_data_key_in_argv
+
+    warn_data_key_in_argv("cd" * 32, chain)
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("the data key given with --data-key can be read by every user" in said) is warned
+    assert "cd" * 32 not in said
+    (tmp_path / "data.key").write_text("cd" * 32)
+    warn_data_key_in_argv(str(tmp_path / "data.key"), chain)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("chain", ["embedded", "anvil", ""])

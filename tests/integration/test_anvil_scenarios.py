@@ -98,8 +98,9 @@ def test_task_commands_against_a_running_node(
         res = runner.invoke(app, [*post, *extra, "--data-key-out", str(out)])
         assert res.exit_code != 0 and said in str(res.exception), (res.output, res.exception)
     assert key_file.read_text().strip() == created["data_key"] and not (tmp_path / "fresh.key").exists()
-    reused = _json(runner, *post, "--data-key", created["data_key"], "--data-key-out", str(key_file))
+    reused = _json(runner, *post, "--data-key", str(key_file), "--data-key-out", str(key_file))
     assert reused["task_id"] == 2  # none of the refused ones posted a task
+    assert reused["data_key"] == created["data_key"]  # the key read from its file
 
     shown = _json(runner, "task", "show", str(task_id), *common)
     assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)
