@@ -4,8 +4,11 @@ Agents in deployed dispute games lost because they under-estimated gas or raced 
 (BoLD #355, Dave #233). So every transaction here is: estimated (a revert surfaces now, for free,
 with its decoded reason), given ``estimate * headroom + margin`` gas, signed locally with an
 explicit nonce, broadcast, and waited for. Retries never double-execute: a transient failure
-re-broadcasts the *same* signed bytes (same hash, so at most one lands), and only a transaction
-that provably had no effect (out of gas, or its nonce went to nothing of ours) is re-signed.
+re-broadcasts the *same* signed bytes (same hash, so at most one lands); a transaction left
+unmined (its fee fell below the market: a base-fee spike would hold it until the chess clock ran
+out) is replaced at the *same nonce* with higher fees, and every version is watched, so whichever
+lands is the one; only a transaction that provably had no effect (out of gas, or its nonce went to
+nothing of ours) is re-signed at a new nonce.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)
 # how nodes word "this account cannot pay": geth and anvil, then py-evm's two checks
 _CANNOT_PAY = ("insufficient funds", "cannot afford txn gas", "not have enough balance")
+# how nodes word "not at these fees": geth's pool, anvil's base-fee check, replacements
+_UNDERPRICED = ("underpriced", "less than block base fee", "fee too low")
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,19 @@ class GasPolicy:
     margin: int = 20_000  # + flat gas: covers cold-slot surprises and refund-capped estimates
     max_attempts: int = 4  # broadcasts per transaction, counting out-of-gas and transient retries
     oog_bump: float = 1.5  # x the previous limit after an out-of-gas revert
-    receipt_timeout: float = 120.0  # seconds to wait for inclusion before re-broadcasting
+    receipt_timeout: float = 120.0  # seconds to wait for inclusion before replacing with higher fees
     backoff: float = 0.5  # seconds before a retry, doubled each time
+    poll: float = 0.1  # seconds between receipt queries while waiting
+
+
+#: A replacement at the same nonce must raise both fee fields by at least 10% (geth's, and anvil's,
+#: price bump) to be accepted: ours adds an eighth, and never offers less than the market's fee.
+def replacement_fees(previous: dict[str, int], market: dict[str, int]) -> dict[str, int]:
+    """The fees of a transaction that replaces one offered at ``previous``."""
+    fees = {k: max(v + v // 8 + 1, market.get(k, 0)) for k, v in previous.items()}
+    if "maxFeePerGas" in fees:
+        fees["maxFeePerGas"] = max(fees["maxFeePerGas"], fees["maxPriorityFeePerGas"])
+    return fees
 
 
 def gas_limit(estimate: int, policy: GasPolicy, block_gas_limit: int | None = None) -> int:
@@ -145,28 +161,37 @@ class TxSender:
         attempt = 0
         signed: Any = None
         nonce = -1
+        fees = self._fees(latest)
+        versions: list[HexBytes] = []  # the hashes signed at this nonce: at most one of them lands
         while True:
             attempt += 1
             if signed is None:
-                nonce = book.take(self.chain, account.address)
-                signed = account.sign_transaction(
-                    {**base, **self._fees(latest), "gas": limit, "nonce": nonce}
-                )
+                if nonce < 0:
+                    nonce = book.take(self.chain, account.address)
+                signed = account.sign_transaction({**base, **fees, "gas": limit, "nonce": nonce})
+                versions.append(HexBytes(signed.hash))
             tx_hash = HexBytes(signed.hash)
             try:
                 self._broadcast(signed.raw_transaction)
-                receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=policy.receipt_timeout)
+                receipt = self._wait_any(versions, policy.receipt_timeout)
             except TimeExhausted:
-                log.warning(
-                    "tx %s not mined in %.0f s; re-broadcasting", tx_hash.hex(), policy.receipt_timeout
-                )
                 if attempt >= policy.max_attempts:
                     raise ChainError(
-                        f"transaction {tx_hash.hex()} was not mined after {attempt} tries"
+                        f"transaction {tx_hash.hex()} was not mined after {attempt} tries (the last "
+                        f"offered {self._fee_text(fees)})"
                     ) from None
-                continue  # same signed bytes: idempotent
+                fees = replacement_fees(fees, self._market_fees())
+                log.warning(
+                    "tx %s not mined in %.0f s; replacing it at nonce %d with %s",
+                    tx_hash.hex(),
+                    policy.receipt_timeout,
+                    nonce,
+                    self._fee_text(fees),
+                )
+                signed = None
+                continue
             except _TRANSIENT as exc:
-                mined = self._receipt_if_mined(tx_hash)
+                mined = self._receipt_if_mined(versions)
                 if mined is not None:
                     receipt = mined
                 else:
@@ -177,26 +202,38 @@ class TxSender:
                     continue
             except Web3RPCError as exc:
                 msg = str(exc).lower()
-                mined = self._receipt_if_mined(tx_hash)
+                mined = self._receipt_if_mined(versions)
                 if mined is not None:
-                    receipt = mined
+                    receipt = mined  # an earlier version landed while this one was on its way
                 elif "nonce too low" in msg or "nonce is too low" in msg:
                     # our nonce went to another transaction of this account: ours never ran
                     book.forget(account.address)
                     if attempt >= policy.max_attempts:
                         raise ChainError(f"could not find a free nonce for {account.address}") from exc
+                    signed, versions, nonce = None, [], -1
+                    continue
+                elif any(m in msg for m in _UNDERPRICED) and attempt < policy.max_attempts:
+                    # the node would not take this version at its fees (a base fee risen past its
+                    # cap, or too small a bump over a pending version): offer more, same nonce
+                    versions.pop()
+                    fees = replacement_fees(fees, self._market_fees())
+                    log.warning(
+                        "tx %s refused as underpriced; offering %s", tx_hash.hex(), self._fee_text(fees)
+                    )
                     signed = None
                     continue
                 else:
-                    book.forget(account.address)
+                    if len(versions) == 1:
+                        book.forget(account.address)
                     raise self._refusal(account, base["value"], exc) from exc
             except ValidationError as exc:  # py-evm's refusal (e.g. intrinsic gas too low)
                 book.forget(account.address)
                 raise self._refusal(account, base["value"], exc) from exc
+            landed = HexBytes(receipt["transactionHash"])
             if receipt["status"] == 1:
                 log.debug(
                     "tx %s mined in block %d, gas %d/%d",
-                    tx_hash.hex(),
+                    landed.hex(),
                     receipt["blockNumber"],
                     receipt["gasUsed"],
                     limit,
@@ -209,11 +246,41 @@ class TxSender:
                     raise ChainError(
                         f"transaction ran out of gas at a limit of {limit} after {attempt} tries"
                     )
-                log.warning("tx %s ran out of gas at %d; retrying with %d", tx_hash.hex(), limit, new_limit)
-                limit, signed = new_limit, None
+                log.warning("tx %s ran out of gas at %d; retrying with %d", landed.hex(), limit, new_limit)
                 latest = self.w3.eth.get_block("latest")
+                limit, signed, versions, nonce, fees = new_limit, None, [], -1, self._fees(latest)
                 continue
             raise self._replay_revert(account, base, receipt)
+
+    def _wait_any(self, versions: list[HexBytes], timeout: float) -> Any:
+        """The receipt of whichever version is mined first; TimeExhausted after ``timeout``.
+        Transient errors are raised (the caller retries them, checking every version)."""
+        end = time.monotonic() + timeout
+        while True:
+            for h in reversed(versions):
+                try:
+                    receipt = self.w3.eth.get_transaction_receipt(h)
+                except TransactionNotFound:
+                    continue
+                if receipt is not None:
+                    return receipt
+            if time.monotonic() >= end:
+                raise TimeExhausted(f"none of {len(versions)} version(s) mined in {timeout} s")
+            time.sleep(self.policy.poll)
+
+    def _market_fees(self) -> dict[str, int]:
+        """What a fresh transaction would offer for the next block ({} when the node cannot say:
+        the bump alone). The pending block holds the next base fee where a node tells it."""
+        for block in ("pending", "latest"):
+            try:
+                return self._fees(self.w3.eth.get_block(block))
+            except (*_TRANSIENT, Web3RPCError, ValueError):
+                continue
+        return {}
+
+    @staticmethod
+    def _fee_text(fees: dict[str, int]) -> str:
+        return ", ".join(f"{k} {Web3.from_wei(v, 'gwei')} gwei" for k, v in fees.items())
 
     def _fees(self, latest: Any) -> dict[str, int]:
         base_fee = latest.get("baseFeePerGas")
@@ -234,11 +301,13 @@ class TxSender:
                 return  # a previous broadcast of these exact bytes reached the node
             raise
 
-    def _receipt_if_mined(self, tx_hash: HexBytes) -> Any:
-        try:
-            return self.w3.eth.get_transaction_receipt(tx_hash)
-        except (TransactionNotFound, *_TRANSIENT):
-            return None
+    def _receipt_if_mined(self, versions: list[HexBytes]) -> Any:
+        for h in versions:
+            try:
+                return self.w3.eth.get_transaction_receipt(h)
+            except (TransactionNotFound, *_TRANSIENT):
+                continue
+        return None
 
     def _replay_revert(self, account: LocalAccount, base: dict[str, Any], receipt: Any) -> Exception:
         """Re-run a mined, failed call to learn why it reverted: on the state before its block, then

@@ -157,7 +157,8 @@ def keygen_cmd(
     else:  # not on the terminal too, where scrollback and logs keep it
         console.print(
             f"[bold green]wrote[/] a fresh data key to {out} (mode 600): pass `--data-key {out}` "
-            "to `task create` and to the nodes"
+            "to `task create` and to the nodes",
+            soft_wrap=True,  # one line: a path is not broken in two
         )
 
 
@@ -270,7 +271,9 @@ def create_cmd(
         Path(data_key) if data_key and Path(data_key).expanduser().is_file() else None
     )
     if key_file is not None:  # not on the terminal too, where scrollback and logs keep it
-        console.print(f"  data key   in {key_file}  (give it to the trainer, auditors and judge)")
+        console.print(
+            f"  data key   in {key_file}  (give it to the trainer, auditors and judge)", soft_wrap=True
+        )
     else:
         console.print(f"  data key   {doc['data_key']}  (give it to the trainer, auditors and judge)")
 

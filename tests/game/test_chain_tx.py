@@ -165,3 +165,82 @@ def test_replayRevert_aTransactionAheadInTheSameBlock_givesTheRevertItCaused() -
     never = _Chain(reverts_from=99)
     got = TxSender(never)._replay_revert(account, base, receipt)  # type: ignore[arg-type]
     assert type(got) is ChainError and "before and after its block" in str(got)
+
+
+def test_replacementFees_raiseBothFieldsByMoreThanTenPercent_andMeetTheMarket() -> None:
+    from game.chain.tx import replacement_fees
+
+    prev = {"maxFeePerGas": 2_000_000_001, "maxPriorityFeePerGas": 1_000_000_000}
+    bumped = replacement_fees(prev, {"maxFeePerGas": 1, "maxPriorityFeePerGas": 1})
+    assert all(bumped[k] * 10 > prev[k] * 11 for k in prev)  # geth's and anvil's 10% price bump
+    spiked = replacement_fees(prev, {"maxFeePerGas": 50 * 10**9, "maxPriorityFeePerGas": 10**9})
+    assert spiked["maxFeePerGas"] == 50 * 10**9 and spiked["maxPriorityFeePerGas"] > 10**9
+    assert replacement_fees({"gasPrice": 800}, {}) == {"gasPrice": 901}  # a legacy chain's one price
+
+
+@pytest.mark.anvil
+@pytest.mark.parametrize("spiked", ["before", "after"])  # refused at once, or taken and left unmined
+def test_send_underpricedByABaseFeeSpike_isReplacedAtTheSameNonce_andRunsOnce(
+    anvil_chain: Any, spiked: str
+) -> None:
+    """A base fee that rises past the offered fee holds a transaction unmined for as long as it
+    stays up: re-broadcasting the same bytes never lands it (a party would lose on its clock)."""
+    import threading
+
+    chain = anvil_chain
+    payer, to = chain.account(7), chain.account(8).address
+    before, nonce = chain.balance(to), chain.nonce(payer.address)
+    spike = 50 * int(chain.w3.eth.get_block("latest")["baseFeePerGas"]) + 10**10
+    chain._rpc("evm_setAutomine", [False])
+    stop = threading.Event()
+
+    def congested_blocks() -> None:  # every block's base fee far above what the first offer allows
+        while spiked == "after" and chain.nonce(payer.address) == nonce and not stop.is_set():
+            stop.wait(0.02)  # until the first version is in the node's pool
+        while not stop.is_set():
+            chain._rpc("anvil_setNextBlockBaseFeePerGas", [hex(spike)])
+            chain._rpc("anvil_mine", ["0x1"])
+            stop.wait(0.2)
+
+    miner = threading.Thread(target=congested_blocks, daemon=True)
+    miner.start()
+    try:
+        sent = TxSender(chain, GasPolicy(receipt_timeout=1.5, poll=0.05)).transfer(payer, to, 4242)
+    finally:
+        stop.set()
+        miner.join()
+    tx = chain.w3.eth.get_transaction(sent.receipt["transactionHash"])
+    assert sent.attempts >= 2 and tx["nonce"] == nonce and tx["maxFeePerGas"] >= spike
+    assert chain.balance(to) == before + 4242 and chain.nonce(payer.address) == nonce + 1
+
+
+@pytest.mark.anvil
+def test_send_anEarlierVersionLands_whileItIsBeingReplaced_isTakenNotSentAgain(
+    anvil_chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first version is mined just as the wait for it ends: the replacement finds its nonce
+    used, and the sender must return the earlier version's receipt, not sign the call anew at the
+    next nonce (which would run it twice)."""
+    from web3.exceptions import TimeExhausted
+
+    chain = anvil_chain
+    payer, to = chain.account(5), chain.account(6).address
+    before, nonce = chain.balance(to), chain.nonce(payer.address)
+    chain._rpc("evm_setAutomine", [False])
+    sender = TxSender(chain, GasPolicy(receipt_timeout=0.5, poll=0.05))
+    real_wait = sender._wait_any
+    waits: list[int] = []
+
+    def late(versions: list[Any], timeout: float) -> Any:
+        waits.append(len(versions))
+        if len(waits) == 1:
+            chain._rpc("anvil_mine", ["0x1"])  # the first version lands only now ...
+            raise TimeExhausted("... and the sender has already given up waiting for it")
+        chain._rpc("evm_setAutomine", [True])
+        return real_wait(versions, timeout)
+
+    monkeypatch.setattr(sender, "_wait_any", late)
+    sent = sender.transfer(payer, to, 99)
+    first = chain.w3.eth.get_transaction_by_block(sent.receipt["blockNumber"], 0)
+    assert sent.receipt["transactionHash"] == first["hash"] and first["nonce"] == nonce
+    assert chain.balance(to) == before + 99 and chain.nonce(payer.address) == nonce + 1
