@@ -280,13 +280,28 @@ def action_from_receipt(
     )
 
 
+#: Blocks scanned again on every round. A reorganisation replaces the newest blocks, and a
+#: transaction of a replaced block is mined again in a block of the same or a lower number: behind
+#: a scan position already past it, its event would never be seen (a trainer that misses a
+#: challenge loses the game on its clock). 64 blocks are two epochs on Ethereum, the depth after
+#: which a block is final; on a chain without reorganisations it costs a query over 64 blocks.
+RESCAN_BLOCKS = 64
+
+
+def next_scan_from(from_block: int, last: int) -> int:
+    """Where the next scan starts after scanning ``from_block..last``: the newest
+    :data:`RESCAN_BLOCKS` blocks again (callers skip the events they know)."""
+    return max(from_block, last + 1 - RESCAN_BLOCKS)
+
+
 def games_of_task(
     client: VerificationGameClient, task_id: int, from_block: int, *, auditor: str | None = None
 ) -> tuple[list[int], int]:
     """Game ids of ``task_id`` opened in blocks ``from_block..`` (by ``auditor`` if given).
 
     Returns the ids and the next block to scan from (the scan is bounded by the block number read
-    first, so a game opened meanwhile is seen by the next call, never skipped).
+    first, so a game opened meanwhile is seen by the next call, never skipped; the newest blocks
+    are scanned again, :data:`RESCAN_BLOCKS`, so the same id may come again).
     """
     last = client.chain.block_number()
     if last < from_block:
@@ -295,7 +310,7 @@ def games_of_task(
     if auditor is not None:
         filters["auditor"] = auditor
     events = client.get_events("Challenged", from_block, last, **filters)
-    return [int(e.game_id) for e in events], last + 1  # type: ignore[attr-defined]
+    return [int(e.game_id) for e in events], next_scan_from(from_block, last)  # type: ignore[attr-defined]
 
 
 def next_due_time(client: VerificationGameClient, task_ids: Iterable[int]) -> int | None:
@@ -359,6 +374,7 @@ def drive(
 
 __all__ = [
     "ACTORS",
+    "RESCAN_BLOCKS",
     "WHATS",
     "ActionSink",
     "Agent",
@@ -376,6 +392,7 @@ __all__ = [
     "format_wei",
     "games_of_task",
     "next_due_time",
+    "next_scan_from",
     "pre_state_path",
     "write_pre_state",
 ]

@@ -32,6 +32,7 @@ from game.agents import (
     action_from_receipt,
     check_key,
     config_path,
+    next_scan_from,
     pre_state_path,
 )
 from game.chain.client import VerificationGameClient
@@ -188,13 +189,17 @@ class Judge:
         if last < start:
             return known
         filters = {} if self.task_id is None else {"task_id": self.task_id}
-        new = []
+        new: list[int] = []
         for ev in self.client.get_events("StepPinned", start, last, **filters):
             gid = int(ev.game_id)  # type: ignore[attr-defined]
+            if gid in known or gid in new:  # the newest blocks are scanned again (reorganisations)
+                continue
             judge = self.client.task(int(ev.task_id)).judge  # type: ignore[attr-defined]
-            if judge.lower() == self.client.me.lower() and gid not in known:
+            if judge.lower() == self.client.me.lower():
                 new.append(gid)
-        self.state.update(games=known + new, scan_from=last + 1)
+        nxt = next_scan_from(start, last)
+        if new or nxt != start:
+            self.state.update(games=known + new, scan_from=nxt)
         return known + new
 
     # ---------------------------------------------------------------------------- ruling
