@@ -17,6 +17,7 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_utils import event_abi_to_log_topic, to_checksum_address
 from hexbytes import HexBytes
+from web3.exceptions import Web3RPCError
 
 from game.chain.artifacts import Artifact, abi_types, load_artifact
 from game.chain.backends import Chain
@@ -307,18 +308,37 @@ def get_events(
 
     ``name`` picks one event; ``filters`` match fields by value (indexed ones go to the node as
     topics; all are checked here too). Ranges are fetched ``chunk`` blocks at a time because
-    public nodes cap ``eth_getLogs``.
+    public nodes cap ``eth_getLogs``, each its own way (a block range of 10,000, 2,000 or 500,
+    or 10,000 results) and in its own words: a range the node refuses is halved until it answers,
+    and the span that then answered is kept for the chain's later queries.
     """
     decoder = decoder or EventDecoder()
     topics = decoder.topics(name, filters)
     last = chain.block_number() if to_block == "latest" else int(to_block)
     out: list[ContractEvent] = []
     start = from_block
+    span = min(chunk, getattr(chain, "_vgame_log_span", chunk))
     while start <= last:
-        end = min(last, start + chunk - 1)
-        raws = chain.w3.eth.get_logs(
-            {"address": to_checksum_address(address), "fromBlock": start, "toBlock": end, "topics": topics}
-        )
+        end = min(last, start + span - 1)
+        try:
+            raws = chain.w3.eth.get_logs(
+                {
+                    "address": to_checksum_address(address),
+                    "fromBlock": start,
+                    "toBlock": end,
+                    "topics": topics,
+                }
+            )
+        except (Web3RPCError, ValueError) as exc:
+            if end == start:  # one block refused: not a cap on the range
+                raise
+            span = max(1, (end - start + 1) // 2)
+            log.info(
+                "the node refused eth_getLogs over %d blocks (%s); asking for %d", end - start + 1, exc, span
+            )
+            continue
+        if span < getattr(chain, "_vgame_log_span", chunk):  # a narrower span answered: keep it
+            chain._vgame_log_span = span  # type: ignore[attr-defined]
         for raw in raws:
             ev = decoder.decode(raw)
             if ev is not None and _matches(ev, filters):

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+from web3.exceptions import Web3RPCError
+
 from game.agents import RESCAN_BLOCKS, games_of_task, next_scan_from
 from tests.game.conftest import Setup
 
@@ -33,3 +36,44 @@ def test_challengeMinedAgainInAReplacedBlock_isStillFound(
     found, again = games_of_task(s.trainer, s.task_id, nxt)
     assert found == [gid] and again <= chain.block_number()
     assert games_of_task(s.trainer, s.task_id, again)[0] == [gid]  # seen again: callers dedupe
+
+
+def test_getEvents_onANodeThatCapsTheRange_halvesUntilItAnswers_andKeepsTheSpan(
+    committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Public nodes refuse eth_getLogs over more than their cap (10,000, 2,000, 500 blocks, each
+    in its own words): a judge scanning from block 0 must still find its games, not retry the
+    same refused range every round forever."""
+    from game.chain.events import get_events
+
+    s = committed_task(65)
+    gid = s.auditor.challenge(s.task_id).result
+    chain.mine(40)
+    address = s.trainer.address
+    everything = get_events(chain, address, "Challenged")
+    assert [e.game_id for e in everything] == [gid]
+    real = chain.w3.eth.get_logs
+    asked: list[int] = []
+
+    def capped(query: dict[str, Any]) -> Any:
+        width = int(query["toBlock"]) - int(query["fromBlock"]) + 1
+        asked.append(width)
+        if width > 8:
+            raise Web3RPCError("exceed maximum block range: 8")
+        return real(query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chain.w3.eth, "get_logs", capped)
+    assert get_events(chain, address, "Challenged") == everything
+    learned = chain._vgame_log_span
+    assert learned <= 8
+    asked.clear()
+    assert get_events(chain, address, "Challenged") == everything
+    assert max(asked) <= 8  # the span that worked is where the next query starts
+
+    def broken(query: dict[str, Any]) -> Any:
+        raise Web3RPCError("internal error")
+
+    monkeypatch.setattr(chain.w3.eth, "get_logs", broken)
+    with pytest.raises(Web3RPCError, match="internal error"):  # down to one block: not a range cap
+        get_events(chain, address, "Challenged")
+    assert chain._vgame_log_span == learned  # a failure teaches nothing: only a span that answered
