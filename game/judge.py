@@ -172,7 +172,24 @@ class Judge:
             ACTION_LOG.info("judge: %s", action.detail)
             if self.on_action is not None:
                 self.on_action(action)
+        self._drop_settled_transcripts()
         return out
+
+    def _drop_settled_transcripts(self) -> None:
+        """Delete the fetched copies of settled tasks' transcripts: a settled task takes no more
+        pins, the store keeps the sealed blob, and a judge of every task would otherwise keep a
+        decrypted copy of every transcript it ever ruled on (each as large as the training's log)."""
+        fetched: dict[str, str] = dict(self.state.get("fetched", {}))
+        settled = [
+            tid
+            for tid in fetched
+            if self.client.task(int(tid)).status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED)
+        ]
+        for tid in settled:
+            shutil.rmtree(self.workdir / "transcripts" / tid, ignore_errors=True)
+            del fetched[tid]
+        if settled:
+            self.state.update(fetched=fetched)
 
     @property
     def done(self) -> bool:

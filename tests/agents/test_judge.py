@@ -164,3 +164,24 @@ def test_judge_withAKeyThatIsNotTheTasksJudge_saysSo_insteadOfWaiting(
     right = Judge(roles["judge"], profile="cpu-1t", workdir=tmp_path / "j2", store=store, data_key=data_key,
                   task_id=task_id)  # fmt: skip
     assert right.step() == []
+
+
+def test_judge_dropsItsCopyOfATranscript_onceTheTaskIsSettled(
+    roles: dict[str, Any], pinned: tuple[Any, int, int]
+) -> None:
+    """A judge of every task fetched a decrypted copy of each transcript it ruled on and kept them
+    all: as large as the training's log each, they filled its disk over time."""
+    from game.agents import drive
+
+    agents, task_id, _gid = pinned
+    judge, client = agents.judge, roles["client"]
+    assert [a.what for a in judge.step()] == ["rule"]
+    copy = judge.workdir / "transcripts" / str(task_id)
+    assert copy.is_dir() and str(task_id) in judge.state.get("fetched", {})
+    judge.step()
+    assert copy.is_dir()  # the task is not settled yet: another auditor's game may need it
+    drive([agents.trainer, agents.auditor], client, [task_id])
+    assert client.task(task_id).status == TaskStatus.FINALIZED
+    judge.step()
+    assert not copy.exists() and judge.state.get("fetched", {}) == {}
+    judge.store.check(client.task(task_id).transcript_id)  # the sealed blob stays in the store
