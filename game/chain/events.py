@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+import requests
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_utils import event_abi_to_log_topic, to_checksum_address
@@ -301,16 +302,17 @@ def get_events(
     to_block: int | str = "latest",
     *,
     decoder: EventDecoder | None = None,
-    chunk: int = 5_000,
+    chunk: int = 100_000,
     **filters: Any,
 ) -> list[ContractEvent]:
     """Events of the contract at ``address`` in ``[from_block, to_block]``, oldest first.
 
     ``name`` picks one event; ``filters`` match fields by value (indexed ones go to the node as
-    topics; all are checked here too). Ranges are fetched ``chunk`` blocks at a time because
-    public nodes cap ``eth_getLogs``, each its own way (a block range of 10,000, 2,000 or 500,
-    or 10,000 results) and in its own words: a range the node refuses is halved until it answers,
-    and the span that then answered is kept for the chain's later queries.
+    topics; all are checked here too). Ranges are fetched ``chunk`` blocks at a time (a scan from
+    block 0 of a public testnet is some 100 queries) because public nodes cap ``eth_getLogs``, each
+    its own way (a block range of 10,000, 2,000 or 500, or 10,000 results) and in its own words: a
+    range the node refuses, or does not answer in time, is halved until it answers, and the span
+    that then answered is kept for the chain's later queries.
     """
     decoder = decoder or EventDecoder()
     topics = decoder.topics(name, filters)
@@ -329,7 +331,7 @@ def get_events(
                     "topics": topics,
                 }
             )
-        except (Web3RPCError, ValueError) as exc:
+        except (Web3RPCError, ValueError, requests.Timeout) as exc:
             if end == start:  # one block refused: not a cap on the range
                 raise
             span = max(1, (end - start + 1) // 2)

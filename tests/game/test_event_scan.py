@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import requests
 from web3.exceptions import Web3RPCError
 
 from game.agents import RESCAN_BLOCKS, games_of_task, next_scan_from
@@ -38,8 +39,13 @@ def test_challengeMinedAgainInAReplacedBlock_isStillFound(
     assert games_of_task(s.trainer, s.task_id, again)[0] == [gid]  # seen again: callers dedupe
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [Web3RPCError("exceed maximum block range: 8"), requests.ReadTimeout("read timed out (30 s)")],
+    ids=["refused", "timed-out"],
+)
 def test_getEvents_onANodeThatCapsTheRange_halvesUntilItAnswers_andKeepsTheSpan(
-    committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch
+    committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch, refusal: Exception
 ) -> None:
     """Public nodes refuse eth_getLogs over more than their cap (10,000, 2,000, 500 blocks, each
     in its own words): a judge scanning from block 0 must still find its games, not retry the
@@ -59,7 +65,7 @@ def test_getEvents_onANodeThatCapsTheRange_halvesUntilItAnswers_andKeepsTheSpan(
         width = int(query["toBlock"]) - int(query["fromBlock"]) + 1
         asked.append(width)
         if width > 8:
-            raise Web3RPCError("exceed maximum block range: 8")
+            raise refusal
         return real(query)  # type: ignore[arg-type]
 
     monkeypatch.setattr(chain.w3.eth, "get_logs", capped)
