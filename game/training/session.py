@@ -19,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich import filesize
 
 from game.errors import NonFiniteError, RoundingLogError, TranscriptError
 from game.fsio import exclusive_directory
@@ -38,6 +40,7 @@ from game.training.state import (
     TrainState,
     decode_state,
     encode_streamed,
+    encoded_size,
     hash_streamed,
     state_buffer,
     state_hash,
@@ -283,10 +286,40 @@ def _train_alone(
                 ) from exc
             loss = step_loss if step_loss is not None else loss
             steps_run += 1
+            if steps_run == 1:  # the optimizer's state exists now: a checkpoint has its full size
+                _warn_if_no_room(out, cfg, state, step)
             if progress is not None:
                 progress(step, cfg.steps)
         writer.finish()
     return _result(Transcript(out), profile, steps_run=steps_run, resumed_from=resumed_from, loss=loss)
+
+
+def checkpoints_after(step: int, cfg: TaskConfig) -> int:
+    """How many checkpoints a run keeps in steps ``step + 1 .. cfg.steps``."""
+    k, last = cfg.checkpoint_interval, cfg.steps
+    if step >= last:
+        return 0
+    return last // k - step // k + (1 if last % k else 0)
+
+
+def _warn_if_no_room(out: Path, cfg: TaskConfig, state: TrainState, step: int) -> None:
+    """Say at the start, not hours later, when the checkpoints still to come do not fit on the
+    transcript's disk (the log comes on top). The run still goes on: a full disk stops it with
+    every step so far kept, and it goes on from there when run again with room."""
+    count, each = checkpoints_after(step, cfg), encoded_size(state)
+    free = shutil.disk_usage(out).free
+    if count * each > free:
+        log.warning(
+            "the %d checkpoints still to come need %s (%s each, one every %d steps) and %s has %s "
+            "free: the run will stop when the disk is full, every step so far kept (free some space "
+            "and run it again to go on; a new task may raise checkpoint_interval)",
+            count,
+            filesize.decimal(count * each),
+            filesize.decimal(each),
+            cfg.checkpoint_interval,
+            out,
+            filesize.decimal(free),
+        )
 
 
 def initial_step(engine: StepEngine, writer: TranscriptWriter, dev: Deviation | None = None) -> TrainState:

@@ -463,6 +463,19 @@ def state_hash(state: TrainState) -> bytes:
     return hash_streamed(state)
 
 
+def encoded_size(state: TrainState) -> int:
+    """The length of :func:`encode_state`'s bytes (a checkpoint's size), from the tensors' names,
+    types and shapes alone: nothing is encoded or copied."""
+    tensors = state_tensors(state)
+    size = len(STATE_MAGIC) + struct.calcsize("<QI")
+    for name, t in tensors.items():
+        tag = _TAGS.get(t.dtype)
+        if tag is None:
+            raise TrainingError(f"state tensor {name} has unsupported dtype {t.dtype}")
+        size += len(_header(name, tag, tuple(t.shape))) + t.numel() * _width(tag)
+    return size
+
+
 def encode_streamed(state: TrainState) -> bytes:
     """:func:`encode_state` from the pieces, for a caller that :func:`state_buffer` already refused."""
     return b"".join(list(_state_parts(state)))
@@ -672,6 +685,7 @@ __all__ = [
     "decode_state",
     "encode_state",
     "encode_streamed",
+    "encoded_size",
     "float_state_tensors",
     "fresh_state",
     "hash_streamed",

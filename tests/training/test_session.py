@@ -266,3 +266,48 @@ def test_train_ofAStateTooLargeForOneBuffer_writesTheSameTranscript(
     ckpts = [k for k in a if k.startswith(CHECKPOINT_DIR_NAME)]
     assert len(ckpts) >= 3 and all(a[k] == b[k] for k in ckpts)
     assert a[LEAVES_NAME] == b[LEAVES_NAME]
+
+
+@pytest.mark.parametrize(
+    ("steps", "k", "after"), [(6, 2, 1), (6, 2, 0), (7, 2, 1), (7, 3, 6), (5, 5, 5), (9, 4, 8)]
+)
+def test_checkpointsAfter_countsTheCheckpointStepsStillToCome(steps: int, k: int, after: int) -> None:
+    from game.training.session import checkpoints_after
+    from game.training.transcript import is_checkpoint_step
+
+    cfg = tiny("mlp-digits").replace(steps=steps, checkpoint_interval=k)
+    expected = sum(is_checkpoint_step(s, k, steps) for s in range(after + 1, steps + 1))
+    assert checkpoints_after(after, cfg) == expected
+
+
+@pytest.mark.parametrize("preset", ["mlp-digits", "gpt-shakespeare"])  # AdamW's moments come at step 1
+def test_encodedSize_isTheLengthOfTheCanonicalBytes(preset: str) -> None:
+    from game.training.profiles import get_profile
+    from game.training.state import encode_state, encoded_size
+    from game.training.step import StepEngine
+
+    engine = StepEngine(tiny(preset), get_profile("cpu-1t"))
+    state = engine.init_state()
+    assert encoded_size(state) == len(encode_state(state))
+    engine.run_step(state, 1, mode="round")
+    assert encoded_size(state) == len(encode_state(state))
+
+
+def test_train_onADiskTooSmallForItsCheckpoints_saysSoAtTheStart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that will fill its disk says so after its first step, not when the disk is full."""
+    import game.training.session as session
+
+    cfg = tiny("gpt-shakespeare")
+    with caplog.at_level("WARNING", logger="game.training.session"):
+        train(cfg, "cpu-1t", tmp_path / "roomy")
+    assert "checkpoints still to come" not in caplog.text
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(session.shutil, "disk_usage", lambda _p: usage._replace(free=10_000))
+    with caplog.at_level("WARNING", logger="game.training.session"):
+        result = train(cfg, "cpu-1t", tmp_path / "tight")
+    assert result.steps_run == STEPS  # the run still goes on
+    warned = [r.getMessage() for r in caplog.records if "checkpoints still to come" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("the 3 checkpoints still to come need")
+    assert "has 10.0 kB free" in warned[0]
