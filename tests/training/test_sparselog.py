@@ -18,19 +18,13 @@ from game.training import chunkcodec, native, sparselog
 from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
 from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
 from game.training.sparselog import SparseStepLog
+from tests.training.helpers import random_sparse_log
 
 SPEC = bytes(range(32))
 
 
 def _log(step: int = 3, codec: str = "auto", seed: int = 0, records: int = 6) -> SparseStepLog:
-    g = torch.Generator().manual_seed(seed)
-    out = SparseStepLog(step, codec=codec)
-    for i in range(records):
-        count = int(torch.randint(1, 5000, (1,), generator=g))
-        k = int(torch.randint(0, min(count, 40) + 1, (1,), generator=g))
-        pos = torch.randperm(count, generator=g)[:k].sort().values
-        out.append(i, ["aten.mm.default", "aten.addmm.default", "aten._softmax.default"][i % 3], count, pos)
-    return out
+    return random_sparse_log(step, codec=codec, seed=seed, records=records)
 
 
 def _same(a: SparseStepLog, b: SparseStepLog) -> bool:

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from game.training.native import stepwriter
 from game.training.session import train
 from game.training.sparselog import SparseStepLog
 from game.training.transcript import Transcript, TranscriptWriter
+from tests.training.helpers import file_tree, random_sparse_log
 
 SPEC = bytes(range(32))
 
@@ -34,20 +34,16 @@ needs_writer = pytest.mark.skipif(
 
 def _log(step: int, codec: str, records: int, seed: int = 0) -> SparseStepLog:
     """A sparse log of ``records`` records, sizes and gaps like a training step's."""
-    g = torch.Generator().manual_seed(seed)
-    out = SparseStepLog(step, codec=codec)
-    for i in range(records):
-        count = int(torch.randint(1, 20000, (1,), generator=g))
-        k = int(torch.randint(0, min(count, 60) + 1, (1,), generator=g))
-        pos = torch.randperm(count, generator=g)[:k].sort().values
-        out.append(
-            3 * i, ["aten.mm.default", "aten.addmm.default", "aten.convolution.default"][i % 3], count, pos
-        )
-    return out
-
-
-def _tree(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    return random_sparse_log(
+        step,
+        codec=codec,
+        records=records,
+        seed=seed,
+        max_count=20000,
+        max_entries=60,
+        index_stride=3,
+        ops=("aten.mm.default", "aten.addmm.default", "aten.convolution.default"),
+    )
 
 
 @needs_writer
@@ -105,7 +101,7 @@ def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
                 writer.append_state(step, memoryview(state.tobytes()), log)
             writer.finish()
         Transcript(out).verify()
-        trees.append(_tree(out))
+        trees.append(file_tree(out))
     assert trees[0] == trees[1] == trees[2]
     assert taken == {"ring": [True] * (cfg.steps + 1), "c": [True] * (cfg.steps + 1)}
     assert sum(name.startswith("checkpoints/") for name in trees[0]) == 3
@@ -155,7 +151,7 @@ def test_aTrainingRun_writesTheSameTranscriptWithOrWithoutTheCCall(tmp_path: Pat
         with stepwriter.disabled() if way == "python" else contextlib.nullcontext():
             results.append(train(cfg, "cpu-1t", tmp_path / way))
     assert (results[0].state_root, results[0].log_root) == (results[1].state_root, results[1].log_root)
-    trees = [_tree(tmp_path / way) for way in ("c", "python")]
+    trees = [file_tree(tmp_path / way) for way in ("c", "python")]
     del trees[0]["manifest.json"], trees[1]["manifest.json"]
     assert trees[0] == trees[1]
 
@@ -189,7 +185,7 @@ def test_aStepTheRingCannotFinish_isWrittenInPython_andTheStepsAfterItToo(
                 writer.append_state(step, memoryview(f"state {step}".encode() * 50), log)
             writer.finish()
         Transcript(out).verify()
-        trees.append(_tree(out))
+        trees.append(file_tree(out))
     assert trees[0] == trees[1]
     assert len(asked) >= 3  # the ring took steps 0-2 (later ones: the C call on the Python thread)
 

@@ -27,6 +27,7 @@ from game.training.transcript import (
     Transcript,
     TranscriptWriter,
 )
+from tests.training.helpers import file_tree
 
 
 def _cfg() -> TaskConfig:
@@ -322,10 +323,6 @@ def _files_way(way: str) -> contextlib.AbstractContextManager[None]:
     return native.disabled() if way == "python" else contextlib.nullcontext()
 
 
-def _tree(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 def test_theStepsFiles_areTheSameWrittenInCOrInPython(tmp_path: Path) -> None:
     """Both ways leave the same files, byte for byte, and no temporary file (a step queued with its
     hash or with its state's bytes, checkpoint steps among them)."""
@@ -342,7 +339,7 @@ def test_theStepsFiles_areTheSameWrittenInCOrInPython(tmp_path: Path) -> None:
                     _append(writer, step)
             writer.finish()
         Transcript(out).verify()
-        trees.append(_tree(out))
+        trees.append(file_tree(out))
     assert trees[0] == trees[1]
     assert {name for name in trees[0] if name.endswith(".tmp")} == set()
     assert sum(name.startswith("checkpoints/") for name in trees[0]) == 5

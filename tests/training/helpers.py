@@ -1,0 +1,37 @@
+"""Helpers shared by the training tests: synthetic sparse logs and a directory's files."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from game.training.sparselog import SparseStepLog
+
+
+def random_sparse_log(
+    step: int,
+    *,
+    codec: str = "auto",
+    records: int = 6,
+    seed: int = 0,
+    max_count: int = 5000,
+    max_entries: int = 40,
+    index_stride: int = 1,
+    ops: Sequence[str] = ("aten.mm.default", "aten.addmm.default", "aten._softmax.default"),
+) -> SparseStepLog:
+    """A sparse log of ``records`` records with random sizes and positions (a step's shape)."""
+    g = torch.Generator().manual_seed(seed)
+    out = SparseStepLog(step, codec=codec)
+    for i in range(records):
+        count = int(torch.randint(1, max_count, (1,), generator=g))
+        k = int(torch.randint(0, min(count, max_entries) + 1, (1,), generator=g))
+        pos = torch.randperm(count, generator=g)[:k].sort().values
+        out.append(index_stride * i, ops[i % len(ops)], count, pos)
+    return out
+
+
+def file_tree(out: Path) -> dict[str, bytes]:
+    """Every file under ``out`` by its relative path, with its bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
