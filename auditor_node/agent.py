@@ -109,7 +109,17 @@ class AuditorAgent(TaskAgent):
         check_key(ACTOR, self.task_id, task, self.client.me)
         if task.status in (TaskStatus.COMMITTED, TaskStatus.FINALIZED):
             if self.verdict is None:
-                self._replay(task, out)
+                try:
+                    self._replay(task, out)
+                except NotThereYet as exc:
+                    if task.status == TaskStatus.COMMITTED and self.client.chain.now() < task.window_ends:
+                        raise  # a lagging store: wait for it while a challenge can still come
+                    # waiting on would never end, and "done" would read as "audited"
+                    raise AgentError(
+                        f"task {self.task_id}: the challenge window closed and the trainer's transcript "
+                        f"never reached the store, so nothing was audited and the trainer is paid as if "
+                        f"it had been; tell the client ({exc})"
+                    ) from exc
             if task.status == TaskStatus.COMMITTED:
                 self._maybe_challenge(task, out)
                 for gid in self.game_ids():

@@ -130,6 +130,40 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
     assert auditor.verdict == "match"
 
 
+def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothingWasAudited(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, data_key: bytes, tmp_path: Any
+) -> None:
+    """Waiting for a transcript that never comes used to go on after the window closed, for ever
+    (or, had it stopped, "done" would have read as "audited"): a trainer that withholds its
+    transcript is paid, and the auditor says so once it can no longer challenge."""
+    from auditor_node.agent import AuditorAgent
+    from game.agents import AgentError, NotThereYet
+    from game.store import BlobStore
+    from tests.agents.conftest import AUDITOR_PROFILE
+
+    cfg = small_config(steps=3)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    for _ in range(10):
+        agents.trainer.step()
+        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
+            break
+    auditor = AuditorAgent(
+        roles["auditor"], task_id, profile=AUDITOR_PROFILE, workdir=tmp_path / "far-auditor",
+        store=BlobStore(tmp_path / "empty"), data_key=data_key,
+    )  # fmt: skip
+    with pytest.raises(NotThereYet):  # the window is open: wait
+        auditor.step()
+    chain = roles["client"].chain
+    chain.time_travel(roles["client"].task(task_id).window_ends - chain.now() + 1)
+    with pytest.raises(AgentError, match="never reached the store, so nothing was audited"):
+        auditor.step()  # the window closed
+    roles["client"].finalize(task_id)
+    with pytest.raises(AgentError, match="never reached the store, so nothing was audited"):
+        auditor.step()  # and the task is settled
+    assert auditor.verdict is None
+
+
 @pytest.mark.parametrize(
     ("time_travel", "window_left", "warned"),
     [(False, 10, True), (False, 10_000, False), (True, 10, False)],  # a test chain's clock is no guide
