@@ -221,7 +221,11 @@ def create_cmd(
         typer.Option("--data-key", help="Use this data key (its file, or 64 hex) instead of a fresh one."),
     ] = None,
     data_key_out: Annotated[
-        Path | None, typer.Option("--data-key-out", help="Write the data key to this file (mode 600).")
+        Path | None,
+        typer.Option(
+            "--data-key-out",
+            help="Write the data key (a fresh one, or --data-key's) to this file (mode 600).",
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -230,6 +234,11 @@ def create_cmd(
     from game.tasks import TaskTerms, post_task
     from game.training.config import load_config
 
+    if data_key is None and data_key_out is None:  # a key only printed is a key lost to a pipe
+        raise ConfigError(
+            "the task's data key must be kept: pass --data-key-out FILE to make a fresh one there, "
+            "or --data-key FILE with one from `vgame task keygen --out FILE`"
+        )
     cfg = load_config(config)
     terms = TaskTerms(
         payment=payment,

@@ -179,6 +179,22 @@ def test_amounts_notAnAmount_saySo(runner: CliRunner, text: str, says: str) -> N
     assert res.exit_code == 2 and says in res.output
 
 
+def test_taskCreate_withoutAKeptDataKey_isRefusedBeforeAnyNodeIsAsked(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """A fresh key printed only (to a pipe, `--json | jq .task_id`) was a task whose data nobody
+    could read: the key must go to a file, or come from one."""
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\n')
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--key", "0x" + "11" * 32, "--contract",
+         "0x" + "22" * 20, "--config", str(tmp_path / "task.toml"), "--trainer", "0x" + "33" * 20,
+         "--judge", "0x" + "44" * 20],
+    )  # fmt: skip
+    assert isinstance(res.exception, ConfigError), res.output  # nothing listens on port 9: not asked
+    assert "--data-key-out FILE" in str(res.exception) and "does not answer" not in str(res.exception)
+
+
 def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:
     from game.cli.task import _shown
 

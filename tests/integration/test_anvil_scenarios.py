@@ -81,7 +81,7 @@ def test_task_commands_against_a_running_node(
     broke = runner.invoke(
         app,
         ["task", "create", *common, "--config", str(config), "--trainer", trainer, "--judge", judge,
-         "--payment", str(10**30)],
+         "--payment", str(10**30), "--data-key", str(key_file)],
     )  # fmt: skip
     assert type(broke.exception).__name__ == "InsufficientFunds", broke.output  # was web3's raw RPC error
     assert "ETH (1000000000000000000000000000000 wei) plus its gas" in str(broke.exception)
