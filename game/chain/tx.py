@@ -47,7 +47,7 @@ class GasPolicy:
     oog_bump: float = 1.5  # x the previous limit after an out-of-gas revert
     receipt_timeout: float = 120.0  # seconds to wait for inclusion before replacing with higher fees
     backoff: float = 0.5  # seconds before a retry, doubled each time
-    poll: float = 0.1  # seconds between receipt queries while waiting
+    poll: float = 0.1  # seconds between receipt queries while waiting (growing to 2 s)
 
 
 #: A replacement at the same nonce must raise both fee fields by at least 10% (geth's, and anvil's,
@@ -256,6 +256,7 @@ class TxSender:
         """The receipt of whichever version is mined first; TimeExhausted after ``timeout``.
         Transient errors are raised (the caller retries them, checking every version)."""
         end = time.monotonic() + timeout
+        polls = 0
         while True:
             for h in reversed(versions):
                 try:
@@ -266,7 +267,8 @@ class TxSender:
                     return receipt
             if time.monotonic() >= end:
                 raise TimeExhausted(f"none of {len(versions)} version(s) mined in {timeout} s")
-            time.sleep(self.policy.poll)
+            polls += 1  # quick on a local chain; on a public node, a query every 2 s at the most
+            time.sleep(min(self.policy.poll * (1 + polls // 10), 2.0))
 
     def _market_fees(self) -> dict[str, int]:
         """What a fresh transaction would offer for the next block ({} when the node cannot say:
