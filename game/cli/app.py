@@ -234,6 +234,13 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
 
     path = Path(value).expanduser()
     if path.is_file():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077 and os.name == "posix":
+            err_console.print(
+                f"[yellow]warning:[/] {value} (mode {mode:03o}) can be read by other users of this "
+                f"machine, and with it the task's data and model: chmod 600 {value}",
+                soft_wrap=True,
+            )
         try:
             text = path.read_text("ascii")
         except (OSError, UnicodeDecodeError) as exc:

@@ -236,6 +236,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     cfg_file.write_text(_toml(cfg))
     key = tmp_path / "data.key"  # the key's file, as `task keygen --out` writes it, not the key in argv
     key.write_text(new_key().hex() + "\n")
+    key.chmod(0o600)
 
     def start(
         role: str, account: Any, profile: str, *extra: str, json_lines: bool = True

@@ -113,12 +113,18 @@ def test_keygen_prints_and_writes_a_private_key(runner: CliRunner, tmp_path: Pat
     assert fresh.read_text().strip() not in res.stdout  # in its file, not in the terminal's scrollback
 
 
-def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path) -> None:
+def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from game.cli.app import read_data_key
 
     key = new_key()
     (tmp_path / "data.key").write_text(key.hex() + "\n")
+    (tmp_path / "data.key").chmod(0o600)
     assert read_data_key(str(tmp_path / "data.key")) == key
+    assert capsys.readouterr().err == ""
+    (tmp_path / "data.key").chmod(0o644)  # written by hand (`echo ... > data.key`): readable by all
+    assert read_data_key(str(tmp_path / "data.key")) == key
+    said = " ".join(capsys.readouterr().err.split())
+    assert "(mode 644) can be read by other users" in said and key.hex() not in said
     assert read_data_key("0x" + key.hex()) == key == read_data_key(key.hex())
     with pytest.raises(ConfigError, match=r"--data-key data\.kye: no such file, and not a data key"):
         read_data_key("data.kye")  # a typo of the file's name is named as such
