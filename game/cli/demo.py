@@ -102,11 +102,15 @@ def demo_cmd(
             emit_json(demo.run_scenario(scenario, chain=open_chain, **kwargs).to_dict())
             return
         view = _LiveView(scenario)
-        with Live(view.render(), console=console, refresh_per_second=8, transient=False) as live:
-            view.live = live
-            result = demo.run_scenario(
-                scenario, chain=open_chain, on_action=view.action, progress=view.progress, **kwargs
-            )
+        try:
+            with Live(view.render(), console=console, refresh_per_second=8, transient=False) as live:
+                view.live = live
+                result = demo.run_scenario(
+                    scenario, chain=open_chain, on_action=view.action, progress=view.progress, **kwargs
+                )
+        except KeyboardInterrupt:  # the table's last line ends here, not in the "interrupted" line
+            console.print()
+            raise
     console.print()
     console.print(_verdict(result))
 

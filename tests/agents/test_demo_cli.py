@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -121,3 +122,25 @@ def test_aProfileThisMachineCannotRun_isRefusedBeforeTraining() -> None:
     res = _vgame("demo", *TINY, "--auditor-profile", "cuda")  # it trained first and failed at the replay
     assert res.returncode == 2 and "profile 'cuda' is not available on this machine" in res.stderr
     assert res.stdout == ""
+
+
+def test_interruptedIntoAFile_theTableEndsItsLine_beforeTheInterruptedLine(tmp_path: Path) -> None:
+    """Output sent to a file or a pipe: the live table is drawn once, when it stops, and an
+    interrupted run's "interrupted:" line went on the table's last line."""
+    import signal
+    import time
+
+    workdir = tmp_path / "w"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "game.cli", "demo", "--preset", "mlp-digits", "--steps", "20000",
+         "--workdir", str(workdir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    end = time.monotonic() + 120
+    while not any(workdir.rglob("leaves*")) and time.monotonic() < end:  # training: the table is live
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "└" in out  # the table was drawn
+    assert "\ninterrupted: vgame demo" in out, out[-300:]
