@@ -33,8 +33,16 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)
 # how nodes word "this account cannot pay": geth and anvil, then py-evm's two checks
 _CANNOT_PAY = ("insufficient funds", "cannot afford txn gas", "not have enough balance")
-# how nodes word "not at these fees": geth's pool, anvil's base-fee check, replacements
-_UNDERPRICED = ("underpriced", "less than block base fee", "fee too low")
+# how nodes word "not at these fees": geth's pool and replacements, anvil's and erigon's base-fee
+# check, nethermind's FeeTooLow, besu's replacement and minimum prices
+_UNDERPRICED = (
+    "underpriced",
+    "less than block base fee",
+    "fee too low",
+    "feetoolow",
+    "price is too low",
+    "below configured minimum",
+)
 
 
 @dataclass(frozen=True)
