@@ -116,9 +116,10 @@ class AuditorAgent(TaskAgent):
                         raise  # a lagging store: wait for it while a challenge can still come
                     # waiting on would never end, and "done" would read as "audited"
                     raise AgentError(
-                        f"task {self.task_id}: the challenge window closed and the trainer's transcript "
-                        f"never reached the store, so nothing was audited and the trainer is paid as if "
-                        f"it had been; tell the client ({exc})"
+                        f"task {self.task_id}: the challenge window closed before the trainer's "
+                        "transcript reached the store, so nothing was audited in time and the trainer is "
+                        "paid as if it had been: tell the client (run this again once the store holds "
+                        f"the transcript to replay it all the same) ({exc})"
                     ) from exc
             if task.status == TaskStatus.COMMITTED:
                 self._maybe_challenge(task, out)

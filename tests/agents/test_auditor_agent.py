@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 import pytest
@@ -131,7 +132,7 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
 
 
 def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothingWasAudited(
-    roles: dict[str, Any], post_task: Any, make_agents: Any, data_key: bytes, tmp_path: Any
+    roles: dict[str, Any], post_task: Any, make_agents: Any, store: Any, data_key: bytes, tmp_path: Any
 ) -> None:
     """Waiting for a transcript that never comes used to go on after the window closed, for ever
     (or, had it stopped, "done" would have read as "audited"): a trainer that withholds its
@@ -156,12 +157,19 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
         auditor.step()
     chain = roles["client"].chain
     chain.time_travel(roles["client"].task(task_id).window_ends - chain.now() + 1)
-    with pytest.raises(AgentError, match="never reached the store, so nothing was audited"):
+    with pytest.raises(
+        AgentError, match="before the trainer's transcript reached the store, so nothing was audited in time"
+    ):
         auditor.step()  # the window closed
     roles["client"].finalize(task_id)
-    with pytest.raises(AgentError, match="never reached the store, so nothing was audited"):
+    with pytest.raises(
+        AgentError, match="before the trainer's transcript reached the store, so nothing was audited in time"
+    ):
         auditor.step()  # and the task is settled
     assert auditor.verdict is None
+    shutil.copytree(store.root, tmp_path / "empty", dirs_exist_ok=True)  # it comes after all
+    auditor.step()
+    assert auditor.verdict == "match"  # replayed all the same, too late to challenge
 
 
 @pytest.mark.parametrize(
