@@ -45,6 +45,9 @@ class ClientOptions:
     prechecks: bool = True  # refuse locally, for free, what the contract would refuse
     fixed_gas: int | None = None  # skip the estimate and buy this much gas (reverts get mined)
     policy: GasPolicy = field(default_factory=GasPolicy)
+    #: The block the contract was deployed in (`vgame task deploy` prints it): no event of it lies
+    #: before, so every event scan starts there at the earliest (0: the whole chain is scanned).
+    first_block: int = 0
 
 
 class VerificationGameClient:
@@ -326,9 +329,9 @@ class VerificationGameClient:
     def get_events(
         self, name: str | None = None, from_block: int = 0, to_block: int | str = "latest", **filters: Any
     ) -> list[ContractEvent]:
-        return get_events(
-            self.chain, self.address, name, from_block, to_block, decoder=self.events, **filters
-        )
+        """The contract's events in ``[from_block, to_block]``, never before ``options.first_block``."""
+        start = max(from_block, self.options.first_block)
+        return get_events(self.chain, self.address, name, start, to_block, decoder=self.events, **filters)
 
     def poller(
         self, names: Iterable[str] | None = None, from_block: int | None = None, **filters: Any

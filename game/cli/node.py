@@ -24,8 +24,10 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from game.cli.app import (
+    FromBlockOpt,
     app,
     check_profile,
+    checked_first_block,
     console,
     err_console,
     interrupts,
@@ -140,6 +142,7 @@ def node_cmd(
             help="Auditor: seconds between saves of its replay's progress (kept over a crash).",
         ),
     ] = DEFAULT_EVERY_S,
+    first_block: FromBlockOpt = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
@@ -168,7 +171,7 @@ def node_cmd(
     warn_key_in_argv(key, chain_url(chain))
     warn_data_key_in_argv(data_key, chain_url(chain))
     rpc = RpcChain(chain_url(chain), key=key)
-    client = _game_client(rpc, contract, task, role)
+    client = _game_client(rpc, contract, task, role, first_block)
     blobs = BlobStore(store)
     show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
     bars = None if as_json else ProgressBars(f"task {task}")
@@ -239,7 +242,9 @@ def node_cmd(
             bars.close()  # a bar of work an error ended: no live display outlives the node
 
 
-def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> VerificationGameClient:
+def _game_client(
+    rpc: RpcChain, contract: str, task: int, role: Role, first_block: int = 0
+) -> VerificationGameClient:
     """The client of the game contract at ``contract``, once it is known to hold task ``task`` and
     the key to be one that ``role`` can act with there (a mistyped address, task id or key is one
     clear line now, not a decoding error later, nor a node that waits in silence: a judge node
@@ -247,10 +252,13 @@ def _game_client(rpc: RpcChain, contract: str, task: int, role: Role) -> Verific
 
     from game.agents import check_key
     from game.chain.address import checked_address
-    from game.chain.client import VerificationGameClient
+    from game.chain.client import ClientOptions, VerificationGameClient
     from game.chain.errors import TaskNotFound
 
-    client = VerificationGameClient(rpc, checked_address(contract, "--contract"), rpc.account(0))
+    options = ClientOptions(first_block=checked_first_block(first_block, rpc.block_number()))
+    client = VerificationGameClient(
+        rpc, checked_address(contract, "--contract"), rpc.account(0), options=options
+    )
     if not rpc.w3.eth.get_code(client.address):
         raise ConfigError(f"no contract at {client.address} on {rpc.describe()}")
     try:

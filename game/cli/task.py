@@ -19,8 +19,10 @@ import typer
 from rich.table import Table
 
 from game.cli.app import (
+    FromBlockOpt,
     JsonOpt,
     app,
+    checked_first_block,
     console,
     emit_json,
     read_data_key,
@@ -58,7 +60,7 @@ ContractOpt = Annotated[
 
 @contextmanager
 def _client(
-    chain: str, key: str | None, contract: str | None, *, reads_only: bool = False
+    chain: str, key: str | None, contract: str | None, *, reads_only: bool = False, first_block: int = 0
 ) -> Iterator[VerificationGameClient]:
     """A client of the deployed contract on a running node, signing with ``key`` (``reads_only``:
     no key needed, see :func:`game.chain.rpc.load_account`)."""
@@ -70,7 +72,7 @@ def _client(
             "pass the JSON-RPC URL of a running node (start one with `anvil`), or use `vgame demo`"
         )
     from game.chain.backends import connect
-    from game.chain.client import VerificationGameClient
+    from game.chain.client import ClientOptions, VerificationGameClient
 
     warn_key_in_argv(key, chain)
     with connect(chain, key=key, reads_only=reads_only) as ch:
@@ -79,7 +81,8 @@ def _client(
             return
         if not ch.w3.eth.get_code(_address(contract, "--contract")):
             raise ConfigError(f"no contract at {contract} on {ch.describe()}")
-        yield VerificationGameClient(ch, contract, ch.account(0))
+        options = ClientOptions(first_block=checked_first_block(first_block, ch.block_number()))
+        yield VerificationGameClient(ch, contract, ch.account(0), options=options)
 
 
 _UNITS = {"wei": 0, "gwei": 9, "eth": 18, "ether": 18}
@@ -188,9 +191,21 @@ def deploy_cmd(chain: ChainOpt = "", key: KeyOpt = None, as_json: JsonOpt = Fals
     with _client(chain, key, None) as c:
         dep = deploy_contract(c.chain, c.account)
     if as_json:
-        emit_json({"contract": dep.address, "tx_hash": dep.tx_hash, "gas_used": dep.gas_used})
+        emit_json(
+            {
+                "contract": dep.address,
+                "block": dep.block_number,
+                "tx_hash": dep.tx_hash,
+                "gas_used": dep.gas_used,
+            }
+        )
         return
-    console.print(f"[bold green]deployed[/] the game at {dep.address} (gas {dep.gas_used:,})")
+    console.print(
+        f"[bold green]deployed[/] the game at {dep.address} in block {dep.block_number} (gas "
+        f"{dep.gas_used:,}): nodes and `task show` may start their event scans there (--from-block "
+        f"{dep.block_number}, or VGAME_FROM_BLOCK)",
+        soft_wrap=True,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,12 +361,13 @@ def show_cmd(
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
+    first_block: FromBlockOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """The task's state and every game played against it (reads only: needs no --key)."""
     from game.tasks import describe_task
 
-    with _client(chain, key, _required_contract(contract), reads_only=True) as c:
+    with _client(chain, key, _required_contract(contract), reads_only=True, first_block=first_block) as c:
         doc = describe_task(c, task_id)
     if as_json:
         emit_json(doc)

@@ -83,3 +83,35 @@ def test_getEvents_onANodeThatCapsTheRange_halvesUntilItAnswers_andKeepsTheSpan(
     with pytest.raises(Web3RPCError, match="internal error"):  # down to one block: not a range cap
         get_events(chain, address, "Challenged")
     assert chain._vgame_log_span == learned  # a failure teaches nothing: only a span that answered
+
+
+def test_clientsFirstBlock_startsEveryScanThere(
+    committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node told the contract's deployment block (`--from-block`) never asks for the blocks
+    before it: on a public testnet that is millions of blocks of queries saved."""
+    from dataclasses import replace
+
+    from game.chain.client import VerificationGameClient
+
+    s = committed_task(65)
+    gid = s.auditor.challenge(s.task_id).result
+    at = chain.block_number()  # the challenge's block
+    chain.mine(2)
+
+    def client(first_block: int) -> VerificationGameClient:
+        options = replace(s.trainer.options, first_block=first_block)
+        return VerificationGameClient(chain, s.trainer.address, s.trainer.account, options=options)
+
+    assert games_of_task(client(at), s.task_id, 0)[0] == [gid]
+    assert games_of_task(client(at + 1), s.task_id, 0)[0] == []  # the block is before the first
+    asked: list[int] = []
+    real = chain.w3.eth.get_logs
+
+    def spy(query: dict[str, Any]) -> Any:
+        asked.append(int(query["fromBlock"]))
+        return real(query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
+    client(at).get_events("Challenged")
+    assert asked and min(asked) == at

@@ -65,7 +65,9 @@ def test_task_commands_against_a_running_node(
     trainer, judge = anvil_chain.account(1).address, anvil_chain.account(2).address
     common = ["--chain", url, "--key", client_key]
 
-    contract = _json(runner, "task", "deploy", *common)["contract"]
+    deployed = _json(runner, "task", "deploy", *common)
+    contract = deployed["contract"]
+    assert anvil_chain.w3.eth.get_transaction_receipt(deployed["tx_hash"])["blockNumber"] == deployed["block"]
     common += ["--contract", contract]
     config = tmp_path / "task.toml"
     config.write_text('preset = "mlp-digits"\nsteps = 5\n')
@@ -108,6 +110,12 @@ def test_task_commands_against_a_running_node(
     # Reading needs no key; anything that sends a transaction still does.
     keyless = ["--chain", url, "--contract", contract]
     assert _json(runner, "task", "show", str(task_id), *keyless) == shown
+    from_deploy = ["--from-block", str(deployed["block"])]  # scans start where the contract began
+    assert _json(runner, "task", "show", str(task_id), *keyless, *from_deploy) == shown
+    res = runner.invoke(app, ["task", "show", str(task_id), *keyless, "--from-block", str(10**9)])
+    assert type(res.exception).__name__ == "ConfigError" and "after the chain's latest block" in str(
+        res.exception
+    )
     res = runner.invoke(app, ["task", "cancel", str(task_id), *keyless])
     assert type(res.exception).__name__ == "ConfigError" and "signing key" in str(res.exception)
 

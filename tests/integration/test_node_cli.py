@@ -119,6 +119,10 @@ def test_node_with_a_wrong_contract_task_or_profile_says_which_at_start(
     cases.append((address, ["--poll", "-1"], "Invalid value for '--poll'"))  # was a traceback from time.sleep
     cases.append((address, ["--poll", "0"], "Invalid value for '--poll'"))  # a loop that hammers the node
     cases.append((address, ["--save-every", "-1"], "Invalid value for '--save-every'"))
+    cases.append(
+        (address, ["--from-block", "1000000"], "--from-block 1000000 is after the chain's latest block")
+    )
+    cases.append((address, ["--from-block", "-1"], "Invalid value for '--from-block'"))
     if not torch.cuda.is_available():
         cases.append((address, ["--profile", "cuda"], "profile 'cuda' is not available on this machine"))
     for contract, extra, said in cases:
