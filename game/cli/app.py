@@ -253,6 +253,8 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
     """A data key given as 64 hex characters, or as the file that holds them (what ``task keygen
     --out`` and ``task create --data-key-out`` write): a file's name on a command line gives
     nothing away, the key itself can be read by every user of the machine while a node runs."""
+    from eth_utils import is_hex
+
     from game.store import parse_key
 
     path = Path(value).expanduser()
@@ -272,16 +274,11 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
             return parse_key(text)
         except VGameError as exc:
             raise ConfigError(f"{option} {value}: the file does not hold a data key: {exc}") from exc
-    if not _looks_hex(value):
+    if not is_hex(value.strip()):
         raise ConfigError(
             f"{option} {value}: no such file, and not a data key (64 hex characters or a file holding them)"
         )
     return parse_key(value)
-
-
-def _looks_hex(text: str) -> bool:
-    t = text.strip().removeprefix("0x")
-    return bool(t) and all(c in "0123456789abcdefABCDEF" for c in t)
 
 
 def task_config(
