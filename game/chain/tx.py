@@ -266,13 +266,9 @@ class TxSender:
         end = time.monotonic() + timeout
         polls = 0
         while True:
-            for h in reversed(versions):
-                try:
-                    receipt = self.w3.eth.get_transaction_receipt(h)
-                except TransactionNotFound:
-                    continue
-                if receipt is not None:
-                    return receipt
+            receipt = self._receipt_if_mined(versions, transient_ok=False)
+            if receipt is not None:
+                return receipt
             if time.monotonic() >= end:
                 raise TimeExhausted(f"none of {len(versions)} version(s) mined in {timeout} s")
             polls += 1  # quick on a local chain; on a public node, a query every 2 s at the most
@@ -311,11 +307,14 @@ class TxSender:
                 return  # a previous broadcast of these exact bytes reached the node
             raise
 
-    def _receipt_if_mined(self, versions: list[HexBytes]) -> Any:
+    def _receipt_if_mined(self, versions: list[HexBytes], *, transient_ok: bool = True) -> Any:
+        """The receipt of a mined version, or None; a transient error counts as "not known to be
+        mined" (``transient_ok``) or is raised."""
+        skip = (TransactionNotFound, *_TRANSIENT) if transient_ok else (TransactionNotFound,)
         for h in versions:
             try:
                 return self.w3.eth.get_transaction_receipt(h)
-            except (TransactionNotFound, *_TRANSIENT):
+            except skip:
                 continue
         return None
 
