@@ -248,11 +248,19 @@ contract VerificationGame {
     uint256 internal constant REVEAL_KEEP =
         ~((((1 << 40) - 1) << LAST_MOVE_SHIFT) | (((1 << 32) - 1) << TRAINER_CLOCK_SHIFT) | (0xff << PHASE_SHIFT));
 
+    /// @notice The block this contract was deployed in: none of its events lies before it, so an
+    ///         event scan (a node's, a block explorer's) starts here instead of at block 0.
+    uint256 public immutable deployedInBlock;
+
     uint256 internal _taskCount;
     uint256 internal _gameCount;
     mapping(uint256 taskId => Task) internal _tasks;
     mapping(uint256 gameId => GameSlots) internal _games;
     mapping(address account => uint256) internal _credit;
+
+    constructor() {
+        deployedInBlock = block.number;
+    }
 
     /*//////////////////////////////////////////////////////////////
                                  TASKS

@@ -27,10 +27,15 @@ const SETTINGS = {
   outputSelection: {
     "*": {
       "": ["ast"],
-      "*": ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"],
+      "*": ["abi", "evm.bytecode.object", "evm.deployedBytecode.object", "evm.deployedBytecode.immutableReferences"],
     },
   },
 };
+
+function immutableRanges(references) {
+  const ranges = Object.values(references || {}).flat().map((r) => [r.start, r.length]);
+  return ranges.sort((a, b) => a[0] - b[0]);
+}
 
 function sortKeys(value) {
   if (Array.isArray(value)) return value.map(sortKeys);
@@ -102,6 +107,9 @@ function compile() {
         abi: c.abi,
         bytecode: "0x" + c.evm.bytecode.object,
         deployedBytecode: "0x" + c.evm.deployedBytecode.object,
+        // Where the constructor writes each immutable into the runtime code (zeros in
+        // deployedBytecode): the deployed code differs from it there, and only there.
+        immutableRanges: immutableRanges(c.evm.deployedBytecode.immutableReferences),
         compiler: { version: solc.version(), settings },
         sourceHash: hash,
       });

@@ -1,7 +1,8 @@
 """The committed build output of the contracts (ABI + bytecode), so Python users need no compiler.
 
 ``contracts/build.mjs`` writes ``game/chain/artifacts/<Name>.json`` as
-``{contractName, abi, bytecode, deployedBytecode, compiler}``; CI checks a fresh compile matches.
+``{contractName, abi, bytecode, deployedBytecode, immutableRanges, compiler}``; CI checks a fresh
+compile matches.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ class Artifact:
     bytecode: bytes  # creation code (constructor included)
     deployed_bytecode: bytes  # runtime code, what ``eth_getCode`` returns after deployment
     compiler: Any  # compiler version/settings as the build recorded them
+    #: (start, length) of each immutable in the runtime code: zeros in ``deployed_bytecode``, the
+    #: values the constructor wrote in the deployed code.
+    immutable_ranges: tuple[tuple[int, int], ...] = ()
+
+    def is_runtime_code(self, code: bytes) -> bool:
+        """Whether ``code`` (``eth_getCode``) is this contract's runtime code, whatever the values of
+        its immutables."""
+        if len(code) != len(self.deployed_bytecode):
+            return False
+        masked = bytearray(code)
+        for start, length in self.immutable_ranges:
+            masked[start : start + length] = bytes(length)
+        return bytes(masked) == self.deployed_bytecode
 
     def items(self, kind: str) -> list[dict[str, Any]]:
         """ABI entries of one ``type`` ("function", "event", "error", ...)."""
@@ -67,6 +81,7 @@ def load_artifact(name: str = GAME_CONTRACT) -> Artifact:
         bytecode=_hex(raw["bytecode"]),
         deployed_bytecode=_hex(raw.get("deployedBytecode", "")),
         compiler=raw.get("compiler"),
+        immutable_ranges=tuple((int(start), int(length)) for start, length in raw.get("immutableRanges", [])),
     )
 
 

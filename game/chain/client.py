@@ -45,9 +45,10 @@ class ClientOptions:
     prechecks: bool = True  # refuse locally, for free, what the contract would refuse
     fixed_gas: int | None = None  # skip the estimate and buy this much gas (reverts get mined)
     policy: GasPolicy = field(default_factory=GasPolicy)
-    #: The block the contract was deployed in (`vgame task deploy` prints it): no event of it lies
-    #: before, so every event scan starts there at the earliest (0: the whole chain is scanned).
-    first_block: int = 0
+    #: No event scan starts before this block. None: the contract's own ``deployedInBlock()``, read
+    #: once (no event of it lies before; a public chain's node would otherwise be asked for every
+    #: block since genesis); 0: the whole chain.
+    first_block: int | None = None
 
 
 class VerificationGameClient:
@@ -73,17 +74,22 @@ class VerificationGameClient:
         self.contract = chain.w3.eth.contract(address=self.address, abi=self.artifact.abi_list)
         self.events = _decoder()
         self.sender = TxSender(chain, opts.policy)
+        self._deployed_in_block: int | None = None
 
     # ------------------------------------------------------------ variants
     def as_account(self, account: LocalAccount) -> VerificationGameClient:
         """The same contract and options, signing as ``account``."""
-        return VerificationGameClient(self.chain, self.address, account, options=self.options)
+        other = VerificationGameClient(self.chain, self.address, account, options=self.options)
+        other._deployed_in_block = self._deployed_in_block
+        return other
 
     def with_options(self, **changes: Any) -> VerificationGameClient:
         """A copy with some :class:`ClientOptions` changed (e.g. ``prechecks=False``)."""
-        return VerificationGameClient(
+        other = VerificationGameClient(
             self.chain, self.address, self.account, options=replace(self.options, **changes)
         )
+        other._deployed_in_block = self._deployed_in_block
+        return other
 
     @property
     def me(self) -> str:
@@ -115,6 +121,17 @@ class VerificationGameClient:
 
     def game_count(self) -> int:
         return int(self._view("gameCount")[0])
+
+    def deployed_in_block(self) -> int:
+        """``deployedInBlock()``: the block the contract was deployed in (read once, it never changes)."""
+        if self._deployed_in_block is None:
+            self._deployed_in_block = int(self._view("deployedInBlock")[0])
+        return self._deployed_in_block
+
+    def first_block(self) -> int:
+        """The block event scans start at, at the earliest (:attr:`ClientOptions.first_block`)."""
+        given = self.options.first_block
+        return self.deployed_in_block() if given is None else given
 
     def verify_leaf(self, root: bytes, index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bool:
         return bool(self._view("verifyLeaf", root, index, size, leaf, list(proof))[0])
@@ -329,8 +346,8 @@ class VerificationGameClient:
     def get_events(
         self, name: str | None = None, from_block: int = 0, to_block: int | str = "latest", **filters: Any
     ) -> list[ContractEvent]:
-        """The contract's events in ``[from_block, to_block]``, never before ``options.first_block``."""
-        start = max(from_block, self.options.first_block)
+        """The contract's events in ``[from_block, to_block]``, never before :meth:`first_block`."""
+        start = max(from_block, self.first_block())
         return get_events(self.chain, self.address, name, start, to_block, decoder=self.events, **filters)
 
     def poller(

@@ -46,8 +46,8 @@ def deploy_contract(
 ) -> Deployment:
     """Deploy contract ``name`` and say where and at what cost.
 
-    The deployed runtime code is compared with the artifact's ``deployedBytecode`` so a stale or
-    foreign artifact cannot go unnoticed.
+    The deployed runtime code is compared with the artifact's ``deployedBytecode`` (but for the
+    immutables the constructor wrote) so a stale or foreign artifact cannot go unnoticed.
     """
     art = load_artifact(name)
     sender = account or chain.account(0)
@@ -60,7 +60,7 @@ def deploy_contract(
         raise ChainError(f"deploying {name} produced no contract address")
     address = Web3.to_checksum_address(address)
     code = bytes(chain.w3.eth.get_code(address))
-    if art.deployed_bytecode and code != art.deployed_bytecode:
+    if art.deployed_bytecode and not art.is_runtime_code(code):
         raise ChainError(f"{name} at {address} does not hold the artifact's runtime code")
     log.info("deployed %s at %s (gas %d)", name, address, sent.receipt["gasUsed"])
     return Deployment(

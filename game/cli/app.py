@@ -187,21 +187,23 @@ def check_out_file(path: Path, option: str = "--out", *, example: str = "out") -
 
 
 FromBlockOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--from-block",
         envvar="VGAME_FROM_BLOCK",
         min=0,
-        help="The block the game contract was deployed in (`task deploy` prints it): event scans "
-        "start there, not at block 0.",
+        show_default="the contract's deployment block",
+        help="The first block event scans read (by default the block the game contract was deployed "
+        "in, which it holds as deployedInBlock()).",
     ),
 ]
 
 
-def checked_first_block(first_block: int, latest: int) -> int:
+def checked_first_block(first_block: int | None, latest: int) -> int | None:
     """``--from-block`` checked against the chain: a block not mined yet is a typo, and every scan
-    from it would find nothing (a judge would never see its games)."""
-    if first_block > latest:
+    from it would find nothing (a judge would never see its games). None stays None: the
+    contract's own deployment block."""
+    if first_block is not None and first_block > latest:
         raise ConfigError(
             f"--from-block {first_block} is after the chain's latest block ({latest}): give the block "
             "the game contract was deployed in"

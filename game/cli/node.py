@@ -142,7 +142,7 @@ def node_cmd(
             help="Auditor: seconds between saves of its replay's progress (kept over a crash).",
         ),
     ] = DEFAULT_EVERY_S,
-    first_block: FromBlockOpt = 0,
+    first_block: FromBlockOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
@@ -243,7 +243,7 @@ def node_cmd(
 
 
 def _game_client(
-    rpc: RpcChain, contract: str, task: int, role: Role, first_block: int = 0
+    rpc: RpcChain, contract: str, task: int, role: Role, first_block: int | None = None
 ) -> VerificationGameClient:
     """The client of the game contract at ``contract``, once it is known to hold task ``task`` and
     the key to be one that ``role`` can act with there (a mistyped address, task id or key is one

@@ -60,7 +60,12 @@ ContractOpt = Annotated[
 
 @contextmanager
 def _client(
-    chain: str, key: str | None, contract: str | None, *, reads_only: bool = False, first_block: int = 0
+    chain: str,
+    key: str | None,
+    contract: str | None,
+    *,
+    reads_only: bool = False,
+    first_block: int | None = None,
 ) -> Iterator[VerificationGameClient]:
     """A client of the deployed contract on a running node, signing with ``key`` (``reads_only``:
     no key needed, see :func:`game.chain.rpc.load_account`)."""
@@ -202,8 +207,8 @@ def deploy_cmd(chain: ChainOpt = "", key: KeyOpt = None, as_json: JsonOpt = Fals
         return
     console.print(
         f"[bold green]deployed[/] the game at {dep.address} in block {dep.block_number} (gas "
-        f"{dep.gas_used:,}): nodes and `task show` may start their event scans there (--from-block "
-        f"{dep.block_number}, or VGAME_FROM_BLOCK)",
+        f"{dep.gas_used:,}): nodes and `task show` start their event scans there (the contract's "
+        "deployedInBlock())",
         soft_wrap=True,
     )
 
@@ -361,7 +366,7 @@ def show_cmd(
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
-    first_block: FromBlockOpt = 0,
+    first_block: FromBlockOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The task's state and every game played against it (reads only: needs no --key)."""

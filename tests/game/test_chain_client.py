@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from game.chain import errors as E
 from game.chain.artifacts import load_artifact
 from game.chain.client import GameHandle
-from game.chain.deploy import deploy
+from game.chain.deploy import deploy_contract
 from game.chain.errors import snake
 from game.chain.events import EVENT_CLASSES, ContractEvent, GameEnded, StepPinned
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
@@ -55,10 +55,28 @@ def test_eventMirrors_matchAbiNamesOrderAndIndexing() -> None:
         assert cls.indexed == tuple(snake(i["name"]) for i in entry["inputs"] if i["indexed"])
 
 
-def test_deploy_holdsArtifactRuntimeCode(chain: Any, game_address: str) -> None:
-    address = deploy(chain, chain.account(9))
-    assert address != game_address
-    assert bytes(chain.w3.eth.get_code(address)) == ARTIFACT.deployed_bytecode
+def test_deploy_holdsArtifactRuntimeCode_withItsDeploymentBlockAsTheImmutable(
+    chain: Any, game_address: str
+) -> None:
+    """The runtime code is the artifact's but for the one immutable, which holds the deployment's
+    block: the block nodes start their event scans at when not told one."""
+    from game.chain.client import VerificationGameClient
+
+    chain.mine(3)  # the deployment's block is then not one an older deployment could share
+    dep = deploy_contract(chain, chain.account(9))
+    assert dep.address != game_address
+    code = bytes(chain.w3.eth.get_code(dep.address))
+    assert ARTIFACT.is_runtime_code(code) and code != ARTIFACT.deployed_bytecode
+    [(start, length)] = ARTIFACT.immutable_ranges
+    assert int.from_bytes(code[start : start + length]) == dep.block_number
+    assert code[:start] + code[start + length :] == (
+        ARTIFACT.deployed_bytecode[:start] + ARTIFACT.deployed_bytecode[start + length :]
+    )
+    client = VerificationGameClient(chain, dep.address, chain.account(9))
+    assert client.deployed_in_block() == client.first_block() == dep.block_number
+    changed = bytearray(code)
+    changed[start - 1] ^= 1  # one byte outside the immutable: another contract
+    assert not ARTIFACT.is_runtime_code(bytes(changed)) and not ARTIFACT.is_runtime_code(code[:-1])
 
 
 # ------------------------------------------------------------------ happy path

@@ -115,3 +115,31 @@ def test_clientsFirstBlock_startsEveryScanThere(
     monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
     client(at).get_events("Challenged")
     assert asked and min(asked) == at
+
+
+def test_clientWithNoFirstBlock_startsAtTheContractsDeploymentBlock(
+    committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no ``--from-block`` a node reads the contract's ``deployedInBlock()`` once and never asks a
+    node for the blocks before it (a public chain's millions of blocks since genesis)."""
+    from game.chain.client import ClientOptions, VerificationGameClient
+
+    s = committed_task(65)
+    gid = s.auditor.challenge(s.task_id).result
+    client = VerificationGameClient(chain, s.trainer.address, s.trainer.account, options=ClientOptions())
+    first = client.first_block()
+    assert 0 < first <= chain.block_number() and client.options.first_block is None
+    asked: list[int] = []
+    real = chain.w3.eth.get_logs
+
+    def spy(query: dict[str, Any]) -> Any:
+        asked.append(int(query["fromBlock"]))
+        return real(query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
+    assert games_of_task(client, s.task_id, 0)[0] == [gid]
+    assert asked and min(asked) == first
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(chain, "call", lambda tx, *a, **k: calls.append(tx))
+    client.as_account(s.auditor.account).get_events("Challenged")  # read once: it never changes
+    assert calls == []
