@@ -129,6 +129,9 @@ class Judge:
         self.state = StateFile(self.workdir / STATE_NAME)
         self.last_errors: dict[int, EvidenceError] = {}
         self._key_checked = False  # this key is the task's judge (asked once, at the first step)
+        #: Pins of games other judges rule on, by (game, task, transaction): a rescan asks the chain
+        #: about each once (a pin a reorganisation moved to another game or task is asked again).
+        self._others: set[tuple[int, int, str]] = set()
 
     @property
     def home(self) -> Path:
@@ -209,11 +212,13 @@ class Judge:
         new: list[int] = []
         for ev in self.client.get_events("StepPinned", start, last, **filters):
             gid = int(ev.game_id)  # type: ignore[attr-defined]
-            if gid in known or gid in new:  # the newest blocks are scanned again (reorganisations)
-                continue
-            judge = self.client.task(int(ev.task_id)).judge  # type: ignore[attr-defined]
-            if judge.lower() == self.client.me.lower():
+            pin = (gid, int(ev.task_id), ev.tx_hash)  # type: ignore[attr-defined]
+            if gid in known or gid in new or pin in self._others:  # the newest blocks are scanned
+                continue  # again every round (reorganisations)
+            if self.client.task(pin[1]).judge.lower() == self.client.me.lower():
                 new.append(gid)
+            else:
+                self._others.add(pin)
         nxt = next_scan_from(start, last)
         if new or nxt != start:
             self.state.update(games=known + new, scan_from=nxt)

@@ -185,3 +185,23 @@ def test_judge_dropsItsCopyOfATranscript_onceTheTaskIsSettled(
     judge.step()
     assert not copy.exists() and judge.state.get("fetched", {}) == {}
     judge.store.check(client.task(task_id).transcript_id)  # the sealed blob stays in the store
+
+
+def test_judgeOfEveryTask_asksTheChainAboutAnotherJudgesPinOnce(
+    roles: dict[str, Any], pinned: tuple[Any, int, int], tmp_path: Path, store: Any, data_key: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Every round rescans the newest blocks; a judge of every task asked the chain for the task of
+    each pin there again, every round, for pins that another judge rules on."""
+    from game.judge import Judge
+
+    _agents, task_id, gid = pinned
+    other = roles["client"]  # an account that judges nothing here
+    judge = Judge(other, profile="cpu-1t", workdir=tmp_path / "other", store=store, data_key=data_key)
+    asked: list[int] = []
+    real = other.task
+    monkeypatch.setattr(other, "task", lambda tid: asked.append(tid) or real(tid))
+    assert judge.pinned_games() == [] and asked == [task_id]
+    assert judge.pinned_games() == [] and asked == [task_id]  # the same blocks, scanned again
+    mine = Judge(roles["judge"], profile="cpu-1t", workdir=tmp_path / "mine", store=store, data_key=data_key)
+    assert mine.pinned_games() == [gid] and mine.pinned_games() == [gid]
