@@ -8,7 +8,8 @@ leaf. Bad evidence raises an :class:`EvidenceError` naming what failed and never
 a judge that cannot gather valid evidence does not rule, and after the judge deadline anyone can
 void the game.
 
-Evidence comes from the published transcript (fetched with the data key) and, for the pre-state,
+Evidence comes from the published transcript (only the files the step needs, decrypted with the
+data key) and, for the pre-state,
 from an evidence directory where anyone may leave state bytes under their hash (the auditor does);
 without one the judge rebuilds the pre-state from the transcript's nearest checkpoint, itself
 checked against the committed state tree, by replaying with the trainer's log.
@@ -20,6 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,10 +40,21 @@ from game.agents import (
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
+from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
-from game.store import BlobStore, StoreError, fetch_directory
+from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
-from game.training.transcript import Transcript
+from game.training.roundlog import chunk_file_name
+from game.training.transcript import (
+    CHECKPOINT_DIR_NAME,
+    CHUNK_HASHES_NAME,
+    LEAVES_NAME,
+    LOG_DIR_NAME,
+    MANIFEST_NAME,
+    Transcript,
+    checkpoint_name,
+    checkpoint_step,
+)
 
 if TYPE_CHECKING:
     from game.training.state import TrainState
@@ -51,6 +64,36 @@ log = logging.getLogger(__name__)
 
 ACTOR = "judge"
 STATE_NAME = "judge.json"
+
+
+#: A judge's fetched copy lists the archive's files here (not a transcript file: a dot-name).
+_LISTING = ".archive-names.json"
+_ALWAYS = (MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME)
+
+#: Picks, from the names of a transcript archive's files, those a ruling needs (or the names).
+FileChoice = Callable[[set[str]], Iterable[str]] | Iterable[str]
+
+
+def _step_files(step: int, rebuild: bool) -> Callable[[set[str]], list[str]]:
+    """The files that re-running ``step`` needs: its chunk and, to rebuild its pre-state, the
+    nearest checkpoint before it and the chunks from there (what is absent is left to
+    :class:`Transcript` to report, as for a whole copy)."""
+
+    def choose(names: set[str]) -> list[str]:
+        out = [f"{LOG_DIR_NAME}/{chunk_file_name(step)}"]
+        if rebuild:
+            ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c <= step - 1]
+            if ckpts:
+                out.append(f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(max(ckpts))}")
+                out += [f"{LOG_DIR_NAME}/{chunk_file_name(s)}" for s in range(max(ckpts) + 1, step)]
+        return out
+
+    return choose
+
+
+def _missing(dest: Path, names: set[str], wanted: FileChoice) -> list[str]:
+    picked = wanted(names) if callable(wanted) else wanted
+    return [n for n in (*_ALWAYS, *picked) if n in names and not (dest / n).is_file()]
 
 
 class EvidenceError(VGameError, ValueError):
@@ -328,14 +371,16 @@ class Judge:
         """Collect the evidence for a pinned game from the transcript and the evidence directory."""
         g = self.client.game(game_id)
         task = self.client.task(g.task_id)
+        config_only = g.dispute_init or g.hi == 0
+        left = None if config_only else self._left_pre_state(g)
         t: Transcript | None
         try:
-            t = self._transcript(g.task_id, task)
+            t = self._transcript(g.task_id, task, () if config_only else _step_files(g.hi, left is None))
         except TranscriptEvidenceError:
-            if not (g.dispute_init or g.hi == 0):
+            if not config_only:
                 raise
             t = None
-        if g.dispute_init or g.hi == 0:
+        if config_only:
             return Evidence(config=self._config(task, t))
         assert t is not None
         step = g.hi
@@ -345,22 +390,38 @@ class Judge:
         except (TranscriptError, RoundingLogError) as exc:
             raise ChunkEvidenceError(f"the transcript's chunk of step {step} is unusable: {exc}") from exc
         proof = MerkleTree(hashes).proof(step)
-        return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=self._pre_state(g, t))
+        pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
+        return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state)
 
-    def _transcript(self, task_id: int, task: Task) -> Transcript:
-        """The task's published transcript, fetched once, its roots checked against the chain."""
+    def _transcript(self, task_id: int, task: Task, wanted: FileChoice = ()) -> Transcript:
+        """The task's published transcript, its roots checked against the chain: the manifest,
+        the leaves, the chunk hashes and the files ``wanted`` picks from the archive's names.
+
+        Only those files are decrypted and written (``workdir/transcripts/N``, kept until the
+        task is settled, gaining files as other games of it need them): a judge re-runs one step,
+        and the transcript's checkpoints are each the model's whole state.
+        """
         dest = self.workdir / "transcripts" / str(task_id)
-        marker = self.state.get("fetched", {})
-        if marker.get(str(task_id)) != task.transcript_id.hex():
-            tmp = self.workdir / "transcripts" / f".{task_id}.fetching"
-            shutil.rmtree(tmp, ignore_errors=True)
+        marker: dict[str, str] = dict(self.state.get("fetched", {}))
+        listing = dest / _LISTING
+        names: set[str] | None = None
+        if marker.get(str(task_id)) == task.transcript_id.hex() and listing.is_file():
+            names = set(json.loads(listing.read_text("utf-8")))
+        else:
+            shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
+        missing = None if names is None else _missing(dest, names, wanted)
+        if missing is None or missing:
             try:
-                fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+                with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
+                    if names is None:
+                        names = set(archive.names())
+                        dest.mkdir(parents=True, exist_ok=True)
+                        atomic_write(listing, json.dumps(sorted(names)).encode())
+                        self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
+                    for name in _missing(dest, names, wanted):
+                        archive.extract(name, dest)
             except StoreError as exc:
                 raise TranscriptEvidenceError(f"cannot get the transcript of task {task_id}: {exc}") from exc
-            shutil.rmtree(dest, ignore_errors=True)
-            tmp.rename(dest)
-            self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
         try:
             t = Transcript(dest)
             leaves, hashes = t.leaves(), t.chunk_hashes()
@@ -388,8 +449,8 @@ class Judge:
                     raise ConfigEvidenceError(f"the config left at {path.name} is invalid: {exc}") from exc
         raise ConfigEvidenceError("no task config: the transcript is unavailable and no config was left")
 
-    def _pre_state(self, g: Game, t: Transcript) -> bytes:
-        """State bytes hashing to the agreed leaf: left by someone, or rebuilt from a checkpoint."""
+    def _left_pre_state(self, g: Game) -> bytes | None:
+        """State bytes hashing to the agreed leaf that someone left in the evidence directory."""
         if self.evidence_dir is not None:
             path = pre_state_path(self.evidence_dir, g.lo_leaf)
             if path.is_file():
@@ -397,7 +458,7 @@ class Judge:
                 if hashlib.sha256(data).digest() == g.lo_leaf:
                     return data
                 log.warning("evidence %s does not hash to its name; ignored", path.name)
-        return self._rebuild(t, g.lo, g.lo_leaf)
+        return None
 
     def _rebuild(self, t: Transcript, step: int, want: bytes) -> bytes:
         from game.training.state import decode_state, encode_state

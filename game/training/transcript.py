@@ -129,6 +129,14 @@ def checkpoint_name(step: int) -> str:
     return f"state-{step:09d}.bin"
 
 
+def checkpoint_step(relpath: str) -> int | None:
+    """The step of the checkpoint at ``relpath`` (relative to the transcript, ``/``-separated, as
+    a published archive names it); None for any other file."""
+    folder, _, name = relpath.rpartition("/")
+    m = _CHECKPOINT_RE.match(name)
+    return int(m.group(1)) if m and folder == CHECKPOINT_DIR_NAME else None
+
+
 # --------------------------------------------------------------------------------------------
 # Manifest
 # --------------------------------------------------------------------------------------------

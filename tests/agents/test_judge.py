@@ -205,3 +205,42 @@ def test_judgeOfEveryTask_asksTheChainAboutAnotherJudgesPinOnce(
     assert judge.pinned_games() == [] and asked == [task_id]  # the same blocks, scanned again
     mine = Judge(roles["judge"], profile="cpu-1t", workdir=tmp_path / "mine", store=store, data_key=data_key)
     assert mine.pinned_games() == [gid] and mine.pinned_games() == [gid]
+
+
+def test_judge_decryptsAndWritesOnlyTheFilesItsStepNeeds(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judge re-runs one step; it fetched the whole transcript, every checkpoint of which is the
+    model's whole state (1.5 GB each at GPT-2 small). It now takes the manifest, the two hash
+    files, the step's chunk and, to rebuild the pre-state, the nearest checkpoint before the step
+    and the chunks from there, and decrypts only the segments those lie in."""
+    import game.store
+    from game.store import SealedFile
+
+    monkeypatch.setattr(game.store, "SEGMENT", 4096)  # sealing and reading: a transcript of many
+    cfg = small_config(steps=12)  # checkpoints at 0, 4, 8 and 12
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, 7), use_evidence=False)
+    gid = _pin(agents, roles["client"], task_id)
+    assert roles["client"].game(gid).hi == 7
+    read: set[int] = set()
+    real = SealedFile._segment
+
+    def spy(self: SealedFile, index: int) -> bytes:
+        read.add(index)
+        return real(self, index)
+
+    monkeypatch.setattr(SealedFile, "_segment", spy)
+    assert [a.what for a in agents.judge.step()] == ["rule"]
+    g = roles["client"].game(gid)
+    assert g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+    copy = agents.judge.workdir / "transcripts" / str(task_id)
+    got = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
+    assert got == {
+        ".archive-names.json", "manifest.json", "leaves.bin", "chunk_hashes.bin",
+        "checkpoints/state-000000004.bin", "log/step-000000005.bin", "log/step-000000006.bin",
+        "log/step-000000007.bin",
+    }  # fmt: skip
+    blob = agents.judge.store.path(roles["client"].task(task_id).transcript_id)
+    segments = -(-(blob.stat().st_size - 21) // (4096 + 16))
+    assert 0 < len(read) < segments  # the other checkpoints' segments were never decrypted

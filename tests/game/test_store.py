@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import secrets
+import tarfile
 from pathlib import Path
 from unittest import mock
 
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 from game import store as store_module
 from game.store import (
     BlobStore,
+    SealedArchive,
+    SealedFile,
     StoreError,
     fetch_directory,
     new_key,
@@ -149,3 +152,78 @@ def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
         with pytest.raises(StoreError):
             store_module.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
     assert len(out.getvalue()) == 4 * SMALL  # the segments before the last, not yet proved whole
+
+
+@given(
+    st.binary(max_size=6 * SMALL + 3),
+    st.lists(st.tuples(st.integers(0, 7 * SMALL), st.integers(0, 3 * SMALL)), max_size=8),
+)
+def test_sealedFile_readsAnyRangeAsThePlaintext(payload: bytes, reads: list[tuple[int, int]]) -> None:
+    key = new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        sealed = SealedFile(key, io.BytesIO(seal(key, payload, b"transcript")), b"transcript")
+        assert sealed.seek(0, io.SEEK_END) == len(payload)
+        for offset, n in reads:
+            sealed.seek(offset)
+            assert sealed.read(n) == payload[offset : offset + n]
+            assert sealed.tell() == min(offset + n, max(offset, len(payload)))
+
+
+def test_sealedFile_failsOnTheSegmentThatWasChanged_andOnOneCutOffTheEnd() -> None:
+    key, payload = new_key(), secrets.token_bytes(4 * SMALL + 10)
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        head, segs = _segments(seal(key, payload, b"transcript"))
+        changed = bytearray(segs[2])
+        changed[5] ^= 1
+        sealed = SealedFile(
+            key, io.BytesIO(head + b"".join([*segs[:2], bytes(changed), *segs[3:]])), b"transcript"
+        )
+        sealed.seek(SMALL)
+        assert sealed.read(SMALL) == payload[SMALL : 2 * SMALL]  # segments are checked one by one
+        with pytest.raises(StoreError, match="wrong key or the blob was modified"):
+            sealed.read(1)
+        cut = SealedFile(key, io.BytesIO(head + b"".join(segs[:3])), b"transcript")
+        cut.seek(2 * SMALL)
+        with pytest.raises(StoreError):  # the new last segment was not sealed as the last
+            cut.read(1)
+        with pytest.raises(StoreError, match="wrong key"):
+            SealedFile(new_key(), io.BytesIO(head + b"".join(segs)), b"transcript").read(1)
+
+
+def test_sealedArchive_extractsOneFile_decryptingOnlyItsSegments(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    (src / "checkpoints").mkdir()
+    big = secrets.token_bytes(40 * SMALL)
+    (src / "checkpoints" / "state-000000000.bin").write_bytes(big)
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        bid = publish_directory(store, key, src)
+        with SealedArchive(store, key, bid) as archive:
+            assert archive.names() == [
+                "checkpoints/state-000000000.bin",
+                "log/step-000000001.bin",
+                "manifest.json",
+            ]
+            path = archive.extract("manifest.json", tmp_path / "out")
+            assert archive.sealed is not None
+            total = len(_segments(store.path(bid).read_bytes())[1])
+            assert archive.sealed.segments_read <= total - 39  # none of the checkpoint's inner 39
+            with pytest.raises(StoreError, match=r"no file 'leaves\.bin'"):
+                archive.extract("leaves.bin", tmp_path / "out")
+    assert path.read_text() == '{"secret": "client data"}'
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.json"]  # no temporary left
+    with pytest.raises(StoreError, match="wrong key"):
+        SealedArchive(store, new_key(), bid)
+
+
+def test_sealedArchive_refusesAFileNamedOutsideItsDirectory(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../escaped")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    bid = store.put(seal(key, buf.getvalue(), b"transcript"))
+    with SealedArchive(store, key, bid) as archive, pytest.raises(StoreError, match="outside"):
+        archive.extract("../escaped", tmp_path / "out" / "inner")
+    assert not (tmp_path / "out" / "escaped").exists()
