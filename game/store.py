@@ -158,7 +158,7 @@ class SealedFile(io.RawIOBase):
         src.seek(0)
         head = _read_full(src, len(MAGIC) + PREFIX_SIZE)
         if head[: len(MAGIC)] != MAGIC or len(head) < len(MAGIC) + PREFIX_SIZE:
-            raise StoreError("not a vgame v2 blob (bad header or too short)")
+            raise StoreError("not a vgame blob (bad header or too short)")
         self._prefix = head[len(MAGIC) :]
         body = src.seek(0, io.SEEK_END) - len(head)
         self._segments = max(1, -(-body // (SEGMENT + TAG_SIZE)))

@@ -227,3 +227,13 @@ def test_sealedArchive_refusesAFileNamedOutsideItsDirectory(tmp_path: Path) -> N
     with SealedArchive(store, key, bid) as archive, pytest.raises(StoreError, match="outside"):
         archive.extract("../escaped", tmp_path / "out" / "inner")
     assert not (tmp_path / "out" / "escaped").exists()
+
+
+def test_sealedArchive_withAFileThatClaimsMoreBytesThanTheBlobHolds_doesNotOpen(tmp_path: Path) -> None:
+    info = tarfile.TarInfo("checkpoints/state-000000000.bin")
+    info.size = 10 * SMALL
+    header = info.tobuf(tarfile.USTAR_FORMAT)
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    bid = store.put(seal(key, header + bytes(SMALL), b"transcript"))  # the data stops short
+    with pytest.raises(StoreError, match="not a published directory: unexpected end of data"):
+        SealedArchive(store, key, bid)  # every file's extent is read at the opening
