@@ -20,6 +20,7 @@ from game.judge import (
 )
 from game.merkle import MerkleTree
 from game.store import BlobStore
+from game.training.transcript import Transcript
 from tests.agents.conftest import PoisonBatch, games, small_config, withdrawn
 
 POISON_STEP = 3
@@ -244,3 +245,25 @@ def test_judge_decryptsAndWritesOnlyTheFilesItsStepNeeds(
     blob = agents.judge.store.path(roles["client"].task(task_id).transcript_id)
     segments = -(-(blob.stat().st_size - 21) // (4096 + 16))
     assert 0 < len(read) < segments  # the other checkpoints' segments were never decrypted
+
+
+def test_judgesCopy_gainsTheFilesALaterGameNeeds_andOneLostToACrashAgain(
+    roles: dict[str, Any], pinned: tuple[Any, int, int]
+) -> None:
+    """Another auditor's game of the same task may pin another step; a crash may cut the copy."""
+    from game.judge import _step_files
+
+    agents, task_id, gid = pinned
+    judge = agents.judge
+    task = roles["client"].task(task_id)
+    judge.gather(gid)  # step 3
+    copy = judge.workdir / "transcripts" / str(task_id)
+    before = {p.relative_to(copy).as_posix() for p in copy.rglob("*.bin")}
+    assert "log/step-000000003.bin" in before and "log/step-000000007.bin" not in before
+    judge._transcript(task_id, task, _step_files(7, rebuild=True))
+    have = {p.relative_to(copy).as_posix() for p in copy.rglob("*.bin")}
+    assert before | {"checkpoints/state-000000004.bin", "log/step-000000005.bin", "log/step-000000006.bin",
+                     "log/step-000000007.bin"} == have  # fmt: skip
+    (copy / "log" / "step-000000007.bin").unlink()  # what a crash before its rename leaves
+    t = judge._transcript(task_id, task, _step_files(7, rebuild=True))
+    assert t.chunk_bytes(7) == Transcript(agents.trainer.transcript_dir).chunk_bytes(7)
