@@ -85,6 +85,19 @@ def test_getEvents_onANodeThatCapsTheRange_halvesUntilItAnswers_andKeepsTheSpan(
     assert chain._vgame_log_span == learned  # a failure teaches nothing: only a span that answered
 
 
+def _spy_log_queries(chain: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first block of every ``eth_getLogs`` query from now on, as a list that grows."""
+    asked: list[int] = []
+    real = chain.w3.eth.get_logs
+
+    def spy(query: dict[str, Any]) -> Any:
+        asked.append(int(query["fromBlock"]))
+        return real(query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
+    return asked
+
+
 def test_clientsFirstBlock_startsEveryScanThere(
     committed_task: Callable[[int], Setup], chain: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,14 +118,7 @@ def test_clientsFirstBlock_startsEveryScanThere(
 
     assert games_of_task(client(at), s.task_id, 0)[0] == [gid]
     assert games_of_task(client(at + 1), s.task_id, 0)[0] == []  # the block is before the first
-    asked: list[int] = []
-    real = chain.w3.eth.get_logs
-
-    def spy(query: dict[str, Any]) -> Any:
-        asked.append(int(query["fromBlock"]))
-        return real(query)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
+    asked = _spy_log_queries(chain, monkeypatch)
     client(at).get_events("Challenged")
     assert asked and min(asked) == at
 
@@ -129,14 +135,7 @@ def test_clientWithNoFirstBlock_startsAtTheContractsDeploymentBlock(
     client = VerificationGameClient(chain, s.trainer.address, s.trainer.account, options=ClientOptions())
     first = client.first_block()
     assert 0 < first <= chain.block_number() and client.options.first_block is None
-    asked: list[int] = []
-    real = chain.w3.eth.get_logs
-
-    def spy(query: dict[str, Any]) -> Any:
-        asked.append(int(query["fromBlock"]))
-        return real(query)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(chain.w3.eth, "get_logs", spy)
+    asked = _spy_log_queries(chain, monkeypatch)
     assert games_of_task(client, s.task_id, 0)[0] == [gid]
     assert asked and min(asked) == first
     calls: list[dict[str, Any]] = []
