@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eth_abi import decode as abi_decode
+from eth_abi.exceptions import DecodingError
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 from web3 import Web3
@@ -123,9 +124,18 @@ class VerificationGameClient:
         return int(self._view("gameCount")[0])
 
     def deployed_in_block(self) -> int:
-        """``deployedInBlock()``: the block the contract was deployed in (read once, it never changes)."""
+        """``deployedInBlock()``: the block the contract was deployed in (read once, it never
+        changes); 0, with a warning, for a contract of an older build that does not say."""
         if self._deployed_in_block is None:
-            self._deployed_in_block = int(self._view("deployedInBlock")[0])
+            try:
+                self._deployed_in_block = int(self._view("deployedInBlock")[0])
+            except (E.EmptyRevert, DecodingError):
+                log.warning(
+                    "the contract at %s does not say its deployment block (a build older than "
+                    "deployedInBlock()): event scans start at block 0; --from-block N starts them at N",
+                    self.address,
+                )
+                self._deployed_in_block = 0
         return self._deployed_in_block
 
     def first_block(self) -> int:

@@ -142,3 +142,16 @@ def test_clientWithNoFirstBlock_startsAtTheContractsDeploymentBlock(
     monkeypatch.setattr(chain, "call", lambda tx, *a, **k: calls.append(tx))
     client.as_account(s.auditor.account).get_events("Challenged")  # read once: it never changes
     assert calls == []
+
+
+def test_aContractThatDoesNotSayItsDeploymentBlock_isScannedFromBlockZero_withAWarning(
+    chain: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A game contract of an older build (here: another contract, which has no such function)."""
+    from game.chain.client import VerificationGameClient
+    from game.chain.deploy import deploy
+
+    other = VerificationGameClient(chain, deploy(chain, name="MerkleHarness"), chain.account(0))
+    with caplog.at_level("WARNING"):
+        assert other.first_block() == 0 and other.first_block() == 0
+    assert sum(r.getMessage().count("does not say its deployment block") for r in caplog.records) == 1
