@@ -237,3 +237,15 @@ def test_sealedArchive_withAFileThatClaimsMoreBytesThanTheBlobHolds_doesNotOpen(
     bid = store.put(seal(key, header + bytes(SMALL), b"transcript"))  # the data stops short
     with pytest.raises(StoreError, match="not a published directory: unexpected end of data"):
         SealedArchive(store, key, bid)  # every file's extent is read at the opening
+
+
+def test_sealedArchive_opensABlobOfTheFirstFormat_whole(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    key, nonce = new_key(), secrets.token_bytes(12)
+    sealed = AESGCM(key).encrypt(nonce, pack_directory(src), store_module.MAGIC_V1 + b"transcript")
+    store = BlobStore(tmp_path / "store")
+    bid = store.put(store_module.MAGIC_V1 + nonce + sealed)
+    with SealedArchive(store, key, bid) as archive:
+        assert archive.sealed is None and archive.names() == ["log/step-000000001.bin", "manifest.json"]
+        path = archive.extract("log/step-000000001.bin", tmp_path / "out")
+    assert path.read_bytes() == bytes(range(256)) * 4
