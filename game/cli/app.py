@@ -192,9 +192,8 @@ FromBlockOpt = Annotated[
         "--from-block",
         envvar="VGAME_FROM_BLOCK",
         min=0,
-        show_default="the contract's deployment block",
-        help="The first block event scans read (by default the block the game contract was deployed "
-        "in, which it holds as deployedInBlock()).",
+        show_default="the block the contract was deployed in, its deployedInBlock()",
+        help="The first block event scans read.",
     ),
 ]
 
