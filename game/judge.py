@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,30 +69,20 @@ STATE_NAME = "judge.json"
 _LISTING = ".archive-names.json"
 _ALWAYS = (MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME)
 
-#: Picks, from the names of a transcript archive's files, those a ruling needs (or the names).
-FileChoice = Callable[[set[str]], Iterable[str]] | Iterable[str]
 
-
-def _step_files(step: int, rebuild: bool) -> Callable[[set[str]], list[str]]:
-    """The files that re-running ``step`` needs: its chunk and, to rebuild its pre-state, the
-    nearest checkpoint before it and the chunks from there (what is absent is left to
-    :class:`Transcript` to report, as for a whole copy)."""
-
-    def choose(names: set[str]) -> list[str]:
-        out = [f"{LOG_DIR_NAME}/{chunk_file_name(step)}"]
-        if rebuild:
-            ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c <= step - 1]
-            if ckpts:
-                out.append(f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(max(ckpts))}")
-                out += [f"{LOG_DIR_NAME}/{chunk_file_name(s)}" for s in range(max(ckpts) + 1, step)]
-        return out
-
-    return choose
-
-
-def _missing(dest: Path, names: set[str], wanted: FileChoice) -> list[str]:
-    picked = wanted(names) if callable(wanted) else wanted
-    return [n for n in (*_ALWAYS, *picked) if n in names and not (dest / n).is_file()]
+def _needed(names: set[str], step: int | None, rebuild: bool) -> list[str]:
+    """The archive's files that re-running ``step`` needs (None: only the config): always the
+    manifest and the two hash files; the step's chunk; to rebuild its pre-state, the nearest
+    checkpoint before it and the chunks from there. What the archive lacks is left out, for
+    :class:`Transcript` to report as it would for a whole copy."""
+    out = list(_ALWAYS)
+    if step is not None:
+        out.append(f"{LOG_DIR_NAME}/{chunk_file_name(step)}")
+        ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c < step] if rebuild else []
+        if ckpts:
+            out.append(f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(max(ckpts))}")
+            out += [f"{LOG_DIR_NAME}/{chunk_file_name(s)}" for s in range(max(ckpts) + 1, step)]
+    return [n for n in out if n in names]
 
 
 class EvidenceError(VGameError, ValueError):
@@ -375,7 +364,7 @@ class Judge:
         left = None if config_only else self._left_pre_state(g)
         t: Transcript | None
         try:
-            t = self._transcript(g.task_id, task, () if config_only else _step_files(g.hi, left is None))
+            t = self._transcript(g.task_id, task, None if config_only else g.hi, rebuild=left is None)
         except TranscriptEvidenceError:
             if not config_only:
                 raise
@@ -393,9 +382,11 @@ class Judge:
         pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
         return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state)
 
-    def _transcript(self, task_id: int, task: Task, wanted: FileChoice = ()) -> Transcript:
-        """The task's published transcript, its roots checked against the chain: the manifest,
-        the leaves, the chunk hashes and the files ``wanted`` picks from the archive's names.
+    def _transcript(
+        self, task_id: int, task: Task, step: int | None = None, *, rebuild: bool = False
+    ) -> Transcript:
+        """The task's published transcript, its roots checked against the chain, holding the
+        files that re-running ``step`` needs (:func:`_needed`).
 
         Only those files are decrypted and written (``workdir/transcripts/N``, kept until the
         task is settled, gaining files as other games of it need them): a judge re-runs one step,
@@ -409,8 +400,7 @@ class Judge:
             names = set(json.loads(listing.read_text("utf-8")))
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
-        missing = None if names is None else _missing(dest, names, wanted)
-        if missing is None or missing:
+        if names is None or any(not (dest / n).is_file() for n in _needed(names, step, rebuild)):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
                     if names is None:
@@ -418,8 +408,9 @@ class Judge:
                         dest.mkdir(parents=True, exist_ok=True)
                         atomic_write(listing, json.dumps(sorted(names)).encode())
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
-                    for name in _missing(dest, names, wanted):
-                        archive.extract(name, dest)
+                    for name in _needed(names, step, rebuild):
+                        if not (dest / name).is_file():
+                            archive.extract(name, dest)
             except StoreError as exc:
                 raise TranscriptEvidenceError(f"cannot get the transcript of task {task_id}: {exc}") from exc
         try:

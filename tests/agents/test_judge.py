@@ -251,8 +251,6 @@ def test_judgesCopy_gainsTheFilesALaterGameNeeds_andOneLostToACrashAgain(
     roles: dict[str, Any], pinned: tuple[Any, int, int]
 ) -> None:
     """Another auditor's game of the same task may pin another step; a crash may cut the copy."""
-    from game.judge import _step_files
-
     agents, task_id, gid = pinned
     judge = agents.judge
     task = roles["client"].task(task_id)
@@ -260,10 +258,10 @@ def test_judgesCopy_gainsTheFilesALaterGameNeeds_andOneLostToACrashAgain(
     copy = judge.workdir / "transcripts" / str(task_id)
     before = {p.relative_to(copy).as_posix() for p in copy.rglob("*.bin")}
     assert "log/step-000000003.bin" in before and "log/step-000000007.bin" not in before
-    judge._transcript(task_id, task, _step_files(7, rebuild=True))
+    judge._transcript(task_id, task, 7, rebuild=True)
     have = {p.relative_to(copy).as_posix() for p in copy.rglob("*.bin")}
     assert before | {"checkpoints/state-000000004.bin", "log/step-000000005.bin", "log/step-000000006.bin",
                      "log/step-000000007.bin"} == have  # fmt: skip
     (copy / "log" / "step-000000007.bin").unlink()  # what a crash before its rename leaves
-    t = judge._transcript(task_id, task, _step_files(7, rebuild=True))
+    t = judge._transcript(task_id, task, 7, rebuild=True)
     assert t.chunk_bytes(7) == Transcript(agents.trainer.transcript_dir).chunk_bytes(7)
