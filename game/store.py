@@ -100,6 +100,17 @@ def _wrong(purpose: bytes) -> StoreError:
     )
 
 
+def _open_segment(
+    aead: AESGCM, prefix: bytes, index: int, last: bool, sealed: bytes, purpose: bytes
+) -> bytes:
+    """Segment ``index`` of a v2 blob, authenticated (its tag binds its place and whether it ends
+    the blob); a :class:`StoreError` otherwise."""
+    try:
+        return aead.decrypt(_nonce(prefix, index, last), sealed, MAGIC + purpose)
+    except InvalidTag:
+        raise _wrong(purpose) from None
+
+
 def seal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
     """Encrypt and authenticate all of ``src`` for ``purpose`` under ``key`` into ``dst`` (v2)."""
     aead, aad = AESGCM(key), MAGIC + purpose
@@ -126,17 +137,14 @@ def unseal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> N
     if head != MAGIC:
         raise StoreError("not a vgame blob (bad header or too short)")
     prefix = _read_full(src, PREFIX_SIZE)
-    aead, aad = AESGCM(key), MAGIC + purpose
+    aead = AESGCM(key)
     sealed, index = _read_full(src, SEGMENT + TAG_SIZE), 0
     while True:
         if len(prefix) < PREFIX_SIZE or len(sealed) < TAG_SIZE:
             raise StoreError("not a vgame blob (bad header or too short)")
         following = _read_full(src, SEGMENT + TAG_SIZE) if len(sealed) == SEGMENT + TAG_SIZE else b""
         last = not following
-        try:
-            dst.write(aead.decrypt(_nonce(prefix, index, last), sealed, aad))
-        except InvalidTag:
-            raise _wrong(purpose) from None
+        dst.write(_open_segment(aead, prefix, index, last, sealed, purpose))
         if last:
             return
         sealed, index = following, index + 1
@@ -154,7 +162,7 @@ class SealedFile(io.RawIOBase):
     """
 
     def __init__(self, key: bytes, src: BinaryIO, purpose: bytes) -> None:
-        self._src, self._aead, self._aad, self._purpose = src, AESGCM(key), MAGIC + purpose, purpose
+        self._src, self._aead, self._purpose = src, AESGCM(key), purpose
         src.seek(0)
         head = _read_full(src, len(MAGIC) + PREFIX_SIZE)
         if head[: len(MAGIC)] != MAGIC or len(head) < len(MAGIC) + PREFIX_SIZE:
@@ -191,11 +199,9 @@ class SealedFile(io.RawIOBase):
             return self._cached[1]
         self._src.seek(len(MAGIC) + PREFIX_SIZE + index * (SEGMENT + TAG_SIZE))
         sealed = _read_full(self._src, SEGMENT + TAG_SIZE)
-        last = index == self._segments - 1
-        try:
-            plain = self._aead.decrypt(_nonce(self._prefix, index, last), sealed, self._aad)
-        except InvalidTag:
-            raise _wrong(self._purpose) from None
+        plain = _open_segment(
+            self._aead, self._prefix, index, index == self._segments - 1, sealed, self._purpose
+        )
         self.segments_read += 1
         self._cached = (index, plain)
         return plain
