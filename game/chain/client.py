@@ -80,16 +80,15 @@ class VerificationGameClient:
     # ------------------------------------------------------------ variants
     def as_account(self, account: LocalAccount) -> VerificationGameClient:
         """The same contract and options, signing as ``account``."""
-        other = VerificationGameClient(self.chain, self.address, account, options=self.options)
-        other._deployed_in_block = self._deployed_in_block
-        return other
+        return self._variant(account, self.options)
 
     def with_options(self, **changes: Any) -> VerificationGameClient:
         """A copy with some :class:`ClientOptions` changed (e.g. ``prechecks=False``)."""
-        other = VerificationGameClient(
-            self.chain, self.address, self.account, options=replace(self.options, **changes)
-        )
-        other._deployed_in_block = self._deployed_in_block
+        return self._variant(self.account, replace(self.options, **changes))
+
+    def _variant(self, account: LocalAccount, options: ClientOptions) -> VerificationGameClient:
+        other = VerificationGameClient(self.chain, self.address, account, options=options)
+        other._deployed_in_block = self._deployed_in_block  # the same contract: read once
         return other
 
     @property
