@@ -26,7 +26,7 @@ import secrets
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -111,28 +111,57 @@ def _open_segment(
         raise _wrong(purpose) from None
 
 
+class _SealingWriter(io.RawIOBase):
+    """Seals what is written to it into ``out`` (v2), a segment at a time; :meth:`finish` seals the
+    last. A full segment is held back until a byte follows it: only then is it known not to be the
+    last. Why a writer: an archive is sealed as it is written, never stored in the clear first."""
+
+    def __init__(self, key: bytes, out: BinaryIO, purpose: bytes) -> None:
+        self._aead, self._aad, self._out = AESGCM(key), MAGIC + purpose, out
+        self._prefix = secrets.token_bytes(PREFIX_SIZE)
+        out.write(MAGIC + self._prefix)
+        self._held = bytearray()
+        self._index = 0
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._written  # plaintext bytes so far (tarfile asks where it is)
+
+    def write(self, data: Any) -> int:
+        self._held += data
+        n = len(memoryview(data).cast("B"))
+        self._written += n
+        while len(self._held) > SEGMENT:
+            self._seal(bytes(self._held[:SEGMENT]), last=False)
+            del self._held[:SEGMENT]
+        return n
+
+    def finish(self) -> None:
+        self._seal(bytes(self._held), last=True)
+        self._held.clear()
+
+    def _seal(self, segment: bytes, *, last: bool) -> None:
+        self._out.write(self._aead.encrypt(_nonce(self._prefix, self._index, last), segment, self._aad))
+        self._index += 1
+
+
 def seal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
     """Encrypt and authenticate all of ``src`` for ``purpose`` under ``key`` into ``dst`` (v2)."""
-    aead, aad = AESGCM(key), MAGIC + purpose
-    prefix = secrets.token_bytes(PREFIX_SIZE)
-    dst.write(MAGIC + prefix)
-    segment, index = _read_full(src, SEGMENT), 0
-    while True:
-        following = _read_full(src, SEGMENT) if len(segment) == SEGMENT else b""
-        last = not following
-        dst.write(aead.encrypt(_nonce(prefix, index, last), segment, aad))
-        if last:
-            return
-        segment, index = following, index + 1
+    sealing = _SealingWriter(key, dst, purpose)
+    shutil.copyfileobj(src, sealing, SEGMENT)
+    sealing.finish()
 
 
-def unseal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
-    """Decrypt a sealed blob from ``src`` into ``dst``; a wrong key, another purpose, any modified,
-    missing or added byte is a :class:`StoreError`. What reached ``dst`` before such an error is not
-    to be used: it is authentic only once this returns."""
+def _plain_segments(key: bytes, src: BinaryIO, purpose: bytes) -> Iterator[bytes]:
+    """The plaintext of the sealed blob read from ``src``, a segment at a time, each authenticated
+    before it is given out (a v1 blob, whole); a wrong key, another purpose, any modified, missing or
+    added byte is a :class:`StoreError`. The blob is read to its end once the last part is out."""
     head = _read_full(src, len(MAGIC))
     if head == MAGIC_V1:
-        dst.write(_unseal_v1(key, head + src.read(), purpose))
+        yield _unseal_v1(key, head + src.read(), purpose)
         return
     if head != MAGIC:
         raise StoreError("not a vgame blob (bad header or too short)")
@@ -144,10 +173,18 @@ def unseal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> N
             raise StoreError("not a vgame blob (bad header or too short)")
         following = _read_full(src, SEGMENT + TAG_SIZE) if len(sealed) == SEGMENT + TAG_SIZE else b""
         last = not following
-        dst.write(_open_segment(aead, prefix, index, last, sealed, purpose))
+        yield _open_segment(aead, prefix, index, last, sealed, purpose)
         if last:
             return
         sealed, index = following, index + 1
+
+
+def unseal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
+    """Decrypt a sealed blob from ``src`` into ``dst``; a wrong key, another purpose, any modified,
+    missing or added byte is a :class:`StoreError`. What reached ``dst`` before such an error is not
+    to be used: it is authentic only once this returns."""
+    for part in _plain_segments(key, src, purpose):
+        dst.write(part)
 
 
 class SealedFile(io.RawIOBase):
@@ -268,6 +305,64 @@ class _HashingWriter(io.RawIOBase):
         return len(data)
 
 
+class _HashingReader(io.RawIOBase):
+    """Reads from ``src`` and hashes what passes (a blob's id checked as it is read)."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self.src = src
+        self.hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.src.read(n)
+        self.hash.update(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> bytes:
+        """Read the rest, hashing it; the hash of everything read."""
+        while self.read(_READ):
+            pass
+        return self.hash.digest()
+
+
+class _PartsReader(io.RawIOBase):
+    """A readable stream over an iterator of byte strings (the plaintext, segment by segment)."""
+
+    def __init__(self, parts: Iterator[bytes]) -> None:
+        self._parts = parts
+        self._part, self._at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        while self._at >= len(self._part):
+            part = next(self._parts, None)
+            if part is None:
+                return b""
+            self._part, self._at = part, 0
+        end = len(self._part) if n < 0 else self._at + n
+        out = self._part[self._at : end]
+        self._at += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _corrupt(store: BlobStore, bid: bytes) -> StoreError:
+    return StoreError(f"blob {bid.hex()} in store {store.root} is corrupt (hash mismatch)")
+
+
 class BlobStore:
     """A directory of blobs named by the hex SHA-256 of their bytes; writes are atomic."""
 
@@ -325,7 +420,7 @@ class BlobStore:
             h.update(block)
         if h.digest() != bid:
             fh.close()
-            raise StoreError(f"blob {bid.hex()} in store {self.root} is corrupt (hash mismatch)")
+            raise _corrupt(self, bid)
         fh.seek(0)
         return fh
 
@@ -346,6 +441,8 @@ class BlobStore:
 def _pack_to(src: Path, out: BinaryIO) -> None:
     """A deterministic tar of a directory (sorted names, zeroed times and owners) into ``out``."""
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        # a file's bytes in segment-sized writes, not 16 KiB ones (typeshed lacks the attribute)
+        tar.copybufsize = SEGMENT  # type: ignore[attr-defined]
         for p in sorted(q for q in Path(src).rglob("*") if q.is_file()):
             rel = p.relative_to(src).as_posix()
             if rel.startswith(".") or "/." in rel:
@@ -364,30 +461,27 @@ def pack_directory(src: Path) -> bytes:
     return buf.getvalue()
 
 
-def _unpack_from(archive: BinaryIO, dest: Path) -> None:
-    """Extract a tar made by :func:`pack_directory`, refusing links and paths outside ``dest``."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=archive, mode="r") as tar:
-        for m in tar.getmembers():
-            if not m.isfile():
-                raise StoreError(f"transcript archive holds a non-file entry {m.name!r}")
-        tar.extractall(dest, filter="data")
-
-
-def unpack_directory(data: bytes, dest: Path) -> None:
-    """:func:`_unpack_from` from bytes in memory."""
-    _unpack_from(io.BytesIO(data), dest)
+def _file_only(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """The extraction filter of a transcript: regular files inside ``dest`` only."""
+    if not member.isfile():
+        raise StoreError(f"transcript archive holds a non-file entry {member.name!r}")
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError as exc:
+        raise StoreError(f"transcript archive entry {member.name!r} is refused: {exc}") from None
 
 
 def publish_directory(store: BlobStore, key: bytes, src: Path, purpose: bytes = b"transcript") -> bytes:
-    """Seal a directory into the store; returns its blob id (what goes on-chain). The archive
-    passes through a temporary file beside the store, so memory does not grow with its size."""
-    store.root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=store.root) as archive:
-        _pack_to(src, archive)
-        archive.seek(0)
-        return store.put_streamed(lambda out: seal_stream(key, archive, out, purpose))
+    """Seal a directory into the store; returns its blob id (what goes on-chain). The archive is
+    sealed and hashed as it is written, into a temporary file that takes the blob's name once
+    whole: one pass over the directory, and memory and disk do not grow beyond the blob."""
+
+    def write(out: BinaryIO) -> None:
+        sealing = _SealingWriter(key, out, purpose)
+        _pack_to(src, sealing)  # type: ignore[arg-type]
+        sealing.finish()
+
+    return store.put_streamed(write)
 
 
 class SealedArchive:
@@ -461,12 +555,34 @@ class SealedArchive:
 def fetch_directory(
     store: BlobStore, key: bytes, bid: bytes, dest: Path, purpose: bytes = b"transcript"
 ) -> Path:
-    """Fetch, verify, decrypt and unpack a published directory into ``dest`` (unpacked only once
-    the whole blob has proved authentic)."""
+    """Fetch, verify, decrypt and unpack a published directory into ``dest``, in one pass over the
+    blob: each segment is authenticated before the archive's reader sees a byte of it, and the
+    sealed bytes are hashed as they are read and checked against ``bid`` at the end.
+
+    Why one pass: a transcript at paper size is gigabytes (a checkpoint is the model's whole state),
+    and checking the id first, then decrypting into a temporary archive, then unpacking it read the
+    blob twice and wrote it twice. On any error, what was written into ``dest`` is not to be used:
+    fetch into a directory of its own and give it its name only once this returns (the auditor
+    does). A blob that does not hash to ``bid`` is reported as corrupt even where its first
+    changed byte failed a segment's tag."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with store.open(bid) as blob, tempfile.TemporaryFile(dir=dest.parent) as archive:
-        unseal_stream(key, blob, archive, purpose)
-        archive.seek(0)
-        _unpack_from(archive, dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with store.open(bid, check=False) as blob:
+        sealed = _HashingReader(blob)
+        try:
+            plain = _PartsReader(_plain_segments(key, sealed, purpose))  # type: ignore[arg-type]
+            with tarfile.open(fileobj=plain, mode="r|", bufsize=SEGMENT) as tar:
+                # a file's bytes in segment-sized reads: the stream's buffer is cut at each read
+                tar.copybufsize = SEGMENT  # type: ignore[attr-defined]
+                tar.extractall(dest, filter=_file_only)
+            while plain.read(SEGMENT):  # the archive's padding, and the last segment's tag
+                pass
+        except (StoreError, tarfile.TarError) as exc:
+            if sealed.drain() != bid:
+                raise _corrupt(store, bid) from None
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"blob {bid.hex()} is not a published directory: {exc}") from None
+        if sealed.drain() != bid:
+            raise _corrupt(store, bid)
     return dest

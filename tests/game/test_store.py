@@ -6,7 +6,9 @@ import hashlib
 import io
 import secrets
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -143,8 +145,37 @@ def test_publishFetch_ofAManySegmentTranscript_roundTrips_andStoresUnderTheSeale
         store.check(bid)
 
 
+def test_publish_sealsAsItPacks_writingNoPlaintextToDisk(tmp_path: Path) -> None:
+    """The archive goes to disk only sealed: no clear copy of the client's data beside the store,
+    even one unlinked at once (a store may be synced)."""
+    src = make_tree(tmp_path / "src")
+    (src / "checkpoints").mkdir()
+    (src / "checkpoints" / "state-000000000.bin").write_bytes(secrets.token_bytes(9 * SMALL))
+    store, key = BlobStore(tmp_path / "store"), new_key()
+
+    def read_only(path: Path, mode: str = "r") -> Any:
+        assert "r" in mode and "+" not in mode, f"{path} opened to write ({mode})"
+        return open(path, mode)
+
+    def no_clear_file(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a temporary file for the archive in the clear")
+
+    with (
+        mock.patch.object(store_module, "SEGMENT", SMALL),
+        mock.patch.object(store_module, "open", read_only, create=True),
+        mock.patch.object(store_module.tempfile, "TemporaryFile", no_clear_file),
+        mock.patch.object(store_module.tempfile, "NamedTemporaryFile", no_clear_file),
+    ):
+        bid = publish_directory(store, key, src)
+        raw = store.path(bid).read_bytes()
+        assert unseal(key, raw, b"transcript") == pack_directory(src)
+    assert [p.relative_to(store.root) for p in store.root.rglob("*") if p.is_file()] == [
+        Path(bid.hex()[:2]) / bid.hex()
+    ]
+
+
 def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
-    """What a failed open wrote is the caller's to throw away: fetch_directory unpacks only after."""
+    """What a failed open wrote is the caller's to throw away (fetch_directory's caller too)."""
     key = new_key()
     with mock.patch.object(store_module, "SEGMENT", SMALL):
         blob = seal(key, bytes(5 * SMALL), b"transcript")
@@ -152,6 +183,126 @@ def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
         with pytest.raises(StoreError):
             store_module.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
     assert len(out.getvalue()) == 4 * SMALL  # the segments before the last, not yet proved whole
+
+
+class _CountingReads(io.RawIOBase):
+    """A blob file that counts the bytes read from it."""
+
+    def __init__(self, fh: Any, counter: list[int]) -> None:
+        self.fh, self.counter = fh, counter
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.fh.seek(offset, whence)
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        n: int = self.fh.readinto(buffer)
+        self.counter[0] += n
+        return n
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
+
+
+def test_fetch_readsTheBlobOnce_hashingAndDecryptingAsItUnpacks(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    (src / "checkpoints").mkdir()
+    big = secrets.token_bytes(30 * SMALL + 5)
+    (src / "checkpoints" / "state-000000000.bin").write_bytes(big)
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    counter = [0]
+
+    def counting_open(path: Path, mode: str = "r") -> Any:
+        fh = open(path, mode)  # noqa: SIM115 - closed by the wrapper
+        return _CountingReads(fh, counter) if Path(path) == store.path(bid) else fh
+
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        bid = publish_directory(store, key, src)
+        with mock.patch.object(store_module, "open", counting_open, create=True):
+            out = fetch_directory(store, key, bid, tmp_path / "out")
+    assert counter[0] == store.path(bid).stat().st_size  # once through, not a hash pass and then a copy
+    assert (out / "checkpoints" / "state-000000000.bin").read_bytes() == big
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "checkpoints/state-000000000.bin",
+        "log/step-000000001.bin",
+        "manifest.json",
+    ]
+
+
+def test_fetch_ofABlobThatIsNotItsId_isCorrupt_evenWhereASegmentFailsFirst(tmp_path: Path) -> None:
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        first = publish_directory(store, key, make_tree(tmp_path / "a"))
+        other = tmp_path / "b"
+        make_tree(other)
+        (other / "extra.bin").write_bytes(b"x" * 5 * SMALL)
+        second = publish_directory(store, key, other)
+        raw = store.path(first).read_bytes()
+        # a key holder's other blob under this id: every segment authentic, the id wrong
+        store.path(first).write_bytes(store.path(second).read_bytes())
+        with pytest.raises(StoreError, match="corrupt"):
+            fetch_directory(store, key, first, tmp_path / "out1")
+        # one byte changed in the first segment: its tag fails before the hash is known
+        flipped = bytearray(raw)
+        flipped[len(store_module.MAGIC) + store_module.PREFIX_SIZE + 3] ^= 1
+        store.path(first).write_bytes(bytes(flipped))
+        with pytest.raises(StoreError, match="corrupt"):
+            fetch_directory(store, key, first, tmp_path / "out2")
+        store.path(first).write_bytes(raw)
+        with pytest.raises(StoreError, match="wrong key"):
+            fetch_directory(store, new_key(), first, tmp_path / "out3")
+        assert (fetch_directory(store, key, first, tmp_path / "out4") / "manifest.json").exists()
+
+
+def _sealed_tar(store: BlobStore, key: bytes, add: Callable[[tarfile.TarFile], None]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        add(tar)
+    return store.put(store_module.seal(key, buf.getvalue(), b"transcript"))
+
+
+def _file(tar: tarfile.TarFile, name: str, data: bytes = b"bad") -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _link(tar: tarfile.TarFile, name: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    tar.addfile(info)
+
+
+def test_fetch_refusesLinksAndPathsOutsideItsDirectory_andWhatIsNoArchive(tmp_path: Path) -> None:
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    dest = tmp_path / "out" / "inner"
+    outside = _sealed_tar(store, key, lambda tar: _file(tar, "../escaped"))
+    with pytest.raises(StoreError, match=r"entry '\.\./escaped' is refused: .*outside"):
+        fetch_directory(store, key, outside, dest)
+    assert not (tmp_path / "out" / "escaped").exists()
+    link = _sealed_tar(store, key, lambda tar: _link(tar, "manifest.json"))
+    with pytest.raises(StoreError, match=r"non-file entry 'manifest\.json'"):
+        fetch_directory(store, key, link, dest)
+    assert not (dest / "manifest.json").exists()
+    junk = store.put(store_module.seal(key, b"not a tar" * 100, b"transcript"))
+    with pytest.raises(StoreError, match="is not a published directory"):
+        fetch_directory(store, key, junk, tmp_path / "out2")
+
+
+def test_fetch_opensABlobOfTheFirstFormat(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    key, nonce = new_key(), secrets.token_bytes(12)
+    sealed = AESGCM(key).encrypt(nonce, pack_directory(src), store_module.MAGIC_V1 + b"transcript")
+    store = BlobStore(tmp_path / "store")
+    bid = store.put(store_module.MAGIC_V1 + nonce + sealed)
+    out = fetch_directory(store, key, bid, tmp_path / "out")
+    assert (out / "log" / "step-000000001.bin").read_bytes() == bytes(range(256)) * 4
 
 
 @given(
