@@ -148,27 +148,46 @@ class AuditorAgent(TaskAgent):
 
     # ------------------------------------------------------------------------- replay
     def _fetch(self, task: Task) -> Transcript:
-        """The committed transcript, fetched once, checked against every committed value."""
-        if self.state.get("fetched") != task.transcript_id.hex():
-            tmp = self.taskdir / ".fetching"
-            shutil.rmtree(tmp, ignore_errors=True)
+        """The committed transcript, fetched once, checked against every committed value. A copy
+        that an earlier run fetched and that no longer verifies is fetched again, once: its files
+        are not synced, so a machine that stopped before they reached its disk leaves them cut
+        short, and the store still holds the blob."""
+        if self.state.get("fetched") == task.transcript_id.hex():
             try:
-                fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
-            except BlobNotFound as exc:
-                raise NotThereYet(
-                    f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "
-                    "each round (is --store the one the trainer publishes to?)"
-                ) from exc
-            except StoreError as exc:
-                raise AgentError(f"cannot get the transcript of task {self.task_id}: {exc}") from exc
-            shutil.rmtree(self.transcript_dir, ignore_errors=True)
-            tmp.rename(self.transcript_dir)
-            self.state.update(fetched=task.transcript_id.hex())
-        t = Transcript(self.transcript_dir)
+                return self._checked(task)
+            except TranscriptError as exc:
+                log.warning(
+                    "task %d: the transcript fetched before no longer verifies (%s); fetching it again",
+                    self.task_id, exc,
+                )  # fmt: skip
+        self._download(task)
         try:
-            t.verify()
+            return self._checked(task)
         except TranscriptError as exc:
             raise AgentError(f"the transcript of task {self.task_id} is damaged: {exc}") from exc
+
+    def _download(self, task: Task) -> None:
+        """Fetch the blob into a directory of its own that takes the transcript's name once whole."""
+        tmp = self.taskdir / ".fetching"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+        except BlobNotFound as exc:
+            raise NotThereYet(
+                f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "
+                "each round (is --store the one the trainer publishes to?)"
+            ) from exc
+        except StoreError as exc:
+            raise AgentError(f"cannot get the transcript of task {self.task_id}: {exc}") from exc
+        shutil.rmtree(self.transcript_dir, ignore_errors=True)
+        tmp.rename(self.transcript_dir)
+        self.state.update(fetched=task.transcript_id.hex())
+
+    def _checked(self, task: Task) -> Transcript:
+        """The fetched transcript, verified (a :class:`TranscriptError` where a file is damaged or
+        missing) and held to the task's on-chain values (an :class:`AgentError` where one differs)."""
+        t = Transcript(self.transcript_dir)
+        t.verify()
         m = t.manifest
         checks = (
             ("spec hash", t.spec_hash, task.spec_hash),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -170,6 +174,65 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
     shutil.copytree(store.root, tmp_path / "empty", dirs_exist_ok=True)  # it comes after all
     auditor.step()
     assert auditor.verdict == "match"  # replayed all the same, too late to challenge
+
+
+def _cut_short(transcript: Path) -> None:
+    chunk = sorted((transcript / "log").iterdir())[2]
+    chunk.write_bytes(chunk.read_bytes()[:-3])
+
+
+def _no_manifest(transcript: Path) -> None:
+    (transcript / "manifest.json").write_bytes(b"")
+
+
+def _gone(transcript: Path) -> None:
+    shutil.rmtree(transcript)
+
+
+@pytest.mark.parametrize("damage", [_cut_short, _no_manifest, _gone])
+def test_aFetchedTranscriptDamagedOnDisk_isFetchedAgain_byTheRestartedNode(
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    store: Any,
+    data_key: bytes,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], None],
+) -> None:
+    """The fetched files are not synced: a machine that stops before they reach its disk leaves
+    them cut short or gone, while the node's state says "fetched". Its restart fetched nothing
+    again and stopped on "damaged" for ever; the store still holds the blob."""
+    from auditor_node.agent import AuditorAgent
+    from tests.agents.conftest import AUDITOR_PROFILE
+
+    cfg = small_config(steps=4)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    for _ in range(10):
+        agents.trainer.step()
+        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
+            break
+
+    def auditor() -> AuditorAgent:
+        return AuditorAgent(
+            roles["auditor"], task_id, profile=AUDITOR_PROFILE, workdir=tmp_path / "auditor",
+            store=store, data_key=data_key,
+        )  # fmt: skip
+
+    first = auditor()
+    with (
+        mock.patch("game.training.session.audit", side_effect=RuntimeError("the machine stopped")),
+        pytest.raises(RuntimeError, match="the machine stopped"),
+    ):
+        first.step()  # fetched, then stopped before the replay
+    assert first.state.get("fetched") == roles["client"].task(task_id).transcript_id.hex()
+    damage(first.transcript_dir)
+    restarted = auditor()
+    with caplog.at_level(logging.WARNING, logger="auditor_node.agent"):
+        restarted.step()
+    assert restarted.verdict == "match"
+    assert any("no longer verifies" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(
