@@ -171,7 +171,9 @@ class AuditorAgent(TaskAgent):
         tmp = self.taskdir / ".fetching"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            fetch_directory(self.store, self.data_key, task.transcript_id, tmp)
+            fetch_directory(
+                self.store, self.data_key, task.transcript_id, tmp, progress=self._mib_progress("fetch")
+            )
         except BlobNotFound as exc:
             raise NotThereYet(
                 f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from game.chain.backends import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Task, TxReceipt
-    from game.store import BlobStore
+    from game.store import BlobStore, ByteProgress
 
 log = logging.getLogger(__name__)
 #: One INFO record per action an agent takes. ``vgame node`` prints each action itself (a line, or
@@ -111,6 +111,8 @@ class AgentAction:
 ActionSink = Callable[[AgentAction], None]
 #: ``(label, done, total)`` for training and replay progress bars
 ProgressSink = Callable[[str, int, int], None]
+#: A transcript published or fetched shows a progress bar from this many bytes on.
+BYTES_BAR_FROM = 64 << 20
 
 
 class Agent(Protocol):
@@ -228,6 +230,24 @@ class TaskAgent:
         ACTION_LOG.info("%s task %d: %s %s", self.ACTOR, self.task_id, action.what, action.detail)
         if self.on_action is not None:
             self.on_action(action)
+
+    def _mib_progress(self, what: str) -> ByteProgress | None:
+        """The progress sink for a transcript's bytes (published, fetched), counted in MiB: at
+        paper size a transcript is gigabytes, tens of seconds of work on a node that shows no
+        other sign of life meanwhile. One below :data:`BYTES_BAR_FROM` takes well under a second
+        and shows no bar."""
+        sink = self.progress
+        if sink is None:
+            return None
+        label = f"{what}, MiB"
+
+        def report(done: int, total: int) -> None:
+            if total < BYTES_BAR_FROM:
+                return
+            total_mib = -(-total // (1 << 20))
+            sink(label, total_mib if done >= total else done >> 20, total_mib)
+
+        return report
 
 
 # ------------------------------------------------------------------------------------------------

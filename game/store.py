@@ -45,6 +45,9 @@ SEGMENT = 1 << 20  # plaintext bytes a segment (the last may hold fewer)
 KEY_SIZE = 32
 _READ = 1 << 20  # bytes a read when hashing or copying a file
 
+#: ``(bytes done, bytes in all)`` as a transcript is published or fetched (a node's progress bar)
+ByteProgress = Callable[[int, int], None]
+
 
 class StoreError(VGameError, ValueError):
     """A blob is missing, modified, or cannot be opened with the given key."""
@@ -116,13 +119,21 @@ class _SealingWriter(io.RawIOBase):
     last. A full segment is held back until a byte follows it: only then is it known not to be the
     last. Why a writer: an archive is sealed as it is written, never stored in the clear first."""
 
-    def __init__(self, key: bytes, out: BinaryIO, purpose: bytes) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        out: BinaryIO,
+        purpose: bytes,
+        progress: ByteProgress | None = None,
+        expected: int = 0,
+    ) -> None:
         self._aead, self._aad, self._out = AESGCM(key), MAGIC + purpose, out
         self._prefix = secrets.token_bytes(PREFIX_SIZE)
         out.write(MAGIC + self._prefix)
         self._held = bytearray()
         self._index = 0
         self._written = 0
+        self._progress, self._expected = progress, expected
 
     def writable(self) -> bool:
         return True
@@ -142,10 +153,15 @@ class _SealingWriter(io.RawIOBase):
     def finish(self) -> None:
         self._seal(bytes(self._held), last=True)
         self._held.clear()
+        if self._progress is not None:
+            self._progress(self._written, self._written)
 
     def _seal(self, segment: bytes, *, last: bool) -> None:
         self._out.write(self._aead.encrypt(_nonce(self._prefix, self._index, last), segment, self._aad))
         self._index += 1
+        if self._progress is not None and not last:
+            sealed = self._index * SEGMENT
+            self._progress(sealed, max(self._expected, sealed + 1))  # done only at finish
 
 
 def seal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
@@ -308,9 +324,10 @@ class _HashingWriter(io.RawIOBase):
 class _HashingReader(io.RawIOBase):
     """Reads from ``src`` and hashes what passes (a blob's id checked as it is read)."""
 
-    def __init__(self, src: BinaryIO) -> None:
+    def __init__(self, src: BinaryIO, progress: ByteProgress | None = None, size: int = 0) -> None:
         self.src = src
         self.hash = hashlib.sha256()
+        self._progress, self._size, self._read = progress, size, 0
 
     def readable(self) -> bool:
         return True
@@ -318,6 +335,9 @@ class _HashingReader(io.RawIOBase):
     def read(self, n: int = -1) -> bytes:
         data = self.src.read(n)
         self.hash.update(data)
+        if self._progress is not None and data:
+            self._read += len(data)
+            self._progress(self._read, max(self._size, self._read))
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -443,10 +463,7 @@ def _pack_to(src: Path, out: BinaryIO) -> None:
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         # a file's bytes in segment-sized writes, not 16 KiB ones (typeshed lacks the attribute)
         tar.copybufsize = SEGMENT  # type: ignore[attr-defined]
-        for p in sorted(q for q in Path(src).rglob("*") if q.is_file()):
-            rel = p.relative_to(src).as_posix()
-            if rel.startswith(".") or "/." in rel:
-                continue  # temp files of an interrupted writer are not part of the transcript
+        for rel, p in _packed_files(src):
             info = tarfile.TarInfo(rel)
             info.mode = 0o644
             with open(p, "rb") as fh:
@@ -471,13 +488,33 @@ def _file_only(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
         raise StoreError(f"transcript archive entry {member.name!r} is refused: {exc}") from None
 
 
-def publish_directory(store: BlobStore, key: bytes, src: Path, purpose: bytes = b"transcript") -> bytes:
+def _packed_files(src: Path) -> list[tuple[str, Path]]:
+    """What a published directory holds, in the archive's order: every file but the hidden ones
+    (temp files of an interrupted writer are not part of the transcript)."""
+    files = []
+    for p in sorted(q for q in Path(src).rglob("*") if q.is_file()):
+        rel = p.relative_to(src).as_posix()
+        if not (rel.startswith(".") or "/." in rel):
+            files.append((rel, p))
+    return files
+
+
+def publish_directory(
+    store: BlobStore,
+    key: bytes,
+    src: Path,
+    purpose: bytes = b"transcript",
+    *,
+    progress: ByteProgress | None = None,
+) -> bytes:
     """Seal a directory into the store; returns its blob id (what goes on-chain). The archive is
     sealed and hashed as it is written, into a temporary file that takes the blob's name once
-    whole: one pass over the directory, and memory and disk do not grow beyond the blob."""
+    whole: one pass over the directory, and memory and disk do not grow beyond the blob.
+    ``progress`` hears of every segment sealed, against the files' bytes in all."""
+    expected = sum(p.stat().st_size for _, p in _packed_files(src))
 
     def write(out: BinaryIO) -> None:
-        sealing = _SealingWriter(key, out, purpose)
+        sealing = _SealingWriter(key, out, purpose, progress, expected)
         _pack_to(src, sealing)  # type: ignore[arg-type]
         sealing.finish()
 
@@ -553,7 +590,13 @@ class SealedArchive:
 
 
 def fetch_directory(
-    store: BlobStore, key: bytes, bid: bytes, dest: Path, purpose: bytes = b"transcript"
+    store: BlobStore,
+    key: bytes,
+    bid: bytes,
+    dest: Path,
+    purpose: bytes = b"transcript",
+    *,
+    progress: ByteProgress | None = None,
 ) -> Path:
     """Fetch, verify, decrypt and unpack a published directory into ``dest``, in one pass over the
     blob: each segment is authenticated before the archive's reader sees a byte of it, and the
@@ -564,11 +607,11 @@ def fetch_directory(
     blob twice and wrote it twice. On any error, what was written into ``dest`` is not to be used:
     fetch into a directory of its own and give it its name only once this returns (the auditor
     does). A blob that does not hash to ``bid`` is reported as corrupt even where its first
-    changed byte failed a segment's tag."""
+    changed byte failed a segment's tag. ``progress`` hears of every read, against the blob's size."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     with store.open(bid, check=False) as blob:
-        sealed = _HashingReader(blob)
+        sealed = _HashingReader(blob, progress, os.fstat(blob.fileno()).st_size)
         try:
             plain = _PartsReader(_plain_segments(key, sealed, purpose))  # type: ignore[arg-type]
             with tarfile.open(fileobj=plain, mode="r|", bufsize=SEGMENT) as tar:

@@ -157,7 +157,9 @@ class TrainerAgent(TaskAgent):
     def _publish(self, out: list[AgentAction]) -> None:
         if self._published_id() is not None:
             return
-        bid = publish_directory(self.store, self.data_key, self.transcript_dir)
+        bid = publish_directory(
+            self.store, self.data_key, self.transcript_dir, progress=self._mib_progress("publish")
+        )
         self.state.update(transcript_id=bid.hex())
         self._emit(out, AgentAction(ACTOR, "publish", self.task_id, detail=f"transcript {bid.hex()[:16]}..."))
 

@@ -176,6 +176,29 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
     assert auditor.verdict == "match"  # replayed all the same, too late to challenge
 
 
+def test_aLargeTranscript_showsItsPublishAndFetch_asBarsInMiB(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishing and fetching a paper-size transcript takes tens of seconds: the node's bars say
+    so, in MiB, each ending whole (which is what takes it off the screen)."""
+    import game.agents
+
+    monkeypatch.setattr(game.agents, "BYTES_BAR_FROM", 0)  # this transcript is kilobytes
+    seen: dict[str, list[tuple[int, int]]] = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        seen.setdefault(label, []).append((done, total))
+
+    cfg = small_config(steps=3)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, progress=progress)
+    run_game(agents, roles["client"], task_id)
+    assert agents.auditor.verdict == "match"
+    for label in ("publish, MiB", "fetch, MiB"):
+        assert seen[label][-1] == (1, 1)  # kilobytes round up to one MiB, done at the end
+        assert all(done <= total for done, total in seen[label])
+
+
 def _cut_short(transcript: Path) -> None:
     chunk = sorted((transcript / "log").iterdir())[2]
     chunk.write_bytes(chunk.read_bytes()[:-3])

@@ -174,6 +174,24 @@ def test_publish_sealsAsItPacks_writingNoPlaintextToDisk(tmp_path: Path) -> None
     ]
 
 
+def test_publishAndFetch_reportTheirBytes_inOrder_endingWhole(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    (src / "checkpoints").mkdir()
+    (src / "checkpoints" / "state-000000000.bin").write_bytes(secrets.token_bytes(20 * SMALL + 3))
+    store, key = BlobStore(tmp_path / "store"), new_key()
+    published: list[tuple[int, int]] = []
+    fetched: list[tuple[int, int]] = []
+    with mock.patch.object(store_module, "SEGMENT", SMALL):
+        bid = publish_directory(store, key, src, progress=lambda d, t: published.append((d, t)))
+        fetch_directory(store, key, bid, tmp_path / "out", progress=lambda d, t: fetched.append((d, t)))
+    archive = len(pack_directory(src))
+    for calls, whole in ((published, archive), (fetched, store.path(bid).stat().st_size)):
+        assert len(calls) > 10  # a segment at a time, not once at the end
+        assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+        assert all(d < t for d, t in calls[:-1])  # not done before the end: a bar stays up
+        assert calls[-1] == (whole, whole)
+
+
 def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
     """What a failed open wrote is the caller's to throw away (fetch_directory's caller too)."""
     key = new_key()
@@ -199,6 +217,9 @@ class _CountingReads(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return self.fh.seek(offset, whence)
+
+    def fileno(self) -> int:
+        return self.fh.fileno()
 
     def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
         n: int = self.fh.readinto(buffer)
