@@ -43,6 +43,7 @@ from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
+from game.training.heap import trimmed
 from game.training.roundlog import chunk_file_name
 from game.training.transcript import (
     CHECKPOINT_DIR_NAME,
@@ -277,11 +278,11 @@ class Judge:
         if g.phase != Phase.PINNED:
             raise EvidenceError(f"game {game_id} is in phase {g.phase.name}, not pinned: nothing to rule on")
         task = self.client.task(g.task_id)
-        ev = evidence if evidence is not None else self.gather(game_id)
-        self.check(g, task, ev)
-        step = g.hi
-        computed, note = self._compute(g, ev)
-        return Ruling(game_id, step, computed, g.hi_leaf, computed == g.hi_leaf, note=note)
+        with trimmed():  # a judge of every task idles on after: give the step's memory back
+            ev = evidence if evidence is not None else self.gather(game_id)
+            self.check(g, task, ev)
+            computed, note = self._compute(g, ev)
+        return Ruling(game_id, g.hi, computed, g.hi_leaf, computed == g.hi_leaf, note=note)
 
     # ------------------------------------------------------------------------- checking
     @staticmethod

@@ -33,6 +33,7 @@ from game.fsio import exclusive_directory
 from game.merkle import merkle_root
 from game.training.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.config import TaskConfig
+from game.training.heap import trimmed
 from game.training.leaves import LeafHasher, PendingLeaf
 from game.training.profiles import get_profile
 from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
@@ -237,7 +238,7 @@ def train(
         f"{out} is being written by another process (a `vgame train` or a trainer node); "
         "let it finish, or stop it and run this again to go on from its last step"
     )
-    with exclusive_directory(out, busy):
+    with exclusive_directory(out, busy), trimmed():  # a node idles on after: give the step's memory back
         return _train_alone(engine, profile, out, progress=progress, deviation=deviation)
 
 
@@ -441,6 +442,27 @@ def audit(
     With ``keep_progress`` (a directory this process holds alone), the audit saves its progress
     there every ``save_every_s`` seconds and, run again after a crash, goes on from the last save
     (:mod:`game.training.auditprogress`); the saved progress is removed once the audit ends."""
+    with trimmed():  # a node idles on after: give the replay's memory back
+        return _audit(
+            transcript_dir,
+            profile,
+            use_log=use_log,
+            progress=progress,
+            keep_progress=keep_progress,
+            save_every_s=save_every_s,
+        )
+
+
+def _audit(
+    transcript_dir: Path | str,
+    profile: str,
+    *,
+    use_log: bool = True,
+    progress: ProgressFn | None = None,
+    keep_progress: Path | str | None = None,
+    save_every_s: float = DEFAULT_EVERY_S,
+) -> AuditResult:
+    """:func:`audit`, its memory not yet given back."""
     t = Transcript(transcript_dir)
     t.verify()
     assert t.manifest.state_root is not None
@@ -574,9 +596,11 @@ def replay_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayRe
         raise TranscriptError(
             f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
         )
-    engine = _engine(t.config, profile)
-    state = _load_state_at(t, engine, step - 1)
-    result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+    with trimmed():
+        engine = _engine(t.config, profile)
+        state = _load_state_at(t, engine, step - 1)
+        result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
+        del state, engine  # freed before the trim
     return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))
 
 
