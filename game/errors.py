@@ -55,6 +55,11 @@ class StepWriteError(TranscriptError):
         self.step = step
 
 
+class DeliveryError(VGameError):
+    """The trained model cannot be taken from a task: nothing committed yet, the transcript not in
+    the store, or its files not what the chain vouches for."""
+
+
 class ChainError(VGameError, RuntimeError):
     """Talking to a chain backend failed (node not reachable, transaction failed, bad key)."""
 

@@ -561,14 +561,24 @@ class SealedArchive:
         """The files the directory holds (paths relative to it, ``/``-separated)."""
         return sorted(self._members)
 
-    def extract(self, name: str, dest: Path) -> Path:
-        """Write file ``name`` under ``dest`` (whole and synced before it takes its name, so a
-        crash leaves it absent, never cut short); its path."""
+    def _member(self, name: str) -> tarfile.TarInfo:
         member = self._members.get(name)
         if member is None:
             raise StoreError(f"the published directory holds no file {name!r}")
         if not member.isfile():
             raise StoreError(f"transcript archive holds a non-file entry {name!r}")
+        return member
+
+    def read(self, name: str) -> bytes:
+        """File ``name``'s bytes, in memory, decrypting only the segments it lies in."""
+        src = self._tar.extractfile(self._member(name))
+        assert src is not None  # a regular file always has a reader
+        return src.read()
+
+    def extract(self, name: str, dest: Path) -> Path:
+        """Write file ``name`` under ``dest`` (whole and synced before it takes its name, so a
+        crash leaves it absent, never cut short); its path."""
+        member = self._member(name)
         target = (Path(dest) / name).resolve()
         if not target.is_relative_to(Path(dest).resolve()):
             raise StoreError(f"transcript archive entry {name!r} points outside the directory")

@@ -398,6 +398,49 @@ def show_cmd(
         console.print(games)
 
 
+@task_app.command("model")
+def model_cmd(
+    task_id: Annotated[int, typer.Argument(help="Task id.")],
+    store: Annotated[Path, typer.Option("--store", help="Blob store the trainer published to.")],
+    out: Annotated[Path, typer.Option("--out", help="File to write the model's state_dict to (.pt).")],
+    data_key: Annotated[
+        str | None,
+        typer.Option("--data-key", help="The task's data key: its file, or 64 hex (else VGAME_DATA_KEY)."),
+    ] = None,
+    chain: ChainOpt = "",
+    key: KeyOpt = None,
+    contract: ContractOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Take the trained model: the committed final state, checked against the chain, written as a
+    PyTorch state_dict (reads only: needs no --key)."""
+    import os
+
+    from game.delivery import fetch_model
+    from game.store import BlobStore
+
+    given = data_key or os.environ.get("VGAME_DATA_KEY")
+    if not given:
+        raise ConfigError(
+            "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
+        )
+    dkey = read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
+    warn_data_key_in_argv(data_key, chain)
+    with _client(chain, key, _required_contract(contract), reads_only=True) as c:
+        got = fetch_model(c, task_id, BlobStore(store), dkey, out)
+        now = c.chain.now()
+    if as_json:
+        emit_json(got.to_dict(now))
+        return
+    console.print(
+        f"[bold green]model of task {task_id}[/] written to {got.path}: {got.preset}, {got.steps} steps, "
+        f"{got.values:,} values (float32 state_dict)"
+    )
+    console.print(f"  final state  {got.final_leaf.hex()} (the committed last leaf)")
+    style = "green" if got.settled else "yellow"
+    console.print(f"  [{style}]{got.standing(now)}[/]")
+
+
 @task_app.command("cancel")
 def cancel_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id.")],

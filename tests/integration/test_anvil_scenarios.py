@@ -116,6 +116,13 @@ def test_task_commands_against_a_running_node(
     assert type(res.exception).__name__ == "ConfigError" and "after the chain's latest block" in str(
         res.exception
     )
+    res = runner.invoke(
+        app,
+        ["task", "model", str(task_id), *keyless, "--store", str(tmp_path / "store"),
+         "--data-key", str(key_file), "--out", str(tmp_path / "model.pt")],
+    )  # fmt: skip
+    assert type(res.exception).__name__ == "DeliveryError" and "no commitment yet" in str(res.exception)
+    assert not (tmp_path / "model.pt").exists()
     res = runner.invoke(app, ["task", "cancel", str(task_id), *keyless])
     assert type(res.exception).__name__ == "ConfigError" and "signing key" in str(res.exception)
 

@@ -1,0 +1,164 @@
+"""The trained model, as the client takes it: the final state of the committed transcript, held
+to what the chain vouches for.
+
+Why: a client pays for a model, and the transcript in the store holds it (its last checkpoint is
+the final state, whose SHA-256 the trainer committed as the last leaf), sealed under the client's
+data key beside what the client does not need (the rounding log, earlier checkpoints: gigabytes at
+paper size). So only the manifest and the last checkpoint are decrypted (``store.SealedArchive``),
+and each is checked against the chain: the config against the task's spec hash, the checkpoint
+against its last leaf. The model goes out as a PyTorch ``state_dict`` in float32 (every value lies
+on the float32 grid, so nothing is lost), which ``model.load_state_dict(torch.load(path))`` reads
+into the preset's model (``presets.get_preset(cfg.preset).build_model(cfg)``).
+
+Whether the model is beyond dispute is the task's status, not the files': it is reported with it
+(a challenge window still open, a game in play, or a game the trainer lost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from game.chain.client import VerificationGameClient
+from game.chain.types import Task, TaskStatus
+from game.errors import DeliveryError, TranscriptError
+from game.fsio import atomic_write
+from game.store import BlobStore, SealedArchive, StoreError
+from game.training.config import TaskConfig
+from game.training.transcript import CHECKPOINT_DIR_NAME, MANIFEST_NAME, Manifest, checkpoint_name
+
+
+@dataclass(frozen=True)
+class DeliveredModel:
+    """What was written, and how far the chain stands behind it."""
+
+    task_id: int
+    path: Path
+    preset: str
+    steps: int
+    values: int  # numbers in the state_dict
+    final_leaf: bytes  # the committed hash of the final state the model comes from
+    status: TaskStatus
+    trainer_lost: bool  # an auditor showed a step wrong
+    live_games: int
+    window_ends: int  # unix time
+
+    @property
+    def settled(self) -> bool:
+        """Finalized with no game lost by the trainer: no one showed the training wrong."""
+        return self.status == TaskStatus.FINALIZED and not self.trainer_lost
+
+    def standing(self, now: int) -> str:
+        """One sentence on whether the model is beyond dispute yet."""
+        if self.trainer_lost:
+            return (
+                "an auditor showed a step of this training wrong: this is the model the trainer "
+                "committed, not one trained as promised"
+            )
+        if self.settled:
+            return "the task is settled: no challenge showed the training wrong"
+        if self.live_games:
+            return f"{self.live_games} game(s) against this training are still in play"
+        if now < self.window_ends:
+            return f"the challenge window is open for {self.window_ends - now} s more"
+        return "the challenge window has closed with no game lost; finalize the task to settle it"
+
+    def to_dict(self, now: int) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "path": str(self.path),
+            "preset": self.preset,
+            "steps": self.steps,
+            "values": self.values,
+            "final_leaf": self.final_leaf.hex(),
+            "status": self.status.name,
+            "trainer_lost": self.trainer_lost,
+            "live_games": self.live_games,
+            "window_ends": self.window_ends,
+            "settled": self.settled,
+            "standing": self.standing(now),
+        }
+
+
+def _committed(client: VerificationGameClient, task_id: int) -> Task:
+    task = client.task(task_id)
+    if task.status == TaskStatus.NONE:
+        raise DeliveryError(f"there is no task {task_id} on this contract")
+    if task.status == TaskStatus.CANCELLED:
+        raise DeliveryError(f"task {task_id} was cancelled: nothing was trained for it")
+    if task.num_leaves == 0:
+        raise DeliveryError(
+            f"task {task_id} has no commitment yet: the trainer has not committed a trained model"
+        )
+    return task
+
+
+def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tuple[TaskConfig, bytes]:
+    """The config and the final state's bytes, each held to the chain."""
+    final = task.num_leaves - 1
+    ckpt = f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(final)}"
+    try:
+        with SealedArchive(store, key, task.transcript_id) as archive:
+            manifest_bytes = archive.read(MANIFEST_NAME)
+            state_bytes = archive.read(ckpt)
+    except StoreError as exc:
+        raise DeliveryError(f"cannot read the transcript of task {task_id}: {exc}") from exc
+    try:
+        cfg = TaskConfig.from_dict(Manifest.from_json(manifest_bytes, Path(MANIFEST_NAME)).config)
+    except (TranscriptError, ValueError) as exc:
+        raise DeliveryError(f"the transcript of task {task_id} has no usable config: {exc}") from exc
+    if cfg.spec_hash() != task.spec_hash:
+        raise DeliveryError(
+            f"the transcript's config hashes to {cfg.spec_hash().hex()[:16]}..., task {task_id}'s spec "
+            f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
+        )
+    if hashlib.sha256(state_bytes).digest() != task.last_leaf:
+        raise DeliveryError(
+            f"the transcript's final checkpoint (step {final}) does not hash to the last leaf committed "
+            f"for task {task_id}"
+        )
+    return cfg, state_bytes
+
+
+def fetch_model(
+    client: VerificationGameClient, task_id: int, store: BlobStore, key: bytes, out: Path
+) -> DeliveredModel:
+    """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all)."""
+    import torch  # only once there is a model to write
+
+    from game.training.heap import trimmed
+    from game.training.state import decode_state
+
+    task = _committed(client, task_id)
+    with trimmed():  # a client script may run on: the state's memory goes back
+        cfg, state_bytes = _read_checked(store, key, task, task_id)
+        state = decode_state(state_bytes, cfg)
+        del state_bytes
+        weights = {
+            name: t.detach().to(torch.float32) if t.is_floating_point() else t.detach()
+            for name, t in state.model.state_dict().items()
+        }
+        del state
+        buf = io.BytesIO()
+        torch.save(weights, buf)
+        atomic_write(Path(out), buf.getbuffer())
+        values = sum(t.numel() for t in weights.values())
+        del weights, buf
+    return DeliveredModel(
+        task_id=task_id,
+        path=Path(out),
+        preset=cfg.preset,
+        steps=task.num_leaves - 1,
+        values=values,
+        final_leaf=task.last_leaf,
+        status=task.status,
+        trainer_lost=task.trainer_lost,
+        live_games=task.live_games,
+        window_ends=task.window_ends,
+    )
+
+
+__all__ = ["DeliveredModel", "fetch_model"]
