@@ -48,7 +48,8 @@ def trim() -> bool:
 
 @contextmanager
 def trimmed() -> Iterator[None]:
-    """Run the block, then :func:`trim`, whether the block returns or raises."""
+    """Run the block, then :func:`trim`, whether the block returns or raises; as a decorator
+    (``@trimmed()``), after each call, once the function's own locals are gone."""
     try:
         yield
     finally:

@@ -218,6 +218,7 @@ def _engine(cfg: TaskConfig, profile: str) -> StepEngine:
     return StepEngine(cfg, get_profile(profile))
 
 
+@trimmed()  # a node idles on after: give the step's memory back
 def train(
     cfg: TaskConfig,
     profile: str,
@@ -238,7 +239,7 @@ def train(
         f"{out} is being written by another process (a `vgame train` or a trainer node); "
         "let it finish, or stop it and run this again to go on from its last step"
     )
-    with exclusive_directory(out, busy), trimmed():  # a node idles on after: give the step's memory back
+    with exclusive_directory(out, busy):
         return _train_alone(engine, profile, out, progress=progress, deviation=deviation)
 
 
@@ -423,6 +424,7 @@ def _replay_forward(t: Transcript, engine: StepEngine, state: TrainState, first:
 # ----------------------------------------------------------------------------------------------
 
 
+@trimmed()  # a node idles on after: give the replay's memory back
 def audit(
     transcript_dir: Path | str,
     profile: str,
@@ -442,27 +444,6 @@ def audit(
     With ``keep_progress`` (a directory this process holds alone), the audit saves its progress
     there every ``save_every_s`` seconds and, run again after a crash, goes on from the last save
     (:mod:`game.training.auditprogress`); the saved progress is removed once the audit ends."""
-    with trimmed():  # a node idles on after: give the replay's memory back
-        return _audit(
-            transcript_dir,
-            profile,
-            use_log=use_log,
-            progress=progress,
-            keep_progress=keep_progress,
-            save_every_s=save_every_s,
-        )
-
-
-def _audit(
-    transcript_dir: Path | str,
-    profile: str,
-    *,
-    use_log: bool = True,
-    progress: ProgressFn | None = None,
-    keep_progress: Path | str | None = None,
-    save_every_s: float = DEFAULT_EVERY_S,
-) -> AuditResult:
-    """:func:`audit`, its memory not yet given back."""
     t = Transcript(transcript_dir)
     t.verify()
     assert t.manifest.state_root is not None
@@ -588,6 +569,7 @@ def _load_state_at(t: Transcript, engine: StepEngine, step: int) -> TrainState:
     return state
 
 
+@trimmed()
 def replay_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
     """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``."""
     t = Transcript(transcript_dir)
@@ -596,11 +578,9 @@ def replay_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayRe
         raise TranscriptError(
             f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
         )
-    with trimmed():
-        engine = _engine(t.config, profile)
-        state = _load_state_at(t, engine, step - 1)
-        result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
-        del state, engine  # freed before the trim
+    engine = _engine(t.config, profile)
+    state = _load_state_at(t, engine, step - 1)
+    result = engine.run_step(state, step, mode="replay", log=t.read_log(step))
     return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))
 
 

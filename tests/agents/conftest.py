@@ -195,6 +195,17 @@ def make_agents(
     return make
 
 
+def commit(agents: Agents, client: Any, task_id: int) -> None:
+    """Step the trainer until it has trained, published its transcript and committed."""
+    from game.chain.types import TaskStatus
+
+    for _ in range(10):
+        agents.trainer.step()
+        if client.task(task_id).status == TaskStatus.COMMITTED:
+            return
+    raise AssertionError(f"the trainer did not commit to task {task_id}")
+
+
 def run_game(agents: Agents, client: Any, task_id: int, max_rounds: int = 200) -> list[AgentAction]:
     """Step all three agents until done (time jumps when idle); the actions taken."""
     return drive(agents.all(), client, [task_id], max_rounds=max_rounds)

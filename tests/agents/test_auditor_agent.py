@@ -12,7 +12,15 @@ from unittest import mock
 import pytest
 
 from game.chain.types import EndReason, Outcome, TaskStatus
-from tests.agents.conftest import PoisonBatch, TamperInit, games, run_game, small_config, withdrawn
+from tests.agents.conftest import (
+    PoisonBatch,
+    TamperInit,
+    commit,
+    games,
+    run_game,
+    small_config,
+    withdrawn,
+)
 
 
 @pytest.mark.parametrize("poison_step", [1, 5, 8])
@@ -117,10 +125,7 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
     cfg = small_config(steps=3)
     task_id = post_task(cfg)
     agents = make_agents(task_id, cfg)
-    for _ in range(10):  # the trainer trains, publishes to its store and commits
-        agents.trainer.step()
-        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
-            break
+    commit(agents, roles["client"], task_id)  # the trainer trains, publishes to its store and commits
     lagging = BlobStore(tmp_path / "lagging")
     auditor = AuditorAgent(
         roles["auditor"], task_id, profile=AUDITOR_PROFILE, workdir=tmp_path / "far-auditor",
@@ -149,10 +154,7 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
     cfg = small_config(steps=3)
     task_id = post_task(cfg)
     agents = make_agents(task_id, cfg)
-    for _ in range(10):
-        agents.trainer.step()
-        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
-            break
+    commit(agents, roles["client"], task_id)
     auditor = AuditorAgent(
         roles["auditor"], task_id, profile=AUDITOR_PROFILE, workdir=tmp_path / "far-auditor",
         store=BlobStore(tmp_path / "empty"), data_key=data_key,
@@ -232,10 +234,7 @@ def test_aFetchedTranscriptDamagedOnDisk_isFetchedAgain_byTheRestartedNode(
     cfg = small_config(steps=4)
     task_id = post_task(cfg)
     agents = make_agents(task_id, cfg)
-    for _ in range(10):
-        agents.trainer.step()
-        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
-            break
+    commit(agents, roles["client"], task_id)
 
     def auditor() -> AuditorAgent:
         return AuditorAgent(

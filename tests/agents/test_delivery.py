@@ -17,17 +17,14 @@ from game.store import new_key
 from game.training.presets import get_preset
 from game.training.state import decode_state
 from game.training.transcript import Transcript
-from tests.agents.conftest import PoisonBatch, run_game, small_config
+from tests.agents.conftest import PoisonBatch, commit, run_game, small_config
 
 
-def _committed(roles: dict[str, Any], post_task: Any, make_agents: Any, cfg: Any, **kw: Any) -> Any:
+def _committed(roles: dict[str, Any], post_task: Any, make_agents: Any, cfg: Any) -> Any:
     task_id = post_task(cfg)
-    agents = make_agents(task_id, cfg, **kw)
-    for _ in range(10):  # the trainer trains, publishes and commits
-        agents.trainer.step()
-        if roles["client"].task(task_id).status == TaskStatus.COMMITTED:
-            return task_id, agents
-    raise AssertionError("the trainer did not commit")
+    agents = make_agents(task_id, cfg)
+    commit(agents, roles["client"], task_id)
+    return task_id, agents
 
 
 def test_theModel_isTheCommittedFinalState_loadableIntoThePresetsModel(

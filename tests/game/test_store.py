@@ -316,12 +316,17 @@ def test_fetch_refusesLinksAndPathsOutsideItsDirectory_andWhatIsNoArchive(tmp_pa
         fetch_directory(store, key, junk, tmp_path / "out2")
 
 
-def test_fetch_opensABlobOfTheFirstFormat(tmp_path: Path) -> None:
+def _v1_blob(tmp_path: Path) -> tuple[BlobStore, bytes, bytes]:
+    """A published directory in the first format (one AES-GCM call): the store, key and id."""
     src = make_tree(tmp_path / "src")
     key, nonce = new_key(), secrets.token_bytes(12)
     sealed = AESGCM(key).encrypt(nonce, pack_directory(src), store_module.MAGIC_V1 + b"transcript")
     store = BlobStore(tmp_path / "store")
-    bid = store.put(store_module.MAGIC_V1 + nonce + sealed)
+    return store, key, store.put(store_module.MAGIC_V1 + nonce + sealed)
+
+
+def test_fetch_opensABlobOfTheFirstFormat(tmp_path: Path) -> None:
+    store, key, bid = _v1_blob(tmp_path)
     out = fetch_directory(store, key, bid, tmp_path / "out")
     assert (out / "log" / "step-000000001.bin").read_bytes() == bytes(range(256)) * 4
 
@@ -412,11 +417,7 @@ def test_sealedArchive_withAFileThatClaimsMoreBytesThanTheBlobHolds_doesNotOpen(
 
 
 def test_sealedArchive_opensABlobOfTheFirstFormat_whole(tmp_path: Path) -> None:
-    src = make_tree(tmp_path / "src")
-    key, nonce = new_key(), secrets.token_bytes(12)
-    sealed = AESGCM(key).encrypt(nonce, pack_directory(src), store_module.MAGIC_V1 + b"transcript")
-    store = BlobStore(tmp_path / "store")
-    bid = store.put(store_module.MAGIC_V1 + nonce + sealed)
+    store, key, bid = _v1_blob(tmp_path)
     with SealedArchive(store, key, bid) as archive:
         assert archive.sealed is None and archive.names() == ["log/step-000000001.bin", "manifest.json"]
         path = archive.extract("log/step-000000001.bin", tmp_path / "out")
