@@ -132,6 +132,8 @@ def fetch_model(
     from game.training.heap import trimmed
     from game.training.state import decode_state
 
+    if Path(out).is_dir():
+        raise DeliveryError(f"{out} is a directory: name the file to write (e.g. {Path(out) / 'model.pt'})")
     task = _committed(client, task_id)
     with trimmed():  # a client script may run on: the state's memory goes back
         cfg, state_bytes = _read_checked(store, key, task, task_id)

@@ -91,6 +91,8 @@ def test_noCommitment_aWrongKey_orFilesTheChainDoesNotVouchFor_writeNothing(
         ):
             fetch_model(client, task_id, store, data_key, out)
     assert not out.exists()
+    with pytest.raises(DeliveryError, match="is a directory: name the file to write"):
+        fetch_model(client, task_id, store, data_key, tmp_path)
     cancelled = post_task(cfg)
     client.cancel(cancelled)
     with pytest.raises(DeliveryError, match="was cancelled"):
