@@ -25,6 +25,7 @@ from game.cli.app import (
     checked_first_block,
     console,
     emit_json,
+    err_console,
     read_data_key,
     warn_data_key_in_argv,
     warn_key_in_argv,
@@ -427,7 +428,9 @@ def model_cmd(
     dkey = read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
     warn_data_key_in_argv(data_key, chain)
     with _client(chain, key, _required_contract(contract), reads_only=True) as c:
-        got = fetch_model(c, task_id, BlobStore(store), dkey, out)
+        # decrypting and decoding the final state takes seconds at paper size (18 s at GPT-2 small)
+        with err_console.status(f"taking the model of task {task_id} from {store}"):
+            got = fetch_model(c, task_id, BlobStore(store), dkey, out)
         now = c.chain.now()
     if as_json:
         emit_json(got.to_dict(now))
