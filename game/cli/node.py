@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 LOCAL_ANVIL_URL = "http://127.0.0.1:8545"
 #: an idle node warns once when the chain's latest block is older than this (seconds)
 STALE_BLOCK_S = 60
+#: wall seconds between an idle node's looks at the latest block's age: one request a round would
+#: be most of an idle node's traffic to a public RPC endpoint that counts requests
+CLOCK_CHECK_S = STALE_BLOCK_S / 2
 
 
 def stale_clock_warning(latest_block_time: int, wall_time: float) -> str | None:
@@ -330,6 +333,7 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
             err_console.print(f"[yellow]warning:[/] {text}")
 
     clock_warned = False
+    next_clock_check = 0.0  # the first idle round looks at once
     while True:
         actions = []
         failed = False
@@ -350,9 +354,11 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
                 if not as_json:
                     err_console.print(f"{label} is done")
                 return
-            if not actions and not clock_warned and (warning := stale_clock_warning(rpc.now(), time.time())):
-                warn(warning)
-                clock_warned = True
+            if not actions and not clock_warned and time.monotonic() >= next_clock_check:
+                next_clock_check = time.monotonic() + CLOCK_CHECK_S
+                if warning := stale_clock_warning(rpc.now(), time.time()):
+                    warn(warning)
+                    clock_warned = True
         except ChainError as exc:
             warn(str(exc))
             failed = True

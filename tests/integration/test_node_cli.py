@@ -340,6 +340,43 @@ def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
     assert "run the same command to go on" in said
 
 
+class _IdleAgent:
+    """An agent with nothing to do for ``rounds`` rounds, then done."""
+
+    def __init__(self, rounds: int) -> None:
+        self.left = rounds
+
+    @property
+    def done(self) -> bool:
+        return self.left == 0
+
+    def step(self) -> list[Any]:
+        self.left -= 1
+        return []
+
+
+class _CountingClock(_Clock):
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def now(self) -> int:
+        self.asked += 1
+        return super().now()
+
+
+def test_node_idle_looksAtTheChainsClock_onceInAWhile_notEveryRound() -> None:
+    """An idle node asked for the latest block every round (every 2 s by default) only to see
+    whether the chain's clock stands still: most of its requests to a public endpoint."""
+    from game.cli.node import CLOCK_CHECK_S, _run
+
+    clock = _CountingClock()
+    started = time.monotonic()
+    _run(_IdleAgent(200), clock, poll=0.001, as_json=True, label="judge node: task 1")  # type: ignore[arg-type]
+    took = time.monotonic() - started
+    assert took < CLOCK_CHECK_S  # so one look is all there is room for
+    assert clock.asked == 1
+
+
 def test_node_trainer_checksItsConfigBeforeAskingAnyNode(tmp_path: Path) -> None:
     bad = tmp_path / "task.toml"
     bad.write_text('preset = "mlp-digits"\nlr = -1.0\n')
