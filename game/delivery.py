@@ -84,9 +84,7 @@ class DeliveredModel:
 
 
 def _committed(client: VerificationGameClient, task_id: int) -> Task:
-    task = client.task(task_id)
-    if task.status == TaskStatus.NONE:
-        raise DeliveryError(f"there is no task {task_id} on this contract")
+    task = client.task(task_id)  # no such task: the client's TaskNotFound
     if task.status == TaskStatus.CANCELLED:
         raise DeliveryError(f"task {task_id} was cancelled: nothing was trained for it")
     if task.num_leaves == 0:

@@ -99,6 +99,12 @@ def _root(
 
 # Options that several commands take, declared once so their names and help agree.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")]
+DataKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--data-key", help="The task's data key: its file, or 64 hex (else VGAME_DATA_KEY, the same)."
+    ),
+]
 ModelOpt = Annotated[
     str | None,
     typer.Option(
@@ -280,6 +286,17 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
             f"{option} {value}: no such file, and not a data key (64 hex characters or a file holding them)"
         )
     return parse_key(value)
+
+
+def given_data_key(data_key: str | None) -> bytes:
+    """The task's data key from ``--data-key``, else from ``VGAME_DATA_KEY`` (either a file or 64
+    hex, :func:`read_data_key`); a clear error when neither is given."""
+    given = data_key or os.environ.get("VGAME_DATA_KEY")
+    if not given:
+        raise ConfigError(
+            "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
+        )
+    return read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
 
 
 def task_config(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,15 +23,16 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from game.cli.app import (
+    DataKeyOpt,
     FromBlockOpt,
     app,
     check_profile,
     checked_first_block,
     console,
     err_console,
+    given_data_key,
     interrupts,
     progress_bar,
-    read_data_key,
     warn_data_key_in_argv,
     warn_key_in_argv,
 )
@@ -119,12 +119,7 @@ def node_cmd(
     key: Annotated[
         str | None, typer.Option("--key", help="Hex private key or keystore file (else VGAME_PRIVATE_KEY).")
     ] = None,
-    data_key: Annotated[
-        str | None,
-        typer.Option(
-            "--data-key", help="The task's data key: its file, or 64 hex (else VGAME_DATA_KEY, the same)."
-        ),
-    ] = None,
+    data_key: DataKeyOpt = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
     ] = "cpu-1t",
@@ -157,12 +152,7 @@ def node_cmd(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
     )
     ACTION_LOG.setLevel(logging.WARNING)  # the node prints each action itself, once (_printer)
-    given = data_key or os.environ.get("VGAME_DATA_KEY")
-    if not given:
-        raise ConfigError(
-            "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
-        )
-    dkey = read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
+    dkey = given_data_key(data_key)
     check_profile(profile)  # not hours later, when work comes
     task_cfg: TaskConfig | None = None
     if role == Role.trainer:  # its config read, and checked, before a node is asked anything

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from game.cli.app import (
+    DataKeyOpt,
     FromBlockOpt,
     JsonOpt,
     app,
@@ -26,6 +27,7 @@ from game.cli.app import (
     console,
     emit_json,
     err_console,
+    given_data_key,
     read_data_key,
     warn_data_key_in_argv,
     warn_key_in_argv,
@@ -404,10 +406,7 @@ def model_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id.")],
     store: Annotated[Path, typer.Option("--store", help="Blob store the trainer published to.")],
     out: Annotated[Path, typer.Option("--out", help="File to write the model's state_dict to (.pt).")],
-    data_key: Annotated[
-        str | None,
-        typer.Option("--data-key", help="The task's data key: its file, or 64 hex (else VGAME_DATA_KEY)."),
-    ] = None,
+    data_key: DataKeyOpt = None,
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
@@ -415,17 +414,10 @@ def model_cmd(
 ) -> None:
     """Take the trained model: the committed final state, checked against the chain, written as a
     PyTorch state_dict (reads only: needs no --key)."""
-    import os
-
     from game.delivery import fetch_model
     from game.store import BlobStore
 
-    given = data_key or os.environ.get("VGAME_DATA_KEY")
-    if not given:
-        raise ConfigError(
-            "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
-        )
-    dkey = read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
+    dkey = given_data_key(data_key)
     warn_data_key_in_argv(data_key, chain)
     with _client(chain, key, _required_contract(contract), reads_only=True) as c:
         # decrypting and decoding the final state takes seconds at paper size (18 s at GPT-2 small)
