@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from game.errors import ConfigError
+from game.training.config import TaskConfig
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the CLI
     from matplotlib.figure import Figure
@@ -59,7 +60,7 @@ class OverheadPoint:
     ratios: dict[str, float]  # trainer_over_fp64, auditor_over_fp64
     bands: dict[str, Band]
     source: Path
-    label: str = ""  # the preset, and what differs from the default run (packed log, a GPU)
+    label: str = ""  # the preset, and what differs from the default run (sizes, packed log, a GPU)
     #: a ``--split`` run's thread-alone ratio for each of RATIOS (:data:`ALONE`); empty without
     alone: dict[str, float] = field(default_factory=dict)
 
@@ -135,14 +136,33 @@ def read_overhead(path: Path) -> OverheadPoint:
 
 
 def _overhead_label(preset: str, doc: dict[str, Any]) -> str:
-    """The axis label: the preset, a line for a packed log, a line for a profile other than cpu-1t."""
+    """The axis label: the preset, lines for sizes other than the preset's (a paper-size run), a line
+    for a packed log, a line for a profile other than cpu-1t."""
+    config = _obj(doc.get("config"))
     lines = [preset]
-    if _obj(doc.get("config")).get("log_format") == "packed":
+    sizes = _sizes_changed(preset, config)
+    lines.extend(sizes)  # one a line: a group of two bars is narrow
+    if config.get("log_format") == "packed":
         lines.append("packed log")
     profile = doc.get("profile")
     if isinstance(profile, str) and profile != "cpu-1t":
         lines.append(f"on {profile}")
     return "\n".join(lines)
+
+
+def _sizes_changed(preset: str, config: dict[str, Any]) -> list[str]:
+    """``key=value`` for each model size, and ``batch N``, that differ from the preset's defaults;
+    nothing for a preset this version does not know (a file from another version)."""
+    try:
+        default = TaskConfig.for_preset(preset).to_dict()
+    except ConfigError:
+        return []
+    model, default_model = _obj(config.get("model")), _obj(default.get("model"))
+    out = [f"{k}={v}" for k, v in model.items() if default_model.get(k) != v]
+    batch = config.get("batch_size")
+    if batch is not None and batch != default.get("batch_size"):
+        out.append(f"batch {batch}")
+    return out
 
 
 def _bpv_fields(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -280,7 +300,8 @@ def draw_benchmarks(overhead: Sequence[OverheadPoint], logs: Sequence[LogPoint])
     widths: list[float] = []
     if overhead:
         draws.append(lambda ax: _draw_overhead(ax, overhead))
-        widths.append(6.5)
+        # WHY wider: each group's label is as wide as its longest line (a size such as n_embd=768)
+        widths.append(max(6.5, 1.25 * len(overhead)))
     if logs:
         draws.append(lambda ax: _draw_log(ax, logs))
         # WHY wider: a bar per format and grid width, each with its figure upright above it

@@ -152,6 +152,35 @@ def test_readOverhead_labelSaysWhatDiffersFromTheDefaultRun(
     assert read_overhead(write(tmp_path / "oh.json", doc)).label == label
 
 
+@pytest.mark.parametrize(
+    ("preset", "config", "label"),
+    [
+        (
+            "gpt-shakespeare",
+            {"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}},
+            "gpt-shakespeare",
+        ),
+        (
+            "gpt-shakespeare",
+            {"model": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 64}, "batch_size": 8},
+            "gpt-shakespeare\nn_layer=12\nn_head=12\nn_embd=768\nblock_size=64",
+        ),
+        (
+            "cnn-digits",
+            {"model": {"channels": 64, "hidden": 64, "arch": "resnet50"}, "batch_size": 8},
+            "cnn-digits\nchannels=64\narch=resnet50\nbatch 8",
+        ),
+        ("no-such-preset", {"model": {"n_layer": 12}, "batch_size": 8}, "no-such-preset"),
+    ],
+)
+def test_readOverhead_otherSizes_labelNamesThem(
+    tmp_path: Path, preset: str, config: dict[str, Any], label: str
+) -> None:
+    """A paper-size run beside the preset's own must say its sizes, not read as a second run (``#2``)."""
+    doc = {**overhead_doc(preset, 1.2, 1.2), "config": {"log_format": "sparse", **config}}
+    assert read_overhead(write(tmp_path / "oh.json", doc)).label == label
+
+
 def test_plot_bothPanels_writesNonEmptyPng(tmp_path: Path) -> None:
     overhead = [
         read_overhead(write(tmp_path / f"oh-{p}.json", overhead_doc(p, t, a)))
@@ -199,6 +228,37 @@ def test_draw_logPanelsFiguresAsTheDocsFigureHasThem_noTwoOverlapNorTheLegend(tm
                 assert not box.overlaps(legend), (ax.get_title(), ax.texts[i].get_text())
                 for other in boxes[i + 1 :]:
                     assert not box.overlaps(other), (ax.get_title(), box, other)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_draw_overheadPanelAsTheDocsFigureHasIt_noTwoGroupLabelsOverlap(tmp_path: Path) -> None:
+    """Six groups, two of them at paper sizes, as in docs/img/benchmarks.png: each label readable."""
+    runs: list[tuple[str, dict[str, Any]]] = [
+        ("gpt-shakespeare", {}),
+        ("cnn-digits", {}),
+        ("gpt-shakespeare", {"log_format": "packed"}),
+        ("mlp-digits", {}),
+        ("gpt-shakespeare", {"model": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 64}}),
+        ("cnn-digits", {"model": {"channels": 64, "hidden": 64, "arch": "resnet50"}, "batch_size": 8}),
+    ]
+    overhead = [
+        read_overhead(write(tmp_path / f"oh{i}.json", {**overhead_doc(p, 1.3, 1.3), "config": c}))
+        for i, (p, c) in enumerate(runs)
+    ]
+    fig = draw_benchmarks(overhead, [])
+    try:
+        fig.set_dpi(DPI)
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+        assert len(labels) == len(runs)
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for i, box in enumerate(boxes):
+            for other in boxes[i + 1 :]:
+                assert not box.overlaps(other), (labels[i].get_text(), box, other)
     finally:
         import matplotlib.pyplot as plt
 
