@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from game.cli import _register
 from game.cli.app import app
 from game.scenarios import SCENARIO_NAMES
+from tests.procs import default_signals
 
 JSON_KEYS = {
     "scenario",
@@ -134,7 +135,7 @@ def test_interruptedIntoAFile_theTableEndsItsLine_beforeTheInterruptedLine(tmp_p
     proc = subprocess.Popen(
         [sys.executable, "-m", "game.cli", "demo", "--preset", "mlp-digits", "--steps", "20000",
          "--workdir", str(workdir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_signals,
     )  # fmt: skip
     end = time.monotonic() + 120
     while not any(workdir.rglob("leaves*")) and time.monotonic() < end:  # training: the table is live

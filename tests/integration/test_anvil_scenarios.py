@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from game.cli import _register
 from game.cli.app import app
+from tests.procs import default_signals
 
 pytestmark = pytest.mark.anvil
 
@@ -185,7 +186,11 @@ def _children(pid: int) -> dict[int, str]:
 def test_demo_onAnvil_stoppedBySigterm_stopsTheAnvilItStarted(runner: CliRunner, tmp_path: Path) -> None:
     argv = ["demo", "--scenario", "poison", "--chain", "anvil", "--workdir", str(tmp_path / "wd")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "game.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "game.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
     )
     anvil: list[int] = []
     deadline = time.monotonic() + 120

@@ -18,6 +18,7 @@ import pytest
 from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy
 from game.store import new_key
+from tests.procs import default_signals
 
 
 def _accounts() -> list[Any]:
@@ -61,6 +62,7 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             stderr=err,
             env={**os.environ, "COLUMNS": "400"},  # a warning is one line
+            preexec_fn=default_signals,
         )
 
 

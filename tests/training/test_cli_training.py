@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import default_signals
+
 SMALL = ["--preset", "mlp-digits", "--steps", "4", "--seed", "5"]
 
 
@@ -199,6 +201,7 @@ def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path, signum: int
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
     leaves = out / "leaves.bin"
     deadline = time.monotonic() + 120
