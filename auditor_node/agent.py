@@ -39,6 +39,7 @@ from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
 from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
 from game.training.auditprogress import DEFAULT_EVERY_S
+from game.training.leafhash import leaf_of
 from game.training.transcript import Transcript
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ class AuditorAgent(TaskAgent):
             detail = "task config for step 0"
         else:
             data = self._own_state_bytes(t, g.lo)
-            if hashlib.sha256(data).digest() != g.lo_leaf:
+            if leaf_of(data) != g.lo_leaf:
                 log.warning("game %d: own state at step %d is not the agreed leaf; no evidence", gid, g.lo)
                 self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
                 return

@@ -11,7 +11,6 @@ stopped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
 from game.fsio import atomic_write
+from game.training.leafhash import leaf_of
 
 if TYPE_CHECKING:
     from game.chain.backends import Chain
@@ -266,8 +266,8 @@ def config_path(evidence_dir: Path, spec_hash: bytes) -> Path:
 
 
 def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
-    """Leave state bytes for the judge under their own hash; returns the path."""
-    path = pre_state_path(evidence_dir, hashlib.sha256(data).digest())
+    """Leave state bytes for the judge under their state hash (their leaf); returns the path."""
+    path = pre_state_path(evidence_dir, leaf_of(data))
     if not path.is_file():
         atomic_write(path, data)
     return path

@@ -2,7 +2,7 @@
 to what the chain vouches for.
 
 Why: a client pays for a model, and the transcript in the store holds it (its last checkpoint is
-the final state, whose SHA-256 the trainer committed as the last leaf), sealed under the client's
+the final state, whose state hash the trainer committed as the last leaf), sealed under the client's
 data key beside what the client does not need (the rounding log, earlier checkpoints: gigabytes at
 paper size). So only the manifest and the last checkpoint are decrypted (``store.SealedArchive``),
 and each is checked against the chain: the config against the task's spec hash, the checkpoint
@@ -16,7 +16,6 @@ Whether the model is beyond dispute is the task's status, not the files': it is 
 
 from __future__ import annotations
 
-import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from game.errors import DeliveryError, TranscriptError
 from game.fsio import atomic_write
 from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
+from game.training.leafhash import leaf_of
 from game.training.transcript import CHECKPOINT_DIR_NAME, MANIFEST_NAME, Manifest, checkpoint_name
 
 
@@ -113,7 +113,7 @@ def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tup
             f"the transcript's config hashes to {cfg.spec_hash().hex()[:16]}..., task {task_id}'s spec "
             f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
         )
-    if hashlib.sha256(state_bytes).digest() != task.last_leaf:
+    if leaf_of(state_bytes) != task.last_leaf:
         raise DeliveryError(
             f"the transcript's final checkpoint (step {final}) does not hash to the last leaf committed "
             f"for task {task_id}"

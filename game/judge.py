@@ -44,6 +44,7 @@ from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
 from game.training.heap import trimmed
+from game.training.leafhash import leaf_of
 from game.training.roundlog import chunk_file_name
 from game.training.transcript import (
     CHECKPOINT_DIR_NAME,
@@ -310,7 +311,7 @@ class Judge:
             )
         if ev.pre_state is None:
             raise PreStateEvidenceError(f"no pre-state for step {step}")
-        pre = hashlib.sha256(ev.pre_state).digest()
+        pre = leaf_of(ev.pre_state)
         if pre != g.lo_leaf:
             raise PreStateEvidenceError(
                 f"the pre-state hashes to {pre.hex()[:16]}..., the agreed leaf {g.lo} is {g.lo_leaf.hex()[:16]}..."
@@ -447,7 +448,7 @@ class Judge:
             path = pre_state_path(self.evidence_dir, g.lo_leaf)
             if path.is_file():
                 data = path.read_bytes()
-                if hashlib.sha256(data).digest() == g.lo_leaf:
+                if leaf_of(data) == g.lo_leaf:
                     return data
                 log.warning("evidence %s does not hash to its name; ignored", path.name)
         return None
@@ -464,7 +465,7 @@ class Judge:
         except (TranscriptError, RoundingLogError) as exc:
             raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
         data = encode_state(state)
-        if hashlib.sha256(data).digest() != want:
+        if leaf_of(data) != want:
             raise PreStateEvidenceError(
                 f"replaying the transcript from checkpoint {ckpt} does not reproduce the agreed leaf {step}"
             )

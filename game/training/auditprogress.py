@@ -4,7 +4,7 @@ Why: the auditor replays the whole training. On a paper-size task that is hours 
 challenge window that does not wait; a crash, a reboot or a `docker stop` that made it start over
 could cost it the window. Every so often (``every_s`` of wall time, so the steps of a small task
 pay nothing) :func:`~game.training.session.audit` saves what it has: its own state after the last
-step (its canonical bytes, whose SHA-256 is the auditor's leaf for that step), the leaves so far,
+step (its canonical bytes, which hash to the auditor's leaf for that step), the leaves so far,
 the corrections, the first divergent step and the rejected log chunks.
 
 Crash-safe by order: the state goes to a file named by its step, then the small JSON record that
@@ -16,7 +16,6 @@ warning and the audit starts from step 0, which is never wrong, only slower.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from game.fsio import atomic_write, fsync_dir, is_temp_name
+from game.training.leafhash import leaf_of
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class ProgressSaver:
                 "with the log" if progress.use_log else "without the log",
             )
             return None
-        if hashlib.sha256(state).digest() != progress.leaves[-1]:
+        if leaf_of(state) != progress.leaves[-1]:
             log.warning(
                 "audit progress in %s: the state of step %d does not hash to its leaf; replaying from step 0",
                 self.directory,

@@ -27,8 +27,10 @@ from game.training.bands import BandsOrigin, BandTable, load_bands_file, preset_
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning or layout of the canonical JSON changes, including what computation a
-#: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's.
-SPEC_FORMAT = "vgame-task-v3"
+#: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's;
+#: v4 commits to leaves of format ``vgame-leaf-v2`` (``leafhash.py``: chunked, so a GPU computes
+#: them in parallel), where v3's were ``sha256(canonical bytes)``.
+SPEC_FORMAT = "vgame-task-v4"
 
 #: Rounding-log formats: ``sparse`` lists only in-band values, ``packed`` a trit for every value.
 LOG_FORMATS = ("sparse", "packed")

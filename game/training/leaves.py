@@ -1,42 +1,60 @@
 """State leaves hashed on a thread of their own, while the next step runs.
 
 An auditor compares every state it reaches with the trainer's leaf. Hashing the state on its own
-thread costs it the SHA-256 (about a millisecond a megabyte of canonical bytes; 1.33 MB on
-gpt-shakespeare) on every step; on a thread of its own, which SHA-256 lets run beside the step
-(it releases the GIL), the step only pays for the copy of the canonical bytes. The caller learns
-of a leaf one step late, so it keeps those bytes: they rebuild the state when the step it ran in
-the meantime must run again (an auditor that stops using the trainer's log at its first
-divergent step). A state too large for one buffer (:func:`~game.training.state.state_buffer`) is
-hashed at once, piece by piece, as before: its leaf is ready and no copy is kept.
+thread costs it the leaf's SHA-256 (:mod:`~game.training.leafhash`; about a millisecond a
+megabyte of canonical bytes, 1.33 MB on gpt-shakespeare) on every step; on a thread of its own,
+which SHA-256 lets run beside the step (it releases the GIL), the step only pays for the copy of
+the canonical bytes. The caller learns of a leaf one step late, so it keeps those bytes: they
+rebuild the state when the step it ran in the meantime must run again (an auditor that stops
+using the trainer's log at its first divergent step). A state too large for one buffer
+(:func:`~game.training.state.state_buffer`) is hashed at once, piece by piece, as before: its
+leaf is ready and no copy is kept.
 """
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from game.training.config import TaskConfig
+from game.training.native import stepwriter
 from game.training.state import TrainState, decode_state, hash_streamed, state_buffer
 
+if TYPE_CHECKING:  # Triton loads only for a state on a GPU
+    from game.training.cuda_leaf import DeviceLeaf
 
-def _sha256(buf: np.ndarray) -> bytes:
-    return hashlib.sha256(buf.data).digest()
+
+def device_leaf(state: TrainState) -> DeviceLeaf | None:
+    """The state's leaf computed on its GPU (:mod:`~game.training.cuda_leaf`), started and not
+    waited for; None for a state on the CPU or on a device the kernels do not run on. On a GPU this
+    replaces copying the whole state to the host and hashing it on one thread every step."""
+    if state.device.type == "cpu":
+        return None
+    from game.training import cuda_leaf  # imports Triton: only off the CPU
+
+    return cuda_leaf.DeviceLeaf.start(state) if cuda_leaf.runs_on(state.device) else None
 
 
 class PendingLeaf:
-    """The leaf of the state after ``step``, on its way; with the state's canonical bytes when it
-    came from one buffer (``ready`` False until the hash is asked for)."""
+    """The leaf of the state after ``step``, on its way: hashed on the hasher's thread from the
+    state's canonical bytes (kept in ``buffer``), or on the state's GPU (``device``, which keeps
+    them there); ``ready`` when it was hashed at once (a large state on the CPU: nothing kept)."""
 
-    __slots__ = ("_future", "_leaf", "buffer", "step")
+    __slots__ = ("_future", "_leaf", "buffer", "device", "step")
 
     def __init__(
-        self, step: int, buffer: np.ndarray | None, future: Future[bytes] | None, leaf: bytes | None
+        self,
+        step: int,
+        buffer: np.ndarray | None,
+        future: Future[bytes] | None,
+        leaf: bytes | None,
+        device: DeviceLeaf | None = None,
     ):
         self.step = step
         self.buffer = buffer
+        self.device = device
         self._future = future
         self._leaf = leaf
 
@@ -46,14 +64,19 @@ class PendingLeaf:
         return self._leaf is not None
 
     def leaf(self) -> bytes:
-        """The state hash (waits for the thread)."""
+        """The state hash (waits for the thread or the device)."""
         if self._leaf is None:
-            assert self._future is not None
-            self._leaf = self._future.result()
+            if self.device is not None:
+                self._leaf = self.device.leaf()
+            else:
+                assert self._future is not None
+                self._leaf = self._future.result()
         return self._leaf
 
     def rebuild(self, cfg: TaskConfig) -> TrainState:
         """The state the leaf is of, decoded from the kept bytes (on CPU; the step engine moves it)."""
+        if self.device is not None:
+            return decode_state(bytes(self.device.canonical_bytes()), cfg)
         if self.buffer is None:
             raise ValueError(
                 f"the state after step {self.step} was hashed piece by piece: no bytes were kept"
@@ -70,11 +93,14 @@ class LeafHasher:
 
     def submit(self, state: TrainState) -> PendingLeaf:
         """Take the state's canonical bytes now (the state may change at once) and hash them on the
-        thread; a state that does not fit one buffer is hashed here."""
+        thread, or on the state's GPU; a CPU state that does not fit one buffer is hashed here."""
+        on_device = device_leaf(state)
+        if on_device is not None:
+            return PendingLeaf(state.step, None, None, None, on_device)
         buf = state_buffer(state)
         if buf is None:
             return PendingLeaf(state.step, None, None, hash_streamed(state))
-        return PendingLeaf(state.step, buf, self._pool.submit(_sha256, buf), None)
+        return PendingLeaf(state.step, buf, self._pool.submit(stepwriter.leaf, buf), None)  # C: no GIL held
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -86,4 +112,4 @@ class LeafHasher:
         self.close()
 
 
-__all__ = ["LeafHasher", "PendingLeaf"]
+__all__ = ["LeafHasher", "PendingLeaf", "device_leaf"]

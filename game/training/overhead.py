@@ -60,7 +60,7 @@ import torch
 
 from game.errors import TrainingError
 from game.training.config import TaskConfig
-from game.training.leaves import LeafHasher, PendingLeaf
+from game.training.leaves import LeafHasher, PendingLeaf, device_leaf
 from game.training.profiles import Profile, get_profile
 from game.training.roundlog import ChunkLog
 from game.training.session import initial_step, train_step
@@ -230,7 +230,8 @@ class _Variants:
         elif variant == "replay":  # the auditor's thread, less the chunk's read and the hasher's work
             for step in range(first, last + 1):
                 engine.run_step(state, step, mode="replay", log=self.logs.pop(step), hash_state=False)
-                if state_buffer(state) is None:  # as LeafHasher.submit: a large state is hashed here
+                # as LeafHasher.submit: a GPU state's hash is launched there, a large CPU state's done here
+                if device_leaf(state) is None and state_buffer(state) is None:
                     hash_streamed(state)
         elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs
             t = self.transcript

@@ -16,7 +16,6 @@ Everything here is a loop around :meth:`StepEngine.run_step`, the unit of the wh
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import shutil
@@ -34,7 +33,8 @@ from game.merkle import merkle_root
 from game.training.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.config import TaskConfig
 from game.training.heap import trimmed
-from game.training.leaves import LeafHasher, PendingLeaf
+from game.training.leafhash import leaf_of
+from game.training.leaves import LeafHasher, PendingLeaf, device_leaf
 from game.training.profiles import get_profile
 from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
 from game.training.state import (
@@ -355,16 +355,22 @@ def train_step(
 
 
 def _append(writer: TranscriptWriter, step: int, state: TrainState, step_log: ChunkLog) -> None:
-    """Queue a step with its state: a small state's canonical bytes go to the writer's thread, which
-    hashes them there (and writes them as the checkpoint when one is due); a large one is hashed
-    here, piece by piece, or encoded whole when a checkpoint is due (the leaf is then the hash of
-    those bytes: one pass over the state, not two)."""
+    """Queue a step with its state: a state on a GPU is hashed there, and the writer's thread waits
+    for the leaf (and copies the bytes back when a checkpoint is due) while the next step runs; a
+    small CPU state's canonical bytes go to the writer's thread, which hashes them there (and writes
+    them as the checkpoint when one is due); a large one is hashed here, piece by piece, or encoded
+    whole when a checkpoint is due (the leaf is then the hash of those bytes: one pass over the
+    state, not two)."""
+    on_device = device_leaf(state)
+    if on_device is not None:
+        writer.append_pending(step, on_device, step_log)
+        return
     buf = state_buffer(state)
     if buf is not None:
         writer.append_state(step, buf.data, step_log)
     elif writer.wants_checkpoint(step):
         ckpt = encode_streamed(state)
-        writer.append_step(step, hashlib.sha256(ckpt).digest(), step_log, ckpt)
+        writer.append_step(step, leaf_of(ckpt), step_log, ckpt)
     else:
         writer.append_step(step, hash_streamed(state), step_log, None)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
-import hashlib
 import logging
 import math
 import struct
@@ -26,9 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import TrainingError, TranscriptError
-from game.training import native, rounding
+from game.training import leafhash, native, rounding
 from game.training.config import TaskConfig
-from game.training.native import front
+from game.training.native import front, stepwriter
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +255,7 @@ def _header(name: str, tag: str, shape: tuple[int, ...]) -> bytes:
 
 
 #: States of up to this many canonical bytes are built in one buffer: one C call writes every
-#: float64 tensor into its place and the hash takes one update. Streaming them piece by piece costs
+#: float64 tensor into its place and the hash takes one call. Streaming them piece by piece costs
 #: some microseconds of Python a piece, which on a small model's 250 pieces was most of its state
 #: hash (3 ms of 3.5 on gpt-shakespeare). Larger states stream (no second full copy in memory).
 _ONE_BUFFER_MAX = 1 << 26
@@ -455,11 +454,17 @@ def encode_state(state: TrainState) -> bytes:
 
 
 def state_hash(state: TrainState) -> bytes:
-    """``sha256(encode_state(state))``: the leaf of the state tree. A small state is hashed in one
-    buffer (:func:`state_buffer`); a large one piece by piece (:func:`hash_streamed`)."""
+    """``leafhash.leaf_of(encode_state(state))``: the leaf of the state tree. A state on a GPU is
+    hashed there (:func:`~game.training.leaves.device_leaf`); on the CPU a small state in one buffer
+    (:func:`state_buffer`), a large one piece by piece (:func:`hash_streamed`)."""
+    from game.training.leaves import device_leaf  # a GPU state is hashed where it lives
+
+    on_device = device_leaf(state)
+    if on_device is not None:
+        return on_device.leaf()
     buf = state_buffer(state)
     if buf is not None:
-        return hashlib.sha256(buf.data).digest()
+        return stepwriter.leaf(buf)
     return hash_streamed(state)
 
 
@@ -483,20 +488,19 @@ def encode_streamed(state: TrainState) -> bytes:
 
 def hash_streamed(state: TrainState) -> bytes:
     """:func:`state_hash` piece by piece, for a caller that :func:`state_buffer` already refused.
-    Small pieces (headers, small tensors) are joined before hashing: a hash update costs
-    microseconds, which on the hundreds of pieces of a state add up."""
-    h = hashlib.sha256()
+    Small pieces (headers, small tensors) are joined before hashing: a stream update costs
+    microseconds of Python, which on the hundreds of pieces of a state add up."""
+    stream = leafhash.LeafStream()
     pending: list[bytes | memoryview] = []
     for part in _state_parts(state):
         if len(part) < _JOIN_BELOW:
             pending.append(part)
             continue
         if pending:
-            h.update(b"".join(pending))
+            stream.update(b"".join(pending))
             pending.clear()
-        h.update(part)
-    h.update(b"".join(pending))
-    return h.digest()
+        stream.update(part)
+    return stream.update(b"".join(pending)).digest()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ torch, but the chunk decoders and the kernels it calls (:mod:`game.training.roun
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from game.errors import RoundingLogError, StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, temp_file_name, truncate_fsync
@@ -255,15 +254,29 @@ def read_manifest(directory: Path) -> Manifest:
 WRITE_AHEAD = 2
 
 
+class PendingState(Protocol):
+    """A state hashed where it lives (on a GPU: :class:`~game.training.cuda_leaf.DeviceLeaf`), its
+    leaf not waited for yet."""
+
+    def leaf(self) -> bytes:
+        """The leaf (waits for the device)."""
+        ...
+
+    def canonical_bytes(self) -> Any:
+        """The canonical bytes on the host, as a buffer (a checkpoint)."""
+        ...
+
+
 @dataclass(frozen=True)
 class _StepJob:
     """One step for the writer's thread."""
 
     step: int
-    state_hash: bytes | None  # None: the thread hashes ``state``
+    state_hash: bytes | None  # None: the thread hashes ``state``, or waits for ``pending``
     chunk: PreparedChunk  # the step's log, its payload built on the caller's thread
     checkpoint: bytes | memoryview | None
     state: bytes | memoryview | None = None  # the canonical state bytes, for append_state
+    pending: PendingState | None = None  # a state hashed on its device, for append_pending
 
     @property
     def finishable_in_c(self) -> bool:
@@ -440,6 +453,13 @@ class TranscriptWriter:
         checkpoint = state if self.wants_checkpoint(step) else None
         chunk = step_log.prepare(step, self.spec_hash)
         self._queue(_StepJob(step, None, chunk, checkpoint, state))
+
+    def append_pending(self, step: int, pending: PendingState, step_log: ChunkLog) -> None:
+        """:meth:`append_step` for a state being hashed on its GPU: the thread waits for the leaf
+        (and copies the canonical bytes to the host when a checkpoint is due) while the caller runs
+        the next step. ``pending`` belongs to the writer from here."""
+        chunk = step_log.prepare(step, self.spec_hash)
+        self._queue(_StepJob(step, None, chunk, None, pending=pending))
 
     def _queue(self, job: _StepJob) -> None:
         """Hand ``job`` to the thread: one ``list.append``, which a Ctrl-C cannot cut in half, and no
@@ -639,13 +659,19 @@ class TranscriptWriter:
                 self._leaves[step] = written
                 return
         chunk = job.chunk.encode(step, self.spec_hash)
-        leaf = job.state_hash
-        if leaf is None:
+        leaf, checkpoint = job.state_hash, job.checkpoint
+        if job.pending is not None:
+            leaf = job.pending.leaf()
+            if self.wants_checkpoint(step):
+                checkpoint = memoryview(job.pending.canonical_bytes()).cast("B")
+                if stepwriter.leaf(checkpoint) != leaf:  # the bytes the judge will hash, held to the leaf
+                    raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
+        elif leaf is None:
             assert job.state is not None
-            leaf = hashlib.sha256(job.state).digest()
-        elif job.checkpoint is not None and hashlib.sha256(job.checkpoint).digest() != leaf:
+            leaf = stepwriter.leaf(job.state)
+        elif job.checkpoint is not None and stepwriter.leaf(job.checkpoint) != leaf:
             raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
-        self._put_files(step, chunk, job.checkpoint, leaf)
+        self._put_files(step, chunk, checkpoint, leaf)
         self._leaves[step] = leaf
 
     def _step_paths(self, step: int, checkpoint: bool) -> stepwriter.StepPaths:
@@ -814,7 +840,7 @@ class Transcript:
         if not path.is_file():
             raise TranscriptError(f"no checkpoint for step {step} in {self.directory}")
         data = path.read_bytes()
-        if hashlib.sha256(data).digest() != self.leaf(step):
+        if stepwriter.leaf(data) != self.leaf(step):
             raise TranscriptError(f"checkpoint {path.name} does not hash to leaf {step}: it was altered")
         return data
 

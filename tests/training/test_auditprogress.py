@@ -10,6 +10,7 @@ import torch
 
 from game.training.auditprogress import RECORD_NAME, AuditProgress, ProgressSaver
 from game.training.config import TaskConfig
+from game.training.leafhash import leaf_of
 from game.training.session import AuditResult, Deviation, audit, train
 from game.training.state import TrainState
 
@@ -117,9 +118,7 @@ def test_saver_savesOnlyWhenItsIntervalHasPassed_andKeepsOneState(tmp_path: Path
     saver = ProgressSaver(tmp_path, every_s=3600.0)
     assert not saver.due()  # a short audit never saves
     state = b"state bytes"
-    import hashlib
-
-    progress = AuditProgress(b"\x01" * 32, "noisy", True, (b"\x00" * 32, hashlib.sha256(state).digest()),
+    progress = AuditProgress(b"\x01" * 32, "noisy", True, (b"\x00" * 32, leaf_of(state)),
                              5, 1, (1,), ("log tampering at step 1",))  # fmt: skip
     saver.save(progress, state)
     saver.save(progress, state)

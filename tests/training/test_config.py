@@ -126,16 +126,16 @@ def test_cnnArch_roundTrip_andChannelsDefaultPerArch() -> None:
 def test_cnnDefaultArch_leavesSpecHashUnchanged() -> None:
     # ``arch`` came after specs were posted: while it is "small" it is left out of the canonical
     # JSON, so every earlier cnn-digits config keeps its hash. Pinned with explicit bands, so a
-    # recalibration of the shipped ones does not move it. (The hashes are format v3's: the format
-    # tag moved every hash once, on purpose; a new field must not move them again.)
+    # recalibration of the shipped ones does not move it. (The hashes are format v4's: each new
+    # format tag moved every hash once, on purpose; a new field must not move them again.)
     bands = BandTable(default=Band(-30, -40), ops={})
     cfg = TaskConfig.for_preset("cnn-digits", bands=bands)
     assert cfg.to_dict()["model"] == {"channels": 16, "hidden": 64}
-    assert cfg.spec_hash().hex() == "349ec0f19476856b21344978a9c345cedf0d64b9c6cc4339b9e6ce596ac0c675"
+    assert cfg.spec_hash().hex() == "b7d7001c0dd42cac59d680371b133a66ae7076be53669dc6cb778d2f4dc12908"
     explicit = TaskConfig.for_preset(
         "cnn-digits", bands=bands, model={"channels": 8, "hidden": 32, "arch": "small"}
     )
-    assert explicit.spec_hash().hex() == "212100a1212dbef82cc6d3ccbf1e353eef6955f43d7b7ef298b141a896c58bce"
+    assert explicit.spec_hash().hex() == "09966da97cb96b05d88cce8a59a994d716a88751a91901ebf83b846267a2e3c9"
     # A strict dict written before ``arch`` existed still loads (the field is optional there).
     assert TaskConfig.from_dict(cfg.to_dict()) == cfg
 

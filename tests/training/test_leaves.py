@@ -100,3 +100,49 @@ def test_audit_afterADivergence_runsTheNextStepWithoutTheLog(tmp_path: Path) -> 
             leaves.append(engine.run_step(state, s, mode="round").leaf)
     assert list(result.leaves) == leaves
     assert result.leaves[:3] == tuple(t.leaves()[:3]) and result.leaves[3] != t.leaf(3)
+
+
+class _HashedOnDevice:
+    """Stands in for :class:`~game.training.cuda_leaf.DeviceLeaf`: takes the state's bytes when
+    started (as the device does, in stream order before the next step) and counts what is asked."""
+
+    started = 0
+
+    def __init__(self, state: state_mod.TrainState) -> None:
+        type(self).started += 1
+        self.data = encode_state(state)
+
+    def leaf(self) -> bytes:
+        from game.training.leafhash import leaf_of
+
+        return leaf_of(self.data)
+
+    def canonical_bytes(self) -> bytes:
+        return self.data
+
+
+@pytest.mark.parametrize("deviation", [None, Poison])
+def test_statesHashedOnTheirDevice_giveTheSameTranscriptAndAudit(
+    deviation: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where states are hashed on their device (a GPU), the trainer hands the writer the pending
+    leaf, the auditor waits for it one step late and rebuilds from its bytes after a divergence:
+    every leaf, root and verdict is what the host path gives."""
+    cfg = tiny()
+    dev = Poison(cfg, 3) if deviation else None
+    host = train(cfg, "cpu-1t", tmp_path / "host", deviation=dev)
+    host_audit = audit(tmp_path / "host", "cpu-2t")
+    from game.training import leaves as leaves_mod
+    from game.training import session as session_mod
+
+    monkeypatch.setattr(leaves_mod, "device_leaf", _HashedOnDevice)
+    monkeypatch.setattr(session_mod, "device_leaf", _HashedOnDevice)
+    _HashedOnDevice.started = 0
+    on_device = train(cfg, "cpu-1t", tmp_path / "device", deviation=dev)
+    assert _HashedOnDevice.started == STEPS + 1  # every leaf of the trainer came from the device
+    assert (on_device.state_root, on_device.log_root) == (host.state_root, host.log_root)
+    device_audit = audit(tmp_path / "device", "cpu-2t")
+    assert device_audit.leaves == host_audit.leaves
+    assert device_audit.first_divergent_step == host_audit.first_divergent_step == (3 if deviation else None)
+    if deviation is None:  # and every leaf of the auditor
+        assert _HashedOnDevice.started == 2 * (STEPS + 1)

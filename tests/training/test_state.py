@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import struct
 
 import pytest
@@ -13,6 +12,7 @@ from game.errors import TranscriptError
 from game.training import rounding
 from game.training import state as state_module
 from game.training.config import TaskConfig
+from game.training.leafhash import leaf_of
 from game.training.native import front
 from game.training.profiles import get_profile
 from game.training.state import (
@@ -92,7 +92,7 @@ def test_encode_matchesReferenceLayout(name: str) -> None:
     _, state = trained(name)
     data = encode_state(state)
     assert data == reference_encode(state)
-    assert state_hash(state) == hashlib.sha256(data).digest()
+    assert state_hash(state) == leaf_of(data)
     assert data.startswith(STATE_MAGIC)
 
 
@@ -104,7 +104,7 @@ def test_encode_sliceByslice_isTheSameBytes(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", 0)  # stream, as a large state does
     monkeypatch.setattr(state_module, "_SLICE", 7)
     assert encode_state(state) == data == reference_encode(state)
-    assert state_hash(state) == hashlib.sha256(data).digest()
+    assert state_hash(state) == leaf_of(data)
     with torch.no_grad():
         state.model.lm_head.weight.view(-1)[-1] = 1.0 / 3.0
     with pytest.raises(OffGridError, match=r"lm_head\.weight"):
@@ -127,11 +127,11 @@ def test_oneBuffer_isTheStreamedBytes(name: str, monkeypatch: pytest.MonkeyPatch
         assert buf is not None
     one = buf.tobytes()
     assert encode_state(state) == one
-    assert state_hash(state) == hashlib.sha256(one).digest()
+    assert state_hash(state) == leaf_of(one)
     monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", len(one) - 1)
     assert state_buffer(state) is None
     assert encode_state(state) == one == reference_encode(state)
-    assert state_hash(state) == hashlib.sha256(one).digest()
+    assert state_hash(state) == leaf_of(one)
 
 
 class _Tangled(torch.nn.Module):

@@ -8,6 +8,7 @@ import hashlib
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import chunkcodec, native
+from game.training import chunkcodec, leafhash, native
 from game.training.chunkcodec import CODECS, LZMA_AUTO_MAX
 from game.training.config import TaskConfig
+from game.training.leafhash import CHUNK, leaf_of, level_sizes
 from game.training.native import stepwriter
 from game.training.session import train
 from game.training.sparselog import SparseStepLog
@@ -51,6 +53,43 @@ def _log(step: int, codec: str, records: int, seed: int = 0) -> SparseStepLog:
 @given(payload=st.binary(min_size=0, max_size=6000), codec=st.sampled_from(["zlib", "lzma"]))
 def test_theCCodecs_giveTheBytesOfPythons(payload: bytes, codec: str) -> None:
     assert stepwriter.compress(payload, codec) == chunkcodec.compress_with(payload, codec)
+
+
+@needs_writer
+@pytest.mark.parametrize("size", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 128 * CHUNK, 128 * CHUNK + 1, 600_123])
+def test_theCLeaf_isPythons(size: int) -> None:
+    """``vg_leaf`` against :func:`leafhash.leaf_of`: one chunk or less, two levels, three levels
+    (129 chunks and more), chunk edges and a ragged last chunk."""
+    state = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8)
+    digest = np.empty(32, dtype=np.uint8)
+    lib = stepwriter._running()
+    assert lib is not None
+    assert lib.vg_leaf(state.ctypes.data, size, digest.ctypes.data) == 0
+    assert digest.tobytes() == leaf_of(state)
+
+
+@pytest.mark.parametrize(
+    "differs", [lambda n: n <= CHUNK, lambda n: len(level_sizes(n)) >= 3], ids=["tiny", "three-levels"]
+)
+def test_whereTheCLeafWouldDiffer_theWriterStaysInPython(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, differs: Callable[[int], bool]
+) -> None:
+    """The probe compares the library's leaf with Python's on a tiny state and on one of three
+    levels: a difference in either (here, Python's leaf made to differ) keeps every step in Python."""
+    if not native.available():
+        pytest.skip("no C compiler on this machine")
+    honest = leafhash.leaf_of
+
+    def leaf_of_elsewhere(data: Any) -> bytes:
+        return bytes(32) if differs(len(memoryview(data).cast("B"))) else honest(data)
+
+    monkeypatch.setattr(stepwriter, "_lib", None)
+    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setattr(leafhash, "leaf_of", leaf_of_elsewhere)
+    with caplog.at_level(logging.INFO, logger=stepwriter.__name__):
+        assert not stepwriter.available()
+    if "unavailable" not in caplog.text:  # the library built: the probe turned it down
+        assert "differs from leafhash's" in caplog.text
 
 
 @needs_writer
@@ -138,7 +177,7 @@ def test_theCCall_keepsTheSmallestCodec_asPythonDoes(
     written = (tmp_path / "chunk").read_bytes()
     assert written == chunk.finish()
     assert written[6] in {CODECS[c] for c in codecs}
-    assert leaf == hashlib.sha256(b"the state").digest() == (tmp_path / "leaves").read_bytes()
+    assert leaf == leaf_of(b"the state") == (tmp_path / "leaves").read_bytes()
     assert (tmp_path / "hashes").read_bytes() == hashlib.sha256(written).digest()
 
 
@@ -228,7 +267,7 @@ def test_aProcessThatExitsWithoutClose_stillHasEveryStepTheRingTook(tmp_path: Pa
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = TaskConfig.for_preset("mlp-digits", steps=20, checkpoint_interval=5)
     leaves = (out / "leaves.bin").read_bytes()
-    expected = [hashlib.sha256(_state(s)).digest() for s in range(cfg.steps + 1)]
+    expected = [leaf_of(_state(s)) for s in range(cfg.steps + 1)]
     assert [leaves[i : i + 32] for i in range(0, len(leaves), 32)] == expected
     resumed = TranscriptWriter.resume(out, cfg)
     assert resumed.num_done == cfg.steps + 1
@@ -262,3 +301,14 @@ def _no_paths() -> stepwriter.StepPaths:
     return stepwriter.StepPaths(
         b"/nonexistent/c", b"/nonexistent/.c.tmp", b"/nonexistent", b"", None, None, None, b""
     )
+
+
+def test_leaf_isLeafOf_inCOrInPython() -> None:
+    """``stepwriter.leaf`` (one C call, the GIL released, where the library runs) is the leaf the
+    Python definition gives, for one to three levels, and the Python one without the library."""
+    data = np.random.default_rng(5).integers(0, 256, 600_001, dtype=np.uint8)
+    for n in (0, 1, 4096, 4097, 600_001):
+        assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())
+        assert stepwriter.leaf(memoryview(data[:n].tobytes())) == leaf_of(data[:n].tobytes())
+        with native.disabled():
+            assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())

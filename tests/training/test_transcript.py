@@ -18,6 +18,7 @@ import pytest
 from game.errors import TranscriptError
 from game.training import native
 from game.training.config import TaskConfig
+from game.training.leafhash import leaf_of
 from game.training.native import stepwriter
 from game.training.roundlog import new_step_log
 from game.training.transcript import (
@@ -37,7 +38,7 @@ def _cfg() -> TaskConfig:
 def _state(step: int) -> tuple[bytes, bytes]:
     """Stand-in state bytes of ``step`` and their hash (the writer checks one against the other)."""
     data = f"state {step}".encode()
-    return hashlib.sha256(data).digest(), data
+    return leaf_of(data), data
 
 
 def _append(writer: TranscriptWriter, step: int, **overrides: Any) -> None:
@@ -310,6 +311,59 @@ def test_stepsByHashAndByState_mixed_landInOrder_whicheverThreadTakesThem(tmp_pa
     writer.finish()
     assert _on_disk(tmp_path / "t", LEAVES_NAME) == [_state(s)[0] for s in range(cfg.steps + 1)]
     Transcript(tmp_path / "t").verify()
+
+
+class _OnDevice:
+    """A state hashed where it lives (as :class:`~game.training.cuda_leaf.DeviceLeaf` on a GPU),
+    standing in for one: its leaf, and the bytes it says it hashed, when asked."""
+
+    def __init__(self, step: int, leaf: bytes | None = None) -> None:
+        self.data = _state(step)[1]
+        self._leaf = leaf if leaf is not None else _state(step)[0]
+        self.asked: list[str] = []
+
+    def leaf(self) -> bytes:
+        self.asked.append("leaf")
+        return self._leaf
+
+    def canonical_bytes(self) -> bytearray:
+        self.asked.append("bytes")
+        return bytearray(self.data)
+
+
+def test_appendPending_waitsOnTheThread_andWritesWhatAppendStateWrites(tmp_path: Path) -> None:
+    """Steps whose states were hashed on their device leave the same files as steps queued with
+    their bytes; their bytes are copied back only on checkpoint steps."""
+    cfg = _cfg()
+    trees, pendings = [], []
+    for way in ("state", "pending"):
+        out = tmp_path / way
+        writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+        for step in range(cfg.steps + 1):
+            if way == "state":
+                _append_state(writer, step)
+            else:
+                pendings.append(_OnDevice(step))
+                writer.append_pending(step, pendings[-1], new_step_log(cfg.log_format, step))
+        writer.finish()
+        Transcript(out).verify()
+        trees.append(file_tree(out))
+    assert trees[0] == trees[1]
+    assert [p.asked for p in pendings] == [
+        ["leaf", "bytes"] if writer.wants_checkpoint(step) else ["leaf"] for step in range(cfg.steps + 1)
+    ]
+
+
+def test_appendPending_checkpointBytesThatDoNotHashToItsLeaf_areRefused(tmp_path: Path) -> None:
+    """The device's leaf is held to the host's hash of the bytes a judge will be given."""
+    cfg = _cfg()
+    writer = TranscriptWriter.create(tmp_path / "t", cfg, "cpu-1t")
+    _append(writer, 0)
+    _append(writer, 1)
+    writer.append_pending(2, _OnDevice(2, leaf=_state(3)[0]), new_step_log(cfg.log_format, 2))
+    with pytest.raises(TranscriptError, match="checkpoint bytes of step 2 do not hash"):
+        writer.flush()
+    assert len(_on_disk(tmp_path / "t", LEAVES_NAME)) == 2
 
 
 def _files_way(way: str) -> contextlib.AbstractContextManager[None]:

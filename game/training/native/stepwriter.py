@@ -9,10 +9,10 @@ cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/be
 ``writer.c`` links zlib, liblzma and OpenSSL's libcrypto. It is compiled like the C kernels, into
 their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
 compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
-:func:`disabled` or :func:`game.training.native.disabled`, or where its codecs would not give the
-bytes Python's give (a probe, once a process), :func:`finish_step` returns None and the writer
-writes the step in Python, to the same files (tests/training/test_stepwriter.py holds both ways to
-it).
+:func:`disabled` or :func:`game.training.native.disabled`, or where its codecs or its leaf
+(:mod:`~game.training.leafhash`) would not give the bytes Python's give (a probe, once a process),
+:func:`finish_step` returns None and the writer writes the step in Python, to the same files
+(tests/training/test_stepwriter.py holds both ways to it).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from game.training import native
+from game.training import leafhash, native
 from game.training.chunkcodec import (
     CODECS,
     MAX_PAYLOAD,
@@ -81,6 +81,8 @@ def _open() -> ctypes.CDLL:
     lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _PTR, _I64]
     lib.vg_sha256.restype = _I64
     lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
+    lib.vg_leaf.restype = _I64
+    lib.vg_leaf.argtypes = [_PTR, _I64, _PTR]
     lib.vg_finish_step.restype = _I64
     lib.vg_finish_step.argtypes = [
         *(_PTR, _I64, _I64, _PTR, _I64),  # head, codec byte, payload
@@ -124,8 +126,13 @@ def _probe() -> bytes:
     return b"probe names\0" + small.tobytes()
 
 
+#: Sizes of the states whose leaves the probe compares: empty, tiny, one chunk and a byte more, and
+#: one of three levels with a ragged last chunk (600,000 bytes: 147 chunks, 4,704 bytes of digests).
+_LEAF_PROBE_SIZES = (0, 9, leafhash.CHUNK, leafhash.CHUNK + 1, 600_000)
+
+
 def _agrees(lib: ctypes.CDLL) -> str | None:
-    """Why the C codecs and hash would give other bytes than Python's, or None when they agree."""
+    """Why the C codecs and hashes would give other bytes than Python's, or None when they agree."""
     payload = _probe()
     for size in (len(payload), 200):
         part = payload[:size]
@@ -139,6 +146,12 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
         return "its SHA-256 failed"
     if digest.tobytes() != hashlib.sha256(payload).digest():
         return "its SHA-256 differs from hashlib's"
+    state = np.random.default_rng(20261127).integers(0, 256, size=max(_LEAF_PROBE_SIZES), dtype=np.uint8)
+    for size in _LEAF_PROBE_SIZES:
+        if lib.vg_leaf(state.ctypes.data, size, digest.ctypes.data) != 0:
+            return f"its leaf of {size} bytes failed"
+        if digest.tobytes() != leafhash.leaf_of(state[:size]):
+            return f"its leaf of {size} bytes differs from leafhash's"
     return None
 
 
@@ -204,6 +217,21 @@ def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> byte
     return None if n < 0 else out[:n].tobytes()
 
 
+def leaf(data: bytes | memoryview | np.ndarray) -> bytes:
+    """``leafhash.leaf_of(data)``, in one C call that holds no GIL where the library runs. In Python
+    the leaf lets go of the GIL once per 4 KiB chunk (some 325 times for gpt-shakespeare's 1.33 MB
+    state), which on a hashing thread slowed the training thread beside it by a fifth."""
+    lib = _running()
+    if lib is None:
+        return leafhash.leaf_of(data)
+    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+    buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
+    digest = np.empty(32, dtype=np.uint8)
+    if lib.vg_leaf(buf.ctypes.data, buf.size, digest.ctypes.data) != 0:
+        return leafhash.leaf_of(data)
+    return digest.tobytes()
+
+
 class StepPaths(NamedTuple):
     """A step's files as ``vg_write_step`` takes them (file system bytes)."""
 
@@ -219,7 +247,7 @@ class StepPaths(NamedTuple):
 
 def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths) -> bytes | None:
     """Finish a step in one C call that holds no GIL: the chunk's bytes (as ``chunk.finish()``), its
-    hash, the leaf (the SHA-256 of ``state``), then the files as :func:`game.training.native.
+    hash, the leaf (``leafhash.leaf_of(state)``), then the files as :func:`game.training.native.
     write_step` writes them (``state`` as the checkpoint where ``paths`` name one). Returns the
     leaf; None, with nothing written, where the C call is not used or could not do it (write the
     step in Python). Raises ``OSError`` naming the file that failed; nothing after it was written."""

@@ -1,6 +1,6 @@
 /* The transcript writer's work for one step in one call that holds no GIL: a chunk's payload
  * compressed (zlib, lzma or stored, the smallest of those asked for), the chunk's hash, the state's
- * hash (the leaf), and the step's files through kernels.c's vg_write_step.
+ * hash (the leaf, leafhash.py's definition), and the step's files through kernels.c's vg_write_step.
  *
  * Why: done in Python on the writer's thread, the same work is five calls that each let the GIL
  * go and take it back (zlib, lzma's two, the state's hash, the files), and each time the writer
@@ -107,14 +107,67 @@ int64_t vg_sha256(const uint8_t *in, int64_t n, uint8_t *out) {
     return EVP_Digest(in, (size_t)n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
 }
 
+/* The leaf (leafhash.py, format vgame-leaf-v2): as LEAF_FORMAT, CHUNK and DIGEST there. */
+static const uint8_t LEAF_FORMAT[] = "vgame-leaf-v2"; /* with its NUL: 14 bytes, as Python's tag */
+#define LEAF_CHUNK 4096
+#define LEAF_DIGEST 32
+
+/* SHA-256 of each LEAF_CHUNK-byte chunk of ``in`` (the last may be shorter), one after the other into
+ * out; the bytes written, or -1. ``out`` may be ``in``: digest i lands before chunk i + 1 starts.
+ * Each chunk's context is a copy of ``fresh`` (initialised once): initialising it afresh costs a
+ * fifth more than the hashing of a 4 KiB chunk with OpenSSL 3. */
+static int64_t leaf_level(EVP_MD_CTX *ctx, const EVP_MD_CTX *fresh, const uint8_t *in, int64_t n, uint8_t *out) {
+    int64_t w = 0;
+    for (int64_t at = 0; at < n; at += LEAF_CHUNK, w += LEAF_DIGEST) {
+        uint8_t digest[LEAF_DIGEST];
+        size_t take = (size_t)(n - at < LEAF_CHUNK ? n - at : LEAF_CHUNK);
+        if (EVP_MD_CTX_copy_ex(ctx, fresh) != 1 || EVP_DigestUpdate(ctx, in + at, take) != 1 ||
+            EVP_DigestFinal_ex(ctx, digest, NULL) != 1)
+            return -1;
+        memcpy(out + w, digest, LEAF_DIGEST);
+    }
+    return w;
+}
+
+/* The leaf of the canonical bytes ``in`` into out (32 bytes): chunk digests level by level until at
+ * most LEAF_CHUNK bytes remain, then SHA-256 of LEAF_FORMAT, n as uint64 LE and that last level.
+ * 0, or -1 (no memory, or the library failed). */
+int64_t vg_leaf(const uint8_t *in, int64_t n, uint8_t *out) {
+    if (n < 0) return -1;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new(), *fresh = EVP_MD_CTX_new();
+    uint8_t *level = NULL;
+    const uint8_t *last = in;
+    int64_t len = n, err = -1;
+    uint8_t total[8];
+    unsigned int got = 0;
+    if (ctx == NULL || fresh == NULL || EVP_DigestInit_ex(fresh, EVP_sha256(), NULL) != 1) goto done;
+    if (n > LEAF_CHUNK) {
+        level = malloc((size_t)(LEAF_DIGEST * ((n + LEAF_CHUNK - 1) / LEAF_CHUNK)));
+        if (level == NULL || (len = leaf_level(ctx, fresh, in, n, level)) < 0) goto done;
+        while (len > LEAF_CHUNK)
+            if ((len = leaf_level(ctx, fresh, level, len, level)) < 0) goto done;
+        last = level;
+    }
+    for (int i = 0; i < 8; i++) total[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    if (EVP_MD_CTX_copy_ex(ctx, fresh) == 1 && EVP_DigestUpdate(ctx, LEAF_FORMAT, sizeof LEAF_FORMAT) == 1 &&
+        EVP_DigestUpdate(ctx, total, sizeof total) == 1 && EVP_DigestUpdate(ctx, last, (size_t)len) == 1 &&
+        EVP_DigestFinal_ex(ctx, out, &got) == 1 && got == LEAF_DIGEST)
+        err = 0;
+done:
+    free(level);
+    EVP_MD_CTX_free(ctx);
+    EVP_MD_CTX_free(fresh);
+    return err;
+}
+
 /* Room for any codec's output: zlib's bound, and xz's container around LZMA2's chunks (a few
  * bytes in 64 KiB) with room to spare. */
 static int64_t room(int64_t n) { return n + n / 8 + 1024; }
 
 /* A step of the transcript: the chunk is ``head`` (codec byte at ``codec_at``, overwritten) and the
  * payload compressed with the smallest of the codecs whose bits are set in ``tries`` (1 << id; a
- * tie goes to the first of zlib, lzma, stored, as chunkcodec.compress picks); the leaf is the
- * SHA-256 of ``state``, written to leaf_out; ``state`` is the checkpoint too when ``checkpoint``.
+ * tie goes to the first of zlib, lzma, stored, as chunkcodec.compress picks); the leaf is
+ * vg_leaf of ``state``, written to leaf_out; ``state`` is the checkpoint too when ``checkpoint``.
  * Then the files as vg_write_step writes them. Returns vg_write_step's errno and ``failed`` (the
  * file), 0 when done, or -1 with nothing written (no memory, a codec or the hash failed): the
  * caller writes the step its own way. */
@@ -154,7 +207,7 @@ int64_t vg_finish_step(const uint8_t *head, int64_t head_len, int64_t codec_at, 
     memcpy(chunk, head, (size_t)head_len);
     chunk[codec_at] = (uint8_t)codec;
     uint8_t chunk_hash[32];
-    if (vg_sha256(chunk, head_len + len, chunk_hash) != 0 || vg_sha256(state, state_len, leaf_out) != 0) goto done;
+    if (vg_sha256(chunk, head_len + len, chunk_hash) != 0 || vg_leaf(state, state_len, leaf_out) != 0) goto done;
     err = ((write_step_fn)write_step)(chunk_path, chunk_tmp, log_dir, chunk, head_len + len, hashes_path, chunk_hash,
                                       checkpoint ? ckpt_path : NULL, ckpt_tmp, ckpt_dir, checkpoint ? state : NULL,
                                       checkpoint ? state_len : 0, leaves_path, leaf_out, failed);

@@ -1,0 +1,690 @@
+"""The state hash (leaf, :mod:`~game.training.leafhash`) computed on the state's own device.
+
+Why: a leaf hashed on the host means copying the whole state there and hashing it on one thread,
+every step: 1.1 s a step at the GPT-2-small shape on an H100. The chunked leaf (``vgame-leaf-v2``)
+lets a GPU do it: every 4096-byte chunk of the canonical bytes is hashed independently, one chunk
+per GPU thread, level by level, until at most 4096 bytes remain; only those (a few hundred bytes)
+and the grid check's result cross to the host, where :func:`leafhash.finish` takes the tagged last
+hash.
+
+What it computes, bit for bit what the host computes:
+
+* :func:`canonical_bytes_on_device`: :func:`~game.training.state.encode_state`'s bytes, built where
+  the state lives. The fixed bytes (magic, tensor count, every tensor's name, dtype tag and shape,
+  zero padding to 64 bytes) are a device tensor cached per structure; the float64 tensors are
+  joined in one ``torch.cat``, converted to float32 in one launch and checked against the grid on
+  the device (a flag, the first off-grid position and its value, none of them read back there);
+  one more ``torch.cat`` joins the fixed pieces and the values (viewed as bytes). Tensors left on
+  the host (an optimizer's ``step`` counters beside a GPU state) travel with the step number in one
+  pinned buffer and one copy.
+* :func:`device_levels`: the SHA-256 Triton kernel (:func:`hash_chunks`: one chunk a lane,
+  :data:`BLOCK` lanes a program, each lane's SHA-256 padding done in the kernel) once per level.
+* :class:`DeviceLeaf`: both, then one non-blocking copy of (last level, flag, position, value) into
+  pinned host memory behind a CUDA event; :meth:`DeviceLeaf.leaf` waits for the event (the GIL
+  released) and finishes the hash, or raises the :class:`~game.training.state.OffGridError` the
+  host path raises (``state._on_grid_float32`` on the first off-grid value, naming its tensor).
+
+Launches per leaf on CUDA, with nothing waited for until :meth:`DeviceLeaf.leaf` (or
+:meth:`DeviceLeaf.canonical_bytes`): one host-to-device copy (the step number and any host
+tensors), the float64 ``cat`` (torch batches its inputs: a few launches), the float32 conversion,
+four for the grid check (compare, ``any``, ``argmax``, ``index_select``), the bytes' ``cat`` (a few
+launches), one SHA-256 kernel a level (three for 1 GB of float64 state: 512 MB, 4 MB, 32 KB of
+input), one small ``cat`` and one device-to-host copy. Transient device memory: the float64 copy,
+the float32 values, one byte a value for the check, and the canonical bytes (which the
+:class:`DeviceLeaf` keeps for :meth:`~DeviceLeaf.canonical_bytes`): about 2.1 times the float64
+state.
+
+Tests (``tests/training/test_cuda_leaf.py``) run the kernel on CPU tensors in Triton's interpreter
+(``TRITON_INTERPRET=1``) against ``hashlib`` per chunk and :mod:`~game.training.leafhash` per leaf,
+and the bytes against ``encode_state``, byte for byte. The kernel is plain Triton (uint32 wrapping
+arithmetic, logical shifts, named variables, builtins only) so that the compiled path computes
+what the interpreter does; the interpreter spends some 0.2 to 0.4 s on each of a chunk's 65
+SHA-256 blocks, whatever the number of chunks side by side.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import math
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from game.errors import TrainingError
+from game.training import leafhash
+from game.training import state as state_mod
+
+try:  # Triton comes with torch's CUDA builds
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install: no device leaf
+    triton = None
+
+#: Lanes (chunks) per Triton program: one lane per thread at four warps.
+BLOCK = 128
+#: Lanes per program in Triton's interpreter, where a program's time is its operations' count (some
+#: 60 us each, whatever their width) and not their width: every chunk of a test in one program.
+INTERPRETED_BLOCK = 1024
+#: Warps per program.
+NUM_WARPS = 4
+
+_CHUNK = leafhash.CHUNK
+_DIGEST = leafhash.DIGEST
+#: A byte buffer the kernel reads is padded to this (so that no word load leaves it).
+_PAD = 64
+
+#: SHA-256's round constants (FIPS 180-4, 4.2.2).
+_K = (
+    0x428A2F98, 0x71374491, 0xB5C0FBCF, 0xE9B5DBA5, 0x3956C25B, 0x59F111F1, 0x923F82A4, 0xAB1C5ED5,
+    0xD807AA98, 0x12835B01, 0x243185BE, 0x550C7DC3, 0x72BE5D74, 0x80DEB1FE, 0x9BDC06A7, 0xC19BF174,
+    0xE49B69C1, 0xEFBE4786, 0x0FC19DC6, 0x240CA1CC, 0x2DE92C6F, 0x4A7484AA, 0x5CB0A9DC, 0x76F988DA,
+    0x983E5152, 0xA831C66D, 0xB00327C8, 0xBF597FC7, 0xC6E00BF3, 0xD5A79147, 0x06CA6351, 0x14292967,
+    0x27B70A85, 0x2E1B2138, 0x4D2C6DFC, 0x53380D13, 0x650A7354, 0x766A0ABB, 0x81C2C92E, 0x92722C85,
+    0xA2BFE8A1, 0xA81A664B, 0xC24B8B70, 0xC76C51A3, 0xD192E819, 0xD6990624, 0xF40E3585, 0x106AA070,
+    0x19A4C116, 0x1E376C08, 0x2748774C, 0x34B0BCB5, 0x391C0CB3, 0x4ED8AA4A, 0x5B9CCA4F, 0x682E6FF3,
+    0x748F82EE, 0x78A5636F, 0x84C87814, 0x8CC70208, 0x90BEFFFA, 0xA4506CEB, 0xBEF9A3F7, 0xC67178F2,
+)  # fmt: skip
+
+
+def _device_function(fn: Any) -> Any:
+    """``triton.jit`` for the kernel's helpers. In Triton's interpreter every call of a jitted helper
+    patches ``triton.language`` again (some 2 ms a call, most of an interpreted block's time), which
+    the kernel's launch has already done for this module: there a helper is called as the
+    interpreter rewrote it, without the patching. Compiled, it is the plain ``triton.jit``."""
+    jitted = triton.jit(fn)
+    rewrite = getattr(jitted, "rewrite", None)
+    if rewrite is None or not _interpreted(jitted):
+        return jitted
+    return _Rewritten(rewrite)
+
+
+def _interpreted(jitted: Any) -> bool:
+    """Whether ``triton.jit`` made an interpreted function (``TRITON_INTERPRET=1`` at import)."""
+    return type(jitted).__name__ == "InterpretedFunction"
+
+
+class _Rewritten:
+    """An interpreted helper called without re-patching (see :func:`_device_function`)."""
+
+    def __init__(self, rewrite: Any) -> None:
+        self._rewrite = rewrite
+        self._fn: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._fn is None:
+            self._fn = self._rewrite()
+        return self._fn(*args)
+
+
+if triton is not None:
+
+    @_device_function
+    def _rotr(x, n: tl.constexpr):
+        # x: uint32, so >> is a logical shift
+        return (x >> n) | (x << (32 - n))
+
+    @_device_function
+    def _add(x, y):
+        # uint32 addition modulo 2**32: wrapping is meant, so no overflow check (Triton's interpreter
+        # and debug builds would otherwise check every add, and flag the wrap)
+        return tl.add(x, y, sanitize_overflow=False)
+
+    @_device_function
+    def _bswap(x):
+        # a little-endian load's word as the big-endian word SHA-256 reads (and back)
+        return ((x & 0xFF) << 24) | ((x & 0xFF00) << 8) | ((x >> 8) & 0xFF00) | (x >> 24)
+
+    @_device_function
+    def _ssig0(x):
+        return _rotr(x, 7) ^ _rotr(x, 18) ^ (x >> 3)
+
+    @_device_function
+    def _ssig1(x):
+        return _rotr(x, 17) ^ _rotr(x, 19) ^ (x >> 10)
+
+    @_device_function
+    def _k(k_ptr, t: tl.constexpr):
+        # round constant t (the table is int32 on the device: its bits as uint32)
+        return tl.load(k_ptr + t).to(tl.uint32, bitcast=True)
+
+    @_device_function
+    def _round(a, b, c, d, e, f, g, h, k, w):
+        # one SHA-256 round: the eight working words, rotated
+        s1 = _rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25)
+        t1 = _add(_add(_add(h, s1), _add(g ^ (e & (f ^ g)), k)), w)
+        t2 = _add(_rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22), (a & b) | (c & (a | b)))
+        return _add(t1, t2), a, b, c, _add(d, t1), e, f, g
+
+    @_device_function
+    def _word(src_ptr, base, q, j: tl.constexpr, data_words, end_word, keep, marker, zero):
+        # message word q (= 16 * block + j) of each lane's chunk, padded: the chunk's bytes, 0x80,
+        # zeros (the caller puts in the bit length); ``base`` + j: the word in the buffer.
+        # data_words: words holding some of the chunk's bytes; end_word: the word of the 0x80 byte,
+        # which keeps the bytes ``keep`` selects and gets the ``marker`` byte
+        raw = tl.load(src_ptr + base + j, mask=q < data_words, other=0).to(tl.uint32, bitcast=True)
+        w = _bswap(raw)
+        return tl.where(q < end_word, w, tl.where(q == end_word, (w & keep) | marker, zero))
+
+    @triton.jit
+    def _sha256_chunks(
+        src_ptr, dst_ptr, k_ptr, n_bytes, n_chunks, max_blocks, CHUNK: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        """``sha256`` of every ``CHUNK``-byte chunk of ``n_bytes`` bytes (``src_ptr``: int32 words,
+        the buffer padded so that a word load never leaves it), one chunk a lane; the 32-byte
+        digests (as ``hashlib``'s ``digest()``) written one after another to ``dst_ptr`` (int32
+        words). ``max_blocks``: SHA-256 blocks of the longest chunk (65 for a full 4096 bytes)."""
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = lane < n_chunks
+        first_word = lane.to(tl.int64) * (CHUNK // 4)
+        length = tl.where(live, tl.minimum(n_bytes - first_word * 4, CHUNK), 0).to(tl.int32)
+        blocks = tl.where(live, (length + 9 + 63) // 64, 0)  # data, 0x80, 8 bytes of bit length
+        h0 = tl.full([BLOCK], 0x6A09E667, tl.uint32)
+        h1 = tl.full([BLOCK], 0xBB67AE85, tl.uint32)
+        h2 = tl.full([BLOCK], 0x3C6EF372, tl.uint32)
+        h3 = tl.full([BLOCK], 0xA54FF53A, tl.uint32)
+        h4 = tl.full([BLOCK], 0x510E527F, tl.uint32)
+        h5 = tl.full([BLOCK], 0x9B05688C, tl.uint32)
+        h6 = tl.full([BLOCK], 0x1F83D9AB, tl.uint32)
+        h7 = tl.full([BLOCK], 0x5BE0CD19, tl.uint32)
+        bits = (length * 8).to(tl.uint32)  # below 2**32: the high word of the bit length is 0
+        data_words = (length + 3) // 4
+        end_word = length // 4
+        tail = ((length % 4) * 8).to(tl.uint32)  # bits of the chunk in its end word
+        ones = tl.full([BLOCK], 0xFFFFFFFF, tl.uint32)
+        zero = tl.full([BLOCK], 0, tl.uint32)
+        keep = ~(ones >> tail)
+        marker = tl.full([BLOCK], 0x80000000, tl.uint32) >> tail
+        for blk in range(0, max_blocks):
+            base = first_word + blk * 16
+            q = blk * 16
+            w0 = _word(src_ptr, base, q + 0, 0, data_words, end_word, keep, marker, zero)
+            w1 = _word(src_ptr, base, q + 1, 1, data_words, end_word, keep, marker, zero)
+            w2 = _word(src_ptr, base, q + 2, 2, data_words, end_word, keep, marker, zero)
+            w3 = _word(src_ptr, base, q + 3, 3, data_words, end_word, keep, marker, zero)
+            w4 = _word(src_ptr, base, q + 4, 4, data_words, end_word, keep, marker, zero)
+            w5 = _word(src_ptr, base, q + 5, 5, data_words, end_word, keep, marker, zero)
+            w6 = _word(src_ptr, base, q + 6, 6, data_words, end_word, keep, marker, zero)
+            w7 = _word(src_ptr, base, q + 7, 7, data_words, end_word, keep, marker, zero)
+            w8 = _word(src_ptr, base, q + 8, 8, data_words, end_word, keep, marker, zero)
+            w9 = _word(src_ptr, base, q + 9, 9, data_words, end_word, keep, marker, zero)
+            w10 = _word(src_ptr, base, q + 10, 10, data_words, end_word, keep, marker, zero)
+            w11 = _word(src_ptr, base, q + 11, 11, data_words, end_word, keep, marker, zero)
+            w12 = _word(src_ptr, base, q + 12, 12, data_words, end_word, keep, marker, zero)
+            w13 = _word(src_ptr, base, q + 13, 13, data_words, end_word, keep, marker, zero)
+            w14 = _word(src_ptr, base, q + 14, 14, data_words, end_word, keep, marker, zero)
+            w15 = _word(src_ptr, base, q + 15, 15, data_words, end_word, keep, marker, zero)
+            w15 = tl.where(blocks - 1 == blk, bits, w15)  # the last block ends with the bit length
+            va = h0
+            vb = h1
+            vc = h2
+            vd = h3
+            ve = h4
+            vf = h5
+            vg = h6
+            vh = h7
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 0), w0)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 1), w1)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 2), w2)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 3), w3)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 4), w4)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 5), w5)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 6), w6)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 7), w7)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 8), w8)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 9), w9)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 10), w10)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 11), w11)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 12), w12)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 13), w13)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 14), w14)
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 15), w15)
+            w0 = _add(_add(w0, _ssig1(w14)), _add(w9, _ssig0(w1)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 16), w0)
+            w1 = _add(_add(w1, _ssig1(w15)), _add(w10, _ssig0(w2)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 17), w1)
+            w2 = _add(_add(w2, _ssig1(w0)), _add(w11, _ssig0(w3)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 18), w2)
+            w3 = _add(_add(w3, _ssig1(w1)), _add(w12, _ssig0(w4)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 19), w3)
+            w4 = _add(_add(w4, _ssig1(w2)), _add(w13, _ssig0(w5)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 20), w4)
+            w5 = _add(_add(w5, _ssig1(w3)), _add(w14, _ssig0(w6)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 21), w5)
+            w6 = _add(_add(w6, _ssig1(w4)), _add(w15, _ssig0(w7)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 22), w6)
+            w7 = _add(_add(w7, _ssig1(w5)), _add(w0, _ssig0(w8)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 23), w7)
+            w8 = _add(_add(w8, _ssig1(w6)), _add(w1, _ssig0(w9)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 24), w8)
+            w9 = _add(_add(w9, _ssig1(w7)), _add(w2, _ssig0(w10)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 25), w9)
+            w10 = _add(_add(w10, _ssig1(w8)), _add(w3, _ssig0(w11)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 26), w10)
+            w11 = _add(_add(w11, _ssig1(w9)), _add(w4, _ssig0(w12)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 27), w11)
+            w12 = _add(_add(w12, _ssig1(w10)), _add(w5, _ssig0(w13)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 28), w12)
+            w13 = _add(_add(w13, _ssig1(w11)), _add(w6, _ssig0(w14)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 29), w13)
+            w14 = _add(_add(w14, _ssig1(w12)), _add(w7, _ssig0(w15)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 30), w14)
+            w15 = _add(_add(w15, _ssig1(w13)), _add(w8, _ssig0(w0)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 31), w15)
+            w0 = _add(_add(w0, _ssig1(w14)), _add(w9, _ssig0(w1)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 32), w0)
+            w1 = _add(_add(w1, _ssig1(w15)), _add(w10, _ssig0(w2)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 33), w1)
+            w2 = _add(_add(w2, _ssig1(w0)), _add(w11, _ssig0(w3)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 34), w2)
+            w3 = _add(_add(w3, _ssig1(w1)), _add(w12, _ssig0(w4)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 35), w3)
+            w4 = _add(_add(w4, _ssig1(w2)), _add(w13, _ssig0(w5)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 36), w4)
+            w5 = _add(_add(w5, _ssig1(w3)), _add(w14, _ssig0(w6)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 37), w5)
+            w6 = _add(_add(w6, _ssig1(w4)), _add(w15, _ssig0(w7)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 38), w6)
+            w7 = _add(_add(w7, _ssig1(w5)), _add(w0, _ssig0(w8)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 39), w7)
+            w8 = _add(_add(w8, _ssig1(w6)), _add(w1, _ssig0(w9)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 40), w8)
+            w9 = _add(_add(w9, _ssig1(w7)), _add(w2, _ssig0(w10)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 41), w9)
+            w10 = _add(_add(w10, _ssig1(w8)), _add(w3, _ssig0(w11)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 42), w10)
+            w11 = _add(_add(w11, _ssig1(w9)), _add(w4, _ssig0(w12)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 43), w11)
+            w12 = _add(_add(w12, _ssig1(w10)), _add(w5, _ssig0(w13)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 44), w12)
+            w13 = _add(_add(w13, _ssig1(w11)), _add(w6, _ssig0(w14)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 45), w13)
+            w14 = _add(_add(w14, _ssig1(w12)), _add(w7, _ssig0(w15)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 46), w14)
+            w15 = _add(_add(w15, _ssig1(w13)), _add(w8, _ssig0(w0)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 47), w15)
+            w0 = _add(_add(w0, _ssig1(w14)), _add(w9, _ssig0(w1)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 48), w0)
+            w1 = _add(_add(w1, _ssig1(w15)), _add(w10, _ssig0(w2)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 49), w1)
+            w2 = _add(_add(w2, _ssig1(w0)), _add(w11, _ssig0(w3)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 50), w2)
+            w3 = _add(_add(w3, _ssig1(w1)), _add(w12, _ssig0(w4)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 51), w3)
+            w4 = _add(_add(w4, _ssig1(w2)), _add(w13, _ssig0(w5)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 52), w4)
+            w5 = _add(_add(w5, _ssig1(w3)), _add(w14, _ssig0(w6)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 53), w5)
+            w6 = _add(_add(w6, _ssig1(w4)), _add(w15, _ssig0(w7)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 54), w6)
+            w7 = _add(_add(w7, _ssig1(w5)), _add(w0, _ssig0(w8)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 55), w7)
+            w8 = _add(_add(w8, _ssig1(w6)), _add(w1, _ssig0(w9)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 56), w8)
+            w9 = _add(_add(w9, _ssig1(w7)), _add(w2, _ssig0(w10)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 57), w9)
+            w10 = _add(_add(w10, _ssig1(w8)), _add(w3, _ssig0(w11)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 58), w10)
+            w11 = _add(_add(w11, _ssig1(w9)), _add(w4, _ssig0(w12)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 59), w11)
+            w12 = _add(_add(w12, _ssig1(w10)), _add(w5, _ssig0(w13)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 60), w12)
+            w13 = _add(_add(w13, _ssig1(w11)), _add(w6, _ssig0(w14)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 61), w13)
+            w14 = _add(_add(w14, _ssig1(w12)), _add(w7, _ssig0(w15)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 62), w14)
+            w15 = _add(_add(w15, _ssig1(w13)), _add(w8, _ssig0(w0)))
+            va, vb, vc, vd, ve, vf, vg, vh = _round(va, vb, vc, vd, ve, vf, vg, vh, _k(k_ptr, 63), w15)
+            more = blk < blocks  # a lane whose chunk has ended keeps its state
+            h0 = tl.where(more, _add(h0, va), h0)
+            h1 = tl.where(more, _add(h1, vb), h1)
+            h2 = tl.where(more, _add(h2, vc), h2)
+            h3 = tl.where(more, _add(h3, vd), h3)
+            h4 = tl.where(more, _add(h4, ve), h4)
+            h5 = tl.where(more, _add(h5, vf), h5)
+            h6 = tl.where(more, _add(h6, vg), h6)
+            h7 = tl.where(more, _add(h7, vh), h7)
+        out = dst_ptr + lane.to(tl.int64) * 8
+        tl.store(out + 0, _bswap(h0).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 1, _bswap(h1).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 2, _bswap(h2).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 3, _bswap(h3).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 4, _bswap(h4).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 5, _bswap(h5).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 6, _bswap(h6).to(tl.int32, bitcast=True), mask=live)
+        tl.store(out + 7, _bswap(h7).to(tl.int32, bitcast=True), mask=live)
+
+
+def available() -> bool:
+    """Whether Triton is importable (the kernel may run somewhere)."""
+    return triton is not None
+
+
+def runs_on(device: torch.device | str) -> bool:
+    """Whether the kernel runs on this device: a CUDA device Triton supports (with the sparse log's
+    kernels' switches, :func:`game.training.cuda_kernels.runs_on`), or any device while Triton's
+    interpreter runs (tests)."""
+    if triton is None:
+        return False
+    from game.training import cuda_kernels  # its Triton import guard, read once
+
+    return cuda_kernels.runs_on(torch.device(device))
+
+
+def interpreted() -> bool:
+    """Whether the kernel runs in Triton's interpreter: ``TRITON_INTERPRET=1`` when this module was
+    imported. Import it only for a CUDA state (as :mod:`~game.training.banding` does
+    :mod:`~game.training.cuda_kernels`) so that a test's setting counts; the kernel uses Triton's
+    builtins only, so a module imported too early can be reloaded once the variable is set."""
+    return triton is not None and _interpreted(_sha256_chunks)
+
+
+def _launch_device(device: torch.device) -> Any:
+    """A context in which Triton launches on ``device`` (Triton takes the *current* CUDA device's
+    stream, not the tensor's)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+@functools.lru_cache(maxsize=16)
+def _k_table(device: torch.device) -> Tensor:
+    """The round constants on ``device`` (int32: their bits)."""
+    signed = [k - (1 << 32) if k >= 1 << 31 else k for k in _K]
+    return torch.tensor(signed, dtype=torch.int32, device=device)
+
+
+def _padded(n: int) -> int:
+    return -(-n // _PAD) * _PAD
+
+
+def _words(buf: Tensor, total: int) -> Tensor:
+    """The first ``total`` bytes of ``buf`` as int32 words the kernel may read whole (the last word
+    may run past ``total``): ``buf`` itself where it allows, else a padded copy."""
+    need = -(-total // 4) * 4
+    if buf.dtype != torch.uint8 or buf.dim() != 1:
+        raise ValueError(f"a level is a 1-d uint8 tensor, got {buf.dtype} of shape {tuple(buf.shape)}")
+    if buf.numel() < total:
+        raise ValueError(f"a level of {total} bytes in a tensor of {buf.numel()}")
+    if buf.numel() >= need and buf.is_contiguous() and buf.storage_offset() % 4 == 0:
+        return buf[:need].view(torch.int32)
+    copy = torch.zeros(_padded(total), dtype=torch.uint8, device=buf.device)
+    copy[:total] = buf[:total]
+    return copy.view(torch.int32)
+
+
+def hash_chunks(words: Tensor, n_bytes: int, out: Tensor | None = None) -> Tensor:
+    """The SHA-256 digests of the 4096-byte chunks of the first ``n_bytes`` bytes of ``words`` (int32,
+    covering ``n_bytes`` rounded up to whole words), concatenated: a uint8 tensor of
+    ``32 * ceil(n_bytes / 4096)`` bytes on the same device (one launch, nothing waited for)."""
+    if triton is None:
+        raise TrainingError("Triton is not installed: the device leaf cannot run")
+    if n_bytes <= 0:
+        raise ValueError(f"chunks of {n_bytes} bytes")
+    if words.dtype != torch.int32 or words.numel() * 4 < n_bytes:
+        raise ValueError("hash_chunks reads int32 words covering every byte")
+    chunks = -(-n_bytes // _CHUNK)
+    if out is None:
+        out = torch.empty(chunks * _DIGEST, dtype=torch.uint8, device=words.device)
+    max_blocks = (min(n_bytes, _CHUNK) + 9 + 63) // 64
+    block = INTERPRETED_BLOCK if interpreted() else BLOCK
+    with _launch_device(words.device):
+        _sha256_chunks[(-(-chunks // block),)](
+            words,
+            out.view(torch.int32),
+            _k_table(words.device),
+            n_bytes,
+            chunks,
+            max_blocks,
+            CHUNK=_CHUNK,
+            BLOCK=block,
+            num_warps=NUM_WARPS,
+        )
+    return out
+
+
+def device_levels(buf: Tensor, total: int) -> Tensor:
+    """The last level of ``total`` canonical bytes (the first ``total`` bytes of the uint8 tensor
+    ``buf``), reduced on ``buf``'s device level by level (:func:`leafhash.level_sizes`): a uint8
+    tensor of at most 4096 bytes there, ready for :func:`leafhash.finish`. Nothing is waited for."""
+    sizes = leafhash.level_sizes(total)
+    level = buf
+    for size in sizes[:-1]:
+        level = hash_chunks(_words(level, size), size)
+    return level[: sizes[-1]]
+
+
+# --------------------------------------------------------------------------------------------------
+# Canonical bytes on the device
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the canonical bytes of states of one structure (names, dtype tags, shapes) hold apart
+    from the step number and the values: on the device, cut into the pieces that go between them."""
+
+    total: int  # canonical bytes
+    magic: Tensor  # STATE_MAGIC (before the step number)
+    gaps: tuple[Tensor, ...]  # before each tensor's values (the count, then headers), then padding
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(device: torch.device, structure: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _Plan:
+    """``structure``: (name, tag, shape) a tensor in name order, ``f64`` for float64 (written as
+    ``f32``)."""
+    gaps: list[bytes] = [struct.pack("<I", len(structure))]
+    total = len(state_mod.STATE_MAGIC) + 8 + 4
+    for name, tag, shape in structure:
+        written = "f32" if tag == "f64" else tag
+        header = state_mod._header(name, written, shape)
+        gaps[-1] += header
+        gaps.append(b"")
+        total += len(header) + math.prod(shape) * _WIDTH[written]
+    gaps[-1] += bytes(_padded(total) - total)
+    blob = state_mod.STATE_MAGIC + b"".join(gaps)
+    fixed = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+    pieces: list[Tensor] = []
+    at = len(state_mod.STATE_MAGIC)
+    for gap in gaps:
+        pieces.append(fixed[at : at + len(gap)])
+        at += len(gap)
+    return _Plan(total=total, magic=fixed[: len(state_mod.STATE_MAGIC)], gaps=tuple(pieces))
+
+
+#: Bytes a value of each dtype tag takes in the canonical bytes.
+_WIDTH = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
+
+
+@dataclass
+class _Built:
+    """A state's canonical bytes on its device, and what its grid check left there."""
+
+    buf: Tensor  # uint8, the canonical bytes and zeros up to a multiple of 64 bytes
+    total: int
+    off_grid: Tensor  # 0-dim bool: some float64 value is off the float32 grid
+    first: Tensor | None  # 0-dim int64: the first off-grid position in the float64 values (None: none)
+    value: Tensor | None  # (1,) float64: the value there
+    f64_names: list[str]  # the float64 tensors in name order ...
+    f64_ends: list[int]  # ... and where each ends in the float64 values
+
+
+def _bytes_of(t: Tensor) -> Tensor:
+    """A tensor's values as little-endian bytes (a flat uint8 view; a copy only when strided)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _build(state: state_mod.TrainState) -> _Built:
+    """The canonical bytes on the state's device (see :func:`canonical_bytes_on_device`)."""
+    if sys.byteorder != "little":
+        raise TrainingError("the device leaf builds little-endian bytes on a little-endian host only")
+    device = state.device
+    by_name = state_mod.state_tensors(state)
+    names = list(by_name)
+    tensors = [t.detach() for t in by_name.values()]
+    structure = []
+    for name, t in zip(names, tensors, strict=True):
+        tag = "f64" if t.dtype == torch.float64 else state_mod._TAGS.get(t.dtype)
+        if tag is None:
+            raise TrainingError(f"state tensor {name} has unsupported dtype {t.dtype}")
+        structure.append((name, tag, tuple(t.shape)))
+    plan = _plan(device, tuple(structure))
+    step = torch.frombuffer(bytearray(struct.pack("<Q", state.step)), dtype=torch.uint8)
+    with torch.no_grad():
+        step, tensors = _to_device(step, tensors, device)
+        f64 = [k for k, t in enumerate(tensors) if t.dtype == torch.float64]
+        values: list[Tensor | None] = [None if t.dtype == torch.float64 else _bytes_of(t) for t in tensors]
+        first = value = None
+        ends: list[int] = []
+        if sum(tensors[k].numel() for k in f64):
+            flat = torch.cat([tensors[k].reshape(-1) for k in f64])
+            f32 = flat.to(torch.float32)
+            bad = f32 != flat  # compared as float64 (no float64 copy of f32); NaN too, as on the host
+            off_grid = bad.any()
+            first = torch.argmax(bad.view(torch.uint8))  # the first maximum: the first off-grid value
+            value = torch.index_select(flat, 0, first.reshape(1))
+            raw = f32.view(torch.uint8)
+            at = 0
+            for k in f64:
+                n = tensors[k].numel()
+                values[k] = raw[4 * at : 4 * (at + n)]
+                at += n
+                ends.append(at)
+        else:  # no float64 values (argmax has none to look at)
+            off_grid = torch.zeros((), dtype=torch.bool, device=device)
+            for k in f64:
+                values[k] = _bytes_of(tensors[k].to(torch.float32))
+        pieces = [plan.magic, step]
+        for gap, v in zip(plan.gaps, values, strict=False):
+            assert v is not None
+            pieces += [gap, v]
+        pieces.append(plan.gaps[-1])
+        buf = torch.cat(pieces)
+    return _Built(buf, plan.total, off_grid, first, value, [names[k] for k in f64], ends)
+
+
+def _to_device(
+    step: Tensor, tensors: list[Tensor], device: torch.device, away: list[int] | None = None
+) -> tuple[Tensor, list[Tensor]]:
+    """The step number's bytes and the tensors on ``device``: those elsewhere (``away``; by default
+    those not on ``device``: an optimizer's step counters on the host) travel together in one
+    pinned buffer and one non-blocking copy. They come back as flat bytes (uint8), except float64
+    ones (flat float64: they are converted on the device), which go first so that they stay
+    8-byte aligned."""
+    if away is None:
+        away = [k for k, t in enumerate(tensors) if t.device != device]
+        if not away and step.device == device:
+            return step, tensors
+    if any(tensors[k].device.type != "cpu" for k in away):
+        raise TrainingError("state tensors live on more than one device besides the host")
+    away = sorted(away, key=lambda k: tensors[k].dtype != torch.float64)  # stable: float64 first
+    wide = sum(tensors[k].dtype == torch.float64 for k in away)
+    parts = [_bytes_of(tensors[k]) for k in away]
+    parts.insert(wide, step.reshape(-1))
+    host = torch.empty(sum(p.numel() for p in parts), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    torch.cat(parts, out=host)
+    moved = host.to(device, non_blocking=True)
+    out = list(tensors)
+    at = 0
+    for i, part in enumerate(parts):
+        piece = moved[at : at + part.numel()]
+        at += part.numel()
+        if i == wide:
+            step = piece
+        elif i < wide:
+            out[away[i]] = piece.view(torch.float64)
+        else:
+            out[away[i - 1]] = piece
+    return step, out
+
+
+def canonical_bytes_on_device(state: state_mod.TrainState) -> tuple[Tensor, Tensor]:
+    """The state's canonical bytes (:func:`~game.training.state.encode_state`'s) as one uint8 tensor
+    on its device, and a 0-dim bool tensor there: whether some float64 value was off the float32
+    grid (then the bytes are not canonical). Nothing is waited for."""
+    built = _build(state)
+    return built.buf[: built.total], built.off_grid
+
+
+class DeviceLeaf:
+    """A state's leaf on its way from the device: :meth:`start` launches everything and returns at
+    once; :meth:`leaf` waits. The state may change as soon as :meth:`start` returns, on the same CUDA
+    stream (everything read from it is read in stream order before the next launch)."""
+
+    def __init__(self, built: _Built, last: Tensor, host: Tensor, event: Any) -> None:
+        self.total = built.total
+        self._built = built  # the canonical bytes stay alive while the kernels read them
+        self._last = last
+        self._host = host  # last level, off-grid flag, first off-grid position, its value
+        self._event = event
+        self._leaf: bytes | None = None
+
+    @classmethod
+    def start(cls, state: state_mod.TrainState) -> DeviceLeaf:
+        """Build the canonical bytes, reduce them to their last level and start copying that (with
+        the grid check's flag) to the host; nothing is waited for."""
+        if not runs_on(state.device):
+            raise TrainingError(f"the device leaf does not run on {state.device}")
+        built = _build(state)
+        last = device_levels(built.buf, built.total)
+        tail = [last]
+        if built.first is not None and built.value is not None:
+            tail += [
+                built.off_grid.reshape(1).view(torch.uint8),
+                built.first.reshape(1).view(torch.uint8),
+                built.value.view(torch.uint8),
+            ]
+        with torch.no_grad():
+            packed = torch.cat(tail)
+        if packed.is_cuda:
+            host = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
+            with torch.cuda.device(packed.device):
+                host.copy_(packed, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(packed.device))
+            return cls(built, last, host, event)
+        return cls(built, last, packed, None)
+
+    def leaf(self) -> bytes:
+        """The leaf (waits for the device, the GIL released); OffGridError naming the first float64
+        tensor off the float32 grid, as the host path words it."""
+        if self._leaf is not None:
+            return self._leaf
+        if self._event is not None:
+            self._event.synchronize()
+        data = self._host.numpy()
+        n = self._last.numel()
+        if self._built.first is not None and data[n]:
+            self._raise_off_grid(data[n + 1 :])
+        self._leaf = leafhash.finish(data[:n], self.total)
+        return self._leaf
+
+    def _raise_off_grid(self, data: np.ndarray) -> None:
+        first = int(data[:8].view("<i8")[0])
+        value = torch.from_numpy(data[8:16].view("<f8").copy())
+        name = self._built.f64_names[bisect.bisect_right(self._built.f64_ends, first)]
+        state_mod._on_grid_float32(name, value)  # raises (the value is off the grid)
+        raise state_mod.OffGridError(f"state tensor {name} is float64 but not on the float32 grid")
+
+    def canonical_bytes(self) -> np.ndarray:
+        """The canonical bytes on the host (for a checkpoint, or an auditor rebuilding the state);
+        waits for the device."""
+        return self._built.buf[: self.total].cpu().numpy()
+
+
+__all__ = [
+    "BLOCK",
+    "DeviceLeaf",
+    "available",
+    "canonical_bytes_on_device",
+    "device_levels",
+    "hash_chunks",
+    "interpreted",
+    "runs_on",
+]
