@@ -22,13 +22,17 @@ multiplier split into 16-bit halves), so no operation overflows or depends on si
 same ops give the same bits on every device torch supports. The rounds work in place (large
 temporaries cost more than the arithmetic on a CPU). On CPU a C kernel
 (:func:`game.training.native.philox_stream`) draws the same words (1.5 ms a gpt-shakespeare step
-instead of 19); the torch code is its reference and runs on other devices and without a C compiler.
+instead of 19); on a CUDA device a Triton kernel (:func:`game.training.cuda_rng.stream_words`) does,
+in one launch a draw instead of some 240 tiny ones. The torch code is their reference (the tests
+hold both to it bit for bit) and runs on other devices, without a C compiler or Triton, with
+``VGAME_NATIVE=0`` and inside ``native.disabled()``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -89,14 +93,34 @@ def philox4x32(
     return c0, c1, c2, c3
 
 
+#: The device tensor of example ids checked last, and its version counter then: a step draws with
+#: one batch's ids many times (dropout in every layer), and a range check of a tensor on a GPU is a
+#: host synchronisation, so it is made once a batch instead of twice a draw. (A weak reference to
+#: the tensor itself: tensors compare element by element, so they cannot be keys of a dict.)
+_last_checked: tuple[weakref.ref[Tensor], int] | None = None
+
+
 def _check_ids(step: int, example_ids: Tensor | None) -> None:
+    global _last_checked
     if not 0 <= step <= _MASK32:
         raise ConfigError(f"step: {step} does not fit the RNG's 32-bit counter word")
-    if example_ids is not None:
-        if example_ids.dtype != torch.int64 or example_ids.dim() != 1:
-            raise ConfigError("example_ids: expected a 1-D int64 tensor")
-        if example_ids.numel() and (int(example_ids.min()) < 0 or int(example_ids.max()) > _MASK32):
-            raise ConfigError("example_ids: ids must lie in 0..2**32-1")
+    if example_ids is None:
+        return
+    if example_ids.dtype != torch.int64 or example_ids.dim() != 1:
+        raise ConfigError("example_ids: expected a 1-D int64 tensor")
+    if example_ids.is_cpu:
+        _check_range(example_ids)
+        return
+    last = _last_checked
+    if last is not None and last[0]() is example_ids and last[1] == example_ids._version:
+        return
+    _check_range(example_ids)
+    _last_checked = (weakref.ref(example_ids), example_ids._version)
+
+
+def _check_range(example_ids: Tensor) -> None:
+    if example_ids.numel() and (int(example_ids.min()) < 0 or int(example_ids.max()) > _MASK32):
+        raise ConfigError("example_ids: ids must lie in 0..2**32-1")
 
 
 def stream(
@@ -111,15 +135,24 @@ def stream(
     (one row, example id 0, when ``example_ids`` is None).
 
     The device defaults to the device of ``example_ids`` (else CPU); the bits never depend on it.
+    The words come from the C kernel on CPU, the Triton kernel on a CUDA device it runs on, else
+    the torch code below (their reference).
     """
     _check_ids(step, example_ids)
     if device is None:
         device = example_ids.device if example_ids is not None else torch.device("cpu")
-    if torch.device(device).type == "cpu":
+    device = torch.device(device)
+    if device.type == "cpu":
         ids_cpu = example_ids.cpu() if example_ids is not None else None
         fast = native.philox_stream(step, ids_cpu, count, purpose_key(seed, purpose))
         if fast is not None:  # the C kernel: the same words, some 40 times faster
             return fast
+    else:
+        from game.training import cuda_rng  # imports Triton: only off the CPU
+
+        drawn = cuda_rng.stream_words(step, example_ids, count, purpose_key(seed, purpose), device)
+        if drawn is not None:  # the Triton kernel: the same words in one launch
+            return drawn
     ids = (
         torch.zeros(1, dtype=torch.int64, device=device)
         if example_ids is None

@@ -283,3 +283,25 @@ def test_cuda_sameBitsAsCpu() -> None:
     assert torch.equal(
         rng.irwin_hall(1, 0, "n", None, (999,)), rng.irwin_hall(1, 0, "n", None, (999,), "cuda").cpu()
     )
+
+
+def test_deviceIds_areRangeCheckedOncePerTensorAndVersion(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A range check of ids on a GPU is a host synchronisation: made again only for another tensor
+    # or one changed in place since (meta tensors stand in for a GPU's: they are not on the CPU).
+    checked: list[int] = []
+    monkeypatch.setattr(rng, "_check_range", lambda ids: checked.append(id(ids)))
+    monkeypatch.setattr(rng, "_last_checked", None)
+    ids = torch.arange(8, dtype=torch.int64, device="meta")
+    for _ in range(3):
+        rng._check_ids(1, ids)
+    assert checked == [id(ids)]
+    ids.add_(1)  # changed in place: its version moves
+    rng._check_ids(1, ids)
+    other = torch.arange(8, dtype=torch.int64, device="meta")
+    rng._check_ids(1, other)
+    rng._check_ids(1, ids)
+    assert checked == [id(ids), id(ids), id(other), id(ids)]
+    cpu = torch.arange(8, dtype=torch.int64)
+    rng._check_ids(1, cpu)
+    rng._check_ids(1, cpu)  # CPU ids cost no synchronisation: checked every time
+    assert checked[-2:] == [id(cpu), id(cpu)]
