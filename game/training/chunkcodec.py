@@ -24,10 +24,12 @@ CODECS = {"stored": 0, "zlib": 1, "lzma": 2}
 #: 18 KB sparse payload it took 4.4 ms a step (7% of a plain float64 step) for a chunk 11% smaller
 #: than zlib's, and on a GPT-2-sized step's 16 MB about 10 s for 8%.
 LZMA_AUTO_MAX = 1 << 12
-#: zlib runs at level 9 up to ``ZLIB_BEST_MAX`` bytes of payload and at level 6 above: on a
-#: GPT-2-sized step's 16.5 MB the two differ by 0.5% in size and by 2.7 s in time (4.3 s against
-#: 1.6 s). Any level decodes the same way, so this is the writer's choice alone.
-ZLIB_LEVEL_LARGE = 6
+#: zlib runs at level 9 up to ``ZLIB_BEST_MAX`` bytes of payload and at level 1 above. On a
+#: GPT-2-sized step's 16.5 MB payload (2 CPU cores): level 1 10.44 MB in 0.94 s, level 6 10.02 MB in
+#: 3.18 s, level 9 0.5% smaller than 6 and slower still. On a GPU the writer's thread must keep up
+#: with a step of a few hundred milliseconds, so the larger chunks are the better trade (issue 46).
+#: Any level decodes the same way, so this is the writer's choice alone.
+ZLIB_LEVEL_LARGE = 1
 ZLIB_BEST_MAX = 1 << 20
 DEFAULT_CODEC = "auto"
 #: A payload larger than this is refused before decompressing (a chunk is one step's log).
