@@ -74,5 +74,18 @@ class InsufficientFunds(ChainError):
     payment typed in wei where ether was meant)."""
 
 
+class ContractGone(ChainError):
+    """No game contract answers at the address a client was given: no code there, or a reply that
+    does not decode. Why its own class: the chain was reset (a local anvil restarted without its
+    state) or the address is wrong, which no retry mends, so a node stops at once with one line
+    rather than warning round after round (or dying in a decoding traceback).
+
+    ``no_code``: nothing is deployed there at all (False: something is, but not the game)."""
+
+    def __init__(self, message: str, *, no_code: bool = True) -> None:
+        super().__init__(message)
+        self.no_code = no_code
+
+
 class VerificationGameError(ChainError):
     """The game contract refused a call; subclasses mirror the contract's custom errors."""

@@ -62,6 +62,13 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_SIZE)
 
 
+def key_fingerprint(key: bytes) -> str:
+    """The SHA-256 of a data key, in hex: what a command prints in the key's stead (no command
+    prints the key itself, which terminals' scrollback and logs keep), so that a person can tell
+    whether two files hold the same task's key; it cannot be turned back into the key."""
+    return hashlib.sha256(key).hexdigest()
+
+
 def parse_key(text: str) -> bytes:
     """Parse a key given as 64 hex characters (optionally 0x-prefixed)."""
     t = text.strip().removeprefix("0x")

@@ -27,7 +27,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Phase, Task, TaskStatus
-from game.errors import VerificationGameError
+from game.errors import ContractGone, VerificationGameError
 from game.merkle import MerkleTree
 from game.store import BlobStore, StoreError, publish_directory
 from game.training.config import TaskConfig
@@ -174,6 +174,8 @@ class TrainerAgent(TaskAgent):
         says nothing (training goes on, the next look may tell)."""
         try:
             return self.client.task(self.task_id).status == TaskStatus.CANCELLED
+        except ContractGone:
+            raise  # the chain was reset: the task is gone, hours of training for it would be wasted
         except Exception as exc:  # a look in passing must not stop the training
             log.debug("task %d: could not look at its status while training: %s", self.task_id, exc)
             return False

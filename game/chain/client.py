@@ -29,6 +29,7 @@ from game.chain.backends import Chain, Reverted
 from game.chain.events import ContractEvent, EventDecoder, EventPoller, get_events
 from game.chain.tx import GasPolicy, TxSender
 from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.errors import ContractGone
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ class VerificationGameClient:
         if self._deployed_in_block is None:
             try:
                 self._deployed_in_block = int(self._view("deployedInBlock")[0])
-            except (E.EmptyRevert, DecodingError):
+            except (E.EmptyRevert, ContractGone) as exc:
+                if isinstance(exc, ContractGone) and exc.no_code:
+                    raise  # not an older build: no contract at all
                 log.warning(
                     "the contract at %s does not say its deployment block (a build older than "
                     "deployedInBlock()): event scans start at block 0; --from-block N starts them at N",
@@ -392,7 +395,26 @@ class VerificationGameClient:
             raise E.decode_revert(rev.data) from None
         entry = self.artifact.entry("function", fn)
         types = [_out_type(o) for o in entry["outputs"]]
-        return tuple(abi_decode(types, raw))
+        try:
+            return tuple(abi_decode(types, raw))
+        except DecodingError:  # an empty reply above all: the call reached an address with no code
+            raise self._gone(fn) from None
+
+    def _gone(self, fn: str) -> ContractGone:
+        """Why ``fn()``'s reply did not decode, as one clear error: a chain reset (anvil restarted)
+        leaves no code at the address, and the empty reply made every node die in an ``eth_abi``
+        traceback."""
+        where = f"{self.address} on {self.chain.describe()}"
+        if not self.chain.w3.eth.get_code(self.address):
+            return ContractGone(
+                f"the game contract is gone from {where}: there is no code at that address (the chain "
+                "was reset, e.g. a local anvil started afresh, or the address is wrong)"
+            )
+        return ContractGone(
+            f"the game contract is gone from {where}: what is there does not answer {fn}() as the game "
+            "does (the chain was reset and another contract deployed there, or the address is wrong)",
+            no_code=False,
+        )
 
     def _transact(
         self,

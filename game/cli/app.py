@@ -10,6 +10,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -283,9 +284,19 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
             raise ConfigError(f"{option} {value}: the file does not hold a data key: {exc}") from exc
     if not is_hex(value.strip()):
         raise ConfigError(
-            f"{option} {value}: no such file, and not a data key (64 hex characters or a file holding them)"
+            f"{option} {_not_a_key(value)}: no such file, and not a data key (64 hex characters or a "
+            "file holding them)"
         )
     return parse_key(value)
+
+
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{32}")
+
+
+def _not_a_key(value: str) -> str:
+    """``value`` to name in an error, unless it holds a long run of hex: then it is most likely a
+    key with a typo (a stray quote or letter), and half a key is not printed either."""
+    return "(a mistyped key? not shown)" if _HEX_RUN.search(value) else value
 
 
 def given_data_key(data_key: str | None) -> bytes:

@@ -36,7 +36,7 @@ from game.cli.app import (
     warn_data_key_in_argv,
     warn_key_in_argv,
 )
-from game.errors import ChainError, ConfigError
+from game.errors import ChainError, ConfigError, ContractGone
 from game.fsio import exclusive_directory
 from game.training.auditprogress import DEFAULT_EVERY_S
 
@@ -310,7 +310,8 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
     """Step ``agent`` until it is done (its actions print as they happen). A chain that fails (the
     node unreachable, a refused transaction) is warned of and tried again next round: everything
     the agent needs is on chain and in its workdir. A failure that repeats round after round (an
-    outage) is warned of once, until a round goes through."""
+    outage) is warned of once, until a round goes through. A contract gone from its address (the
+    chain was reset) is no outage: the node stops with that one line."""
     import requests
 
     from game.agents import AgentError, NotThereYet
@@ -329,8 +330,8 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
         failed = False
         try:
             actions = agent.step()
-        except AgentError:
-            raise  # this node cannot go on (wrong config, lost workdir): say so and stop
+        except (AgentError, ContractGone):
+            raise  # this node cannot go on (wrong config, lost workdir, a reset chain): say so and stop
         except (ChainError, NotThereYet, requests.RequestException, ConnectionError, TimeoutError) as exc:
             warn(str(exc))
             failed = True
@@ -349,6 +350,8 @@ def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -
                 if warning := stale_clock_warning(rpc.now(), time.time()):
                     warn(warning)
                     clock_warned = True
+        except ContractGone:
+            raise
         except ChainError as exc:
             warn(str(exc))
             failed = True

@@ -150,27 +150,26 @@ def _report(rec: TxReceipt | None, what: str, as_json: bool, **extra: Any) -> No
 @task_app.command("keygen")
 def keygen_cmd(
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write the key to this file (mode 600), not to the terminal.")
+        Path | None,
+        typer.Option("--out", help="Write the key to this file (mode 600), never to the terminal."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make a fresh 256-bit data key: hand it to the trainer, auditor and judge, never on-chain."""
-    from game.store import new_key
+    from game.store import key_fingerprint, new_key
 
-    key = new_key().hex()
-    if out is not None:
-        _write_secret(out, key)
-    if as_json:
-        emit_json({"data_key": key, "file": str(out) if out else None})
+    if out is None:  # no command prints a data key: scrollback and logs keep it, a pipe loses it
+        raise ConfigError("pass --out FILE: the key is written there (mode 600), never printed")
+    key = new_key()
+    _write_secret(out, key.hex())
+    if as_json:  # the file and a fingerprint stand for the key: the key itself only in its file
+        emit_json({"file": str(out), "data_key_sha256": key_fingerprint(key)})
         return
-    if out is None:
-        console.print(key)
-    else:  # not on the terminal too, where scrollback and logs keep it
-        console.print(
-            f"[bold green]wrote[/] a fresh data key to {out} (mode 600): pass `--data-key {out}` "
-            "to `task create` and to the nodes",
-            soft_wrap=True,  # one line: a path is not broken in two
-        )
+    console.print(
+        f"[bold green]wrote[/] a fresh data key to {out} (mode 600): pass `--data-key {out}` "
+        "to `task create` and to the nodes",
+        soft_wrap=True,  # one line: a path is not broken in two
+    )
 
 
 def _write_secret(path: Path, text: str) -> bool:
@@ -253,7 +252,7 @@ def create_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
-    from game.store import new_key
+    from game.store import key_fingerprint, new_key
     from game.tasks import TaskTerms, post_task
     from game.training.config import load_config
 
@@ -286,11 +285,14 @@ def create_cmd(
         if made and data_key_out is not None:
             data_key_out.unlink(missing_ok=True)
         raise
-    doc = {
+    key_file = data_key_out or (
+        Path(data_key) if data_key and Path(data_key).expanduser().is_file() else None
+    )
+    doc = {  # the key's file and fingerprint, never the key: scrollback and logs keep what is printed
         "task_id": rec.result,
         "spec_hash": cfg.spec_hash().hex(),
-        "data_key": dkey.hex(),
-        "data_key_file": str(data_key_out) if data_key_out else None,
+        "data_key_file": str(key_file) if key_file else None,
+        "data_key_sha256": key_fingerprint(dkey),
         "terms": terms.to_dict(),
         "tx": _tx_doc(rec),
     }
@@ -299,15 +301,8 @@ def create_cmd(
         return
     console.print(f"[bold green]task {rec.result}[/] posted (tx {rec.tx_hash}, gas {rec.gas_used:,})")
     console.print(f"  spec hash  {doc['spec_hash']}")
-    key_file = data_key_out or (
-        Path(data_key) if data_key and Path(data_key).expanduser().is_file() else None
-    )
-    if key_file is not None:  # not on the terminal too, where scrollback and logs keep it
-        console.print(
-            f"  data key   in {key_file}  (give it to the trainer, auditors and judge)", soft_wrap=True
-        )
-    else:
-        console.print(f"  data key   {doc['data_key']}  (give it to the trainer, auditors and judge)")
+    where = f"in {key_file}" if key_file is not None else "the one given with --data-key"
+    console.print(f"  data key   {where}  (give it to the trainer, auditors and judge)", soft_wrap=True)
 
 
 def _required_contract(contract: str) -> str:

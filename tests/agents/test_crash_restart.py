@@ -299,6 +299,10 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     # Exactly one commitment on-chain, whichever process sent it: the kill may land after the
     # commit transaction is mined but before the first process could log it.
     assert len(c.get_events("Committed", 0)) == 1
+    from tests.keycheck import assert_key_absent
+
+    for role in ("trainer", "auditor"):  # JSON lines and the people's lines: the key in neither
+        assert_key_absent((tmp_path / f"{role}.log").read_bytes(), bytes.fromhex(key.read_text()), role)
 
 
 def test_stateOfAnotherChain_isRefused_notTrusted(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from game.cli import _register
 from game.cli.app import app
 from game.scenarios import SCENARIO_NAMES
+from tests.keycheck import assert_key_absent
 from tests.procs import default_signals
 
 JSON_KEYS = {
@@ -68,6 +69,20 @@ def test_people_see_the_moves_and_a_verdict(runner: CliRunner) -> None:
     out = res.stdout
     for text in ("moves", "challenge", "reveal", "respond", "rule", "verdict: wrong-lr", "balances add up"):
         assert text in out, text
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_theDemo_printsItsDataKeyNowhere(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    """The demo makes a data key of its own for its task: it stays inside the process."""
+    import game.store
+
+    key = game.store.new_key()  # the one the demo will make
+    monkeypatch.setattr(game.store, "new_key", lambda: key)
+    res = runner.invoke(app, ["demo", "--scenario", "poison", *TINY, *(["--json"] if as_json else [])])
+    assert res.exit_code == 0, res.output
+    assert_key_absent(res.output + res.stderr, key)
 
 
 def _vgame(*args: str) -> subprocess.CompletedProcess[str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from game.errors import ConfigError
 from game.store import StoreError, new_key
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
 from game.training.config import TaskConfig
+from tests.keycheck import assert_key_absent
 
 SPEC = TaskConfig.for_preset("mlp-digits", steps=3).spec_hash()
 
@@ -93,24 +96,28 @@ def test_terms_are_checked(bad: dict[str, int]) -> None:
         TaskTerms(**bad)
 
 
-def test_keygen_prints_and_writes_a_private_key(runner: CliRunner, tmp_path: Path) -> None:
+def test_keygen_writesAPrivateKey_andPrintsItNowhere(runner: CliRunner, tmp_path: Path) -> None:
+    """The key goes to its file alone: ``--json`` gives the file and the key's SHA-256 fingerprint
+    (it gave the key, which a terminal's scrollback or a CI log then kept)."""
     out = tmp_path / "keys" / "task.key"
     res = runner.invoke(app, ["task", "keygen", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.stdout)
-    key = doc["data_key"]
-    assert len(bytes.fromhex(key)) == 32
-    assert out.read_text().strip() == key
-    assert stat.S_IMODE(out.stat().st_mode) == 0o600
-    again = json.loads(runner.invoke(app, ["task", "keygen", "--json"]).stdout)["data_key"]
-    assert again != key
+    key = bytes.fromhex(out.read_text().strip())
+    assert len(key) == 32 and stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert json.loads(res.stdout) == {"file": str(out), "data_key_sha256": hashlib.sha256(key).hexdigest()}
+    assert_key_absent(res.output + res.stderr, key)
     res = runner.invoke(app, ["task", "keygen", "--out", str(out)])  # it may be a task's only copy
     assert isinstance(res.exception, ConfigError) and "exists and holds another key" in str(res.exception)
-    assert out.read_text().strip() == key
+    assert out.read_text().strip() == key.hex()
     fresh = tmp_path / "fresh.key"
     res = runner.invoke(app, ["task", "keygen", "--out", str(fresh)])
     assert res.exit_code == 0 and f"--data-key {fresh}" in " ".join(res.stdout.split())
-    assert fresh.read_text().strip() not in res.stdout  # in its file, not in the terminal's scrollback
+    assert_key_absent(res.output + res.stderr, bytes.fromhex(fresh.read_text().strip()))
+    assert fresh.read_text() != out.read_text()
+    for json_flag in ([], ["--json"]):  # no file to keep it in: refused, not printed
+        res = runner.invoke(app, ["task", "keygen", *json_flag])
+        assert isinstance(res.exception, ConfigError) and "pass --out FILE" in str(res.exception)
+        assert res.stdout == ""
 
 
 def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +140,9 @@ def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path, capsys: pytest.Captu
         read_data_key(str(tmp_path / "junk.key"))
     with pytest.raises(StoreError, match="64 hex characters"):
         read_data_key("ab" * 31)
+    with pytest.raises(ConfigError, match=r"mistyped key\? not shown") as caught:
+        read_data_key(f"'{key.hex()}'")  # a key with a stray quote is not named in the error
+    assert_key_absent(str(caught.value), key)
 
 
 @pytest.mark.parametrize(
@@ -199,6 +209,92 @@ def test_taskCreate_withoutAKeptDataKey_isRefusedBeforeAnyNodeIsAsked(
     )  # fmt: skip
     assert isinstance(res.exception, ConfigError), res.output  # nothing listens on port 9: not asked
     assert "--data-key-out FILE" in str(res.exception) and "does not answer" not in str(res.exception)
+
+
+@contextmanager
+def _on(client: Any) -> Iterator[Any]:
+    """``_client`` for the embedded chain, which the task commands refuse (it lives one command)."""
+    yield client
+
+
+@pytest.mark.parametrize("given", ["out", "file", "hex"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_taskCreate_printsTheKeysFileAndFingerprint_neverTheKey(
+    runner: CliRunner,
+    game_client: Callable[..., Any],
+    game_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    given: str,
+    as_json: bool,
+) -> None:
+    """``--json`` gave the key as ``data_key`` (and the human output, a key given as hex)."""
+    import game.cli.task as task_cli
+
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(game_client("client")))
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\n')
+    key_file = tmp_path / "data.key"
+    key = new_key()
+    if given != "out":
+        key_file.write_text(key.hex() + "\n")
+        key_file.chmod(0o600)
+    key_args = {
+        "out": ["--data-key-out", str(key_file)],
+        "file": ["--data-key", str(key_file)],
+        "hex": ["--data-key", key.hex()],
+    }[given]
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--contract", game_address,
+         "--config", str(tmp_path / "task.toml"), "--trainer", game_client("trainer").me,
+         "--judge", game_client("judge").me, *key_args, *(["--json"] if as_json else [])],
+    )  # fmt: skip
+    assert res.exit_code == 0, (res.output, res.exception)
+    if given == "out":
+        key = bytes.fromhex(key_file.read_text().strip())
+    assert_key_absent(res.output + res.stderr, key)
+    shown_file = None if given == "hex" else str(key_file)
+    if as_json:
+        doc = json.loads(res.stdout)
+        assert "data_key" not in doc and doc["data_key_file"] == shown_file
+        assert doc["data_key_sha256"] == hashlib.sha256(key).hexdigest()
+    else:
+        where = f"in {key_file}" if shown_file else "the one given with --data-key"
+        assert f"data key {where}" in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_taskModel_printsTheDataKeyNowhere(
+    runner: CliRunner,
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    store: Any,
+    data_key: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+) -> None:
+    import game.cli.task as task_cli
+    from tests.agents.conftest import commit, small_config
+
+    cfg = small_config(steps=2)
+    task_id = post_task(cfg)
+    commit(make_agents(task_id, cfg), roles["client"], task_id)
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(roles["client"]))
+    key_file = tmp_path / "data.key"
+    key_file.write_text(data_key.hex() + "\n")
+    key_file.chmod(0o600)
+    for i, given in enumerate((str(key_file), data_key.hex())):
+        res = runner.invoke(
+            app,
+            ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
+             "--store", str(store.root), "--data-key", given, "--out", str(tmp_path / f"model{i}.pt"),
+             *(["--json"] if as_json else [])],
+        )  # fmt: skip
+        assert res.exit_code == 0, (res.output, res.exception)
+        assert (tmp_path / f"model{i}.pt").is_file()
+        assert_key_absent(res.output + res.stderr, data_key)
 
 
 def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:

@@ -48,3 +48,27 @@ def test_taskCancelledWhileTraining_stopsTheTraining_andCommitsNothing(
     assert steps_on_disk(agents.trainer.transcript_dir) == 6  # leaf 0 and steps 1-5: not 40
     assert roles["client"].task(task_id).status == TaskStatus.CANCELLED
     assert agents.trainer.step() == [] and agents.trainer.done  # said once; nothing left to do
+
+
+def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its look at the task in passing swallowed every error (an outage passes): hours more training
+    for a task the reset chain no longer holds. A contract gone from its address stops it."""
+    import trainer_node.agent as trainer_module
+    from game.errors import ContractGone
+
+    cfg = small_config(steps=40)
+    task_id = post_task(cfg)
+    monkeypatch.setattr(trainer_module, "CANCEL_CHECK_S", 0.0)  # look at the task after every step
+    trainer_client = roles["trainer"]
+
+    def progress(label: str, done: int, total: int) -> None:
+        if label == "train" and done == 5:  # the contract's address holds no code from here on
+            monkeypatch.setattr(trainer_client, "address", "0x" + "11" * 20)
+
+    agents = make_agents(task_id, cfg, progress=progress)
+    assert agents.trainer.client is trainer_client
+    with pytest.raises(ContractGone, match="the game contract is gone from 0x1111"):
+        agents.trainer.step()
+    assert steps_on_disk(agents.trainer.transcript_dir) == 6  # leaf 0 and steps 1-5: not 40

@@ -250,3 +250,41 @@ def test_poller_follow_yieldsNewEventsThenStops(committed_task: Callable[[int], 
 
     seen = list(poller.follow(interval=0.0, stop=stop))
     assert [e.name for e in seen] == ["Challenged"] and seen[0].game_id == gid  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ a contract gone from its address
+def test_aChainResetToBeforeTheDeployment_isOneClearError_notADecodingTraceback() -> None:
+    """anvil started afresh leaves no code at the game's address; the empty reply of every view
+    was an ``eth_abi`` InsufficientDataBytes that killed each running node with a traceback."""
+    from game.chain.backends import connect
+    from game.chain.client import VerificationGameClient
+    from game.chain.deploy import deploy
+    from game.errors import ChainError, ContractGone
+
+    with connect("embedded") as chain:
+        before = chain.snapshot()
+        client = VerificationGameClient(chain, deploy(chain, chain.account(0)), chain.account(0))
+        assert client.task_count() == 0
+        chain.revert(before)  # the chain as it was before the deployment
+        for view in (client.task_count, lambda: client.task(1), client.deployed_in_block):
+            with pytest.raises(ContractGone) as caught:
+                view()
+            said = str(caught.value)
+            assert said.startswith(f"the game contract is gone from {client.address} on embedded")
+            assert "no code at that address (the chain was reset" in said and "address is wrong" in said
+            assert isinstance(caught.value, ChainError) and caught.value.no_code
+
+
+def test_aReplyThatDoesNotDecode_isTheSameError_sayingSomethingElseIsThere(
+    game_client: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from game.errors import ContractGone
+
+    client = game_client("client")
+    nobody = client.__class__(client.chain, "0x" + "11" * 20, client.account)
+    with pytest.raises(ContractGone, match="no code at that address"):
+        nobody.task(1)
+    monkeypatch.setattr(client.chain, "call", lambda tx, *a, **k: b"\x00" * 5)  # code there, reply cut short
+    with pytest.raises(ContractGone, match=r"does not answer task\(\) as the game does") as caught:
+        client.task(1)
+    assert not caught.value.no_code and "the game contract is gone from" in str(caught.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -88,7 +89,9 @@ def test_task_commands_against_a_running_node(
     )  # fmt: skip
     assert type(broke.exception).__name__ == "InsufficientFunds", broke.output  # was web3's raw RPC error
     assert "ETH (1000000000000000000000000000000 wei) plus its gas" in str(broke.exception)
-    assert key_file.read_text().strip() == created["data_key"]
+    key = bytes.fromhex(key_file.read_text())
+    assert "data_key" not in created and created["data_key_file"] == str(key_file)  # never the key
+    assert created["data_key_sha256"] == hashlib.sha256(key).hexdigest()
     # The key reaches its file before the task reaches the chain; a file holding another key is
     # never overwritten; a key no task holds (the contract or the funds refused) is not left behind.
     post = ["task", "create", *common, "--config", str(config), "--trainer", trainer, "--judge", judge]
@@ -100,10 +103,10 @@ def test_task_commands_against_a_running_node(
     ):
         res = runner.invoke(app, [*post, *extra, "--data-key-out", str(out)])
         assert res.exit_code != 0 and said in str(res.exception), (res.output, res.exception)
-    assert key_file.read_text().strip() == created["data_key"] and not (tmp_path / "fresh.key").exists()
+    assert bytes.fromhex(key_file.read_text()) == key and not (tmp_path / "fresh.key").exists()
     reused = _json(runner, *post, "--data-key", str(key_file), "--data-key-out", str(key_file))
     assert reused["task_id"] == 2  # none of the refused ones posted a task
-    assert reused["data_key"] == created["data_key"]  # the key read from its file
+    assert reused["data_key_sha256"] == created["data_key_sha256"]  # the key read from its file
 
     shown = _json(runner, "task", "show", str(task_id), *common)
     assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)

@@ -272,6 +272,83 @@ def test_rpc_chain_reports_a_lost_node_and_reconnects(tmp_path: Path, scheme: st
         node.stop()
 
 
+@pytest.mark.anvil
+def test_node_onAChainReset_stopsWithOneErrorLine_notATraceback(tmp_path: Path) -> None:
+    """anvil started afresh (its state gone): no code at the game's address any more. Every running
+    node died with an eth_abi InsufficientDataBytes traceback (exit code 1); a reset is no outage to
+    wait out, so the node stops at once, saying why in one line (exit code 2)."""
+    from game.chain.backends import connect
+
+    state = tmp_path / "anvil-state.json"
+    node = _AnvilOnPort(state)
+    node.start()
+    try:
+        with connect(node.url, key=_key(_accounts()[0])) as chain:
+            address = deploy(chain, chain.account(0))
+            assert _post_task(chain, address) == 1
+        log = tmp_path / "judge.err"
+        proc = _start(_judge(node.url, address, 1, _key(_accounts()[2]), tmp_path), log)
+        try:
+            _wait_for(log, "judge node for task 1", proc)
+            node.stop()
+            state.unlink()  # the chain starts again from genesis
+            node.start()
+            assert proc.wait(60) == 2, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        node.stop()
+    err = log.read_text()
+    assert "Traceback" not in err and "InsufficientDataBytes" not in err, err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"error: the game contract is gone from {address} on JSON-RPC {node.url}"), err
+    assert "no code at that address (the chain was reset" in last and "the address is wrong" in last
+
+
+@pytest.mark.anvil
+def test_node_printsTheDataKeyNowhere_givenAsHexOrAsAFile(anvil_chain: Any, tmp_path: Path) -> None:
+    """A judge node with the key on its command line (the worst case), for people and ``--json``,
+    and with the key's file: its output holds the key in no form."""
+    from tests.keycheck import assert_key_absent
+
+    address = deploy(anvil_chain, anvil_chain.account(0))
+    task = _post_task(anvil_chain, address)
+    key = new_key()
+    key_file = tmp_path / "data.key"
+    key_file.write_text(key.hex() + "\n")
+    key_file.chmod(0o600)
+    runs: list[tuple[Path, bool, subprocess.Popen[bytes]]] = []
+    for name, given, as_json in (
+        ("hex", key.hex(), False),
+        ("hex-json", key.hex(), True),
+        ("file", str(key_file), False),
+    ):
+        argv = _judge(anvil_chain.url, address, task, _key(_accounts()[2]), tmp_path / name)
+        argv[argv.index("--data-key") + 1] = given
+        out = tmp_path / f"{name}.out"
+        with out.open("wb") as sink:
+            proc = subprocess.Popen(
+                [*argv, *(["--json"] if as_json else [])], stdout=sink, stderr=subprocess.STDOUT
+            )
+        runs.append((out, as_json, proc))
+    try:
+        for out, as_json, proc in runs:
+            if not as_json:  # for people it says when it is up; --json says nothing
+                _wait_for(out, "judge node for task", proc)
+        time.sleep(1)  # a few idle rounds each
+        VerificationGameClient(anvil_chain, address, _accounts()[0]).cancel(task)  # the task settles
+        for out, _, proc in runs:
+            assert proc.wait(60) == 0, out.read_text()
+    finally:
+        for _, _, proc in runs:
+            if proc.poll() is None:
+                proc.kill()
+    for out, as_json, _ in runs:
+        assert as_json != ("is done" in out.read_text()), out.read_text()
+        assert_key_absent(out.read_bytes(), key, out.name)
+
+
 def test_progressBars_showWhileWorkRuns_andGoWhenItEnds() -> None:
     """A node's bar lives only as long as its work: a node idles for hours with no live display."""
     import io
@@ -340,6 +417,20 @@ def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
     said = str(caught.value)
     assert said.startswith("trainer node: task 1 stopped: [Errno 28] No space left on device")
     assert "run the same command to go on" in said
+
+
+def test_node_run_aContractGoneFromItsAddress_stopsTheNode_notWarnedOfAndTriedAgain(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A ChainError is warned of and tried again next round (an outage passes); a contract gone
+    from its address (the chain was reset) does not come back: the node stops, saying so."""
+    from game.cli.node import _run
+    from game.errors import ContractGone
+
+    gone = _Agent(ContractGone("the game contract is gone from 0x11"), ContractGone("again"))
+    with pytest.raises(ContractGone, match="is gone from 0x11"):
+        _run(gone, _Clock(), poll=0, as_json=False, label="judge node: task 1")  # type: ignore[arg-type]
+    assert gone.rounds == 1 and "warning" not in capsys.readouterr().err
 
 
 class _IdleAgent:
