@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Every GPU measurement of issue 46 in one run, for the few minutes a GPU machine is lent:
+#
+#   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
+#
+# Stages (default: all, in this order): env, overhead, audits, tests, leafcheck, profile. Each writes into
+# OUT_DIR as it goes (JSON, one object a line in the .jsonl files), so a run cut short still leaves
+# what it finished. Each stage has its own time limit; a failed stage is logged and the next runs.
+# Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
+# installed. The C++ dispatch front is not built (a minute of a short lease): CPU parties on the
+# GPU machine run the Python mode, which gives the same bits.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
+shift
+mkdir -p "$out"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(env overhead audits tests leafcheck profile)
+py=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VGAME_FRONT=0
+vgame=("$py" -m game.cli)
+log=$out/run.log
+GPT2=n_layer=12,n_head=12,n_embd=768,block_size=64
+RESNET=arch=resnet50
+
+note() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+# run LIMIT_S CMD...: time-limited, output to the log; the exit code noted, never fatal
+run() {
+    local limit=$1
+    shift
+    note "$*"
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && note "exit $rc: $*"
+    return 0
+}
+# json LIMIT_S FILE CMD...: a --json command's output appended to FILE as one line
+json() {
+    local limit=$1 file=$2
+    shift 2
+    note "$*"
+    local tmp
+    tmp=$(mktemp)
+    timeout "$limit" "$@" >"$tmp" 2>>"$log"
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+        "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["argv"]=sys.argv[2:]; print(json.dumps(d))' \
+            "$tmp" "$@" >>"$file"
+    else
+        note "exit $rc: $*"
+        cat "$tmp" >>"$log"
+    fi
+    rm -f "$tmp"
+}
+
+for stage in "${stages[@]}"; do
+    case $stage in
+    env)
+        note "env"
+        {
+            nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+            "$py" -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())'
+            nproc
+        } >"$out/env.txt" 2>&1
+        ;;
+    tests)
+        # the kernels on the GPU itself (without one these tests run in Triton's interpreter)
+        run 150 "$py" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" \
+            tests/training/test_cuda_kernels.py tests/training/test_cuda_leaf.py tests/training/test_cuda_rng.py \
+            tests/training/test_cross_profile.py -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng"
+        ;;
+    leafcheck)
+        run 120 env GB=1 REPS=5 "$py" scripts/gpu_leaf_check.py
+        ;;
+    profile)
+        run 150 "$py" scripts/gpu_profile.py --preset gpt-shakespeare --model "$GPT2" --batch-size 8 --steps 2 \
+            --out "$out/profile-gpt2.json"
+        run 60 "$py" scripts/gpu_profile.py --preset gpt-shakespeare --steps 5 --out "$out/profile-gpt.json"
+        ;;
+    overhead)
+        f=$out/overhead.jsonl
+        json 90 "$f" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda --steps 20 --repeats 2 --json
+        json 150 "$f" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda --model "$GPT2" \
+            --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        json 150 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --model "$RESNET" \
+            --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        json 45 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --steps 20 --repeats 2 --json
+        ;;
+    audits)
+        # CPU <-> CUDA, both ways: every leaf must match (docs/benchmarks.md, "CPU against a GPU")
+        f=$out/audits.jsonl
+        runs=$(mktemp -d)
+        for preset in gpt-shakespeare cnn-digits; do
+            run 60 "${vgame[@]}" train --preset "$preset" --steps 20 --profile cpu-1t --out "$runs/cpu-$preset"
+            json 60 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-$preset" --profile cuda --json
+            run 60 "${vgame[@]}" train --preset "$preset" --steps 20 --profile cuda --out "$runs/gpu-$preset"
+            json 60 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-$preset" --profile cpu-1t --json
+        done
+        rm -rf "$runs"
+        ;;
+    *)
+        note "unknown stage $stage (env, overhead, audits, tests, leafcheck, profile)"
+        ;;
+    esac
+done
+note "done"

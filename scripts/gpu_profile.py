@@ -1,0 +1,147 @@
+"""Where a CUDA trainer's and auditor's step spends its time: cProfile and torch's profiler over a
+few steps of one task, written as JSON (issue 46). Run by scripts/gpu_measure.sh on a GPU machine:
+
+    python3 scripts/gpu_profile.py --preset gpt-shakespeare --model n_layer=12,... --out prof.json
+
+A lent GPU is minutes long, so this measures what the next change needs to know, once: the top
+functions by own and cumulative time on the step's thread, the CUDA kernels by total time, and the
+count of launches and host synchronisations per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _top(prof: cProfile.Profile, key: str, n: int) -> list[dict[str, Any]]:
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    stats.sort_stats(key)
+    rows = []
+    for func in stats.fcn_list[:n]:  # type: ignore[attr-defined]
+        cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
+        rows.append({"func": f"{func[0]}:{func[1]}({func[2]})", "calls": nc, "own_s": tt, "cum_s": ct})
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    from game.cli.app import parse_model_overrides, task_config
+    from game.training.leaves import LeafHasher
+    from game.training.profiles import get_profile
+    from game.training.session import initial_step, train_step
+    from game.training.step import StepEngine
+    from game.training.transcript import Transcript, TranscriptWriter
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", required=True)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--profile", default="cuda")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    cfg = task_config(args.preset, model=parse_model_overrides(args.model), batch_size=args.batch_size)
+    warm = 1
+    cfg = cfg.replace(steps=warm + 2 * args.steps)
+    engine = StepEngine(cfg, get_profile(args.profile))
+    result: dict[str, Any] = {"preset": args.preset, "model": args.model, "batch_size": args.batch_size}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "t"
+        with TranscriptWriter.create(out, cfg, args.profile) as writer:
+            t0 = time.perf_counter()
+            state = initial_step(engine, writer)
+            result["init_s"] = time.perf_counter() - t0
+            for step in range(1, warm + 1):
+                train_step(engine, writer, state, step)
+            writer.flush()
+            sync()
+            first, last = warm + 1, warm + args.steps
+            prof = cProfile.Profile()
+            t0 = time.perf_counter()
+            prof.enable()
+            for step in range(first, last + 1):
+                train_step(engine, writer, state, step)
+            writer.flush()
+            sync()
+            prof.disable()
+            result["trainer_s_per_step"] = (time.perf_counter() - t0) / args.steps
+            result["trainer_own"] = _top(prof, "tottime", 30)
+            result["trainer_cum"] = _top(prof, "cumulative", 40)
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            with profile(activities=acts) as tp:
+                train_step(engine, writer, state, last + 1)
+                writer.flush()
+                sync()
+            events = tp.key_averages()
+            result["trainer_torch_ops"] = [
+                {
+                    "name": e.key,
+                    "count": e.count,
+                    "cpu_total_ms": e.cpu_time_total / 1e3,
+                    "device_total_ms": getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3,
+                }
+                for e in sorted(events, key=lambda e: -e.cpu_time_total)[:40]
+            ]
+            result["trainer_launches"] = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+            result["trainer_syncs"] = sum(
+                e.count
+                for e in events
+                if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
+            )
+        # the auditor: replay the same steps from the transcript, leaves hashed beside the next step
+        t = Transcript(out)
+        astate = engine.init_state()
+        for step in range(1, warm + 1):
+            engine.run_step(astate, step, mode="replay", log=t.read_log(step), hash_state=False)
+        sync()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        with LeafHasher() as hasher:
+            pending = None
+            for step in range(first, last + 1):
+                engine.run_step(astate, step, mode="replay", log=t.read_log(step), hash_state=False)
+                if pending is not None:
+                    assert pending.leaf() == t.leaf(pending.step), pending.step
+                pending = hasher.submit(astate)
+            assert pending is not None and pending.leaf() == t.leaf(pending.step)
+        sync()
+        prof.disable()
+        result["auditor_s_per_step"] = (time.perf_counter() - t0) / args.steps
+        result["auditor_own"] = _top(prof, "tottime", 30)
+        result["auditor_cum"] = _top(prof, "cumulative", 40)
+        # plain float64 for scale
+        pstate = engine.init_state()
+        engine.run_step(pstate, 1, mode="plain")
+        sync()
+        t0 = time.perf_counter()
+        for step in range(2, 2 + args.steps):
+            engine.run_step(pstate, step, mode="plain")
+        sync()
+        result["fp64_s_per_step"] = (time.perf_counter() - t0) / args.steps
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("init_s", "trainer_s_per_step", "auditor_s_per_step", "fp64_s_per_step")}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
