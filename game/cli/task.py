@@ -405,10 +405,21 @@ def model_cmd(
     chain: ChainOpt = "",
     key: KeyOpt = None,
     contract: ContractOpt = "",
+    accept_unsettled: Annotated[
+        bool,
+        typer.Option(
+            "--accept-unsettled",
+            help="Exit 0 although the model is not beyond dispute yet (window open, a game in play, "
+            "not finalized) or an auditor showed it wrong; without it such a model is written but "
+            "the exit code is 1.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Take the trained model: the committed final state, checked against the chain, written as a
-    PyTorch state_dict (reads only: needs no --key)."""
+    PyTorch state_dict (reads only: needs no --key). Exits 1 unless the task is settled (or
+    ``--accept-unsettled``), so a script that ships the file only on success never ships a model
+    that can still be shown wrong."""
     from game.delivery import fetch_model
     from game.store import BlobStore
 
@@ -421,14 +432,20 @@ def model_cmd(
         now = c.chain.now()
     if as_json:
         emit_json(got.to_dict(now))
-        return
-    console.print(
-        f"[bold green]model of task {task_id}[/] written to {got.path}: {got.preset}, {got.steps} steps, "
-        f"{got.values:,} values (float32 state_dict)"
-    )
-    console.print(f"  final state  {got.final_leaf.hex()} (the committed last leaf)")
-    style = "green" if got.settled else "yellow"
-    console.print(f"  [{style}]{got.standing(now)}[/]")
+    else:
+        console.print(
+            f"[bold green]model of task {task_id}[/] written to {got.path}: {got.preset}, {got.steps} "
+            f"steps, {got.values:,} values (float32 state_dict)"
+        )
+        console.print(f"  final state  {got.final_leaf.hex()} (the committed last leaf)")
+        style = "green" if got.settled else "yellow"
+        console.print(f"  [{style}]{got.standing(now)}[/]")
+    if not got.settled and not accept_unsettled:
+        err_console.print(
+            f"task {task_id} is not settled: the model is not beyond dispute ({got.standing(now)}); "
+            "exit code 1 (--accept-unsettled takes it as it is)"
+        )
+        raise typer.Exit(1)
 
 
 @task_app.command("cancel")

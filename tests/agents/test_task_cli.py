@@ -290,11 +290,64 @@ def test_taskModel_printsTheDataKeyNowhere(
             app,
             ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
              "--store", str(store.root), "--data-key", given, "--out", str(tmp_path / f"model{i}.pt"),
-             *(["--json"] if as_json else [])],
+             "--accept-unsettled", *(["--json"] if as_json else [])],
         )  # fmt: skip
         assert res.exit_code == 0, (res.output, res.exception)
         assert (tmp_path / f"model{i}.pt").is_file()
         assert_key_absent(res.output + res.stderr, data_key)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_taskModel_exitsOneUntilSettled_unlessAcceptUnsettled(
+    runner: CliRunner,
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    store: Any,
+    data_key: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+) -> None:
+    """A script that ships the file only when the command succeeds never ships a model that can still
+    be shown wrong: while the challenge window is open the model is written and the exit code is 1,
+    with the reason; --accept-unsettled takes it with exit 0; once finalized, exit 0 without it."""
+    import game.cli.task as task_cli
+    from tests.agents.conftest import commit, small_config
+
+    cfg = small_config(steps=2)
+    task_id = post_task(cfg)
+    commit(make_agents(task_id, cfg), roles["client"], task_id)
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(roles["client"]))
+    key_file = tmp_path / "data.key"
+    key_file.write_text(data_key.hex() + "\n")
+    key_file.chmod(0o600)
+
+    def model(out: str, *extra: str) -> Any:
+        return runner.invoke(
+            app,
+            ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
+             "--store", str(store.root), "--data-key", str(key_file), "--out", str(tmp_path / out),
+             *(["--json"] if as_json else []), *extra],
+        )  # fmt: skip
+
+    res = model("open.pt")
+    assert res.exit_code == 1, (res.output, res.exception)
+    assert (tmp_path / "open.pt").is_file()
+    said = " ".join(res.stderr.split())
+    assert "not settled" in said and "challenge window is open" in said and "--accept-unsettled" in said
+    if as_json:
+        assert json.loads(res.stdout)["settled"] is False
+    res = model("accepted.pt", "--accept-unsettled")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "not settled" not in res.stderr
+
+    client = roles["client"]
+    client.chain.time_travel(client.task(task_id).window_ends - client.chain.now() + 1)
+    client.finalize(task_id)
+    res = model("settled.pt")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "not settled" not in res.stderr
 
 
 def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:
