@@ -16,7 +16,8 @@ past the last leaf is a partial step that :meth:`TranscriptWriter.resume` cuts a
 The writer does this on a thread of its own, in step order, so a trainer computes step ``n + 1``
 while step ``n`` is compressed and synced (four fsyncs a step, milliseconds on a real disk, against a
 small model's step of 10 ms); given the state's canonical bytes (:meth:`TranscriptWriter.append_state`)
-it also hashes them there. At most :data:`WRITE_AHEAD` steps wait while one is written; a step
+it also hashes them there; given a state being hashed on its GPU (:meth:`TranscriptWriter.
+append_pending`) it waits there for the leaf, and copies the bytes back only for a checkpoint. At most :data:`WRITE_AHEAD` steps wait while one is written; a step
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
