@@ -486,7 +486,7 @@ def _plan(device: torch.device, structure: tuple[tuple[str, str, tuple[int, ...]
         header = state_mod._header(name, written, shape)
         gaps[-1] += header
         gaps.append(b"")
-        total += len(header) + math.prod(shape) * _WIDTH[written]
+        total += len(header) + math.prod(shape) * state_mod._width(written)
     gaps[-1] += bytes(_padded(total) - total)
     blob = state_mod.STATE_MAGIC + b"".join(gaps)
     fixed = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
@@ -496,10 +496,6 @@ def _plan(device: torch.device, structure: tuple[tuple[str, str, tuple[int, ...]
         pieces.append(fixed[at : at + len(gap)])
         at += len(gap)
     return _Plan(total=total, magic=fixed[: len(state_mod.STATE_MAGIC)], gaps=tuple(pieces))
-
-
-#: Bytes a value of each dtype tag takes in the canonical bytes.
-_WIDTH = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 
 
 @dataclass

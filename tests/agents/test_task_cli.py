@@ -263,18 +263,17 @@ def test_taskCreate_printsTheKeysFileAndFingerprint_neverTheKey(
         assert f"data key {where}" in " ".join(res.stdout.split())
 
 
-@pytest.mark.parametrize("as_json", [False, True])
-def test_taskModel_printsTheDataKeyNowhere(
-    runner: CliRunner,
+@pytest.fixture
+def committed_task(
     roles: dict[str, Any],
     post_task: Any,
     make_agents: Any,
-    store: Any,
     data_key: bytes,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    as_json: bool,
-) -> None:
+) -> tuple[int, Path]:
+    """A task the trainer committed to (its challenge window open), the CLI's client the task's
+    client, and the data key in a file: ``(task id, key file)``."""
     import game.cli.task as task_cli
     from tests.agents.conftest import commit, small_config
 
@@ -285,12 +284,32 @@ def test_taskModel_printsTheDataKeyNowhere(
     key_file = tmp_path / "data.key"
     key_file.write_text(data_key.hex() + "\n")
     key_file.chmod(0o600)
+    return task_id, key_file
+
+
+def _task_model(runner: CliRunner, roles: dict[str, Any], store: Any, task_id: int, *args: str) -> Any:
+    return runner.invoke(
+        app,
+        ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
+         "--store", str(store.root), *args],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_taskModel_printsTheDataKeyNowhere(
+    runner: CliRunner,
+    roles: dict[str, Any],
+    store: Any,
+    data_key: bytes,
+    tmp_path: Path,
+    committed_task: tuple[int, Path],
+    as_json: bool,
+) -> None:
+    task_id, key_file = committed_task
     for i, given in enumerate((str(key_file), data_key.hex())):
-        res = runner.invoke(
-            app,
-            ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
-             "--store", str(store.root), "--data-key", given, "--out", str(tmp_path / f"model{i}.pt"),
-             "--accept-unsettled", *(["--json"] if as_json else [])],
+        res = _task_model(
+            runner, roles, store, task_id, "--data-key", given, "--out", str(tmp_path / f"model{i}.pt"),
+            "--accept-unsettled", *(["--json"] if as_json else []),
         )  # fmt: skip
         assert res.exit_code == 0, (res.output, res.exception)
         assert (tmp_path / f"model{i}.pt").is_file()
@@ -301,34 +320,20 @@ def test_taskModel_printsTheDataKeyNowhere(
 def test_taskModel_exitsOneUntilSettled_unlessAcceptUnsettled(
     runner: CliRunner,
     roles: dict[str, Any],
-    post_task: Any,
-    make_agents: Any,
     store: Any,
-    data_key: bytes,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    committed_task: tuple[int, Path],
     as_json: bool,
 ) -> None:
     """A script that ships the file only when the command succeeds never ships a model that can still
     be shown wrong: while the challenge window is open the model is written and the exit code is 1,
     with the reason; --accept-unsettled takes it with exit 0; once finalized, exit 0 without it."""
-    import game.cli.task as task_cli
-    from tests.agents.conftest import commit, small_config
-
-    cfg = small_config(steps=2)
-    task_id = post_task(cfg)
-    commit(make_agents(task_id, cfg), roles["client"], task_id)
-    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(roles["client"]))
-    key_file = tmp_path / "data.key"
-    key_file.write_text(data_key.hex() + "\n")
-    key_file.chmod(0o600)
+    task_id, key_file = committed_task
 
     def model(out: str, *extra: str) -> Any:
-        return runner.invoke(
-            app,
-            ["task", "model", str(task_id), "--chain", "http://127.0.0.1:9", "--contract", roles["client"].address,
-             "--store", str(store.root), "--data-key", str(key_file), "--out", str(tmp_path / out),
-             *(["--json"] if as_json else []), *extra],
+        return _task_model(
+            runner, roles, store, task_id, "--data-key", str(key_file), "--out", str(tmp_path / out),
+            *(["--json"] if as_json else []), *extra,
         )  # fmt: skip
 
     res = model("open.pt")
