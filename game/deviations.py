@@ -30,9 +30,9 @@ from game.training.session import Deviation
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from game.training.bands import Band
     from game.training.config import TaskConfig
     from game.training.intercept import RoundingMode
+    from game.training.numerics.bandfile import Band
     from game.training.roundlog import ChunkLog
     from game.training.state import TrainState
     from game.training.step import StepEngine, StepResult
@@ -213,12 +213,12 @@ _Rewrite = Callable[["ChunkLog | None", "Tensor", "Tensor", int, "Band", Any], N
 
 def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
     """Sparse log: swap listed and unlisted among the values within one band of a midpoint."""
-    from game.training import banding, rounding
+    from game.training.numerics import bandcheck, rounding
     from game.training.sparselog import SparseStepLog
 
     assert isinstance(step_log, SparseStepLog)
     xf = rounding._int_view(x.detach()).reshape(-1)
-    zone, _ = banding.within(xf, bits, band, 0, banding.top_binade(xf))
+    zone, _ = bandcheck.within(xf, bits, band, 0, bandcheck.top_binade(xf))
     last = step_log.pop()
     listed = last.positions.to(zone.device)
     keep = listed[~torch.isin(listed, zone)]  # listed outside the zone: the auditor rounds those right anyway
@@ -239,17 +239,17 @@ def _steer_values(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, ba
 def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, k: int) -> int:
     """Move up to ``k`` out-of-band values of ``r`` (the rounding of ``x``) to their other neighbour
     and rewrite the op's last log record to match; returns how many moved."""
-    from game.training import banding, rounding
+    from game.training.numerics import bandcheck, logtrits, rounding
     from game.training.roundlog import StepLog
     from game.training.sparselog import SparseStepLog
 
     xf = rounding._int_view(x.detach()).reshape(-1)
-    geo = banding.geometry(xf, bits, band)
+    geo = bandcheck.geometry(xf, bits, band)
     far = geo.off & (geo.distance > (geo.band << 4))
     flat = r.view(-1)
     if isinstance(step_log, SparseStepLog):
         cand = far.nonzero().squeeze(1)
-        even, odd = banding._neighbours(xf, cand, bits)
+        even, odd = bandcheck._neighbours(xf, cand, bits)
         at_even = flat.index_select(0, cand).view(torch.int64) == even.view(torch.int64)
         pick = cand[at_even][:k]
         if pick.numel() == 0:
@@ -265,7 +265,7 @@ def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Ban
     pick = (far & (t != TRIT_IGNORE).to(far.device)).nonzero().squeeze(1)[:k]
     if pick.numel():
         t[pick] = TRIT_UP - t[pick]  # 0 <-> 2: the other side
-        moved, _ = rounding.round_with_log(xf.view(torch.float64).index_select(0, pick), bits, t[pick])
+        moved, _ = logtrits.round_with_log(xf.view(torch.float64).index_select(0, pick), bits, t[pick])
         flat.index_copy_(0, pick, moved)
     step_log.append(record.op_index, record.op_name, t)
     return int(pick.numel())

@@ -325,7 +325,7 @@ class Judge:
         return StepEngine(cfg, get_profile(self.profile))
 
     def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
-        from game.training.banding import LogTamperingError
+        from game.training.numerics.bandcheck import LogTamperingError
         from game.training.roundlog import decode_chunk
         from game.training.state import decode_state, state_hash
 

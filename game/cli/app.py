@@ -327,8 +327,8 @@ def task_config(
 
     ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
     own ``[model]`` table and ``batch_size``."""
-    from game.training.bands import BandsOrigin, load_bands_file
     from game.training.config import PRESET_NAMES, TaskConfig, load_config
+    from game.training.numerics.bandfile import BandsOrigin, load_bands_file
 
     overrides: dict[str, Any] = {}
     for key, value in (

@@ -12,7 +12,7 @@ inputs, as the issue asks:
 
 Per op and per value, the difference ``d`` is recorded against the value's binade ``2**e(x)``,
 bucketed by how far below the tensor's top binade ``e(S)`` the value lies. The band
-(:class:`~game.training.bands.Band`) is then ``rel`` from the values within 8 binades of the top and
+(:class:`~game.training.numerics.bandfile.Band`) is then ``rel`` from the values within 8 binades of the top and
 ``abs`` from whatever the residual of the smaller values needs (outputs that cancel); both are
 raised to powers of two, floored at a few float64 ulps (libraries differ by that much even where our
 profiles agree) and multiplied by the safety margin (16 by default).
@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError
-from game.training import rounding
-from game.training.bands import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
 from game.training.config import TaskConfig
 from game.training.intercept import OpClass, RoundingMode, classify, op_name, touched_tensors
+from game.training.numerics import rounding
+from game.training.numerics.bandfile import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
 from game.training.profiles import Profile, get_profile
 from game.training.step import StepEngine
 

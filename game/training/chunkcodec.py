@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from game.errors import RoundingLogError
-from game.training import native
+from game.training.native import bindings
 
 CODECS = {"stored": 0, "zlib": 1, "lzma": 2}
 #: "auto" keeps the smallest of zlib, lzma and no compression (zlib wins on small payloads, where
@@ -155,7 +155,7 @@ def uvarint_encode(values: np.ndarray) -> bytes:
     v = np.asarray(values, dtype=np.int64)
     if v.size == 0:
         return b""
-    fast = native.uvarint_encode(v)
+    fast = bindings.uvarint_encode(v)
     if fast is not None:
         return fast
     if int(v.min()) < 0:
@@ -180,7 +180,7 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
     """``count`` LEB128 integers from ``buf[start:]``; returns them (int64) and the position after."""
     if count == 0:
         return np.zeros(0, dtype=np.int64), start
-    fast = native.uvarint_decode(buf, start, count)
+    fast = bindings.uvarint_decode(buf, start, count)
     if fast is not None:
         return fast
     view = buf[start:]

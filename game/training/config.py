@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from game.errors import ConfigError
-from game.training.bands import BandsOrigin, BandTable, load_bands_file, preset_bands
+from game.training.numerics.bandfile import BandsOrigin, BandTable, load_bands_file, preset_bands
 
 log = logging.getLogger(__name__)
 

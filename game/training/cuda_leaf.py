@@ -368,19 +368,19 @@ def available() -> bool:
 
 def runs_on(device: torch.device | str) -> bool:
     """Whether the kernel runs on this device: a CUDA device Triton supports (with the sparse log's
-    kernels' switches, :func:`game.training.cuda_kernels.runs_on`), or any device while Triton's
+    kernels' switches, :func:`game.training.numerics.cuda_kernels.runs_on`), or any device while Triton's
     interpreter runs (tests)."""
     if triton is None:
         return False
-    from game.training import cuda_kernels  # its Triton import guard, read once
+    from game.training.numerics import cuda_kernels  # its Triton import guard, read once
 
     return cuda_kernels.runs_on(torch.device(device))
 
 
 def interpreted() -> bool:
     """Whether the kernel runs in Triton's interpreter: ``TRITON_INTERPRET=1`` when this module was
-    imported. Import it only for a CUDA state (as :mod:`~game.training.banding` does
-    :mod:`~game.training.cuda_kernels`) so that a test's setting counts; the kernel uses Triton's
+    imported. Import it only for a CUDA state (as :mod:`~game.training.numerics.bandcheck` does
+    :mod:`~game.training.numerics.cuda_kernels`) so that a test's setting counts; the kernel uses Triton's
     builtins only, so a module imported too early can be reloaded once the variable is set."""
     return triton is not None and _interpreted(_sha256_chunks)
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError
-from game.training import rng
+from game.training.numerics import rng
 
 #: Digits: a fixed split (independent of the task seed) so the held-out set is the same for every task.
 DIGITS_TRAIN_SIZE = 1500

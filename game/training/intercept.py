@@ -36,15 +36,15 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError, TrainingError
-from game.training import banding, native, rounding
-from game.training.bands import MAX_EXP, Band, BandTable
-from game.training.native import front
+from game.training.native import bindings, front, library
+from game.training.numerics import bandcheck, logtrits, rounding
+from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
 from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
 from game.training.sparselog import SparseRecord, SparseStepLog
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
-    from game.training.cuda_kernels import Deferred
+    from game.training.numerics.cuda_deferred import Deferred
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ class RoundingMode(TorchDispatchMode):
     #: unrounded values after ``_record``, like the log-rewriting deviations, sets it False).
     round_in_place: bool = True
     #: On CUDA the kernels may leave their checks to the end of the step (``defer``, see
-    #: :class:`~game.training.cuda_kernels.Deferred`); a subclass that reads a tensor's log record
+    #: :class:`~game.training.numerics.cuda_deferred.Deferred`); a subclass that reads a tensor's log record
     #: right after ``_record`` sets it False.
     defer_checks: bool = True
 
@@ -433,9 +433,9 @@ class RoundingMode(TorchDispatchMode):
             and self._defer is None
             and self.round_in_place
             and torch.device(profile.device).type == "cpu"
-            and native.available()
+            and library.available()
         )
-        self._params: dict[str, native.BandParams] = {}
+        self._params: dict[str, bindings.BandParams] = {}
         self._entry: SparseRecord | None = None  # the auditor entry the kernel last took
         self._front = False  # whether the C++ front stands in for __torch_dispatch__ now (see __enter__)
         self.via_front = False  # whether it did, in this step
@@ -514,7 +514,7 @@ class RoundingMode(TorchDispatchMode):
         cls, base = type(self), RoundingMode
         own = cls._front_op is base._front_op
         g = self._grid
-        exact = native.address("vg_round_inplace") if own else 0
+        exact = library.address("vg_round_inplace") if own else 0
         plain = front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
         if not (own and cls._round_inexact is base._round_inexact):
             return plain
@@ -528,10 +528,10 @@ class RoundingMode(TorchDispatchMode):
             if not (self._direct and cls._round_direct is base._round_direct):
                 return plain
             if self.mode == "record":
-                return plain._replace(record=native.address("vg_round_and_band"), band_for=band)
+                return plain._replace(record=library.address("vg_round_and_band"), band_for=band)
             table, names, positions = self.log.columns()
             columns = front.SparseEntries(torch.from_numpy(table), names, torch.from_numpy(positions))
-            kernel = native.address("vg_round_with_entries")
+            kernel = library.address("vg_round_with_entries")
             return plain._replace(replay=kernel, count_free=self.count_free, band_for=band, entries=columns)
         if not (
             isinstance(self.log, StepLog)
@@ -544,11 +544,11 @@ class RoundingMode(TorchDispatchMode):
         ):
             return plain
         if self.mode == "record":
-            threshold = rounding.log_threshold(self.bits, self.tau)
-            kernel = native.address("vg_round_and_trits")
+            threshold = logtrits.log_threshold(self.bits, self.tau)
+            kernel = library.address("vg_round_and_trits")
             return plain._replace(trits_record=kernel, threshold=threshold, band_for=band)
         entries = [(r.op_index, r.op_name, r.count, trits) for r, trits in self.log.entries()]
-        kernel = native.address("vg_round_with_trits")
+        kernel = library.address("vg_round_with_trits")
         return plain._replace(trits_replay=kernel, band_for=band, entries=entries)
 
     def _known_bands(self) -> Tensor | None:
@@ -626,7 +626,7 @@ class RoundingMode(TorchDispatchMode):
 
     def _deferred_checks(self, profile: Profile, log: ChunkLog | None) -> Deferred:
         """The step's :class:`Deferred` (``defer`` is for sparse record and replay on CUDA only)."""
-        from game.training import cuda_kernels
+        from game.training.numerics import cuda_deferred, cuda_kernels
 
         if not (
             self.defer_checks
@@ -637,7 +637,7 @@ class RoundingMode(TorchDispatchMode):
             and cuda_kernels.runs_on(torch.device(profile.device))
         ):
             raise ConfigError("deferred checks are for a sparse log's record or replay on CUDA")
-        deferred = cuda_kernels.Deferred(torch.device(profile.device))
+        deferred = cuda_deferred.Deferred(torch.device(profile.device))
         if self.mode == "replay":  # every entry of the chunk on the device in one copy
             entries = log.entries()
             host = [e.positions.to(dtype=torch.int64) for e in entries]
@@ -775,18 +775,18 @@ class RoundingMode(TorchDispatchMode):
                 r = self._record(t, index, name, band, top, where)
             else:
                 r = self._replay(t, index, name, band, top, where, entry)
-        except banding.BandViolation as exc:
+        except bandcheck.BandViolation as exc:
             raise exc.at(self.step, index, name) from None
         if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
             t.copy_(r)
         self._logged[name] += 1
 
-    def _band_params(self, name: str) -> native.BandParams:
+    def _band_params(self, name: str) -> bindings.BandParams:
         """The kernels' integers for op ``name``'s band (worked out once a step per op)."""
         params = self._params.get(name)
         if params is None:
             band = self.bands.band(name)
-            params = self._params[name] = native.BandParams(
+            params = self._params[name] = bindings.BandParams(
                 self._grid.k0, self._grid.max_finite, band.rel, band.abs
             )
         return params
@@ -799,7 +799,7 @@ class RoundingMode(TorchDispatchMode):
         then in ``self._entry``."""
         params = self._band_params(name)
         if self.mode == "record":
-            positions = native.round_and_band(t, params)
+            positions = bindings.round_and_band(t, params)
             if positions is None:
                 return False
             assert isinstance(self.log, SparseStepLog)
@@ -807,7 +807,7 @@ class RoundingMode(TorchDispatchMode):
         else:
             assert self._cursor is not None
             entry = self._entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
-            replayed = native.round_with_entries(t, params, entry.positions, self.count_free)
+            replayed = bindings.round_with_entries(t, params, entry.positions, self.count_free)
             if replayed is None:
                 return False
             self.corrections += replayed.corrections
@@ -819,7 +819,7 @@ class RoundingMode(TorchDispatchMode):
         """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|`` when
         scanned; ``where``: the op, for errors). The result may be ``t`` itself (``round_in_place``)."""
         if isinstance(self.log, SparseStepLog):
-            r, positions = banding.round_and_band(
+            r, positions = bandcheck.round_and_band(
                 t, self.bits, band, top=top, in_place=self.round_in_place, where=where
             )
             if self._defer is None:
@@ -828,7 +828,9 @@ class RoundingMode(TorchDispatchMode):
                 self._pending.append((index, name, t.numel(), positions))
             return r
         assert isinstance(self.log, StepLog)
-        r, trits = banding.round_and_trits(t, self.bits, self.tau, in_place=self.round_in_place, where=where)
+        r, trits = bandcheck.round_and_trits(
+            t, self.bits, self.tau, in_place=self.round_in_place, where=where
+        )
         self.log.append(index, name, trits)  # flat, logical (row-major) order on every device
         return r
 
@@ -848,7 +850,7 @@ class RoundingMode(TorchDispatchMode):
         if isinstance(self.log, SparseStepLog):
             if entry is None:
                 entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
-            r, n, free = banding.round_with_entries(
+            r, n, free = bandcheck.round_with_entries(
                 t,
                 self.bits,
                 band,
@@ -861,7 +863,7 @@ class RoundingMode(TorchDispatchMode):
             self.free += max(free, 0)
         else:
             trits = self._cursor.take(index, name, t.numel())
-            r, n = banding.round_with_trits(
+            r, n = bandcheck.round_with_trits(
                 t, self.bits, band, trits, in_place=self.round_in_place, where=where
             )
         self.corrections += n

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from game.errors import ConfigError, TrainingError
-from game.training import rng
 from game.training.config import CNN_ARCHS, CNNShape, GPTShape, MLPShape
+from game.training.numerics import rng
 
 log = logging.getLogger(__name__)
 

@@ -62,13 +62,13 @@ class Profile:
         if not self.available():
             return "none"
         if self.device.startswith("cuda"):
-            from game.training import cuda_kernels
+            from game.training.numerics import cuda_kernels
 
             probe = torch.empty(1, dtype=torch.float64, device=self.device)
             return "triton" if cuda_kernels.usable(probe) else "torch"
-        from game.training import native
+        from game.training.native import library
 
-        return "c" if native.available() else "torch"
+        return "c" if library.available() else "torch"
 
     def interceptor(self) -> str:
         """What meets this profile's ops: ``front`` (the C++ dispatch front: CPU, a profile that

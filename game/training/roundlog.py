@@ -47,7 +47,6 @@ import torch
 from game.errors import RoundingLogError
 from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.merkle import merkle_root
-from game.training import native
 from game.training.chunkcodec import (
     CODECS,
     DEFAULT_CODEC,
@@ -63,6 +62,7 @@ from game.training.chunkcodec import (
     uvarint_encode,
 )
 from game.training.config import LOG_FORMATS
+from game.training.native import bindings
 
 if TYPE_CHECKING:
     from game.training.sparselog import SparseStepLog
@@ -143,7 +143,7 @@ def pack_trits(trits: torch.Tensor) -> bytes:
     byte (see the module docstring). The C kernel packs the blocks when it is there, else numpy."""
     flat = _flat_trits(trits)
     blocks = flat.size // BLOCK_TRITS
-    body = native.pack_trit_blocks(flat, blocks)
+    body = bindings.pack_trit_blocks(flat, blocks)
     if body is None:
         body = _pack_blocks(flat, blocks)
     return body + _pack5(flat[blocks * BLOCK_TRITS :])
@@ -193,7 +193,7 @@ def unpack_trits(data: bytes | memoryview, count: int) -> torch.Tensor:
     blocks = count // BLOCK_TRITS
     buf = np.frombuffer(data, dtype=np.uint8)
     out = np.empty(count, dtype=np.uint8)
-    if not native.unpack_trit_blocks(buf, blocks, out):
+    if not bindings.unpack_trit_blocks(buf, blocks, out):
         out[: blocks * BLOCK_TRITS] = _unpack_blocks(buf, blocks)
     done, done_bytes = blocks * BLOCK_TRITS, blocks * BLOCK_BYTES
     out[done:] = _unpack5(data[done_bytes:], count - done, done_bytes, done)

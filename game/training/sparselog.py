@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from game.errors import RoundingLogError
-from game.training import native
 from game.training.chunkcodec import (
     DEFAULT_CODEC,
     Compressible,
@@ -51,6 +50,7 @@ from game.training.chunkcodec import (
     uvarint_decode,
     uvarint_encode,
 )
+from game.training.native import bindings
 from game.training.roundlog import (
     HASH_SIZE,
     ChunkFormatError,
@@ -224,7 +224,7 @@ class SparseStepLog:
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
         table, names, positions = self.columns()
-        body = native.sparse_body(table, positions)
+        body = bindings.sparse_body(table, positions)
         if body is None:
             head = table.copy()
             head[:, 0] = np.diff(table[:, 0], prepend=-1) - 1  # op index gaps, the first from -1
@@ -271,7 +271,7 @@ def _parse_payload(payload: bytes, n_records: int) -> RecordRows:
     """The payload's records as columns (no object per record: the auditor's C++ front reads them so)."""
     buf = np.frombuffer(payload, dtype=np.uint8)
     names, pos = decode_names(buf, 0, n_records)
-    fast = native.sparse_rows(buf, pos, n_records, len(names))  # one C call for what follows
+    fast = bindings.sparse_rows(buf, pos, n_records, len(names))  # one C call for what follows
     if fast is not None:
         return RecordRows(fast[0], fast[1], names)
     head, pos = uvarint_decode(buf, pos, 4 * n_records)

@@ -25,9 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import TrainingError, TranscriptError
-from game.training import leafhash, native, rounding
+from game.training import leafhash
 from game.training.config import TaskConfig
-from game.training.native import front, stepwriter
+from game.training.native import bindings, front, stepwriter
+from game.training.numerics import rounding
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def _values(name: str, t: Tensor) -> Iterator[memoryview]:
         flat = flat.contiguous()
     for start in range(0, max(flat.numel(), 1), _SLICE):
         part = flat[start : start + _SLICE]
-        fast = native.to_float32([part]) if t.dtype == torch.float64 else None
+        fast = bindings.to_float32([part]) if t.dtype == torch.float64 else None
         if fast is not None:  # the C kernel: one pass, no float64 copy
             yield fast[0].astype("<f4", copy=False).data.cast("B")
             continue
@@ -391,7 +392,7 @@ def state_buffer(state: TrainState) -> np.ndarray | None:
     head = STATE_MAGIC + struct.pack("<QI", state.step, len(tensors))
     buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     buf[layout.header_at] = layout.header_bytes
-    if not native.float32_at(plan.addresses, plan.counts, plan.offsets, buf):
+    if not bindings.float32_at(plan.addresses, plan.counts, plan.offsets, buf):
         return None
     base = buf.ctypes.data
     for offset, address, size in plan.raw:  # an optimizer's step counters, a BatchNorm's count
@@ -414,7 +415,7 @@ def _state_parts(state: TrainState) -> Iterator[bytes | memoryview]:
         for n, t in tensors.items()
         if t.dtype == torch.float64 and t.numel() <= _SLICE and t.is_contiguous()
     ]
-    converted = native.to_float32([tensors[n] for n in small])  # one C call for them all
+    converted = bindings.to_float32([tensors[n] for n in small])  # one C call for them all
     ready = dict(zip(small, converted, strict=True)) if converted is not None else {}
     on_device = [n for n in small if tensors[n].is_cuda]
     if on_device:

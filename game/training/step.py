@@ -27,11 +27,11 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError, TrainingError
-from game.training import rounding
 from game.training.config import TaskConfig
 from game.training.data import Batch
 from game.training.intercept import MODES, DeferredChecksFailed, Mode, RoundingMode
 from game.training.models import StepContext
+from game.training.numerics import rounding
 from game.training.presets import get_preset
 from game.training.profiles import Profile
 from game.training.roundlog import ChunkLog, new_step_log
@@ -203,7 +203,7 @@ class StepEngine:
             return False
         if not (self.profile.device.startswith("cuda") or self.defer_anywhere):
             return False  # a CPU run: no Triton import
-        from game.training import cuda_kernels
+        from game.training.numerics import cuda_kernels
 
         return cuda_kernels.runs_on(torch.device(self.profile.device))
 

@@ -53,9 +53,8 @@ from typing import Any, Protocol
 from game.errors import RoundingLogError, StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, temp_file_name, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
-from game.training import native
 from game.training.config import TaskConfig
-from game.training.native import stepwriter
+from game.training.native import bindings, stepwriter
 from game.training.roundlog import (
     ChunkLog,
     LogReader,
@@ -698,7 +697,7 @@ class TranscriptWriter:
         )
         hashes_path, leaves_path = self.directory / CHUNK_HASHES_NAME, self.directory / LEAVES_NAME
         hashed = chunk_hash(chunk)
-        if native.write_step(
+        if bindings.write_step(
             chunk_path, chunk, hashes_path, hashed, ckpt_path, checkpoint, leaves_path, leaf
         ):
             return

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from game.errors import ConfigError, TrainingError
-from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
 from game.training.logsize import check_bits, measure_log_size
+from game.training.numerics.bandfile import Band, BandTable
 from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
 from game.training.profiles import get_profile
 from game.training.roundlog import BLOCK_BYTES, BLOCK_TRITS, StepLog, packed_size

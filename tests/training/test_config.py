@@ -11,7 +11,6 @@ import pytest
 
 from game.errors import ConfigError
 from game.training import config as config_mod
-from game.training.bands import Band, BandTable
 from game.training.config import (
     CNN_ARCHS,
     PRESET_NAMES,
@@ -23,6 +22,7 @@ from game.training.config import (
     load_config,
     loads_config,
 )
+from game.training.numerics.bandfile import Band, BandTable
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)

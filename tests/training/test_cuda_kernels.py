@@ -15,14 +15,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import banding, native, rounding
 from game.training import step as step_mod
-from game.training.bands import Band
+from game.training.native import bindings, library
+from game.training.numerics import bandcheck, rounding
+from game.training.numerics.bandfile import Band
 from game.training.profiles import get_profile
 from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 
-from .test_banding import _mixed_values, _perturb
+from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 from .test_step import small_cfg
 
@@ -30,7 +31,7 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from game.training import cuda_kernels  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
+from game.training.numerics import cuda_deferred, cuda_kernels  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
 
 DEV = "cuda" if ON_GPU else "cpu"
 pytestmark = pytest.mark.skipif(not cuda_kernels.available(), reason="Triton is not installed")
@@ -52,9 +53,9 @@ def _layout(layout: str) -> Iterator[None]:
         cuda_kernels.ONE_PROGRAM_MAX = saved
 
 
-def _params(bits: int, band: Band) -> native.BandParams:
+def _params(bits: int, band: Band) -> bindings.BandParams:
     g = rounding._grid(bits)
-    return native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+    return bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs)
 
 
 def _copy(x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +74,8 @@ def test_trainerKernel_equalsTorch(
 ) -> None:
     band = Band(rel, max(rel - gap, -60))
     x = _values(seed, bits, tail, scale)
-    with native.disabled():
-        want_r, want_p = banding.round_and_band(x, bits, band)
+    with library.disabled():
+        want_r, want_p = bandcheck.round_and_band(x, bits, band)
     buf = _copy(x)
     with _layout(layout):
         got = cuda_kernels.round_and_band(buf, _params(bits, band))
@@ -92,14 +93,14 @@ def test_auditorKernel_equalsTorch(
 ) -> None:
     x_t = _values(seed, bits, tail, 1.0)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    with native.disabled():
-        _, honest = banding.round_and_band(x_t, bits, BAND)
-        free, _ = banding.within(
-            x_a.view(torch.int64), bits, BAND, 4, banding.top_binade(x_a.view(torch.int64))
+    with library.disabled():
+        _, honest = bandcheck.round_and_band(x_t, bits, BAND)
+        free, _ = bandcheck.within(
+            x_a.view(torch.int64), bits, BAND, 4, bandcheck.top_binade(x_a.view(torch.int64))
         )
         g = torch.Generator().manual_seed(seed)
         positions = torch.cat([honest, free[torch.randperm(free.numel(), generator=g)[:extra]]]).unique()
-        want = banding.round_with_entries(x_a, bits, BAND, positions, count_free=count_free)
+        want = bandcheck.round_with_entries(x_a, bits, BAND, positions, count_free=count_free)
     buf = _copy(x_a)
     with _layout(layout):
         got = cuda_kernels.round_with_entries(buf, _params(bits, BAND), positions, count_free)
@@ -116,9 +117,9 @@ def test_auditorKernel_equalsTorch(
 def test_kernels_acrossBlockEdges_equalTorch(size: int, layout: str) -> None:
     """Programs take 1024 lanes each: entries on both sides of every edge and a last partial block."""
     band, x, positions = block_edge_case(size)
-    with native.disabled():
-        want_r, want_p = banding.round_and_band(x, 32, band)
-        want = banding.round_with_entries(x, 32, band, positions, count_free=True)
+    with library.disabled():
+        want_r, want_p = bandcheck.round_and_band(x, 32, band)
+        want = bandcheck.round_with_entries(x, 32, band, positions, count_free=True)
     t, a = _copy(x), _copy(x)
     with _layout(layout):
         listed = cuda_kernels.round_and_band(t, _params(32, band))
@@ -130,7 +131,7 @@ def test_kernels_acrossBlockEdges_equalTorch(size: int, layout: str) -> None:
 
 
 def _far_lane(x: torch.Tensor) -> int:
-    geo = banding.geometry(x.view(torch.int64), 32, BAND)
+    geo = bandcheck.geometry(x.view(torch.int64), 32, BAND)
     return int((geo.off & (geo.distance > (geo.band << 5))).nonzero()[0, 0])
 
 
@@ -154,8 +155,8 @@ def test_auditorKernel_refusesBadEntries_writingNothing(case: str, layout: str) 
     assert got is None
     assert torch.equal(_bits(buf), _bits(x))
     if case != "zero":  # a listed zero is refused by the kernels only (the torch path takes it)
-        with pytest.raises(banding.BandViolation):
-            banding.round_with_entries(x, 32, BAND, torch.tensor(positions))
+        with pytest.raises(bandcheck.BandViolation):
+            bandcheck.round_with_entries(x, 32, BAND, torch.tensor(positions))
 
 
 @pytest.mark.parametrize("bits", [32, 27, 16])
@@ -185,8 +186,8 @@ def test_notTheirs_isLeftToTorch() -> None:
 def _auditor_case(seed: int, tail: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
     """An auditor's values (the trainer's, perturbed) and the trainer's honest positions."""
     x_t = _values(seed, 32, tail, 1.0)
-    with native.disabled():
-        _, honest = banding.round_and_band(x_t, 32, BAND)
+    with library.disabled():
+        _, honest = bandcheck.round_and_band(x_t, 32, BAND)
     return _perturb(x_t, 2.0**-40, seed + 1), honest
 
 
@@ -198,7 +199,7 @@ def test_deferred_equalsTheImmediateKernels(layout: str) -> None:
 
 
 def _deferred_equalsTheImmediateKernels() -> None:
-    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    deferred = cuda_deferred.Deferred(torch.device(DEV))
     trainer = [_values(s, 32, tail, 1.0) for s, tail in ((1, "none"), (2, "zero"), (3, "none"))]
     bufs = [_copy(x) for x in trainer]
     tickets = [deferred.round_and_band(b, _params(32, BAND)) for b in bufs]
@@ -210,13 +211,13 @@ def _deferred_equalsTheImmediateKernels() -> None:
         assert deferred.round_with_entries(b, _params(32, BAND), pos, pos.to(DEV))
     settled = deferred.settle()
     assert settled is not None
-    with native.disabled():
+    with library.disabled():
         for x, b, t in zip(trainer, bufs, tickets, strict=True):
-            want_r, want_p = banding.round_and_band(x, 32, BAND)
+            want_r, want_p = bandcheck.round_and_band(x, 32, BAND)
             assert t is not None and torch.equal(settled.positions[t], want_p)
             assert torch.equal(_bits(b), _bits(want_r))
         assert torch.equal(_bits(exact), _bits(rounding.rnd(_values(4, 32, "zero", -5.0), 32)))
-        wants = [banding.round_with_entries(x, 32, BAND, p, count_free=True) for x, p in auditor]
+        wants = [bandcheck.round_with_entries(x, 32, BAND, p, count_free=True) for x, p in auditor]
     for b, want in zip(abufs, wants, strict=True):
         assert torch.equal(_bits(b), _bits(want.rounded))
     assert settled.corrections == sum(w.corrections for w in wants) > 0
@@ -233,7 +234,7 @@ def test_deferred_oneFailedCheck_settlesToNone(failing: str, layout: str) -> Non
 
 
 def _deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
-    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    deferred = cuda_deferred.Deferred(torch.device(DEV))
     assert deferred.round_and_band(_copy(_values(1, 32, "none", 1.0)), _params(32, BAND)) is not None
     x = _mixed_values(1500, 5, 32)
     x[7] = 0.0
@@ -251,14 +252,14 @@ def _deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
 def test_deferred_entriesOutOfOrder_launchNothing() -> None:
     """Order and range are checked on the host copy at once: nothing launched, the caller goes on
     with the immediate path (which words the error)."""
-    deferred = cuda_kernels.Deferred(torch.device(DEV))
+    deferred = cuda_deferred.Deferred(torch.device(DEV))
     x = _mixed_values(1500, 5, 32)
     buf = _copy(x)
     for bad in ([5, 3], [-1, 2], [2, 2000]):
         pos = torch.tensor(bad)
         assert not deferred.round_with_entries(buf, _params(32, BAND), pos, pos.to(DEV))
     assert torch.equal(_bits(buf), _bits(x))
-    assert deferred.settle() == cuda_kernels.Settled([], 0, 0)
+    assert deferred.settle() == cuda_deferred.Settled([], 0, 0)
 
 
 # ---- deferred checks in whole steps -------------------------------------------------------------
@@ -282,13 +283,13 @@ def settles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The calls each Deferred.settle read back (so a test sees the deferred path ran, and took
     tensors rather than leaving them all to the immediate one)."""
     calls: list[int] = []
-    real = cuda_kernels.Deferred.settle
+    real = cuda_deferred.Deferred.settle
 
-    def counted(self: cuda_kernels.Deferred) -> cuda_kernels.Settled | None:
+    def counted(self: cuda_deferred.Deferred) -> cuda_deferred.Settled | None:
         calls.append(self._rows)
         return real(self)
 
-    monkeypatch.setattr(cuda_kernels.Deferred, "settle", counted)
+    monkeypatch.setattr(cuda_deferred.Deferred, "settle", counted)
     return calls
 
 
@@ -322,13 +323,13 @@ def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(
     deferred path) reruns the step without deferral from a copy of the state: the result and the log
     are those of an immediate step, nothing doubled. Later steps check that call at once."""
     deferring, immediate = _engines("mlp-digits")
-    real = cuda_kernels.Deferred.settle
+    real = cuda_deferred.Deferred.settle
 
-    def failing_at_step_2(self: cuda_kernels.Deferred) -> cuda_kernels.Settled:
+    def failing_at_step_2(self: cuda_deferred.Deferred) -> cuda_deferred.Settled:
         got = real(self)
-        return cuda_kernels.Settled([], 0, 0, (0,)) if step == 2 else got
+        return cuda_deferred.Settled([], 0, 0, (0,)) if step == 2 else got
 
-    monkeypatch.setattr(cuda_kernels.Deferred, "settle", failing_at_step_2)
+    monkeypatch.setattr(cuda_deferred.Deferred, "settle", failing_at_step_2)
     spec = deferring.cfg.spec_hash()
     s_d, s_i = deferring.init_state(), immediate.init_state()
     for step in (1, 2, 3):
@@ -343,9 +344,9 @@ def test_deferredSteps_afterRepeatedFailures_stopDeferring(
     settles: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deferring, _ = _engines("mlp-digits")
-    real = cuda_kernels.Deferred.settle
+    real = cuda_deferred.Deferred.settle
     monkeypatch.setattr(
-        cuda_kernels.Deferred,
+        cuda_deferred.Deferred,
         "settle",
         lambda self: real(self)._replace(positions=[], failed=(len(settles),)),
     )

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import ConfigError
-from game.training import native, rng
+from game.training.native import library
+from game.training.numerics import rng
 
 from .test_rng import PHILOX_KAT, U32, ref_philox, ref_stream
 
@@ -25,7 +26,7 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from game.training import cuda_rng  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
+from game.training.numerics import cuda_rng  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
 
 DEV = "cuda" if ON_GPU else "cpu"
 pytestmark = pytest.mark.skipif(not cuda_rng.available(), reason="Triton is not installed")
@@ -59,7 +60,7 @@ def _kernel(seed: int, step: int, purpose: str, ids: torch.Tensor | None, count:
 
 
 def _reference(seed: int, step: int, purpose: str, ids: torch.Tensor | None, count: int) -> torch.Tensor:
-    with native.disabled():  # the torch code
+    with library.disabled():  # the torch code
         return rng.stream(seed, step, purpose, ids, count)
 
 
@@ -68,7 +69,7 @@ def _assert_all_equal(seed: int, step: int, purpose: str, ids: torch.Tensor | No
     want = _reference(seed, step, purpose, ids, count)
     assert got.shape == want.shape == (1 if ids is None else ids.numel(), count)
     assert torch.equal(got, want)
-    if native.available():
+    if library.available():
         assert torch.equal(got, rng.stream(seed, step, purpose, ids, count))  # the C kernel
 
 
@@ -156,10 +157,10 @@ def test_stream_offTheCpu_dispatchesToKernel(monkeypatch) -> None:
     assert [d.type for d in calls] == ["cuda"]
     assert torch.equal(got.cpu(), _reference(42, 7, "dropout/drop", ids, 13))
     mask = rng.bernoulli_mask(1, 2, "dropout/m", ids, (3, 5), 0.25, device="cuda")
-    with native.disabled():
+    with library.disabled():
         assert torch.equal(mask.cpu(), rng.bernoulli_mask(1, 2, "dropout/m", ids, (3, 5), 0.25))
     normal = rng.irwin_hall(1, 0, "init/n", None, (17,), device="cuda")
-    with native.disabled():
+    with library.disabled():
         assert torch.equal(normal.cpu(), rng.irwin_hall(1, 0, "init/n", None, (17,)))
     assert len(calls) == 3
 
@@ -170,7 +171,7 @@ def test_stream_onCpu_neverUsesTriton(monkeypatch) -> None:
     monkeypatch.setattr(cuda_rng, "stream_words", lambda *a: calls.append(a))
     rng.stream(1, 1, "x", torch.tensor([1, 2]), 9)
     rng.stream(1, 1, "x", None, 9, device="cpu")
-    with native.disabled():
+    with library.disabled():
         rng.stream(1, 1, "x", torch.tensor([1, 2]), 9)
     assert calls == []
 
@@ -178,7 +179,7 @@ def test_stream_onCpu_neverUsesTriton(monkeypatch) -> None:
 def test_switches_turnKernelOff(monkeypatch) -> None:
     ids = torch.tensor([1, 2])
     assert cuda_rng.stream_words(1, ids, 5, (1, 2), DEV) is not None
-    with native.disabled():
+    with library.disabled():
         assert cuda_rng.stream_words(1, ids, 5, (1, 2), DEV) is None
     monkeypatch.setenv("VGAME_NATIVE", "0")
     assert not cuda_rng.available()

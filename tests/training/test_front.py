@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from game.errors import NonFiniteError
-from game.training import intercept, native
-from game.training.bands import Band, BandTable
+from game.training import intercept
 from game.training.intercept import OpClass, RoundingMode
-from game.training.native import front
+from game.training.native import front, library
+from game.training.numerics.bandfile import Band, BandTable
 from game.training.profiles import get_profile
 from game.training.roundlog import new_step_log
 from game.training.sparselog import SparseStepLog
@@ -26,7 +26,7 @@ from game.training.step import StepEngine
 from tests.training.test_step import SMALL, small_cfg
 
 pytestmark = pytest.mark.skipif(
-    not (native.available() and front.available()), reason="no C/C++ toolchain: there is no front"
+    not (library.available() and front.available()), reason="no C/C++ toolchain: there is no front"
 )
 
 
@@ -211,7 +211,7 @@ def test_front_kernels_interleaveWithPython(log_format: str) -> None:
     def switch(how: str) -> contextlib.AbstractContextManager[None]:
         if how == "front":
             return contextlib.nullcontext()
-        return native.disabled() if how == "front, no kernels" else front.disabled()
+        return library.disabled() if how == "front, no kernels" else front.disabled()
 
     runs = []
     for how in ("front", "front, no kernels", "mode"):
@@ -320,7 +320,7 @@ def test_front_refusesSparseEntriesThatDoNotHold(
     entries = front.SparseEntries(
         torch.tensor(table, dtype=torch.int64), names, torch.tensor(positions, dtype=torch.int64)
     )
-    kernels = front.Kernels(replay=native.address("vg_round_with_entries"), entries=entries)
+    kernels = front.Kernels(replay=library.address("vg_round_with_entries"), entries=entries)
     with pytest.raises(RuntimeError, match="sparse entries"):
         front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
     assert not front.active()
@@ -328,7 +328,7 @@ def test_front_refusesSparseEntriesThatDoNotHold(
 
 def test_front_refusesASparseReplayWhoseEntriesAreNotColumns() -> None:
     kernels = front.Kernels(
-        replay=native.address("vg_round_with_entries"),
+        replay=library.address("vg_round_with_entries"),
         entries=[(0, "aten.mm.default", 10, torch.tensor([1], dtype=torch.int64))],
     )
     with pytest.raises(RuntimeError, match="takes them as columns"):

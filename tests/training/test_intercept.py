@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
-from game.training import rounding
 from game.training.config import PRESET_NAMES, TaskConfig
 from game.training.intercept import (
     EXACT_OPS,
@@ -29,6 +28,7 @@ from game.training.intercept import (
 )
 from game.training.models import StepContext
 from game.training.native import front
+from game.training.numerics import rounding
 from game.training.profiles import get_profile
 from game.training.roundlog import StepLog
 from game.training.state import check_on_grid

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from game.errors import ConfigError, TrainingError
-from game.training import data, rng
+from game.training import data
 from game.training.config import PRESET_NAMES, CNNShape, TaskConfig
 from game.training.intercept import OpClass, classify
 from game.training.models import (
@@ -21,6 +21,7 @@ from game.training.models import (
     init_model,
     materialize,
 )
+from game.training.numerics import rng
 from game.training.presets import PRESETS, Batch, Preset, get_preset
 
 # Small sizes keep every test here fast; the presets' own defaults are exercised by the smoke run.

@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import banding, chunkcodec, native, rounding
-from game.training.bands import Band
+from game.training import chunkcodec
+from game.training.native import bindings, library
+from game.training.numerics import bandcheck, logtrits, rounding
+from game.training.numerics.bandfile import Band
 
-from .test_banding import _mixed_values, _perturb
+from .test_bandcheck import _mixed_values, _perturb
 
 TAILS = {
     "none": [],
@@ -52,7 +54,7 @@ def _values(seed: int, bits: int, tail: str, scale: float) -> torch.Tensor:
 def test_available_whereACompilerIs() -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
-    assert native.available()
+    assert library.available()
 
 
 @settings(max_examples=60, deadline=None)
@@ -60,16 +62,16 @@ def test_available_whereACompilerIs() -> None:
 def test_trainerKernel_equalsTorch(seed: int, bits: int, rel: int, gap: int, tail: str, scale: float) -> None:
     band = Band(rel, max(rel - gap, -60))
     x = _values(seed, bits, tail, scale)
-    r_native, p_native = banding.round_and_band(x, bits, band)
-    with native.disabled():
-        r_torch, p_torch = banding.round_and_band(x, bits, band)
+    r_native, p_native = bandcheck.round_and_band(x, bits, band)
+    with library.disabled():
+        r_torch, p_torch = bandcheck.round_and_band(x, bits, band)
     assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64))
     assert torch.equal(p_native, p_torch)
-    if native.available():  # the C kernel took the tensor unless it holds rare lanes
+    if library.available():  # the C kernel took the tensor unless it holds rare lanes
         g = rounding._grid(bits)
         xf = x.view(torch.int64).clone()
-        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
-        assert (native.round_and_band(xf, params) is None) == (tail == "subnormal")
+        params = bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        assert (bindings.round_and_band(xf, params) is None) == (tail == "subnormal")
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,15 +80,17 @@ def test_auditorKernel_equalsTorch(seed: int, bits: int, tail: str, extra: int, 
     band = Band(-35, -46)
     x_t = _values(seed, bits, tail, 1.0)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    _, honest = banding.round_and_band(x_t, bits, band)
+    _, honest = bandcheck.round_and_band(x_t, bits, band)
     # a trainer's own choices among the values within 16 bands: accepted, and moved the same way
-    free, _ = banding.within(x_a.view(torch.int64), bits, band, 4, banding.top_binade(x_a.view(torch.int64)))
+    free, _ = bandcheck.within(
+        x_a.view(torch.int64), bits, band, 4, bandcheck.top_binade(x_a.view(torch.int64))
+    )
     g = torch.Generator().manual_seed(seed)
     chosen = free[torch.randperm(free.numel(), generator=g)[:extra]]
     positions = torch.cat([honest, chosen]).unique()
-    got = banding.round_with_entries(x_a, bits, band, positions, count_free=count_free)
-    with native.disabled():
-        want = banding.round_with_entries(x_a, bits, band, positions, count_free=count_free)
+    got = bandcheck.round_with_entries(x_a, bits, band, positions, count_free=count_free)
+    with library.disabled():
+        want = bandcheck.round_with_entries(x_a, bits, band, positions, count_free=count_free)
     assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
     assert (got.corrections, got.free) == (want.corrections, want.free)
 
@@ -97,7 +101,7 @@ def block_edge_case(size: int) -> tuple[Band, torch.Tensor, torch.Tensor]:
     band = Band(-30, -40)
     x = _mixed_values(size, 11, 32)
     xf = x.view(torch.int64)
-    near, _ = banding.within(xf, 32, band, 4, banding.top_binade(xf))
+    near, _ = bandcheck.within(xf, 32, band, 4, bandcheck.top_binade(xf))
     edges = torch.tensor([i for b in range(1024, size, 1024) for i in (b - 1, b)], dtype=torch.int64)
     return band, x, torch.cat([near[::2], edges[torch.isin(edges, near)]]).unique()
 
@@ -109,19 +113,19 @@ def test_kernels_acrossBlockEdges_equalTorch(size: int) -> None:
     band, x, positions = block_edge_case(size)
     xf = x.view(torch.int64)
     assert positions.numel() > 2 * (size // 1024)
-    got_r, got_p = banding.round_and_band(x, 32, band)
-    got = banding.round_with_entries(x, 32, band, positions, count_free=True)
-    with native.disabled():
-        want_r, want_p = banding.round_and_band(x, 32, band)
-        want = banding.round_with_entries(x, 32, band, positions, count_free=True)
+    got_r, got_p = bandcheck.round_and_band(x, 32, band)
+    got = bandcheck.round_with_entries(x, 32, band, positions, count_free=True)
+    with library.disabled():
+        want_r, want_p = bandcheck.round_and_band(x, 32, band)
+        want = bandcheck.round_with_entries(x, 32, band, positions, count_free=True)
     assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
     assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
     assert (got.corrections, got.free) == (want.corrections, want.free)
     assert got.corrections > 0
-    if native.available():  # the C kernels took the tensor
+    if library.available():  # the C kernels took the tensor
         g = rounding._grid(32)
-        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
-        assert native.round_with_entries(xf.clone(), params, positions, True) is not None
+        params = bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        assert bindings.round_with_entries(xf.clone(), params, positions, True) is not None
 
 
 def band_edge_values(bits: int, band: Band, binades: int = 48) -> torch.Tensor:
@@ -134,7 +138,7 @@ def band_edge_values(bits: int, band: Band, binades: int = 48) -> torch.Tensor:
     lanes = [top << 52]
     for e in range(top - binades, top + 1):
         probe = torch.tensor([(e << 52) | 1], dtype=torch.int64)
-        b = int(banding.geometry(probe, bits, band, top_biased=top).band[0])
+        b = int(bandcheck.geometry(probe, bits, band, top_biased=top).band[0])
         for kept in (4, 5):  # the neighbour below the midpoint: even, odd (and its next bit clear)
             base = (e << 52) | (kept << g.k0)
             for widen in (0, 2, 4):
@@ -154,16 +158,16 @@ def test_kernels_atTheBandsEdges_equalTorch(bits: int, band: Band) -> None:
     grid step fits in one (bits 30 and up) and on 64-bit lanes below; the wide band (-30, -40)
     takes the trainer's exact loops (the auditor's sieve, one band wide, still applies)."""
     x = band_edge_values(bits, band)
-    got_r, got_p = banding.round_and_band(x, bits, band)
-    with native.disabled():
-        want_r, want_p = banding.round_and_band(x, bits, band)
+    got_r, got_p = bandcheck.round_and_band(x, bits, band)
+    with library.disabled():
+        want_r, want_p = bandcheck.round_and_band(x, bits, band)
     assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
     # both sides of the trainer's edge: lanes listed, and not every lane that went odd (half of them)
     assert 0 < got_p.numel() < x.numel() // 2
     for count_free in (False, True):
-        got = banding.round_with_entries(x, bits, band, got_p[::2], count_free=count_free)
-        with native.disabled():
-            want = banding.round_with_entries(x, bits, band, want_p[::2], count_free=count_free)
+        got = bandcheck.round_with_entries(x, bits, band, got_p[::2], count_free=count_free)
+        with library.disabled():
+            want = bandcheck.round_with_entries(x, bits, band, want_p[::2], count_free=count_free)
         assert torch.equal(got.rounded.view(torch.int64), want.rounded.view(torch.int64))
         assert (got.corrections, got.free) == (want.corrections, want.free)
         assert got.corrections > 0
@@ -172,12 +176,12 @@ def test_kernels_atTheBandsEdges_equalTorch(bits: int, band: Band) -> None:
 def test_auditorKernel_entryOutsideTheBand_sameError() -> None:
     x = _mixed_values(2000, 3)
     xf = x.view(torch.int64)
-    geo = banding.geometry(xf, 32, Band(-35, -46))
+    geo = bandcheck.geometry(xf, 32, Band(-35, -46))
     far = int((geo.off & (geo.distance > (geo.band << 5))).nonzero()[0, 0])
     errors = []
-    for ctx in (native.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
-        with ctx, pytest.raises(banding.BandViolation) as info:
-            banding.round_with_entries(x, 32, Band(-35, -46), torch.tensor([far]))
+    for ctx in (library.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
+        with ctx, pytest.raises(bandcheck.BandViolation) as info:
+            bandcheck.round_with_entries(x, 32, Band(-35, -46), torch.tensor([far]))
         errors.append((info.value.kind, info.value.index, str(info.value)))
     assert errors[0] == errors[1] and errors[0][:2] == ("outside", far)
 
@@ -185,23 +189,23 @@ def test_auditorKernel_entryOutsideTheBand_sameError() -> None:
 def test_kernels_leaveTheirInputUntouched_unlessToldOtherwise() -> None:
     x = _mixed_values(1000, 4)
     before = x.clone()
-    r, pos = banding.round_and_band(x, 32, Band(-35, -46))
-    replayed = banding.round_with_entries(x, 32, Band(-35, -46), pos)
+    r, pos = bandcheck.round_and_band(x, 32, Band(-35, -46))
+    replayed = bandcheck.round_with_entries(x, 32, Band(-35, -46), pos)
     assert torch.equal(x.view(torch.int64), before.view(torch.int64))
-    r_in, pos_in = banding.round_and_band(x, 32, Band(-35, -46), in_place=True)
-    assert r_in.data_ptr() == x.data_ptr() or not native.available()
+    r_in, pos_in = bandcheck.round_and_band(x, 32, Band(-35, -46), in_place=True)
+    assert r_in.data_ptr() == x.data_ptr() or not library.available()
     assert torch.equal(r_in.view(torch.int64), r.view(torch.int64)) and torch.equal(pos_in, pos)
     y = before.clone()
-    again = banding.round_with_entries(y, 32, Band(-35, -46), pos, in_place=True)
+    again = bandcheck.round_with_entries(y, 32, Band(-35, -46), pos, in_place=True)
     assert torch.equal(again.rounded.view(torch.int64), replayed.rounded.view(torch.int64))
     assert again.corrections == replayed.corrections
 
 
 def test_nonContiguousInput_isRoundedInLogicalOrder() -> None:
     x = _mixed_values(1200, 5).reshape(30, 40).t()
-    r_native, p_native = banding.round_and_band(x, 32, Band(-35, -46))
-    with native.disabled():
-        r_torch, p_torch = banding.round_and_band(x, 32, Band(-35, -46))
+    r_native, p_native = bandcheck.round_and_band(x, 32, Band(-35, -46))
+    with library.disabled():
+        r_torch, p_torch = bandcheck.round_and_band(x, 32, Band(-35, -46))
     assert r_native.shape == x.shape
     assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64)) and torch.equal(
         p_native, p_torch
@@ -214,7 +218,7 @@ def test_nonContiguousInput_isRoundedInLogicalOrder() -> None:
 def test_inPlaceRounding_equalsTorch(bits: int, tail: str) -> None:
     x = _values(7, bits, tail, -5.0)
     got = rounding.round_(x.clone(), bits)
-    with native.disabled():
+    with library.disabled():
         want = rounding.round_(x.clone(), bits)
     assert torch.equal(got.view(torch.int64), want.view(torch.int64))
     assert torch.equal(got.view(torch.int64), rounding.rnd(x, bits, top=float("inf")).view(torch.int64))
@@ -236,7 +240,7 @@ EDGE_LANES = {
 }
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler on this machine")
+@pytest.mark.skipif(not library.available(), reason="no C compiler on this machine")
 @pytest.mark.parametrize("negative", [False, True])
 @pytest.mark.parametrize("edge", sorted(EDGE_LANES))
 @pytest.mark.parametrize("where", [0, 1500, 2999])  # a block's first lane, a middle one, the last
@@ -245,13 +249,13 @@ def test_kernels_takeATensor_exactlyWhenNoLaneIsRare(edge: str, negative: bool, 
     x = torch.cat([_values(3, 32, "none", 1.0), _values(4, 32, "none", 1.0)])
     x.view(torch.int64)[where] = pattern | (-(2**63) if negative else 0)
     g = rounding._grid(32)
-    params = native.BandParams(g.k0, g.max_finite, -35, -46)
-    taken = native.round_and_band(x.clone().view(torch.int64), params)
+    params = bindings.BandParams(g.k0, g.max_finite, -35, -46)
+    taken = bindings.round_and_band(x.clone().view(torch.int64), params)
     assert (taken is None) == rare
     none = torch.empty(0, dtype=torch.int64)
-    assert (native.round_with_entries(x.clone().view(torch.int64), params, none, False) is None) == rare
-    assert native.round_inplace(x.clone().view(torch.int64), g.k0, g.max_finite) == (not rare)
-    assert (native.round_and_trits(x.clone().view(torch.int64), g.k0, g.max_finite, 0) is None) == rare
+    assert (bindings.round_with_entries(x.clone().view(torch.int64), params, none, False) is None) == rare
+    assert bindings.round_inplace(x.clone().view(torch.int64), g.k0, g.max_finite) == (not rare)
+    assert (bindings.round_and_trits(x.clone().view(torch.int64), g.k0, g.max_finite, 0) is None) == rare
 
 
 # ---- the packed log's kernels --------------------------------------------------------------------
@@ -270,14 +274,14 @@ def test_packedTrainerKernel_equalsTorch(
     seed: int, bits: int, tau: float, tail: str, scale: float, size: int
 ) -> None:
     x = torch.cat([_mixed_values(size, seed, bits) * scale, torch.tensor(TAILS[tail], dtype=torch.float64)])
-    r_native, t_native = banding.round_and_trits(x, bits, tau)
-    r_torch, t_torch = rounding.round_and_log(x, bits, tau)
+    r_native, t_native = bandcheck.round_and_trits(x, bits, tau)
+    r_torch, t_torch = logtrits.round_and_log(x, bits, tau)
     assert torch.equal(r_native.view(torch.int64), r_torch.view(torch.int64))
     assert torch.equal(t_native, t_torch.reshape(-1))
-    if native.available():  # the C kernel took the tensor unless it holds rare lanes
+    if library.available():  # the C kernel took the tensor unless it holds rare lanes
         g = rounding._grid(bits)
         xf = x.view(torch.int64).clone()
-        took = native.round_and_trits(xf, g.k0, g.max_finite, rounding.log_threshold(bits, tau))
+        took = bindings.round_and_trits(xf, g.k0, g.max_finite, logtrits.log_threshold(bits, tau))
         assert (took is None) == (tail == "subnormal")
 
 
@@ -294,52 +298,52 @@ def test_packedAuditorKernel_equalsTorch(seed: int, bits: int, tail: str, size: 
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
     # tau 0.25 as tasks use: values within a quarter step of a grid point are "ignore", so a
     # perturbation that carries one across its grid point does not flip the meaning of its trit
-    _, trits = rounding.round_and_log(x_t, bits, 0.25)
-    got_r, got_n = banding.round_with_trits(x_a, bits, band, trits.reshape(-1))
-    want_r, changed = rounding.round_with_log_changes(x_a, bits, trits)
-    banding.check_corrections(x_a, bits, band, changed)
+    _, trits = logtrits.round_and_log(x_t, bits, 0.25)
+    got_r, got_n = bandcheck.round_with_trits(x_a, bits, band, trits.reshape(-1))
+    want_r, changed = logtrits.round_with_log_changes(x_a, bits, trits)
+    bandcheck.check_corrections(x_a, bits, band, changed)
     assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64))
     assert got_n == int(changed.count_nonzero())
     assert got_n > 0 or size < 1024  # exact ties pushed to the other side by the noise
     # the trainer's side wins: replaying its trits on its own values moves nothing
-    assert torch.equal(got_r.view(torch.int64), rounding.round_and_log(x_t, bits, 0.25)[0].view(torch.int64))
+    assert torch.equal(got_r.view(torch.int64), logtrits.round_and_log(x_t, bits, 0.25)[0].view(torch.int64))
 
 
 def test_packedAuditorKernel_movedLaneOutsideTheBand_sameError_inputUntouched() -> None:
     x = _mixed_values(3000, 3)
     xf = x.view(torch.int64)
-    geo = banding.geometry(xf, 32, Band(-35, -46))
+    geo = bandcheck.geometry(xf, 32, Band(-35, -46))
     far = int((geo.off & (geo.distance > (geo.band << 3))).nonzero()[0, 0])
-    _, trits = rounding.round_and_log(x, 32, 0.0)
+    _, trits = logtrits.round_and_log(x, 32, 0.0)
     trits = trits.clone()
     trits[far] = 2 - trits[far]  # the other side, far from any midpoint: tampering
     before = x.clone()
     errors = []
-    for ctx in (native.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
-        with ctx, pytest.raises(banding.BandViolation) as info:
-            banding.round_with_trits(x, 32, Band(-35, -46), trits, in_place=True)
+    for ctx in (library.disabled(), torch.no_grad()):  # torch kernel, then the C kernel
+        with ctx, pytest.raises(bandcheck.BandViolation) as info:
+            bandcheck.round_with_trits(x, 32, Band(-35, -46), trits, in_place=True)
         errors.append((info.value.kind, info.value.index, str(info.value)))
         assert torch.equal(x.view(torch.int64), before.view(torch.int64))
     assert errors[0] == errors[1] and errors[0][:2] == ("outside", far)
-    if native.available():
+    if library.available():
         g = rounding._grid(32)
-        params = native.BandParams(g.k0, g.max_finite, -35, -46)
-        assert native.round_with_trits(xf.clone(), params, trits) is None
+        params = bindings.BandParams(g.k0, g.max_finite, -35, -46)
+        assert bindings.round_with_trits(xf.clone(), params, trits) is None
         bad = trits.clone()
         bad[5] = 3
-        assert native.round_with_trits(xf.clone(), params, bad) is None
+        assert bindings.round_with_trits(xf.clone(), params, bad) is None
 
 
 def test_packedKernels_inPlace_andNot() -> None:
     x = _mixed_values(1000, 4)
     before = x.clone()
-    r, trits = banding.round_and_trits(x, 32, 0.25)
+    r, trits = bandcheck.round_and_trits(x, 32, 0.25)
     assert torch.equal(x.view(torch.int64), before.view(torch.int64))
-    r_in, trits_in = banding.round_and_trits(x, 32, 0.25, in_place=True)
-    assert r_in.data_ptr() == x.data_ptr() or not native.available()
+    r_in, trits_in = bandcheck.round_and_trits(x, 32, 0.25, in_place=True)
+    assert r_in.data_ptr() == x.data_ptr() or not library.available()
     assert torch.equal(r_in.view(torch.int64), r.view(torch.int64)) and torch.equal(trits_in, trits)
     y = before.clone()
-    out, moved = banding.round_with_trits(y, 32, Band(-35, -46), trits)
+    out, moved = bandcheck.round_with_trits(y, 32, Band(-35, -46), trits)
     assert torch.equal(y.view(torch.int64), before.view(torch.int64))
     assert torch.equal(out.view(torch.int64), r.view(torch.int64)) and moved == 0
 
@@ -347,9 +351,9 @@ def test_packedKernels_inPlace_andNot() -> None:
 def test_packedKernels_nonFinite_isAnErrorNamingTheOp() -> None:
     x = torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64)
     with pytest.raises(rounding.NonFiniteError, match=r"op #3 aten\.mm"):
-        banding.round_and_trits(x, 32, 0.25, where="step 1, op #3 aten.mm.default")
+        bandcheck.round_and_trits(x, 32, 0.25, where="step 1, op #3 aten.mm.default")
     with pytest.raises(rounding.NonFiniteError, match=r"op #3 aten\.mm"):
-        banding.round_with_trits(
+        bandcheck.round_with_trits(
             x, 32, Band(-35, -46), torch.ones(3, dtype=torch.uint8), where="op #3 aten.mm"
         )
 
@@ -358,12 +362,12 @@ def test_damagedCacheEntry_isBuiltAgain(tmp_path: Path, monkeypatch: pytest.Monk
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
     monkeypatch.setenv("VGAME_CACHE_DIR", str(tmp_path))
-    damaged = native.library_path()
+    damaged = library.library_path()
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"not a shared library")  # a new file: the loaded library is not touched
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_lib", None)
-    assert native.available()
+    monkeypatch.setattr(library, "_tried", False)
+    monkeypatch.setattr(library, "_lib", None)
+    assert library.available()
     assert damaged.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -376,16 +380,16 @@ def test_aCompilerThatRefusesTheKernels_leavesTheTorchKernels(
         pytest.skip("no `false` command to stand in for a failing compiler")
     monkeypatch.setenv("VGAME_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # exits 1 on every file, as a compiler that refuses the source
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(library, "_tried", False)
+    monkeypatch.setattr(library, "_lib", None)
     x = _values(5, 32, "none", 1.0)
     g = rounding._grid(32)
-    params = native.BandParams(g.k0, g.max_finite, -35, -46)
-    assert not native.available()
-    assert native.round_and_band(x.clone().view(torch.int64), params) is None
-    got_r, got_p = banding.round_and_band(x, 32, Band(-35, -46))
-    with native.disabled():
-        want_r, want_p = banding.round_and_band(x, 32, Band(-35, -46))
+    params = bindings.BandParams(g.k0, g.max_finite, -35, -46)
+    assert not library.available()
+    assert bindings.round_and_band(x.clone().view(torch.int64), params) is None
+    got_r, got_p = bandcheck.round_and_band(x, 32, Band(-35, -46))
+    with library.disabled():
+        want_r, want_p = bandcheck.round_and_band(x, 32, Band(-35, -46))
     assert torch.equal(got_r.view(torch.int64), want_r.view(torch.int64)) and torch.equal(got_p, want_p)
     assert not list(tmp_path.rglob("*.so"))
 
@@ -402,17 +406,17 @@ def test_aCompilerThatRefusesTheKernels_leavesTheTorchKernels(
 def test_uvarints_sameBytesAndValues_asNumpy(values: list[int]) -> None:
     v = np.array(values, dtype=np.int64)
     fast = chunkcodec.uvarint_encode(v)
-    with native.disabled():
+    with library.disabled():
         slow = chunkcodec.uvarint_encode(v)
     assert fast == slow
     buf = np.frombuffer(b"\x05" + fast + b"\x7f", dtype=np.uint8)  # not at the start, bytes after
     out, end = chunkcodec.uvarint_decode(buf, 1, len(values))
-    with native.disabled():
+    with library.disabled():
         out_np, end_np = chunkcodec.uvarint_decode(buf, 1, len(values))
     assert out.tolist() == out_np.tolist() == values and end == end_np == 1 + len(fast)
-    if native.available() and values:
-        assert native.uvarint_encode(v) == fast  # the C kernel took them
-        assert native.uvarint_decode(buf, 1, len(values)) is not None
+    if library.available() and values:
+        assert bindings.uvarint_encode(v) == fast  # the C kernel took them
+        assert bindings.uvarint_decode(buf, 1, len(values)) is not None
 
 
 @pytest.mark.parametrize(
@@ -426,18 +430,18 @@ def test_uvarints_sameBytesAndValues_asNumpy(values: list[int]) -> None:
 )
 def test_malformedUvarints_sameError_asNumpy(data: bytes, count: int, message: str) -> None:
     buf = np.frombuffer(data, dtype=np.uint8)
-    if native.available():
-        assert native.uvarint_decode(buf, 0, count) is None  # the numpy decoder words the error
+    if library.available():
+        assert bindings.uvarint_decode(buf, 0, count) is None  # the numpy decoder words the error
     with pytest.raises(chunkcodec.Malformed, match=message):
         chunkcodec.uvarint_decode(buf, 0, count)
-    with native.disabled(), pytest.raises(chunkcodec.Malformed, match=message):
+    with library.disabled(), pytest.raises(chunkcodec.Malformed, match=message):
         chunkcodec.uvarint_decode(buf, 0, count)
 
 
 def test_negativeValue_isRefused_byEitherEncoder() -> None:
     v = np.array([3, -1], dtype=np.int64)
-    if native.available():
-        assert native.uvarint_encode(v) is None
+    if library.available():
+        assert bindings.uvarint_encode(v) is None
     with pytest.raises(RoundingLogError, match="non-negative"):
         chunkcodec.uvarint_encode(v)
 
@@ -447,48 +451,48 @@ def test_negativeValue_isRefused_byEitherEncoder() -> None:
 )
 def test_auditorKernel_refusesBadPositions_writingNothing(positions: list[int]) -> None:
     """The C kernel checks the entries' order and range itself and leaves the wording to torch."""
-    if not native.available():
+    if not library.available():
         pytest.skip("no C kernels on this machine")
     x = _mixed_values(1500, 5, 32)
     before = x.clone()
     g = rounding._grid(32)
-    params = native.BandParams(g.k0, g.max_finite, -35, -46)
-    assert native.round_with_entries(x, params, torch.tensor(positions), False) is None
+    params = bindings.BandParams(g.k0, g.max_finite, -35, -46)
+    assert bindings.round_with_entries(x, params, torch.tensor(positions), False) is None
     assert torch.equal(x.view(torch.int64), before.view(torch.int64))
-    with pytest.raises(banding.BandViolation):
-        banding.round_with_entries(x, 32, Band(-35, -46), torch.tensor(positions))
+    with pytest.raises(bandcheck.BandViolation):
+        bandcheck.round_with_entries(x, 32, Band(-35, -46), torch.tensor(positions))
 
 
 def test_toFloat32_convertsGridValues_andRefusesOffGrid() -> None:
     """The state's float32 conversion: exact on grid values (any tensor, any slice), None off it."""
-    if not native.available():
+    if not library.available():
         pytest.skip("no C kernels on this machine")
     x = rounding.rnd(_mixed_values(3000, 9, 32), 32)
     parts = [x[:1000], x[1000:], x[5:6]]
-    got = native.to_float32(parts)
+    got = bindings.to_float32(parts)
     assert got is not None
     for g, p in zip(got, parts, strict=True):
         assert np.array_equal(g.view(np.int32), p.float().numpy().view(np.int32))
     off = x.clone()
     off[2999] = 1.0 / 3.0
-    assert native.to_float32([x[:10], off]) is None
+    assert bindings.to_float32([x[:10], off]) is None
 
 
 def test_float32At_writesAtAnyOffset_andRefusesOneThatDoesNotFit() -> None:
     """The state buffer's conversion by address: values land at odd byte offsets, nothing else is
     written, and an offset that would run past the buffer is refused before any write."""
-    if not native.available():
+    if not library.available():
         pytest.skip("no C kernels on this machine")
     x = rounding.rnd(_mixed_values(300, 4, 32), 32)
     a, b = x[:100], x[100:]
     out = np.full(4 * 300 + 7, 0xAB, dtype=np.uint8)
-    assert native.float32_at([a.data_ptr(), b.data_ptr()], [100, 200], [3, 3 + 400], out)
+    assert bindings.float32_at([a.data_ptr(), b.data_ptr()], [100, 200], [3, 3 + 400], out)
     want = x.float().numpy().view(np.uint8)
     assert np.array_equal(out[3 : 3 + 1200], want)
     assert (out[:3] == 0xAB).all() and (out[1203:] == 0xAB).all()
     untouched = out.copy()
     with pytest.raises(ValueError, match="does not fit"):
-        native.float32_at([a.data_ptr()], [100], [len(out) - 399], out)
+        bindings.float32_at([a.data_ptr()], [100], [len(out) - 399], out)
     with pytest.raises(ValueError, match="does not fit"):
-        native.float32_at([a.data_ptr()], [100], [-1], out)
+        bindings.float32_at([a.data_ptr()], [100], [-1], out)
     assert np.array_equal(out, untouched)

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from game.errors import ConfigError
-from game.training import native
-from game.training.native import front
+from game.training.native import front, library
 from game.training.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 
 aten = torch.ops.aten
@@ -34,9 +33,9 @@ def test_listProfiles_describesEveryProfile() -> None:
 
 def test_roundingKernels_sayWhichRun() -> None:
     """CPU profiles: the C kernels where they load, else torch; CUDA: Triton where it compiles."""
-    cpu = "c" if native.available() else "torch"
+    cpu = "c" if library.available() else "torch"
     assert {get_profile(n).rounding_kernels() for n in ("cpu-1t", "cpu-2t", "noisy")} == {cpu}
-    with native.disabled():
+    with library.disabled():
         assert get_profile("cpu-1t").rounding_kernels() == "torch"
     cuda = get_profile("cuda").rounding_kernels()
     assert cuda in (("triton", "torch") if torch.cuda.is_available() else ("none",))

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import ConfigError
-from game.training import native, rng
+from game.training.native import library
+from game.training.numerics import rng
 
 U32 = st.integers(0, 2**32 - 1)
 
@@ -86,7 +87,7 @@ def test_draws_followDocumentedStreamLayout(seed, step, example, j, purpose) -> 
     assert float(rng.irwin_hall(seed, step, purpose, ids, (7,))[0, j]) == normal
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler: the torch code is the only path")
+@pytest.mark.skipif(not library.available(), reason="no C compiler: the torch code is the only path")
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**64 - 1),
@@ -99,7 +100,7 @@ def test_stream_cKernelGivesTheTorchCodesWords(seed, step, ids, count) -> None:
     for every length (whole blocks of four and the tail), with and without example ids."""
     example_ids = None if ids is None else torch.tensor(ids, dtype=torch.int64)
     fast = rng.stream(seed, step, "dropout/p", example_ids, count)
-    with native.disabled():
+    with library.disabled():
         reference = rng.stream(seed, step, "dropout/p", example_ids, count)
     assert fast.shape == reference.shape and fast.dtype == reference.dtype
     assert torch.equal(fast, reference)

@@ -19,19 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import ConfigError, NonFiniteError, TrainingError
-from game.training import rounding
-from game.training.rounding import (
+from game.training.numerics import rounding
+from game.training.numerics.logtrits import log_direction, rev, round_and_log, round_with_log
+from game.training.numerics.rounding import (
     MAX_BITS,
     MIN_BITS,
     check_finite,
     is_on_grid,
-    log_direction,
     midpoint_distance,
-    rev,
     rnd,
     round_,
-    round_and_log,
-    round_with_log,
     ulp,
 )
 

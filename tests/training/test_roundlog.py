@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
 from game.merkle import MerkleTree
-from game.training import native
 from game.training.chunkcodec import Malformed, decode_names, encode_names
+from game.training.native import library
 from game.training.roundlog import (
     MAGIC,
     MAGIC_V1,
@@ -68,7 +68,7 @@ def ref_pack(trits: list[int]) -> bytes:
 def kernels(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test with the C trit kernels and again with the numpy code."""
     if request.param == "numpy":
-        with native.disabled():
+        with library.disabled():
             yield request.param
     else:
         yield request.param
@@ -122,7 +122,7 @@ def test_pack_matchesReference_andRoundTrips(trits: list[int]) -> None:
     data = pack_trits(_trits(trits))
     assert data == ref_pack(trits)
     assert unpack_trits(data, len(trits)).tolist() == trits
-    with native.disabled():
+    with library.disabled():
         assert pack_trits(_trits(trits)) == data
         assert unpack_trits(data, len(trits)).tolist() == trits
 

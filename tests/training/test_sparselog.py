@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import chunkcodec, native, sparselog
+from game.training import chunkcodec, sparselog
 from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
+from game.training.native import bindings, library
 from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
 from game.training.sparselog import SparseStepLog
 from tests.training.helpers import random_sparse_log
@@ -324,7 +325,7 @@ def test_decodedChunk_cursor_readsRecordsOnlyWhenOneIsTaken(monkeypatch: pytest.
 def _with_and_without_kernels(run: Callable[[], object]) -> tuple[object, object]:
     """What ``run`` gives with the C kernels, then with the numpy code alone."""
     fast = run()
-    with native.disabled():
+    with library.disabled():
         slow = run()
     return fast, slow
 
@@ -429,9 +430,9 @@ def test_cEncoder_writesExactlyWhatTheNumpyEncoderDoes(
         log.append(op, NAMES[(i * shuffle) % 4], count, torch.tensor(pos, dtype=torch.int64))
     fast, slow = _encode_both(log)
     assert fast == slow and isinstance(fast, bytes)
-    if native.available():  # the bytes above came from the C encoder, not its numpy fallback
+    if library.available():  # the bytes above came from the C encoder, not its numpy fallback
         table, _, positions = log.columns()
-        assert native.sparse_body(table, positions) is not None
+        assert bindings.sparse_body(table, positions) is not None
 
 
 @pytest.mark.parametrize("bad", ["op index back", "op index repeated", "positions back", "position repeated"])
@@ -444,10 +445,10 @@ def test_cEncoder_refusesWhatTheNumpyEncoderRefuses(bad: str) -> None:
     fast, slow = _encode_both(log)
     assert fast == slow and isinstance(fast, str) and "non-negative" in fast
     table, _, positions = log.columns()
-    assert native.sparse_body(table, positions) is None
+    assert bindings.sparse_body(table, positions) is None
     # entry counts that do not add up to the positions given
     table[1, 3] += 1
-    assert native.sparse_body(table, positions) is None
+    assert bindings.sparse_body(table, positions) is None
 
 
 def test_preparedChunk_holdsThePayloadBuiltWhenPrepared_andItsStep() -> None:

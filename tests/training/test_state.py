@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from game.errors import TranscriptError
-from game.training import rounding
 from game.training import state as state_module
 from game.training.config import TaskConfig
 from game.training.leafhash import leaf_of
 from game.training.native import front
+from game.training.numerics import rounding
 from game.training.profiles import get_profile
 from game.training.state import (
     STATE_MAGIC,

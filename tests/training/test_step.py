@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
-from game.training import native
-from game.training.banding import LogTamperingError
-from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
 from game.training.intercept import RoundingMode
+from game.training.native import library
+from game.training.numerics.bandcheck import LogTamperingError
+from game.training.numerics.bandfile import Band, BandTable
 from game.training.profiles import Profile, get_profile
 from game.training.state import check_on_grid, decode_state, encode_state, state_hash
 from game.training.step import StepEngine
@@ -247,7 +247,7 @@ class _ThroughBanding(StepEngine):
             self._direct = False
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler: there is no direct path")
+@pytest.mark.skipif(not library.available(), reason="no C compiler: there is no direct path")
 @pytest.mark.parametrize("preset", list(SMALL))
 def test_directKernelPath_equalsThePathThroughBanding(preset: str) -> None:
     """Same leaves, same chunk bytes and, replaying a noisy trainer's log, the same corrections."""

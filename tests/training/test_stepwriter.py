@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import chunkcodec, leafhash, native
+from game.training import chunkcodec, leafhash
 from game.training.chunkcodec import CODECS, LZMA_AUTO_MAX
 from game.training.config import TaskConfig
 from game.training.leafhash import CHUNK, leaf_of, level_sizes
-from game.training.native import stepwriter
+from game.training.native import library, stepwriter
 from game.training.session import train
 from game.training.sparselog import SparseStepLog
 from game.training.transcript import Transcript, TranscriptWriter
@@ -76,7 +76,7 @@ def test_whereTheCLeafWouldDiffer_theWriterStaysInPython(
 ) -> None:
     """The probe compares the library's leaf with Python's on a tiny state and on one of three
     levels: a difference in either (here, Python's leaf made to differ) keeps every step in Python."""
-    if not native.available():
+    if not library.available():
         pytest.skip("no C compiler on this machine")
     honest = leafhash.leaf_of
 
@@ -278,7 +278,7 @@ def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(
 ) -> None:
     """The probe at load: a zlib of another version (here, a level the writer does not use) keeps
     every step in Python, and says why."""
-    if not native.available():
+    if not library.available():
         pytest.skip("no C compiler on this machine")
     monkeypatch.setattr(stepwriter, "_lib", None)
     monkeypatch.setattr(stepwriter, "_tried", False)
@@ -310,5 +310,5 @@ def test_leaf_isLeafOf_inCOrInPython() -> None:
     for n in (0, 1, 4096, 4097, 600_001):
         assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())
         assert stepwriter.leaf(memoryview(data[:n].tobytes())) == leaf_of(data[:n].tobytes())
-        with native.disabled():
+        with library.disabled():
             assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from game.errors import TranscriptError
-from game.training import native
 from game.training.config import TaskConfig
 from game.training.leafhash import leaf_of
-from game.training.native import stepwriter
+from game.training.native import library, stepwriter
 from game.training.roundlog import new_step_log
 from game.training.transcript import (
     CHUNK_HASHES_NAME,
@@ -370,11 +369,11 @@ def _files_way(way: str) -> contextlib.AbstractContextManager[None]:
     """The step's files written by the C call (``c``), by the C call that also compresses and
     hashes (``c-whole``, for steps queued with their state's bytes) or by the Python moves
     (``python``)."""
-    if way != "python" and not native.available():
+    if way != "python" and not library.available():
         pytest.skip("no C compiler on this machine")
     if way == "c-whole" and not stepwriter.available():
         pytest.skip("no zlib, liblzma or OpenSSL headers on this machine")
-    return native.disabled() if way == "python" else contextlib.nullcontext()
+    return library.disabled() if way == "python" else contextlib.nullcontext()
 
 
 def test_theStepsFiles_areTheSameWrittenInCOrInPython(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from game.training import native
+from game.training.native import library
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _lock = threading.Lock()
 _module: Any = None
 _tried = False
 #: ``with front.disabled():`` runs the Python dispatch mode inside.
-disabled = native.OffSwitch()
+disabled = library.OffSwitch()
 
 
 def _source() -> bytes:
@@ -63,7 +63,7 @@ def _source() -> bytes:
 def build_dir() -> Path:
     """Where the compiled front is kept: keyed by its source, torch, Python and the platform."""
     tag = "|".join([torch.__version__, sys.version, platform.machine(), platform.system()]).encode()
-    return native.cache_dir() / f"front-{hashlib.sha256(_source() + tag).hexdigest()[:16]}"
+    return library.cache_dir() / f"front-{hashlib.sha256(_source() + tag).hexdigest()[:16]}"
 
 
 #: The extension's file suffix (``torch.utils.cpp_extension.LIB_EXT``, named here so loading a
@@ -125,7 +125,7 @@ def load() -> Any:
         if _tried:
             return _module
         _tried = True
-        if os.environ.get(native.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
+        if os.environ.get(library.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
             return None
         try:
             _module = _build()

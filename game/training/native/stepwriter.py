@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from game.training import leafhash, native
+from game.training import leafhash
 from game.training.chunkcodec import (
     CODECS,
     MAX_PAYLOAD,
@@ -41,6 +41,7 @@ from game.training.chunkcodec import (
     tried_codecs,
     zlib_level,
 )
+from game.training.native import bindings, library
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ ENV_SWITCH = "VGAME_WRITER"
 LIBS: tuple[str, ...] = ("-lz", "-llzma", "-lcrypto", "-pthread")
 
 #: ``with stepwriter.disabled():`` writes every step in Python inside.
-disabled = native.OffSwitch()
+disabled = library.OffSwitch()
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
@@ -65,18 +66,18 @@ _why: str | None = None  # why the C call is not used, once a load found out
 
 
 def _source() -> bytes:
-    return resources.files(native.__name__).joinpath("writer.c").read_bytes()
+    return resources.files(__package__).joinpath("writer.c").read_bytes()
 
 
 def library_path() -> Path:
     """Where the compiled writer is (or will be) kept: keyed by the source, the flags and the platform."""
-    tag = "|".join([platform.machine(), platform.system(), *native.CFLAGS, *LIBS]).encode()
+    tag = "|".join([platform.machine(), platform.system(), *library.CFLAGS, *LIBS]).encode()
     key = hashlib.sha256(_source() + tag).hexdigest()
-    return native.cache_dir() / f"writer-{key[:16]}.so"
+    return library.cache_dir() / f"writer-{key[:16]}.so"
 
 
 def _open() -> ctypes.CDLL:
-    lib = native.open_library(_source(), library_path(), name="writer.c", libs=LIBS)
+    lib = library.open_library(_source(), library_path(), name="writer.c", libs=LIBS)
     lib.vg_compress.restype = _I64
     lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _PTR, _I64]
     lib.vg_sha256.restype = _I64
@@ -161,10 +162,10 @@ def _load() -> ctypes.CDLL | None:
         if _tried:
             return _lib
         _tried = True
-        if os.environ.get(native.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
-            _why = f"switched off: {native.ENV_SWITCH}=0 or {ENV_SWITCH}=0"
+        if os.environ.get(library.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
+            _why = f"switched off: {library.ENV_SWITCH}=0 or {ENV_SWITCH}=0"
             return None
-        if native.address("vg_write_step") == 0:
+        if library.address("vg_write_step") == 0:
             _why = "no C kernels"  # the files are written in Python anyway
             return None
         try:
@@ -183,7 +184,7 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _running() -> ctypes.CDLL | None:
-    if disabled.off or native.disabled.off:
+    if disabled.off or library.disabled.off:
         return None
     return _lib if _tried else _load()
 
@@ -264,7 +265,7 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
         body.ctypes.data, body.size, int(paths.checkpoint is not None),
         paths.chunk, paths.chunk_tmp, paths.log_dir, paths.hashes,
         paths.checkpoint, paths.checkpoint_tmp, paths.checkpoint_dir, paths.leaves,
-        leaf.ctypes.data, failed.ctypes.data, native.address("vg_write_step"),
+        leaf.ctypes.data, failed.ctypes.data, library.address("vg_write_step"),
     )  # fmt: skip
     if err < 0:
         return None
@@ -285,7 +286,7 @@ def _file_error(err: int, which: int, paths: StepPaths) -> OSError:
     """``vg_write_step``'s errno as an ``OSError`` naming the file (``which``: 1-4) that failed."""
     where = {1: paths.chunk, 2: paths.hashes, 3: paths.checkpoint, 4: paths.leaves}[which]
     assert where is not None
-    return OSError(err, f"{os.strerror(err)} (the step's {native.STEP_FILES[which]})", os.fsdecode(where))
+    return OSError(err, f"{os.strerror(err)} (the step's {bindings.STEP_FILES[which]})", os.fsdecode(where))
 
 
 class _Kept(NamedTuple):
@@ -326,7 +327,7 @@ class Ring:
     CAPACITY = 16
 
     def __init__(self, lib: ctypes.CDLL, held: ctypes.PyDLL) -> None:
-        handle = lib.vg_ring_new(native.address("vg_write_step"))
+        handle = lib.vg_ring_new(library.address("vg_write_step"))
         if not handle:
             raise OSError("the transcript writer's thread could not be started")
         self._lib, self._held, self._handle = lib, held, handle

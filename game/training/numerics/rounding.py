@@ -1,4 +1,4 @@
-"""Rounding float64 tensors to a float32-shaped grid, and the log trits (seed paper Algorithms 1 and 3).
+"""Rounding float64 tensors to a float32-shaped grid (the seed paper's ``rnd``).
 
 The grid for ``bits`` in 16..32 keeps the top ``bits - 9`` of float32's 23 mantissa bits and float32's
 exponent range (``bits = 32`` is float32 itself). :func:`rnd` rounds half to even on that grid; values
@@ -12,10 +12,9 @@ Everything is integer arithmetic on the float64's ``int64`` view, vectorised in 
 * float32-subnormal range (``0 < |x| < 2**-126``): the dropped-bit count grows as the exponent falls;
   those (rare) elements are patched in from a per-element path on the explicit significand.
 
-From the dropped bits ``r`` follow the rounding (``r`` against half a step, ties to even), the log trit
-(distance to the chosen grid point against an *integer* threshold derived from ``tau``; ANCHORS.md: the
-paper's decimal exponent made tau drift from 5 % to 98 %), and the two bracketing grid points that
-:func:`rev` chooses between.
+From the dropped bits ``r`` follow the rounding (``r`` against half a step, ties to even) and, in
+:mod:`~game.training.numerics.logtrits` (which shares this module's integer analysis), the log trit
+and the two bracketing grid points that its ``rev`` chooses between.
 
 ``tau`` is a fraction of the ulp, ``0 <= tau < 0.5``, and must be a multiple of ``2**-62`` (true for every
 ``tau >= 2**-10`` and every short binary fraction) so that the threshold comparison is exact.
@@ -32,16 +31,12 @@ from typing import Any, NamedTuple
 import torch
 
 from game.errors import ConfigError, NonFiniteError, TrainingError
-from game.training import native
+from game.training.native import bindings
 
 log = logging.getLogger(__name__)
 
 MIN_BITS = 16
 MAX_BITS = 32
-
-TRIT_DOWN = 0
-TRIT_IGNORE = 1
-TRIT_UP = 2
 
 _MANT = 52  # float64 stored mantissa bits
 _MANT_MASK = (1 << _MANT) - 1
@@ -328,7 +323,7 @@ def rnd(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor
     float32 fast path (:func:`fast_float32`) needs no scan of its own.
     """
     g = _grid(bits)
-    if isinstance(x, torch.Tensor) and (copy := native.rounded_copy(x, g.k0, g.max_finite)) is not None:
+    if isinstance(x, torch.Tensor) and (copy := bindings.rounded_copy(x, g.k0, g.max_finite)) is not None:
         return copy
     if fast_float32(x, bits, top):
         return x.detach().to(torch.float32, memory_format=torch.contiguous_format).to(torch.float64)
@@ -348,12 +343,12 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
     copy back); other layouts go through :func:`rnd` and ``copy_``. On CPU the C kernel
     (:mod:`game.training.native`) does it in one pass, on CUDA a Triton kernel
-    (:mod:`game.training.cuda_kernels`); elsewhere, on the float32 grid, the hardware conversion
+    (:mod:`game.training.numerics.cuda_kernels`); elsewhere, on the float32 grid, the hardware conversion
     (:func:`fast_float32`).
     """
     g = _grid(bits)
     if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
-        if native.round_inplace(x, g.k0, g.max_finite):
+        if bindings.round_inplace(x, g.k0, g.max_finite):
             return x  # one pass in C (CPU, contiguous, no rare lanes)
         if x.is_cuda and _cuda_round_inplace(x, g):
             return x  # one Triton kernel (CUDA, contiguous, no rare lanes)
@@ -381,114 +376,10 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
 
 
 def _cuda_round_inplace(x: torch.Tensor, g: _Grid) -> bool:
-    """:func:`game.training.cuda_kernels.round_inplace` when Triton is there (imported on first use)."""
-    from game.training import cuda_kernels
+    """:func:`game.training.numerics.cuda_kernels.round_inplace` when Triton is there (imported on first use)."""
+    from game.training.numerics import cuda_kernels
 
     return cuda_kernels.round_inplace(x, g.k0, g.max_finite)
-
-
-def log_threshold(bits: int, tau: float) -> int:
-    """``floor(tau * step)`` in float64 ulps of a normal value: its distance ``d`` to the chosen grid
-    point exceeds ``tau * step`` exactly when ``d > threshold`` (tau is a multiple of 2**-62)."""
-    return _tau_fixed(tau) >> (_TAU_SCALE - _grid(bits).k0)
-
-
-def round_and_log(x: torch.Tensor, bits: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Trainer kernel: ``(rnd(x), trits)`` from one analysis of ``x``'s bits.
-
-    Trit 2 (up) when ``rnd(x) > x`` and ``|x - rnd(x)| > tau * ulp(x)``, 0 (down) for ``rnd(x) < x`` and
-    the same, else 1 (ignore; also on-grid values, ±inf and NaN). Trits are uint8 shaped like ``x``.
-    """
-    g = _grid(bits)
-    tau_fixed = _tau_fixed(tau)
-    threshold = log_threshold(bits, tau)
-    xf = _flat(x)
-    scratch = torch.empty_like(xf)
-    rare = _rare_lanes(xf, g, scratch)
-    r = xf & (g.step - 1)
-    out = _odd(xf, g)
-    up = torch.add(r, out, out=scratch) > g.half  # r > half, or a tie whose lower neighbour is odd
-    # Distance to the chosen grid point exceeds the threshold  <=>  threshold < r < step - threshold
-    # (threshold < half, so this holds on both rounding sides; it implies r != 0, i.e. off the grid).
-    logged = r.sub_(g.half).abs_() < (g.half - threshold)
-    _round_fast_(out, xf, g)
-    if rare is not None:
-        slow, sign = _slow(xf, rare, g, tau_fixed=tau_fixed, brackets=False, frac=False)
-        assert slow.far is not None
-        out.index_copy_(0, rare, slow.rounded | sign)
-        up.index_copy_(0, rare, slow.up)
-        logged.index_copy_(0, rare, slow.off & slow.far)
-    value_up = up.logical_xor_(xf < 0)  # magnitude up on a negative value is a value down
-    trits = (~logged).view(torch.uint8) + (logged & value_up).view(torch.uint8) * 2
-    return out.view(torch.float64).view(x.shape), trits.view(x.shape)
-
-
-def log_direction(x: torch.Tensor, bits: int, tau: float) -> torch.Tensor:
-    """Algorithm 1 with a binary exponent: uint8 trits (0 down, 1 ignore, 2 up) shaped like ``x``."""
-    return round_and_log(x, bits, tau)[1]
-
-
-def _changes(up: torch.Tensor, off: torch.Tensor, trits: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-    """Lanes where the logged direction overrides own rounding (flip the magnitude direction there).
-
-    ``trits`` hold 0..2 (checked by the caller), so bit 1 means "up" and ``t + 1`` is odd exactly for
-    0 and 2: two cheap uint8 ops instead of comparisons. A logged value-direction is a magnitude
-    direction XOR the sign.
-    """
-    logged = ((trits + 1) & 1).view(torch.bool) & off
-    want_mag_up = (trits >> 1).view(torch.bool) ^ neg
-    return logged & (want_mag_up ^ up)
-
-
-def round_with_log(x: torch.Tensor, bits: int, trits: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Auditor kernel: ``(rev(x, bits, trits), number of values moved to the trainer's side)``.
-
-    See :func:`round_with_log_changes`, which also says *where* values moved.
-    """
-    out, change = round_with_log_changes(x, bits, trits)
-    return out, int(change.count_nonzero())
-
-
-def round_with_log_changes(
-    x: torch.Tensor, bits: int, trits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Auditor kernel: ``rev(x, bits, trits)`` and the mask of the values moved to the trainer's side.
-
-    Where ``x`` is off the grid and the trit asks for the other side than ``rnd(x)`` went (own rounding up
-    but trit 0, or own down but trit 2), the result is the adjacent grid value on the asked side: exactly
-    one grid step from ``rnd(x)``, across binade and overflow boundaries. Trit 1 keeps own rounding;
-    ``trits`` must be uint8 (or any integer dtype) with values 0..2, shaped like ``x``. Returns the
-    rounded tensor and the flat bool mask of the values moved (the band check looks at those).
-    """
-    g = _grid(bits)
-    xf = _flat(x)
-    if not isinstance(trits, torch.Tensor) or trits.shape != x.shape:
-        got = tuple(trits.shape) if isinstance(trits, torch.Tensor) else type(trits).__name__
-        raise RoundingInputError(f"trits must be a tensor shaped like x {tuple(x.shape)}, got {got}")
-    t = trits.to(device=x.device, dtype=torch.uint8).reshape(-1)
-    if t.numel() and int(t.max()) > TRIT_UP:
-        raise RoundingInputError(f"trits must be 0 (down), 1 (ignore) or 2 (up), got {int(t.max())}")
-    neg = xf < 0
-    scratch = torch.empty_like(xf)
-    rare = _rare_lanes(xf, g, scratch)
-    r = xf & (g.step - 1)
-    up = torch.add(r, _odd(xf, g), out=scratch) > g.half
-    change = _changes(up, r != 0, t, neg)
-    # lo (signed pattern, magnitude rounded down) plus one step where the magnitude ends up above.
-    out = torch.sub(xf, r, out=r).add_(scratch.copy_(up ^ change).bitwise_left_shift_(g.k0))
-    if rare is not None:
-        slow, sign = _slow(xf, rare, g, tau_fixed=None, brackets=True, frac=False)
-        assert slow.lo is not None and slow.hi is not None
-        s_change = _changes(slow.up, slow.off, t.index_select(0, rare), neg.index_select(0, rare))
-        s_mag = torch.where(s_change, torch.where(slow.up, slow.lo, slow.hi), slow.rounded)
-        out.index_copy_(0, rare, s_mag | sign)
-        change.index_copy_(0, rare, s_change)
-    return out.view(torch.float64).view(x.shape), change
-
-
-def rev(x: torch.Tensor, bits: int, direction: torch.Tensor) -> torch.Tensor:
-    """Algorithm 3's correction: :func:`rnd`, moved one grid step where ``direction`` disagrees."""
-    return round_with_log(x, bits, direction)[0]
 
 
 def ulp(x: torch.Tensor, bits: int) -> torch.Tensor:

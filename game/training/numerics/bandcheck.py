@@ -1,7 +1,7 @@
 """Band kernels: which values can round differently on two machines, and the checks on a log.
 
 A value's *distance* ``d`` is how far its float64 result lies from the nearest rounding midpoint of
-the grid; its *band* ``B`` (:class:`~game.training.bands.Band`) bounds how far two machines' results
+the grid; its *band* ``B`` (:class:`~game.training.numerics.bandfile.Band`) bounds how far two machines' results
 of the same op can lie apart. Both are counted in float64 ulps of the value (``2**(e(x) - 52)``),
 which makes the band independent of the grid width: ``B = 2**(52 + rel) + 2**(52 + abs + e(S) - e(x))``,
 capped at an eighth of a grid step (so no zone below reaches a grid point: a value on the grid for
@@ -43,8 +43,9 @@ import torch
 from torch import Tensor
 
 from game.errors import RoundingLogError
-from game.training import native, rounding
-from game.training.bands import Band
+from game.training.native import bindings, library
+from game.training.numerics import logtrits, rounding
+from game.training.numerics.bandfile import Band
 
 _MANT = 52
 _ABS_MASK = (1 << 63) - 1
@@ -211,7 +212,7 @@ def _fused_buffer(x: Tensor, in_place: bool, *, cuda: bool = False) -> Tensor | 
     if x.dtype != torch.float64 or x.numel() == 0:
         return None
     if x.is_cpu:
-        if not native.available():
+        if not library.available():
             return None
     elif not (cuda and x.is_cuda and _cuda_kernels() is not None):
         return None
@@ -221,8 +222,8 @@ def _fused_buffer(x: Tensor, in_place: bool, *, cuda: bool = False) -> Tensor | 
 
 
 def _cuda_kernels() -> ModuleType | None:
-    """:mod:`game.training.cuda_kernels` when Triton is there (imported on the first CUDA tensor)."""
-    from game.training import cuda_kernels
+    """:mod:`game.training.numerics.cuda_kernels` when Triton is there (imported on the first CUDA tensor)."""
+    from game.training.numerics import cuda_kernels
 
     return cuda_kernels if cuda_kernels.available() else None
 
@@ -230,7 +231,7 @@ def _cuda_kernels() -> ModuleType | None:
 def _kernels_for(buf: Tensor) -> ModuleType:
     """The module whose kernels take ``buf`` (one :func:`_fused_buffer` returned)."""
     if buf.is_cpu:
-        return native
+        return bindings
     kernels = _cuda_kernels()
     assert kernels is not None  # _fused_buffer returned a CUDA tensor only with them
     return kernels
@@ -285,12 +286,12 @@ def round_and_band(
     way without being told (see the module docstring). ``top``: ``max |x|`` when known;
     ``in_place``: the result may be ``x`` itself; ``where``: the op, for the non-finite error.
     On CPU the C kernel (:mod:`game.training.native`) does it in two passes, on CUDA the Triton ones
-    (:mod:`game.training.cuda_kernels`).
+    (:mod:`game.training.numerics.cuda_kernels`).
     """
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place, cuda=True)
     if buf is not None:
-        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        params = bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs)
         positions = _kernels_for(buf).round_and_band(buf, params)
         if positions is not None:
             return buf, positions
@@ -376,7 +377,7 @@ def round_with_entries(
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place, cuda=True)
     if buf is not None:  # the fused kernels check the entries before they write; the torch path words errors
-        params = native.BandParams(g.k0, g.max_finite, band.rel, band.abs)
+        params = bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs)
         listed = positions.to(dtype=torch.int64).contiguous()  # where the log was decoded: the host
         fused = _kernels_for(buf).round_with_entries(buf, params, listed, count_free)
         if fused is not None:
@@ -407,18 +408,18 @@ def round_with_entries(
 def round_and_trits(
     x: Tensor, bits: int, tau: float, *, in_place: bool = False, where: str | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Trainer kernel of the packed log: ``(rnd(x), trits)``, :func:`rounding.round_and_log`; on CPU
+    """Trainer kernel of the packed log: ``(rnd(x), trits)``, :func:`logtrits.round_and_log`; on CPU
     the C kernel does it in place (``in_place``: the result may be ``x`` itself). Trits are flat.
     ``where``: the op; the kernel then raises on inf and NaN, naming it."""
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place)
     if buf is not None:
-        trits = native.round_and_trits(buf, g.k0, g.max_finite, rounding.log_threshold(bits, tau))
+        trits = bindings.round_and_trits(buf, g.k0, g.max_finite, logtrits.log_threshold(bits, tau))
         if trits is not None:
             return buf, trits
     if where is not None:
         rounding.check_finite(x, where)
-    rounded, trits = rounding.round_and_log(x, bits, tau)
+    rounded, trits = logtrits.round_and_log(x, bits, tau)
     return rounded, trits.reshape(-1)
 
 
@@ -431,12 +432,14 @@ def round_with_trits(
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place)
     if buf is not None:
-        moved = native.round_with_trits(buf, native.BandParams(g.k0, g.max_finite, band.rel, band.abs), trits)
+        moved = bindings.round_with_trits(
+            buf, bindings.BandParams(g.k0, g.max_finite, band.rel, band.abs), trits
+        )
         if moved is not None:
             return buf, moved
     if where is not None:
         rounding.check_finite(x, where)
-    rounded, changed = rounding.round_with_log_changes(x, bits, trits.reshape(x.shape))
+    rounded, changed = logtrits.round_with_log_changes(x, bits, trits.reshape(x.shape))
     check_corrections(x, bits, band, changed)
     return rounded, int(changed.count_nonzero())
 

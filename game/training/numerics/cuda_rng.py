@@ -1,6 +1,6 @@
-"""The RNG's stream words for CUDA devices, in Triton: what ``native.philox_stream`` does on CPU.
+"""The RNG's stream words for CUDA devices, in Triton: what ``native.bindings.philox_stream`` does on CPU.
 
-:func:`game.training.rng.stream` as torch ops costs 242 tiny kernels a draw on a GPU (some 1,700
+:func:`game.training.numerics.rng.stream` as torch ops costs 242 tiny kernels a draw on a GPU (some 1,700
 launches a gpt-shakespeare step for dropout alone); here one launch draws a whole ``[ids, count]``
 tensor. Each lane computes one Philox4x32-10 block, the four words at positions ``4b .. 4b+3`` of
 one example's stream (counter ``(step, example id, b mod 2**32, b >> 32)``, see :mod:`rng`'s
@@ -9,9 +9,9 @@ wrapping multiply for the low half, the key schedule's additions mod 2**32. Lane
 flattened (example, block) pairs, so one launch serves many short rows (data picks: one word per
 example) as well as a few long ones (dropout masks); indices and offsets are int64.
 
-Runs where :func:`game.training.cuda_kernels.runs_on` says the Triton kernels do (a CUDA device
+Runs where :func:`game.training.numerics.cuda_kernels.runs_on` says the Triton kernels do (a CUDA device
 Triton compiles for; any device while Triton's interpreter runs, which is how the tests run it on
-CPU tensors), and not with ``VGAME_NATIVE=0`` nor inside ``native.disabled()``: there
+CPU tensors), and not with ``VGAME_NATIVE=0`` nor inside ``native.library.disabled()``: there
 :func:`stream_words` returns None and :func:`rng.stream` runs its torch code, the reference these
 words equal bit for bit (tests/training/test_cuda_rng.py).
 """
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from game.training import cuda_kernels, native
+from game.training.native import library
+from game.training.numerics import cuda_kernels
 
 try:  # Triton comes with torch's CUDA builds
     import triton
@@ -99,8 +100,8 @@ def _i32(word: int) -> int:
 
 def available() -> bool:
     """Whether the kernel can run anywhere: Triton importable, and neither ``VGAME_NATIVE=0`` nor
-    ``native.disabled()``."""
-    return triton is not None and not native.disabled.off and cuda_kernels.available()
+    ``native.library.disabled()``."""
+    return triton is not None and not library.disabled.off and cuda_kernels.available()
 
 
 def runs_on(device: torch.device) -> bool:

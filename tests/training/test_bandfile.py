@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from game.errors import ConfigError
-from game.training.bands import (
+from game.training.calibrate import OpStats, calibrate
+from game.training.config import PRESET_NAMES, TaskConfig, load_config
+from game.training.numerics.bandfile import (
     Band,
     BandsOrigin,
     BandTable,
@@ -16,8 +18,6 @@ from game.training.bands import (
     loads_bands_file,
     preset_bands,
 )
-from game.training.calibrate import OpStats, calibrate
-from game.training.config import PRESET_NAMES, TaskConfig, load_config
 from game.training.profiles import get_profile
 from game.training.step import StepEngine
 

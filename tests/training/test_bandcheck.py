@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import banding, rounding
-from game.training.bands import Band
+from game.training.numerics import bandcheck, logtrits, rounding
+from game.training.numerics.bandfile import Band
 
 BAND = Band(-35, -46)  # the shipped bands' typical entry: 2**-35 of the value's binade, 2**-46 of the top
 
@@ -61,7 +61,7 @@ def _perturb(x: torch.Tensor, rel: float, seed: int) -> torch.Tensor:
 
 def test_geometry_distance_matchesExactReference() -> None:
     x = _mixed_values(400, seed=1)
-    geo = banding.geometry(x.view(torch.int64), 32, BAND)
+    geo = bandcheck.geometry(x.view(torch.int64), 32, BAND)
     for i in range(x.numel()):
         v = float(x[i])
         if v == 0.0 or abs(v) < 2.0**-126:
@@ -72,7 +72,7 @@ def test_geometry_distance_matchesExactReference() -> None:
 
 def test_geometry_band_isRelativePlusFloor_cappedAtAnEighthStep() -> None:
     x = torch.tensor([1.5, 1.5 * 2.0**-10, 1.5 * 2.0**-40], dtype=torch.float64)
-    geo = banding.geometry(x.view(torch.int64), 32, BAND)
+    geo = bandcheck.geometry(x.view(torch.int64), 32, BAND)
     half = 1 << (52 - 23 - 1)
     # top binade e(S) = 0: rel 2**(52-35) plus a floor of 2**(52-46+0-e(x)) ulps of x
     assert int(geo.band[0]) == 2**17 + 2**6
@@ -91,9 +91,9 @@ def test_honestLog_replaysBitExact_underDivergenceInsideTheBand(seed: int, bits:
     x_t = _mixed_values(2000, seed, bits) * sign
     # the other machine: relative 2**-40 (the band is 2**-35 of the binade: 32x that)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    rounded_t, positions = banding.round_and_band(x_t, bits, BAND)
+    rounded_t, positions = bandcheck.round_and_band(x_t, bits, BAND)
     assert torch.equal(rounded_t.view(torch.int64), rounding.rnd(x_t, bits).view(torch.int64))
-    replayed, corrections, _ = banding.round_with_entries(x_a, bits, BAND, positions)
+    replayed, corrections, _ = bandcheck.round_with_entries(x_a, bits, BAND, positions)
     assert torch.equal(replayed.view(torch.int64), rounded_t.view(torch.int64))
     plain = rounding.rnd(x_a, bits)
     assert corrections == int((plain.view(torch.int64) != rounded_t.view(torch.int64)).sum())
@@ -102,10 +102,10 @@ def test_honestLog_replaysBitExact_underDivergenceInsideTheBand(seed: int, bits:
 def test_exactTies_costNoEntry_andDefaultToEven() -> None:
     base = rounding.rnd(torch.linspace(1.0, 2.0, 1001, dtype=torch.float64), 32)
     ties = base + rounding.ulp(base, 32) / 2
-    _, positions = banding.round_and_band(ties, 32, BAND)
+    _, positions = bandcheck.round_and_band(ties, 32, BAND)
     assert positions.numel() == 0  # RNE sends every tie to the even neighbour: nothing to list
     pushed = _perturb(ties, 2.0**-40, 7)  # the auditor's noisy copies land on both sides
-    replayed, corrections, _ = banding.round_with_entries(pushed, 32, BAND, positions)
+    replayed, corrections, _ = bandcheck.round_with_entries(pushed, 32, BAND, positions)
     assert torch.equal(replayed, rounding.rnd(ties, 32)) and corrections > 0
 
 
@@ -115,8 +115,8 @@ def test_onGridForTrainer_justOffForAuditor_roundsToThatGridPoint() -> None:
     grid = rounding.rnd(torch.randn(500, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), 32)
     x_t = torch.cat([torch.tensor([1e6], dtype=torch.float64), grid * 2.0**-35])
     x_a = _perturb(x_t, 2.0**-40, 4)
-    _, positions = banding.round_and_band(x_t, 32, BAND)
-    replayed, _, _ = banding.round_with_entries(x_a, 32, BAND, positions)
+    _, positions = bandcheck.round_and_band(x_t, 32, BAND)
+    replayed, _, _ = bandcheck.round_with_entries(x_a, 32, BAND, positions)
     assert torch.equal(replayed.view(torch.int64), x_t.view(torch.int64))
 
 
@@ -130,13 +130,13 @@ def test_onGridForTrainer_justOffForAuditor_roundsToThatGridPoint() -> None:
 def test_tamperInsideBand_noError_movesOnlyThoseValuesOneStep(seed: int, k: int) -> None:
     x_t = _mixed_values(3000, seed)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    honest_r, honest_pos = banding.round_and_band(x_t, 32, BAND)
-    geo = banding.geometry(x_a.view(torch.int64), 32, BAND)
+    honest_r, honest_pos = bandcheck.round_and_band(x_t, 32, BAND)
+    geo = bandcheck.geometry(x_a.view(torch.int64), 32, BAND)
     inside = (geo.off & (geo.distance <= (geo.band << 4))).nonzero().squeeze(1)
     inside = inside[~torch.isin(inside, honest_pos)]
     pick = inside[torch.randperm(inside.numel(), generator=torch.Generator().manual_seed(seed))[:k]]
     tampered = torch.cat([honest_pos, pick]).unique()
-    out, _, _ = banding.round_with_entries(x_a, 32, BAND, tampered)
+    out, _, _ = bandcheck.round_with_entries(x_a, 32, BAND, tampered)
     changed = (out.view(torch.int64) != honest_r.view(torch.int64)).nonzero().squeeze(1)
     assert set(changed.tolist()) <= set(pick.tolist())
     # each changed value moved exactly one grid step (to the odd neighbour), nothing else changed
@@ -149,42 +149,42 @@ def test_tamperInsideBand_noError_movesOnlyThoseValuesOneStep(seed: int, k: int)
 def test_tamperOutsideBand_isDetected_withTheIndex(seed: int) -> None:
     x_t = _mixed_values(3000, seed)
     x_a = _perturb(x_t, 2.0**-40, seed + 1)
-    _, honest_pos = banding.round_and_band(x_t, 32, BAND)
-    geo = banding.geometry(x_a.view(torch.int64), 32, BAND)
+    _, honest_pos = bandcheck.round_and_band(x_t, 32, BAND)
+    geo = bandcheck.geometry(x_a.view(torch.int64), 32, BAND)
     outside = (geo.distance > (geo.band << 4)).nonzero().squeeze(1)
     bad = int(outside[torch.randint(0, outside.numel(), (1,), generator=torch.Generator().manual_seed(seed))])
-    with pytest.raises(banding.BandViolation) as info:
-        banding.round_with_entries(x_a, 32, BAND, torch.cat([honest_pos, torch.tensor([bad])]).unique())
+    with pytest.raises(bandcheck.BandViolation) as info:
+        bandcheck.round_with_entries(x_a, 32, BAND, torch.cat([honest_pos, torch.tensor([bad])]).unique())
     assert info.value.kind == "outside" and info.value.index == bad
 
 
 @pytest.mark.parametrize("bad", [-1, 3000, 10**9])
 def test_positionOutOfRange_isDetected(bad: int) -> None:
     x = _mixed_values(3000, 5)
-    with pytest.raises(banding.BandViolation) as info:
-        banding.round_with_entries(x, 32, BAND, torch.tensor(sorted([0, bad])))
+    with pytest.raises(bandcheck.BandViolation) as info:
+        bandcheck.round_with_entries(x, 32, BAND, torch.tensor(sorted([0, bad])))
     assert info.value.kind == "position"
 
 
 def test_unorderedPositions_areRefused() -> None:
     x = _mixed_values(100, 6)
-    with pytest.raises(banding.BandViolation, match="increasing"):
-        banding.round_with_entries(x, 32, BAND, torch.tensor([5, 3]))
+    with pytest.raises(bandcheck.BandViolation, match="increasing"):
+        bandcheck.round_with_entries(x, 32, BAND, torch.tensor([5, 3]))
 
 
 def test_packedCorrection_farFromMidpoint_isDetected() -> None:
     x = torch.tensor([1.0 + 2.0**-30], dtype=torch.float64)  # a hair above a grid point: far from a midpoint
-    trits = torch.tensor([rounding.TRIT_UP], dtype=torch.uint8)  # "it went up": a lie
-    moved, changed = rounding.round_with_log_changes(x, 32, trits)
+    trits = torch.tensor([logtrits.TRIT_UP], dtype=torch.uint8)  # "it went up": a lie
+    moved, changed = logtrits.round_with_log_changes(x, 32, trits)
     assert bool(changed.all()) and moved.item() > 1.0
-    with pytest.raises(banding.BandViolation) as info:
-        banding.check_corrections(x, 32, BAND, changed)
+    with pytest.raises(bandcheck.BandViolation) as info:
+        bandcheck.check_corrections(x, 32, BAND, changed)
     assert info.value.kind == "outside" and info.value.index == 0
 
 
 def test_violation_isReportedWithStepOpAndIndex() -> None:
-    err = banding.BandViolation("outside", 17, "far").at(4, 12, "aten.mm.default")
-    assert isinstance(err, banding.LogTamperingError)
+    err = bandcheck.BandViolation("outside", 17, "far").at(4, 12, "aten.mm.default")
+    assert isinstance(err, bandcheck.LogTamperingError)
     assert (err.step, err.op, err.index, err.kind) == (4, "aten.mm.default", 17, "outside")
     assert "step 4" in str(err) and "op #12 aten.mm.default" in str(err) and "value 17" in str(err)
 
@@ -192,8 +192,8 @@ def test_violation_isReportedWithStepOpAndIndex() -> None:
 def test_rareLanes_subnormalRange_replayConsistently() -> None:
     x_t = torch.tensor([3e-39, -7e-40, 1e-45, 2.0**-126, 1.0], dtype=torch.float64)
     x_a = _perturb(x_t, 2.0**-40, 9)
-    r_t, pos = banding.round_and_band(x_t, 32, BAND)
-    r_a, _, _ = banding.round_with_entries(x_a, 32, BAND, pos)
+    r_t, pos = bandcheck.round_and_band(x_t, 32, BAND)
+    r_a, _, _ = bandcheck.round_with_entries(x_a, 32, BAND, pos)
     assert torch.equal(r_t.view(torch.int64), r_a.view(torch.int64))
 
 
@@ -210,10 +210,10 @@ def test_within_equalsTheFullGeometry(seed: int, widen: int, rel: int, gap: int,
     band = Band(rel, max(min(rel - gap, -2), -60))
     x = torch.cat([_mixed_values(3000, seed, bits), torch.tensor([0.0, -0.0, 1e-40, 3e38, 1e300])])
     xf = x.view(torch.int64)
-    top = banding.top_binade(xf)
-    geo = banding.geometry(xf, bits, band)
+    top = bandcheck.top_binade(xf)
+    geo = bandcheck.geometry(xf, bits, band)
     want = (geo.off & (geo.distance <= (geo.band << widen))).nonzero().squeeze(1)
-    got, sub = banding.within(xf, bits, band, widen, top)
+    got, sub = bandcheck.within(xf, bits, band, widen, top)
     assert torch.equal(got, want)
     assert torch.equal(sub.distance, geo.distance[want]) and torch.equal(sub.band, geo.band[want])
 
@@ -229,10 +229,10 @@ def test_roundAndBand_listsExactlyTheOddRoundedLanesNearAMidpoint(seed: int, bit
     ][extra]
     x = torch.cat([_mixed_values(2000, seed, bits), torch.tensor(tails, dtype=torch.float64)])
     xf = x.view(torch.int64)
-    rounded, positions = banding.round_and_band(x, bits, BAND)
+    rounded, positions = bandcheck.round_and_band(x, bits, BAND)
     assert torch.equal(rounded.view(torch.int64), rounding.rnd(x, bits, top=math.inf).view(torch.int64))
-    cand, _ = banding.within(xf, bits, BAND, 2, banding.top_binade(xf))
-    _, odd = banding._neighbours(xf, cand, bits)
+    cand, _ = bandcheck.within(xf, bits, BAND, 2, bandcheck.top_binade(xf))
+    _, odd = bandcheck._neighbours(xf, cand, bits)
     want = cand[rounded.index_select(0, cand).view(torch.int64) == odd.view(torch.int64)]
     assert torch.equal(positions, want)
 
@@ -241,8 +241,8 @@ def test_roundAndBand_listsExactlyTheOddRoundedLanesNearAMidpoint(seed: int, bit
 def test_within_inRange_matchesTheFullTest(bits: int) -> None:
     x = _mixed_values(3000, 5, bits)
     xf = x.view(torch.int64)
-    top = banding.top_binade(xf)
+    top = bandcheck.top_binade(xf)
     for widen in (0, 2, 4):
-        full, _ = banding.within(xf, bits, BAND, widen, top)
-        fast, _ = banding.within(xf, bits, BAND, widen, top, in_range=True)
+        full, _ = bandcheck.within(xf, bits, BAND, widen, top)
+        fast, _ = bandcheck.within(xf, bits, BAND, widen, top, in_range=True)
         assert full.numel() > 0 and torch.equal(full, fast)

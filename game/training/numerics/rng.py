@@ -22,10 +22,10 @@ multiplier split into 16-bit halves), so no operation overflows or depends on si
 same ops give the same bits on every device torch supports. The rounds work in place (large
 temporaries cost more than the arithmetic on a CPU). On CPU a C kernel
 (:func:`game.training.native.philox_stream`) draws the same words (1.5 ms a gpt-shakespeare step
-instead of 19); on a CUDA device a Triton kernel (:func:`game.training.cuda_rng.stream_words`) does,
+instead of 19); on a CUDA device a Triton kernel (:func:`game.training.numerics.cuda_rng.stream_words`) does,
 in one launch a draw instead of some 240 tiny ones. The torch code is their reference (the tests
 hold both to it bit for bit) and runs on other devices, without a C compiler or Triton, with
-``VGAME_NATIVE=0`` and inside ``native.disabled()``.
+``VGAME_NATIVE=0`` and inside ``native.library.disabled()``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from game.errors import ConfigError
-from game.training import native
-from game.training.native import front
+from game.training.native import bindings, front
 
 RNG_FORMAT = b"vgame-rng-v1\0"
 
@@ -144,11 +143,11 @@ def stream(
     device = torch.device(device)
     if device.type == "cpu":
         ids_cpu = example_ids.cpu() if example_ids is not None else None
-        fast = native.philox_stream(step, ids_cpu, count, purpose_key(seed, purpose))
+        fast = bindings.philox_stream(step, ids_cpu, count, purpose_key(seed, purpose))
         if fast is not None:  # the C kernel: the same words, some 40 times faster
             return fast
     else:
-        from game.training import cuda_rng  # imports Triton: only off the CPU
+        from game.training.numerics import cuda_rng  # imports Triton: only off the CPU
 
         drawn = cuda_rng.stream_words(step, example_ids, count, purpose_key(seed, purpose), device)
         if drawn is not None:  # the Triton kernel: the same words in one launch

@@ -1,0 +1,150 @@
+"""Deferred checks of the CUDA kernels: one host synchronisation a step instead of one a tensor.
+
+Apart from :mod:`cuda_kernels` (each call reads its own counters back at once) because it is the
+step-wide bookkeeping: a counter row per call, one read-back when the step ends, and the failed
+calls named so that the step engine runs the step again without deferral.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from game.training.native.bindings import BandParams
+from game.training.numerics.cuda_kernels import (
+    _LANES,
+    BLOCK,
+    _grid,
+    _kernels,
+    _launch_round_and_band,
+    _launch_round_with_entries,
+    _ordered_in_range,
+)
+
+
+class Settled(NamedTuple):
+    """What a step's deferred calls came to, once read back."""
+
+    positions: list[Tensor]  # per trainer ticket: its listed positions (int64, ascending, on the host)
+    corrections: int  # auditor calls: lanes not at their nearest, summed
+    free: int  # auditor calls: lanes within 16 bands, summed (counted by the kernel either way)
+    failed: tuple[int, ...] = ()  # calls (in launch order) that need the torch path; then nothing else
+
+
+#: Tensors above this many lanes are not deferred (their calls read back at once, as without
+#: deferral): what deferral saves is per-tensor waiting, which small tensors are made of.
+DEFER_MAX = 1 << 62
+
+
+class Deferred:
+    """The kernels of one step whose checks are read back once, when it ends.
+
+    Why: the functions of :mod:`cuda_kernels` read a tensor's counters back at once (did a lane need the torch path,
+    how many lanes are listed), a host synchronisation per rounded tensor; on an H100 a
+    gpt-shakespeare record step made some 750 of them. Here every call gets a row of one counter
+    buffer and launches its kernels without waiting; :meth:`settle` reads all rows in one
+    synchronisation (and the trainer's listed positions in one more). The catch: a call that meets a
+    rare lane (or, for the auditor, a bad entry) has written nothing, and the ops after it have used
+    its unrounded values, so :meth:`settle` names the failed calls and the caller runs the whole
+    step again with the synchronous functions, from a copy of the state taken before, which also
+    words any error (:class:`game.training.step.StepEngine`; it then leaves those calls undeferred
+    in later steps: at the ResNet-50 shape some tensors hold values below 2**-126 every step).
+    """
+
+    ROWS = 512  # counter rows per buffer (a buffer is zeroed in one launch)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._kernels = _kernels()  # the switches are read once a step, not once a tensor
+        self._anywhere = os.environ.get("TRITON_INTERPRET") == "1"
+        self._buffers: list[Tensor] = []
+        self._free_rows: list[Tensor] = []  # views of the last buffer's unused rows, last first
+        self._rows = 0
+        self._tickets: list[tuple[int, Tensor]] = []  # trainer calls: (row, flags)
+        self._replays: list[int] = []  # auditor calls' rows
+
+    def _row(self) -> Tensor:
+        if not self._free_rows:
+            buf = torch.zeros(self.ROWS, 6, dtype=torch.int64, device=self.device)
+            self._buffers.append(buf)
+            self._free_rows = list(reversed(buf.unbind(0)))  # one call for every row's view
+        self._rows += 1
+        return self._free_rows.pop()
+
+    def _takes(self, xf: Tensor) -> dict[str, Any] | None:
+        """The kernels when ``xf`` is theirs (:func:`usable`, with this step's switches) and small
+        enough to defer (:data:`DEFER_MAX`)."""
+        if self._kernels is None or xf.dtype not in _LANES or not xf.is_contiguous():
+            return None
+        if not 0 < xf.numel() <= DEFER_MAX:
+            return None
+        return self._kernels if xf.device.type == self.device.type or self._anywhere else None
+
+    def round_and_band(self, xf: Tensor, p: BandParams) -> int | None:
+        """Trainer: round ``xf`` in place and flag its listed lanes; a ticket for :meth:`settle`'s
+        positions, or None (nothing launched: the tensor is not the kernels')."""
+        k = self._takes(xf)
+        if k is None:
+            return None
+        x = xf.view(torch.int64).view(-1)
+        n = x.numel()
+        flags = torch.empty(n, dtype=torch.int8, device=x.device)
+        _launch_round_and_band(k, x, flags, p, self._row())
+        self._tickets.append((self._rows - 1, flags))
+        return len(self._tickets) - 1
+
+    def round_with_entries(self, xf: Tensor, p: BandParams, positions: Tensor, on_device: Tensor) -> bool:
+        """Auditor: check the entries and round ``xf`` in place; False (nothing launched) when the
+        tensor is not the kernels' or the entries are out of order or range (checked on the host
+        copy ``positions``; ``on_device`` is the same on the tensor's device)."""
+        k = self._takes(xf)
+        if k is None:
+            return False
+        x = xf.view(torch.int64).view(-1)
+        if positions.numel() and not _ordered_in_range(positions, x.numel()):
+            return False
+        _launch_round_with_entries(k, x, on_device, p, self._row())
+        self._replays.append(self._rows - 1)
+        return True
+
+    def round_inplace(self, xf: Tensor, k0: int, max_finite: int) -> bool:
+        """Round ``xf`` in place to nearest; False (nothing launched) when it is not the kernels'."""
+        k = self._takes(xf)
+        if k is None:
+            return False
+        x = xf.view(torch.int64).view(-1)
+        k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)
+        return True
+
+    def settle(self) -> Settled:
+        """Read every call's counters back (one synchronisation). When a call needed the torch path
+        (a rare lane, a bad entry), only ``failed`` is filled: the step must run again without
+        deferral."""
+        if not self._rows:
+            return Settled([], 0, 0)
+        stats = torch.cat(self._buffers)[: self._rows].cpu()
+        bad = stats[:, 1:4].any(dim=1)
+        if bool(bad.any()):
+            return Settled([], 0, 0, tuple(bad.nonzero().squeeze(1).tolist()))
+        listed = stats[:, 4]
+        replays = torch.tensor(self._replays, dtype=torch.int64)
+        corrections = int(listed[replays].sum()) if self._replays else 0
+        free = int(stats[replays, 5].sum()) if self._replays else 0
+        none = torch.empty(0, dtype=torch.int64)
+        positions = [none] * len(self._tickets)
+        some = [(t, flags) for t, (row, flags) in enumerate(self._tickets) if int(listed[row])]
+        if some:  # every listed lane of the step in one nonzero, then split per ticket on the host
+            flat = torch.cat([flags for _, flags in some]).nonzero().squeeze(1).cpu()
+            sizes = torch.tensor([0] + [flags.numel() for _, flags in some]).cumsum(0)
+            ends = torch.searchsorted(flat, sizes[1:])
+            start = 0
+            for (t, _), end, offset in zip(some, ends.tolist(), sizes[:-1].tolist(), strict=True):
+                positions[t] = flat[start:end] - offset
+                start = end
+        return Settled(positions, corrections, free)
+
+
+__all__ = ["DEFER_MAX", "Deferred", "Settled"]

@@ -1,0 +1,250 @@
+"""The sparse log's Triton programs (JIT-compiled on first launch); launched by :mod:`cuda_kernels`.
+
+Apart from the launching code so that each module stays one thing: these are the device programs,
+pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries,
+round with the band, write the listed lanes, round in place), and for small tensors the same passes
+in one program. Their formulas are the C kernels' (``native/kernels.c``), bit for bit. Without
+Triton (a CPU-only install) ``triton`` is None and :data:`KERNELS` is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # Triton comes with torch's CUDA builds
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install: the torch kernels run
+    triton = None
+
+if triton is not None:
+    # Each pass over a block of lanes is a helper, so that the kernels below (one program per block
+    # for large tensors, one program for a whole small tensor) share every formula.
+
+    @triton.jit
+    def _band_of(a, k0, rel, floor_base):
+        # kernels.c band_of: min(cap >> clamp(k0 - 3 - shift, 0, 63) + rel_units, cap), with
+        # rel_units = 2^(52 + rel) (0 below 2^0) and shift = floor_base - exponent(a)
+        zero = tl.zeros_like(a)
+        rel_units = tl.where(rel + 52 >= 0, (zero + 1) << tl.maximum(zero + rel + 52, 0), 0)
+        cap = ((zero + 1) << k0) >> 3
+        count = (zero + k0 - 3) - ((zero + floor_base) - (a >> 52))
+        count = tl.minimum(tl.maximum(count, 0), 63)
+        return tl.minimum((cap >> count) + rel_units, cap)
+
+    @triton.jit
+    def _nearest(v, k0):
+        # round half to even on the signed pattern (kernels.c nearest)
+        half = ((tl.zeros_like(v) + 1) << k0) >> 1
+        return (v + (half - 1) + ((v >> k0) & 1)) & -(half << 1)
+
+    @triton.jit
+    def _rare(v, max_finite):
+        # 1 where a lane needs the torch path: the float32-subnormal range, past the range, inf, NaN
+        a = v & 0x7FFFFFFFFFFFFFFF
+        return (((a != 0) & (a < ((1023 - 126) << 52))) | (a > max_finite)).to(tl.int64)
+
+    @triton.jit
+    def _scan_block(x_ptr, offs, n, max_finite):
+        # the lanes' magnitudes (0 outside the tensor) and whether each is rare
+        v = tl.load(x_ptr + offs, mask=offs < n, other=0)
+        return v & 0x7FFFFFFFFFFFFFFF, _rare(v, max_finite)
+
+    @triton.jit
+    def _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, top):
+        # trainer: round to nearest in place, flag the lanes within 4 bands of a midpoint that went
+        # to the odd neighbour; returns the flags (0 outside the tensor)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        low = v & (step - 1)
+        r = _nearest(v, k0)
+        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
+        listed = m & ((r & step) != 0) & (low != 0) & (tl.abs(low - (step >> 1)) <= (band << 2))
+        tl.store(x_ptr + offs, r, mask=m)
+        tl.store(flag_ptr + offs, listed.to(tl.int8), mask=m)
+        return listed.to(tl.int64)
+
+    @triton.jit
+    def _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr):
+        # auditor, read-only: for entries j, (npos - j where outside 16 bands, else 0) and whether
+        # the lane is zero; their nearest and odd neighbours kept for the last pass
+        m = j < npos
+        p = tl.load(pos_ptr + j, mask=m, other=0)
+        v = tl.load(x_ptr + p, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        a = v & 0x7FFFFFFFFFFFFFFF
+        band = _band_of(a, k0, rel, 52 + abs_ + top)
+        outside = m & (tl.abs((v & (step - 1)) - (step >> 1)) > (band << 4))
+        lo = v - (v & (step - 1))
+        tl.store(near_ptr + j, _nearest(v, k0), mask=m)
+        tl.store(odd_ptr + j, tl.where((lo & step) != 0, lo, lo + step), mask=m)
+        return tl.where(outside, npos - j.to(tl.int64), 0), (m & (a == 0)).to(tl.int64)
+
+    @triton.jit
+    def _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, top):
+        # auditor: within one band of a midpoint -> even neighbour, else nearest, in place; returns
+        # per lane (moved off its nearest, within 16 bands)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        step = (tl.zeros_like(v) + 1) << k0
+        low = v & (step - 1)
+        off = low != 0
+        d = tl.abs(low - (step >> 1))
+        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
+        r = _nearest(v, k0)
+        lo = v - low
+        out = tl.where(off & (d <= band), tl.where((lo & step) != 0, lo + step, lo), r)
+        tl.store(x_ptr + offs, out, mask=m)
+        return (m & (out != r)).to(tl.int64), (m & off & (d <= (band << 4))).to(tl.int64)
+
+    @triton.jit
+    def _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr):
+        # auditor, last: listed lanes go to their odd neighbour; returns the change in corrections
+        m = j < npos
+        p = tl.load(pos_ptr + j, mask=m, other=0)
+        near = tl.load(near_ptr + j, mask=m, other=0)
+        odd = tl.load(odd_ptr + j, mask=m, other=0)
+        now = tl.load(x_ptr + p, mask=m, other=0)
+        tl.store(x_ptr + p, odd, mask=m)
+        return tl.where(m, (odd != near).to(tl.int64) - (now != near).to(tl.int64), 0)
+
+    @triton.jit
+    def _top_of(stats_ptr):
+        return tl.maximum(tl.load(stats_ptr) >> 52, 1023 - 126)
+
+    @triton.jit
+    def _refused(stats_ptr):
+        return (tl.load(stats_ptr + 1) != 0) | (tl.load(stats_ptr + 2) != 0) | (tl.load(stats_ptr + 3) != 0)
+
+    # ---- one program per block (large tensors) --------------------------------------------------
+
+    @triton.jit
+    def _scan_kernel(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        # read-only: the largest magnitude's pattern and whether any lane is rare (atomics)
+        a, rare = _scan_block(x_ptr, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), n, max_finite)
+        tl.atomic_max(stats_ptr, tl.max(a, axis=0))
+        tl.atomic_max(stats_ptr + 1, tl.max(rare, axis=0))
+
+    @triton.jit
+    def _round_and_band_kernel(x_ptr, flag_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
+        # trainer, unless the scan found a rare lane
+        if tl.load(stats_ptr + 1) != 0:
+            return
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        listed = _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
+        tl.atomic_add(stats_ptr + 4, tl.sum(listed, axis=0))
+
+    @triton.jit
+    def _check_entries_kernel(
+        x_ptr, pos_ptr, npos, k0, rel, abs_, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
+    ):
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        outside, zero = _check_entries_block(
+            x_ptr, pos_ptr, j, npos, k0, rel, abs_, _top_of(stats_ptr), near_ptr, odd_ptr
+        )
+        # the first entry outside, as npos - j (0: none), so that a zeroed row starts the maximum
+        tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
+        tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
+
+    @triton.jit
+    def _round_with_band_kernel(x_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
+        # auditor, when the checks passed
+        if _refused(stats_ptr):
+            return
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        moved, free = _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
+        tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
+        tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
+
+    @triton.jit
+    def _write_listed_kernel(x_ptr, pos_ptr, npos, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr):
+        if _refused(stats_ptr):
+            return
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        delta = _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr)
+        tl.atomic_add(stats_ptr + 4, tl.sum(delta, axis=0))
+
+    @triton.jit
+    def _round_inplace_kernel(x_ptr, n, k0, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        # round the common lanes to nearest and flag a rare one: rounding again leaves a rounded
+        # lane as it is, so the torch path may then redo the whole tensor
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        rare = _rare(v, max_finite)
+        tl.store(x_ptr + offs, _nearest(v, k0), mask=m & (rare == 0))
+        tl.atomic_max(stats_ptr + 1, tl.max(rare, axis=0))
+
+    # ---- one program for a whole tensor (small tensors: one launch instead of two to four) -------
+    # The passes follow each other in one program; a barrier between two passes makes the first
+    # one's writes visible to every thread of the second.
+
+    @triton.jit
+    def _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        top = tl.zeros([BLOCK], tl.int64)
+        bad = tl.zeros([BLOCK], tl.int64)
+        for start in range(0, n, BLOCK):
+            a, rare = _scan_block(x_ptr, start + tl.arange(0, BLOCK), n, max_finite)
+            top = tl.maximum(top, a)
+            bad = bad | rare
+        tl.store(stats_ptr, tl.max(top, axis=0))
+        tl.store(stats_ptr + 1, tl.max(bad, axis=0))
+        return tl.max(bad, axis=0) == 0
+
+    @triton.jit
+    def _round_and_band_one(x_ptr, flag_ptr, n, k0, rel, abs_, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
+            tl.debug_barrier()
+            top = _top_of(stats_ptr)
+            listed = tl.zeros([BLOCK], tl.int64)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                listed += _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, top)
+            tl.store(stats_ptr + 4, tl.sum(listed, axis=0))
+
+    @triton.jit
+    def _round_with_entries_one(
+        x_ptr, pos_ptr, npos, n, k0, rel, abs_, max_finite, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
+    ):
+        if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
+            top = _top_of(stats_ptr)
+            outside = tl.zeros([BLOCK], tl.int64)
+            zero = tl.zeros([BLOCK], tl.int64)
+            for start in range(0, npos, BLOCK):
+                j = start + tl.arange(0, BLOCK)
+                o, z = _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr)
+                outside = tl.maximum(outside, o)
+                zero = zero | z
+            tl.store(stats_ptr + 2, tl.max(outside, axis=0))
+            tl.store(stats_ptr + 3, tl.max(zero, axis=0))
+            if (tl.max(outside, axis=0) == 0) & (tl.max(zero, axis=0) == 0):
+                tl.debug_barrier()
+                moved = tl.zeros([BLOCK], tl.int64)
+                free = tl.zeros([BLOCK], tl.int64)
+                for start in range(0, n, BLOCK):
+                    mv, fr = _round_with_band_block(x_ptr, start + tl.arange(0, BLOCK), n, k0, rel, abs_, top)
+                    moved += mv
+                    free += fr
+                tl.debug_barrier()
+                for start in range(0, npos, BLOCK):
+                    j = start + tl.arange(0, BLOCK)
+                    moved += _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr)
+                tl.store(stats_ptr + 4, tl.sum(moved, axis=0))
+                tl.store(stats_ptr + 5, tl.sum(free, axis=0))
+
+
+KERNELS: dict[str, Any] = (
+    {}
+    if triton is None
+    else {
+        "scan": _scan_kernel,
+        "round_and_band": _round_and_band_kernel,
+        "check_entries": _check_entries_kernel,
+        "round_with_band": _round_with_band_kernel,
+        "write_listed": _write_listed_kernel,
+        "round_inplace": _round_inplace_kernel,
+        "round_and_band_one": _round_and_band_one,
+        "round_with_entries_one": _round_with_entries_one,
+    }
+)
