@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from game.training.config import TaskConfig
-    from game.training.intercept import RoundingMode
+    from game.training.dispatch.mode import RoundingMode
     from game.training.numerics.bandfile import Band
     from game.training.roundlog import ChunkLog
     from game.training.state import TrainState
@@ -189,7 +189,7 @@ class SteeredLog(Deviation):
 def _mode_engine(honest: StepEngine, rewrite: _Rewrite, dev: TamperedLog | SteeredLog) -> StepEngine:
     """A StepEngine of the same task whose recording interceptor lets ``rewrite`` change each op's
     rounding and log record right after the honest kernel ran."""
-    from game.training.intercept import RoundingMode
+    from game.training.dispatch.mode import RoundingMode
     from game.training.step import StepEngine
 
     class RewritingMode(RoundingMode):

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from game.errors import ConfigError
 from game.training.config import TaskConfig
-from game.training.intercept import OpClass, RoundingMode, classify, op_name, touched_tensors
+from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.optable import OpClass, classify, op_name, touched_tensors
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
 from game.training.profiles import Profile, get_profile

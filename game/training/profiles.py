@@ -3,7 +3,7 @@
 Bit-exact replay is only interesting when the two parties' float64 results differ. On one CPU they
 mostly do not, so besides the real differences (torch's thread count, a CUDA device) a profile can
 *emulate* what other hardware does to an inexact op, at the same place the rounding happens
-(:class:`game.training.intercept.RoundingMode` calls :meth:`Profile.compute` and
+(:class:`game.training.dispatch.mode.RoundingMode` calls :meth:`Profile.compute` and
 :meth:`Profile.perturb` before it rounds):
 
 * ``split_k``: matmul-family ops and conv forward are recomputed as a sequential float64 sum over

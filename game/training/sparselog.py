@@ -2,7 +2,7 @@
 
 A packed chunk (:mod:`roundlog`) spends 1.59 bits on every rounded value, yet only values within the
 calibrated divergence band of a rounding midpoint can round differently on another machine
-(:mod:`banding`). A sparse chunk lists just those. Layout::
+(:mod:`~game.training.numerics.bandcheck`). A sparse chunk lists just those. Layout::
 
     magic        b"vgame-slog-v1\\0"
     step         uint64 LE
@@ -19,7 +19,7 @@ calibrated divergence band of a rounding midpoint can round differently on anoth
 
 An entry is a value the trainer rounded to the *odd* neighbour although it lies within its band of
 a rounding midpoint; every other in-band value went to the even neighbour, so no direction bits are
-needed (:mod:`banding` has the rule and why it replays on other hardware).
+needed (:mod:`~game.training.numerics.bandcheck` has the rule and why it replays on other hardware).
 
 uvarints are LEB128 (7 bits per byte, high bit = more), shortest form only. Positions are the flat
 row-major indices in the op's output, so they are strictly increasing and below the value count;

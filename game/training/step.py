@@ -29,7 +29,8 @@ from torch import Tensor
 from game.errors import ConfigError, TrainingError
 from game.training.config import TaskConfig
 from game.training.data import Batch
-from game.training.intercept import MODES, DeferredChecksFailed, Mode, RoundingMode
+from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
 from game.training.models import StepContext
 from game.training.numerics import rounding
 from game.training.presets import get_preset

@@ -21,7 +21,7 @@ append_pending`) it waits there for the leaf, and copies the bytes back only for
 is durable once :meth:`TranscriptWriter.flush` (or ``close``, ``finish``) returns. A crash loses at
 most those steps, which a resumed run computes again.
 
-A step's files go to disk in one C call (:func:`game.training.native.write_step`), which holds no
+A step's files go to disk in one C call (:func:`game.training.native.bindings.write_step`), which holds no
 GIL: in Python they were some twenty calls, and the trainer's thread waited for the GIL after each.
 A sparse chunk given with the state's bytes goes further in one C call
 (:func:`game.training.native.stepwriter.finish_step`): compressed, hashed with the state and

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from game.errors import NonFiniteError
-from game.training import intercept
-from game.training.intercept import OpClass, RoundingMode
+from game.training.dispatch import front as session
+from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.optable import OpClass
 from game.training.native import front, library
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.profiles import get_profile
@@ -95,8 +96,8 @@ def test_front_bandsKnownAhead_areEachTablesOwn() -> None:
     )
     spec = base.spec_hash()
     logs = []
-    intercept._front_bands.clear()  # the first step asks band_for for every row
-    intercept._front_bands_last = None
+    session._bands.clear()  # the first step asks band_for for every row
+    session._bands_last = None
     for cfg in (base, base.replace(bands=wider), base):
         fast, slow = StepEngine(cfg, get_profile("cpu-1t")), StepEngine(cfg, get_profile("cpu-1t"))
         sf, ss = fast.init_state(), slow.init_state()
@@ -317,20 +318,20 @@ def test_builtFront_loadsDespiteALockFileLeftByAKilledRun(tmp_path: Any) -> None
 def test_front_refusesSparseEntriesThatDoNotHold(
     table: list[list[int]], names: list[str], positions: list[int]
 ) -> None:
-    entries = front.SparseEntries(
+    entries = session.SparseEntries(
         torch.tensor(table, dtype=torch.int64), names, torch.tensor(positions, dtype=torch.int64)
     )
-    kernels = front.Kernels(replay=library.address("vg_round_with_entries"), entries=entries)
+    kernels = session.Kernels(replay=library.address("vg_round_with_entries"), entries=entries)
     with pytest.raises(RuntimeError, match="sparse entries"):
-        front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
+        session.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
     assert not front.active()
 
 
 def test_front_refusesASparseReplayWhoseEntriesAreNotColumns() -> None:
-    kernels = front.Kernels(
+    kernels = session.Kernels(
         replay=library.address("vg_round_with_entries"),
         entries=[(0, "aten.mm.default", 10, torch.tensor([1], dtype=torch.int64))],
     )
     with pytest.raises(RuntimeError, match="takes them as columns"):
-        front.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
+        session.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
     assert not front.active()

@@ -12,7 +12,7 @@ from torch import nn
 from game.errors import ConfigError, TrainingError
 from game.training import data
 from game.training.config import PRESET_NAMES, CNNShape, TaskConfig
-from game.training.intercept import OpClass, classify
+from game.training.dispatch.optable import OpClass, classify
 from game.training.models import (
     DeterministicDropout,
     ResNet50Digits,

@@ -10,7 +10,7 @@ import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
 from game.training.config import TaskConfig
-from game.training.intercept import RoundingMode
+from game.training.dispatch.mode import RoundingMode
 from game.training.native import library
 from game.training.numerics.bandcheck import LogTamperingError
 from game.training.numerics.bandfile import Band, BandTable
@@ -239,7 +239,7 @@ def test_nonFiniteDuringStep_namesStepAndOp() -> None:
 
 class _ThroughBanding(StepEngine):
     """An engine whose interceptor never takes the direct kernel path: every tensor goes through
-    :mod:`banding`, the path the direct one must equal."""
+    :mod:`~game.training.numerics.bandcheck`, the path the direct one must equal."""
 
     class mode_class(RoundingMode):
         def __init__(self, **kwargs: Any) -> None:

@@ -1,21 +1,13 @@
-"""The calls into the C kernels (``kernels.c``): the sparse log, the packed log, the RNG, the step's files;
-the torch code stays the reference.
+"""The calls into the C kernels (``kernels.c``, loaded by :mod:`~game.training.native.library`).
 
-Why: on CPU the torch kernels of :mod:`game.training.numerics.bandcheck` make a dozen passes over every logged
-tensor (the candidate filter, ``nonzero``, the band geometry), which costs as much as the training
-step itself at paper sizes. ``kernels.c`` does the same integer arithmetic in one pass, and also
-writes and reads the sparse log's varints (numpy needs a pass per byte of the longest) and draws the
-RNG's Philox words (:func:`philox_stream`: as torch ops, dropout's masks took a third of a plain
-gpt-shakespeare step on CPU). It also writes a transcript step's files in one call that holds no GIL
-(:func:`write_step`): the trainer's thread no longer waits for the GIL after each of the writer
-thread's file calls. It is compiled with the machine's C compiler (``$CC``, else ``cc``) into a
-cache directory the first time it is needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``,
-else ``~/.cache/vgame``), keyed by the source's hash. Without a compiler, with ``VGAME_NATIVE=0``,
-on CUDA tensors, or when a tensor holds rare lanes (float32-subnormal range, past the range, inf,
-NaN), the torch kernels run instead: the results are the same bit for bit
-(tests/training/test_native.py holds them to it); the numpy varint code is the fallback and words
-every error; the transcript writes its files in Python (tests/training/test_transcript.py holds both
-ways to the same files).
+What they do in one pass, where torch or numpy needs many: the sparse log's round-and-band and
+replay (the torch kernels of :mod:`game.training.numerics.bandcheck` make a dozen passes over every
+logged tensor), the packed log's trits, the sparse log's varints, the RNG's Philox words
+(:func:`philox_stream`), and a transcript step's files in one call that holds no GIL
+(:func:`write_step`). Each returns None (or False) where the reference path must run: not loaded,
+``VGAME_NATIVE=0``, a CUDA tensor, or rare lanes (float32-subnormal range, past the range, inf,
+NaN); the results are the same bit for bit (tests/training/test_native.py holds them to it), and
+the reference path words every error.
 """
 
 from __future__ import annotations
@@ -35,8 +27,7 @@ from torch import Tensor
 from game.fsio import temp_name
 from game.training.native.library import _running
 
-#: Below this many values the trainer kernel lists positions into a reusable buffer (one per thread)
-#: rather than a fresh array; above it a fresh one, so no large buffer outlives the call.
+#: Up to this many values the trainer kernel lists positions into a reusable per-thread buffer.
 _SCRATCH_MAX = 1 << 20
 _scratch = threading.local()
 
@@ -74,8 +65,7 @@ def _stats_buffer() -> tuple[np.ndarray, int]:
     return entry
 
 
-#: What the trainer kernel returns for a tensor with no listed value (most of them): one shared,
-#: never written tensor instead of a new one per call.
+#: The trainer kernel's result for a tensor with no listed value (most): one shared, never written.
 _NO_POSITIONS = torch.empty(0, dtype=torch.int64)
 
 

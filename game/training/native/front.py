@@ -1,11 +1,12 @@
-"""The C++ dispatch front (``front.cpp``): RoundingMode's interception without a Python call per op.
+"""The C++ dispatch front (``front.cpp``): building and loading it; the session's calls are in
+:mod:`game.training.dispatch.front`.
 
 Why: a ``TorchDispatchMode`` costs some 9 us of Python for each of the ~480 ATen ops of a
 gpt-shakespeare step, a third of a plain float64 step, and half of those ops round nothing. The
 front is a C++ fallback below autograd: ops that round nothing run without Python, and an op that
 rounds hands the float64 tensors it produced or changed to the C kernels itself where the mode
-would (:class:`Kernels`), or else calls :meth:`RoundingMode._front_op` once with them. Classes,
-log records, counters and errors are the Python code's in :mod:`game.training.intercept`, so a
+would (:class:`~game.training.dispatch.front.Kernels`), or else calls the mode once with them. Classes,
+log records, counters and errors are the Python code's in :mod:`game.training.dispatch`, so a
 step gives the same bits, log and counters either way (tests/training/test_front.py holds them to
 it).
 
@@ -31,20 +32,16 @@ import platform
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from game.training.native import library
 
 log = logging.getLogger(__name__)
-
-#: Kinds the C++ side knows (``front.cpp``'s ``Kind``): the three classes, then the conditional ops
-#: whose class it works out from the arguments, as ``intercept._conditional_class`` does.
-MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE = range(6)
 
 #: Set to ``0`` to keep the Python dispatch mode (``VGAME_NATIVE=0`` also does).
 ENV_SWITCH = "VGAME_FRONT"
@@ -148,88 +145,14 @@ def layouts(tensors: Sequence[torch.Tensor]) -> bytes | None:
         return None
 
 
+def compiled() -> Any:
+    """The loaded module (None before :func:`load` found it; no lock: the session's calls ask)."""
+    return _module
+
+
 def available() -> bool:
     """Whether the mode may use the front here: it loads, and not inside :func:`disabled`."""
     return not disabled.off and load() is not None
-
-
-class SparseEntries(NamedTuple):
-    """A sparse chunk to replay, as columns (:meth:`~game.training.sparselog.SparseStepLog.columns`)."""
-
-    table: torch.Tensor  # (k, 4) int64: op index, name id, value count, entry count, per record
-    names: list[str]  # by name id
-    positions: torch.Tensor  # flat int64: every record's positions, one record after another
-
-
-class Kernels(NamedTuple):
-    """What the front rounds with the C kernels itself, without a Python call (front.cpp's
-    ``Direct``): kernel addresses (0: that work goes to Python), the grid, and for an inexact op
-    its band (``bands`` known ahead, ``band_for(row) -> (rel, abs)`` asked once a session past
-    them) and the entries to replay."""
-
-    round_inplace: int = 0  # exact ops' tensors
-    record: int = 0  # inexact ops' tensors, sparse record
-    replay: int = 0  # inexact ops' tensors, sparse replay
-    trits_record: int = 0  # inexact ops' tensors, packed record
-    trits_replay: int = 0  # inexact ops' tensors, packed replay
-    round_nearest: int = 0  # inexact ops' tensors without a log (mode "round")
-    k0: int = 0
-    max_finite: int = 0
-    threshold: int = 0  # the packed log's floor(tau * step) in float64 ulps
-    count_free: bool = False
-    band_for: Callable[[int], tuple[int, int]] | None = None
-    #: the bands of rows 0..n-1 known ahead, as an (n, 2) int64 tensor of (rel, abs): ``band_for``
-    #: is asked only for a row past them (each ask takes the GIL in the middle of the step)
-    bands: torch.Tensor | None = None
-    #: the chunk to replay: a sparse log's as :meth:`SparseStepLog.columns` gives them (as tensors),
-    #: a packed log's as (op index, op name, count, trits) per record, in order
-    entries: SparseEntries | Sequence[tuple[int, str, int, torch.Tensor]] = ()
-
-
-#: Log records the front made and Python has not logged yet. In a sparse record, two tensors: a
-#: (k, 4) int64 table of (op index, row, count, entries) per record, and every record's positions
-#: one after another (flat int64). Otherwise (op index, row, count, trits) per packed record.
-Records = tuple[torch.Tensor, torch.Tensor] | list[tuple[int, int, int, torch.Tensor]]
-
-
-class Left(NamedTuple):
-    """What a session did that Python has not seen yet, from :func:`leave`."""
-
-    first_calls: list[tuple[int, int]]  # (row, class) of each op's first call, in call order
-    op_index: int  # the step's logged tensors so far; -1: the last on_op call raised, Python's is newer
-    cursor: int  # replay records taken so far; -1 as op_index
-    records: Records  # not yet logged
-    logged: list[int]  # tensors the kernels rounded with the log, by row
-    rounded: list[int]  # tensors the kernels rounded without it, by row
-    corrections: int
-    free: int
-    tensors: int  # tensors the kernels took in all
-
-
-_NO_BANDS = torch.zeros(0, 2, dtype=torch.int64)
-
-
-def enter(
-    plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str]],
-    on_op: Callable[..., tuple[int, int]],
-    kernels: Kernels,
-) -> None:
-    """Switch the front on for this thread. ``plan_for`` gives an op's row the first time the front
-    meets it; ``on_op(row, class, tensors, op index, cursor, records)`` rounds the float64 tensors
-    the kernels did not take, after logging ``records`` (the front's, since its last call) and
-    taking the op index and replay cursor from it, and returns them as they are after."""
-    k = kernels
-    _module.enter(
-        plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay, k.round_nearest), k.k0,
-        k.max_finite, k.threshold, k.count_free, k.band_for,
-        k.bands if k.bands is not None else _NO_BANDS,
-        k.entries if isinstance(k.entries, SparseEntries) else list(k.entries),
-    )  # fmt: skip
-
-
-def leave() -> Left:
-    """Switch it off, with what the session did since the last ``on_op`` call."""
-    return Left(*_module.leave())
 
 
 def active() -> bool:

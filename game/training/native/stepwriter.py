@@ -9,7 +9,7 @@ cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/be
 ``writer.c`` links zlib, liblzma and OpenSSL's libcrypto. It is compiled like the C kernels, into
 their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
 compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
-:func:`disabled` or :func:`game.training.native.disabled`, or where its codecs or its leaf
+:func:`disabled` or :func:`game.training.native.library.disabled`, or where its codecs or its leaf
 (:mod:`~game.training.leafhash`) would not give the bytes Python's give (a probe, once a process),
 :func:`finish_step` returns None and the writer writes the step in Python, to the same files
 (tests/training/test_stepwriter.py holds both ways to it).

@@ -21,7 +21,7 @@ All arithmetic is on non-negative int64 tensors holding values below 2**49 (32-b
 multiplier split into 16-bit halves), so no operation overflows or depends on signed shifts: the
 same ops give the same bits on every device torch supports. The rounds work in place (large
 temporaries cost more than the arithmetic on a CPU). On CPU a C kernel
-(:func:`game.training.native.philox_stream`) draws the same words (1.5 ms a gpt-shakespeare step
+(:func:`game.training.native.bindings.philox_stream`) draws the same words (1.5 ms a gpt-shakespeare step
 instead of 19); on a CUDA device a Triton kernel (:func:`game.training.numerics.cuda_rng.stream_words`) does,
 in one launch a draw instead of some 240 tiny ones. The torch code is their reference (the tests
 hold both to it bit for bit) and runs on other devices, without a C compiler or Triton, with

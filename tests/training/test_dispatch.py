@@ -1,4 +1,4 @@
-"""RoundingMode: every op of a training step is classified, and every inexact float64 result is rounded.
+"""The dispatch mode (RoundingMode): every op of a training step is classified, and every inexact float64 result is rounded.
 
 The coverage check does not trust the interceptor's own bookkeeping: an observer mode entered *inside*
 it sees every op's results after rounding and checks them against the grid and against the log.
@@ -17,15 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
 from game.training.config import PRESET_NAMES, TaskConfig
-from game.training.intercept import (
-    EXACT_OPS,
-    MOVE_OPS,
-    OpClass,
-    RoundingMode,
-    base_name,
-    classify,
-    touched_tensors,
-)
+from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name, classify, touched_tensors
 from game.training.models import StepContext
 from game.training.native import front
 from game.training.numerics import rounding

@@ -1,0 +1,112 @@
+"""The TorchDispatchMode that rounds (and logs or corrects) every op result of a training step.
+
+The paper's code rounds at ``nn.Module`` boundaries and so misses functional ops, parameter gradients,
+optimizer state and BatchNorm running stats. A dispatch mode sits below autograd and sees every ATen
+op that forward, backward and ``optimizer.step()`` run, whatever Python code called it. Each op's
+class comes from the op table (:mod:`~game.training.dispatch.optable`): ``MOVE`` ops pass, ``EXACT``
+ones are rounded without a log entry, ``INEXACT`` ones with the log.
+
+The trainer *records* trits, the auditor *replays* them (``rev`` corrections); ``round`` rounds
+without a log (to show divergence) and ``plain`` does not round at all (baselines). A hardware
+profile's emulation (split-K order, noise) is applied to inexact ops before rounding in every mode.
+What each role does with a tensor is in :mod:`~game.training.dispatch.roles`, this step's state in
+:mod:`~game.training.dispatch.modestate`.
+
+On CPU, with a profile that emulates nothing, the C++ front (``native/front.cpp``) stands in for
+``__torch_dispatch__``: ops that round nothing skip Python, the rest come to
+:meth:`RoundingMode._front_op` (see :meth:`RoundingMode.__enter__` and
+:mod:`~game.training.dispatch.frontmode`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from game.training.dispatch import front
+from game.training.dispatch.frontmode import FrontMode
+from game.training.dispatch.modestate import DeferredChecksFailed
+from game.training.dispatch.optable import OpClass, _conditional_class, _plan, _touched
+
+
+class RoundingMode(FrontMode):
+    """Round every float64 result of the ops run inside it; record or replay the rounding log.
+
+    One instance serves one training step: ``op_index`` counts the logged tensors of that step.
+    """
+
+    def __enter__(self) -> RoundingMode:
+        """Push the mode; or, on CPU with a profile that emulates nothing (``compute`` is the op
+        itself, no noise) and where the C++ front loads, switch the front on instead: the same
+        classes, rounding and log, without a Python call per op. A subclass that changes
+        ``__torch_dispatch__`` keeps the mode."""
+        if (
+            self.mode != "plain"
+            and self._defer is None
+            and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
+            and self.profile.interceptor() == "front"
+        ):
+            front.enter(front.row_for, self._front_op, self._front_kernels())
+            self._front = self.via_front = True
+            return self
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if not self._front:
+            super().__exit__(exc_type, exc_val, exc_tb)
+            return
+        self._front = False
+        left = front.leave()
+        self._front_sync(left.op_index, left.cursor, left.records)
+        self.corrections += left.corrections
+        self.free += left.free
+        self.front_kernel_tensors = left.tensors
+        self._add_tallies()  # an earlier session's, if any: this one's are added when read
+        self._tallies = left
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """Names (``str(func)``) of every op that ran."""
+        return frozenset(self.classes)
+
+    def finish(self) -> None:
+        """Check a replayed log was used up exactly (a longer log is as wrong as a shorter one);
+        with deferred checks, read them back first and write the log (:class:`DeferredChecksFailed`
+        when one failed: the step must run again without deferral)."""
+        if self.deferred_failed():
+            raise DeferredChecksFailed(
+                f"step {self.step}: a deferred check failed; run the step without deferral", self.failed_calls
+            )
+        if self._cursor is not None:
+            self._cursor.finish()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        plan = _plan(func)
+        cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
+        name = plan.name
+        if name not in self._classes:
+            self._classes[name] = cls
+        if cls is OpClass.MOVE:
+            return func(*args, **kwargs)
+        if cls is OpClass.EXACT:
+            out = func(*args, **kwargs)
+            if self.mode != "plain":
+                for t in _touched(plan, args, kwargs, out):
+                    if t.dtype == torch.float64:
+                        self._round_exact(t, name)
+            return out
+        out = self.profile.compute(func, args, kwargs)
+        for t in _touched(plan, args, kwargs, out):
+            if t.dtype == torch.float64:
+                self._round_inexact(t, name)
+            elif t.dtype == torch.float32 and self._noise is not None:
+                self._noise.perturb(t)  # float32 is never rounded; only the noisy machine touches it
+        return out
+
+
+__all__ = ["RoundingMode"]

@@ -1,0 +1,267 @@
+"""The op table: which ATen ops a training step's interception rounds, and how.
+
+Each op falls in one class (docs/architecture.md, "What is rounded"):
+
+* ``MOVE``: views, copies, indexing, factories: no arithmetic, passed through untouched;
+* ``EXACT``: IEEE-exact elementwise ops (one correctly rounded operation per value): the float64
+  result is the same on every machine, so it is rounded to the grid without a log entry;
+* ``INEXACT``: everything else (reductions, matmul/conv, norms, softmax, transcendental and fused
+  ops, and every op we do not know): each float64 output and each float64 argument the op mutates is
+  rounded with the log. Unknown ops land here on purpose: logging too much is safe, too little is not.
+
+Apart from the mode (:mod:`~game.training.dispatch.mode`) because it is a table, not behaviour: the
+Python mode and the C++ front (:mod:`~game.training.dispatch.front`) read the same plans, worked out
+once per op overload, so both round the same tensors of the same ops.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from torch import Tensor
+
+
+class OpClass(enum.Enum):
+    """What the rounding mode does with an op's results."""
+
+    MOVE = "move"  # data movement: passed through
+    EXACT = "exact"  # IEEE-exact elementwise: rounded, no log entry
+    INEXACT = "inexact"  # may differ between machines: rounded with the log
+
+
+# --------------------------------------------------------------------------------------------------
+# Classification (by the op's base name: namespace, ``_foreach_`` prefix and in-place ``_`` removed)
+# --------------------------------------------------------------------------------------------------
+
+#: Ops that only move, select or create values: their float outputs are bit copies of their inputs
+#: (or constants on every grid). Views are recognised from the schema and need not be listed.
+MOVE_OPS: frozenset[str] = frozenset(
+    {
+        "clone", "contiguous", "copy", "_copy_from", "_copy_from_and_resize", "lift_fresh_copy",
+        "cat", "stack", "hstack", "vstack", "index", "_unsafe_index", "index_select", "gather", "take",
+        "embedding", "masked_select", "masked_scatter", "flip", "roll", "repeat", "tile",
+        "repeat_interleave", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter",
+        "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+        "zeros", "zeros_like", "new_zeros", "zero", "ones", "ones_like", "new_ones",
+        "_local_scalar_dense", "item", "resize", "set", "_unsafe_view", "_reshape_copy", "view_copy",
+        "t_copy", "transpose_copy", "permute_copy", "expand_copy", "slice_copy", "select_copy",
+        "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",
+        "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
+        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin", "randperm",
+        "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
+    }
+)  # fmt: skip
+
+#: IEEE-exact elementwise ops (one correctly rounded result per value, the same on every device),
+#: selections that may meet off-grid scalars (clamp bounds, fill values), and conversions.
+EXACT_OPS: frozenset[str] = frozenset(
+    {
+        "mul", "neg", "abs", "sqrt", "relu", "threshold", "threshold_backward", "where", "maximum",
+        "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "hardtanh", "sign", "sgn",
+        "copysign", "max", "min", "amax", "amin", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+        "logical_or", "logical_not", "logical_xor", "isnan", "isinf", "isfinite", "floor", "ceil",
+        "trunc", "fill", "full", "full_like", "new_full", "scalar_tensor", "masked_fill", "_to_copy",
+        "constant_pad_nd", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "__and__", "__or__",
+        "__xor__", "__lshift__", "__rshift__", "bitwise_left_shift", "bitwise_right_shift",
+    }
+)  # fmt: skip
+
+#: Ops whose class depends on their arguments (see :func:`classify`).
+CONDITIONAL_OPS: frozenset[str] = frozenset({"add", "sub", "rsub", "div", "index_put", "scatter", "round"})
+
+#: Ops that mutate arguments their schema does not mark ``(a!)``: (positions, position of ``training``).
+_HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
+    "native_batch_norm": ((3, 4), 5),
+    "cudnn_batch_norm": ((3, 4), 5),
+    "miopen_batch_norm": ((3, 4), 5),
+}
+
+
+@functools.cache
+def base_name(func: Any) -> str:
+    """``aten::_foreach_add_`` -> ``add``; ``aten::_softmax`` -> ``_softmax``; other namespaces keep theirs."""
+    full: str = func._schema.name
+    ns, _, name = full.partition("::")
+    if ns == "profiler":
+        return "profiler"
+    if ns != "aten":
+        return full
+    if name.startswith("_foreach_"):
+        name = name[len("_foreach_") :]
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return name
+
+
+@functools.cache
+def _static_class(func: Any) -> OpClass | None:
+    """The class an op has whatever its arguments, or None when it depends on them."""
+    schema = func._schema
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return OpClass.MOVE  # a view: computes nothing
+    name = base_name(func)
+    if name in MOVE_OPS:
+        return OpClass.MOVE
+    if name in EXACT_OPS:
+        return OpClass.EXACT
+    if name in CONDITIONAL_OPS:
+        return None
+    return OpClass.INEXACT
+
+
+def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    i = _positions(func).get(name)
+    return args[i] if i is not None and i < len(args) else default
+
+
+_arg_positions: dict[int, tuple[Any, dict[str, int]]] = {}
+
+
+def _positions(func: Any) -> dict[str, int]:
+    """Positions of ``func``'s arguments that may be passed positionally (reading the schema's
+    arguments costs microseconds, and add/sub/div ask on every call)."""
+    entry = _arg_positions.get(id(func))
+    if entry is None or entry[0] is not func:
+        found = {a.name: i for i, a in enumerate(func._schema.arguments) if not a.kwarg_only}
+        entry = _arg_positions[id(func)] = (func, found)
+    return entry[1]
+
+
+def _is_big_tensor(x: Any) -> bool:
+    if isinstance(x, list | tuple):
+        return all(_is_big_tensor(v) for v in x)
+    return isinstance(x, Tensor) and x.dim() > 0
+
+
+class _Plan(NamedTuple):
+    """What the mode needs to know of an op whatever its arguments, worked out once per overload."""
+
+    func: Any
+    name: str  # str(func): the op name in the log and in coverage sets
+    fixed: OpClass | None  # the op's class, or None when it depends on the arguments
+    written: tuple[tuple[int, str, bool], ...]  # see _written_args
+    hidden: tuple[tuple[int, ...], int] | None  # see _HIDDEN_WRITES
+
+
+#: Plans by ``id(func)``: an int key, where a dict keyed by the OpOverload itself would call its
+#: Python ``__hash__`` (some 600 ops a step, each looked up several times, made that milliseconds).
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(func: Any) -> _Plan:
+    plan = _plans.get(id(func))
+    if plan is None or plan.func is not func:  # ids of overloads are stable (their packets keep them)
+        plan = _Plan(
+            func, op_name(func), _static_class(func), _written_args(func), _HIDDEN_WRITES.get(base_name(func))
+        )
+        _plans[id(func)] = plan
+    return plan
+
+
+def classify(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> OpClass:
+    """The class of one call of ``func`` (an OpOverload) with these arguments."""
+    fixed = _plan(func).fixed
+    if fixed is not None:
+        return fixed
+    return _conditional_class(func, args, kwargs or {})
+
+
+def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpClass:
+    """The class of a call of one of the ``CONDITIONAL_OPS``, from its arguments."""
+    name = base_name(func)
+    if name in ("add", "sub", "rsub"):
+        # a + alpha*b is fused (FMA) for alpha != 1: not IEEE-exact.
+        return OpClass.EXACT if _arg(func, args, kwargs, "alpha", 1) == 1 else OpClass.INEXACT
+    if name == "div":
+        # No rounding mode and a real tensor divisor: CUDA turns division by a scalar into a multiply
+        # by its reciprocal, which is not correctly rounded.
+        if _arg(func, args, kwargs, "rounding_mode", None) is not None or len(args) < 2:
+            return OpClass.INEXACT
+        return OpClass.EXACT if _is_big_tensor(args[1]) else OpClass.INEXACT
+    if name == "index_put":
+        return OpClass.INEXACT if _arg(func, args, kwargs, "accumulate", False) else OpClass.MOVE
+    if name == "scatter":
+        return OpClass.INEXACT if "reduce" in func._overloadname else OpClass.MOVE
+    if name == "round":  # round to integer is exact; round(decimals=n) scales by 10**n
+        return OpClass.EXACT if func._overloadname in ("default", "out") else OpClass.INEXACT
+    return OpClass.INEXACT
+
+
+# --------------------------------------------------------------------------------------------------
+# Which tensors an op produced or changed
+# --------------------------------------------------------------------------------------------------
+
+
+def _tensors(x: Any) -> Iterator[Tensor]:
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, list | tuple):
+        for v in x:
+            yield from _tensors(v)
+
+
+def _key(t: Tensor) -> tuple[Any, ...]:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+@functools.cache
+def _written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, kwarg-only) of the arguments the schema marks as written (``Tensor(a!)``)."""
+    return tuple(
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+@functools.cache
+def op_name(func: Any) -> str:
+    """``str(func)``, e.g. ``aten.addmm.default``: the op name in the log and in coverage sets."""
+    return str(func)
+
+
+def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
+    """Arguments the op mutates (schema ``(a!)`` plus known hidden writes), then its fresh outputs."""
+    return _touched(_plan(func), args, kwargs, out)
+
+
+def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
+    if not plan.written and plan.hidden is None:  # a functional op: only its fresh outputs
+        return [out] if isinstance(out, Tensor) else list(_tensors(out))
+    found: list[Tensor] = []
+    for i, name, kwarg_only in plan.written:
+        value = kwargs.get(name) if kwarg_only or name in kwargs else (args[i] if i < len(args) else None)
+        found.extend(_tensors(value))
+    hidden = plan.hidden
+    if hidden is not None:
+        positions, training_pos = hidden
+        if len(args) > training_pos and args[training_pos]:
+            found.extend(t for p in positions for t in _tensors(args[p]))
+    if not found:  # a functional op: its outputs are fresh tensors, distinct from each other
+        return list(_tensors(out))
+    if isinstance(out, Tensor) and any(out is t for t in found):  # an in-place op returns its self
+        return found
+    seen = {_key(t) for t in found}
+    for t in _tensors(out):
+        k = _key(t)
+        if k not in seen:
+            seen.add(k)
+            found.append(t)
+    return found
+
+
+__all__ = [
+    "CONDITIONAL_OPS",
+    "EXACT_OPS",
+    "MOVE_OPS",
+    "OpClass",
+    "base_name",
+    "classify",
+    "op_name",
+    "touched_tensors",
+]

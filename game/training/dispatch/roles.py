@@ -1,0 +1,175 @@
+"""What the trainer (``record``) and the auditor and judge (``replay``) do with an inexact op's tensor.
+
+Apart from the dispatch (:mod:`~game.training.dispatch.mode`) because it is the per-role part: the
+trainer rounds and logs what the task's log format asks for, the auditor rounds with the trainer's
+entries after the band checks; ``round`` rounds without a log and ``plain`` leaves the tensor. The
+fast paths (the C kernels on a CPU tensor, the deferred CUDA kernels) and the torch kernels of
+:mod:`~game.training.numerics.bandcheck` give the same bits; a subclass may override
+``_record``/``_replay`` (the log-rewriting deviations do), which keeps the C++ front off.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from game.training.dispatch.modestate import ModeState
+from game.training.native import bindings
+from game.training.numerics import bandcheck, rounding
+from game.training.numerics.bandfile import Band
+from game.training.roundlog import StepLog
+from game.training.sparselog import SparseRecord, SparseStepLog
+
+
+class RoleKernels(ModeState):
+    """The rounding of one inexact tensor, per role (see :class:`~game.training.dispatch.mode.RoundingMode`)."""
+
+    def _round_exact(self, t: Tensor, name: str) -> None:
+        """An exact op's float64 tensor: rounded to the grid without a log entry (on CUDA by a
+        deferred kernel where the step defers)."""
+        defer, g = self._defer, self._grid
+        if not (
+            defer is not None
+            and self._may_defer()
+            and self._deferred(defer.round_inplace(t, g.k0, g.max_finite))
+        ):
+            rounding.round_(t, self.bits)
+        self._rounded[name] += 1
+
+    def _round_inexact(self, t: Tensor, name: str) -> None:
+        if self._noise is not None:
+            self._noise.perturb(t)
+        if self.mode == "plain":
+            return
+        index = self.op_index
+        self.op_index += 1
+        entry: SparseRecord | None = None
+        if self._direct and t.is_cpu and t.is_contiguous() and t.numel():
+            if self._round_direct(t, index, name):
+                return
+            if self.mode == "replay":  # the kernel refused the tensor; the torch path words why
+                entry = self._entry
+        if self._defer is not None and self._may_defer():  # record or replay; no error text needed
+            params = self._band_params(name)
+            if self.mode == "record":
+                ticket = self._defer.round_and_band(t, params)
+                if self._deferred(ticket is not None):
+                    assert ticket is not None
+                    self._pending.append((index, name, t.numel(), ticket))
+                    self._logged[name] += 1
+                    return
+            else:
+                assert self._cursor is not None
+                entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+                i = self._cursor.position - 1
+                listed = self._device_positions[self._offsets[i] : self._offsets[i + 1]]
+                if self._deferred(self._defer.round_with_entries(t, params, entry.positions, listed)):
+                    self._logged[name] += 1
+                    return
+        where = f"step {self.step}, op #{index} {name}"
+        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
+        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
+        # rounding without a log scans here.
+        top = rounding.check_finite(t, where) if self.mode == "round" else None
+        if self.mode == "round":
+            rounding.round_(t, self.bits, top=top)
+            self._rounded[name] += 1
+            return
+        band = self.bands.band(name)
+        try:
+            if self.mode == "record":
+                r = self._record(t, index, name, band, top, where)
+            else:
+                r = self._replay(t, index, name, band, top, where, entry)
+        except bandcheck.BandViolation as exc:
+            raise exc.at(self.step, index, name) from None
+        if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
+            t.copy_(r)
+        self._logged[name] += 1
+
+    def _band_params(self, name: str) -> bindings.BandParams:
+        """The kernels' integers for op ``name``'s band (worked out once a step per op)."""
+        params = self._params.get(name)
+        if params is None:
+            band = self.bands.band(name)
+            params = self._params[name] = bindings.BandParams(
+                self._grid.k0, self._grid.max_finite, band.rel, band.abs
+            )
+        return params
+
+    def _round_direct(self, t: Tensor, index: int, name: str) -> bool:
+        """The C kernel on a contiguous CPU tensor, in place: what :meth:`_record` and
+        :meth:`_replay` do through :mod:`~game.training.numerics.bandcheck` for it. False, with ``t`` untouched, when the
+        kernel leaves the tensor to the torch path (rare lanes; for the auditor also an entry out
+        of order, out of range or outside its band, which that path words); the auditor's entry is
+        then in ``self._entry``."""
+        params = self._band_params(name)
+        if self.mode == "record":
+            positions = bindings.round_and_band(t, params)
+            if positions is None:
+                return False
+            assert isinstance(self.log, SparseStepLog)
+            self.log.append(index, name, t.numel(), positions)
+        else:
+            assert self._cursor is not None
+            entry = self._entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+            replayed = bindings.round_with_entries(t, params, entry.positions, self.count_free)
+            if replayed is None:
+                return False
+            self.corrections += replayed.corrections
+            self.free += max(replayed.free, 0)
+        self._logged[name] += 1
+        return True
+
+    def _record(self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str) -> Tensor:
+        """Trainer: round ``t`` and log what the task's format asks for (``top``: ``max |t|`` when
+        scanned; ``where``: the op, for errors). The result may be ``t`` itself (``round_in_place``)."""
+        if isinstance(self.log, SparseStepLog):
+            r, positions = bandcheck.round_and_band(
+                t, self.bits, band, top=top, in_place=self.round_in_place, where=where
+            )
+            if self._defer is None:
+                self.log.append(index, name, t.numel(), positions)
+            else:  # after the deferred records before it, in op order
+                self._pending.append((index, name, t.numel(), positions))
+            return r
+        assert isinstance(self.log, StepLog)
+        r, trits = bandcheck.round_and_trits(
+            t, self.bits, self.tau, in_place=self.round_in_place, where=where
+        )
+        self.log.append(index, name, trits)  # flat, logical (row-major) order on every device
+        return r
+
+    def _replay(
+        self,
+        t: Tensor,
+        index: int,
+        name: str,
+        band: Band,
+        top: float | None,
+        where: str,
+        entry: SparseRecord | None = None,
+    ) -> Tensor:
+        """Auditor and judge: round ``t`` with the trainer's entries (``entry``: taken from the log
+        already), after the band checks."""
+        assert self._cursor is not None
+        if isinstance(self.log, SparseStepLog):
+            if entry is None:
+                entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+            r, n, free = bandcheck.round_with_entries(
+                t,
+                self.bits,
+                band,
+                entry.positions,
+                count_free=self.count_free,
+                top=top,
+                in_place=self.round_in_place,
+                where=where,
+            )
+            self.free += max(free, 0)
+        else:
+            trits = self._cursor.take(index, name, t.numel())
+            r, n = bandcheck.round_with_trits(
+                t, self.bits, band, trits, in_place=self.round_in_place, where=where
+            )
+        self.corrections += n
+        return r
