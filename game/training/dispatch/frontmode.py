@@ -90,7 +90,7 @@ class FrontMode(RoleKernels):
             return plain._replace(replay=kernel, count_free=self.count_free, band_for=band, entries=columns)
         if not (
             isinstance(self.log, StepLog)
-            and self.mode in ("record", "replay")
+            and self.role.logs
             and self._noise is None
             and self._defer is None
             and self.round_in_place

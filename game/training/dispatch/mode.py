@@ -42,7 +42,7 @@ class RoundingMode(FrontMode):
         classes, rounding and log, without a Python call per op. A subclass that changes
         ``__torch_dispatch__`` keeps the mode."""
         if (
-            self.mode != "plain"
+            self.role.rounds
             and self._defer is None
             and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
             and self.profile.interceptor() == "front"
@@ -95,7 +95,7 @@ class RoundingMode(FrontMode):
             return func(*args, **kwargs)
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
-            if self.mode != "plain":
+            if self.role.rounds:
                 for t in _touched(plan, args, kwargs, out):
                     if t.dtype == torch.float64:
                         self._round_exact(t, name)

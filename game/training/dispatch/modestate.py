@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from game.errors import ConfigError, TrainingError
 from game.training.dispatch.front import Left
 from game.training.dispatch.optable import OpClass
+from game.training.dispatch.policies import ROLES, Role
 from game.training.native import bindings, library
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
@@ -96,6 +97,7 @@ class ModeState(TorchDispatchMode):
         self.bits = bits
         self.tau = tau
         self.mode: Mode = mode
+        self.role: Role = ROLES[mode]  # what the mode does with an inexact op's tensor
         self.profile = profile
         self.step = step
         self.log = log
@@ -125,7 +127,7 @@ class ModeState(TorchDispatchMode):
         # CPU, sparse log, C kernels: an inexact tensor goes straight to the kernel (the general path
         # through banding costs some 15 us more a tensor in Python, on ~200 tensors a step)
         self._direct = (
-            mode in ("record", "replay")
+            self.role.logs
             and isinstance(log, SparseStepLog)
             and self._noise is None
             and self._defer is None
@@ -146,7 +148,7 @@ class ModeState(TorchDispatchMode):
         if not (
             self.defer_checks
             and self.round_in_place
-            and self.mode in ("record", "replay")
+            and self.role.logs
             and isinstance(log, SparseStepLog)
             and self._noise is None
             and cuda_kernels.runs_on(torch.device(profile.device))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from game.training.dispatch.modestate import ModeState
+from game.training.dispatch.policies import Logged
 from game.training.native import bindings
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
@@ -36,55 +37,11 @@ class RoleKernels(ModeState):
         self._rounded[name] += 1
 
     def _round_inexact(self, t: Tensor, name: str) -> None:
+        """An inexact op's float64 tensor: the profile's noise, then what the role does with it
+        (:class:`~game.training.dispatch.policies.Role`)."""
         if self._noise is not None:
             self._noise.perturb(t)
-        if self.mode == "plain":
-            return
-        index = self.op_index
-        self.op_index += 1
-        entry: SparseRecord | None = None
-        if self._direct and t.is_cpu and t.is_contiguous() and t.numel():
-            if self._round_direct(t, index, name):
-                return
-            if self.mode == "replay":  # the kernel refused the tensor; the torch path words why
-                entry = self._entry
-        if self._defer is not None and self._may_defer():  # record or replay; no error text needed
-            params = self._band_params(name)
-            if self.mode == "record":
-                ticket = self._defer.round_and_band(t, params)
-                if self._deferred(ticket is not None):
-                    assert ticket is not None
-                    self._pending.append((index, name, t.numel(), ticket))
-                    self._logged[name] += 1
-                    return
-            else:
-                assert self._cursor is not None
-                entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
-                i = self._cursor.position - 1
-                listed = self._device_positions[self._offsets[i] : self._offsets[i + 1]]
-                if self._deferred(self._defer.round_with_entries(t, params, entry.positions, listed)):
-                    self._logged[name] += 1
-                    return
-        where = f"step {self.step}, op #{index} {name}"
-        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
-        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
-        # rounding without a log scans here.
-        top = rounding.check_finite(t, where) if self.mode == "round" else None
-        if self.mode == "round":
-            rounding.round_(t, self.bits, top=top)
-            self._rounded[name] += 1
-            return
-        band = self.bands.band(name)
-        try:
-            if self.mode == "record":
-                r = self._record(t, index, name, band, top, where)
-            else:
-                r = self._replay(t, index, name, band, top, where, entry)
-        except bandcheck.BandViolation as exc:
-            raise exc.at(self.step, index, name) from None
-        if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
-            t.copy_(r)
-        self._logged[name] += 1
+        self.role.round_inexact(self, t, name)
 
     def _band_params(self, name: str) -> bindings.BandParams:
         """The kernels' integers for op ``name``'s band (worked out once a step per op)."""
@@ -102,21 +59,10 @@ class RoleKernels(ModeState):
         kernel leaves the tensor to the torch path (rare lanes; for the auditor also an entry out
         of order, out of range or outside its band, which that path words); the auditor's entry is
         then in ``self._entry``."""
-        params = self._band_params(name)
-        if self.mode == "record":
-            positions = bindings.round_and_band(t, params)
-            if positions is None:
-                return False
-            assert isinstance(self.log, SparseStepLog)
-            self.log.append(index, name, t.numel(), positions)
-        else:
-            assert self._cursor is not None
-            entry = self._entry = self._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
-            replayed = bindings.round_with_entries(t, params, entry.positions, self.count_free)
-            if replayed is None:
-                return False
-            self.corrections += replayed.corrections
-            self.free += max(replayed.free, 0)
+        role = self.role
+        assert isinstance(role, Logged)  # the direct path is for record and replay
+        if not role.direct(self, t, index, name):
+            return False
         self._logged[name] += 1
         return True
 

@@ -1,0 +1,180 @@
+"""The roles as policy objects: what ``record``, ``replay``, ``round`` and ``plain`` do with an inexact
+op's float64 tensor.
+
+Apart from the mode so that a role is one object rather than a branch on the mode's string at every
+step of the way: :data:`ROLES` maps the mode's name (the engine's and the CLI's vocabulary) to its
+policy, which the mode asks for each tensor (:meth:`Role.round_inexact`). The policies call the
+mode's hooks (``_round_direct``, ``_record``, ``_replay``, the deferral's), so a subclass that
+overrides a hook (the log-rewriting deviations override ``_record``) changes every role that uses it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import Tensor
+
+from game.training.native import bindings
+from game.training.numerics import bandcheck, rounding
+from game.training.numerics.bandfile import Band
+from game.training.sparselog import SparseRecord, SparseStepLog
+
+if TYPE_CHECKING:
+    from game.training.dispatch.roles import RoleKernels
+
+
+class Role:
+    """One role's handling of an inexact op's float64 tensor (after a profile's noise, if any)."""
+
+    name: ClassVar[str]
+    #: whether the role rounds at all (``plain`` does not)
+    rounds: ClassVar[bool] = True
+    #: whether it reads or writes the step's rounding log (``record``, ``replay``)
+    logs: ClassVar[bool] = False
+
+    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+        raise NotImplementedError
+
+
+class Plain(Role):
+    """No rounding at all (the float64 and float32 baselines)."""
+
+    name = "plain"
+    rounds = False
+
+    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+        return
+
+
+class Round(Role):
+    """Round to nearest without a log (shows divergence; the calibration's reference)."""
+
+    name = "round"
+
+    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+        index = m.op_index
+        m.op_index += 1
+        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
+        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
+        # rounding without a log scans here.
+        top = rounding.check_finite(t, f"step {m.step}, op #{index} {name}")
+        rounding.round_(t, m.bits, top=top)
+        m._rounded[name] += 1
+
+
+class Logged(Role):
+    """A role with a log: the C kernel on a CPU tensor where it may, else the deferred CUDA kernels
+    where the step defers, else the torch kernels with the band checks (which word every error)."""
+
+    logs = True
+
+    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+        index = m.op_index
+        m.op_index += 1
+        entry: SparseRecord | None = None
+        if m._direct and t.is_cpu and t.is_contiguous() and t.numel():
+            if m._round_direct(t, index, name):
+                return
+            entry = self.refused_entry(m)
+        if m._defer is not None and m._may_defer():  # no error text needed
+            done, entry = self.deferred(m, t, index, name)
+            if done:
+                m._logged[name] += 1
+                return
+        where = f"step {m.step}, op #{index} {name}"
+        band = m.bands.band(name)
+        try:
+            r = self.torch_kernels(m, t, index, name, band, where, entry)
+        except bandcheck.BandViolation as exc:
+            raise exc.at(m.step, index, name) from None
+        if not (r.data_ptr() == t.data_ptr() and r.stride() == t.stride()):  # else rounded in place
+            t.copy_(r)
+        m._logged[name] += 1
+
+    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
+        """The C kernel on a contiguous CPU tensor, in place (see ``RoleKernels._round_direct``)."""
+        raise NotImplementedError
+
+    def refused_entry(self, m: RoleKernels) -> SparseRecord | None:
+        """The log entry already taken for a tensor the C kernel refused."""
+        return None
+
+    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+        """Launch the deferred CUDA kernels: whether they took the tensor, and the entry taken."""
+        raise NotImplementedError
+
+    def torch_kernels(
+        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        entry: SparseRecord | None,
+    ) -> Tensor:  # fmt: skip
+        raise NotImplementedError
+
+
+class Record(Logged):
+    """The trainer: round and log what the task's log format asks for."""
+
+    name = "record"
+
+    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
+        positions = bindings.round_and_band(t, m._band_params(name))
+        if positions is None:
+            return False
+        assert isinstance(m.log, SparseStepLog)
+        m.log.append(index, name, t.numel(), positions)
+        return True
+
+    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+        assert m._defer is not None
+        ticket = m._defer.round_and_band(t, m._band_params(name))
+        if m._deferred(ticket is not None):
+            assert ticket is not None
+            m._pending.append((index, name, t.numel(), ticket))
+            return True, None
+        return False, None
+
+    def torch_kernels(
+        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        entry: SparseRecord | None,
+    ) -> Tensor:  # fmt: skip
+        return m._record(t, index, name, band, None, where)
+
+
+class Replay(Logged):
+    """The auditor and the judge: round with the trainer's log, after the band checks."""
+
+    name = "replay"
+
+    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
+        params = m._band_params(name)
+        assert m._cursor is not None
+        entry = m._entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+        replayed = bindings.round_with_entries(t, params, entry.positions, m.count_free)
+        if replayed is None:
+            return False
+        m.corrections += replayed.corrections
+        m.free += max(replayed.free, 0)
+        return True
+
+    def refused_entry(self, m: RoleKernels) -> SparseRecord | None:
+        return m._entry  # the kernel refused the tensor; the torch path words why
+
+    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+        assert m._defer is not None and m._cursor is not None
+        params = m._band_params(name)
+        entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
+        i = m._cursor.position - 1
+        listed = m._device_positions[m._offsets[i] : m._offsets[i + 1]]
+        return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed)), entry
+
+    def torch_kernels(
+        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        entry: SparseRecord | None,
+    ) -> Tensor:  # fmt: skip
+        return m._replay(t, index, name, band, None, where, entry)
+
+
+#: The policy of each mode name.
+ROLES: dict[str, Role] = {role.name: role for role in (Record(), Replay(), Round(), Plain())}
+
+
+__all__ = ["ROLES", "Logged", "Plain", "Record", "Replay", "Role", "Round"]
