@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from game.training.bands import Band
     from game.training.config import TaskConfig
     from game.training.intercept import RoundingMode
-    from game.training.roundlog import ChunkLog
+    from game.training.log.formats import ChunkLog
     from game.training.state import TrainState
     from game.training.step import StepEngine, StepResult
 
@@ -138,7 +138,7 @@ class TamperedLog(Deviation):
         return eng
 
     def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
-        from game.training.roundlog import StepLog
+        from game.training.log.packed import StepLog
 
         if step != self.step or not isinstance(step_log, StepLog):
             if step == self.step and self.flipped == 0:
@@ -214,7 +214,7 @@ _Rewrite = Callable[["ChunkLog | None", "Tensor", "Tensor", int, "Band", Any], N
 def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
     """Sparse log: swap listed and unlisted among the values within one band of a midpoint."""
     from game.training import banding, rounding
-    from game.training.sparselog import SparseStepLog
+    from game.training.log.sparse import SparseStepLog
 
     assert isinstance(step_log, SparseStepLog)
     xf = rounding._int_view(x.detach()).reshape(-1)
@@ -240,8 +240,8 @@ def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Ban
     """Move up to ``k`` out-of-band values of ``r`` (the rounding of ``x``) to their other neighbour
     and rewrite the op's last log record to match; returns how many moved."""
     from game.training import banding, rounding
-    from game.training.roundlog import StepLog
-    from game.training.sparselog import SparseStepLog
+    from game.training.log.packed import StepLog
+    from game.training.log.sparse import SparseStepLog
 
     xf = rounding._int_view(x.detach()).reshape(-1)
     geo = banding.geometry(xf, bits, band)

@@ -38,10 +38,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from game.errors import ConfigError, TrainingError
 from game.training import banding, native, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
+from game.training.log.chunks import ChunkMismatchError, RecordCursor
+from game.training.log.formats import ChunkLog
+from game.training.log.packed import StepLog
+from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import front
 from game.training.profiles import NoiseSource, Profile
-from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
-from game.training.sparselog import SparseRecord, SparseStepLog
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
     from game.training.cuda_kernels import Deferred

@@ -31,11 +31,11 @@ from game.training import rounding
 from game.training.config import TaskConfig
 from game.training.data import Batch
 from game.training.intercept import MODES, DeferredChecksFailed, Mode, RoundingMode
+from game.training.log.formats import ChunkLog, new_step_log
+from game.training.log.sparse import SparseStepLog
 from game.training.models import StepContext
 from game.training.presets import get_preset
 from game.training.profiles import Profile
-from game.training.roundlog import ChunkLog, new_step_log
-from game.training.sparselog import SparseStepLog
 from game.training.state import (
     Precision,
     TrainState,

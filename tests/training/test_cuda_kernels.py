@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from game.training import banding, native, rounding
 from game.training import step as step_mod
 from game.training.bands import Band
+from game.training.log.sparse import SparseStepLog
 from game.training.profiles import get_profile
-from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 
 from .test_banding import _mixed_values, _perturb

@@ -18,10 +18,10 @@ from game.errors import NonFiniteError
 from game.training import intercept, native
 from game.training.bands import Band, BandTable
 from game.training.intercept import OpClass, RoundingMode
+from game.training.log.formats import new_step_log
+from game.training.log.sparse import SparseStepLog
 from game.training.native import front
 from game.training.profiles import get_profile
-from game.training.roundlog import new_step_log
-from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 from tests.training.test_step import SMALL, small_cfg
 

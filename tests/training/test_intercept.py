@@ -27,10 +27,10 @@ from game.training.intercept import (
     classify,
     touched_tensors,
 )
+from game.training.log.packed import StepLog
 from game.training.models import StepContext
 from game.training.native import front
 from game.training.profiles import get_profile
-from game.training.roundlog import StepLog
 from game.training.state import check_on_grid
 from game.training.step import StepEngine
 

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import banding, chunkcodec, native, rounding
+from game.training import banding, native, rounding
 from game.training.bands import Band
+from game.training.log import codec as chunkcodec
 
 from .test_banding import _mixed_values, _perturb
 
