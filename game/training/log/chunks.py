@@ -22,6 +22,7 @@ _Item = TypeVar("_Item")
 
 HASH_SIZE = 32  # a spec hash, a chunk hash
 
+
 class ChunkFormatError(RoundingLogError, ValueError):
     """A chunk is truncated, has trailing bytes, a bad magic or a malformed record."""
 
@@ -32,8 +33,6 @@ class ChunkMismatchError(RoundingLogError):
 
 class LogSequenceError(RoundingLogError):
     """The replaying computation's ops do not match the log's records (name, count, too few, too many)."""
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +100,6 @@ class PreparedChunk:
                 f"a chunk prepared for step {self.step} of task {self.spec_hash.hex()[:16]}... was asked "
                 f"for as step {step} of task {bytes(spec_hash).hex()[:16]}..."
             )
-
 
 
 class RecordCursor(Generic[_Item]):
@@ -188,4 +186,3 @@ class RecordCursor(Generic[_Item]):
                 f"{step_label(self._step)}: {self._count - self._pos} log records left unread, "
                 f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
             )
-

@@ -108,7 +108,9 @@ class SparseStepLog:
         if not 0 <= op_index < 2**32:
             raise RoundingLogError(f"{step_label(self.step)}: op index {op_index} does not fit uint32")
         if positions.dim() != 1:
-            raise RoundingLogError(f"{step_label(self.step)}: op #{op_index}: positions must be a flat tensor")
+            raise RoundingLogError(
+                f"{step_label(self.step)}: op #{op_index}: positions must be a flat tensor"
+            )
         if positions.requires_grad:  # else no detach: it makes a new tensor, some 200 times a step
             positions = positions.detach()
         self._parts.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
@@ -119,7 +121,9 @@ class SparseStepLog:
         front's records, its rows named by ``names``. The table's entry counts must add up to the
         positions given."""
         if table.ndim != 2 or table.shape[1] != 4 or positions.ndim != 1:
-            raise RoundingLogError(f"{step_label(self.step)}: records must be a (k, 4) table and flat positions")
+            raise RoundingLogError(
+                f"{step_label(self.step)}: records must be a (k, 4) table and flat positions"
+            )
         if not len(table):
             return
         if int(table[:, 3].sum()) != positions.size:

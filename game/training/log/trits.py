@@ -159,4 +159,3 @@ def unpack_trits_v1(data: bytes | memoryview, count: int) -> torch.Tensor:
     if len(data) != packed_size_v1(count):
         raise TritPackingError(f"{count} trits pack into {packed_size_v1(count)} bytes, got {len(data)}")
     return torch.from_numpy(_unpack5(data, count).copy())
-

@@ -37,7 +37,6 @@ def read_hashes(path: Path, what: str) -> list[bytes]:
     return [data[i : i + HASH_SIZE] for i in range(0, len(data), HASH_SIZE)]
 
 
-
 class LogWriter:
     """Writes one chunk file per step into ``directory``, atomically; keeps nothing between steps."""
 
@@ -96,4 +95,3 @@ class LogReader:
         if not self.directory.is_dir():
             return []
         return sorted(s for p in self.directory.iterdir() if (s := chunk_file_step(p.name)) is not None)
-

@@ -134,6 +134,7 @@ def make_transcript_dir(directory: Path) -> None:
     except OSError as exc:
         raise TranscriptError(f"cannot make the transcript directory {directory}: {exc}") from exc
 
+
 def read_manifest(directory: Path) -> Manifest:
     """The manifest of the transcript in ``directory``; a missing one says how to make it."""
     path = TranscriptPaths(directory).manifest

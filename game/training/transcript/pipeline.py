@@ -76,13 +76,14 @@ class StepJob:
     @property
     def finishable_in_c(self) -> bool:
         """Whether the C library can finish this step on its own: a sparse chunk and the state's
-        bytes, which are the checkpoint too where one is due (as :meth:`TranscriptWriter.
-        append_state` queues them)."""
+        bytes, which are the checkpoint too where one is due (as :meth:`~game.training.transcript.
+        writer.TranscriptWriter.append_state` queues them)."""
         return (
             self.chunk.compressible is not None
             and self.state is not None
             and (self.checkpoint is None or self.checkpoint is self.state)
         )
+
 
 class StepPipeline:
     """Writes the steps handed to it, in order, on a thread of its own or the C library's (module
@@ -370,9 +371,10 @@ class StepPipeline:
         return stepwriter.StepPaths(chunk, chunk_tmp, log_dir, hashes, ckpt_path, ckpt_tmp, ckpt_dir, leaves)
 
     def _put_files(self, step: int, chunk: bytes, checkpoint: bytes | memoryview | None, leaf: bytes) -> None:
-        """The step's files, in the order of the module docstring, the leaf last: it is what marks
-        the step complete. In one C call where the kernels run (no GIL held, so the trainer's thread
-        does not wait for the GIL after each file call), else the same moves in Python."""
+        """The step's files, in the order :mod:`~game.training.transcript.writer` gives, the leaf
+        last: it is what marks the step complete. In one C call where the kernels run (no GIL held,
+        so the trainer's thread does not wait for the GIL after each file call), else the same moves
+        in Python."""
         chunk_path = self.paths.chunk(step)
         ckpt_path = None if checkpoint is None else self.paths.checkpoint(step)
         hashes_path, leaves_path = self.paths.chunk_hashes, self.paths.leaves
@@ -387,4 +389,3 @@ class StepPipeline:
             assert checkpoint is not None
             atomic_write(ckpt_path, checkpoint)
         append_fsync(leaves_path, leaf)
-

@@ -3,8 +3,8 @@ hash, checkpoints checked against their leaves, and both roots.
 
 The auditor, the judge, ``vgame audit`` and a resumed trainer read transcripts with
 :class:`Transcript`. Who takes only some files out of a published archive (the judge re-running one
-step, a client taking the final model) asks :func:`step_files` or :func:`model_files` which, instead
-of naming them itself. Its own code uses no torch, but the chunk decoders and the kernels it calls
+step, a client taking the final model) asks :func:`step_files` or :func:`model_files` which ones,
+instead of naming them itself. Its own code uses no torch, but the chunk decoders and the kernels it calls
 (:mod:`game.training.log`, :mod:`game.training.native`) import it.
 """
 

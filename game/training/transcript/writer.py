@@ -129,7 +129,8 @@ class TranscriptWriter(StepPipeline):
         self, step: int, state_hash: bytes, step_log: ChunkLog, checkpoint: bytes | None = None
     ) -> None:
         """Queue step ``step``'s chunk, chunk hash, checkpoint (when due) and leaf for writing, in
-        that order (the leaf last). Blocks while :data:`WRITE_AHEAD` steps wait.
+        that order (the leaf last). Blocks while :data:`~game.training.transcript.pipeline.WRITE_AHEAD`
+        steps wait.
 
         ``checkpoint`` must be the canonical state bytes when :meth:`wants_checkpoint` says so; they
         must hash to ``state_hash``. ``step_log`` and ``checkpoint`` belong to the writer from here.
@@ -178,4 +179,3 @@ class TranscriptWriter(StepPipeline):
         )
         atomic_write(self.paths.manifest, self.manifest.to_json())
         return self.manifest
-
