@@ -40,7 +40,7 @@ from game.protocol import decide_challenge, decide_response
 from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
 from game.training.auditprogress import DEFAULT_EVERY_S
 from game.training.leafhash import leaf_of
-from game.training.transcript import Transcript
+from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
 

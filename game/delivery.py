@@ -28,7 +28,8 @@ from game.fsio import atomic_write
 from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
 from game.training.leafhash import leaf_of
-from game.training.transcript import CHECKPOINT_DIR_NAME, MANIFEST_NAME, Manifest, checkpoint_name
+from game.training.transcript.manifest import Manifest
+from game.training.transcript.reader import model_files
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,15 @@ def _committed(client: VerificationGameClient, task_id: int) -> Task:
 def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tuple[TaskConfig, bytes]:
     """The config and the final state's bytes, each held to the chain."""
     final = task.num_leaves - 1
-    ckpt = f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(final)}"
+    manifest_name, ckpt = model_files(final)
     try:
         with SealedArchive(store, key, task.transcript_id) as archive:
-            manifest_bytes = archive.read(MANIFEST_NAME)
+            manifest_bytes = archive.read(manifest_name)
             state_bytes = archive.read(ckpt)
     except StoreError as exc:
         raise DeliveryError(f"cannot read the transcript of task {task_id}: {exc}") from exc
     try:
-        cfg = TaskConfig.from_dict(Manifest.from_json(manifest_bytes, Path(MANIFEST_NAME)).config)
+        cfg = TaskConfig.from_dict(Manifest.from_json(manifest_bytes, Path(manifest_name)).config)
     except (TranscriptError, ValueError) as exc:
         raise DeliveryError(f"the transcript of task {task_id} has no usable config: {exc}") from exc
     if cfg.spec_hash() != task.spec_hash:

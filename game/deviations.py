@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from game.training.config import TaskConfig
     from game.training.dispatch.mode import RoundingMode
+    from game.training.log.formats import ChunkLog
     from game.training.numerics.bandfile import Band
-    from game.training.roundlog import ChunkLog
     from game.training.state import TrainState
     from game.training.step import StepEngine, StepResult
 
@@ -138,7 +138,7 @@ class TamperedLog(Deviation):
         return eng
 
     def tamper_log(self, step: int, step_log: ChunkLog) -> ChunkLog:
-        from game.training.roundlog import StepLog
+        from game.training.log.packed import StepLog
 
         if step != self.step or not isinstance(step_log, StepLog):
             if step == self.step and self.flipped == 0:
@@ -213,8 +213,8 @@ _Rewrite = Callable[["ChunkLog | None", "Tensor", "Tensor", int, "Band", Any], N
 
 def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
     """Sparse log: swap listed and unlisted among the values within one band of a midpoint."""
+    from game.training.log.sparse import SparseStepLog
     from game.training.numerics import bandcheck, rounding
-    from game.training.sparselog import SparseStepLog
 
     assert isinstance(step_log, SparseStepLog)
     xf = rounding._int_view(x.detach()).reshape(-1)
@@ -239,9 +239,9 @@ def _steer_values(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, ba
 def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, k: int) -> int:
     """Move up to ``k`` out-of-band values of ``r`` (the rounding of ``x``) to their other neighbour
     and rewrite the op's last log record to match; returns how many moved."""
+    from game.training.log.packed import StepLog
+    from game.training.log.sparse import SparseStepLog
     from game.training.numerics import bandcheck, logtrits, rounding
-    from game.training.roundlog import StepLog
-    from game.training.sparselog import SparseStepLog
 
     xf = rounding._int_view(x.detach()).reshape(-1)
     geo = bandcheck.geometry(xf, bits, band)

@@ -45,17 +45,7 @@ from game.store import BlobStore, SealedArchive, StoreError
 from game.training.config import TaskConfig
 from game.training.heap import trimmed
 from game.training.leafhash import leaf_of
-from game.training.roundlog import chunk_file_name
-from game.training.transcript import (
-    CHECKPOINT_DIR_NAME,
-    CHUNK_HASHES_NAME,
-    LEAVES_NAME,
-    LOG_DIR_NAME,
-    MANIFEST_NAME,
-    Transcript,
-    checkpoint_name,
-    checkpoint_step,
-)
+from game.training.transcript.reader import Transcript, step_files
 
 if TYPE_CHECKING:
     from game.training.state import TrainState
@@ -69,22 +59,6 @@ STATE_NAME = "judge.json"
 
 #: A judge's fetched copy lists the archive's files here (not a transcript file: a dot-name).
 _LISTING = ".archive-names.json"
-_ALWAYS = (MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME)
-
-
-def _needed(names: set[str], step: int | None, rebuild: bool) -> list[str]:
-    """The archive's files that re-running ``step`` needs (None: only the config): always the
-    manifest and the two hash files; the step's chunk; to rebuild its pre-state, the nearest
-    checkpoint before it and the chunks from there. What the archive lacks is left out, for
-    :class:`Transcript` to report as it would for a whole copy."""
-    out = list(_ALWAYS)
-    if step is not None:
-        out.append(f"{LOG_DIR_NAME}/{chunk_file_name(step)}")
-        ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c < step] if rebuild else []
-        if ckpts:
-            out.append(f"{CHECKPOINT_DIR_NAME}/{checkpoint_name(max(ckpts))}")
-            out += [f"{LOG_DIR_NAME}/{chunk_file_name(s)}" for s in range(max(ckpts) + 1, step)]
-    return [n for n in out if n in names]
 
 
 class EvidenceError(VGameError, ValueError):
@@ -325,8 +299,8 @@ class Judge:
         return StepEngine(cfg, get_profile(self.profile))
 
     def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
+        from game.training.log.formats import decode_chunk
         from game.training.numerics.bandcheck import LogTamperingError
-        from game.training.roundlog import decode_chunk
         from game.training.state import decode_state, state_hash
 
         engine = self._engine(ev.config)
@@ -388,7 +362,7 @@ class Judge:
         self, task_id: int, task: Task, step: int | None = None, *, rebuild: bool = False
     ) -> Transcript:
         """The task's published transcript, its roots checked against the chain, holding the
-        files that re-running ``step`` needs (:func:`_needed`).
+        files that re-running ``step`` needs (:func:`~game.training.transcript.reader.step_files`).
 
         Only those files are decrypted and written (``workdir/transcripts/N``, kept until the
         task is settled, gaining files as other games of it need them): a judge re-runs one step,
@@ -402,7 +376,7 @@ class Judge:
             names = set(json.loads(listing.read_text("utf-8")))
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
-        if names is None or any(not (dest / n).is_file() for n in _needed(names, step, rebuild)):
+        if names is None or any(not (dest / n).is_file() for n in step_files(names, step, rebuild=rebuild)):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
                     if names is None:
@@ -410,7 +384,7 @@ class Judge:
                         dest.mkdir(parents=True, exist_ok=True)
                         atomic_write(listing, json.dumps(sorted(names)).encode())
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
-                    for name in _needed(names, step, rebuild):
+                    for name in step_files(names, step, rebuild=rebuild):
                         if not (dest / name).is_file():
                             archive.extract(name, dest)
             except StoreError as exc:

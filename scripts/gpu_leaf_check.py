@@ -12,9 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hashlib, os, time
+import hashlib
+import os
+import time
+
 import torch
 from torch import nn
+
 from game.training import cuda_leaf, leafhash
 from game.training.state import TrainState, encode_state
 

@@ -42,7 +42,8 @@ def main() -> None:
     from game.training.profiles import get_profile
     from game.training.session import initial_step, train_step
     from game.training.step import StepEngine
-    from game.training.transcript import Transcript, TranscriptWriter
+    from game.training.transcript.reader import Transcript
+    from game.training.transcript.writer import TranscriptWriter
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", required=True)

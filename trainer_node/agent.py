@@ -32,7 +32,9 @@ from game.merkle import MerkleTree
 from game.store import BlobStore, StoreError, publish_directory
 from game.training.config import TaskConfig
 from game.training.session import Deviation, train
-from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest, steps_on_disk
+from game.training.transcript.layout import MANIFEST_NAME
+from game.training.transcript.manifest import read_manifest
+from game.training.transcript.reader import Transcript, steps_on_disk
 
 log = logging.getLogger(__name__)
 

@@ -135,7 +135,7 @@ def train_cmd(
     check_profile(profile)
     from game.errors import StepWriteError
     from game.training.session import train
-    from game.training.transcript import steps_on_disk
+    from game.training.transcript.reader import steps_on_disk
 
     try:
         with _progress(f"train {cfg.preset} on {profile}", as_json) as update:

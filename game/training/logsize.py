@@ -21,8 +21,9 @@ from typing import Any
 
 from game.errors import ConfigError, TrainingError
 from game.training.config import TaskConfig
+from game.training.log.formats import bits_per_value, decode_chunk
+from game.training.log.trits import packed_size
 from game.training.profiles import get_profile
-from game.training.roundlog import bits_per_value, decode_chunk, packed_size
 from game.training.step import StepEngine
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class LogSizeRow:
 
 def measure_row(cfg: TaskConfig, bits: int, steps: int) -> LogSizeRow:
     """Record ``steps`` steps at ``bits`` in both formats and replay them with a noisy auditor."""
-    from game.training.sparselog import SparseStepLog
+    from game.training.log.sparse import SparseStepLog
 
     base = cfg.replace(bits=bits, steps=max(cfg.steps, steps))
     packed_cfg, sparse_cfg = base.replace(log_format="packed"), base.replace(log_format="sparse")

@@ -61,12 +61,14 @@ import torch
 from game.errors import TrainingError
 from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher, PendingLeaf, device_leaf
+from game.training.log.formats import ChunkLog
 from game.training.profiles import Profile, get_profile
-from game.training.roundlog import ChunkLog
 from game.training.session import initial_step, train_step
 from game.training.state import TrainState, hash_streamed, state_buffer
 from game.training.step import StepEngine
-from game.training.transcript import Transcript, TranscriptWriter, _StepJob
+from game.training.transcript.pipeline import StepJob
+from game.training.transcript.reader import Transcript
+from game.training.transcript.writer import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,7 @@ class _DroppingWriter(TranscriptWriter):
     """A transcript writer that drops each step where the real one hands it to its thread, so that
     :func:`train_step` does all of its own thread's work with no writer behind it (``record``)."""
 
-    def _queue(self, job: _StepJob) -> None:
+    def _queue(self, job: StepJob) -> None:
         self._leaves.append(b"")  # counts the step; the job and its state bytes are dropped
         self._written += 1
 

@@ -35,8 +35,8 @@ from game.training.config import TaskConfig
 from game.training.heap import trimmed
 from game.training.leafhash import leaf_of
 from game.training.leaves import LeafHasher, PendingLeaf, device_leaf
+from game.training.log.formats import ChunkLog, decode_chunk, new_step_log
 from game.training.profiles import get_profile
-from game.training.roundlog import ChunkLog, decode_chunk, new_step_log
 from game.training.state import (
     TrainState,
     decode_state,
@@ -47,15 +47,10 @@ from game.training.state import (
     state_hash,
 )
 from game.training.step import StepEngine, StepResult
-from game.training.transcript import (
-    CHECKPOINT_DIR_NAME,
-    LOG_DIR_NAME,
-    MANIFEST_NAME,
-    Transcript,
-    TranscriptWriter,
-    make_transcript_dir,
-    read_manifest,
-)
+from game.training.transcript.layout import CHECKPOINT_DIR_NAME, LOG_DIR_NAME, MANIFEST_NAME
+from game.training.transcript.manifest import make_transcript_dir, read_manifest
+from game.training.transcript.reader import Transcript
+from game.training.transcript.writer import TranscriptWriter
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,12 @@ from game.training.config import TaskConfig
 from game.training.data import Batch
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
+from game.training.log.formats import ChunkLog, new_step_log
+from game.training.log.sparse import SparseStepLog
 from game.training.models import StepContext
 from game.training.numerics import rounding
 from game.training.presets import get_preset
 from game.training.profiles import Profile
-from game.training.roundlog import ChunkLog, new_step_log
-from game.training.sparselog import SparseStepLog
 from game.training.state import (
     Precision,
     TrainState,

@@ -16,7 +16,7 @@ from game.errors import DeliveryError
 from game.store import new_key
 from game.training.presets import get_preset
 from game.training.state import decode_state
-from game.training.transcript import Transcript
+from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, commit, run_game, small_config
 
 

@@ -20,7 +20,7 @@ from game.judge import (
 )
 from game.merkle import MerkleTree
 from game.store import BlobStore
-from game.training.transcript import Transcript
+from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, games, small_config, withdrawn
 
 POISON_STEP = 3
@@ -62,7 +62,7 @@ def test_bad_evidence_raises_and_is_never_a_ruling(
     assert ruling.step == POISON_STEP and not ruling.trainer_right and ruling.tx is None
 
     t = agents.trainer
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     tr = Transcript(t.transcript_dir)
     other_chunk = tr.chunk_bytes(POISON_STEP + 1)

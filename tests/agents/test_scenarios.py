@@ -65,7 +65,7 @@ def test_deviation_first_diverges_at_its_step(deviation: Any, step: int, tmp_pat
 
 
 def test_tampered_log_swaps_down_and_up_only(tmp_path: Path) -> None:
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     cfg = tiny_config(log_format="packed")
     dev = TamperedLog(cfg, 3)
@@ -86,7 +86,7 @@ def test_tampered_log_swaps_down_and_up_only(tmp_path: Path) -> None:
 
 
 def test_tampered_sparse_log_lies_inside_the_band_and_is_caught_by_the_state(tmp_path: Path) -> None:
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     cfg = tiny_config()
     dev = TamperedLog(cfg, 3)
@@ -112,7 +112,7 @@ def test_steered_log_is_rejected_naming_step_op_and_value(log_format: str, tmp_p
     train(cfg, "cpu-1t", tmp_path / "honest")
     train(cfg, "cpu-1t", tmp_path / "steered", deviation=dev)
     assert dev.steered > 0
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     honest, steered = Transcript(tmp_path / "honest"), Transcript(tmp_path / "steered")
     assert honest.leaves()[:3] == steered.leaves()[:3] and honest.leaf(3) != steered.leaf(3)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from game.chain.types import TaskStatus
-from game.training.transcript import steps_on_disk
+from game.training.transcript.reader import steps_on_disk
 from tests.agents.conftest import run_game, small_config, withdrawn
 
 

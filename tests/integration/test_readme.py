@@ -39,7 +39,7 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     from game.training.config import TaskConfig
     from game.training.session import train
     from game.training.state import decode_state
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     blocks = _python_blocks(README.read_text())
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""Helpers shared by the training tests: synthetic sparse logs and a directory's files."""
+"""Helpers shared by the training tests: synthetic packed and sparse logs and a directory's files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,25 @@ from pathlib import Path
 
 import torch
 
-from game.training.sparselog import SparseStepLog
+from game.training.log.packed import StepLog
+from game.training.log.sparse import SparseStepLog
+
+
+def random_trits(n: int, seed: int) -> torch.Tensor:
+    """``n`` random trits (uint8, 0..2)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 3, (n,), generator=gen, dtype=torch.uint8)
+
+
+def sample_packed_log(seed: int = 0) -> StepLog:
+    """A packed log of five records (296 trits: whole blocks and a tail, an empty record)."""
+    step_log = StepLog()
+    step_log.append(0, "aten.mm.default", random_trits(12, seed).reshape(3, 4))
+    step_log.append(1, "aten.sum.dim_IntList", random_trits(1, seed + 1))
+    step_log.append(2, "aten.native_layer_norm.default", random_trits(0, seed + 2))
+    step_log.append(7, "aten._softmax.default", random_trits(33, seed + 3))
+    step_log.append(9, "aten.mm.default", random_trits(250, seed + 4))  # whole blocks and a tail
+    return step_log
 
 
 def random_sparse_log(

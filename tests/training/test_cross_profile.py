@@ -15,7 +15,7 @@ import pytest
 from game.training.config import TaskConfig
 from game.training.profiles import available_profiles
 from game.training.session import audit, train
-from game.training.transcript import Transcript
+from game.training.transcript.reader import Transcript
 
 STEPS = 50
 PROFILES = [p.name for p in available_profiles()]  # cpu-1t, cpu-2t, splitk-16, splitk-64, noisy (+ cuda)

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.training import step as step_mod
+from game.training.log.sparse import SparseStepLog
 from game.training.native import bindings, library
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
 from game.training.profiles import get_profile
-from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 
 from .test_bandcheck import _mixed_values, _perturb

@@ -19,11 +19,11 @@ from game.errors import ConfigError, NonFiniteError, RoundingLogError
 from game.training.config import PRESET_NAMES, TaskConfig
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name, classify, touched_tensors
+from game.training.log.packed import StepLog
 from game.training.models import StepContext
 from game.training.native import front
 from game.training.numerics import rounding
 from game.training.profiles import get_profile
-from game.training.roundlog import StepLog
 from game.training.state import check_on_grid
 from game.training.step import StepEngine
 

@@ -18,11 +18,11 @@ from game.errors import NonFiniteError
 from game.training.dispatch import front as session
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import OpClass
+from game.training.log.formats import new_step_log
+from game.training.log.sparse import SparseStepLog
 from game.training.native import front, library
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.profiles import get_profile
-from game.training.roundlog import new_step_log
-from game.training.sparselog import SparseStepLog
 from game.training.step import StepEngine
 from tests.training.test_step import SMALL, small_cfg
 

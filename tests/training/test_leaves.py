@@ -87,7 +87,7 @@ def test_audit_afterADivergence_runsTheNextStepWithoutTheLog(tmp_path: Path) -> 
     train(cfg, "cpu-1t", tmp_path / "t", deviation=Poison(cfg, 3))
     result = audit(tmp_path / "t", "cpu-2t")
     assert result.first_divergent_step == 3
-    from game.training.transcript import Transcript
+    from game.training.transcript.reader import Transcript
 
     t = Transcript(tmp_path / "t")
     engine = StepEngine(cfg, get_profile("cpu-2t"))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import chunkcodec
+from game.training.log import codec as chunkcodec
 from game.training.native import bindings, library
 from game.training.numerics import bandcheck, logtrits, rounding
 from game.training.numerics.bandfile import Band

@@ -32,7 +32,8 @@ from game.training.session import (
     train,
 )
 from game.training.state import TrainState
-from game.training.transcript import CHECKPOINT_DIR_NAME, LEAVES_NAME, LOG_DIR_NAME, Transcript
+from game.training.transcript.layout import CHECKPOINT_DIR_NAME, LEAVES_NAME, LOG_DIR_NAME
+from game.training.transcript.reader import Transcript
 
 STEPS = 6
 
@@ -273,7 +274,7 @@ def test_train_ofAStateTooLargeForOneBuffer_writesTheSameTranscript(
 )
 def test_checkpointsAfter_countsTheCheckpointStepsStillToCome(steps: int, k: int, after: int) -> None:
     from game.training.session import checkpoints_after
-    from game.training.transcript import is_checkpoint_step
+    from game.training.transcript.manifest import is_checkpoint_step
 
     cfg = tiny("mlp-digits").replace(steps=steps, checkpoint_interval=k)
     expected = sum(is_checkpoint_step(s, k, steps) for s in range(after + 1, steps + 1))

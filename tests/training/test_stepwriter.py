@@ -17,14 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import chunkcodec, leafhash
-from game.training.chunkcodec import CODECS, LZMA_AUTO_MAX
+from game.training import leafhash
 from game.training.config import TaskConfig
 from game.training.leafhash import CHUNK, leaf_of, level_sizes
+from game.training.log import codec as chunkcodec
+from game.training.log.codec import CODECS, LZMA_AUTO_MAX
+from game.training.log.sparse import SparseStepLog
 from game.training.native import library, stepwriter
 from game.training.session import train
-from game.training.sparselog import SparseStepLog
-from game.training.transcript import Transcript, TranscriptWriter
+from game.training.transcript.reader import Transcript
+from game.training.transcript.writer import TranscriptWriter
 from tests.training.helpers import file_tree, random_sparse_log
 
 SPEC = bytes(range(32))
@@ -234,8 +236,8 @@ import sys
 import numpy as np
 from game.training.config import TaskConfig
 from game.training.native import stepwriter
-from game.training.sparselog import SparseStepLog
-from game.training.transcript import TranscriptWriter
+from game.training.log.sparse import SparseStepLog
+from game.training.transcript.writer import TranscriptWriter
 from tests.training.test_stepwriter import _state
 
 assert stepwriter.available()

@@ -18,15 +18,12 @@ import pytest
 from game.errors import TranscriptError
 from game.training.config import TaskConfig
 from game.training.leafhash import leaf_of
+from game.training.log.formats import new_step_log
 from game.training.native import library, stepwriter
-from game.training.roundlog import new_step_log
-from game.training.transcript import (
-    CHUNK_HASHES_NAME,
-    LEAVES_NAME,
-    WRITE_AHEAD,
-    Transcript,
-    TranscriptWriter,
-)
+from game.training.transcript.layout import CHUNK_HASHES_NAME, LEAVES_NAME
+from game.training.transcript.pipeline import WRITE_AHEAD
+from game.training.transcript.reader import Transcript
+from game.training.transcript.writer import TranscriptWriter
 from tests.training.helpers import file_tree
 
 

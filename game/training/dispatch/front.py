@@ -29,7 +29,7 @@ MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE = range(6)
 
 
 class SparseEntries(NamedTuple):
-    """A sparse chunk to replay, as columns (:meth:`~game.training.sparselog.SparseStepLog.columns`)."""
+    """A sparse chunk to replay, as columns (:meth:`~game.training.log.sparse.SparseStepLog.columns`)."""
 
     table: torch.Tensor  # (k, 4) int64: op index, name id, value count, entry count, per record
     names: list[str]  # by name id

@@ -17,10 +17,10 @@ from torch import Tensor
 from game.training.dispatch import front
 from game.training.dispatch.optable import OpClass
 from game.training.dispatch.roles import RoleKernels
+from game.training.log.packed import StepLog
+from game.training.log.sparse import SparseStepLog
 from game.training.native import library
 from game.training.numerics import logtrits, rounding
-from game.training.roundlog import StepLog
-from game.training.sparselog import SparseStepLog
 
 
 class FrontMode(RoleKernels):

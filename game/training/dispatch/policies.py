@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor
 
+from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import bindings
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
-from game.training.sparselog import SparseRecord, SparseStepLog
 
 if TYPE_CHECKING:
     from game.training.dispatch.roles import RoleKernels

@@ -14,11 +14,11 @@ from torch import Tensor
 
 from game.training.dispatch.modestate import ModeState
 from game.training.dispatch.policies import Logged
+from game.training.log.packed import StepLog
+from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import bindings
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
-from game.training.roundlog import StepLog
-from game.training.sparselog import SparseRecord, SparseStepLog
 
 
 class RoleKernels(ModeState):

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from game.training import leafhash
-from game.training.chunkcodec import (
+from game.training.log.codec import (
     CODECS,
     MAX_PAYLOAD,
     Compressible,
@@ -203,7 +203,7 @@ def describe() -> str:
 
 def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> bytes | None:
     """``payload`` compressed by ``writer.c`` with "zlib" or "lzma" at the writer's settings
-    (:func:`~game.training.chunkcodec.zlib_level`, :func:`~game.training.chunkcodec.lzma_dict_size`);
+    (:func:`~game.training.log.codec.zlib_level`, :func:`~game.training.log.codec.lzma_dict_size`);
     None where the library is not used."""
     lib = lib or _running()
     if lib is None:
@@ -276,7 +276,7 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
 
 def _codec_args(chunk: Compressible) -> tuple[int, int, int]:
     """How the C call compresses ``chunk``'s payload: the codecs to try (a bit ``1 << id`` each),
-    zlib's level and lzma's dictionary, as :func:`~game.training.chunkcodec.compress` would."""
+    zlib's level and lzma's dictionary, as :func:`~game.training.log.codec.compress` would."""
     size = len(chunk.payload)
     tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
     return tries, zlib_level(size), lzma_dict_size(size)

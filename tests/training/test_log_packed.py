@@ -1,11 +1,10 @@
-"""Rounding-log chunks: trit packing, chunk encode/decode, damaged chunks, the cursor, chunk files."""
+"""The packed rounding log: trit packing, chunk encode/decode, damaged chunks, the cursor, the log root."""
 
 from __future__ import annotations
 
 import hashlib
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,23 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.merkle import MerkleTree
-from game.training.chunkcodec import Malformed, decode_names, encode_names
-from game.training.native import library
-from game.training.roundlog import (
-    MAGIC,
-    MAGIC_V1,
-    ChunkFormatError,
-    ChunkMismatchError,
-    LogReader,
-    LogRecord,
-    LogSequenceError,
-    LogWriter,
-    MissingChunkError,
-    StepLog,
+from game.training.log.chunks import ChunkFormatError, ChunkMismatchError, LogRecord, LogSequenceError
+from game.training.log.codec import Malformed, decode_names, encode_names
+from game.training.log.formats import decode_chunk, log_root
+from game.training.log.packed import MAGIC, MAGIC_V1, StepLog
+from game.training.log.trits import (
     TritPackingError,
-    decode_chunk,
-    log_root,
     pack_trits,
     pack_trits_v1,
     packed_size,
@@ -38,6 +26,8 @@ from game.training.roundlog import (
     unpack_trits,
     unpack_trits_v1,
 )
+from game.training.native import library
+from tests.training.helpers import random_trits, sample_packed_log
 
 SPEC = hashlib.sha256(b"task A").digest()
 OTHER_SPEC = hashlib.sha256(b"task B").digest()
@@ -78,21 +68,6 @@ def _trits(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.uint8)
 
 
-def _random_trits(n: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 3, (n,), generator=gen, dtype=torch.uint8)
-
-
-def _sample_log(seed: int = 0) -> StepLog:
-    step_log = StepLog()
-    step_log.append(0, "aten.mm.default", _random_trits(12, seed).reshape(3, 4))
-    step_log.append(1, "aten.sum.dim_IntList", _random_trits(1, seed + 1))
-    step_log.append(2, "aten.native_layer_norm.default", _random_trits(0, seed + 2))
-    step_log.append(7, "aten._softmax.default", _random_trits(33, seed + 3))
-    step_log.append(9, "aten.mm.default", _random_trits(250, seed + 4))  # whole blocks and a tail
-    return step_log
-
-
 # ---------------------------------------------------------------------------------------------------
 # Packing
 # ---------------------------------------------------------------------------------------------------
@@ -100,7 +75,7 @@ def _sample_log(seed: int = 0) -> StepLog:
 
 def test_pack_unpack_roundTrip_everyLengthUpTo400(kernels: str) -> None:
     for n in range(401):
-        t = _random_trits(n, n)
+        t = random_trits(n, n)
         data = pack_trits(t)
         assert data == ref_pack(t.tolist())
         assert len(data) == packed_size(n) == n // 116 * 23 + -(-(n % 116) // 5)
@@ -109,7 +84,7 @@ def test_pack_unpack_roundTrip_everyLengthUpTo400(kernels: str) -> None:
 
 def test_v1Packing_isFivePerByte() -> None:
     for n in range(0, 260, 7):
-        t = _random_trits(n, n)
+        t = random_trits(n, n)
         data = pack_trits_v1(t)
         assert data == ref_pack_v1(t.tolist())
         assert len(data) == packed_size_v1(n) == -(-n // 5)
@@ -130,7 +105,7 @@ def test_pack_matchesReference_andRoundTrips(trits: list[int]) -> None:
 def test_pack_costsUnder1point587BitsPerTrit_pastTheTail() -> None:
     # 23 bytes per 116 trits: 1.5862 bits each (log2 3 = 1.5850; the paper's 5 per byte is 1.6)
     n = 116 * 1000
-    assert len(pack_trits(_random_trits(n, 3))) * 8 / n == pytest.approx(184 / 116)
+    assert len(pack_trits(random_trits(n, 3))) * 8 / n == pytest.approx(184 / 116)
     assert 184 / 116 < 1.587
 
 
@@ -141,7 +116,7 @@ def test_pack_ofAllOnes_andShapes(kernels: str) -> None:
     assert pack_trits(torch.full((116,), 2, dtype=torch.uint8)) == sum(
         top << (46 * k) for k in range(4)
     ).to_bytes(23, "little")
-    t = _random_trits(240, 5).reshape(2, 3, 40)
+    t = random_trits(240, 5).reshape(2, 3, 40)
     assert pack_trits(t) == pack_trits(t.reshape(-1))
     assert pack_trits(t.transpose(0, 2)) == pack_trits(t.transpose(0, 2).contiguous())
 
@@ -197,7 +172,7 @@ def test_unpack_neverAcceptsWrongLengths(data: bytes, extra: int) -> None:
 
 
 def test_encodeDecode_roundTrip() -> None:
-    step_log = _sample_log()
+    step_log = sample_packed_log()
     data = step_log.encode(4, SPEC)
     assert data.startswith(MAGIC)
     back = StepLog.decode(data, step=4, spec_hash=SPEC)
@@ -213,7 +188,7 @@ def test_encodeDecode_roundTrip() -> None:
 
 @pytest.mark.parametrize("codec", ["stored", "zlib", "lzma", "auto"])
 def test_v2Chunk_isSmallerThanV1_andAnyTableCodecDecodes(codec: str) -> None:
-    step_log = _sample_log()
+    step_log = sample_packed_log()
     step_log.codec = codec
     data = step_log.encode(4, SPEC)
     v1 = step_log.encode(4, SPEC, version=1)
@@ -225,7 +200,7 @@ def test_v2Chunk_isSmallerThanV1_andAnyTableCodecDecodes(codec: str) -> None:
 
 
 def test_v1Chunks_stillDecode_toTheSameLog() -> None:
-    step_log = _sample_log()
+    step_log = sample_packed_log()
     data = step_log.encode(4, SPEC, version=1)
     back = decode_chunk(data, SPEC, 4)
     assert isinstance(back, StepLog)
@@ -239,8 +214,8 @@ def test_v1Chunks_stillDecode_toTheSameLog() -> None:
 def test_encode_refusesOpIndicesThatDoNotIncrease() -> None:
     # the record table stores index gaps, so the order the interceptor gives them in is required
     step_log = StepLog()
-    step_log.append(3, "aten.mm.default", _random_trits(2, 0))
-    step_log.append(3, "aten.add.Tensor", _random_trits(2, 1))
+    step_log.append(3, "aten.mm.default", random_trits(2, 0))
+    step_log.append(3, "aten.add.Tensor", random_trits(2, 1))
     with pytest.raises(RoundingLogError, match=r"step 1: op #3 aten\.add\.Tensor follows op #3"):
         step_log.encode(1, SPEC)
 
@@ -274,20 +249,20 @@ def test_encodeDecode_roundTrip_random(
 
 
 def test_reorderedChunk_isAnErrorNamingBothSteps() -> None:
-    data = _sample_log().encode(3, SPEC)
+    data = sample_packed_log().encode(3, SPEC)
     with pytest.raises(ChunkMismatchError, match=r"step 4: .*step 3 \(reordered"):
         StepLog.decode(data, step=4, spec_hash=SPEC)
 
 
 def test_foreignChunk_isAnError() -> None:
-    data = _sample_log().encode(3, OTHER_SPEC)
+    data = sample_packed_log().encode(3, OTHER_SPEC)
     with pytest.raises(ChunkMismatchError, match=r"step 3: .*foreign chunk"):
         StepLog.decode(data, step=3, spec_hash=SPEC)
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_truncatedChunk_atEveryLength_isAnErrorNamingTheStep(version: int) -> None:
-    data = _sample_log().encode(5, SPEC, version=version)
+    data = sample_packed_log().encode(5, SPEC, version=version)
     for cut in range(len(data)):
         with pytest.raises(RoundingLogError, match=r"step [5?]"):
             StepLog.decode(data[:cut], step=5, spec_hash=SPEC)
@@ -295,14 +270,14 @@ def test_truncatedChunk_atEveryLength_isAnErrorNamingTheStep(version: int) -> No
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_trailingBytes_isAnError(version: int) -> None:
-    data = _sample_log().encode(5, SPEC, version=version)
+    data = sample_packed_log().encode(5, SPEC, version=version)
     with pytest.raises(ChunkFormatError, match=r"step 5: 1 trailing bytes"):
         StepLog.decode(data + b"\x00", step=5, spec_hash=SPEC)
 
 
 @pytest.mark.parametrize(("version", "codec"), [(1, "auto"), (2, "stored"), (2, "zlib")])
 def test_everySingleByteFlip_changesTheHash_andNeverDecodesToTheSameLog(version: int, codec: str) -> None:
-    step_log = _sample_log()
+    step_log = sample_packed_log()
     step_log.codec = codec
     data = step_log.encode(5, SPEC, version=version)
     original = hashlib.sha256(data).digest()
@@ -323,7 +298,7 @@ def test_everySingleByteFlip_changesTheHash_andNeverDecodesToTheSameLog(version:
 
 
 def test_structuralCorruption_givesClearErrors() -> None:
-    step_log = _sample_log()
+    step_log = sample_packed_log()
     step_log.codec = "stored"  # the record table's bytes at known places
     data = bytearray(step_log.encode(5, SPEC))
     bad_magic = b"vgame-log-v9\0" + bytes(data[len(MAGIC) :])
@@ -366,7 +341,7 @@ def test_structuralCorruption_givesClearErrors() -> None:
 
 
 def test_structuralCorruption_ofV1Chunks_givesClearErrors() -> None:
-    data = bytearray(_sample_log().encode(5, SPEC, version=1))
+    data = bytearray(sample_packed_log().encode(5, SPEC, version=1))
     count_pos = len(MAGIC_V1) + 8 + 32
     huge = bytearray(data)
     huge[count_pos : count_pos + 4] = struct.pack("<I", 2**32 - 1)
@@ -408,7 +383,7 @@ def test_append_rejectsBadInput() -> None:
 
 
 def test_cursor_handsOutRecordsInOrder() -> None:
-    step_log = StepLog.decode(_sample_log().encode(6, SPEC), step=6, spec_hash=SPEC)
+    step_log = StepLog.decode(sample_packed_log().encode(6, SPEC), step=6, spec_hash=SPEC)
     cur = step_log.cursor()
     for i, rec in enumerate(step_log.records):
         got = cur.take(rec.op_index, rec.op_name, rec.count)
@@ -418,19 +393,19 @@ def test_cursor_handsOutRecordsInOrder() -> None:
 
 
 def test_cursor_nameMismatch_namesStepAndOps() -> None:
-    cur = StepLog.decode(_sample_log().encode(6, SPEC), step=6, spec_hash=SPEC).cursor()
+    cur = StepLog.decode(sample_packed_log().encode(6, SPEC), step=6, spec_hash=SPEC).cursor()
     with pytest.raises(LogSequenceError, match=r"step 6: op #0 aten.addmm.default .*op #0 aten.mm.default"):
         cur.take(0, "aten.addmm.default", 12)
 
 
 def test_cursor_indexMismatch_isAnError() -> None:
-    cur = _sample_log().cursor()
+    cur = sample_packed_log().cursor()
     with pytest.raises(LogSequenceError, match=r"op #3 aten.mm.default does not match"):
         cur.take(3, "aten.mm.default", 12)
 
 
 def test_cursor_countMismatch_isAnError() -> None:
-    cur = _sample_log().cursor()
+    cur = sample_packed_log().cursor()
     with pytest.raises(
         LogSequenceError, match=r"op #0 aten.mm.default has 13 values but log record 0 has 12"
     ):
@@ -439,7 +414,7 @@ def test_cursor_countMismatch_isAnError() -> None:
 
 def test_cursor_pastTheEnd_andUnreadRecords() -> None:
     step_log = StepLog(step=9)
-    step_log.append(0, "aten.mm.default", _random_trits(4, 1))
+    step_log.append(0, "aten.mm.default", random_trits(4, 1))
     cur = step_log.cursor()
     with pytest.raises(LogSequenceError, match=r"step 9: 1 log records left unread.*aten.mm.default"):
         cur.finish()
@@ -449,62 +424,8 @@ def test_cursor_pastTheEnd_andUnreadRecords() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Files and the log root
+# The log root
 # ---------------------------------------------------------------------------------------------------
-
-
-def test_writerReader_roundTrip(tmp_path: Path) -> None:
-    writer = LogWriter(tmp_path / "log")
-    hashes = []
-    logs = [StepLog.empty(), _sample_log(1), _sample_log(2)]
-    for step, step_log in enumerate(logs):
-        hashes.append(writer.write_chunk(step, step_log, SPEC))
-    reader = LogReader(tmp_path / "log", SPEC)
-    assert reader.steps() == [0, 1, 2]
-    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == [
-        "step-000000000.bin",
-        "step-000000001.bin",
-        "step-000000002.bin",
-    ]
-    for step, step_log in enumerate(logs):
-        assert reader.chunk_hash(step) == hashes[step]
-        assert hashes[step] == hashlib.sha256(reader.chunk_path(step).read_bytes()).digest()
-        back = reader.read(step)
-        assert back.records == step_log.records
-    assert log_root(hashes) == MerkleTree(hashes).root
-    assert log_root(hashes) != log_root(hashes[::-1])
-
-
-def test_reader_missingChunk_namesTheStep(tmp_path: Path) -> None:
-    LogWriter(tmp_path).write_chunk(0, StepLog.empty(), SPEC)
-    reader = LogReader(tmp_path, SPEC)
-    with pytest.raises(MissingChunkError, match=r"step 1: log chunk step-000000001\.bin is missing"):
-        reader.read(1)
-    with pytest.raises(RoundingLogError):
-        reader.chunk_hash(1)
-
-
-def test_reader_chunkFileSwapped_isReordered(tmp_path: Path) -> None:
-    writer = LogWriter(tmp_path)
-    writer.write_chunk(3, _sample_log(), SPEC)
-    (tmp_path / "step-000000003.bin").rename(tmp_path / "step-000000004.bin")
-    with pytest.raises(ChunkMismatchError, match="reordered"):
-        LogReader(tmp_path, SPEC).read(4)
-    (tmp_path / "step-000000004.bin").rename(tmp_path / "step-000000003.bin")
-    with pytest.raises(ChunkMismatchError, match=r"step 3: .*foreign"):
-        LogReader(tmp_path, OTHER_SPEC).read(3)
-
-
-def test_writer_truncateAfter_removesLaterChunks(tmp_path: Path) -> None:
-    writer = LogWriter(tmp_path)
-    for step in range(5):
-        writer.write_chunk(step, StepLog.empty(), SPEC)
-    (tmp_path / ".step-000000005.bin.tmp").write_bytes(b"partial")
-    assert writer.truncate_after(2) == [3, 4]
-    assert LogReader(tmp_path, SPEC).steps() == [0, 1, 2]
-    assert not list(tmp_path.glob(".*.tmp"))
-    writer.write_chunk(2, _sample_log(), SPEC)  # overwrite is atomic and allowed (resume)
-    assert LogReader(tmp_path, SPEC).read(2).total_values == 296
 
 
 def test_logRoot_needsAChunk() -> None:
@@ -517,7 +438,7 @@ def test_logRoot_needsAChunk() -> None:
 def test_cudaTrits_encodeLikeCpu() -> None:
     cpu, gpu = StepLog(), StepLog()
     for i in range(3):
-        t = _random_trits(1000 + i, i)
+        t = random_trits(1000 + i, i)
         cpu.append(i, "aten.mm.default", t)
         gpu.append(i, "aten.mm.default", t.cuda())
     assert gpu.encode(1, SPEC) == cpu.encode(1, SPEC)

@@ -1,6 +1,6 @@
 """The sparse rounding log: per step only the values within their op's band, as (position, direction).
 
-A packed chunk (:mod:`roundlog`) spends 1.59 bits on every rounded value, yet only values within the
+A packed chunk (:mod:`~game.training.log.packed`) spends 1.59 bits on every rounded value, yet only values within the
 calibrated divergence band of a rounding midpoint can round differently on another machine
 (:mod:`~game.training.numerics.bandcheck`). A sparse chunk lists just those. Layout::
 
@@ -37,7 +37,16 @@ import numpy as np
 import torch
 
 from game.errors import RoundingLogError
-from game.training.chunkcodec import (
+from game.training.log.chunks import (
+    HASH_SIZE,
+    ChunkFormatError,
+    LogRecord,
+    PreparedChunk,
+    RecordCursor,
+    check_chunk_identity,
+    step_label,
+)
+from game.training.log.codec import (
     DEFAULT_CODEC,
     Compressible,
     Malformed,
@@ -51,14 +60,6 @@ from game.training.chunkcodec import (
     uvarint_encode,
 )
 from game.training.native import bindings
-from game.training.roundlog import (
-    HASH_SIZE,
-    ChunkFormatError,
-    LogRecord,
-    PreparedChunk,
-    RecordCursor,
-    check_chunk_identity,
-)
 
 MAGIC = b"vgame-slog-v1\0"
 _HEADER = struct.Struct("<Q32sIBI")  # step, spec hash, record count, codec, payload size
@@ -80,10 +81,6 @@ class RecordRows(NamedTuple):
     table: np.ndarray  # (k, 4) int64: op index, row, value count, entry count, per record
     positions: np.ndarray  # flat int64: every record's positions, one record after another
     names: Sequence[str]  # row -> op name (a table that only grows: the rows above stay valid)
-
-
-def _where(step: int | None) -> str:
-    return f"step {step}" if step is not None else "step ?"
 
 
 class SparseStepLog:
@@ -109,9 +106,11 @@ class SparseStepLog:
     def append(self, op_index: int, op_name: str, count: int, positions: torch.Tensor) -> None:
         """Record an op's listed values (positions ascending, flat row-major)."""
         if not 0 <= op_index < 2**32:
-            raise RoundingLogError(f"{_where(self.step)}: op index {op_index} does not fit uint32")
+            raise RoundingLogError(f"{step_label(self.step)}: op index {op_index} does not fit uint32")
         if positions.dim() != 1:
-            raise RoundingLogError(f"{_where(self.step)}: op #{op_index}: positions must be a flat tensor")
+            raise RoundingLogError(
+                f"{step_label(self.step)}: op #{op_index}: positions must be a flat tensor"
+            )
         if positions.requires_grad:  # else no detach: it makes a new tensor, some 200 times a step
             positions = positions.detach()
         self._parts.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
@@ -122,20 +121,22 @@ class SparseStepLog:
         front's records, its rows named by ``names``. The table's entry counts must add up to the
         positions given."""
         if table.ndim != 2 or table.shape[1] != 4 or positions.ndim != 1:
-            raise RoundingLogError(f"{_where(self.step)}: records must be a (k, 4) table and flat positions")
+            raise RoundingLogError(
+                f"{step_label(self.step)}: records must be a (k, 4) table and flat positions"
+            )
         if not len(table):
             return
         if int(table[:, 3].sum()) != positions.size:
             raise RoundingLogError(
-                f"{_where(self.step)}: the records' entry counts do not add up to their positions"
+                f"{step_label(self.step)}: the records' entry counts do not add up to their positions"
             )
         (op_lo, row_lo, *_), (op_hi, row_hi, *_) = table.min(axis=0).tolist(), table.max(axis=0).tolist()
         if op_lo < 0 or op_hi >= 2**32:
             ops = table[:, 0]
             bad = int(ops[(ops < 0) | (ops >= 2**32)][0])
-            raise RoundingLogError(f"{_where(self.step)}: op index {bad} does not fit uint32")
+            raise RoundingLogError(f"{step_label(self.step)}: op index {bad} does not fit uint32")
         if row_lo < 0 or row_hi >= len(names):
-            raise RoundingLogError(f"{_where(self.step)}: a record's row has no op name")
+            raise RoundingLogError(f"{step_label(self.step)}: a record's row has no op name")
         self._parts.append(RecordRows(table, positions, names))
         self._count += len(table)
         self._has_rows = True
@@ -218,7 +219,7 @@ class SparseStepLog:
 
     def prepare(self, step: int, spec_hash: bytes) -> PreparedChunk:
         """The chunk's payload, built now; compression and the header wait for the writer's thread
-        (:class:`~game.training.roundlog.PreparedChunk` says why). Raises what :meth:`encode` does."""
+        (:class:`~game.training.log.chunks.PreparedChunk` says why). Raises what :meth:`encode` does."""
         if not 0 <= step < 2**64:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
@@ -237,7 +238,7 @@ class SparseStepLog:
     @classmethod
     def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> SparseStepLog:
         """Parse and check a sparse chunk; errors name the step (see :meth:`StepLog.decode`)."""
-        where = _where(step)
+        where = step_label(step)
         if bytes(data[: len(MAGIC)]) != MAGIC:
             raise ChunkFormatError(f"{where}: not a sparse rounding-log chunk (bad magic or version)")
         if len(data) < len(MAGIC) + _HEADER.size:

@@ -14,11 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.errors import RoundingLogError
-from game.training import chunkcodec, sparselog
-from game.training.chunkcodec import CODECS, Malformed, uvarint_decode, uvarint_encode
+from game.training.log import codec as codec_mod
+from game.training.log import sparse as sparse_mod
+from game.training.log.chunks import ChunkFormatError, ChunkMismatchError, LogSequenceError
+from game.training.log.codec import CODECS, Malformed, uvarint_decode, uvarint_encode
+from game.training.log.formats import decode_chunk
+from game.training.log.sparse import SparseStepLog
 from game.training.native import bindings, library
-from game.training.roundlog import ChunkFormatError, ChunkMismatchError, LogSequenceError, decode_chunk
-from game.training.sparselog import SparseStepLog
 from tests.training.helpers import random_sparse_log
 
 SPEC = bytes(range(32))
@@ -89,7 +91,7 @@ def test_reorderedOrForeignChunk_isAMismatch() -> None:
 
 def _with_payload(payload: bytes, n_records: int) -> bytes:
     header = struct.pack("<Q32sIBI", 3, SPEC, n_records, 1, len(payload))
-    return sparselog.MAGIC + header + zlib.compress(payload)
+    return sparse_mod.MAGIC + header + zlib.compress(payload)
 
 
 def test_positionPastTheValueCount_isAFormatError() -> None:
@@ -124,21 +126,21 @@ def test_opIndexOrNameIdOutOfRange_isAFormatError_atItsRecord(head: list[int], b
 
 def test_statedPayloadSizeMismatch_isAFormatError() -> None:
     payload = uvarint_encode(np.array([0]))
-    data = sparselog.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 1000) + zlib.compress(payload)
+    data = sparse_mod.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 1000) + zlib.compress(payload)
     with pytest.raises(ChunkFormatError, match="header says 1000"):
         decode_chunk(data, SPEC, 3)
 
 
 def test_decompressionBomb_isRefusedWithoutInflating() -> None:
     bomb = zlib.compress(b"\0" * (50 << 20))
-    data = sparselog.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 16) + bomb
+    data = sparse_mod.MAGIC + struct.pack("<Q32sIBI", 3, SPEC, 0, 1, 16) + bomb
     with pytest.raises(ChunkFormatError, match="larger than its stated size"):
         decode_chunk(data, SPEC, 3)
 
 
 def test_unknownCodec_isAFormatError() -> None:
     data = bytearray(_log(codec="stored").encode(3, SPEC))
-    data[len(sparselog.MAGIC) + 8 + 32 + 4] = 9
+    data[len(sparse_mod.MAGIC) + 8 + 32 + 4] = 9
     with pytest.raises(ChunkFormatError, match="unknown codec 9"):
         decode_chunk(bytes(data), SPEC, 3)
 
@@ -197,8 +199,8 @@ def test_roundTrip_anyMixOfEmptyAndFullRecords(records: list[list[int]], codec: 
 def test_auto_skipsLzma_pastItsSizeLimit(monkeypatch: pytest.MonkeyPatch) -> None:
     # lzma is tried on small payloads only (it is ~10x slower than zlib); the chunk still decodes
     log = _log(records=30)
-    codec_at = len(sparselog.MAGIC) + sparselog._HEADER.size - 5  # the codec byte precedes the size
-    monkeypatch.setattr(chunkcodec, "LZMA_AUTO_MAX", 0)
+    codec_at = len(sparse_mod.MAGIC) + sparse_mod._HEADER.size - 5  # the codec byte precedes the size
+    monkeypatch.setattr(codec_mod, "LZMA_AUTO_MAX", 0)
     data = log.encode(3, SPEC)
     assert data[codec_at] in (CODECS["zlib"], CODECS["stored"])
     assert _same(log, decode_chunk(data, SPEC, 3))
@@ -335,7 +337,7 @@ def _parse_both(payload: bytes, n_records: int) -> tuple[object, object]:
 
     def parse() -> object:
         try:
-            rows = sparselog._parse_payload(payload, n_records)
+            rows = sparse_mod._parse_payload(payload, n_records)
         except Malformed as exc:
             return str(exc)
         return rows.table.tolist(), rows.positions.tolist(), list(rows.names)
@@ -360,7 +362,7 @@ def test_cParser_acceptsAndReadsExactlyWhatTheNumpyParserDoes(
     for i, pos in enumerate(records):
         log.append(3 * i, NAMES[i % 4], 3001, torch.tensor(pos, dtype=torch.int64))
     data = log.encode(2, SPEC)
-    payload = bytearray(data[len(sparselog.MAGIC) + sparselog._HEADER.size :])
+    payload = bytearray(data[len(sparse_mod.MAGIC) + sparse_mod._HEADER.size :])
     fast, slow = _parse_both(bytes(payload), len(records))
     assert fast == slow and not isinstance(fast, str)
     for at, value in flips:
@@ -374,7 +376,7 @@ def test_cParser_acceptsAndReadsExactlyWhatTheNumpyParserDoes(
 @pytest.mark.parametrize("gap", [2**62 - 4, 2**62 - 3, 2**62 - 2, 2**62 - 1, 2**62])
 def test_cParser_andNumpy_drawTheGapSumLineAtTheSamePlace(gap: int) -> None:
     # two records of one entry each: the chunk's sum of (gap + 1) is gap + 1 + 1, refused from 2^62 on
-    payload = chunkcodec.encode_names(["aten.mm.default"]) + uvarint_encode(
+    payload = codec_mod.encode_names(["aten.mm.default"]) + uvarint_encode(
         np.array([0, 0, 2**62, 1, 0, 0, 2**62, 1, gap, 0], dtype=np.int64)
     )
     fast, slow = _parse_both(payload, 2)
@@ -386,7 +388,7 @@ def test_cParser_andNumpy_drawTheGapSumLineAtTheSamePlace(gap: int) -> None:
 def test_cParser_andNumpy_refuseAPositionFromItsRecordsCountOn(position: int, refused: bool) -> None:
     log = SparseStepLog(2, codec="stored")
     log.append(0, NAMES[0], 10, torch.tensor([1, position], dtype=torch.int64))
-    payload = log.encode(2, SPEC)[len(sparselog.MAGIC) + sparselog._HEADER.size :]
+    payload = log.encode(2, SPEC)[len(sparse_mod.MAGIC) + sparse_mod._HEADER.size :]
     fast, slow = _parse_both(payload, 1)
     assert fast == slow
     assert isinstance(fast, str) == refused

@@ -1,0 +1,188 @@
+"""What both chunk formats share: the errors, a record, the chunk's identity check, the chunk hash,
+a chunk prepared for the writer's thread and the cursor that hands records to a replay.
+
+Why a module of its own: the packed format (:mod:`~game.training.log.packed`) and the sparse one
+(:mod:`~game.training.log.sparse`) both build on these, and neither needs the other. A chunk names
+its step and its task (the spec hash), so a reordered or foreign chunk is caught when decoded
+(:func:`check_chunk_identity`); ``chunk_hash = sha256(chunk bytes)`` is the leaf data of the log
+tree whichever the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from game.errors import RoundingLogError
+from game.training.log.codec import Compressible
+
+_Item = TypeVar("_Item")
+
+HASH_SIZE = 32  # a spec hash, a chunk hash
+
+
+class ChunkFormatError(RoundingLogError, ValueError):
+    """A chunk is truncated, has trailing bytes, a bad magic or a malformed record."""
+
+
+class ChunkMismatchError(RoundingLogError):
+    """A well-formed chunk that belongs elsewhere: another step (reordered) or another task (foreign)."""
+
+
+class LogSequenceError(RoundingLogError):
+    """The replaying computation's ops do not match the log's records (name, count, too few, too many)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One rounded inexact tensor: the op's index within the step, its ATen name, its value count."""
+
+    op_index: int
+    op_name: str
+    count: int
+
+
+def step_label(step: int | None) -> str:
+    """The ``step N`` (``step ?`` when unknown) that error messages about a chunk start with."""
+    return f"step {step}" if step is not None else "step ?"
+
+
+def check_chunk_identity(own_step: int, own_spec: bytes, step: int | None, spec_hash: bytes) -> str:
+    """Raise ChunkMismatchError when a chunk names another step (reordered) or task (foreign);
+    returns the ``step N`` that error messages about the chunk start with."""
+    if step is not None and own_step != step:
+        raise ChunkMismatchError(f"step {step}: chunk is the log of step {own_step} (reordered chunk)")
+    if own_spec != bytes(spec_hash):
+        raise ChunkMismatchError(
+            f"step {own_step}: chunk belongs to task {own_spec.hex()[:16]}..., not "
+            f"{bytes(spec_hash).hex()[:16]}... (foreign chunk)"
+        )
+    return f"step {own_step}"
+
+
+def chunk_hash(data: bytes) -> bytes:
+    """``sha256(chunk bytes)``: the leaf data of the log tree."""
+    return hashlib.sha256(data).digest()
+
+
+class PreparedChunk:
+    """A step's chunk as far as :meth:`StepLog.prepare` or :meth:`SparseStepLog.prepare` built it on
+    the caller's thread; :meth:`encode` finishes it (the transcript writer's thread compresses it and
+    packs its header). Why: that thread shares the GIL with the trainer's, and a few hundred
+    microseconds of its Python made the trainer's thread wait for the GIL several times a step,
+    where the same work costs the trainer's thread 40 to 70 us done there at once
+    (docs/benchmarks.md). ``finish`` is what is left to do, or a :class:`Compressible` chunk (a
+    sparse one), which the writer's C call can finish without Python (:attr:`compressible`)."""
+
+    __slots__ = ("_finish", "spec_hash", "step")
+
+    def __init__(self, step: int, spec_hash: bytes, finish: Callable[[], bytes] | Compressible) -> None:
+        self.step = step
+        self.spec_hash = bytes(spec_hash)
+        self._finish = finish
+
+    @property
+    def compressible(self) -> Compressible | None:
+        """The chunk as a head and a payload to compress, when it is one."""
+        return self._finish if isinstance(self._finish, Compressible) else None
+
+    def encode(self, step: int, spec_hash: bytes) -> bytes:
+        """The chunk bytes; ``step`` and ``spec_hash`` must be the ones it was prepared for."""
+        self.check_for(step, spec_hash)
+        return self._finish.finish() if isinstance(self._finish, Compressible) else self._finish()
+
+    def check_for(self, step: int, spec_hash: bytes) -> None:
+        """Refuse a step or a task other than the ones the chunk was prepared for."""
+        if step != self.step or bytes(spec_hash) != self.spec_hash:
+            raise RoundingLogError(
+                f"a chunk prepared for step {self.step} of task {self.spec_hash.hex()[:16]}... was asked "
+                f"for as step {step} of task {bytes(spec_hash).hex()[:16]}..."
+            )
+
+
+class RecordCursor(Generic[_Item]):
+    """The auditor's view of a log: records taken in order, each checked against the op asking.
+
+    Shared by both formats: ``items[i]`` is what record ``i`` carries (trits, or sparse entries).
+    """
+
+    def __init__(self, step: int | None, records: Sequence[LogRecord], items: Sequence[_Item]) -> None:
+        self._step = step
+        self._lists: tuple[list[LogRecord], list[_Item]] | None = (list(records), list(items))
+        self._load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]] | None = None
+        self._count = len(records)
+        self._pos = 0
+
+    @classmethod
+    def later(
+        cls, step: int | None, count: int, load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]]
+    ) -> RecordCursor[_Item]:
+        """A cursor over ``count`` records that ``load`` gives only when one is read: a replay the C++
+        front runs reads none of them here, only moves the cursor."""
+        cursor = cls(step, (), ())
+        cursor._lists, cursor._load, cursor._count = None, load, count
+        return cursor
+
+    @property
+    def _records(self) -> list[LogRecord]:
+        return self._loaded()[0]
+
+    @property
+    def _items(self) -> list[_Item]:
+        return self._loaded()[1]
+
+    def _loaded(self) -> tuple[list[LogRecord], list[_Item]]:
+        if self._lists is None:
+            assert self._load is not None
+            records, items = self._load()
+            self._lists, self._load = (list(records), list(items)), None
+            if len(records) != self._count:
+                raise LogSequenceError(f"{step_label(self._step)}: the log changed under its cursor")
+        return self._lists
+
+    @property
+    def position(self) -> int:
+        """Number of records taken so far."""
+        return self._pos
+
+    def move_to(self, position: int) -> None:
+        """Count records taken elsewhere, in order (the C++ front's kernels check each against its
+        op as :meth:`take` does)."""
+        if not self._pos <= position <= self._count:
+            raise LogSequenceError(
+                f"{step_label(self._step)}: cursor moved from record {self._pos} to {position} of {self._count}"
+            )
+        self._pos = position
+
+    def take(self, op_index: int, op_name: str, numel: int) -> _Item:
+        """The next record's payload, after checking it was recorded for this op."""
+        where = step_label(self._step)
+        if self._pos >= self._count:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
+                f"({self._count} records)"
+            )
+        rec = self._records[self._pos]
+        if rec.op_index != op_index or rec.op_name != op_name:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
+                f"(op #{rec.op_index} {rec.op_name})"
+            )
+        if rec.count != numel:
+            raise LogSequenceError(
+                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
+            )
+        item = self._items[self._pos]
+        self._pos += 1
+        return item
+
+    def finish(self) -> None:
+        """Raise when records remain unread: the replay ran fewer ops than the trainer logged."""
+        if self._pos < self._count:
+            rec = self._records[self._pos]
+            raise LogSequenceError(
+                f"{step_label(self._step)}: {self._count - self._pos} log records left unread, "
+                f"first: record {self._pos} (op #{rec.op_index} {rec.op_name})"
+            )

@@ -1,0 +1,145 @@
+"""The transcript's ``manifest.json``: the task config and its spec hash, the profile, the software
+versions, the roots once the run is complete; and where checkpoints are kept.
+
+Why its own module: the writer starts and finishes it, the reader checks it, and a client reads it
+alone out of a sealed archive (:mod:`game.delivery`) without any other file of the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from game.errors import TranscriptError
+from game.training.config import TaskConfig
+from game.training.transcript.layout import FORMAT, MANIFEST_NAME, TranscriptPaths
+
+
+def software_versions() -> dict[str, str]:
+    """Versions that went into a transcript: recorded for people, never part of any hash."""
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "vgame": version("vgame"),
+        "torch": version("torch"),
+        "python": platform.python_version(),
+        "numpy": version("numpy"),
+    }
+
+
+def is_checkpoint_step(step: int, interval: int, steps: int) -> bool:
+    """Checkpoints are kept at init, every ``interval`` steps and at the last step."""
+    return step == 0 or step == steps or (interval > 0 and step % interval == 0)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The transcript's ``manifest.json``; roots are hex strings (``None`` until complete)."""
+
+    config: dict[str, Any]
+    spec_hash: str
+    profile: str
+    steps: int
+    checkpoint_interval: int
+    versions: dict[str, str] = field(default_factory=software_versions)
+    state_root: str | None = None
+    log_root: str | None = None
+    complete: bool = False
+
+    @property
+    def num_leaves(self) -> int:
+        """A run of ``S`` steps has ``S + 1`` leaves: leaf 0 is the initial state."""
+        return self.steps + 1
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "config": self.config,
+            "spec_hash": self.spec_hash,
+            "versions": self.versions,
+            "profile": self.profile,
+            "steps": self.steps,
+            "num_leaves": self.num_leaves,
+            "state_root": self.state_root,
+            "log_root": self.log_root,
+            "checkpoint_interval": self.checkpoint_interval,
+            "complete": self.complete,
+        }
+        return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: Path) -> Manifest:
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TranscriptError(f"{where} is not valid JSON ({exc}); the transcript is damaged") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else None
+            raise TranscriptError(f"{where} has format {found!r}, expected {FORMAT!r}")
+        try:
+            manifest = cls(
+                config=dict(doc["config"]),
+                spec_hash=str(doc["spec_hash"]),
+                profile=str(doc["profile"]),
+                steps=int(doc["steps"]),
+                checkpoint_interval=int(doc["checkpoint_interval"]),
+                versions={str(k): str(v) for k, v in dict(doc["versions"]).items()},
+                state_root=doc["state_root"],
+                log_root=doc["log_root"],
+                complete=bool(doc["complete"]),
+            )
+            num_leaves = int(doc["num_leaves"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TranscriptError(
+                f"{where} lacks or mistypes field {exc}; the transcript is damaged"
+            ) from None
+        if num_leaves != manifest.num_leaves:
+            raise TranscriptError(
+                f"{where} says num_leaves={num_leaves} but steps={manifest.steps} needs {manifest.num_leaves}"
+            )
+        return manifest
+
+
+def config_of(manifest: Manifest, where: Path) -> TaskConfig:
+    """Rebuild the task config and check it still hashes to the recorded spec hash."""
+    try:
+        cfg = TaskConfig.from_dict(manifest.config)
+    except Exception as exc:
+        raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
+    if cfg.spec_hash().hex() != manifest.spec_hash:
+        raise TranscriptError(
+            f"{where}: the recorded config hashes to {cfg.spec_hash().hex()} but the manifest's spec_hash "
+            f"is {manifest.spec_hash}: the config or the spec hash was edited"
+        )
+    if cfg.steps != manifest.steps or cfg.checkpoint_interval != manifest.checkpoint_interval:
+        raise TranscriptError(f"{where}: steps or checkpoint_interval disagree with the recorded config")
+    return cfg
+
+
+def make_transcript_dir(directory: Path) -> None:
+    """Make ``directory`` for a transcript (with its parents), or say in one line why it cannot be."""
+    if directory.exists() and not directory.is_dir():
+        raise TranscriptError(f"{directory} is a file, not a directory; choose another --out")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TranscriptError(f"cannot make the transcript directory {directory}: {exc}") from exc
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of the transcript in ``directory``; a missing one says how to make it."""
+    path = TranscriptPaths(directory).manifest
+    if not path.is_file():
+        raise TranscriptError(
+            f"no transcript at {directory}: {MANIFEST_NAME} is missing (run `vgame train --out {directory}`)"
+        )
+    return Manifest.from_json(path.read_bytes(), path)
