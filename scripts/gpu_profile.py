@@ -38,10 +38,10 @@ def main() -> None:
     import torch
 
     from game.cli.app import parse_model_overrides, task_config
-    from game.training.leaves import LeafHasher
-    from game.training.profiles import get_profile
-    from game.training.session import initial_step, train_step
-    from game.training.step import StepEngine
+    from game.training.engine.step import StepEngine
+    from game.training.engine.train import initial_step, train_step
+    from game.training.state.leaves import LeafHasher
+    from game.training.task.profiles import get_profile
     from game.training.transcript import Transcript, TranscriptWriter
 
     ap = argparse.ArgumentParser()

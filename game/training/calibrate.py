@@ -32,10 +32,10 @@ from torch import Tensor
 from game.errors import ConfigError
 from game.training import rounding
 from game.training.bands import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
-from game.training.config import TaskConfig
+from game.training.engine.step import StepEngine
 from game.training.intercept import OpClass, RoundingMode, classify, op_name, touched_tensors
-from game.training.profiles import Profile, get_profile
-from game.training.step import StepEngine
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import Profile, get_profile
 
 log = logging.getLogger(__name__)
 

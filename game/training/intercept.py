@@ -39,9 +39,9 @@ from game.errors import ConfigError, TrainingError
 from game.training import banding, native, rounding
 from game.training.bands import MAX_EXP, Band, BandTable
 from game.training.native import front
-from game.training.profiles import NoiseSource, Profile
 from game.training.roundlog import ChunkLog, ChunkMismatchError, RecordCursor, StepLog
 from game.training.sparselog import SparseRecord, SparseStepLog
+from game.training.task.profiles import NoiseSource, Profile
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
     from game.training.cuda_kernels import Deferred

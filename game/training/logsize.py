@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from game.errors import ConfigError, TrainingError
-from game.training.config import TaskConfig
-from game.training.profiles import get_profile
+from game.training.engine.step import StepEngine
 from game.training.roundlog import bits_per_value, decode_chunk, packed_size
-from game.training.step import StepEngine
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import get_profile
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ from game.training.chunkcodec import (
     uvarint_decode,
     uvarint_encode,
 )
-from game.training.config import LOG_FORMATS
+from game.training.task.config import LOG_FORMATS
 
 if TYPE_CHECKING:
     from game.training.sparselog import SparseStepLog

@@ -54,7 +54,6 @@ from game.errors import RoundingLogError, StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, fsync_dir, temp_file_name, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
 from game.training import native
-from game.training.config import TaskConfig
 from game.training.native import stepwriter
 from game.training.roundlog import (
     ChunkLog,
@@ -65,6 +64,7 @@ from game.training.roundlog import (
     chunk_hash,
     decode_chunk,
 )
+from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ WRITE_AHEAD = 2
 
 
 class PendingState(Protocol):
-    """A state hashed where it lives (on a GPU: :class:`~game.training.cuda_leaf.DeviceLeaf`), its
+    """A state hashed where it lives (on a GPU: :class:`~game.training.state.device_leaf.DeviceLeaf`), its
     leaf not waited for yet."""
 
     def leaf(self) -> bytes:

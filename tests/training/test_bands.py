@@ -17,9 +17,10 @@ from game.training.bands import (
     preset_bands,
 )
 from game.training.calibrate import OpStats, calibrate
-from game.training.config import PRESET_NAMES, TaskConfig, load_config
-from game.training.profiles import get_profile
-from game.training.step import StepEngine
+from game.training.engine.step import StepEngine
+from game.training.task.catalog import PRESET_NAMES
+from game.training.task.config import TaskConfig, load_config
+from game.training.task.profiles import get_profile
 
 
 def _table() -> BandTable:

@@ -17,12 +17,12 @@ import torch
 
 from game.errors import ConfigError, TrainingError
 from game.training.bands import Band, BandTable
-from game.training.config import TaskConfig
 from game.training.logsize import check_bits, measure_log_size
 from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
-from game.training.profiles import get_profile
 from game.training.roundlog import BLOCK_BYTES, BLOCK_TRITS, StepLog, packed_size
-from game.training.state import state_hash
+from game.training.state.leaves import state_hash
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import get_profile
 from game.training.transcript import LEAVES_NAME, LOG_DIR_NAME
 
 

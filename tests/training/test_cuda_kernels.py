@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.training import banding, native, rounding
-from game.training import step as step_mod
 from game.training.bands import Band
-from game.training.profiles import get_profile
+from game.training.engine import step as step_mod
+from game.training.engine.step import StepEngine
 from game.training.sparselog import SparseStepLog
-from game.training.step import StepEngine
+from game.training.task.profiles import get_profile
 
 from .test_banding import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case

@@ -17,12 +17,12 @@ import torch
 from game.errors import NonFiniteError
 from game.training import intercept, native
 from game.training.bands import Band, BandTable
+from game.training.engine.step import StepEngine
 from game.training.intercept import OpClass, RoundingMode
 from game.training.native import front
-from game.training.profiles import get_profile
 from game.training.roundlog import new_step_log
 from game.training.sparselog import SparseStepLog
-from game.training.step import StepEngine
+from game.training.task.profiles import get_profile
 from tests.training.test_step import SMALL, small_cfg
 
 pytestmark = pytest.mark.skipif(

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
 from game.training import rounding
-from game.training.config import PRESET_NAMES, TaskConfig
+from game.training.engine.step import StepEngine
 from game.training.intercept import (
     EXACT_OPS,
     MOVE_OPS,
@@ -27,12 +27,13 @@ from game.training.intercept import (
     classify,
     touched_tensors,
 )
-from game.training.models import StepContext
 from game.training.native import front
-from game.training.profiles import get_profile
 from game.training.roundlog import StepLog
-from game.training.state import check_on_grid
-from game.training.step import StepEngine
+from game.training.state.tensors import check_on_grid
+from game.training.task.catalog import PRESET_NAMES
+from game.training.task.config import TaskConfig
+from game.training.task.models import StepContext
+from game.training.task.profiles import get_profile
 
 aten = torch.ops.aten
 BITS = 32

@@ -17,13 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import chunkcodec, leafhash, native
+from game.training import chunkcodec, native
 from game.training.chunkcodec import CODECS, LZMA_AUTO_MAX
-from game.training.config import TaskConfig
-from game.training.leafhash import CHUNK, leaf_of, level_sizes
+from game.training.engine.train import train
 from game.training.native import stepwriter
-from game.training.session import train
 from game.training.sparselog import SparseStepLog
+from game.training.state import leafhash
+from game.training.state.leafhash import CHUNK, leaf_of, level_sizes
+from game.training.task.config import TaskConfig
 from game.training.transcript import Transcript, TranscriptWriter
 from tests.training.helpers import file_tree, random_sparse_log
 
@@ -232,7 +233,7 @@ def test_aStepTheRingCannotFinish_isWrittenInPython_andTheStepsAfterItToo(
 _EXIT_SCRIPT = """
 import sys
 import numpy as np
-from game.training.config import TaskConfig
+from game.training.task.config import TaskConfig
 from game.training.native import stepwriter
 from game.training.sparselog import SparseStepLog
 from game.training.transcript import TranscriptWriter

@@ -17,10 +17,10 @@ import pytest
 
 from game.errors import TranscriptError
 from game.training import native
-from game.training.config import TaskConfig
-from game.training.leafhash import leaf_of
 from game.training.native import stepwriter
 from game.training.roundlog import new_step_log
+from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
 from game.training.transcript import (
     CHUNK_HASHES_NAME,
     LEAVES_NAME,
@@ -314,7 +314,7 @@ def test_stepsByHashAndByState_mixed_landInOrder_whicheverThreadTakesThem(tmp_pa
 
 
 class _OnDevice:
-    """A state hashed where it lives (as :class:`~game.training.cuda_leaf.DeviceLeaf` on a GPU),
+    """A state hashed where it lives (as :class:`~game.training.state.device_leaf.DeviceLeaf` on a GPU),
     standing in for one: its leaf, and the bytes it says it hashed, when asked."""
 
     def __init__(self, step: int, leaf: bytes | None = None) -> None:

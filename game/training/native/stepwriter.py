@@ -10,7 +10,7 @@ cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/be
 their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
 compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
 :func:`disabled` or :func:`game.training.native.disabled`, or where its codecs or its leaf
-(:mod:`~game.training.leafhash`) would not give the bytes Python's give (a probe, once a process),
+(:mod:`~game.training.state.leafhash`) would not give the bytes Python's give (a probe, once a process),
 :func:`finish_step` returns None and the writer writes the step in Python, to the same files
 (tests/training/test_stepwriter.py holds both ways to it).
 """
@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from game.training import leafhash, native
+from game.training import native
 from game.training.chunkcodec import (
     CODECS,
     MAX_PAYLOAD,
@@ -41,6 +41,7 @@ from game.training.chunkcodec import (
     tried_codecs,
     zlib_level,
 )
+from game.training.state import leafhash
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from game.errors import ConfigError, TrainingError
 from game.training import rng
-from game.training.config import CNN_ARCHS, CNNShape, GPTShape, MLPShape
+from game.training.task.catalog import CNN_ARCHS, CNNShape, GPTShape, MLPShape
 
 log = logging.getLogger(__name__)
 
