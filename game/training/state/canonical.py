@@ -260,9 +260,9 @@ def _buffer_plan(names: list[str], tensors: list[Tensor]) -> _BufferPlan | None:
 
 def state_buffer(state: TrainState) -> np.ndarray | None:
     """The canonical bytes in one new uint8 array (one C call writes the float64 tensors), or None
-    where they must stream (:func:`encode_state`, :func:`~.leaves.state_hash`): a state on a device, one of
-    more than :data:`_ONE_BUFFER_MAX` bytes, no kernels, or a value off the grid (whose error the
-    streaming words). The tensors' layout and addresses come from the state's :class:`_BufferPlan`,
+    where they must stream (:func:`encode_state`, :func:`~.leaves.state_hash`): a state on a
+    device, one of more than :data:`_ONE_BUFFER_MAX` bytes, no kernels, or a value off the grid
+    (whose error the streaming words). The tensors' layout and addresses come from the state's :class:`_BufferPlan`,
     made again whenever it no longer fits them."""
     if sys.byteorder != "little":
         return None
@@ -359,7 +359,7 @@ def encode_streamed(state: TrainState) -> bytes:
 
 
 def hash_streamed(state: TrainState) -> bytes:
-    """:func:`state_hash` piece by piece, for a caller that :func:`state_buffer` already refused.
+    """:func:`~.leaves.state_hash` piece by piece, for a caller that :func:`state_buffer` already refused.
     Small pieces (headers, small tensors) are joined before hashing: a stream update costs
     microseconds of Python, which on the hundreds of pieces of a state add up."""
     stream = leafhash.LeafStream()
