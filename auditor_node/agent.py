@@ -3,7 +3,7 @@
 Once the task is committed, :meth:`AuditorAgent.step` fetches the sealed transcript named by the
 on-chain ``transcriptId``, checks it against every committed value (spec hash, state root, log
 root, leaf count), replays it on the auditor's own profile with the trainer's rounding log
-(``game.training.session.audit``: after a divergence the auditor keeps its own honest trajectory and
+(``game.training.engine.audit.audit``: after a divergence the auditor keeps its own honest trajectory and
 runs a step without corrections when the trainer's chunk no longer fits) and keeps its own leaves
 in ``workdir/task-<id>/auditor.json``. Bisection answers come from those leaves; the game id is found again
 from ``Challenged`` events, so nothing is sent twice after a crash.
@@ -38,8 +38,8 @@ from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
 from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
-from game.training.auditprogress import DEFAULT_EVERY_S
-from game.training.leafhash import leaf_of
+from game.training.engine.auditprogress import DEFAULT_EVERY_S
+from game.training.state.leafhash import leaf_of
 from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class AuditorAgent(TaskAgent):
         return t
 
     def _replay(self, task: Task, out: list[AgentAction]) -> None:
-        from game.training.session import audit  # torch: only once there is work
+        from game.training.engine.audit import audit
 
         self._fetch(task)
         progress = self.progress
@@ -363,9 +363,10 @@ class AuditorAgent(TaskAgent):
 
     def _own_state_bytes(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log."""
-        from game.training.profiles import get_profile
-        from game.training.state import decode_state, encode_state
-        from game.training.step import StepEngine
+        from game.training.engine.step import StepEngine
+        from game.training.state.canonical import encode_state
+        from game.training.state.checkpoint import decode_state
+        from game.training.task.profiles import get_profile
 
         engine = StepEngine(t.config, get_profile(self.profile))
         try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
 from game.fsio import atomic_write
-from game.training.leafhash import leaf_of
+from game.training.state.leafhash import leaf_of
 
 if TYPE_CHECKING:
     from game.chain.backends import Chain

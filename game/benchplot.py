@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from game.errors import ConfigError
-from game.training.config import TaskConfig
+from game.training.task.config import TaskConfig
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the CLI
     from matplotlib.figure import Figure

@@ -26,8 +26,8 @@ from game.chain.types import Task, TaskStatus
 from game.errors import DeliveryError, TranscriptError
 from game.fsio import atomic_write
 from game.store import BlobStore, SealedArchive, StoreError
-from game.training.config import TaskConfig
-from game.training.leafhash import leaf_of
+from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
 
@@ -128,8 +128,8 @@ def fetch_model(
     """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all)."""
     import torch  # only once there is a model to write
 
-    from game.training.heap import trimmed
-    from game.training.state import decode_state
+    from game.training.engine.memory import trimmed
+    from game.training.state.checkpoint import decode_state
 
     if Path(out).is_dir():
         raise DeliveryError(f"{out} is a directory: name the file to write (e.g. {Path(out) / 'model.pt'})")

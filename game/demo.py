@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from game.chain.client import VerificationGameClient
     from game.chain.types import Game, Task
     from game.tasks import TaskTerms
-    from game.training.config import TaskConfig
-    from game.training.session import Deviation
+    from game.training.engine.train import Deviation
+    from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,8 @@ class DemoResult:
 
 
 def demo_config(preset: str = DEFAULT_PRESET, steps: int | None = DEFAULT_STEPS) -> TaskConfig:
-    """The preset's example task (``game/training/presets/<preset>.toml``), with ``steps`` if given."""
-    from game.training.config import example_config
+    """The preset's example task (``game/training/task/presets/<preset>.toml``), with ``steps`` if given."""
+    from game.training.task.config import example_config
 
     cfg = example_config(preset)
     return cfg.replace(steps=steps) if steps is not None else cfg

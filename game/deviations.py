@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from game.errors import ConfigError
-from game.training.session import Deviation
+from game.training.engine.train import Deviation
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from game.training.config import TaskConfig
     from game.training.dispatch.mode import RoundingMode
+    from game.training.engine.step import StepEngine, StepResult
     from game.training.log.formats import ChunkLog
     from game.training.numerics.bandfile import Band
-    from game.training.state import TrainState
-    from game.training.step import StepEngine, StepResult
+    from game.training.state.tensors import TrainState
+    from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Poison(Deviation):
     def batch(self, step: int) -> Any | None:
         if step != self.step:
             return None
-        from game.training.presets import get_preset
+        from game.training.task.presets import get_preset
 
         preset = get_preset(self.cfg.preset)
         return preset.poison(self.cfg, preset.batch(self.cfg, step), step)
@@ -102,7 +102,7 @@ class WrongLR(Deviation):
 
 def _wrong_lr_engine(honest: StepEngine, lr: float) -> StepEngine:
     """A StepEngine of the same task and profile whose steps run with learning rate ``lr``."""
-    from game.training.step import StepEngine
+    from game.training.engine.step import StepEngine
 
     class WrongLREngine(StepEngine):
         def run_step(self, state: TrainState, step: int, **kwargs: Any) -> StepResult:
@@ -190,7 +190,7 @@ def _mode_engine(honest: StepEngine, rewrite: _Rewrite, dev: TamperedLog | Steer
     """A StepEngine of the same task whose recording interceptor lets ``rewrite`` change each op's
     rounding and log record right after the honest kernel ran."""
     from game.training.dispatch.mode import RoundingMode
-    from game.training.step import StepEngine
+    from game.training.engine.step import StepEngine
 
     class RewritingMode(RoundingMode):
         round_in_place = False  # the rewrite reads the unrounded values

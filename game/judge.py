@@ -42,14 +42,14 @@ from game.errors import RoundingLogError, TranscriptError, VerificationGameError
 from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.store import BlobStore, SealedArchive, StoreError
-from game.training.config import TaskConfig
-from game.training.heap import trimmed
-from game.training.leafhash import leaf_of
+from game.training.engine.memory import trimmed
+from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript, step_files
 
 if TYPE_CHECKING:
-    from game.training.state import TrainState
-    from game.training.step import StepEngine
+    from game.training.engine.step import StepEngine
+    from game.training.state.tensors import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -293,25 +293,22 @@ class Judge:
 
     # ------------------------------------------------------------------------ computing
     def _engine(self, cfg: TaskConfig) -> StepEngine:
-        from game.training.profiles import get_profile
-        from game.training.step import StepEngine
+        from game.training.engine.step import engine_for
 
-        return StepEngine(cfg, get_profile(self.profile))
+        return engine_for(cfg, self.profile)
 
     def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
-        from game.training.log.formats import decode_chunk
+        from game.training.engine.replay import replay_step
         from game.training.numerics.bandcheck import LogTamperingError
-        from game.training.state import decode_state, state_hash
+        from game.training.state.leaves import state_hash
 
         engine = self._engine(ev.config)
         if g.dispute_init or g.hi == 0:
             return state_hash(engine.init_state()), ""
         assert ev.pre_state is not None
         step = g.hi
-        state = decode_state(ev.pre_state, ev.config)
         try:
-            step_log = decode_chunk(ev.chunk, ev.config.spec_hash(), step)
-            return engine.run_step(state, step, mode="replay", log=step_log).leaf, ""
+            return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
             # The committed log breaks the band rules (a direction outside its op's band, or a
             # position out of range): the trainer steered its rounding. Never a ruling for the
@@ -326,9 +323,8 @@ class Judge:
             log.info(
                 "step %d: the committed log chunk does not fit (%s); running it without the log", step, exc
             )
-            state = decode_state(ev.pre_state, ev.config)
-            return engine.run_step(
-                state, step, mode="round"
+            return replay_step(
+                engine, ev.pre_state, step, None
             ).leaf, f"log does not fit, replayed without it: {exc}"
 
     # ------------------------------------------------------------------------ gathering
@@ -428,20 +424,19 @@ class Judge:
         return None
 
     def _rebuild(self, t: Transcript, step: int, want: bytes) -> bytes:
-        from game.training.state import decode_state, encode_state
+        from game.training.engine.replay import state_after
+        from game.training.state.canonical import encode_state
 
         try:
-            ckpt = t.nearest_checkpoint(step)
-            state: TrainState = decode_state(t.load_checkpoint(ckpt), t.config)
-            engine = self._engine(t.config)
-            for s in range(ckpt + 1, step + 1):
-                engine.run_step(state, s, mode="replay", log=t.read_log(s), hash_state=False)
+            # the checkpoint is checked against its leaf; the state reached, against ``want`` below
+            state: TrainState = state_after(t, self._engine(t.config), step, check_leaves=False)
         except (TranscriptError, RoundingLogError) as exc:
             raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
         data = encode_state(state)
         if leaf_of(data) != want:
             raise PreStateEvidenceError(
-                f"replaying the transcript from checkpoint {ckpt} does not reproduce the agreed leaf {step}"
+                f"replaying the transcript from checkpoint {t.nearest_checkpoint(step)} does not "
+                f"reproduce the agreed leaf {step}"
             )
         return data
 

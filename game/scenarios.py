@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Literal
 from game.errors import ConfigError
 
 if TYPE_CHECKING:
-    from game.training.config import TaskConfig
-    from game.training.session import Deviation
+    from game.training.engine.train import Deviation
+    from game.training.task.config import TaskConfig
 
 
 Party = Literal["trainer", "auditor"]

@@ -1,7 +1,7 @@
 """The client's part of a task: post it, read it, cancel it, settle it, reclaim what it is owed.
 
 Why a module of its own: ``vgame task ...`` and the demo are both clients, and a client script
-should need no CLI. A task is posted from a :class:`~game.training.config.TaskConfig` (only its
+should need no CLI. A task is posted from a :class:`~game.training.task.config.TaskConfig` (only its
 spec hash goes on-chain) and :class:`TaskTerms` (bonds, clocks, window, payment); the roles and
 every term are fixed at creation (``docs/contract.md``).
 """

@@ -19,8 +19,14 @@ import time
 import torch
 from torch import nn
 
-from game.training import cuda_leaf, leafhash
-from game.training.state import TrainState, encode_state
+from game.training import cuda_leaf
+from game.training.state import leafhash
+from game.training.state.canonical import encode_state
+from game.training.state.tensors import TrainState
+from game.training.state import leafhash, sha256_kernel
+from game.training.state.leaves import device_leaf
+from game.training.state.canonical import encode_state
+from game.training.state.tensors import TrainState
 
 dev = torch.device(os.environ.get("DEV", "cuda"))
 gb = float(os.environ.get("GB", "1"))
@@ -34,9 +40,9 @@ for n in sizes:
     buf = torch.zeros(-(-n // 64) * 64, dtype=torch.uint8)
     buf[:n] = data
     buf = buf.to(dev)
-    got = cuda_leaf.hash_chunks(buf.view(torch.int32), n).cpu().numpy().tobytes()
+    got = sha256_kernel.hash_chunks(buf.view(torch.int32), n).cpu().numpy().tobytes()
     assert got == b"".join(hashlib.sha256(raw[i : i + 4096]).digest() for i in range(0, n, 4096)), n
-    assert leafhash.finish(cuda_leaf.device_levels(buf, n).cpu().numpy(), n) == leafhash.leaf_of(raw), n
+    assert leafhash.finish(sha256_kernel.device_levels(buf, n).cpu().numpy(), n) == leafhash.leaf_of(raw), n
 print("kernel == hashlib, device_levels == leaf_of:", sizes)
 
 # 2. a state of `gb` GB of float64 values on the float32 grid (8 parameters), with host float32
@@ -50,17 +56,17 @@ for p in model.parameters():
     opt.state[p] = {"step": torch.tensor(3.0)}
 state = TrainState(model=model, optimizer=opt, step=5)
 
-t = time.perf_counter(); first = cuda_leaf.DeviceLeaf.start(state).leaf(); print(f"first leaf (compiles): {time.perf_counter() - t:.2f} s")
+t = time.perf_counter(); first = device_leaf.DeviceLeaf.start(state).leaf(); print(f"first leaf (compiles): {time.perf_counter() - t:.2f} s")
 t = time.perf_counter(); data = encode_state(state); enc = time.perf_counter() - t
 t = time.perf_counter(); ref = leafhash.leaf_of(data); hsh = time.perf_counter() - t
 assert first == ref, "device leaf != host leaf"
-assert cuda_leaf.DeviceLeaf.start(state).canonical_bytes().tobytes() == data
+assert device_leaf.DeviceLeaf.start(state).canonical_bytes().tobytes() == data
 print(f"{len(data) / 2**20:.0f} MiB canonical bytes; host path: encode_state {enc:.2f} s + leaf_of {hsh:.2f} s")
 
 times, starts = [], []
 for _ in range(int(os.environ.get('REPS', '10'))):
     sync(); t = time.perf_counter()
-    pending = cuda_leaf.DeviceLeaf.start(state)
+    pending = device_leaf.DeviceLeaf.start(state)
     starts.append(time.perf_counter() - t)
     assert pending.leaf() == ref
     times.append(time.perf_counter() - t)
@@ -68,22 +74,22 @@ times.sort(); starts.sort()
 print(f"DeviceLeaf.start(state).leaf(): median {times[len(times) // 2] * 1e3:.1f} ms (min {times[0] * 1e3:.1f}); start() alone {starts[len(starts) // 2] * 1e3:.2f} ms")
 
 # the kernels alone, on the canonical bytes already on the device
-buf, _ = cuda_leaf.canonical_bytes_on_device(state)
+buf, _ = device_leaf.canonical_bytes_on_device(state)
 sync(); t = time.perf_counter()
 reps = int(os.environ.get("REPS", "10"))
 for _ in range(reps):
-    last = cuda_leaf.device_levels(buf, len(data))
+    last = sha256_kernel.device_levels(buf, len(data))
 sync(); print(f"device_levels alone: {(time.perf_counter() - t) / reps * 1e3:.1f} ms for {leafhash.level_sizes(len(data))}")
 sync(); t = time.perf_counter()
 for _ in range(reps):
-    cuda_leaf.canonical_bytes_on_device(state)
+    device_leaf.canonical_bytes_on_device(state)
 sync(); print(f"canonical_bytes_on_device alone: {(time.perf_counter() - t) / reps * 1e3:.1f} ms")
 
 # an off-grid value: the host path's error, naming the tensor
 with torch.no_grad():
     model.p3.view(-1)[per // 2] = 1.0 / 3.0
 try:
-    cuda_leaf.DeviceLeaf.start(state).leaf()
+    device_leaf.DeviceLeaf.start(state).leaf()
     raise SystemExit("no error for an off-grid value")
 except Exception as e:
     print("off grid:", type(e).__name__, e)

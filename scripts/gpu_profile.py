@@ -38,10 +38,16 @@ def main() -> None:
     import torch
 
     from game.cli.app import parse_model_overrides, task_config
-    from game.training.leaves import LeafHasher
-    from game.training.profiles import get_profile
-    from game.training.session import initial_step, train_step
-    from game.training.step import StepEngine
+    from game.training.state.leaves import LeafHasher
+    from game.training.task.profiles import get_profile
+    from game.training.engine.train import initial_step, train_step
+    from game.training.engine.step import StepEngine
+    from game.training.transcript.reader import Transcript
+    from game.training.transcript.writer import TranscriptWriter
+    from game.training.engine.step import StepEngine
+    from game.training.engine.train import initial_step, train_step
+    from game.training.state.leaves import LeafHasher
+    from game.training.task.profiles import get_profile
     from game.training.transcript.reader import Transcript
     from game.training.transcript.writer import TranscriptWriter
 

@@ -1,7 +1,7 @@
 """The trainer agent: train the task, publish the transcript, commit, answer every bisection.
 
 Each :meth:`TrainerAgent.step` reads the task and its games from the chain and does what is due
-now. Training is resumable (``game.training.session.train``), the published transcript id is kept
+now. Training is resumable (``game.training.engine.train.train``), the published transcript id is kept
 in ``workdir/task-<id>/trainer.json``, and everything else (committed or not, which leaf a game wants next,
 whose clock ran out) is read back from the chain, so a trainer killed at any point and recreated
 with the same arguments sends no transaction twice and ends the game the same way.
@@ -30,8 +30,8 @@ from game.chain.types import Phase, Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError
 from game.merkle import MerkleTree
 from game.store import BlobStore, StoreError, publish_directory
-from game.training.config import TaskConfig
-from game.training.session import Deviation, train
+from game.training.engine.train import Deviation, train
+from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import read_manifest
 from game.training.transcript.reader import Transcript, steps_on_disk

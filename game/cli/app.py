@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from game.errors import ConfigError, VGameError
 
 if TYPE_CHECKING:
-    from game.training.config import TaskConfig
+    from game.training.task.config import TaskConfig
 
 app = typer.Typer(
     name="vgame",
@@ -172,7 +172,7 @@ def parse_model_overrides(text: str | None) -> dict[str, int | str]:
 def check_profile(name: str) -> None:
     """Refuse at once a profile this machine cannot run: an unknown name (the error lists the valid
     ones) or a CUDA profile without a GPU, before any work (or, for a node, hours of waiting)."""
-    from game.training.profiles import get_profile
+    from game.training.task.profiles import get_profile
 
     if not get_profile(name).available():
         raise ConfigError(f"profile {name!r} is not available on this machine (see `vgame profiles`)")
@@ -327,8 +327,9 @@ def task_config(
 
     ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
     own ``[model]`` table and ``batch_size``."""
-    from game.training.config import PRESET_NAMES, TaskConfig, load_config
     from game.training.numerics.bandfile import BandsOrigin, load_bands_file
+    from game.training.task.catalog import PRESET_NAMES
+    from game.training.task.config import TaskConfig, load_config
 
     overrides: dict[str, Any] = {}
     for key, value in (

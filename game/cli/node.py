@@ -38,13 +38,13 @@ from game.cli.app import (
 )
 from game.errors import ChainError, ConfigError, ContractGone
 from game.fsio import exclusive_directory
-from game.training.auditprogress import DEFAULT_EVERY_S
+from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
     from game.agents import AgentAction
     from game.chain.client import VerificationGameClient
     from game.chain.rpc import RpcChain
-    from game.training.config import TaskConfig
+    from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def node_cmd(
     check_profile(profile)  # not hours later, when work comes
     task_cfg: TaskConfig | None = None
     if role == Role.trainer:  # its config read, and checked, before a node is asked anything
-        from game.training.config import load_config
+        from game.training.task.config import load_config
 
         if config is None:
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")

@@ -254,7 +254,7 @@ def create_cmd(
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
     from game.store import key_fingerprint, new_key
     from game.tasks import TaskTerms, post_task
-    from game.training.config import load_config
+    from game.training.task.config import load_config
 
     if data_key is None and data_key_out is None:  # a key only printed is a key lost to a pipe
         raise ConfigError(

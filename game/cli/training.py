@@ -1,6 +1,6 @@
 """``vgame profiles | train | audit | replay-step | divergence``: the training core from the shell.
 
-Torch is imported inside the commands (through ``game.training.session``) so ``vgame --help`` and the
+Torch is imported inside the commands (through ``game.training.engine``) so ``vgame --help`` and the
 chain commands stay fast. Every command prints for people by default and one JSON document with
 ``--json``. Bad input raises :class:`~game.errors.ConfigError` or :class:`~game.errors.TranscriptError`,
 which ``game.cli.main`` prints as one line with exit code 2.
@@ -31,10 +31,11 @@ from game.cli.app import (
 )
 from game.errors import ConfigError
 from game.fsio import exclusive_directory
-from game.training.auditprogress import DEFAULT_EVERY_S
+from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
-    from game.training.session import AuditResult, DivergenceResult
+    from game.training.engine.audit import AuditResult
+    from game.training.engine.divergence import DivergenceResult
 
 ProgressFn = Callable[[int, int], None]
 
@@ -63,7 +64,7 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
 def profiles_cmd(as_json: JsonOpt = False) -> None:
     """List the hardware profiles a trainer or auditor can run on."""
     from game.training.native import stepwriter
-    from game.training.profiles import list_profiles
+    from game.training.task.profiles import list_profiles
 
     rows = [_profile_row(p) for p in list_profiles()]
     writer = stepwriter.describe()
@@ -134,7 +135,7 @@ def train_cmd(
     )
     check_profile(profile)
     from game.errors import StepWriteError
-    from game.training.session import train
+    from game.training.engine.train import train
     from game.training.transcript.reader import steps_on_disk
 
     try:
@@ -241,7 +242,7 @@ def _audit_with_progress(
     transcript: Path, profile: str, use_log: bool, keep: Path | None, every: float, as_json: bool
 ) -> AuditResult:
     """The audit under a progress bar; on Ctrl-C, say how far it got and what is kept."""
-    from game.training.session import audit
+    from game.training.engine.audit import audit
 
     replayed = [0, 0]  # steps done, of how many: for the message if it is interrupted
     with _progress(f"audit on {profile}", as_json) as update:
@@ -282,9 +283,9 @@ def replay_step_cmd(
 ) -> None:
     """Re-run one step with its log chunk (the judge's primitive) and compare with the trainer's leaf."""
     check_profile(profile)
-    from game.training.session import replay_step
+    from game.training.engine.replay import replay_transcript_step
 
-    result = replay_step(transcript, step, profile)
+    result = replay_transcript_step(transcript, step, profile)
     doc = result.to_dict()
     if as_json:
         emit_json(doc)
@@ -314,7 +315,7 @@ def divergence_cmd(
     check_profile(trainer_profile)
     check_profile(auditor_profile)
     out.mkdir(parents=True, exist_ok=True)  # before the training, which may take minutes
-    from game.training.session import divergence
+    from game.training.engine.divergence import divergence
 
     with _progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:
         result = divergence(cfg, steps, trainer_profile, auditor_profile, progress=update)

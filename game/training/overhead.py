@@ -6,7 +6,7 @@ like:
 
 * ``fp32``: plain float32 training (the model in float32, no rounding, no log);
 * ``fp64``: plain float64 training (same model, same data order, no rounding);
-* ``trainer``: what ``vgame train`` does a step (:func:`~game.training.session.train_step`):
+* ``trainer``: what ``vgame train`` does a step (:func:`~game.training.engine.train.train_step`):
   float64 with rounding and logging (``record``), the state's canonical bytes, and the step queued
   for the transcript's writer, which hashes the state, encodes the chunk and syncs chunk, chunk
   hash, checkpoint (every ``checkpoint_interval`` steps) and leaf to disk on its own thread;
@@ -18,7 +18,7 @@ like:
 With ``split``, two more variants say how much of the trainer's and the auditor's time is their own
 thread's work and how much the work beside it:
 
-* ``record``: everything :func:`~game.training.session.train_step` does on its own thread (the
+* ``record``: everything :func:`~game.training.engine.train.train_step` does on its own thread (the
   rounding and logging, the state's canonical bytes, the chunk's payload), with the step dropped
   where the trainer hands it to the writer: no writer thread, no hashing, no disk;
 * ``replay``: the auditor's replay from the trainer's logs, read before the block's clock starts,
@@ -59,13 +59,14 @@ from typing import Any
 import torch
 
 from game.errors import TrainingError
-from game.training.config import TaskConfig
-from game.training.leaves import LeafHasher, PendingLeaf, device_leaf
+from game.training.engine.step import StepEngine
+from game.training.engine.train import initial_step, train_step
 from game.training.log.formats import ChunkLog
-from game.training.profiles import Profile, get_profile
-from game.training.session import initial_step, train_step
-from game.training.state import TrainState, hash_streamed, state_buffer
-from game.training.step import StepEngine
+from game.training.state.canonical import hash_streamed, state_buffer
+from game.training.state.leaves import LeafHasher, PendingLeaf, device_leaf
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import Profile, get_profile
 from game.training.transcript.pipeline import StepJob
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from game.training.config import TaskConfig
-from game.training.session import audit, train
+from game.training.engine.audit import audit
+from game.training.engine.train import train
+from game.training.task.config import TaskConfig
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import pytest
 
 from game.agents import AgentAction, drive
 from game.store import BlobStore, new_key
-from game.training.auditprogress import DEFAULT_EVERY_S
-from game.training.config import TaskConfig
-from game.training.session import Deviation
+from game.training.engine.auditprogress import DEFAULT_EVERY_S
+from game.training.engine.train import Deviation
+from game.training.task.config import TaskConfig
 
 TASK_DEFAULTS: dict[str, int] = {
     "payment": 10**18,
@@ -55,7 +55,7 @@ class PoisonBatch(Deviation):
     def batch(self, step: int) -> Any | None:
         if step != self.step:
             return None
-        from game.training.presets import get_preset
+        from game.training.task.presets import get_preset
 
         honest = get_preset(self.cfg.preset).batch(self.cfg, step)
         flipped = (honest.targets + 1) % 10

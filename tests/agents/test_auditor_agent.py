@@ -244,7 +244,7 @@ def test_aFetchedTranscriptDamagedOnDisk_isFetchedAgain_byTheRestartedNode(
 
     first = auditor()
     with (
-        mock.patch("game.training.session.audit", side_effect=RuntimeError("the machine stopped")),
+        mock.patch("game.training.engine.audit.audit", side_effect=RuntimeError("the machine stopped")),
         pytest.raises(RuntimeError, match="the machine stopped"),
     ):
         first.step()  # fetched, then stopped before the replay

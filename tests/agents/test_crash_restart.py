@@ -15,7 +15,7 @@ import pytest
 
 from game.agents import AgentAction, AgentError, next_due_time
 from game.chain.types import TaskStatus
-from game.training.auditprogress import DEFAULT_EVERY_S
+from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from tests.agents.conftest import Agents, PoisonBatch, games, small_config, withdrawn
 
 POISON_STEP = 5

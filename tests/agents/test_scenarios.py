@@ -21,8 +21,9 @@ from game.demo import DemoResult, expected_changes, run_scenario
 from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.errors import ConfigError
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
-from game.training.config import TaskConfig
-from game.training.session import audit, train
+from game.training.engine.audit import audit
+from game.training.engine.train import train
+from game.training.task.config import TaskConfig
 
 STEPS = 7
 
@@ -132,7 +133,7 @@ def test_audit_applies_the_log_only_up_to_the_first_divergent_step(
     rejected as tampered (the demo printed one "log tampering" warning a step for a poisoned batch)."""
     cfg = tiny_config()
     train(cfg, "cpu-1t", tmp_path / "t", deviation=deviation(cfg, 3))
-    with caplog.at_level(logging.WARNING, logger="game.training.session"):
+    with caplog.at_level(logging.WARNING, logger="game.training.engine.audit"):
         result = audit(tmp_path / "t", "noisy")
     assert not result.match and result.first_divergent_step == 3
     assert all(step <= 3 for step in result.rejected_log_steps), result.rejected_log_steps

@@ -20,7 +20,7 @@ from game.cli.app import app
 from game.errors import ConfigError
 from game.store import StoreError, new_key
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
-from game.training.config import TaskConfig
+from game.training.task.config import TaskConfig
 from tests.keycheck import assert_key_absent
 
 SPEC = TaskConfig.for_preset("mlp-digits", steps=3).spec_hash()

@@ -149,7 +149,7 @@ def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path)
     from game.chain.backends import connect
     from game.demo import run_scenario
     from game.tasks import TaskTerms
-    from game.training.config import TaskConfig
+    from game.training.task.config import TaskConfig
 
     cfg = TaskConfig.for_preset("mlp-digits", steps=3, batch_size=8, model={"hidden": 16})
     terms = TaskTerms(

@@ -36,9 +36,9 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     preset's model, with the values of the transcript's final state."""
     import torch
 
-    from game.training.config import TaskConfig
-    from game.training.session import train
-    from game.training.state import decode_state
+    from game.training.engine.train import train
+    from game.training.state.checkpoint import decode_state
+    from game.training.task.config import TaskConfig
     from game.training.transcript.reader import Transcript
 
     blocks = _python_blocks(README.read_text())

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from game.training.auditprogress import RECORD_NAME, AuditProgress, ProgressSaver
-from game.training.config import TaskConfig
-from game.training.leafhash import leaf_of
-from game.training.session import AuditResult, Deviation, audit, train
-from game.training.state import TrainState
+from game.training.engine.audit import AuditResult, audit
+from game.training.engine.auditprogress import RECORD_NAME, AuditProgress, ProgressSaver
+from game.training.engine.train import Deviation, train
+from game.training.state.leafhash import leaf_of
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
 
 STEPS = 7
 
@@ -132,10 +133,10 @@ def test_saver_savesOnlyWhenItsIntervalHasPassed_andKeepsOneState(tmp_path: Path
 def test_audit_ofAStateTooLargeForOneBuffer_savesAndGoesOnAlike(
     tampered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from game.training import state as state_module
+    from game.training.state import canonical
 
     whole = audit(tampered, "splitk-16")
-    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", 0)  # hashed piece by piece: no bytes kept
+    monkeypatch.setattr(canonical, "_ONE_BUFFER_MAX", 0)  # hashed piece by piece: no bytes kept
     keep = tmp_path / "progress"
     with pytest.raises(Stop):
         audit(tampered, "splitk-16", keep_progress=keep, save_every_s=0.0, progress=_stop_after(4))

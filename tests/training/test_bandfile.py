@@ -8,7 +8,7 @@ import pytest
 
 from game.errors import ConfigError
 from game.training.calibrate import OpStats, calibrate
-from game.training.config import PRESET_NAMES, TaskConfig, load_config
+from game.training.engine.step import StepEngine
 from game.training.numerics.bandfile import (
     Band,
     BandsOrigin,
@@ -18,8 +18,9 @@ from game.training.numerics.bandfile import (
     loads_bands_file,
     preset_bands,
 )
-from game.training.profiles import get_profile
-from game.training.step import StepEngine
+from game.training.task.catalog import PRESET_NAMES
+from game.training.task.config import TaskConfig, load_config
+from game.training.task.profiles import get_profile
 
 
 def _table() -> BandTable:

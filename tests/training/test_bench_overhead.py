@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from game.errors import ConfigError, TrainingError
-from game.training.config import TaskConfig
 from game.training.log.packed import StepLog
 from game.training.log.trits import BLOCK_BYTES, BLOCK_TRITS, packed_size
 from game.training.logsize import check_bits, measure_log_size
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
-from game.training.profiles import get_profile
-from game.training.state import state_hash
+from game.training.state.leaves import state_hash
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import get_profile
 from game.training.transcript.layout import LEAVES_NAME, LOG_DIR_NAME
 
 

@@ -217,11 +217,11 @@ def test_train_interrupted_saysHowManyStepsAreOnDisk(tmp_path: Path, signum: int
     assert said in stderr and len(stderr.splitlines()) == 1
 
 
-# A Ctrl-C at a known point: the session function the command calls is replaced by one that
-# reports some progress and then raises KeyboardInterrupt, as the signal would.
+# A Ctrl-C at a known point: the engine function the command calls (``module:function``) is
+# replaced by one that reports some progress and then raises KeyboardInterrupt, as the signal would.
 _INTERRUPTED = """
+import importlib
 import sys
-import game.training.session as session
 
 def interrupted(*args, progress=None, **kwargs):
     for done in (1, 2, 3):
@@ -229,33 +229,35 @@ def interrupted(*args, progress=None, **kwargs):
             progress(done, 40)
     raise KeyboardInterrupt
 
-setattr(session, sys.argv[1], interrupted)
+module, name = sys.argv[1].split(":")
+setattr(importlib.import_module(module), name, interrupted)
 sys.argv = ["vgame", *sys.argv[2:]]
 from game.cli import main
 main()
 """
+_AUDIT = "game.training.engine.audit:audit"
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
 def test_interrupted_audit_saysHowFarItGot(extra: list[str], tmp_path: Path) -> None:
     args = ["audit", "--transcript", "t", "--profile", "cpu-1t", *extra]
-    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "audit", *args], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, _AUDIT, *args], capture_output=True, text=True)
     assert r.returncode == 130, r.stderr
     assert r.stdout == "" and "Traceback" not in r.stderr  # no JSON document for an audit that did not end
     said = "interrupted: 3 of 40 steps replayed; an audit without --keep-progress keeps nothing, so run it again to start over"
     assert r.stderr.strip() == said
-    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "audit", *args, "--keep-progress", "kp"],
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, _AUDIT, *args, "--keep-progress", "kp"],
                        capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 130, r.stderr
     said = "interrupted: 3 of 40 steps replayed; run the same command to go on from the last save in kp"
     assert r.stderr.strip() == said
 
 
-# A full disk at step 3, the way the writer reports it: the session function is replaced by one
+# A full disk at step 3, the way the writer reports it: the train function is replaced by one
 # that writes nothing and raises what the writer raises.
 _DISK_FULL = """
 import sys
-import game.training.session as session
+import game.training.engine.train as session
 from game.errors import StepWriteError
 
 def full(*args, **kwargs):
@@ -294,7 +296,9 @@ def test_interrupted_commandWithNothingKept_saysInterrupted() -> None:
     """A Ctrl-C in any other command is one word, not silence (typer exits 130 before main sees it)."""
     args = ["replay-step", "--transcript", "t", "--step", "2", "--profile", "cpu-1t"]
     r = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED, "replay_step", *args], capture_output=True, text=True
+        [sys.executable, "-c", _INTERRUPTED, "game.training.engine.replay:replay_transcript_step", *args],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 130 and r.stdout == "", r.stderr
     assert r.stderr.strip() == "interrupted: vgame replay-step"
@@ -316,7 +320,7 @@ def test_profilesThisMachineCannotRun_areRefusedBeforeAnyTraining(tmp_path: Path
 
 
 def test_audit_keepProgress_goesOnFromTheLastSave(trained: Path, tmp_path: Path) -> None:
-    from game.training.session import audit
+    from game.training.engine.audit import audit
 
     keep = tmp_path / "progress"
 

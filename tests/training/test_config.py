@@ -10,19 +10,10 @@ from pathlib import Path
 import pytest
 
 from game.errors import ConfigError
-from game.training import config as config_mod
-from game.training.config import (
-    CNN_ARCHS,
-    PRESET_NAMES,
-    SPEC_FORMAT,
-    CNNShape,
-    GPTShape,
-    TaskConfig,
-    example_config,
-    load_config,
-    loads_config,
-)
 from game.training.numerics.bandfile import Band, BandTable
+from game.training.task import config as config_mod
+from game.training.task.catalog import CNN_ARCHS, PRESET_NAMES, CNNShape, GPTShape
+from game.training.task.config import SPEC_FORMAT, TaskConfig, example_config, load_config, loads_config
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
@@ -184,7 +175,7 @@ def test_canonicalJson_shape() -> None:
 
 
 def test_datasetHash_isHashOfPackagedFile() -> None:
-    root = Path(config_mod.__file__).parent.parent / "data"
+    root = Path(config_mod.__file__).parents[2] / "data"
     for name in PRESET_NAMES:
         cfg = TaskConfig.for_preset(name)
         digest = hashlib.sha256((root / cfg.dataset).read_bytes()).hexdigest()
@@ -260,6 +251,6 @@ def test_configImportsNoTorch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, game.training.config as c; c.TaskConfig.for_preset('mlp-digits').spec_hash(); print('torch' in sys.modules)"
+    code = "import sys, game.training.task.config as c; c.TaskConfig.for_preset('mlp-digits').spec_hash(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

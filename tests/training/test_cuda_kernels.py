@@ -15,13 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import step as step_mod
+from game.training.engine import step as step_mod
+from game.training.engine.step import StepEngine
 from game.training.log.sparse import SparseStepLog
 from game.training.native import bindings, library
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
-from game.training.profiles import get_profile
-from game.training.step import StepEngine
+from game.training.task.profiles import get_profile
 
 from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case

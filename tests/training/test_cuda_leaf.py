@@ -1,4 +1,4 @@
-"""The device leaf (``cuda_leaf.py``) against the host: ``hashlib`` per chunk, ``leafhash`` per leaf,
+"""The device leaf (``state/device_leaf.py``, ``state/sha256_kernel.py``) against the host: ``hashlib`` per chunk, ``leafhash`` per leaf,
 ``encode_state`` per byte, and the host path's error for a value off the grid.
 
 Without a GPU the Triton kernel runs on CPU tensors in Triton's interpreter (set here before the
@@ -25,21 +25,18 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from game.training import cuda_leaf, leafhash  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
-from game.training.state import (  # noqa: E402
-    OffGridError,
-    TrainState,
-    encode_state,
-    state_tensors,
-)
+from game.training.state import leafhash, sha256_kernel  # noqa: E402
+from game.training.state.canonical import encode_state  # noqa: E402
+from game.training.state.leaves import device_leaf  # noqa: E402
+from game.training.state.tensors import OffGridError, TrainState, state_tensors  # noqa: E402
 
 from .test_state import trained  # noqa: E402
 
-if not ON_GPU and cuda_leaf.available() and not cuda_leaf.interpreted():
-    cuda_leaf = importlib.reload(cuda_leaf)  # imported before this module set TRITON_INTERPRET
+if not ON_GPU and sha256_kernel.available() and not sha256_kernel.interpreted():
+    sha256_kernel = importlib.reload(sha256_kernel)  # imported before this module set TRITON_INTERPRET
 
 DEV = "cuda" if ON_GPU else "cpu"
-pytestmark = pytest.mark.skipif(not cuda_leaf.available(), reason="Triton is not installed")
+pytestmark = pytest.mark.skipif(not sha256_kernel.available(), reason="Triton is not installed")
 CHUNK = leafhash.CHUNK
 
 
@@ -74,7 +71,7 @@ RAGGED = [*range(1, 65), 119, 120, 127, 128, 129]
 @pytest.mark.parametrize("n", RAGGED)
 def test_kernel_raggedChunk_isHashlibSha256(n: int) -> None:
     data = _random(n, n)
-    out = cuda_leaf.hash_chunks(_on_device(data).view(torch.int32), n)
+    out = sha256_kernel.hash_chunks(_on_device(data).view(torch.int32), n)
     assert _host(out) == hashlib.sha256(data).digest()
 
 
@@ -83,10 +80,10 @@ def test_kernel_unpaddedBuffer_isCopiedNotOverread() -> None:
     reads whole words of it."""
     data = _random(77, 1)
     buf = torch.frombuffer(bytearray(b"x" + data), dtype=torch.uint8).to(DEV)[1:]
-    assert _host(cuda_leaf.device_levels(buf, 77)) == data  # one level: the bytes themselves
-    words = cuda_leaf._words(buf, 77)
+    assert _host(sha256_kernel.device_levels(buf, 77)) == data  # one level: the bytes themselves
+    words = sha256_kernel._words(buf, 77)
     assert words.numel() * 4 >= 80 and words.data_ptr() != buf.data_ptr()
-    assert _host(cuda_leaf.hash_chunks(words, 77)) == hashlib.sha256(data).digest()
+    assert _host(sha256_kernel.hash_chunks(words, 77)) == hashlib.sha256(data).digest()
 
 
 #: Three full chunks (each exactly 4096 bytes: 64 blocks of data and one of padding) and a ragged
@@ -97,7 +94,7 @@ SEVERAL = 3 * CHUNK + 1000
 @pytest.fixture(scope="module")
 def several() -> tuple[bytes, torch.Tensor]:
     data = _random(SEVERAL, 3)
-    return data, cuda_leaf.device_levels(_on_device(data), SEVERAL)
+    return data, sha256_kernel.device_levels(_on_device(data), SEVERAL)
 
 
 def test_kernel_severalChunks_areHashlibPerChunk(several: tuple[bytes, torch.Tensor]) -> None:
@@ -115,7 +112,7 @@ def test_deviceLevels_twoLevels_isTheLeaf(several: tuple[bytes, torch.Tensor]) -
 @pytest.mark.parametrize("n", [1, 100, CHUNK - 1, CHUNK])
 def test_deviceLevels_oneLevel_isTheBytes(n: int) -> None:
     data = _random(n, n)
-    level = cuda_leaf.device_levels(_on_device(data), n)
+    level = sha256_kernel.device_levels(_on_device(data), n)
     assert _host(level) == data
     assert leafhash.finish(_host(level), n) == leafhash.leaf_of(data)
 
@@ -126,7 +123,7 @@ def test_deviceLevels_threeLevels_isTheLeaf() -> None:
     n = 128 * CHUNK + 5
     data = _random(n, 5)
     assert len(leafhash.level_sizes(n)) == 3
-    level = cuda_leaf.device_levels(_on_device(data), n)
+    level = sha256_kernel.device_levels(_on_device(data), n)
     assert _host(level) == leafhash.reduce_to_final(data)
     assert leafhash.finish(_host(level), n) == leafhash.leaf_of(data)
 
@@ -139,7 +136,7 @@ def test_deviceLevels_threeLevels_isTheLeaf() -> None:
 def _to_device(state: TrainState) -> TrainState:
     """The state on the test's device (its optimizer's 0-dim step counters stay on the host)."""
     if ON_GPU:
-        from game.training.state import move_state
+        from game.training.state.tensors import move_state
 
         move_state(state, DEV)
     return state
@@ -156,7 +153,7 @@ def _to_device(state: TrainState) -> TrainState:
 def test_canonicalBytesOnDevice_isEncodeState(preset: str, overrides: dict[str, Any]) -> None:
     _, state = trained(preset, **overrides)
     state = _to_device(state)
-    buf, off_grid = cuda_leaf.canonical_bytes_on_device(state)
+    buf, off_grid = device_leaf.canonical_bytes_on_device(state)
     assert buf.device.type == DEV and buf.dtype == torch.uint8
     assert _host(buf) == encode_state(state)
     assert off_grid.dim() == 0 and not bool(off_grid)
@@ -193,10 +190,10 @@ def _assorted() -> TrainState:
 def test_canonicalBytesOnDevice_everyDtype_isEncodeState() -> None:
     state = _assorted()
     assert not state_tensors(state)["buffer/strided"].is_contiguous()
-    buf, off_grid = cuda_leaf.canonical_bytes_on_device(state)
+    buf, off_grid = device_leaf.canonical_bytes_on_device(state)
     assert _host(buf) == encode_state(state)
     assert not bool(off_grid)
-    leaf = cuda_leaf.DeviceLeaf.start(state)  # one level: no kernel
+    leaf = device_leaf.DeviceLeaf.start(state)  # one level: no kernel
     assert leaf.leaf() == leafhash.leaf_of(encode_state(state))
 
 
@@ -207,10 +204,10 @@ def test_canonicalBytesOnDevice_noFloat64Values_isEncodeState() -> None:
         model.p = nn.Parameter(empty.to(DEV), requires_grad=empty.is_floating_point())
         model.register_buffer("flags", torch.tensor([True, False], device=DEV))
         state = TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=1)
-        buf, off_grid = cuda_leaf.canonical_bytes_on_device(state)
+        buf, off_grid = device_leaf.canonical_bytes_on_device(state)
         assert _host(buf) == encode_state(state)
         assert not bool(off_grid)
-        assert cuda_leaf.DeviceLeaf.start(state).leaf() == leafhash.leaf_of(encode_state(state))
+        assert device_leaf.DeviceLeaf.start(state).leaf() == leafhash.leaf_of(encode_state(state))
 
 
 def test_canonicalBytesOnDevice_tensorsOnTheHost_travelTogether(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,7 +215,7 @@ def test_canonicalBytesOnDevice_tensorsOnTheHost_travelTogether(monkeypatch: pyt
     step number go over in one buffer: here every tensor is made to, float64 ones among them."""
     state = _assorted()
     calls: list[int] = []
-    real = cuda_leaf._to_device
+    real = device_leaf._to_device
 
     def everything_away(
         step: torch.Tensor, tensors: list[torch.Tensor], device: torch.device
@@ -226,8 +223,8 @@ def test_canonicalBytesOnDevice_tensorsOnTheHost_travelTogether(monkeypatch: pyt
         calls.append(len(tensors))
         return real(step, tensors, device, away=list(range(len(tensors))))
 
-    monkeypatch.setattr(cuda_leaf, "_to_device", everything_away)
-    buf, off_grid = cuda_leaf.canonical_bytes_on_device(state)
+    monkeypatch.setattr(device_leaf, "_to_device", everything_away)
+    buf, off_grid = device_leaf.canonical_bytes_on_device(state)
     assert calls == [len(state_tensors(state))]
     assert _host(buf) == encode_state(state)
     assert not bool(off_grid)
@@ -240,7 +237,7 @@ def test_deviceLeaf_ofAState_isTheHostLeaf() -> None:
     state = _to_device(state)
     data = encode_state(state)
     assert len(leafhash.level_sizes(len(data))) == 2
-    pending = cuda_leaf.DeviceLeaf.start(state)
+    pending = device_leaf.DeviceLeaf.start(state)
     with torch.no_grad():  # the state may change once the leaf is on its way
         for t in state_tensors(state).values():
             t.zero_()
@@ -265,9 +262,9 @@ def test_deviceLeaf_offGrid_raisesTheHostError() -> None:
     state = _off_grid_state()
     with pytest.raises(OffGridError) as host:
         encode_state(state)
-    _, off_grid = cuda_leaf.canonical_bytes_on_device(state)
+    _, off_grid = device_leaf.canonical_bytes_on_device(state)
     assert bool(off_grid)
-    pending = cuda_leaf.DeviceLeaf.start(state)  # raises only when the leaf is asked for
+    pending = device_leaf.DeviceLeaf.start(state)  # raises only when the leaf is asked for
     with pytest.raises(OffGridError) as device:
         pending.leaf()
     assert "param/fc1.bias" in str(device.value)  # the first in name order
@@ -282,5 +279,5 @@ def test_deviceLeaf_nan_raisesTheHostError() -> None:
     with pytest.raises(OffGridError) as host:
         encode_state(state)
     with pytest.raises(OffGridError) as device:
-        cuda_leaf.DeviceLeaf.start(state).leaf()
+        device_leaf.DeviceLeaf.start(state).leaf()
     assert str(device.value) == str(host.value)

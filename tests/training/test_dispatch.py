@@ -16,16 +16,17 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
-from game.training.config import PRESET_NAMES, TaskConfig
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name, classify, touched_tensors
+from game.training.engine.step import StepEngine
 from game.training.log.packed import StepLog
-from game.training.models import StepContext
 from game.training.native import front
 from game.training.numerics import rounding
-from game.training.profiles import get_profile
-from game.training.state import check_on_grid
-from game.training.step import StepEngine
+from game.training.state.tensors import check_on_grid
+from game.training.task.catalog import PRESET_NAMES
+from game.training.task.config import TaskConfig
+from game.training.task.models import StepContext
+from game.training.task.profiles import get_profile
 
 aten = torch.ops.aten
 BITS = 32

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import leafhash
-from game.training.leafhash import (
+from game.training.state import leafhash
+from game.training.state.leafhash import (
     CHUNK,
     LeafStream,
     finish,

@@ -1,4 +1,4 @@
-"""Leaves hashed on a thread while the next step runs (game.training.leaves), and the auditor loop
+"""Leaves hashed on a thread while the next step runs (game.training.state.leaves), and the auditor loop
 that uses them: it learns of a divergence one step late, and must end exactly where an auditor that
 hashes every state before the next step ends."""
 
@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
-from game.training import state as state_mod
-from game.training.config import TaskConfig
-from game.training.leaves import LeafHasher
-from game.training.profiles import get_profile
-from game.training.session import audit, train
-from game.training.state import encode_state, state_hash
-from game.training.step import StepEngine
+from game.training.engine.audit import audit
+from game.training.engine.step import StepEngine
+from game.training.engine.train import train
+from game.training.state import canonical
+from game.training.state.canonical import encode_state
+from game.training.state.leaves import LeafHasher, state_hash
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import get_profile
 
 STEPS = 6
 
@@ -45,7 +47,7 @@ def test_aStateTooLargeForOneBuffer_isHashedAtOnce_andKeepsNoBytes(monkeypatch: 
     state = engine.init_state()
     engine.run_step(state, 1, hash_state=False)
     expected = state_hash(state)
-    monkeypatch.setattr(state_mod, "_ONE_BUFFER_MAX", 16)
+    monkeypatch.setattr(canonical, "_ONE_BUFFER_MAX", 16)
     with LeafHasher() as hasher:
         pending = hasher.submit(state)
     assert pending.ready and pending.buffer is None and pending.leaf() == expected
@@ -69,7 +71,7 @@ def test_audit_hashingBesideTheNextStep_endsAsHashingBeforeIt(
     cfg = tiny()
     train(cfg, "cpu-1t", tmp_path / "t", deviation=deviation(cfg, step) if deviation else None)
     beside = audit(tmp_path / "t", "splitk-16")
-    monkeypatch.setattr(state_mod, "_ONE_BUFFER_MAX", 16)  # every state hashed at once, in order
+    monkeypatch.setattr(canonical, "_ONE_BUFFER_MAX", 16)  # every state hashed at once, in order
     before = audit(tmp_path / "t", "splitk-16")
     assert beside.leaves == before.leaves and len(beside.leaves) == STEPS + 1
     assert beside.first_divergent_step == before.first_divergent_step
@@ -103,17 +105,17 @@ def test_audit_afterADivergence_runsTheNextStepWithoutTheLog(tmp_path: Path) -> 
 
 
 class _HashedOnDevice:
-    """Stands in for :class:`~game.training.cuda_leaf.DeviceLeaf`: takes the state's bytes when
+    """Stands in for :class:`~game.training.state.device_leaf.DeviceLeaf`: takes the state's bytes when
     started (as the device does, in stream order before the next step) and counts what is asked."""
 
     started = 0
 
-    def __init__(self, state: state_mod.TrainState) -> None:
+    def __init__(self, state: TrainState) -> None:
         type(self).started += 1
         self.data = encode_state(state)
 
     def leaf(self) -> bytes:
-        from game.training.leafhash import leaf_of
+        from game.training.state.leafhash import leaf_of
 
         return leaf_of(self.data)
 
@@ -132,11 +134,11 @@ def test_statesHashedOnTheirDevice_giveTheSameTranscriptAndAudit(
     dev = Poison(cfg, 3) if deviation else None
     host = train(cfg, "cpu-1t", tmp_path / "host", deviation=dev)
     host_audit = audit(tmp_path / "host", "cpu-2t")
-    from game.training import leaves as leaves_mod
-    from game.training import session as session_mod
+    from game.training.engine import train as train_mod
+    from game.training.state import leaves as leaves_mod
 
     monkeypatch.setattr(leaves_mod, "device_leaf", _HashedOnDevice)
-    monkeypatch.setattr(session_mod, "device_leaf", _HashedOnDevice)
+    monkeypatch.setattr(train_mod, "device_leaf", _HashedOnDevice)
     _HashedOnDevice.started = 0
     on_device = train(cfg, "cpu-1t", tmp_path / "device", deviation=dev)
     assert _HashedOnDevice.started == STEPS + 1  # every leaf of the trainer came from the device

@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from game.errors import ConfigError, TrainingError
-from game.training import data
-from game.training.config import PRESET_NAMES, CNNShape, TaskConfig
 from game.training.dispatch.optable import OpClass, classify
-from game.training.models import (
+from game.training.numerics import rng
+from game.training.task import data
+from game.training.task.catalog import PRESET_NAMES, CNNShape
+from game.training.task.config import TaskConfig
+from game.training.task.models import (
     DeterministicDropout,
     ResNet50Digits,
     StepContext,
@@ -21,8 +23,7 @@ from game.training.models import (
     init_model,
     materialize,
 )
-from game.training.numerics import rng
-from game.training.presets import PRESETS, Batch, Preset, get_preset
+from game.training.task.presets import PRESETS, Batch, Preset, get_preset
 
 # Small sizes keep every test here fast; the presets' own defaults are exercised by the smoke run.
 SMALL = {
@@ -424,7 +425,7 @@ def test_sources_useNoTorchRandomnessOrSdpa() -> None:
     # a device-specific attention kernel.
     import inspect
 
-    from game.training import models, presets
+    from game.training.task import models, presets
 
     banned = (
         "torch.rand",

@@ -9,7 +9,7 @@ import torch
 
 from game.errors import ConfigError
 from game.training.native import front, library
-from game.training.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
+from game.training.task.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 
 aten = torch.ops.aten
 

@@ -9,28 +9,18 @@ import pytest
 import torch
 
 from game.errors import TranscriptError
-from game.training import state as state_module
-from game.training.config import TaskConfig
-from game.training.leafhash import leaf_of
+from game.training.engine.step import StepEngine
 from game.training.native import front
 from game.training.numerics import rounding
-from game.training.profiles import get_profile
-from game.training.state import (
-    STATE_MAGIC,
-    CheckpointError,
-    OffGridError,
-    TrainState,
-    check_on_grid,
-    decode_state,
-    encode_state,
-    encode_streamed,
-    move_state,
-    parse_state,
-    state_buffer,
-    state_hash,
-    state_tensors,
-)
-from game.training.step import StepEngine
+from game.training.state import canonical
+from game.training.state import tensors as tensors_mod
+from game.training.state.canonical import STATE_MAGIC, encode_state, encode_streamed, state_buffer
+from game.training.state.checkpoint import CheckpointError, decode_state, parse_state
+from game.training.state.leafhash import leaf_of
+from game.training.state.leaves import state_hash
+from game.training.state.tensors import OffGridError, TrainState, check_on_grid, move_state, state_tensors
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import get_profile
 
 SMALL = {
     "mlp-digits": {"model": {"hidden": 16}, "batch_size": 8},
@@ -101,8 +91,8 @@ def test_encode_sliceByslice_isTheSameBytes(monkeypatch: pytest.MonkeyPatch) -> 
     value off the grid in a later slice is still found."""
     _, state = trained("gpt-shakespeare")
     data = encode_state(state)
-    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", 0)  # stream, as a large state does
-    monkeypatch.setattr(state_module, "_SLICE", 7)
+    monkeypatch.setattr(canonical, "_ONE_BUFFER_MAX", 0)  # stream, as a large state does
+    monkeypatch.setattr(canonical, "_SLICE", 7)
     assert encode_state(state) == data == reference_encode(state)
     assert state_hash(state) == leaf_of(data)
     with torch.no_grad():
@@ -128,7 +118,7 @@ def test_oneBuffer_isTheStreamedBytes(name: str, monkeypatch: pytest.MonkeyPatch
     one = buf.tobytes()
     assert encode_state(state) == one
     assert state_hash(state) == leaf_of(one)
-    monkeypatch.setattr(state_module, "_ONE_BUFFER_MAX", len(one) - 1)
+    monkeypatch.setattr(canonical, "_ONE_BUFFER_MAX", len(one) - 1)
     assert state_buffer(state) is None
     assert encode_state(state) == one == reference_encode(state)
     assert state_hash(state) == leaf_of(one)
@@ -156,7 +146,7 @@ def test_moduleWalk_namesWhatTorchNames_inItsOrder(name: str) -> None:
     """The state's one walk of the modules gives ``named_parameters()`` (each parameter once, where
     first met) and the persistent buffers under every name ``state_dict`` gives them, in order."""
     model = _Tangled() if name == "tangled" else trained(name)[1].model
-    params, buffers = state_module._module_tensors(model)
+    params, buffers = tensors_mod._module_tensors(model)
     assert [(n, id(p)) for n, p in params.items()] == [(n, id(p)) for n, p in model.named_parameters()]
     tensors = model.state_dict(keep_vars=True)
     want = [(n, id(b)) for n, b in tensors.items() if not isinstance(b, torch.nn.Parameter)]

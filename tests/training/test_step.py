@@ -9,14 +9,17 @@ import pytest
 import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
-from game.training.config import TaskConfig
 from game.training.dispatch.mode import RoundingMode
+from game.training.engine.step import StepEngine
 from game.training.native import library
 from game.training.numerics.bandcheck import LogTamperingError
 from game.training.numerics.bandfile import Band, BandTable
-from game.training.profiles import Profile, get_profile
-from game.training.state import check_on_grid, decode_state, encode_state, state_hash
-from game.training.step import StepEngine
+from game.training.state.canonical import encode_state
+from game.training.state.checkpoint import decode_state
+from game.training.state.leaves import state_hash
+from game.training.state.tensors import check_on_grid
+from game.training.task.config import TaskConfig
+from game.training.task.profiles import Profile, get_profile
 
 SMALL = {
     "mlp-digits": {"model": {"hidden": 24}, "batch_size": 8},

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.training import leafhash
-from game.training.config import TaskConfig
-from game.training.leafhash import CHUNK, leaf_of, level_sizes
+from game.training.engine.train import train
 from game.training.log import codec as chunkcodec
 from game.training.log.codec import CODECS, LZMA_AUTO_MAX
 from game.training.log.sparse import SparseStepLog
 from game.training.native import library, stepwriter
-from game.training.session import train
+from game.training.state import leafhash
+from game.training.state.leafhash import CHUNK, leaf_of, level_sizes
+from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
 from tests.training.helpers import file_tree, random_sparse_log
@@ -234,7 +234,7 @@ def test_aStepTheRingCannotFinish_isWrittenInPython_andTheStepsAfterItToo(
 _EXIT_SCRIPT = """
 import sys
 import numpy as np
-from game.training.config import TaskConfig
+from game.training.task.config import TaskConfig
 from game.training.native import stepwriter
 from game.training.log.sparse import SparseStepLog
 from game.training.transcript.writer import TranscriptWriter

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from game.errors import TranscriptError
-from game.training.config import TaskConfig
-from game.training.leafhash import leaf_of
 from game.training.log.formats import new_step_log
 from game.training.native import library, stepwriter
+from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
 from game.training.transcript.layout import CHUNK_HASHES_NAME, LEAVES_NAME
 from game.training.transcript.pipeline import WRITE_AHEAD
 from game.training.transcript.reader import Transcript
@@ -310,7 +310,7 @@ def test_stepsByHashAndByState_mixed_landInOrder_whicheverThreadTakesThem(tmp_pa
 
 
 class _OnDevice:
-    """A state hashed where it lives (as :class:`~game.training.cuda_leaf.DeviceLeaf` on a GPU),
+    """A state hashed where it lives (as :class:`~game.training.state.device_leaf.DeviceLeaf` on a GPU),
     standing in for one: its leaf, and the bytes it says it hashed, when asked."""
 
     def __init__(self, step: int, leaf: bytes | None = None) -> None:

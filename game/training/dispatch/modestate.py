@@ -28,7 +28,7 @@ from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import bindings, library
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
-from game.training.profiles import NoiseSource, Profile
+from game.training.task.profiles import NoiseSource, Profile
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
     from game.training.numerics.cuda_deferred import Deferred

@@ -10,7 +10,7 @@ cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/be
 their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
 compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
 :func:`disabled` or :func:`game.training.native.library.disabled`, or where its codecs or its leaf
-(:mod:`~game.training.leafhash`) would not give the bytes Python's give (a probe, once a process),
+(:mod:`~game.training.state.leafhash`) would not give the bytes Python's give (a probe, once a process),
 :func:`finish_step` returns None and the writer writes the step in Python, to the same files
 (tests/training/test_stepwriter.py holds both ways to it).
 """
@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from game.training import leafhash
 from game.training.log.codec import (
     CODECS,
     MAX_PAYLOAD,
@@ -42,6 +41,7 @@ from game.training.log.codec import (
     zlib_level,
 )
 from game.training.native import bindings, library
+from game.training.state import leafhash
 
 log = logging.getLogger(__name__)
 

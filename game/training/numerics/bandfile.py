@@ -228,8 +228,8 @@ def load_bands_file(path: str | Path) -> tuple[BandTable, BandsOrigin | None]:
 
 
 def preset_bands(preset: str) -> BandTable:
-    """The calibrated bands shipped for a preset (``game/training/calibrated/<preset>.toml``)."""
-    path = resources.files("game.training").joinpath("calibrated", f"{preset}.toml")
+    """The calibrated bands shipped for a preset (``game/training/task/calibrated/<preset>.toml``)."""
+    path = resources.files("game.training").joinpath("task", "calibrated", f"{preset}.toml")
     if not path.is_file():
         raise ConfigError(f"no calibrated bands are shipped for preset {preset!r}: run `vgame calibrate`")
     return loads_bands(path.read_text("utf-8"), f"bands of preset {preset!r}")

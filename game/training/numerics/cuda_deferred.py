@@ -50,7 +50,7 @@ class Deferred:
     rare lane (or, for the auditor, a bad entry) has written nothing, and the ops after it have used
     its unrounded values, so :meth:`settle` names the failed calls and the caller runs the whole
     step again with the synchronous functions, from a copy of the state taken before, which also
-    words any error (:class:`game.training.step.StepEngine`; it then leaves those calls undeferred
+    words any error (:class:`game.training.engine.step.StepEngine`; it then leaves those calls undeferred
     in later steps: at the ResNet-50 shape some tensors hold values below 2**-126 every step).
     """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from game.errors import TranscriptError
-from game.training.config import TaskConfig
+from game.training.task.config import TaskConfig
 from game.training.transcript.layout import FORMAT, MANIFEST_NAME, TranscriptPaths
 
 

@@ -34,9 +34,9 @@ from typing import Any, Protocol, Self
 
 from game.errors import StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, temp_file_name
-from game.training.config import TaskConfig
 from game.training.log.chunks import PreparedChunk, chunk_hash
 from game.training.native import bindings, stepwriter
+from game.training.task.config import TaskConfig
 from game.training.transcript.layout import TranscriptPaths, checkpoint_name, chunk_file_name
 from game.training.transcript.manifest import is_checkpoint_step
 
@@ -49,7 +49,7 @@ WRITE_AHEAD = 2
 
 
 class PendingState(Protocol):
-    """A state hashed where it lives (on a GPU: :class:`~game.training.cuda_leaf.DeviceLeaf`), its
+    """A state hashed where it lives (on a GPU: :class:`~game.training.state.device_leaf.DeviceLeaf`), its
     leaf not waited for yet."""
 
     def leaf(self) -> bytes:

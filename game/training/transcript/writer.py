@@ -23,8 +23,8 @@ from pathlib import Path
 from game.errors import TranscriptError
 from game.fsio import atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
-from game.training.config import TaskConfig
 from game.training.log.formats import ChunkLog
+from game.training.task.config import TaskConfig
 from game.training.transcript.files import LogWriter, read_hashes
 from game.training.transcript.layout import TranscriptPaths, checkpoint_file_step
 from game.training.transcript.manifest import Manifest, config_of, make_transcript_dir, read_manifest

@@ -3,7 +3,7 @@
 Why: the auditor replays the whole training. On a paper-size task that is hours or days, inside a
 challenge window that does not wait; a crash, a reboot or a `docker stop` that made it start over
 could cost it the window. Every so often (``every_s`` of wall time, so the steps of a small task
-pay nothing) :func:`~game.training.session.audit` saves what it has: its own state after the last
+pay nothing) :func:`~game.training.engine.audit.audit` saves what it has: its own state after the last
 step (its canonical bytes, which hash to the auditor's leaf for that step), the leaves so far,
 the corrections, the first divergent step and the rejected log chunks.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from game.fsio import atomic_write, fsync_dir, is_temp_name
-from game.training.leafhash import leaf_of
+from game.training.state.leafhash import leaf_of
 
 log = logging.getLogger(__name__)
 

@@ -9,20 +9,29 @@ agents can read and hash a config cheaply.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from game.errors import ConfigError
 from game.training.numerics.bandfile import BandsOrigin, BandTable, load_bands_file, preset_bands
+from game.training.task.catalog import (
+    PRESET_NAMES,
+    CNNShape,
+    GPTShape,
+    MLPShape,
+    ModelShape,
+    check_int_range,
+    dataset_sha256,
+    preset_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,139 +49,6 @@ MAX_STEPS = 2**32 - 1
 MAX_EXAMPLES = 2**32
 
 OPTIMIZERS = ("sgd", "adamw")
-
-
-# --------------------------------------------------------------------------------------------------
-# Model sizes, one frozen dataclass per preset family
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MLPShape:
-    """Sizes of the digits MLP (64 -> hidden -> hidden -> 10)."""
-
-    kind: ClassVar[str] = "mlp"
-    hidden: int = 64  # width of both hidden layers
-
-    def validate(self) -> None:
-        _check_int_range("model.hidden", self.hidden, 1, 1 << 16)
-
-
-#: Architectures of the cnn-digits preset: its own small conv net, and a CIFAR-style ResNet-50.
-CNN_ARCHS = ("small", "resnet50")
-
-#: ``channels`` when left at 0 (its default): per arch. 64 gives ResNet-50's real widths.
-CNN_DEFAULT_CHANNELS = {"small": 16, "resnet50": 64}
-
-#: Field metadata: a field added after specs were posted; left out of the canonical form while it
-#: holds its default, so the spec hash of every config written before it existed is unchanged.
-OMIT_IF_DEFAULT = {"omit_if_default": True}
-
-
-@dataclass(frozen=True)
-class CNNShape:
-    """Sizes of the digits conv net.
-
-    ``arch = "small"``: conv -> BN -> ReLU -> pool, twice, then a hidden linear layer and the head.
-    ``arch = "resnet50"``: ResNet-50 (bottleneck blocks [3, 4, 6, 3]) on the digits upsampled to
-    32x32, CIFAR-style; ``channels`` is the stem width (stage widths 1, 2, 4, 8 times it, outputs 4x
-    that: 64 gives the real 64/256/512/1024/2048) and ``hidden`` is unused (the head is one linear
-    layer on the pooled 32 * channels features).
-    """
-
-    kind: ClassVar[str] = "cnn"
-    channels: int = 0  # small: first conv (the second has twice as many); resnet50: stem width; 0: per arch
-    hidden: int = 64  # small: hidden linear layer before the 10-way head; resnet50: unused
-    arch: str = field(default="small", metadata=OMIT_IF_DEFAULT)  # one of CNN_ARCHS
-
-    def __post_init__(self) -> None:
-        if self.channels == 0 and self.arch in CNN_DEFAULT_CHANNELS:
-            object.__setattr__(self, "channels", CNN_DEFAULT_CHANNELS[self.arch])
-
-    def validate(self) -> None:
-        if self.arch not in CNN_ARCHS:
-            raise ConfigError(f"model.arch: {self.arch!r} is not one of {', '.join(CNN_ARCHS)}")
-        _check_int_range("model.channels", self.channels, 1, 1 << 12)
-        _check_int_range("model.hidden", self.hidden, 1, 1 << 16)
-
-
-@dataclass(frozen=True)
-class GPTShape:
-    """Sizes of the character-level GPT (nanoGPT-like, untied head)."""
-
-    kind: ClassVar[str] = "gpt"
-    n_layer: int = 2  # transformer blocks
-    n_head: int = 2  # attention heads per block
-    n_embd: int = 64  # residual width; must be divisible by n_head
-    block_size: int = 32  # context length in characters
-
-    def validate(self) -> None:
-        _check_int_range("model.n_layer", self.n_layer, 1, 256)
-        _check_int_range("model.n_head", self.n_head, 1, 256)
-        _check_int_range("model.n_embd", self.n_embd, 1, 1 << 16)
-        _check_int_range("model.block_size", self.block_size, 1, 1 << 16)
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"model.n_embd: {self.n_embd} is not divisible by model.n_head = {self.n_head}")
-
-
-ModelShape = MLPShape | CNNShape | GPTShape
-
-
-# --------------------------------------------------------------------------------------------------
-# Presets: which data file and which defaults each one has
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PresetInfo:
-    """What the config layer knows about a preset (the models live in ``presets.py``)."""
-
-    dataset: str  # file name under game/data/
-    shape: type[MLPShape] | type[CNNShape] | type[GPTShape]
-    defaults: Mapping[str, Any]  # TaskConfig field defaults that differ from the class defaults
-
-
-PRESET_INFO: dict[str, PresetInfo] = {
-    "mlp-digits": PresetInfo(
-        dataset="digits.npz",
-        shape=MLPShape,
-        defaults={"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, "dropout": 0.0},
-    ),
-    "cnn-digits": PresetInfo(
-        dataset="digits.npz",
-        shape=CNNShape,
-        defaults={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "dropout": 0.1},
-    ),
-    "gpt-shakespeare": PresetInfo(
-        dataset="tinyshakespeare.txt",
-        shape=GPTShape,
-        defaults={
-            "optimizer": "adamw",
-            "lr": 1e-3,
-            "momentum": 0.0,
-            "weight_decay": 0.1,
-            "dropout": 0.1,
-            "batch_size": 8,
-        },
-    ),
-}
-
-PRESET_NAMES: tuple[str, ...] = tuple(PRESET_INFO)
-
-
-def preset_info(name: str) -> PresetInfo:
-    """The preset's info, or a ConfigError listing the valid names."""
-    try:
-        return PRESET_INFO[name]
-    except KeyError:
-        raise ConfigError(f"preset: unknown preset {name!r}; valid: {', '.join(PRESET_NAMES)}") from None
-
-
-@functools.cache
-def dataset_sha256(filename: str) -> str:
-    """Hex SHA-256 of a packaged data file (part of the spec: other data is another task)."""
-    data = resources.files("game").joinpath("data", filename).read_bytes()
-    return hashlib.sha256(data).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,9 +150,9 @@ class TaskConfig:
                 f"model: preset {self.preset!r} needs {info.shape.__name__}, got {type(self.model).__name__}"
             )
         self.model.validate()
-        _check_int_range("seed", self.seed, 0, 2**64 - 1)
-        _check_int_range("steps", self.steps, 1, MAX_STEPS)
-        _check_int_range("batch_size", self.batch_size, 1, 1 << 20)
+        check_int_range("seed", self.seed, 0, 2**64 - 1)
+        check_int_range("steps", self.steps, 1, MAX_STEPS)
+        check_int_range("batch_size", self.batch_size, 1, 1 << 20)
         if self.steps * self.batch_size >= MAX_EXAMPLES:
             raise ConfigError("steps: steps * batch_size must stay below 2**32 (example ids are 32-bit)")
         if self.optimizer not in OPTIMIZERS:
@@ -290,9 +166,9 @@ class TaskConfig:
             _check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
         _check_float("eps", self.eps, 0.0, math.inf, lo_open=True)
         _check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        _check_int_range("bits", self.bits, 16, 32)
+        check_int_range("bits", self.bits, 16, 32)
         _check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
-        _check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
+        check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
         if not isinstance(self.bands, BandTable):
@@ -397,9 +273,9 @@ def load_config(path: str | Path) -> TaskConfig:
 
 
 def example_config(name: str) -> TaskConfig:
-    """The example task shipped for preset ``name`` (``game/training/presets/<name>.toml``)."""
+    """The example task shipped for preset ``name`` (``game/training/task/presets/<name>.toml``)."""
     preset_info(name)
-    text = resources.files("game.training").joinpath("presets", f"{name}.toml").read_text("utf-8")
+    text = resources.files("game.training.task").joinpath("presets", f"{name}.toml").read_text("utf-8")
     return loads_config(text)
 
 
@@ -470,13 +346,6 @@ def _coerce(key: str, value: Any, type_name: Any) -> Any:
     raise ConfigError(f"{key}: cannot be set here")  # pragma: no cover - every field is handled
 
 
-def _check_int_range(key: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
-
-
 def _check_float(
     key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
 ) -> None:
@@ -491,24 +360,13 @@ def _check_float(
 
 
 __all__ = [
-    "CNN_ARCHS",
-    "CNN_DEFAULT_CHANNELS",
     "LOG_FORMATS",
     "MAX_EXAMPLES",
     "MAX_STEPS",
     "OPTIMIZERS",
-    "PRESET_INFO",
-    "PRESET_NAMES",
     "SPEC_FORMAT",
-    "CNNShape",
-    "GPTShape",
-    "MLPShape",
-    "ModelShape",
-    "PresetInfo",
     "TaskConfig",
-    "dataset_sha256",
     "example_config",
     "load_config",
     "loads_config",
-    "preset_info",
 ]

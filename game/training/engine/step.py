@@ -27,25 +27,19 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError, TrainingError
-from game.training.config import TaskConfig
-from game.training.data import Batch
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.sparse import SparseStepLog
-from game.training.models import StepContext
 from game.training.numerics import rounding
-from game.training.presets import get_preset
-from game.training.profiles import Profile
-from game.training.state import (
-    Precision,
-    TrainState,
-    check_on_grid,
-    fresh_state,
-    move_state,
-    snapshot,
-    state_hash,
-)
+from game.training.state.checkpoint import fresh_state
+from game.training.state.leaves import state_hash
+from game.training.state.tensors import Precision, TrainState, check_on_grid, move_state, snapshot
+from game.training.task.config import TaskConfig
+from game.training.task.data import Batch
+from game.training.task.models import StepContext
+from game.training.task.presets import get_preset
+from game.training.task.profiles import Profile, get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -287,4 +281,9 @@ class StepEngine:
             move_state(state, self.profile.device)
 
 
-__all__ = ["StepEngine", "StepResult"]
+def engine_for(cfg: TaskConfig, profile: str) -> StepEngine:
+    """A step engine for ``cfg`` on the profile named ``profile`` (ConfigError for an unknown one)."""
+    return StepEngine(cfg, get_profile(profile))
+
+
+__all__ = ["StepEngine", "StepResult", "engine_for"]

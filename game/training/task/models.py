@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from game.errors import ConfigError, TrainingError
-from game.training.config import CNN_ARCHS, CNNShape, GPTShape, MLPShape
 from game.training.numerics import rng
+from game.training.task.catalog import CNN_ARCHS, CNNShape, GPTShape, MLPShape
 
 log = logging.getLogger(__name__)
 

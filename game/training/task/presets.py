@@ -29,10 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from game.errors import ConfigError
-from game.training import data
-from game.training.config import PRESET_NAMES, CNNShape, GPTShape, MLPShape, TaskConfig
-from game.training.data import Batch
-from game.training.models import StepContext, build_cnn, build_gpt, build_mlp
+from game.training.task import data
+from game.training.task.catalog import PRESET_NAMES, CNNShape, GPTShape, MLPShape
+from game.training.task.config import TaskConfig
+from game.training.task.data import Batch
+from game.training.task.models import StepContext, build_cnn, build_gpt, build_mlp
 
 
 class Preset(ABC):

@@ -1,13 +1,14 @@
-"""State leaves hashed on a thread of their own, while the next step runs.
+"""A state's leaf: at once (:func:`state_hash`), on its GPU (:func:`device_leaf`), or on a thread of
+its own while the next step runs (:class:`LeafHasher`).
 
 An auditor compares every state it reaches with the trainer's leaf. Hashing the state on its own
-thread costs it the leaf's SHA-256 (:mod:`~game.training.leafhash`; about a millisecond a
+thread costs it the leaf's SHA-256 (:mod:`~game.training.state.leafhash`; about a millisecond a
 megabyte of canonical bytes, 1.33 MB on gpt-shakespeare) on every step; on a thread of its own,
 which SHA-256 lets run beside the step (it releases the GIL), the step only pays for the copy of
 the canonical bytes. The caller learns of a leaf one step late, so it keeps those bytes: they
 rebuild the state when the step it ran in the meantime must run again (an auditor that stops
 using the trainer's log at its first divergent step). A state too large for one buffer
-(:func:`~game.training.state.state_buffer`) is hashed at once, piece by piece, as before: its
+(:func:`~game.training.state.canonical.state_buffer`) is hashed at once, piece by piece, as before: its
 leaf is ready and no copy is kept.
 """
 
@@ -18,23 +19,39 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from game.training.config import TaskConfig
 from game.training.native import stepwriter
-from game.training.state import TrainState, decode_state, hash_streamed, state_buffer
+from game.training.state.canonical import hash_streamed, state_buffer
+from game.training.state.checkpoint import decode_state
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
 
 if TYPE_CHECKING:  # Triton loads only for a state on a GPU
-    from game.training.cuda_leaf import DeviceLeaf
+    from game.training.state.device_leaf import DeviceLeaf
 
 
 def device_leaf(state: TrainState) -> DeviceLeaf | None:
-    """The state's leaf computed on its GPU (:mod:`~game.training.cuda_leaf`), started and not
-    waited for; None for a state on the CPU or on a device the kernels do not run on. On a GPU this
-    replaces copying the whole state to the host and hashing it on one thread every step."""
+    """The state's leaf computed on its GPU (:mod:`~game.training.state.device_leaf`), started and
+    not waited for; None for a state on the CPU or on a device the kernels do not run on. On a GPU
+    this replaces copying the whole state to the host and hashing it on one thread every step."""
     if state.device.type == "cpu":
         return None
-    from game.training import cuda_leaf  # imports Triton: only off the CPU
+    from game.training.state import device_leaf as on_device
+    from game.training.state import sha256_kernel
 
-    return cuda_leaf.DeviceLeaf.start(state) if cuda_leaf.runs_on(state.device) else None
+    return on_device.DeviceLeaf.start(state) if sha256_kernel.runs_on(state.device) else None
+
+
+def state_hash(state: TrainState) -> bytes:
+    """``leafhash.leaf_of(encode_state(state))``: the leaf of the state tree. A state on a GPU is
+    hashed there (:func:`device_leaf`); on the CPU a small state in one buffer
+    (:func:`~.canonical.state_buffer`), a large one piece by piece (:func:`~.canonical.hash_streamed`)."""
+    on_device = device_leaf(state)
+    if on_device is not None:
+        return on_device.leaf()
+    buf = state_buffer(state)
+    if buf is not None:
+        return stepwriter.leaf(buf)
+    return hash_streamed(state)
 
 
 class PendingLeaf:
@@ -112,4 +129,4 @@ class LeafHasher:
         self.close()
 
 
-__all__ = ["LeafHasher", "PendingLeaf", "device_leaf"]
+__all__ = ["LeafHasher", "PendingLeaf", "device_leaf", "state_hash"]

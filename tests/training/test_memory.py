@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from game.training.heap import _malloc_trim
+from game.training.engine.memory import _malloc_trim
 
 pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="no malloc_trim: not glibc")
 
@@ -37,7 +37,7 @@ def test_trim_givesBackThePagesOfFreedBlocks_thatBlocksInUseHoldIn() -> None:
     r = _run(
         """
         import ctypes, json
-        from game.training.heap import trim
+        from game.training.engine.memory import trim
         libc = ctypes.CDLL(None)
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
@@ -70,8 +70,10 @@ def test_trainAuditAndReplayStep_leaveNothingToGiveBack() -> None:
         """
         import ctypes, dataclasses, json, tempfile
         from pathlib import Path
-        from game.training.config import TaskConfig
-        from game.training.session import audit, replay_step, train
+        from game.training.task.config import TaskConfig
+        from game.training.engine.audit import audit
+        from game.training.engine.replay import replay_transcript_step
+        from game.training.engine.train import train
         libc = ctypes.CDLL(None)
         cfg = TaskConfig.for_preset("gpt-shakespeare", steps=1)
         cfg = dataclasses.replace(
@@ -83,7 +85,7 @@ def test_trainAuditAndReplayStep_leaveNothingToGiveBack() -> None:
             for name, work in (
                 ("train", lambda: train(cfg, "cpu-1t", out)),
                 ("audit", lambda: audit(out, "cpu-2t")),
-                ("replay_step", lambda: replay_step(out, 1, "splitk-16")),
+                ("replay_step", lambda: replay_transcript_step(out, 1, "splitk-16")),
             ):
                 work()
                 before = rss_mib()

@@ -1,0 +1,104 @@
+"""Re-running one committed step: :func:`replay_step`, the judge's primitive, and what is built on it.
+
+A step's inputs are committed on-chain: the state before it (a leaf of the state tree, whose
+canonical bytes are a checkpoint or evidence left under their hash) and its rounding-log chunk (a
+leaf of the log tree). :func:`replay_step` runs the step from those; every re-run of a committed
+step goes through it: the judge's ruling (``game.judge``), a trainer resuming from its last
+checkpoint (:func:`replay_forward`), an auditor rebuilding the trainer's state (:func:`state_after`),
+and ``vgame replay-step`` (:func:`replay_transcript_step`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from game.errors import TranscriptError
+from game.training.engine.memory import trimmed
+from game.training.engine.step import StepEngine, StepResult, engine_for
+from game.training.log.formats import ChunkLog, decode_chunk
+from game.training.state.checkpoint import decode_state
+from game.training.state.tensors import TrainState
+from game.training.transcript.reader import Transcript
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Outcome of :func:`replay_transcript_step`."""
+
+    step: int
+    state_hash: bytes
+    matches_transcript: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "state_hash": self.state_hash.hex(),
+            "matches_transcript": self.matches_transcript,
+        }
+
+
+def replay_step(
+    engine: StepEngine,
+    pre_state: TrainState | bytes,
+    step: int,
+    chunk: ChunkLog | bytes | None,
+    *,
+    hash_state: bool = True,
+) -> StepResult:
+    """Re-run ``step`` from the committed state before it with the committed log chunk.
+
+    ``pre_state``: the state after ``step - 1``, as canonical bytes (decoded here) or a state
+    (run on in place). ``chunk``: the step's log chunk, as its bytes (decoded and bound to the
+    task's spec hash and ``step``) or decoded; None runs the step without a log (round mode: what a
+    party does when the chunk does not fit the computation). Verifies nothing about where the
+    inputs came from (the judge checks them against the committed roots first); a chunk that does
+    not decode or fit raises :class:`~game.errors.RoundingLogError` (a tampered one
+    :class:`~game.training.numerics.bandcheck.LogTamperingError`)."""
+    state = pre_state if isinstance(pre_state, TrainState) else decode_state(pre_state, engine.cfg)
+    if chunk is None:
+        return engine.run_step(state, step, mode="round", hash_state=hash_state)
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        chunk = decode_chunk(bytes(chunk), engine.cfg.spec_hash(), step)
+    return engine.run_step(state, step, mode="replay", log=chunk, hash_state=hash_state)
+
+
+def replay_forward(
+    t: Transcript, engine: StepEngine, state: TrainState, first: int, last: int, *, check_leaves: bool = True
+) -> None:
+    """Run steps ``first..last`` on ``state`` with the transcript's log chunks, checking every leaf on
+    the way (unless ``check_leaves`` is False: the caller checks the last state itself)."""
+    for step in range(first, last + 1):
+        result = replay_step(engine, state, step, t.read_log(step), hash_state=check_leaves)
+        if check_leaves and result.state_hash != t.leaf(step):
+            raise TranscriptError(
+                f"replaying step {step} with its own log chunk does not reproduce leaf {step}: "
+                "the transcript and its checkpoints disagree"
+            )
+
+
+def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: bool = True) -> TrainState:
+    """State after ``step``: the nearest checkpoint (verified against its leaf), replayed forward."""
+    ckpt = t.nearest_checkpoint(step)
+    state = decode_state(t.load_checkpoint(ckpt), t.config)
+    replay_forward(t, engine, state, ckpt + 1, step, check_leaves=check_leaves)
+    return state
+
+
+@trimmed()
+def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
+    """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``."""
+    t = Transcript(transcript_dir)
+    available = len(t.leaves()) - 1
+    if not 1 <= step <= min(t.steps, available):
+        raise TranscriptError(
+            f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
+        )
+    engine = engine_for(t.config, profile)
+    state = state_after(t, engine, step - 1)
+    result = replay_step(engine, state, step, t.read_log(step))
+    return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))
+
+
+__all__ = ["ReplayResult", "replay_forward", "replay_step", "replay_transcript_step", "state_after"]

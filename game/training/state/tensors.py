@@ -1,0 +1,194 @@
+"""The training state in memory: :class:`TrainState`, its tensors by canonical name, and what is done
+to them in place (the grid check, moving them to a device, a snapshot to go back to).
+
+State = parameters + persistent buffers (BatchNorm running stats) + optimizer state + the step number
+(docs/architecture.md, "Training state and leaves"). Floating tensors are float64 in memory and lie
+on the ``bits`` grid after every step. How they are written (:mod:`.canonical`) and read back
+(:mod:`.checkpoint`) lives beside this module.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from game.errors import TrainingError
+from game.training.numerics import rounding
+
+Precision = Literal["fp64", "fp32"]
+
+
+class OffGridError(TrainingError, ValueError):
+    """A float64 state tensor is not on the rounding grid, so it has no canonical bytes."""
+
+
+@dataclass
+class TrainState:
+    """The whole training state; ``step`` is the number of steps run (0 = initialisation)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int
+    #: What :func:`~game.training.state.canonical.state_buffer` worked out from the tensors last time
+    #: (its ``_BufferPlan``, checked before each use; only that module reads or sets it).
+    buffer_plan: object | None = field(default=None, init=False, repr=False, compare=False)
+
+    def parameters(self) -> dict[str, Tensor]:
+        """Parameters by model name (for distances between two parties' weights)."""
+        return {name: p for name, p in self.model.named_parameters()}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live."""
+        return next(self.model.parameters()).device
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensors by canonical name
+# --------------------------------------------------------------------------------------------------
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+def persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
+    """Buffers that are part of ``state_dict`` (non-persistent ones are constants, not state), in
+    ``named_buffers`` order, read from each module's own table (building ``state_dict`` costs a
+    walk of every module and a dict per module, on every state hash)."""
+    out: dict[str, Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):  # as state_dict walks
+        skip = module._non_persistent_buffers_set
+        for name, t in module._buffers.items():
+            if t is not None and name not in skip:
+                out[f"{prefix}.{name}" if prefix else name] = t
+    return out
+
+
+def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state."""
+    return _optimizer_tensors(state, _param_names(state.model))
+
+
+def _optimizer_tensors(state: TrainState, names: dict[int, str]) -> dict[str, Tensor]:
+    """:func:`optimizer_state_tensors` with the parameters' names (by ``id``) already known."""
+    out: dict[str, Tensor] = {}
+    for p, entries in state.optimizer.state.items():
+        pname = names.get(id(p))
+        if pname is None:
+            raise TrainingError("optimizer holds state for a tensor that is not a model parameter")
+        for key, value in entries.items():
+            if value is None:
+                continue  # SGD without momentum keeps momentum_buffer = None
+            if not isinstance(value, Tensor):
+                raise TrainingError(
+                    f"optimizer state {pname}/{key} is a {type(value).__name__}, not a tensor"
+                )
+            out[f"optim/{pname}/{key}"] = value
+    return out
+
+
+def _module_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``named_parameters()`` and :func:`persistent_buffers` in one walk of the modules, with no
+    generator a level and no Python ``Tensor.__hash__`` a parameter (``named_parameters`` spends
+    85 us a gpt-shakespeare step on those). The walk is ``named_modules(remove_duplicate=False)``'s:
+    depth first, children in order, a shared module under each of its names (its buffers so, as
+    ``state_dict`` has them); a parameter is named where first met, as ``named_parameters`` does
+    (it skips a module met before, whose parameters were all met with it)."""
+    params: dict[str, Tensor] = {}
+    buffers: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        dot = f"{prefix}." if prefix else ""
+        for name, p in module._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                params[dot + name] = p
+        skip = module._non_persistent_buffers_set
+        for name, b in module._buffers.items():
+            if b is not None and name not in skip:
+                buffers[dot + name] = b
+        stack.extend(reversed([(dot + name, m) for name, m in module._modules.items() if m is not None]))
+    return params, buffers
+
+
+def state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """Every tensor of the state by canonical name, sorted."""
+    out: dict[str, Tensor] = {}
+    names: dict[int, str] = {}
+    params, buffers = _module_tensors(state.model)
+    for name, p in params.items():
+        out[f"param/{name}"] = p
+        names[id(p)] = name
+    for name, b in buffers.items():
+        out[f"buffer/{name}"] = b
+    out.update(_optimizer_tensors(state, names))
+    return dict(sorted(out.items()))
+
+
+def float_state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """The float64 tensors of the state (those that must lie on the grid)."""
+    return {n: t for n, t in state_tensors(state).items() if t.dtype == torch.float64}
+
+
+def check_on_grid(state: TrainState, bits: int) -> None:
+    """Raise OffGridError naming the first float64 state tensor that is not on the ``bits`` grid."""
+    for name, t in float_state_tensors(state).items():
+        if not rounding.is_on_grid(t.detach(), bits):
+            raise OffGridError(f"state tensor {name} (step {state.step}) is not on the {bits}-bit grid")
+
+
+def move_state(state: TrainState, device: str | torch.device) -> None:
+    """Move model and optimizer state to ``device`` in place (0-dim float32 step counters stay put)."""
+    dev = torch.device(device)
+    state.model.to(dev)
+    for entries in state.optimizer.state.values():
+        for key, value in entries.items():
+            if isinstance(value, Tensor) and not (value.dim() == 0 and value.dtype == torch.float32):
+                entries[key] = value.to(dev)
+
+
+def snapshot(state: TrainState) -> Callable[[], None]:
+    """Copy the state's tensors where they live; the returned function puts the copy back.
+
+    For a step that must run again from where it started (a CUDA step whose deferred checks failed,
+    :class:`game.training.engine.step.StepEngine`): parameters and buffers are written back in place (the
+    model keeps its tensors), the optimizer's state is replaced (a first step creates it).
+    """
+    live = [*state.model.parameters(), *state.model.buffers()]
+    saved = [t.detach().clone() for t in live]
+    optimizer = state.optimizer
+    kept = {
+        p: {k: v.detach().clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in s.items()}
+        for p, s in optimizer.state.items()
+    }
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(live, saved, strict=True):
+                t.copy_(s)
+        optimizer.state.clear()
+        optimizer.state.update(kept)
+
+    return restore
+
+
+__all__ = [
+    "OffGridError",
+    "Precision",
+    "TrainState",
+    "check_on_grid",
+    "float_state_tensors",
+    "move_state",
+    "optimizer_state_tensors",
+    "persistent_buffers",
+    "snapshot",
+    "state_tensors",
+]
