@@ -24,7 +24,7 @@ from game.fsio import atomic_write
 from game.training.leafhash import leaf_of
 
 if TYPE_CHECKING:
-    from game.chain.backends import Chain
+    from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Task, TxReceipt
     from game.store import BlobStore, ByteProgress

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from game.agents import AgentAction
-    from game.chain.backends import Chain
+    from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Game, Task
     from game.tasks import TaskTerms

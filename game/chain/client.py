@@ -25,10 +25,11 @@ from web3 import Web3
 from game.chain import errors as E
 from game.chain.address import checked_address
 from game.chain.artifacts import GAME_CONTRACT, abi_types, load_artifact
-from game.chain.backends import Chain, Reverted
-from game.chain.events import ContractEvent, EventDecoder, EventPoller, get_events
+from game.chain.base import Chain
+from game.chain.errors import Reverted
+from game.chain.events import EventDecoder, EventPoller, get_events
 from game.chain.tx import GasPolicy, TxSender
-from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.chain.types import ContractEvent, Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import ContractGone
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 

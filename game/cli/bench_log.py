@@ -22,7 +22,7 @@ from game.errors import VGameError
 
 
 def _parse_bits(text: str) -> list[int]:
-    from game.training.logsize import check_bits
+    from game.bench.logsize import check_bits
 
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -45,7 +45,7 @@ def log_size(
     json_out: JsonOpt = False,
 ) -> None:
     """Record steps at each grid width; report the log per step, bits per value and noisy corrections."""
-    from game.training.logsize import measure_log_size, report_dict
+    from game.bench.logsize import measure_log_size, report_dict
 
     widths = _parse_bits(bits)
     try:

@@ -27,7 +27,7 @@ def plot(
     json_out: JsonOpt = False,
 ) -> None:
     """Draw overhead ratios and log bits per value, with the paper's figures and the targets."""
-    from game.benchplot import plot_benchmarks, read_log, read_overhead
+    from game.bench.plot import plot_benchmarks, read_log, read_overhead
 
     overhead_files, log_files = overhead or [], log or []
     if not overhead_files and not log_files:

@@ -28,9 +28,9 @@ def replication(
     json_out: JsonOpt = False,
 ) -> None:
     """Train on every profile and audit every ordered pair of distinct profiles; exit 1 on any mismatch."""
+    from game.bench.replication import replication_matrix
     from game.training.config import TaskConfig
     from game.training.profiles import available_profiles
-    from game.training.replication import replication_matrix
 
     try:
         names = [p.strip() for p in profiles.split(",") if p.strip()] or [

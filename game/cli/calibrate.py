@@ -52,7 +52,7 @@ def calibrate_cmd(
     """Measure how far each rounded op's float64 results lie apart across profiles; write the bands.
 
     Give --model and --batch-size as the task will train, so the bands are measured at its size."""
-    from game.training.calibrate import calibrate
+    from game.bench.calibrate import calibrate
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if len(names) < 2:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from game.bench.calibrate import OpStats, calibrate
 from game.errors import ConfigError
 from game.training.bands import (
     Band,
@@ -16,7 +17,6 @@ from game.training.bands import (
     loads_bands_file,
     preset_bands,
 )
-from game.training.calibrate import OpStats, calibrate
 from game.training.config import PRESET_NAMES, TaskConfig, load_config
 from game.training.profiles import get_profile
 from game.training.step import StepEngine

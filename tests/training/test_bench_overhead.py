@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from game.bench.logsize import check_bits, measure_log_size
+from game.bench.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
 from game.errors import ConfigError, TrainingError
 from game.training.bands import Band, BandTable
 from game.training.config import TaskConfig
-from game.training.logsize import check_bits, measure_log_size
-from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
 from game.training.profiles import get_profile
 from game.training.roundlog import BLOCK_BYTES, BLOCK_TRITS, StepLog, packed_size
 from game.training.state import state_hash
