@@ -37,7 +37,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
-from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
+from game.store.archive import fetch_directory
+from game.store.blobs import BlobNotFound, BlobStore
+from game.store.sealing import StoreError
 from game.training.auditprogress import DEFAULT_EVERY_S
 from game.training.leafhash import leaf_of
 from game.training.transcript import Transcript

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Task, TxReceipt
-    from game.store import BlobStore, ByteProgress
+    from game.store.blobs import BlobStore
+    from game.store.sealing import ByteProgress
 
 log = logging.getLogger(__name__)
 #: One INFO record per action an agent takes. ``vgame node`` prints each action itself (a line, or

@@ -25,7 +25,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Task, TaskStatus
 from game.errors import DeliveryError, TranscriptError
 from game.fsio import atomic_write
-from game.store import BlobStore, SealedArchive, StoreError
+from game.store.archive import SealedArchive
+from game.store.blobs import BlobStore
+from game.store.sealing import StoreError
 from game.training.config import TaskConfig
 from game.training.leafhash import leaf_of
 from game.training.transcript import CHECKPOINT_DIR_NAME, MANIFEST_NAME, Manifest, checkpoint_name

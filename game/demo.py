@@ -326,7 +326,8 @@ class _Run:
         from game.chain.client import VerificationGameClient
         from game.chain.deploy import deploy
         from game.judge import Judge
-        from game.store import BlobStore, new_key
+        from game.store.blobs import BlobStore
+        from game.store.keys import new_key
         from game.tasks import post_task
         from trainer_node.agent import TrainerAgent
 

@@ -29,7 +29,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Phase, Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError
 from game.merkle import MerkleTree
-from game.store import BlobStore, StoreError, publish_directory
+from game.store.archive import publish_directory
+from game.store.blobs import BlobStore
+from game.store.sealing import StoreError
 from game.training.config import TaskConfig
 from game.training.session import Deviation, train
 from game.training.transcript import MANIFEST_NAME, Transcript, read_manifest, steps_on_disk

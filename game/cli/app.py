@@ -263,7 +263,7 @@ def read_data_key(value: str, option: str = "--data-key") -> bytes:
     nothing away, the key itself can be read by every user of the machine while a node runs."""
     from eth_utils import is_hex
 
-    from game.store import parse_key
+    from game.store.keys import parse_key
 
     path = Path(value).expanduser()
     if path.is_file():

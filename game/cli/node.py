@@ -146,7 +146,7 @@ def node_cmd(
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
     from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
 
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from game.agents import AgentAction, drive
-from game.store import BlobStore, new_key
+from game.store.blobs import BlobStore
+from game.store.keys import new_key
 from game.training.auditprogress import DEFAULT_EVERY_S
 from game.training.config import TaskConfig
 from game.training.session import Deviation

@@ -119,7 +119,7 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
 
     from auditor_node.agent import AuditorAgent
     from game.agents import AgentError, NotThereYet
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
     from tests.agents.conftest import AUDITOR_PROFILE
 
     cfg = small_config(steps=3)
@@ -148,7 +148,7 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
     transcript is paid, and the auditor says so once it can no longer challenge."""
     from auditor_node.agent import AuditorAgent
     from game.agents import AgentError, NotThereYet
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
     from tests.agents.conftest import AUDITOR_PROFILE
 
     cfg = small_config(steps=3)

@@ -18,7 +18,8 @@ from game.chain.types import TaskStatus
 from game.cli import _register
 from game.cli.app import app
 from game.errors import ConfigError
-from game.store import StoreError, new_key
+from game.store.keys import new_key
+from game.store.sealing import StoreError
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
 from game.training.config import TaskConfig
 from tests.keycheck import assert_key_absent
