@@ -37,7 +37,7 @@ def _top(prof: cProfile.Profile, key: str, n: int) -> list[dict[str, Any]]:
 def main() -> None:
     import torch
 
-    from game.cli.app import parse_model_overrides, task_config
+    from game.cli.options import parse_model_overrides, task_config
     from game.training.leaves import LeafHasher
     from game.training.profiles import get_profile
     from game.training.session import initial_step, train_step

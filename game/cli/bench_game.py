@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
+from game.cli.app import bench_app, console, emit_json, err_console, fail
+from game.cli.options import JsonOpt
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast

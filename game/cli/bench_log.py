@@ -6,18 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from game.cli.app import (
-    BandsOpt,
-    BatchSizeOpt,
-    JsonOpt,
-    ModelOpt,
-    bench_app,
-    console,
-    emit_json,
-    fail,
-    parse_model_overrides,
-    task_config,
-)
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import BandsOpt, BatchSizeOpt, JsonOpt, ModelOpt, parse_model_overrides, task_config
 from game.errors import VGameError
 
 

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, fail
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import JsonOpt
 from game.errors import VGameError
 
 

@@ -8,16 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from game.cli.app import (
+from game.cli.app import app, console, emit_json, err_console
+from game.cli.options import (
     BatchSizeOpt,
     JsonOpt,
     ModelOpt,
-    app,
     check_out_file,
     check_profile,
-    console,
-    emit_json,
-    err_console,
     parse_model_overrides,
     task_config,
 )

@@ -18,20 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import (
-    DataKeyOpt,
-    FromBlockOpt,
-    JsonOpt,
-    app,
-    checked_first_block,
-    console,
-    emit_json,
-    err_console,
-    given_data_key,
-    read_data_key,
-    warn_data_key_in_argv,
-    warn_key_in_argv,
-)
+from game.cli.app import app, console, emit_json, err_console
+from game.cli.keys import given_data_key, read_data_key, warn_data_key_in_argv, warn_key_in_argv
+from game.cli.options import DataKeyOpt, FromBlockOpt, JsonOpt, checked_first_block
 from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:

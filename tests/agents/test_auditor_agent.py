@@ -97,7 +97,7 @@ def test_deviations_whose_chunk_does_not_fit_are_pinned(
 ) -> None:
     """An empty chunk at S (skip) or a tampered one: the auditor's leaves before S equal the trainer's,
     the step is pinned at S and the judge (replaying with the committed chunk) finds for the auditor."""
-    from game.deviations import SkipStep, TamperedLog
+    from game.strategies.trainers import SkipStep, TamperedLog
 
     cfg = small_config()
     step = 4

@@ -241,7 +241,7 @@ def test_bench_log_json_has_the_documented_keys() -> None:
 def test_model_overrides_parse_and_reach_the_config() -> None:
     import typer
 
-    from game.cli.app import parse_model_overrides
+    from game.cli.options import parse_model_overrides
 
     assert parse_model_overrides("n_layer=12, n_embd=768") == {"n_layer": 12, "n_embd": 768}
     assert parse_model_overrides(None) == {} and parse_model_overrides("") == {}

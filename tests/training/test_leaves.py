@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
+from game.strategies.trainers import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.training import state as state_mod
 from game.training.config import TaskConfig
 from game.training.leaves import LeafHasher
