@@ -7,16 +7,21 @@ root, leaf count), replays it on the auditor's own profile with the trainer's ro
 runs a step without corrections when the trainer's chunk no longer fits) and keeps its own leaves
 in ``workdir/task-<id>/auditor.json``. Bisection answers come from those leaves; the game id is found again
 from ``Challenged`` events, so nothing is sent twice after a crash.
+
+Where an auditor has a choice (challenge or not, agree or not, answer at all) it asks its
+:class:`AuditorStrategy`: :class:`HonestAuditor` unless it is handed another (the dishonest ones of
+the demo and the tests are in ``game.strategies``, which this module never imports).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from game.agents import (
     ActionSink,
@@ -37,7 +42,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol import decide_challenge, decide_response
-from game.store import BlobNotFound, BlobStore, StoreError, fetch_directory
+from game.store.archive import fetch_directory
+from game.store.blobs import BlobNotFound, BlobStore
+from game.store.sealing import StoreError
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.state.leafhash import leaf_of
 from game.training.transcript.reader import Transcript
@@ -50,11 +57,46 @@ TRANSCRIPT_DIR = "transcript"
 REPLAY_PROGRESS_DIR = "replay-progress"
 #: Seconds of replay between two looks at its pace against the challenge window.
 PACE_CHECK_S = 60.0
-STRATEGIES = ("honest", "lying", "silent-after-challenge")
+
+
+class AuditorStrategy(Protocol):
+    """How an auditor plays where it has a choice; :class:`HonestAuditor` follows the rules."""
+
+    @property
+    def name(self) -> str:
+        """What the strategy is called (``honest``, ``lying``, ...)."""
+        ...
+
+    @property
+    def silent_once_challenged(self) -> bool:
+        """Whether it stops moving once its game is open: no answer, no evidence for the judge
+        (a timeout it can claim it still claims)."""
+        ...
+
+    def challenges(self, honest: bool) -> bool:
+        """Whether to challenge the task, given whether an honest auditor would."""
+        ...
+
+    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
+        """Agree (True) or not with the leaf the trainer revealed in ``game``."""
+        ...
+
+
+class HonestAuditor:
+    """The rules' auditor: challenges a run its replay disagrees with, answers from its own leaves."""
+
+    name = "honest"
+    silent_once_challenged = False
+
+    def challenges(self, honest: bool) -> bool:
+        return honest
+
+    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
+        return decide_response(game, own_leaves)
 
 
 class AuditorAgent(TaskAgent):
-    """One task's auditor; ``strategy`` picks honest play or a misbehaviour for demos and tests."""
+    """One task's auditor; ``strategy`` is honest play unless a misbehaviour is handed in (demos, tests)."""
 
     ACTOR = ACTOR
     STATE_NAME = "auditor.json"
@@ -68,21 +110,17 @@ class AuditorAgent(TaskAgent):
         workdir: Path,
         store: BlobStore,
         data_key: bytes,
-        strategy: str = "honest",
-        seed: int = 0,
+        strategy: AuditorStrategy | None = None,
         evidence_dir: Path | None = None,
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
         save_every_s: float = DEFAULT_EVERY_S,
     ) -> None:
-        if strategy not in STRATEGIES:
-            raise AgentError(f"auditor strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
         super().__init__(
             client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
             on_action=on_action, progress=progress,
         )  # fmt: skip
-        self.strategy = strategy
-        self.seed = seed
+        self.strategy: AuditorStrategy = strategy if strategy is not None else HonestAuditor()
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
         self.save_every_s = save_every_s  # wall time between two saves of the replay's progress
 
@@ -244,7 +282,7 @@ class AuditorAgent(TaskAgent):
     def _wants_challenge(self, task: Task) -> bool:
         leaves = self.leaves
         decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, leaves)
-        return decision.challenge or self.strategy != "honest"
+        return self.strategy.challenges(decision.challenge)
 
     def _dispute_init(self, task: Task) -> bool:
         decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, self.leaves)
@@ -289,12 +327,6 @@ class AuditorAgent(TaskAgent):
         )
 
     # --------------------------------------------------------------------------- play
-    def _answer(self, g: Game, gid: int) -> bool:
-        if self.strategy == "lying":
-            word = hashlib.sha256(f"vgame-lying-auditor:{self.seed}:{gid}:{g.lo}:{g.hi}".encode()).digest()
-            return bool(word[0] & 1)
-        return decide_response(g, self.leaves)
-
     def _play(self, gid: int, out: list[AgentAction]) -> None:
         g = self.client.game(gid)
         if g.phase == Phase.ENDED:
@@ -302,9 +334,9 @@ class AuditorAgent(TaskAgent):
         now = self.client.chain.now()
         deadline = self.client.deadline(gid)
         if g.phase == Phase.AWAITING_RESPONSE:
-            if self.strategy == "silent-after-challenge" or now + 1 > deadline:
+            if self.strategy.silent_once_challenged or now + 1 > deadline:
                 return
-            agree = self._answer(g, gid)
+            agree = self.strategy.answer(g, gid, self.leaves)
             try:
                 rec = self.client.respond(gid, agree)
             except VerificationGameError as exc:
@@ -325,7 +357,7 @@ class AuditorAgent(TaskAgent):
         elif g.phase == Phase.AWAITING_REVEAL and now >= deadline:
             self._timeout(gid, "trainer silent", out)
         elif g.phase == Phase.PINNED:
-            if self.strategy != "silent-after-challenge":
+            if not self.strategy.silent_once_challenged:
                 self._leave_evidence(gid, g, out)
             if now >= deadline:
                 self._timeout(gid, "judge silent: game void", out)
@@ -430,4 +462,4 @@ def _when(t: int, now: int) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))} (in {ahead // 3600}h {ahead % 3600 // 60}m)"
 
 
-__all__ = ["STRATEGIES", "AuditorAgent"]
+__all__ = ["AuditorAgent", "AuditorStrategy", "HonestAuditor"]

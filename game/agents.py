@@ -24,10 +24,11 @@ from game.fsio import atomic_write
 from game.training.state.leafhash import leaf_of
 
 if TYPE_CHECKING:
-    from game.chain.backends import Chain
+    from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Task, TxReceipt
-    from game.store import BlobStore, ByteProgress
+    from game.store.blobs import BlobStore
+    from game.store.sealing import ByteProgress
 
 log = logging.getLogger(__name__)
 #: One INFO record per action an agent takes. ``vgame node`` prints each action itself (a line, or

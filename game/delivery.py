@@ -25,7 +25,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Task, TaskStatus
 from game.errors import DeliveryError, TranscriptError
 from game.fsio import atomic_write
-from game.store import BlobStore, SealedArchive, StoreError
+from game.store.archive import SealedArchive
+from game.store.blobs import BlobStore
+from game.store.sealing import StoreError
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
 from game.training.transcript.manifest import Manifest

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from game.agents import AgentAction
-    from game.chain.backends import Chain
+    from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
     from game.chain.types import Game, Task
     from game.tasks import TaskTerms
@@ -326,7 +326,8 @@ class _Run:
         from game.chain.client import VerificationGameClient
         from game.chain.deploy import deploy
         from game.judge import Judge
-        from game.store import BlobStore, new_key
+        from game.store.blobs import BlobStore
+        from game.store.keys import new_key
         from game.tasks import post_task
         from trainer_node.agent import TrainerAgent
 
@@ -381,8 +382,7 @@ class _Run:
                 workdir=self.workdir / "auditor",
                 store=store,
                 data_key=data_key,
-                strategy=self.scenario.auditor_strategy,
-                seed=self.auditor_seed,
+                strategy=self.scenario.make_auditor(self.auditor_seed),
                 evidence_dir=evidence,
                 on_action=self.record,
                 progress=self.progress,

@@ -41,7 +41,9 @@ from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
 from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
-from game.store import BlobStore, SealedArchive, StoreError
+from game.store.archive import SealedArchive
+from game.store.blobs import BlobStore
+from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig

@@ -50,6 +50,13 @@ def main() -> None:
     from game.training.task.profiles import get_profile
     from game.training.transcript.reader import Transcript
     from game.training.transcript.writer import TranscriptWriter
+    from game.cli.options import parse_model_overrides, task_config
+    from game.training.state.leaves import LeafHasher
+    from game.training.task.profiles import get_profile
+    from game.training.engine.train import initial_step, train_step
+    from game.training.engine.step import StepEngine
+    from game.training.transcript.reader import Transcript
+    from game.training.transcript.writer import TranscriptWriter
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", required=True)

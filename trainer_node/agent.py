@@ -29,7 +29,9 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Phase, Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError
 from game.merkle import MerkleTree
-from game.store import BlobStore, StoreError, publish_directory
+from game.store.archive import publish_directory
+from game.store.blobs import BlobStore
+from game.store.sealing import StoreError
 from game.training.engine.train import Deviation, train
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME

@@ -17,9 +17,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Chain": "game.chain.backends",
+    "Chain": "game.chain.base",
     "connect": "game.chain.backends",
-    "TimeTravelUnsupported": "game.chain.backends",
+    "TimeTravelUnsupported": "game.chain.base",
     "deploy_contract": "game.chain.deploy",
     "VerificationGameClient": "game.chain.client",
     "ClientOptions": "game.chain.client",

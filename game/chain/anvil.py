@@ -26,7 +26,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from game.chain.backends import Chain
+from game.chain.base import Chain
 from game.errors import ChainError, ConfigError
 
 log = logging.getLogger(__name__)

@@ -16,19 +16,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from eth_abi import decode as abi_decode
-from eth_abi.exceptions import DecodingError
 from eth_account.signers.local import LocalAccount
-from hexbytes import HexBytes
 from web3 import Web3
 
 from game.chain import errors as E
 from game.chain.address import checked_address
-from game.chain.artifacts import GAME_CONTRACT, abi_types, load_artifact
-from game.chain.backends import Chain, Reverted
-from game.chain.events import ContractEvent, EventDecoder, EventPoller, get_events
+from game.chain.artifacts import GAME_CONTRACT, load_artifact
+from game.chain.base import Chain
+from game.chain.calls import call_view, send_function
+from game.chain.events import EventDecoder, EventPoller, get_events
 from game.chain.tx import GasPolicy, TxSender
-from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.chain.types import ContractEvent, Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import ContractGone
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 
@@ -388,33 +386,7 @@ class VerificationGameClient:
             raise E.ClockExpired(game_id, deadline)
 
     def _view(self, fn: str, *args: Any) -> tuple[Any, ...]:
-        data = self.contract.encode_abi(fn, list(args))
-        try:
-            raw = self.chain.call({"to": self.address, "data": data, "from": self.me})
-        except Reverted as rev:
-            raise E.decode_revert(rev.data) from None
-        entry = self.artifact.entry("function", fn)
-        types = [_out_type(o) for o in entry["outputs"]]
-        try:
-            return tuple(abi_decode(types, raw))
-        except DecodingError:  # an empty reply above all: the call reached an address with no code
-            raise self._gone(fn) from None
-
-    def _gone(self, fn: str) -> ContractGone:
-        """Why ``fn()``'s reply did not decode, as one clear error: a chain reset (anvil restarted)
-        leaves no code at the address, and the empty reply made every node die in an ``eth_abi``
-        traceback."""
-        where = f"{self.address} on {self.chain.describe()}"
-        if not self.chain.w3.eth.get_code(self.address):
-            return ContractGone(
-                f"the game contract is gone from {where}: there is no code at that address (the chain "
-                "was reset, e.g. a local anvil started afresh, or the address is wrong)"
-            )
-        return ContractGone(
-            f"the game contract is gone from {where}: what is there does not answer {fn}() as the game "
-            "does (the chain was reset and another contract deployed there, or the address is wrong)",
-            no_code=False,
-        )
+        return call_view(self.chain, self.contract, self.artifact, self.me, fn, *args)
 
     def _transact(
         self,
@@ -427,28 +399,10 @@ class VerificationGameClient:
     ) -> TxReceipt:
         if self.options.prechecks and check is not None:
             check()
-        data = self.contract.encode_abi(fn, args)
-        try:
-            sent = self.sender.send(
-                self.account, {"to": self.address, "data": data, "value": value}, gas=self.options.fixed_gas
-            )
-        except Reverted as rev:
-            raise E.decode_revert(rev.data) from None
-        rec = sent.receipt
-        events = self.events.decode_receipt(rec, self.address)
-        value_out: int | None = None
-        if result is not None:
-            ev = next((e for e in events if e.name == result[0]), None)
-            value_out = int(getattr(ev, result[1])) if ev is not None else None
-        out = TxReceipt(
-            function=fn,
-            tx_hash="0x" + HexBytes(rec["transactionHash"]).hex().removeprefix("0x"),
-            block_number=int(rec["blockNumber"]),
-            gas_used=int(rec["gasUsed"]),
-            gas_limit=sent.gas_limit,
-            events=events,
-            result=value_out,
-        )
+        out = send_function(
+            self.sender, self.account, self.contract, self.events, fn, args, value,
+            gas=self.options.fixed_gas, result=result,
+        )  # fmt: skip
         log.debug("%s(%s) by %s: gas %d", fn, args, self.me, out.gas_used)
         return out
 
@@ -493,10 +447,6 @@ def _proof_ok(root: bytes, index: int, size: int, leaf: bytes, siblings: list[by
     if not 0 <= index < size or len(siblings) > MAX_PROOF_LENGTH or len(leaf) != 32:
         return False
     return verify_proof(root, leaf, InclusionProof(index=index, size=size, siblings=tuple(siblings)))
-
-
-def _out_type(output: dict[str, Any]) -> str:
-    return abi_types({"name": "", "inputs": [output]})[0]
 
 
 _DECODER: EventDecoder | None = None

@@ -10,8 +10,8 @@ from hexbytes import HexBytes
 from web3 import Web3
 
 from game.chain.artifacts import GAME_CONTRACT, load_artifact
-from game.chain.backends import Chain, Reverted
-from game.chain.errors import decode_revert
+from game.chain.base import Chain
+from game.chain.errors import Reverted, decode_revert
 from game.chain.tx import GasPolicy, TxSender
 from game.errors import ChainError
 

@@ -17,7 +17,8 @@ from eth_tester import EthereumTester, PyEVMBackend
 from eth_tester.exceptions import TransactionFailed
 from web3 import EthereumTesterProvider, Web3
 
-from game.chain.backends import Chain, Reverted
+from game.chain.base import Chain
+from game.chain.errors import Reverted
 from game.errors import ChainError
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ whether the contract or the pre-check refused. Typed arguments are attributes in
 (``exc.game_id``, ``exc.phase``: enums decoded) and all of them are in ``exc.fields``. The message
 is that raw form, ``WrongTaskStatus(task_id=1, status=OPEN)``, for scripts and logs, then what the
 refusal means for a person (the class's ``explain``): the CLI and the nodes print it as it is.
+Backends and the sender raise the raw form first, :class:`Reverted` with the revert bytes.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -20,15 +20,46 @@ from eth_abi import decode as abi_decode
 from eth_utils import to_checksum_address
 
 from game.chain.artifacts import Artifact, abi_selector, abi_types, load_artifact
-from game.chain.types import ENUMS, Outcome, Phase, TaskStatus
-from game.errors import VerificationGameError
-
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+from game.chain.types import ENUMS, Outcome, Phase, TaskStatus, snake
+from game.errors import ChainError, VerificationGameError
 
 
-def snake(name: str) -> str:
-    """``taskId`` -> ``task_id`` (the Python spelling of a Solidity name)."""
-    return _CAMEL.sub("_", name).lower()
+class Reverted(ChainError):
+    """A call or gas estimate reverted; ``data`` holds the raw revert bytes for decoding.
+
+    Backends raise this low-level form; :func:`decode_revert` below turns it into the contract's
+    own error class.
+    """
+
+    def __init__(self, data: bytes, message: str = "") -> None:
+        super().__init__(message or f"execution reverted (data 0x{data.hex()})")
+        self.data = data
+
+
+def revert_data_of(exc: BaseException) -> bytes | None:
+    """Raw revert bytes from whatever shape a web3 provider used to report a revert."""
+    candidates: list[Any] = []
+    data = getattr(exc, "data", None)
+    candidates.append(data)
+    rpc = getattr(exc, "rpc_response", None)
+    if isinstance(rpc, dict):
+        err = rpc.get("error")
+        if isinstance(err, dict):
+            candidates.append(err.get("data"))
+    for arg in getattr(exc, "args", ()):
+        if isinstance(arg, dict):
+            candidates.append(arg.get("data"))
+    for cand in candidates:
+        if isinstance(cand, dict):
+            cand = cand.get("data")
+        if isinstance(cand, bytes | bytearray):
+            return bytes(cand)
+        if isinstance(cand, str) and cand.startswith("0x"):
+            try:
+                return bytes.fromhex(cand[2:])
+            except ValueError:
+                continue
+    return None
 
 
 class ContractError(VerificationGameError):

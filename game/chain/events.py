@@ -21,34 +21,11 @@ from hexbytes import HexBytes
 from web3.exceptions import Web3RPCError
 
 from game.chain.artifacts import Artifact, abi_types, load_artifact
-from game.chain.backends import Chain
-from game.chain.errors import snake
-from game.chain.types import ENUMS, EndReason, Outcome
+from game.chain.base import Chain
+from game.chain.types import ENUMS, ContractEvent, EndReason, Outcome, snake
 from game.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContractEvent:
-    """Where an event happened; subclasses add the event's own fields in ABI order."""
-
-    block_number: int = 0
-    tx_hash: str = ""
-    log_index: int = 0
-    address: str = ""
-
-    #: Solidity parameter names that are ``indexed`` (snake_case)
-    indexed: ClassVar[tuple[str, ...]] = ()
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-    def args(self) -> dict[str, Any]:
-        """The event's own fields (not its location)."""
-        skip = {f.name for f in fields(ContractEvent)}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from web3 import HTTPProvider, Web3
 from web3.providers import JSONBaseProvider
 from web3.types import RPCEndpoint, RPCResponse
 
-from game.chain.backends import Chain
+from game.chain.base import Chain
 from game.errors import ChainError, ConfigError, NodeUnreachable
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from eth_account.signers.local import LocalAccount
@@ -25,7 +25,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import TimeExhausted, TransactionNotFound, Web3RPCError
 
-from game.chain.backends import Chain, Reverted
+from game.chain.errors import Reverted
 from game.errors import ChainError, InsufficientFunds
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,28 @@ _UNDERPRICED = (
     "price is too low",
     "below configured minimum",
 )
+
+
+class Chain(Protocol):
+    """What a sender needs of a chain; every :class:`game.chain.base.Chain` is one.
+
+    A protocol rather than the base class: the base class's ``fund`` sends with a
+    :class:`TxSender`, so this module cannot import it back.
+    """
+
+    @property
+    def w3(self) -> Web3: ...
+
+    @property
+    def chain_id(self) -> int: ...
+
+    def nonce(self, address: str) -> int: ...
+
+    def balance(self, address: str) -> int: ...
+
+    def estimate_gas(self, tx: dict[str, Any]) -> int: ...
+
+    def call(self, tx: dict[str, Any], block: int | str = "latest") -> bytes: ...
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,20 @@ Field names are the Solidity names in snake_case; ``docs/contract.md`` is the re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from eth_utils import to_checksum_address
 
-if TYPE_CHECKING:
-    from game.chain.events import ContractEvent
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def snake(name: str) -> str:
+    """``taskId`` -> ``task_id`` (the Python spelling of a Solidity name)."""
+    return _CAMEL.sub("_", name).lower()
 
 
 class TaskStatus(IntEnum):
@@ -146,6 +151,28 @@ class Game:
         """The disputed step once pinned (also after a ruling or a judge timeout), else None."""
         was_pinned = self.phase == Phase.PINNED or self.reason in (EndReason.RULING, EndReason.JUDGE_TIMEOUT)
         return self.hi if was_pinned else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContractEvent:
+    """Where an event happened; subclasses add the event's own fields in ABI order."""
+
+    block_number: int = 0
+    tx_hash: str = ""
+    log_index: int = 0
+    address: str = ""
+
+    #: Solidity parameter names that are ``indexed`` (snake_case)
+    indexed: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def args(self) -> dict[str, Any]:
+        """The event's own fields (not its location)."""
+        skip = {f.name for f in fields(ContractEvent)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
+from game.cli.app import bench_app, console, emit_json, err_console, fail
 from game.cli.bench_game import parse_leaves
+from game.cli.options import JsonOpt
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
-    from game.chain.gasbench import GasReport
+    from game.bench.gas import GasReport
 
 
 @bench_app.command("gas")
@@ -23,8 +24,8 @@ def gas(
     json_out: JsonOpt = False,
 ) -> None:
     """Deploy the game, call every function once and play whole disputes; report the gas."""
+    from game.bench.gas import measure
     from game.chain.backends import connect
-    from game.chain.gasbench import measure
 
     log2_sizes = parse_leaves([sizes], "--sizes")
     try:
@@ -47,7 +48,7 @@ def gas(
 def _print_tables(report: GasReport) -> None:
     from rich.table import Table
 
-    from game.chain.gasbench import targets_met
+    from game.bench.gas import targets_met
 
     sizes = report.sizes
     heads = [f"N = 2^{s.log2_leaves}" for s in sizes]

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, err_console, fail
+from game.cli.app import bench_app, console, emit_json, err_console, fail
+from game.cli.options import JsonOpt
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
-    from game.chain.gamebench import ChainGameReport
+    from game.bench.dispute import ChainGameReport
 
 CHAINS = {"embedded": ("embedded",), "anvil": ("anvil",), "both": ("embedded", "anvil")}
 DEFAULT_LEAVES = (10, 20)
@@ -65,8 +66,8 @@ def game(
     json_out: JsonOpt = False,
 ) -> None:
     """Play whole disputes (challenge, bisection, ruling); report transactions, gas and wall time."""
+    from game.bench.dispute import TreeCache, bench_document, measure_game
     from game.chain.backends import connect
-    from game.chain.gamebench import TreeCache, bench_document, measure_game
 
     if chain not in CHAINS:
         raise typer.BadParameter(f"--chain must be one of {', '.join(CHAINS)}, not {chain!r}")
@@ -101,8 +102,8 @@ def game(
 def _print(reports: list[ChainGameReport]) -> None:
     from rich.table import Table
 
-    from game.chain.gamebench import DISPUTE_TARGET_LOG2_LEAVES
-    from game.chain.gasbench import DISPUTE_GAS_TARGET, MOVE_GAS_TARGET
+    from game.bench.dispute import DISPUTE_TARGET_LOG2_LEAVES
+    from game.bench.gas import DISPUTE_GAS_TARGET, MOVE_GAS_TARGET
 
     def mark(ok: bool) -> str:
         return "[green]reached[/]" if ok else "[red]not reached[/]"

@@ -6,23 +6,13 @@ from typing import Annotated, Any
 
 import typer
 
-from game.cli.app import (
-    BandsOpt,
-    BatchSizeOpt,
-    JsonOpt,
-    ModelOpt,
-    bench_app,
-    console,
-    emit_json,
-    fail,
-    parse_model_overrides,
-    task_config,
-)
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import BandsOpt, BatchSizeOpt, JsonOpt, ModelOpt, parse_model_overrides, task_config
 from game.errors import VGameError
 
 
 def _parse_bits(text: str) -> list[int]:
-    from game.training.logsize import check_bits
+    from game.bench.logsize import check_bits
 
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -45,7 +35,7 @@ def log_size(
     json_out: JsonOpt = False,
 ) -> None:
     """Record steps at each grid width; report the log per step, bits per value and noisy corrections."""
-    from game.training.logsize import measure_log_size, report_dict
+    from game.bench.logsize import measure_log_size, report_dict
 
     widths = _parse_bits(bits)
     try:

@@ -6,22 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from game.cli.app import (
-    BandsOpt,
-    BatchSizeOpt,
-    JsonOpt,
-    ModelOpt,
-    bench_app,
-    console,
-    emit_json,
-    fail,
-    parse_model_overrides,
-    task_config,
-)
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import BandsOpt, BatchSizeOpt, JsonOpt, ModelOpt, parse_model_overrides, task_config
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # torch loads only when the command runs
-    from game.training.overhead import OverheadReport
+    from game.bench.overhead import OverheadReport
 
 
 @bench_app.command("overhead")
@@ -57,7 +47,7 @@ def overhead(
     json_out: JsonOpt = False,
 ) -> None:
     """Time plain fp32, plain fp64, the trainer and the auditor side by side; report medians and ratios."""
-    from game.training.overhead import measure_overhead
+    from game.bench.overhead import measure_overhead
 
     try:
         cfg = task_config(

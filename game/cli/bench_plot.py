@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, console, emit_json, fail
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import JsonOpt
 from game.errors import VGameError
 
 
@@ -27,7 +28,7 @@ def plot(
     json_out: JsonOpt = False,
 ) -> None:
     """Draw overhead ratios and log bits per value, with the paper's figures and the targets."""
-    from game.benchplot import plot_benchmarks, read_log, read_overhead
+    from game.bench.plot import plot_benchmarks, read_log, read_overhead
 
     overhead_files, log_files = overhead or [], log or []
     if not overhead_files and not log_files:

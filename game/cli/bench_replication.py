@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from game.cli.app import JsonOpt, bench_app, check_profile, console, emit_json, fail
+from game.cli.app import bench_app, console, emit_json, fail
+from game.cli.options import JsonOpt, check_profile
 from game.errors import VGameError
 
 
@@ -28,7 +29,7 @@ def replication(
     json_out: JsonOpt = False,
 ) -> None:
     """Train on every profile and audit every ordered pair of distinct profiles; exit 1 on any mismatch."""
-    from game.training.replication import replication_matrix
+    from game.bench.replication import replication_matrix
     from game.training.task.config import TaskConfig
     from game.training.task.profiles import available_profiles
 

@@ -8,16 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from game.cli.app import (
+from game.cli.app import app, console, emit_json, err_console
+from game.cli.options import (
     BatchSizeOpt,
     JsonOpt,
     ModelOpt,
-    app,
     check_out_file,
     check_profile,
-    console,
-    emit_json,
-    err_console,
     parse_model_overrides,
     task_config,
 )
@@ -52,7 +49,7 @@ def calibrate_cmd(
     """Measure how far each rounded op's float64 results lie apart across profiles; write the bands.
 
     Give --model and --batch-size as the task will train, so the bands are measured at its size."""
-    from game.training.calibrate import calibrate
+    from game.bench.calibrate import calibrate
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if len(names) < 2:

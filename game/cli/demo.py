@@ -16,7 +16,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from game.cli.app import app, check_profile, console, emit_json, warn_key_in_argv
+from game.cli.app import app, console, emit_json
+from game.cli.keys import warn_key_in_argv
+from game.cli.options import check_profile
 from game.scenarios import SCENARIOS
 
 if TYPE_CHECKING:

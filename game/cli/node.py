@@ -22,20 +22,9 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from game.cli.app import (
-    DataKeyOpt,
-    FromBlockOpt,
-    app,
-    check_profile,
-    checked_first_block,
-    console,
-    err_console,
-    given_data_key,
-    interrupts,
-    progress_bar,
-    warn_data_key_in_argv,
-    warn_key_in_argv,
-)
+from game.cli.app import app, console, err_console, interrupts, progress_bar
+from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_argv
+from game.cli.options import DataKeyOpt, FromBlockOpt, check_profile, checked_first_block
 from game.errors import ChainError, ConfigError, ContractGone
 from game.fsio import exclusive_directory
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
@@ -146,7 +135,7 @@ def node_cmd(
     """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
     from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
 
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
@@ -185,6 +174,7 @@ def node_cmd(
         )
     elif role == Role.auditor:
         from auditor_node.agent import AuditorAgent
+        from game.strategies.auditors import auditor_strategy
 
         agent = AuditorAgent(
             client,
@@ -193,8 +183,7 @@ def node_cmd(
             workdir=workdir,
             store=blobs,
             data_key=dkey,
-            strategy=strategy,
-            seed=seed,
+            strategy=auditor_strategy(strategy, seed),
             evidence_dir=evidence_dir,
             on_action=show,
             progress=bars,

@@ -18,20 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import (
-    DataKeyOpt,
-    FromBlockOpt,
-    JsonOpt,
-    app,
-    checked_first_block,
-    console,
-    emit_json,
-    err_console,
-    given_data_key,
-    read_data_key,
-    warn_data_key_in_argv,
-    warn_key_in_argv,
-)
+from game.cli.app import app, console, emit_json, err_console
+from game.cli.keys import given_data_key, read_data_key, warn_data_key_in_argv, warn_key_in_argv
+from game.cli.options import DataKeyOpt, FromBlockOpt, JsonOpt, checked_first_block
 from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:
@@ -156,7 +145,7 @@ def keygen_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Make a fresh 256-bit data key: hand it to the trainer, auditor and judge, never on-chain."""
-    from game.store import key_fingerprint, new_key
+    from game.store.keys import key_fingerprint, new_key
 
     if out is None:  # no command prints a data key: scrollback and logs keep it, a pipe loses it
         raise ConfigError("pass --out FILE: the key is written there (mode 600), never printed")
@@ -252,7 +241,7 @@ def create_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
-    from game.store import key_fingerprint, new_key
+    from game.store.keys import key_fingerprint, new_key
     from game.tasks import TaskTerms, post_task
     from game.training.task.config import load_config
 
@@ -421,7 +410,7 @@ def model_cmd(
     ``--accept-unsettled``), so a script that ships the file only on success never ships a model
     that can still be shown wrong."""
     from game.delivery import fetch_model
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
 
     dkey = given_data_key(data_key)
     warn_data_key_in_argv(data_key, chain)

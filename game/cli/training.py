@@ -18,17 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import (
-    BandsOpt,
-    JsonOpt,
-    app,
-    check_profile,
-    console,
-    emit_json,
-    interrupts,
-    progress_bar,
-    task_config,
-)
+from game.cli.app import app, console, emit_json, interrupts, progress_bar
+from game.cli.options import BandsOpt, JsonOpt, check_profile, task_config
 from game.errors import ConfigError
 from game.fsio import exclusive_directory
 from game.training.engine.auditprogress import DEFAULT_EVERY_S

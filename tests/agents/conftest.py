@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from game.agents import AgentAction, drive
-from game.store import BlobStore, new_key
+from game.store.blobs import BlobStore
+from game.store.keys import new_key
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.engine.train import Deviation
 from game.training.task.config import TaskConfig
@@ -143,6 +144,7 @@ def make_agents(
     ) -> Agents:
         from auditor_node.agent import AuditorAgent
         from game.judge import Judge
+        from game.strategies.auditors import auditor_strategy
         from trainer_node.agent import TrainerAgent
 
         log: list[AgentAction] = actions if actions is not None else []
@@ -173,8 +175,7 @@ def make_agents(
             workdir=root / "auditor",
             store=store,
             data_key=data_key,
-            strategy=strategy,
-            seed=seed,
+            strategy=auditor_strategy(strategy, seed),
             evidence_dir=ev,
             on_action=sink,
             progress=progress,

@@ -97,7 +97,7 @@ def test_deviations_whose_chunk_does_not_fit_are_pinned(
 ) -> None:
     """An empty chunk at S (skip) or a tampered one: the auditor's leaves before S equal the trainer's,
     the step is pinned at S and the judge (replaying with the committed chunk) finds for the auditor."""
-    from game.deviations import SkipStep, TamperedLog
+    from game.strategies.trainers import SkipStep, TamperedLog
 
     cfg = small_config()
     step = 4
@@ -119,7 +119,7 @@ def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
 
     from auditor_node.agent import AuditorAgent
     from game.agents import AgentError, NotThereYet
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
     from tests.agents.conftest import AUDITOR_PROFILE
 
     cfg = small_config(steps=3)
@@ -148,7 +148,7 @@ def test_transcriptNeverPublished_stopsTheAuditorOnceTheWindowCloses_sayingNothi
     transcript is paid, and the auditor says so once it can no longer challenge."""
     from auditor_node.agent import AuditorAgent
     from game.agents import AgentError, NotThereYet
-    from game.store import BlobStore
+    from game.store.blobs import BlobStore
     from tests.agents.conftest import AUDITOR_PROFILE
 
     cfg = small_config(steps=3)

@@ -212,7 +212,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
 
     from game.chain.client import VerificationGameClient
     from game.chain.deploy import deploy
-    from game.store import new_key
+    from game.store.keys import new_key
 
     chain = anvil_chain
     address = deploy(chain, chain.account(0))

@@ -76,10 +76,10 @@ def test_theDemo_printsItsDataKeyNowhere(
     runner: CliRunner, monkeypatch: pytest.MonkeyPatch, as_json: bool
 ) -> None:
     """The demo makes a data key of its own for its task: it stays inside the process."""
-    import game.store
+    import game.store.keys
 
-    key = game.store.new_key()  # the one the demo will make
-    monkeypatch.setattr(game.store, "new_key", lambda: key)
+    key = game.store.keys.new_key()  # the one the demo will make
+    monkeypatch.setattr(game.store.keys, "new_key", lambda: key)
     res = runner.invoke(app, ["demo", "--scenario", "poison", *TINY, *(["--json"] if as_json else [])])
     assert res.exit_code == 0, res.output
     assert_key_absent(res.output + res.stderr, key)

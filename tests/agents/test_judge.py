@@ -19,7 +19,7 @@ from game.judge import (
     TranscriptEvidenceError,
 )
 from game.merkle import MerkleTree
-from game.store import BlobStore
+from game.store.blobs import BlobStore
 from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, games, small_config, withdrawn
 
@@ -215,10 +215,12 @@ def test_judge_decryptsAndWritesOnlyTheFilesItsStepNeeds(
     model's whole state (1.5 GB each at GPT-2 small). It now takes the manifest, the two hash
     files, the step's chunk and, to rebuild the pre-state, the nearest checkpoint before the step
     and the chunks from there, and decrypts only the segments those lie in."""
-    import game.store
-    from game.store import SealedFile
+    import game.store.archive
+    import game.store.sealing
+    from game.store.sealing import SealedFile
 
-    monkeypatch.setattr(game.store, "SEGMENT", 4096)  # sealing and reading: a transcript of many
+    monkeypatch.setattr(game.store.sealing, "SEGMENT", 4096)  # sealing and reading: a transcript of many
+    monkeypatch.setattr(game.store.archive, "SEGMENT", 4096)
     cfg = small_config(steps=12)  # checkpoints at 0, 4, 8 and 12
     task_id = post_task(cfg)
     agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, 7), use_evidence=False)

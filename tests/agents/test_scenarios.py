@@ -18,9 +18,10 @@ import torch
 
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
 from game.demo import DemoResult, expected_changes, run_scenario
-from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.errors import ConfigError
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
+from game.strategies.auditors import AUDITORS, auditor_strategy
+from game.strategies.trainers import DEVIATIONS, Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.training.engine.audit import audit
 from game.training.engine.train import train
 from game.training.task.config import TaskConfig
@@ -173,6 +174,21 @@ def test_registry_names_every_required_scenario() -> None:
     }
     for s in SCENARIOS.values():
         assert s.pins_step == (s.deviation is not None and s.ends_by == "ruling")
+
+
+def test_everyScenario_namesADeviationAndAnAuditorStrategyThatExist() -> None:
+    for s in SCENARIOS.values():
+        if s.deviation is not None:
+            assert s.deviation in DEVIATIONS
+        assert s.make_auditor(seed=1).name == s.auditor_strategy
+    assert AUDITORS.names() == ("honest", "lying", "silent-after-challenge")
+
+
+def test_unknown_auditor_strategy_is_a_clear_error() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^auditor strategy 'sly' is not one of honest, lying, silent-after-challenge$"
+    ):
+        auditor_strategy("sly")
 
 
 def test_unknown_scenario_is_a_clear_error() -> None:

@@ -18,7 +18,8 @@ from game.chain.types import TaskStatus
 from game.cli import _register
 from game.cli.app import app
 from game.errors import ConfigError
-from game.store import StoreError, new_key
+from game.store.keys import new_key
+from game.store.sealing import StoreError
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
 from game.training.task.config import TaskConfig
 from tests.keycheck import assert_key_absent
@@ -121,7 +122,7 @@ def test_keygen_writesAPrivateKey_andPrintsItNowhere(runner: CliRunner, tmp_path
 
 
 def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from game.cli.app import read_data_key
+    from game.cli.keys import read_data_key
 
     key = new_key()
     (tmp_path / "data.key").write_text(key.hex() + "\n")
@@ -151,7 +152,7 @@ def test_dataKey_isTakenFromItsFile_orAsHex(tmp_path: Path, capsys: pytest.Captu
 def test_aRawDataKeyInArgv_isWarnedAbout(
     chain: str, warned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from game.cli.app import warn_data_key_in_argv
+    from game.cli.keys import warn_data_key_in_argv
 
     warn_data_key_in_argv("cd" * 32, chain)
     said = " ".join(capsys.readouterr().err.split())
@@ -386,7 +387,7 @@ def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:
 def test_aRawKeyInArgvForAChainOffThisMachine_isWarnedAbout(
     chain: str, warned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from game.cli.app import warn_key_in_argv
+    from game.cli.keys import warn_key_in_argv
 
     warn_key_in_argv("0x" + "ab" * 32, chain)
     said = capsys.readouterr().err

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from game.chain.anvil import find_anvil
-from game.chain.backends import Chain, connect
+from game.chain.backends import connect
+from game.chain.base import Chain
 from game.errors import ConfigError
 from tests.contracts.driver import Env, ErrorTable, artifact
 

@@ -2,7 +2,7 @@
 
 Deliberately independent of ``game.chain``'s client and error decoder: these tests check the
 contract against its ABI and ``docs/contract.md``, so they decode reverts and events themselves.
-Only the chain backends (``game.chain.backends``) are shared, for time travel and snapshots.
+Only the chain backends (``game.chain.base``, ``game.chain.backends``) are shared, for time travel and snapshots.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from web3.contract import Contract
 from web3.exceptions import ContractLogicError, Web3RPCError
 from web3.logs import DISCARD
 
-from game.chain.backends import Chain, Reverted, revert_data_of
+from game.chain.base import Chain
+from game.chain.errors import Reverted, revert_data_of
 from game.merkle import MerkleTree
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "game" / "chain" / "artifacts"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from game.chain.gamebench import GameSizeResult, bench_document, measure_game
-from game.chain.gasbench import DISPUTE_GAS_TARGET, MOVE_GAS_TARGET
+from game.bench.dispute import GameSizeResult, bench_document, measure_game
+from game.bench.gas import DISPUTE_GAS_TARGET, MOVE_GAS_TARGET
 from game.errors import ConfigError
 
 SIZE_KEYS = {

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from game.benchplot import (
+from game.bench.plot import (
     DPI,
     BenchFileError,
     _draw_overhead,

@@ -13,7 +13,8 @@ import pytest
 from eth_account import Account
 
 from game.chain.anvil import AnvilChain, find_anvil
-from game.chain.backends import TimeTravelUnsupported, connect
+from game.chain.backends import connect
+from game.chain.base import TimeTravelUnsupported
 from game.chain.deploy import deploy
 from game.chain.embedded import EMBEDDED_BALANCE_ETH
 from game.chain.rpc import RpcChain, load_account
@@ -251,7 +252,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_chainPackage_importsNoTorch() -> None:
     code = (
         "import sys\n"
-        "import game.chain.client, game.chain.gasbench, game.chain.anvil, game.chain.rpc, game.chain.embedded\n"
+        "import game.chain.client, game.bench.gas, game.chain.anvil, game.chain.rpc, game.chain.embedded\n"
         "import game.merkle\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from game.chain.gasbench import measure
+from game.bench.gas import measure
 
 FUNCTIONS = {
     "deploy",

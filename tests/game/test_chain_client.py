@@ -15,9 +15,8 @@ from game.chain import errors as E
 from game.chain.artifacts import load_artifact
 from game.chain.client import GameHandle
 from game.chain.deploy import deploy_contract
-from game.chain.errors import snake
-from game.chain.events import EVENT_CLASSES, ContractEvent, GameEnded, StepPinned
-from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
+from game.chain.events import EVENT_CLASSES, GameEnded, StepPinned
+from game.chain.types import ContractEvent, EndReason, Game, Outcome, Phase, Task, TaskStatus, snake
 from game.merkle import MerkleTree
 from tests.game.conftest import (
     AUDITOR_BOND,

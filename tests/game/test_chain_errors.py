@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from game.chain import errors as E
 from game.chain.artifacts import abi_selector, abi_types, load_artifact
-from game.chain.types import Outcome, Phase, TaskStatus
+from game.chain.types import Outcome, Phase, TaskStatus, snake
 from game.errors import ChainError, VerificationGameError
 from tests.game.conftest import AUDITOR_BOND, CLOCK, JUDGE_WINDOW, TRAINER_BOND, WINDOW, Setup
 
@@ -29,7 +29,7 @@ def test_everyAbiError_hasAClass_withTheAbiParamsInOrder() -> None:
     assert {e["name"] for e in ABI_ERRORS} == set(E.ERROR_CLASSES)
     for entry in ABI_ERRORS:
         cls = E.ERROR_CLASSES[entry["name"]]
-        assert cls.params == tuple(E.snake(i["name"]) for i in entry["inputs"]), entry["name"]
+        assert cls.params == tuple(snake(i["name"]) for i in entry["inputs"]), entry["name"]
         assert issubclass(cls, VerificationGameError) and issubclass(cls, ChainError)
 
 

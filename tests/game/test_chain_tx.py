@@ -144,7 +144,7 @@ def test_send_accountThatCannotPay_saysWhatItHoldsAndWhatWasAsked(
 def test_replayRevert_aTransactionAheadInTheSameBlock_givesTheRevertItCaused() -> None:
     """Two parties call ``timeout`` in one block: the second's revert shows only on the state after
     the block (before it, the game was still running), and that is the reason to report."""
-    from game.chain.backends import Reverted
+    from game.chain.errors import Reverted
 
     class _Chain:
         def __init__(self, reverts_from: int) -> None:

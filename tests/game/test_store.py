@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import secrets
 import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,20 +18,21 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
-from game import store as store_module
-from game.store import (
-    BlobStore,
-    SealedArchive,
-    SealedFile,
-    StoreError,
-    fetch_directory,
-    new_key,
-    pack_directory,
-    parse_key,
-    publish_directory,
-    seal,
-    unseal,
-)
+from game.store import archive, blobs, sealing
+from game.store.archive import SealedArchive, fetch_directory, pack_directory, publish_directory
+from game.store.blobs import BlobStore
+from game.store.keys import new_key, parse_key
+from game.store.sealing import SealedFile, StoreError, seal, unseal
+
+
+def _in_store(name: str, value: Any) -> contextlib.ExitStack:
+    """Patch ``name`` in every module of :mod:`game.store` that holds it (``open`` in all of them,
+    as a module global standing in for the builtin)."""
+    stack = contextlib.ExitStack()
+    for module in (sealing, blobs, archive):
+        if name == "open" or hasattr(module, name):
+            stack.enter_context(mock.patch.object(module, name, value, create=name == "open"))
+    return stack
 
 
 def make_tree(root: Path) -> Path:
@@ -88,15 +91,15 @@ SMALL = 64  # segment size in these tests, so that a few hundred bytes make many
 
 
 def _segments(blob: bytes) -> tuple[bytes, list[bytes]]:
-    head = len(store_module.MAGIC) + store_module.PREFIX_SIZE
-    step = SMALL + store_module.TAG_SIZE
+    head = len(sealing.MAGIC) + sealing.PREFIX_SIZE
+    step = SMALL + sealing.TAG_SIZE
     return blob[:head], [blob[i : i + step] for i in range(head, len(blob), step)]
 
 
 @given(st.binary(max_size=20 * SMALL))
 def test_sealedInSegments_opensToTheSameBytes_andEverySegmentCounts(payload: bytes) -> None:
     key = new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         blob = seal(key, payload, b"transcript")
         assert unseal(key, blob, b"transcript") == payload
         head, segs = _segments(blob)
@@ -113,11 +116,7 @@ def test_sealedInSegments_opensToTheSameBytes_andEverySegmentCounts(payload: byt
 
 def test_aBlobOfTheFirstFormat_stillOpens() -> None:
     key, nonce = new_key(), secrets.token_bytes(12)
-    v1 = (
-        store_module.MAGIC_V1
-        + nonce
-        + AESGCM(key).encrypt(nonce, b"old", store_module.MAGIC_V1 + b"transcript")
-    )
+    v1 = sealing.MAGIC_V1 + nonce + AESGCM(key).encrypt(nonce, b"old", sealing.MAGIC_V1 + b"transcript")
     assert unseal(key, v1, b"transcript") == b"old"
     with pytest.raises(StoreError, match="wrong key"):
         unseal(new_key(), v1, b"transcript")
@@ -131,7 +130,7 @@ def test_publishFetch_ofAManySegmentTranscript_roundTrips_andStoresUnderTheSeale
     big = secrets.token_bytes(50 * SMALL + 7)
     (src / "checkpoints" / "state-000000000.bin").write_bytes(big)
     store, key = BlobStore(tmp_path / "store"), new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         bid = publish_directory(store, key, src)
         raw = store.path(bid).read_bytes()
         assert hashlib.sha256(raw).digest() == bid and big[:SMALL] not in raw
@@ -161,10 +160,10 @@ def test_publish_sealsAsItPacks_writingNoPlaintextToDisk(tmp_path: Path) -> None
         raise AssertionError("a temporary file for the archive in the clear")
 
     with (
-        mock.patch.object(store_module, "SEGMENT", SMALL),
-        mock.patch.object(store_module, "open", read_only, create=True),
-        mock.patch.object(store_module.tempfile, "TemporaryFile", no_clear_file),
-        mock.patch.object(store_module.tempfile, "NamedTemporaryFile", no_clear_file),
+        _in_store("SEGMENT", SMALL),
+        _in_store("open", read_only),
+        mock.patch.object(tempfile, "TemporaryFile", no_clear_file),
+        mock.patch.object(tempfile, "NamedTemporaryFile", no_clear_file),
     ):
         bid = publish_directory(store, key, src)
         raw = store.path(bid).read_bytes()
@@ -181,7 +180,7 @@ def test_publishAndFetch_reportTheirBytes_inOrder_endingWhole(tmp_path: Path) ->
     store, key = BlobStore(tmp_path / "store"), new_key()
     published: list[tuple[int, int]] = []
     fetched: list[tuple[int, int]] = []
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         bid = publish_directory(store, key, src, progress=lambda d, t: published.append((d, t)))
         fetch_directory(store, key, bid, tmp_path / "out", progress=lambda d, t: fetched.append((d, t)))
     archive = len(pack_directory(src))
@@ -195,11 +194,11 @@ def test_publishAndFetch_reportTheirBytes_inOrder_endingWhole(tmp_path: Path) ->
 def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
     """What a failed open wrote is the caller's to throw away (fetch_directory's caller too)."""
     key = new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         blob = seal(key, bytes(5 * SMALL), b"transcript")
         out = io.BytesIO()
         with pytest.raises(StoreError):
-            store_module.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
+            sealing.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
     assert len(out.getvalue()) == 4 * SMALL  # the segments before the last, not yet proved whole
 
 
@@ -243,9 +242,9 @@ def test_fetch_readsTheBlobOnce_hashingAndDecryptingAsItUnpacks(tmp_path: Path) 
         fh = open(path, mode)  # noqa: SIM115 - closed by the wrapper
         return _CountingReads(fh, counter) if Path(path) == store.path(bid) else fh
 
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         bid = publish_directory(store, key, src)
-        with mock.patch.object(store_module, "open", counting_open, create=True):
+        with _in_store("open", counting_open):
             out = fetch_directory(store, key, bid, tmp_path / "out")
     assert counter[0] == store.path(bid).stat().st_size  # once through, not a hash pass and then a copy
     assert (out / "checkpoints" / "state-000000000.bin").read_bytes() == big
@@ -258,7 +257,7 @@ def test_fetch_readsTheBlobOnce_hashingAndDecryptingAsItUnpacks(tmp_path: Path) 
 
 def test_fetch_ofABlobThatIsNotItsId_isCorrupt_evenWhereASegmentFailsFirst(tmp_path: Path) -> None:
     store, key = BlobStore(tmp_path / "store"), new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         first = publish_directory(store, key, make_tree(tmp_path / "a"))
         other = tmp_path / "b"
         make_tree(other)
@@ -271,7 +270,7 @@ def test_fetch_ofABlobThatIsNotItsId_isCorrupt_evenWhereASegmentFailsFirst(tmp_p
             fetch_directory(store, key, first, tmp_path / "out1")
         # one byte changed in the first segment: its tag fails before the hash is known
         flipped = bytearray(raw)
-        flipped[len(store_module.MAGIC) + store_module.PREFIX_SIZE + 3] ^= 1
+        flipped[len(sealing.MAGIC) + sealing.PREFIX_SIZE + 3] ^= 1
         store.path(first).write_bytes(bytes(flipped))
         with pytest.raises(StoreError, match="corrupt"):
             fetch_directory(store, key, first, tmp_path / "out2")
@@ -285,7 +284,7 @@ def _sealed_tar(store: BlobStore, key: bytes, add: Callable[[tarfile.TarFile], N
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         add(tar)
-    return store.put(store_module.seal(key, buf.getvalue(), b"transcript"))
+    return store.put(sealing.seal(key, buf.getvalue(), b"transcript"))
 
 
 def _file(tar: tarfile.TarFile, name: str, data: bytes = b"bad") -> None:
@@ -311,7 +310,7 @@ def test_fetch_refusesLinksAndPathsOutsideItsDirectory_andWhatIsNoArchive(tmp_pa
     with pytest.raises(StoreError, match=r"non-file entry 'manifest\.json'"):
         fetch_directory(store, key, link, dest)
     assert not (dest / "manifest.json").exists()
-    junk = store.put(store_module.seal(key, b"not a tar" * 100, b"transcript"))
+    junk = store.put(sealing.seal(key, b"not a tar" * 100, b"transcript"))
     with pytest.raises(StoreError, match="is not a published directory"):
         fetch_directory(store, key, junk, tmp_path / "out2")
 
@@ -320,9 +319,9 @@ def _v1_blob(tmp_path: Path) -> tuple[BlobStore, bytes, bytes]:
     """A published directory in the first format (one AES-GCM call): the store, key and id."""
     src = make_tree(tmp_path / "src")
     key, nonce = new_key(), secrets.token_bytes(12)
-    sealed = AESGCM(key).encrypt(nonce, pack_directory(src), store_module.MAGIC_V1 + b"transcript")
+    sealed = AESGCM(key).encrypt(nonce, pack_directory(src), sealing.MAGIC_V1 + b"transcript")
     store = BlobStore(tmp_path / "store")
-    return store, key, store.put(store_module.MAGIC_V1 + nonce + sealed)
+    return store, key, store.put(sealing.MAGIC_V1 + nonce + sealed)
 
 
 def test_fetch_opensABlobOfTheFirstFormat(tmp_path: Path) -> None:
@@ -337,7 +336,7 @@ def test_fetch_opensABlobOfTheFirstFormat(tmp_path: Path) -> None:
 )
 def test_sealedFile_readsAnyRangeAsThePlaintext(payload: bytes, reads: list[tuple[int, int]]) -> None:
     key = new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         sealed = SealedFile(key, io.BytesIO(seal(key, payload, b"transcript")), b"transcript")
         assert sealed.seek(0, io.SEEK_END) == len(payload)
         for offset, n in reads:
@@ -348,7 +347,7 @@ def test_sealedFile_readsAnyRangeAsThePlaintext(payload: bytes, reads: list[tupl
 
 def test_sealedFile_failsOnTheSegmentThatWasChanged_andOnOneCutOffTheEnd() -> None:
     key, payload = new_key(), secrets.token_bytes(4 * SMALL + 10)
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         head, segs = _segments(seal(key, payload, b"transcript"))
         changed = bytearray(segs[2])
         changed[5] ^= 1
@@ -373,7 +372,7 @@ def test_sealedArchive_extractsOneFile_decryptingOnlyItsSegments(tmp_path: Path)
     big = secrets.token_bytes(40 * SMALL)
     (src / "checkpoints" / "state-000000000.bin").write_bytes(big)
     store, key = BlobStore(tmp_path / "store"), new_key()
-    with mock.patch.object(store_module, "SEGMENT", SMALL):
+    with _in_store("SEGMENT", SMALL):
         bid = publish_directory(store, key, src)
         with SealedArchive(store, key, bid) as archive:
             assert archive.names() == [

@@ -17,7 +17,7 @@ import pytest
 
 from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy
-from game.store import new_key
+from game.store.keys import new_key
 from tests.procs import default_signals
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from game.bench.calibrate import OpStats, calibrate
 from game.errors import ConfigError
-from game.training.calibrate import OpStats, calibrate
 from game.training.engine.step import StepEngine
 from game.training.numerics.bandfile import (
     Band,

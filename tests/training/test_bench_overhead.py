@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from game.bench.logsize import check_bits, measure_log_size
+from game.bench.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
 from game.errors import ConfigError, TrainingError
 from game.training.log.packed import StepLog
 from game.training.log.trits import BLOCK_BYTES, BLOCK_TRITS, packed_size
-from game.training.logsize import check_bits, measure_log_size
 from game.training.numerics.bandfile import Band, BandTable
-from game.training.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
 from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
 from game.training.task.profiles import get_profile
@@ -242,7 +242,7 @@ def test_bench_log_json_has_the_documented_keys() -> None:
 def test_model_overrides_parse_and_reach_the_config() -> None:
     import typer
 
-    from game.cli.app import parse_model_overrides
+    from game.cli.options import parse_model_overrides
 
     assert parse_model_overrides("n_layer=12, n_embd=768") == {"n_layer": 12, "n_embd": 768}
     assert parse_model_overrides(None) == {} and parse_model_overrides("") == {}

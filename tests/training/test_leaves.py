@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
+from game.strategies.trainers import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.training.engine.audit import audit
 from game.training.engine.step import StepEngine
 from game.training.engine.train import train

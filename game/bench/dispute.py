@@ -3,7 +3,7 @@
 Used by ``vgame bench game``. For each tree size ``N = 2^k`` it deploys the game, creates a task
 and commits a synthetic tree (untimed set-up), then plays the same dispute ``repeats`` times from a
 snapshot taken after the commit: the auditor challenges, trainer and auditor bisect down to the
-pinned step, the judge rules (:func:`game.chain.gasbench.play_dispute`, the gas bench's own
+pinned step, the judge rules (:func:`game.bench.gas.play_dispute`, the gas bench's own
 driver). Each repeat's wall time runs from sending the challenge to the ruling's receipt (and one
 read of the outcome), so it holds what a party of this project pays per transaction: the client's
 pre-checks, the gas estimate, signing, sending, mining and the proof lookups in the trainer's tree.
@@ -22,9 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from game.chain.backends import Chain
-from game.chain.deploy import deploy_contract
-from game.chain.gasbench import (
+from game.bench.gas import (
     DISPUTE_GAS_TARGET,
     MOVE_GAS_TARGET,
     DisputePlay,
@@ -38,6 +36,8 @@ from game.chain.gasbench import (
     play_dispute,
     synthetic_leaves,
 )
+from game.chain.base import Chain
+from game.chain.deploy import deploy_contract
 from game.errors import ChainError, ConfigError
 from game.merkle import MerkleTree
 

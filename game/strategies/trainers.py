@@ -1,4 +1,4 @@
-"""How a dishonest trainer departs from its task: the deviations of the demo's scenarios.
+"""Dishonest trainers: how a trainer departs from its task (the deviations of the demo's scenarios).
 
 Each changes exactly one step ``S``, or every step from ``S`` on, so an honest auditor's first
 divergent leaf, and therefore the step the game pins, is ``S``:
@@ -14,17 +14,21 @@ divergent leaf, and therefore the step the game pins, is ``S``:
 * :class:`SteeredLog`: in step ``S`` the trainer rounds a few values of every rounded tensor to the
   other grid neighbour although they lie far outside their op's band, and logs those directions:
   a log that "explains" a nudged state. The band check catches it (the judge never rules for it).
+
+A trainer is handed one as its ``deviation`` (:class:`game.training.session.Deviation`, the hook
+on the product side); :data:`DEVIATIONS` names them for the scenarios.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
 from game.errors import ConfigError
+from game.registry import Registry
 from game.training.engine.train import Deviation
 
 if TYPE_CHECKING:
@@ -278,10 +282,21 @@ def _check_step(cfg: TaskConfig, step: int, what: str) -> None:
         )
 
 
+#: A deviation made for a task, at its deviating step ``S``.
+DeviationFactory: TypeAlias = Callable[["TaskConfig", int], Deviation]
+
+#: Every deviation by the name a scenario gives it (its class name).
+DEVIATIONS: Registry[DeviationFactory] = Registry(
+    "deviation", [(cls.__name__, cls) for cls in (Poison, SkipStep, WrongLR, TamperedLog, SteeredLog)]
+)
+
+
 __all__ = [
+    "DEVIATIONS",
     "TRIT_DOWN",
     "TRIT_IGNORE",
     "TRIT_UP",
+    "DeviationFactory",
     "Poison",
     "SkipStep",
     "SteeredLog",

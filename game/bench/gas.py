@@ -5,7 +5,7 @@ a dispute (honest trainer, an auditor who claims the run diverged at a pinned st
 down to it, the judge's ruling), a cancelled task, a game lost on time, and the settlement
 (finalize, withdraw). Leaves are synthetic (hashes of their index): gas does not depend on what
 the leaves mean, only on the tree's depth. :func:`play_dispute` (challenge, bisection, ruling) is
-shared with :mod:`game.chain.gamebench`, which times whole disputes.
+shared with :mod:`game.bench.dispute`, which times whole disputes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from game.chain.backends import Chain
+from game.chain.base import Chain
 from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy_contract
 from game.chain.types import Outcome, Phase, TxReceipt
