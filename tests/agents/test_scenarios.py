@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
-from game.demo import DemoResult, expected_changes, run_scenario
+from game.demo import run_scenario
+from game.demoreport import DemoResult
 from game.deviations import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
 from game.errors import ConfigError
+from game.protocol.payouts import expected_changes
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
 from game.training.config import TaskConfig
 from game.training.session import audit, train
