@@ -19,7 +19,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -41,7 +40,15 @@ from game.agents import (
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
-from game.protocol import decide_challenge, decide_response
+from game.protocol import clock
+from game.protocol.solver import (
+    ClaimTimeout,
+    Respond,
+    auditor_move,
+    challenge_in_time,
+    decide_challenge,
+    decide_withdraw,
+)
 from game.store.archive import fetch_directory
 from game.store.blobs import BlobNotFound, BlobStore
 from game.store.sealing import StoreError
@@ -77,8 +84,9 @@ class AuditorStrategy(Protocol):
         """Whether to challenge the task, given whether an honest auditor would."""
         ...
 
-    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
-        """Agree (True) or not with the leaf the trainer revealed in ``game``."""
+    def answer(self, game: Game, game_id: int, honest: bool) -> bool:
+        """Agree (True) or not with the leaf the trainer revealed in ``game``, given the answer
+        the rules' solver gives from this auditor's own leaves."""
         ...
 
 
@@ -91,8 +99,8 @@ class HonestAuditor:
     def challenges(self, honest: bool) -> bool:
         return honest
 
-    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
-        return decide_response(game, own_leaves)
+    def answer(self, game: Game, game_id: int, honest: bool) -> bool:
+        return honest
 
 
 class AuditorAgent(TaskAgent):
@@ -151,7 +159,8 @@ class AuditorAgent(TaskAgent):
                 try:
                     self._replay(task, out)
                 except NotThereYet as exc:
-                    if task.status == TaskStatus.COMMITTED and self.client.chain.now() < task.window_ends:
+                    now = self.client.chain.now()
+                    if task.status == TaskStatus.COMMITTED and not clock.window_closed(now, task.window_ends):
                         raise  # a lagging store: wait for it while a challenge can still come
                     # waiting on would never end, and "done" would read as "audited"
                     raise AgentError(
@@ -183,7 +192,7 @@ class AuditorAgent(TaskAgent):
         if games or task.status == TaskStatus.FINALIZED:
             return True
         # no game: done unless it still means to challenge while the window is open
-        return not self._wants_challenge(task) or self.client.chain.now() + 1 >= task.window_ends
+        return not self._wants_challenge(task) or not challenge_in_time(task, self.client.chain.now())
 
     # ------------------------------------------------------------------------- replay
     def _fetch(self, task: Task) -> Transcript:
@@ -285,8 +294,7 @@ class AuditorAgent(TaskAgent):
         return self.strategy.challenges(decision.challenge)
 
     def _dispute_init(self, task: Task) -> bool:
-        decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, self.leaves)
-        return decision.dispute_init or task.num_leaves == 1
+        return decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, self.leaves).dispute_init
 
     def game_ids(self) -> list[int]:
         """This auditor's games on the task (scanned from events; the scan position kept on disk)."""
@@ -301,7 +309,7 @@ class AuditorAgent(TaskAgent):
     def _maybe_challenge(self, task: Task, out: list[AgentAction]) -> None:
         if self.game_ids() or not self._wants_challenge(task):
             return
-        if self.client.chain.now() + 1 >= task.window_ends:
+        if not challenge_in_time(task, self.client.chain.now()):
             log.warning("task %d: the window closed before this auditor could challenge", self.task_id)
             return
         dispute_init = self._dispute_init(task)
@@ -331,36 +339,36 @@ class AuditorAgent(TaskAgent):
         g = self.client.game(gid)
         if g.phase == Phase.ENDED:
             return
-        now = self.client.chain.now()
-        deadline = self.client.deadline(gid)
-        if g.phase == Phase.AWAITING_RESPONSE:
-            if self.strategy.silent_once_challenged or now + 1 > deadline:
-                return
-            agree = self.strategy.answer(g, gid, self.leaves)
-            try:
-                rec = self.client.respond(gid, agree)
-            except VerificationGameError as exc:
-                log.warning("respond in game %d refused: %s", gid, exc)
-                return
-            self._emit(
-                out,
-                action_from_receipt(
-                    ACTOR,
-                    "respond",
-                    self.task_id,
-                    rec,
-                    game_id=gid,
-                    leaf_index=g.mid,
-                    detail="agree" if agree else "disagree",
-                ),
+        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self.leaves)
+        silent = self.strategy.silent_once_challenged
+        if g.phase == Phase.PINNED and not silent:
+            self._leave_evidence(gid, g, out)
+        if isinstance(move, Respond) and not silent:
+            self._respond(gid, g, move, out)
+        elif isinstance(move, ClaimTimeout):
+            self._timeout(
+                gid, "trainer silent" if move.silent == "trainer" else "judge silent: game void", out
             )
-        elif g.phase == Phase.AWAITING_REVEAL and now >= deadline:
-            self._timeout(gid, "trainer silent", out)
-        elif g.phase == Phase.PINNED:
-            if not self.strategy.silent_once_challenged:
-                self._leave_evidence(gid, g, out)
-            if now >= deadline:
-                self._timeout(gid, "judge silent: game void", out)
+
+    def _respond(self, gid: int, g: Game, move: Respond, out: list[AgentAction]) -> None:
+        agree = self.strategy.answer(g, gid, move.agree)
+        try:
+            rec = self.client.respond(gid, agree)
+        except VerificationGameError as exc:
+            log.warning("respond in game %d refused: %s", gid, exc)
+            return
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "respond",
+                self.task_id,
+                rec,
+                game_id=gid,
+                leaf_index=move.index,
+                detail="agree" if agree else "disagree",
+            ),
+        )
 
     def _timeout(self, gid: int, detail: str, out: list[AgentAction]) -> None:
         try:
@@ -412,11 +420,13 @@ class AuditorAgent(TaskAgent):
 
     # ---------------------------------------------------------------------------- money
     def _withdraw(self, out: list[AgentAction]) -> None:
-        credit = self.client.credit()
-        if credit == 0:
+        move = decide_withdraw(self.client.credit())
+        if move is None:
             return
         rec = self.client.withdraw()
-        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(credit)))
+        self._emit(
+            out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(move.amount))
+        )
 
 
 class _Pace:
@@ -444,8 +454,8 @@ class _Pace:
             chain_now = self.client.chain.now()
         except Exception:  # a look in passing: the next one may get through
             return
-        ends = chain_now + (total - done) / rate
-        if ends > self.window_ends:
+        ends = clock.after(chain_now, (total - done) / rate)
+        if clock.is_ahead(self.window_ends, ends):
             self.live = False
             log.warning(
                 "task %d: at %.2f steps a second the replay ends %s, after the challenge window "
@@ -458,7 +468,7 @@ class _Pace:
 
 
 def _when(t: int, now: int) -> str:
-    ahead = max(t - now, 0)
+    ahead = max(clock.seconds_until(now, t), 0)
     return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))} (in {ahead // 3600}h {ahead % 3600 // 60}m)"
 
 

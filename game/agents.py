@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
 from game.fsio import atomic_write
+from game.protocol import clock
 from game.training.state.leafhash import leaf_of
 
 if TYPE_CHECKING:
@@ -346,15 +347,14 @@ def next_due_time(client: VerificationGameClient, task_ids: Iterable[int]) -> in
         t = client.task(task_id)
         if t.status != TaskStatus.COMMITTED:
             continue
-        now = client.chain.now()
-        if t.window_ends > now:
+        if clock.is_ahead(client.chain.now(), t.window_ends):
             due.append(t.window_ends)
         if t.live_games:
             ids, _ = games_of_task(client, task_id, 0)
             for gid in ids:
                 g = client.game(gid)
                 if g.phase != Phase.ENDED:
-                    due.append(client.deadline(gid) + 1)
+                    due.append(clock.timeout_from(client.deadline(gid)))
     return min(due) if due else None
 
 
@@ -389,7 +389,7 @@ def drive(
         due = next_due_time(client, ids)
         if due is None:
             raise AgentError("every agent is idle, none is done, and nothing on chain will become due")
-        chain.time_travel(max(1, due - chain.now()))
+        chain.time_travel(clock.travel_seconds(chain.now(), due))
     raise AgentError(f"agents not done after {max_rounds} rounds")
 
 

@@ -17,11 +17,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from game.demoreport import DemoResult, demo_result
 from game.errors import ConfigError, VGameError
+from game.protocol import clock
 from game.scenarios import Scenario, get_scenario
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from game.agents import AgentAction
     from game.chain.base import Chain
     from game.chain.client import VerificationGameClient
-    from game.chain.types import Game, Task
     from game.tasks import TaskTerms
     from game.training.engine.train import Deviation
     from game.training.task.config import TaskConfig
@@ -45,8 +45,6 @@ DEFAULT_AUDITOR_PROFILE = "noisy"
 DEFAULT_JUDGE_PROFILE = "splitk-16"
 
 PARTIES = ("client", "trainer", "auditor", "judge")
-#: Actions that are moves of a verification game (what the live table counts as "moves").
-GAME_MOVES = frozenset({"challenge", "reveal", "respond", "rule", "timeout"})
 #: Idle rounds with nothing ahead before the demo gives up, and the nap between them on a real chain.
 STUCK_ROUNDS = 5
 REALTIME_STUCK_ROUNDS = 60  # a testnet's next block may be many seconds away
@@ -60,108 +58,6 @@ ProgressSink = Callable[[str, int, int], None]
 
 class DemoError(VGameError, RuntimeError):
     """The scenario could not be played to its end (nothing left to do, yet the task is not settled)."""
-
-
-@dataclass(frozen=True)
-class PartyBalance:
-    """One party's money over the run (wei): what moved, what the rules say should have moved."""
-
-    address: str
-    start: int
-    end: int
-    gas_cost: int  # fees paid for the transactions this party sent
-    expected_change: int  # change the rules promise, before fees
-
-    @property
-    def change(self) -> int:
-        return self.end - self.start
-
-    @property
-    def ok(self) -> bool:
-        return self.change == self.expected_change - self.gas_cost
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "start": self.start,
-            "end": self.end,
-            "change": self.change,
-            "gas_cost": self.gas_cost,
-            "expected_change": self.expected_change,
-            "ok": self.ok,
-        }
-
-
-@dataclass(frozen=True)
-class GameSummary:
-    game_id: int
-    auditor: str
-    outcome: str  # trainer_won | auditor_won | void
-    reason: str  # ruling | timeout | judge_timeout
-    winner: str | None
-    pinned_step: int | None
-    dispute_init: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class DemoResult:
-    """What happened; :meth:`to_dict` is the ``vgame demo --json`` document."""
-
-    scenario: str
-    disputed_step: int | None  # the step the judge re-ran (None when no game was pinned)
-    winner: str  # "trainer" | "auditor" | "void"
-    trainer_paid: bool
-    moves: int  # game moves: challenge, reveal, respond, rule, timeout
-    transactions: int  # every transaction of the run after deployment
-    gas_total: int
-    balances_ok: bool
-    trainer_profile: str
-    auditor_profile: str
-    judge_profile: str
-    expected_winner: str
-    deviation_step: int | None  # S, for the scenarios where the trainer deviates
-    chain: str
-    preset: str
-    steps: int
-    task_id: int
-    contract: str
-    contract_balance: int
-    end_reason: str | None  # how the (first) game ended
-    games: tuple[GameSummary, ...]
-    balances: dict[str, PartyBalance]
-    actions: tuple[AgentAction, ...] = field(repr=False)
-    elapsed_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "disputed_step": self.disputed_step,
-            "winner": self.winner,
-            "trainer_paid": self.trainer_paid,
-            "moves": self.moves,
-            "transactions": self.transactions,
-            "gas_total": self.gas_total,
-            "balances_ok": self.balances_ok,
-            "trainer_profile": self.trainer_profile,
-            "auditor_profile": self.auditor_profile,
-            "judge_profile": self.judge_profile,
-            "expected_winner": self.expected_winner,
-            "deviation_step": self.deviation_step,
-            "end_reason": self.end_reason,
-            "chain": self.chain,
-            "preset": self.preset,
-            "steps": self.steps,
-            "task_id": self.task_id,
-            "contract": self.contract,
-            "contract_balance": self.contract_balance,
-            "games": [g.to_dict() for g in self.games],
-            "balances": {k: v.to_dict() for k, v in self.balances.items()},
-            "actions": [a.to_dict() for a in self.actions],
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
 
 
 def demo_config(preset: str = DEFAULT_PRESET, steps: int | None = DEFAULT_STEPS) -> TaskConfig:
@@ -336,7 +232,6 @@ class _Run:
         address = deploy(chain, accounts["client"])
         clients = {p: VerificationGameClient(chain, address, acct) for p, acct in accounts.items()}
         start = {p: chain.balance(a.address) for p, a in accounts.items()}
-        first_block = chain.block_number() + 1
 
         data_key = new_key()
         store = BlobStore(self.workdir / "store")
@@ -428,7 +323,7 @@ class _Run:
                 time.sleep(REALTIME_NAP_S)
         else:
             raise DemoError(f"scenario {self.scenario.name!r} did not settle in {max_rounds} rounds")
-        return self._result(clients, accounts, address, task_id, start, first_block)
+        return demo_result(self, clients, accounts, address, task_id, start)
 
     # ------------------------------------------------------------------ loop helpers
     def _silenced(self, party: str, client: VerificationGameClient, task_id: int) -> bool:
@@ -477,26 +372,25 @@ class _Run:
         t = client.task(task_id)
         now = self.chain.now()
         cands: list[int] = []
-        if t.status == TaskStatus.COMMITTED and t.window_ends > now:
+        if t.status == TaskStatus.COMMITTED:
             cands.append(t.window_ends)
         for gid, g in task_games(client, task_id):
             if g.phase != Phase.ENDED:
-                d = client.deadline(gid)
-                if d >= now:
-                    cands.append(d + 1)  # timeout needs now > deadline
-        return min(cands) if cands else None
+                cands.append(clock.timeout_from(client.deadline(gid)))
+        return clock.next_due(now, cands)
 
     def _wait_for_next_deadline(self, client: VerificationGameClient, task_id: int) -> bool:
         target = self._next_deadline(client, task_id)
         if target is None:
             return False
         now = self.chain.now()
+        ahead = clock.seconds_until(now, target)
         if self.chain.supports_time_travel:
-            self.chain.time_travel(max(1, target - now))
-            log.info("time travel %d s to %d (next deadline)", target - now, target)
+            self.chain.time_travel(clock.travel_seconds(now, target))
+            log.info("time travel %d s to %d (next deadline)", ahead, target)
             return True
         # a real chain: wait for real, in short naps, so the agents keep watching meanwhile
-        time.sleep(min(5.0, max(REALTIME_NAP_S, float(target - now))))
+        time.sleep(min(5.0, max(REALTIME_NAP_S, float(ahead))))
         return True
 
     def _stuck_message(self, client: VerificationGameClient, task_id: int) -> str:
@@ -509,149 +403,6 @@ class _Run:
             f"(task {task_id} {state['status']}, {games})"
         )
 
-    # ------------------------------------------------------------------ accounting
-    def _result(
-        self,
-        clients: dict[str, VerificationGameClient],
-        accounts: dict[str, LocalAccount],
-        address: str,
-        task_id: int,
-        start: dict[str, int],
-        first_block: int,
-    ) -> DemoResult:
-        from game.tasks import game_winner, task_games
-
-        client = clients["client"]
-        chain = self.chain
-        task = client.task(task_id)
-        games = task_games(client, task_id)
-        summaries = tuple(
-            GameSummary(
-                game_id=gid,
-                auditor=g.auditor,
-                outcome=g.outcome.name.lower(),
-                reason=g.reason.name.lower(),
-                winner=game_winner(g),
-                pinned_step=g.pinned_step,
-                dispute_init=g.dispute_init,
-            )
-            for gid, g in games
-        )
-        finalized = client.get_events("TaskFinalized", task_id=task_id)
-        trainer_paid = bool(finalized and finalized[0].trainer_paid)  # type: ignore[attr-defined]
-        fees = self._fees(accounts)
-        expected = expected_changes(task, [g for _, g in games])
-        balances = {
-            p: PartyBalance(
-                address=acct.address,
-                start=start[p],
-                end=chain.balance(acct.address),
-                gas_cost=fees.get(acct.address.lower(), 0),
-                expected_change=expected.get(acct.address.lower(), 0),
-            )
-            for p, acct in accounts.items()
-        }
-        contract_balance = chain.balance(address)
-        tx_hashes = {a.tx_hash for a in self.actions if a.tx_hash}
-        winners = [s.winner for s in summaries if s.winner]
-        if "auditor" in winners:
-            winner = "auditor"
-        elif winners:
-            winner = winners[0]
-        else:
-            winner = "trainer" if trainer_paid else "none"
-        pinned = [s.pinned_step for s in summaries if s.pinned_step is not None]
-        return DemoResult(
-            scenario=self.scenario.name,
-            disputed_step=pinned[0] if pinned else None,
-            winner=winner,
-            trainer_paid=trainer_paid,
-            moves=sum(1 for a in self.actions if a.what in GAME_MOVES and a.tx_hash),
-            transactions=len(tx_hashes),
-            gas_total=sum(a.gas_used or 0 for a in _unique_txs(self.actions)),
-            balances_ok=contract_balance == 0 and all(b.ok for b in balances.values()),
-            trainer_profile=self.profiles[0],
-            auditor_profile=self.profiles[1],
-            judge_profile=self.profiles[2],
-            expected_winner=self.scenario.winner,
-            deviation_step=self.deviation_step,
-            chain=chain.kind,
-            preset=self.cfg.preset,
-            steps=self.cfg.steps,
-            task_id=task_id,
-            contract=address,
-            contract_balance=contract_balance,
-            end_reason=summaries[0].reason if summaries else None,
-            games=summaries,
-            balances=balances,
-            actions=tuple(self.actions),
-            elapsed_s=time.monotonic() - self.started,
-        )
-
-    def _fees(self, accounts: dict[str, LocalAccount]) -> dict[str, int]:
-        """Fees per sender (lower-case address) of every transaction the run reported."""
-        ours = {a.address.lower() for a in accounts.values()}
-        fees: dict[str, int] = {}
-        for a in _unique_txs(self.actions):
-            rec = self.chain.w3.eth.get_transaction_receipt(a.tx_hash)  # type: ignore[arg-type]
-            sender = str(rec["from"]).lower()
-            if sender not in ours:
-                continue
-            price = int(rec.get("effectiveGasPrice", 0) or 0)
-            fees[sender] = fees.get(sender, 0) + int(rec["gasUsed"]) * price
-        return fees
-
-
-def _unique_txs(actions: list[AgentAction] | tuple[AgentAction, ...]) -> list[AgentAction]:
-    seen: set[str] = set()
-    out = []
-    for a in actions:
-        if a.tx_hash and a.tx_hash not in seen:
-            seen.add(a.tx_hash)
-            out.append(a)
-    return out
-
-
-def expected_changes(task: Task, games: list[Game]) -> dict[str, int]:
-    """Each address's balance change (before fees) that ``docs/contract.md``'s money tables promise.
-
-    Computed from the final task and game outcomes alone, independently of the contract's own
-    bookkeeping, so a wrong credit anywhere shows up as a balance that does not add up.
-    """
-    from game.chain.types import Outcome, TaskStatus
-
-    out: dict[str, int] = {}
-
-    def add(addr: str, wei: int) -> None:
-        out[addr.lower()] = out.get(addr.lower(), 0) + wei
-
-    client, trainer = task.client, task.trainer
-    add(client, -task.payment)
-    if task.status == TaskStatus.CANCELLED:
-        add(client, task.payment)
-        return out
-    if task.num_leaves:
-        add(trainer, -task.trainer_bond)
-    first_loss = True
-    for g in games:
-        add(g.auditor, -task.auditor_bond)
-        if g.outcome == Outcome.TRAINER_WON:
-            add(trainer, task.auditor_bond)
-        elif g.outcome == Outcome.AUDITOR_WON:
-            add(g.auditor, task.auditor_bond + (task.trainer_bond if first_loss else 0))
-            first_loss = False
-        elif g.outcome == Outcome.VOID:
-            add(g.auditor, task.auditor_bond)
-    if task.status == TaskStatus.FINALIZED:
-        if task.trainer_lost:
-            add(client, task.payment)
-        elif task.any_void:
-            add(client, task.payment)
-            add(trainer, task.trainer_bond)
-        else:
-            add(trainer, task.payment + task.trainer_bond)
-    return out
-
 
 __all__ = [
     "DEFAULT_AUDITOR_PROFILE",
@@ -660,10 +411,7 @@ __all__ = [
     "DEFAULT_STEPS",
     "DEFAULT_TRAINER_PROFILE",
     "DemoError",
-    "DemoResult",
-    "GameSummary",
-    "PartyBalance",
     "demo_config",
-    "expected_changes",
+    "prepare_scenario",
     "run_scenario",
 ]

@@ -41,6 +41,7 @@ from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
 from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
+from game.protocol.solver import judge_move, pinned_step
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
@@ -158,7 +159,10 @@ class Judge:
             self._key_checked = True
         for gid in self.pinned_games():
             g = self.client.game(gid)
-            if g.phase != Phase.PINNED or self.client.chain.now() + 1 > self.client.deadline(gid):
+            if (
+                g.phase != Phase.PINNED
+                or judge_move(g, self.client.chain.now(), self.client.deadline(gid)) is None
+            ):
                 continue
             try:
                 ruling = self.rule_on(gid)
@@ -259,7 +263,7 @@ class Judge:
             ev = evidence if evidence is not None else self.gather(game_id)
             self.check(g, task, ev)
             computed, note = self._compute(g, ev)
-        return Ruling(game_id, g.hi, computed, g.hi_leaf, computed == g.hi_leaf, note=note)
+        return Ruling(game_id, pinned_step(g), computed, g.hi_leaf, computed == g.hi_leaf, note=note)
 
     # ------------------------------------------------------------------------- checking
     @staticmethod

@@ -14,8 +14,9 @@ from typing import Any
 
 from game.chain.client import VerificationGameClient
 from game.chain.errors import GamesLive, WindowOpen
-from game.chain.types import Game, Outcome, TaskStatus, TxReceipt
+from game.chain.types import Game, Outcome, TxReceipt
 from game.errors import ConfigError
+from game.protocol.solver import decide_finalize, decide_withdraw
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +156,9 @@ def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any
 
 def finalize_if_due(client: VerificationGameClient, task_id: int) -> TxReceipt | None:
     """Finalize when the window is over and no game is live; None when it is not due (yet)."""
-    t = client.task(task_id)
     # WHY the latest block's time and not the next one's: nodes estimate on either, and only a
     # window already closed in the latest block is closed for both
-    if t.status != TaskStatus.COMMITTED or t.live_games or client.chain.now() < t.window_ends:
+    if decide_finalize(client.task(task_id), client.chain.now(), closed_for_all=True) is None:
         return None
     try:
         return client.finalize(task_id)
@@ -169,7 +169,7 @@ def finalize_if_due(client: VerificationGameClient, task_id: int) -> TxReceipt |
 
 def reclaim(client: VerificationGameClient) -> TxReceipt | None:
     """Withdraw this account's credit (the payment after a won challenge or a cancel); None if none."""
-    if client.credit() == 0:
+    if decide_withdraw(client.credit()) is None:
         return None
     return client.withdraw()
 

@@ -26,9 +26,10 @@ from game.agents import (
     games_of_task,
 )
 from game.chain.client import VerificationGameClient
-from game.chain.types import Phase, Task, TaskStatus
+from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError
 from game.merkle import MerkleTree
+from game.protocol.solver import ClaimTimeout, Reveal, decide_finalize, decide_withdraw, trainer_move
 from game.store.archive import publish_directory
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
@@ -249,47 +250,47 @@ class TrainerAgent(TaskAgent):
             g = self.client.game(gid)
             if g.phase == Phase.ENDED:
                 continue
-            now = self.client.chain.now()
-            deadline = self.client.deadline(gid)
-            if g.phase == Phase.AWAITING_REVEAL:
-                if now + 1 > deadline:
-                    continue  # our clock ran out: nothing we can do; the auditor will time us out
-                mid = g.mid
-                try:
-                    rec = self.client.reveal_from(gid, self.tree())
-                except VerificationGameError as exc:
-                    log.warning("reveal in game %d refused: %s", gid, exc)
-                    continue
-                self._emit(
-                    out,
-                    action_from_receipt(
-                        ACTOR,
-                        "reveal",
-                        self.task_id,
-                        rec,
-                        game_id=gid,
-                        leaf_index=mid,
-                        detail=f"[{g.lo}, {g.hi}]",
-                    ),
-                )
-            elif g.phase in (Phase.AWAITING_RESPONSE, Phase.PINNED) and now >= deadline:
-                self._timeout(gid, g.phase, out)
+            move = trainer_move(g, self.client.chain.now(), self.client.deadline(gid), self.tree())
+            if isinstance(move, Reveal):
+                self._reveal(gid, g, move, out)
+            elif isinstance(move, ClaimTimeout):
+                self._timeout(gid, move, out)
 
-    def _timeout(self, gid: int, phase: Phase, out: list[AgentAction]) -> None:
+    def _reveal(self, gid: int, g: Game, move: Reveal, out: list[AgentAction]) -> None:
+        try:
+            rec = self.client.reveal(gid, move.leaf, move.proof)
+        except VerificationGameError as exc:
+            log.warning("reveal in game %d refused: %s", gid, exc)
+            return
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "reveal",
+                self.task_id,
+                rec,
+                game_id=gid,
+                leaf_index=move.index,
+                detail=f"[{g.lo}, {g.hi}]",
+            ),
+        )
+
+    def _timeout(self, gid: int, move: ClaimTimeout, out: list[AgentAction]) -> None:
         try:
             rec = self.client.timeout(gid)
         except VerificationGameError as exc:  # ClockRunning (next block too early) or GameOver
             log.debug("timeout of game %d not possible yet: %s", gid, exc)
             return
-        who = "auditor" if phase == Phase.AWAITING_RESPONSE else "judge"
         self._emit(
-            out, action_from_receipt(ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=f"{who} silent")
+            out,
+            action_from_receipt(
+                ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=f"{move.silent} silent"
+            ),
         )
 
     # ---------------------------------------------------------------------------- money
     def _finalize(self, out: list[AgentAction]) -> None:
-        t = self.client.task(self.task_id)
-        if t.status != TaskStatus.COMMITTED or t.live_games or self.client.chain.now() + 1 < t.window_ends:
+        if decide_finalize(self.client.task(self.task_id), self.client.chain.now()) is None:
             return
         try:
             rec = self.client.finalize(self.task_id)
@@ -302,11 +303,13 @@ class TrainerAgent(TaskAgent):
         )
 
     def _withdraw(self, out: list[AgentAction]) -> None:
-        credit = self.client.credit()
-        if credit == 0:
+        move = decide_withdraw(self.client.credit())
+        if move is None:
             return
         rec = self.client.withdraw()
-        self._emit(out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(credit)))
+        self._emit(
+            out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(move.amount))
+        )
 
 
 __all__ = ["TrainerAgent"]

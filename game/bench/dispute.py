@@ -29,10 +29,10 @@ from game.bench.gas import (
     MoveStats,
     bench_parties,
     check_bench_chain,
+    claimed_step,
     commit_bench_tree,
     create_bench_task,
     move_stats,
-    pinned_step,
     play_dispute,
     synthetic_leaves,
 )
@@ -171,7 +171,7 @@ def measure_game_size(
     task_id = create_bench_task(p).result
     assert task_id is not None
     commit_bench_tree(p, task_id, tree)
-    pinned = pinned_step(n)
+    pinned = claimed_step(n)
 
     plays: list[DisputePlay] = []
     seconds: list[float] = []

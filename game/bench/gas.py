@@ -24,6 +24,7 @@ from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy_contract
 from game.chain.types import Outcome, Phase, TxReceipt
 from game.merkle import MerkleTree
+from game.protocol.solver import pinned_step
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def move_stats(gas: Sequence[int]) -> MoveStats:
     return MoveStats(len(gas), max(gas), float(statistics.median(gas)), min(gas))
 
 
-def pinned_step(leaves: int) -> int:
+def claimed_step(leaves: int) -> int:
     """The step the bench's auditor claims diverged: off-centre, so both answers occur in the bisection."""
     return leaves // 3 + 1
 
@@ -190,7 +191,8 @@ def play_dispute(p: Parties, task_id: int, tree: MerkleTree, pinned: int) -> Dis
             break
         receipts.append(p.trainer.reveal(gid, tree.leaf(g.mid), tree.proof(g.mid)))
         receipts.append(p.auditor.respond(gid, g.mid < pinned))
-    receipts.append(p.judge.rule(gid, tree.leaf(pinned)))  # the judge re-ran the step: trainer was right
+    # the judge re-ran the pinned step (the claimed one): the trainer was right
+    receipts.append(p.judge.rule(gid, tree.leaf(pinned_step(g))))
     if p.auditor.game(gid).outcome is not Outcome.TRAINER_WON:
         raise RuntimeError("the honest trainer lost the bench dispute: the contract or the bench is wrong")
     return DisputePlay(gid, tuple(receipts))
@@ -228,7 +230,7 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
     say("playing the dispute")
     task_a = new_task()
     record(commit_bench_tree(p, task_a, tree))
-    pinned = pinned_step(n)
+    pinned = claimed_step(n)
     play = play_dispute(p, task_a, tree, pinned)
     for rec in play.receipts:
         record(rec)

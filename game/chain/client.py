@@ -292,11 +292,6 @@ class VerificationGameClient:
 
         return self._transact("reveal", [game_id, leaf, siblings], 0, check)
 
-    def reveal_from(self, game_id: int, tree: MerkleTree) -> TxReceipt:
-        """Trainer: reveal the leaf the game asks for next, taken from ``tree`` (the committed one)."""
-        mid = self.game(game_id).mid
-        return self.reveal(game_id, tree.leaf(mid), tree.proof(mid))
-
     def respond(self, game_id: int, agree: bool) -> TxReceipt:
         """Auditor: agree (``lo = mid``) or disagree (``hi = mid``) with the revealed leaf."""
 

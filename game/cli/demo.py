@@ -23,7 +23,7 @@ from game.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
     from game.agents import AgentAction
-    from game.demo import DemoResult
+    from game.demoreport import DemoResult
 
 _SCENARIO_HELP = "Scenario to play: " + "; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values())
 _WEI_PER_ETH = 10**18

@@ -27,6 +27,7 @@ from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_arg
 from game.cli.options import DataKeyOpt, FromBlockOpt, check_profile, checked_first_block
 from game.errors import ChainError, ConfigError, ContractGone
 from game.fsio import exclusive_directory
+from game.protocol import clock
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ CLOCK_CHECK_S = STALE_BLOCK_S / 2
 def stale_clock_warning(latest_block_time: int, wall_time: float) -> str | None:
     """Why a node may wait forever: a chain's clock is its latest block's timestamp, and a local
     chain that mines only on transactions (anvil's default) stops it, so no deadline comes due."""
-    age = int(wall_time) - latest_block_time
+    age = clock.age(latest_block_time, wall_time)
     if age <= STALE_BLOCK_S:
         return None
     return (

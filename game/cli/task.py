@@ -328,6 +328,8 @@ def _shown(key: str, value: Any, *, now: int) -> str:
     durations in days and hours, roots not yet committed said so (``--json`` keeps the raw values)."""
     from datetime import UTC, datetime
 
+    from game.protocol import clock
+
     if key in _WEI_FIELDS:
         return f"{Decimal(value).scaleb(-18).normalize():f} ETH ({value} wei)"
     if key in _SECONDS_FIELDS:
@@ -340,8 +342,8 @@ def _shown(key: str, value: Any, *, now: int) -> str:
         when = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         if key == "now":
             return f"{when} (latest block)"
-        ago = "from now" if value > now else "ago"
-        return f"{when} ({_span(abs(value - now))} {ago})"
+        ago = "from now" if clock.is_ahead(now, value) else "ago"
+        return f"{when} ({_span(abs(clock.seconds_until(now, value)))} {ago})"
     if key == "trainer_paid" and value is None:
         return "not settled yet"
     return str(value)

@@ -9,7 +9,7 @@ scenarios and ``vgame node auditor --strategy``; :func:`auditor_strategy` makes 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from auditor_node.agent import AuditorStrategy, HonestAuditor
@@ -29,7 +29,7 @@ class LyingAuditor:
     def challenges(self, honest: bool) -> bool:
         return True
 
-    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
+    def answer(self, game: Game, game_id: int, honest: bool) -> bool:
         word = hashlib.sha256(
             f"vgame-lying-auditor:{self.seed}:{game_id}:{game.lo}:{game.hi}".encode()
         ).digest()
@@ -46,7 +46,7 @@ class SilentAuditor:
     def challenges(self, honest: bool) -> bool:
         return True
 
-    def answer(self, game: Game, game_id: int, own_leaves: Sequence[bytes]) -> bool:
+    def answer(self, game: Game, game_id: int, honest: bool) -> bool:
         raise AssertionError("a silent auditor answers nothing")
 
 

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
-from game.demo import DemoResult, expected_changes, run_scenario
+from game.demo import run_scenario
+from game.demoreport import DemoResult
 from game.errors import ConfigError
+from game.protocol.payouts import expected_changes
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
 from game.strategies.auditors import AUDITORS, auditor_strategy
 from game.strategies.trainers import DEVIATIONS, Poison, SkipStep, SteeredLog, TamperedLog, WrongLR

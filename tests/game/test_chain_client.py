@@ -18,6 +18,7 @@ from game.chain.deploy import deploy_contract
 from game.chain.events import EVENT_CLASSES, GameEnded, StepPinned
 from game.chain.types import ContractEvent, EndReason, Game, Outcome, Phase, Task, TaskStatus, snake
 from game.merkle import MerkleTree
+from game.protocol.solver import decide_reveal
 from tests.game.conftest import (
     AUDITOR_BOND,
     CLOCK,
@@ -118,7 +119,8 @@ def play(s: Setup, trainer_tree: MerkleTree, honest: list[bytes]) -> tuple[int, 
     handle = s.auditor.handle(gid)
     gas = []
     while handle.phase is not Phase.PINNED:
-        gas.append(s.trainer.reveal_from(gid, trainer_tree).gas_used)
+        rev = decide_reveal(handle.state, trainer_tree)
+        gas.append(s.trainer.reveal(gid, rev.leaf, rev.proof).gas_used)
         g = handle.state
         gas.append(s.auditor.respond(gid, g.mid_leaf == honest[g.mid]).gas_used)
     return gid, gas
@@ -205,7 +207,8 @@ def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any)
     poller = s.auditor.poller()
     assert poller.poll() == []
     gid = s.auditor.challenge(s.task_id).result
-    s.trainer.reveal_from(gid, s.tree)  # type: ignore[arg-type]
+    rev = decide_reveal(s.trainer.game(gid), s.tree)  # type: ignore[arg-type]
+    s.trainer.reveal(gid, rev.leaf, rev.proof)
     got = poller.poll()
     assert [e.name for e in got] == ["Challenged", "LeafRevealed"]
     assert got[0].game_id == gid and got[1].index == 2  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ import requests
 
 from game.chain.tx import GasPolicy, TxSender, gas_limit
 from game.errors import ChainError
+from game.protocol.solver import decide_reveal
 from tests.game.conftest import Setup
 
 
@@ -27,7 +28,8 @@ def test_transact_buysEstimateWithHeadroom(committed_task: Callable[[int], Setup
     g = s.trainer.game(gid)
     data = s.trainer.contract.encode_abi("reveal", [gid, tree.leaf(g.mid), list(tree.proof(g.mid).siblings)])
     estimate = chain.estimate_gas({"from": s.trainer.me, "to": s.trainer.address, "data": data, "value": 0})
-    rec = s.trainer.reveal_from(gid, tree)
+    rev = decide_reveal(g, tree)
+    rec = s.trainer.reveal(gid, rev.leaf, rev.proof)
     policy = s.trainer.options.policy
     assert rec.gas_limit == int(estimate * policy.headroom) + policy.margin
     assert rec.gas_used <= estimate < rec.gas_limit

@@ -13,9 +13,44 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from game.chain.types import EndReason, Game, Outcome, Phase
+from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
 from game.merkle import MerkleTree
-from game.protocol import decide_challenge, decide_response, decide_reveal, first_divergence, moves_needed
+from game.protocol import clock
+from game.protocol.solver import (
+    ClaimTimeout,
+    Finalize,
+    Respond,
+    Reveal,
+    Rule,
+    Withdraw,
+    auditor_move,
+    decide_challenge,
+    decide_finalize,
+    decide_response,
+    decide_reveal,
+    decide_withdraw,
+    judge_move,
+    pinned_step,
+    trainer_move,
+)
+
+
+def first_divergence(theirs: list[bytes], ours: list[bytes]) -> int | None:
+    """Index of the first leaf where the two lists differ (None when equal): slow and obvious."""
+    for i in range(min(len(theirs), len(ours))):
+        if theirs[i] != ours[i]:
+            return i
+    return None if len(theirs) == len(ours) else min(len(theirs), len(ours))
+
+
+def moves_needed(num_leaves: int) -> int:
+    """Bisection rounds (each a reveal and a response) for a dispute over ``num_leaves`` leaves."""
+    span = num_leaves - 1
+    rounds = 0
+    while span > 1:
+        span = (span + 1) // 2
+        rounds += 1
+    return rounds
 
 
 def toy_step(pre: bytes, step: int, poison: bool = False) -> bytes:
@@ -98,3 +133,87 @@ def test_no_challenge_when_roots_agree_and_init_dispute_when_leaf0_differs() -> 
 def test_moves_needed_for_2_pow_20_leaves_is_20() -> None:
     assert moves_needed(2**20) == 20
     assert moves_needed(2) == 0 and moves_needed(3) == 1 and moves_needed(1025) == 10
+
+
+# ------------------------------------------------------------------ moves against the clock
+def test_trainerMove_revealsWhileItsClockRuns_claimsTimeoutOnceTheOtherRanOut() -> None:
+    leaves = run(9, None)
+    tree = MerkleTree(leaves)
+    g = new_game(9, leaves[0], leaves[-1])
+    move = trainer_move(g, now=99, deadline=100, tree=tree)
+    assert isinstance(move, Reveal) and move.index == g.mid == 4 and move.leaf == leaves[4]
+    assert trainer_move(g, now=100, deadline=100, tree=tree) is None  # lands after the deadline
+    waiting = replace(g, phase=Phase.AWAITING_RESPONSE)
+    assert trainer_move(waiting, now=99, deadline=100, tree=tree) is None
+    assert trainer_move(waiting, now=100, deadline=100, tree=tree) == ClaimTimeout("auditor")
+    pinned = replace(g, phase=Phase.PINNED)
+    assert trainer_move(pinned, now=100, deadline=100, tree=tree) == ClaimTimeout("judge")
+    assert trainer_move(replace(g, phase=Phase.ENDED), now=10**9, deadline=100, tree=tree) is None
+
+
+def test_auditorMove_answersWithItsOwnLeaf_andTimesOutASilentTrainerOrJudge() -> None:
+    ours = run(9, None)
+    theirs = run(9, deviate_at=6)
+    g = replace(new_game(9, ours[0], theirs[-1]), phase=Phase.AWAITING_RESPONSE, mid_leaf=theirs[4])
+    assert auditor_move(g, now=99, deadline=100, own_leaves=ours) == Respond(4, True)
+    bad = replace(g, lo=4, mid_leaf=theirs[6])
+    assert auditor_move(bad, now=99, deadline=100, own_leaves=ours) == Respond(6, False)
+    assert auditor_move(g, now=100, deadline=100, own_leaves=ours) is None
+    reveal = replace(g, phase=Phase.AWAITING_REVEAL)
+    assert auditor_move(reveal, now=99, deadline=100, own_leaves=ours) is None
+    assert auditor_move(reveal, now=100, deadline=100, own_leaves=ours) == ClaimTimeout("trainer")
+    pinned = replace(g, phase=Phase.PINNED)
+    assert auditor_move(pinned, now=101, deadline=100, own_leaves=ours) == ClaimTimeout("judge")
+
+
+def test_judgeMove_rulesOnThePinnedStep_untilItsDeadline() -> None:
+    leaves = run(3, None)
+    g = replace(new_game(3, leaves[0], leaves[-1]), lo=1, hi=2, phase=Phase.PINNED)
+    assert pinned_step(g) == 2
+    assert judge_move(g, now=99, deadline=100) == Rule(2)
+    assert judge_move(g, now=100, deadline=100) is None
+    assert judge_move(replace(g, phase=Phase.ENDED), now=0, deadline=100) is None
+
+
+def _task(status: TaskStatus, window_ends: int, live_games: int = 0) -> Task:
+    return Task(
+        client="0x" + "01" * 20, trainer="0x" + "02" * 20, judge="0x" + "03" * 20, spec_hash=b"\x00" * 32,
+        payment=10, trainer_bond=2, auditor_bond=1, clock_allowance=60, challenge_window=120, judge_window=60,
+        window_ends=window_ends, num_leaves=9, state_root=b"\x00" * 32, log_root=b"\x00" * 32,
+        transcript_id=b"\x00" * 32, first_leaf=b"\x00" * 32, last_leaf=b"\x00" * 32, status=status,
+        live_games=live_games, trainer_lost=False, any_void=False,
+    )  # fmt: skip
+
+
+def test_decideFinalize_afterTheWindow_withNoLiveGame() -> None:
+    t = _task(TaskStatus.COMMITTED, window_ends=100)
+    assert decide_finalize(t, now=98) is None
+    assert decide_finalize(t, now=99) == Finalize()  # the next block may be past the window
+    assert decide_finalize(t, now=99, closed_for_all=True) is None  # not closed in the latest block
+    assert decide_finalize(t, now=100, closed_for_all=True) == Finalize()
+    assert decide_finalize(_task(TaskStatus.COMMITTED, 100, live_games=1), now=10**9) is None
+    assert decide_finalize(_task(TaskStatus.FINALIZED, 100), now=10**9) is None
+
+
+def test_decideWithdraw_onlyWithCredit() -> None:
+    assert decide_withdraw(0) is None
+    assert decide_withdraw(5) == Withdraw(5)
+
+
+def test_clock_rulesAtTheirEdges() -> None:
+    assert clock.move_in_time(99, 100) and not clock.move_in_time(100, 100)
+    assert clock.clock_ran_out(100, 100) and not clock.clock_ran_out(99, 100)
+    assert clock.timeout_from(100) == 101
+    assert clock.challenge_in_time(98, 100) and not clock.challenge_in_time(99, 100)
+    assert clock.finalize_in_time(99, 100) and not clock.finalize_in_time(98, 100)
+    assert clock.window_closed(100, 100) and not clock.window_closed(99, 100)
+    assert clock.next_due(100, [100, 150, 120]) == 120 and clock.next_due(100, [90]) is None
+    assert clock.travel_seconds(100, 100) == 1 and clock.travel_seconds(100, 130) == 30
+    assert clock.seconds_until(100, 90) == -10 and clock.age(100, 130.7) == 30
+
+
+def test_decideChallenge_overOneLeaf_disputesTheInitialisation() -> None:
+    one = run(1, None)
+    assert decide_challenge(one[0], one[0], 1, one).dispute_init  # nothing to bisect
+    assert not decide_challenge(one[0], one[0], 1, one).challenge
+    assert not decide_challenge(run(9, None)[0], run(9, None)[-1], 9, run(9, None)).dispute_init

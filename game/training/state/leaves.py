@@ -35,8 +35,8 @@ def device_leaf(state: TrainState) -> DeviceLeaf | None:
     this replaces copying the whole state to the host and hashing it on one thread every step."""
     if state.device.type == "cpu":
         return None
-    from game.training.state import sha256_kernel
     from game.training.state import device_leaf as on_device
+    from game.training.state import sha256_kernel
 
     return on_device.DeviceLeaf.start(state) if sha256_kernel.runs_on(state.device) else None
 

@@ -1,0 +1,7 @@
+"""The rules of the verification game, apart from any transport: a solver, a clock, the payouts.
+
+Why a package of its own: every role (trainer, auditor, judge, client, anyone) decides its next
+move from chain state through :mod:`game.protocol.solver`, every deadline and window rule is one
+function of :mod:`game.protocol.clock` (the only timestamp arithmetic in the repository), and
+:mod:`game.protocol.payouts` states the contract's money rules. No torch, no web3.
+"""
