@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_ARGS ?=
 
-.PHONY: setup demo test lint format typecheck contracts contracts-check pytest clean
+.PHONY: setup demo test lint format typecheck imports contracts contracts-check pytest clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,7 +12,7 @@ setup:
 demo: setup
 	$(VENV)/vgame demo $(DEMO_ARGS)
 
-test: setup contracts-check lint typecheck pytest
+test: setup contracts-check lint typecheck imports pytest
 
 lint: setup
 	$(VENV)/ruff check game trainer_node auditor_node tests
@@ -25,6 +25,10 @@ format: setup
 
 typecheck: setup
 	$(VENV)/mypy
+
+# The layers of docs/architecture.md ("Layers"): the import-linter contracts in pyproject.toml.
+imports: setup
+	$(VENV)/lint-imports
 
 # Rebuild the committed ABI/bytecode from contracts/*.sol with the pinned solc.
 contracts: setup

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from game import clock
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
 from game.fsio import atomic_write
-from game.protocol import clock
 from game.training.state.leafhash import leaf_of
 
 if TYPE_CHECKING:

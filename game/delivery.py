@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from game import clock
 from game.chain.client import VerificationGameClient
 from game.chain.types import Task, TaskStatus
 from game.errors import DeliveryError, TranscriptError
@@ -65,8 +66,8 @@ class DeliveredModel:
             return "the task is settled: no challenge showed the training wrong"
         if self.live_games:
             return f"{self.live_games} game(s) against this training are still in play"
-        if now < self.window_ends:
-            return f"the challenge window is open for {self.window_ends - now} s more"
+        if not clock.window_closed(now, self.window_ends):
+            return f"the challenge window is open for {clock.seconds_until(now, self.window_ends)} s more"
         return "the challenge window has closed with no game lost; finalize the task to settle it"
 
     def to_dict(self, now: int) -> dict[str, Any]:

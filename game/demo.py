@@ -20,9 +20,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from game import clock
 from game.demoreport import DemoResult, demo_result
 from game.errors import ConfigError, VGameError
-from game.protocol import clock
 from game.scenarios import Scenario, get_scenario
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
 from game.fsio import atomic_write
 from game.merkle import InclusionProof, MerkleTree, verify_proof
-from game.protocol.solver import judge_move, pinned_step
+from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
@@ -274,9 +274,9 @@ class Judge:
             raise ConfigEvidenceError(
                 f"the config hashes to {spec.hex()[:16]}..., the task's spec hash is {task.spec_hash.hex()[:16]}..."
             )
-        step = g.hi
-        if g.dispute_init or step == 0:
+        if initial_state_disputed(g):
             return
+        step = pinned_step(g)
         chunk_hash = hashlib.sha256(ev.chunk).digest()
         proof = ev.chunk_proof
         if (
@@ -309,10 +309,10 @@ class Judge:
         from game.training.state.leaves import state_hash
 
         engine = self._engine(ev.config)
-        if g.dispute_init or g.hi == 0:
+        if initial_state_disputed(g):
             return state_hash(engine.init_state()), ""
         assert ev.pre_state is not None
-        step = g.hi
+        step = pinned_step(g)
         try:
             return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
@@ -338,11 +338,13 @@ class Judge:
         """Collect the evidence for a pinned game from the transcript and the evidence directory."""
         g = self.client.game(game_id)
         task = self.client.task(g.task_id)
-        config_only = g.dispute_init or g.hi == 0
+        config_only = initial_state_disputed(g)
         left = None if config_only else self._left_pre_state(g)
         t: Transcript | None
         try:
-            t = self._transcript(g.task_id, task, None if config_only else g.hi, rebuild=left is None)
+            t = self._transcript(
+                g.task_id, task, None if config_only else pinned_step(g), rebuild=left is None
+            )
         except TranscriptEvidenceError:
             if not config_only:
                 raise
@@ -350,7 +352,7 @@ class Judge:
         if config_only:
             return Evidence(config=self._config(task, t))
         assert t is not None
-        step = g.hi
+        step = pinned_step(g)
         hashes = t.chunk_hashes()
         try:
             chunk = t.chunk_bytes(step)

@@ -19,6 +19,7 @@ from typing import Any
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from game import clock
 from game.chain import errors as E
 from game.chain.address import checked_address
 from game.chain.artifacts import GAME_CONTRACT, load_artifact
@@ -265,7 +266,7 @@ class VerificationGameClient:
             assert task is not None
             if task.status != TaskStatus.COMMITTED:
                 raise E.WrongTaskStatus(task_id, task.status)
-            if self.chain.now() + 1 >= task.window_ends:  # the next block is at least a second later
+            if not clock.challenge_in_time(self.chain.now(), task.window_ends):
                 raise E.WindowClosed(task_id, task.window_ends)
             if self.me.lower() in (task.trainer.lower(), task.judge.lower()):
                 raise E.ChallengerNotAllowed(self.me)
@@ -286,7 +287,7 @@ class VerificationGameClient:
             g = self.game(game_id)
             t = self.task(g.task_id)
             self._check_turn(game_id, g, Phase.AWAITING_REVEAL, t.trainer)
-            self._check_clock(game_id, g.last_move_at + g.trainer_clock)
+            self._check_clock(game_id, clock.deadline_of(g.last_move_at, g.trainer_clock))
             if not _proof_ok(t.state_root, g.mid, t.num_leaves, leaf, siblings):
                 raise E.InvalidProof(g.mid, leaf)
 
@@ -298,7 +299,7 @@ class VerificationGameClient:
         def check() -> None:
             g = self.game(game_id)
             self._check_turn(game_id, g, Phase.AWAITING_RESPONSE, g.auditor)
-            self._check_clock(game_id, g.last_move_at + g.auditor_clock)
+            self._check_clock(game_id, clock.deadline_of(g.last_move_at, g.auditor_clock))
 
         return self._transact("respond", [game_id, agree], 0, check)
 
@@ -309,7 +310,7 @@ class VerificationGameClient:
             g = self.game(game_id)
             t = self.task(g.task_id)
             self._check_turn(game_id, g, Phase.PINNED, t.judge)
-            self._check_clock(game_id, g.last_move_at + t.judge_window)
+            self._check_clock(game_id, clock.deadline_of(g.last_move_at, t.judge_window))
 
         return self._transact("rule", [game_id, computed_post_state], 0, check)
 
@@ -333,7 +334,7 @@ class VerificationGameClient:
                 raise E.WrongTaskStatus(task_id, t.status)
             # WindowOpen hinges on the next block's timestamp (left to the estimate); GamesLive is
             # only certain once the window has surely closed, because the contract checks it second
-            if t.live_games and self.chain.now() + 1 >= t.window_ends:
+            if t.live_games and clock.finalize_in_time(self.chain.now(), t.window_ends):
                 raise E.GamesLive(task_id, t.live_games)
 
         return self._transact("finalize", [task_id], 0, check)
@@ -377,7 +378,7 @@ class VerificationGameClient:
 
     def _check_clock(self, game_id: int, deadline: int) -> None:
         # the move lands in a block at least one second after the latest: certainly too late if so
-        if self.chain.now() + 1 > deadline:
+        if not clock.move_in_time(self.chain.now(), deadline):
             raise E.ClockExpired(game_id, deadline)
 
     def _view(self, fn: str, *args: Any) -> tuple[Any, ...]:

@@ -22,12 +22,12 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
+from game import clock
 from game.cli.app import app, console, err_console, interrupts, progress_bar
 from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_argv
 from game.cli.options import DataKeyOpt, FromBlockOpt, check_profile, checked_first_block
 from game.errors import ChainError, ConfigError, ContractGone
 from game.fsio import exclusive_directory
-from game.protocol import clock
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:

@@ -328,7 +328,7 @@ def _shown(key: str, value: Any, *, now: int) -> str:
     durations in days and hours, roots not yet committed said so (``--json`` keeps the raw values)."""
     from datetime import UTC, datetime
 
-    from game.protocol import clock
+    from game import clock
 
     if key in _WEI_FIELDS:
         return f"{Decimal(value).scaleb(-18).normalize():f} ETH ({value} wei)"

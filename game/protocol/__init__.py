@@ -2,6 +2,6 @@
 
 Why a package of its own: every role (trainer, auditor, judge, client, anyone) decides its next
 move from chain state through :mod:`game.protocol.solver`, every deadline and window rule is one
-function of :mod:`game.protocol.clock` (the only timestamp arithmetic in the repository), and
+function of :mod:`game.clock` (the only timestamp arithmetic in the repository), and
 :mod:`game.protocol.payouts` states the contract's money rules. No torch, no web3.
 """

@@ -6,7 +6,7 @@ Why a separate module: deciding is separate from sending (Optimism's op-challeng
 neither torch nor web3, and is what the protocol tests exercise with a toy step function. The
 agents (``trainer_node``, ``auditor_node``, :mod:`game.judge`, :mod:`game.tasks`) ask it for a
 move and only turn the small frozen value it returns into a transaction; every time rule they
-need comes from :mod:`game.protocol.clock`.
+need comes from :mod:`game.clock`.
 
 Leaf ``i`` is the state hash after step ``i`` (leaf 0: initialisation); see ``docs/contract.md``.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from game import clock
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import VGameError
 from game.merkle import MerkleTree
-from game.protocol import clock
 
 
 class ProtocolError(VGameError, ValueError):
@@ -161,6 +161,12 @@ def pinned_step(game: Game) -> int:
     return game.hi
 
 
+def initial_state_disputed(game: Game) -> bool:
+    """Whether the pinned step is the initialisation (leaf 0): the judge re-runs no training step
+    then, only the task's initial state from its config."""
+    return game.dispute_init or pinned_step(game) == 0
+
+
 def judge_move(game: Game, now: int, deadline: int) -> Rule | None:
     """The judge rules on a pinned game while its window is open (after it, the game is void)."""
     if game.phase != Phase.PINNED or not clock.move_in_time(now, deadline):
@@ -203,6 +209,7 @@ __all__ = [
     "decide_response",
     "decide_reveal",
     "decide_withdraw",
+    "initial_state_disputed",
     "judge_move",
     "pinned_step",
     "trainer_move",

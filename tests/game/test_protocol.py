@@ -13,9 +13,9 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from game import clock
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
 from game.merkle import MerkleTree
-from game.protocol import clock
 from game.protocol.solver import (
     ClaimTimeout,
     Finalize,

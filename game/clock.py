@@ -33,6 +33,12 @@ def clock_ran_out(now: int, deadline: int) -> bool:
     return now + NEXT_BLOCK_S > deadline
 
 
+def deadline_of(last_move_at: int, seconds: int) -> int:
+    """A running clock's deadline: the last move's time plus the seconds the mover has left (the
+    contract's ``lastMoveAt + clock``)."""
+    return last_move_at + seconds
+
+
 def timeout_from(deadline: int) -> int:
     """The first chain time at which ``timeout`` succeeds: one second past the deadline."""
     return deadline + 1
@@ -94,6 +100,7 @@ __all__ = [
     "age",
     "challenge_in_time",
     "clock_ran_out",
+    "deadline_of",
     "finalize_in_time",
     "is_ahead",
     "move_in_time",
