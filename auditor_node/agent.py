@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from game import clock
 from game.agents import (
     ActionSink,
     AgentAction,
@@ -40,7 +41,6 @@ from game.agents import (
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
-from game.protocol import clock
 from game.protocol.solver import (
     ClaimTimeout,
     Respond,
