@@ -54,8 +54,8 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
 @app.command("profiles")
 def profiles_cmd(as_json: JsonOpt = False) -> None:
     """List the hardware profiles a trainer or auditor can run on."""
-    from game.training.native import stepwriter
     from game.training.task.profiles import list_profiles
+    from game.training.transcript import stepwriter
 
     rows = [_profile_row(p) for p in list_profiles()]
     writer = stepwriter.describe()

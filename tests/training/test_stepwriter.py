@@ -21,10 +21,11 @@ from game.training.engine.train import train
 from game.training.log import codec as chunkcodec
 from game.training.log.codec import CODECS, LZMA_AUTO_MAX
 from game.training.log.sparse import SparseStepLog
-from game.training.native import library, stepwriter
-from game.training.state import leafhash
+from game.training.native import library, writerlib
+from game.training.state import leafhash, leafnative
 from game.training.state.leafhash import CHUNK, leaf_of, level_sizes
 from game.training.task.config import TaskConfig
+from game.training.transcript import stepwriter
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
 from tests.training.helpers import file_tree, random_sparse_log
@@ -64,7 +65,7 @@ def test_theCLeaf_isPythons(size: int) -> None:
     (129 chunks and more), chunk edges and a ragged last chunk."""
     state = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8)
     digest = np.empty(32, dtype=np.uint8)
-    lib = stepwriter._running()
+    lib = writerlib.running()
     assert lib is not None
     assert lib.vg_leaf(state.ctypes.data, size, digest.ctypes.data) == 0
     assert digest.tobytes() == leaf_of(state)
@@ -85,10 +86,10 @@ def test_whereTheCLeafWouldDiffer_theWriterStaysInPython(
     def leaf_of_elsewhere(data: Any) -> bytes:
         return bytes(32) if differs(len(memoryview(data).cast("B"))) else honest(data)
 
-    monkeypatch.setattr(stepwriter, "_lib", None)
-    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setattr(writerlib, "_lib", None)
+    monkeypatch.setattr(writerlib, "_tried", False)
     monkeypatch.setattr(leafhash, "leaf_of", leaf_of_elsewhere)
-    with caplog.at_level(logging.INFO, logger=stepwriter.__name__):
+    with caplog.at_level(logging.INFO, logger=writerlib.__name__):
         assert not stepwriter.available()
     if "unavailable" not in caplog.text:  # the library built: the probe turned it down
         assert "differs from leafhash's" in caplog.text
@@ -235,7 +236,7 @@ _EXIT_SCRIPT = """
 import sys
 import numpy as np
 from game.training.task.config import TaskConfig
-from game.training.native import stepwriter
+from game.training.transcript import stepwriter
 from game.training.log.sparse import SparseStepLog
 from game.training.transcript.writer import TranscriptWriter
 from tests.training.test_stepwriter import _state
@@ -282,10 +283,10 @@ def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(
     every step in Python, and says why."""
     if not library.available():
         pytest.skip("no C compiler on this machine")
-    monkeypatch.setattr(stepwriter, "_lib", None)
-    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setattr(writerlib, "_lib", None)
+    monkeypatch.setattr(writerlib, "_tried", False)
     monkeypatch.setattr(stepwriter, "compress_with", lambda payload, codec: b"other bytes")
-    with caplog.at_level(logging.INFO, logger=stepwriter.__name__):
+    with caplog.at_level(logging.INFO, logger=writerlib.__name__):
         assert not stepwriter.available()
     assert stepwriter.finish_step(_log(0, "auto", 3).prepare(0, SPEC).compressible, b"s", _no_paths()) is None
     if "unavailable" not in caplog.text:  # the library built: the probe turned it down
@@ -293,8 +294,8 @@ def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(
 
 
 def test_switchedOff_theWriterStaysInPython(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stepwriter, "_lib", None)
-    monkeypatch.setattr(stepwriter, "_tried", False)
+    monkeypatch.setattr(writerlib, "_lib", None)
+    monkeypatch.setattr(writerlib, "_tried", False)
     monkeypatch.setenv(stepwriter.ENV_SWITCH, "0")
     assert not stepwriter.available()
 
@@ -306,11 +307,24 @@ def _no_paths() -> stepwriter.StepPaths:
 
 
 def test_leaf_isLeafOf_inCOrInPython() -> None:
-    """``stepwriter.leaf`` (one C call, the GIL released, where the library runs) is the leaf the
+    """``leafnative.leaf`` (one C call, the GIL released, where the library runs) is the leaf the
     Python definition gives, for one to three levels, and the Python one without the library."""
     data = np.random.default_rng(5).integers(0, 256, 600_001, dtype=np.uint8)
     for n in (0, 1, 4096, 4097, 600_001):
-        assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())
-        assert stepwriter.leaf(memoryview(data[:n].tobytes())) == leaf_of(data[:n].tobytes())
+        assert leafnative.leaf(data[:n]) == leaf_of(data[:n].tobytes())
+        assert leafnative.leaf(memoryview(data[:n].tobytes())) == leaf_of(data[:n].tobytes())
         with library.disabled():
-            assert stepwriter.leaf(data[:n]) == leaf_of(data[:n].tobytes())
+            assert leafnative.leaf(data[:n]) == leaf_of(data[:n].tobytes())
+
+
+@needs_writer
+def test_aProbeRegisteredAfterTheLoad_stillTurnsTheLibraryDown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that registers its probe once the library is in use (imported late) has it run at
+    once: where it disagrees, the library is not used from then on, and the leaf is Python's."""
+    for name in ("_probes", "_lib", "_held", "_why"):
+        value = getattr(writerlib, name)
+        monkeypatch.setattr(writerlib, name, list(value) if name == "_probes" else value)
+    writerlib.add_probe(lambda lib: "a late probe disagrees", order=2)
+    assert not stepwriter.available()
+    assert stepwriter.describe() == "python (a late probe disagrees)"
+    assert leafnative.leaf(b"the state") == leaf_of(b"the state")

@@ -17,9 +17,10 @@ import pytest
 
 from game.errors import TranscriptError
 from game.training.log.formats import new_step_log
-from game.training.native import library, stepwriter
+from game.training.native import library
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
+from game.training.transcript import stepwriter
 from game.training.transcript.layout import CHUNK_HASHES_NAME, LEAVES_NAME
 from game.training.transcript.pipeline import WRITE_AHEAD
 from game.training.transcript.reader import Transcript

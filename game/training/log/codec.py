@@ -101,7 +101,7 @@ def compress_with(payload: bytes, codec: str) -> bytes:
 
 class Compressible(NamedTuple):
     """A chunk that is a head, with a codec byte in it, then a payload compressed: what the
-    transcript writer's C call can finish on its own (:mod:`game.training.native.stepwriter`), or
+    transcript writer's C call can finish on its own (:mod:`game.training.transcript.stepwriter`), or
     :meth:`finish` in Python, to the same bytes."""
 
     head: bytes  # the chunk's bytes before the compressed payload; its codec byte is rewritten

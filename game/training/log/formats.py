@@ -14,10 +14,10 @@ from typing import TypeAlias
 
 from game.errors import RoundingLogError
 from game.merkle import merkle_root
+from game.training.log import LOG_FORMATS
 from game.training.log.packed import StepLog
 from game.training.log.sparse import MAGIC as SPARSE_MAGIC
 from game.training.log.sparse import SparseStepLog
-from game.training.task.config import LOG_FORMATS
 
 #: A decoded chunk of either format.
 ChunkLog: TypeAlias = StepLog | SparseStepLog

@@ -7,7 +7,7 @@ arithmetic in one pass (the calls are in :mod:`~game.training.native.bindings`).
 with the machine's C compiler (``$CC``, else ``cc``) into a cache directory the first time it is
 needed (``$VGAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/vgame``, else ``~/.cache/vgame``), keyed by the
 source's hash, the flags and the platform. Without a compiler or with ``VGAME_NATIVE=0`` nothing
-loads and the torch kernels run instead. :mod:`~game.training.native.stepwriter` builds its own
+loads and the torch kernels run instead. :mod:`~game.training.native.writerlib` builds its own
 library with the same helpers.
 """
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from game.training.native import stepwriter
+from game.training.state import leafnative
 from game.training.state.canonical import hash_streamed, state_buffer
 from game.training.state.checkpoint import decode_state
 from game.training.state.tensors import TrainState
@@ -50,7 +50,7 @@ def state_hash(state: TrainState) -> bytes:
         return on_device.leaf()
     buf = state_buffer(state)
     if buf is not None:
-        return stepwriter.leaf(buf)
+        return leafnative.leaf(buf)
     return hash_streamed(state)
 
 
@@ -117,7 +117,7 @@ class LeafHasher:
         buf = state_buffer(state)
         if buf is None:
             return PendingLeaf(state.step, None, None, hash_streamed(state))
-        return PendingLeaf(state.step, buf, self._pool.submit(stepwriter.leaf, buf), None)  # C: no GIL held
+        return PendingLeaf(state.step, buf, self._pool.submit(leafnative.leaf, buf), None)  # C: no GIL held
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from game.errors import ConfigError
+from game.training.log import LOG_FORMATS
 from game.training.numerics.bandfile import BandsOrigin, BandTable, load_bands_file, preset_bands
 from game.training.task.catalog import (
     PRESET_NAMES,
@@ -40,9 +41,6 @@ log = logging.getLogger(__name__)
 #: v4 commits to leaves of format ``vgame-leaf-v2`` (``leafhash.py``: chunked, so a GPU computes
 #: them in parallel), where v3's were ``sha256(canonical bytes)``.
 SPEC_FORMAT = "vgame-task-v4"
-
-#: Rounding-log formats: ``sparse`` lists only in-band values, ``packed`` a trit for every value.
-LOG_FORMATS = ("sparse", "packed")
 
 #: Counter words of the RNG are 32 bits wide (see ``rng.py``): steps and example ids must fit.
 MAX_STEPS = 2**32 - 1

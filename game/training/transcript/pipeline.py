@@ -12,8 +12,8 @@ steps, which a resumed run computes again.
 A step's files go to disk in one C call (:func:`game.training.native.bindings.write_step`), which holds no
 GIL: in Python they were some twenty calls, and the trainer's thread waited for the GIL after each.
 A sparse chunk given with the state's bytes goes further in one C call
-(:func:`game.training.native.stepwriter.finish_step`): compressed, hashed with the state and
-written. Such steps go to a thread of that C library's own (:class:`~game.training.native.
+(:func:`game.training.transcript.stepwriter.finish_step`): compressed, hashed with the state and
+written. Such steps go to a thread of that C library's own (:class:`~game.training.transcript.
 stepwriter.Ring`), which never takes the GIL; the Python thread writes the others (a packed log, a
 state given by its hash, or where the C library is not used). Each step goes to one of the two
 only once the other has written every step before it, so the steps still land in order.
@@ -35,8 +35,10 @@ from typing import Any, Protocol, Self
 from game.errors import StepWriteError, TranscriptError
 from game.fsio import append_fsync, atomic_write, temp_file_name
 from game.training.log.chunks import PreparedChunk, chunk_hash
-from game.training.native import bindings, stepwriter
+from game.training.native import bindings
+from game.training.state import leafnative
 from game.training.task.config import TaskConfig
+from game.training.transcript import stepwriter
 from game.training.transcript.layout import TranscriptPaths, checkpoint_name, chunk_file_name
 from game.training.transcript.manifest import is_checkpoint_step
 
@@ -346,12 +348,12 @@ class StepPipeline:
             leaf = job.pending.leaf()
             if self.wants_checkpoint(step):
                 checkpoint = memoryview(job.pending.canonical_bytes()).cast("B")
-                if stepwriter.leaf(checkpoint) != leaf:  # the bytes the judge will hash, held to the leaf
+                if leafnative.leaf(checkpoint) != leaf:  # the bytes the judge will hash, held to the leaf
                     raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
         elif leaf is None:
             assert job.state is not None
-            leaf = stepwriter.leaf(job.state)
-        elif job.checkpoint is not None and stepwriter.leaf(job.checkpoint) != leaf:
+            leaf = leafnative.leaf(job.state)
+        elif job.checkpoint is not None and leafnative.leaf(job.checkpoint) != leaf:
             raise TranscriptError(f"checkpoint bytes of step {step} do not hash to its state hash")
         self._put_files(step, chunk, checkpoint, leaf)
         self._leaves[step] = leaf

@@ -17,7 +17,7 @@ from game.errors import RoundingLogError, TranscriptError
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.log.chunks import chunk_hash
 from game.training.log.formats import ChunkLog, decode_chunk
-from game.training.native import stepwriter
+from game.training.state import leafnative
 from game.training.transcript.files import LogReader, read_hashes
 from game.training.transcript.layout import (
     CHUNK_HASHES_NAME,
@@ -167,7 +167,7 @@ class Transcript:
         if not path.is_file():
             raise TranscriptError(f"no checkpoint for step {step} in {self.directory}")
         data = path.read_bytes()
-        if stepwriter.leaf(data) != self.leaf(step):
+        if leafnative.leaf(data) != self.leaf(step):
             raise TranscriptError(f"checkpoint {path.name} does not hash to leaf {step}: it was altered")
         return data
 

@@ -1,16 +1,11 @@
-"""The transcript writer's step in one C call (``writer.c``): the chunk compressed, both hashes and
-the files, with no GIL held.
+"""A transcript step finished in one C call of the writer's library (``writer.c``,
+:mod:`~game.training.native.writerlib`): the chunk compressed, both hashes and the files, with no GIL
+held; or on that library's own thread (:class:`Ring`), which never takes the GIL.
 
-Why: the trainer's thread runs beside the writer's. Done in Python, a step's writing lets the GIL go
-and takes it back five times (zlib, lzma's two calls, the state's hash, the files), and each time
-the writer's thread takes it back, the trainer's thread waits for it between two torch ops: on
-cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step (docs/benchmarks.md).
-
-``writer.c`` links zlib, liblzma and OpenSSL's libcrypto. It is compiled like the C kernels, into
-their cache directory, the first time a transcript writer needs it. Where it cannot be built (no
-compiler, or no headers of those libraries), with ``VGAME_NATIVE=0`` or ``VGAME_WRITER=0``, inside
-:func:`disabled` or :func:`game.training.native.library.disabled`, or where its codecs or its leaf
-(:mod:`~game.training.state.leafhash`) would not give the bytes Python's give (a probe, once a process),
+Why: the trainer's thread runs beside the writer's, and a step written in Python lets the GIL go and
+takes it back five times (:mod:`~game.training.native.writerlib` says what that cost). Where the
+library is not used (:func:`available`: not built, switched off, inside :func:`disabled`, or where a
+probe turned it down: its codecs and SHA-256 here, its leaf in :mod:`~game.training.state.leafnative`),
 :func:`finish_step` returns None and the writer writes the step in Python, to the same files
 (tests/training/test_stepwriter.py holds both ways to it).
 """
@@ -21,12 +16,8 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
-import threading
 import weakref
 import zlib
-from importlib import resources
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -40,83 +31,14 @@ from game.training.log.codec import (
     tried_codecs,
     zlib_level,
 )
-from game.training.native import bindings, library
-from game.training.state import leafhash
+from game.training.native import bindings, library, writerlib
+from game.training.native.writerlib import ENV_SWITCH, available, describe, disabled
+
+# For its probe, registered as it loads: ``vg_finish_step`` and the ring hash the state with
+# ``vg_leaf``, which that probe holds to Python's leaf.
+from game.training.state import leafnative  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-#: Set to ``0`` to write every step in Python (``VGAME_NATIVE=0`` also does).
-ENV_SWITCH = "VGAME_WRITER"
-#: What ``writer.c`` links.
-LIBS: tuple[str, ...] = ("-lz", "-llzma", "-lcrypto", "-pthread")
-
-#: ``with stepwriter.disabled():`` writes every step in Python inside.
-disabled = library.OffSwitch()
-
-_I64 = ctypes.c_int64
-_PTR = ctypes.c_void_p
-_PATH = ctypes.c_char_p
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-#: The same library, loaded so that its calls keep the GIL: the ring's quick calls, made on the
-#: trainer's thread, then neither let the GIL go nor wait to take it back.
-_held: ctypes.PyDLL | None = None
-_tried = False
-_why: str | None = None  # why the C call is not used, once a load found out
-
-
-def _source() -> bytes:
-    return resources.files(__package__).joinpath("writer.c").read_bytes()
-
-
-def library_path() -> Path:
-    """Where the compiled writer is (or will be) kept: keyed by the source, the flags and the platform."""
-    tag = "|".join([platform.machine(), platform.system(), *library.CFLAGS, *LIBS]).encode()
-    key = hashlib.sha256(_source() + tag).hexdigest()
-    return library.cache_dir() / f"writer-{key[:16]}.so"
-
-
-def _open() -> ctypes.CDLL:
-    lib = library.open_library(_source(), library_path(), name="writer.c", libs=LIBS)
-    lib.vg_compress.restype = _I64
-    lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _PTR, _I64]
-    lib.vg_sha256.restype = _I64
-    lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
-    lib.vg_leaf.restype = _I64
-    lib.vg_leaf.argtypes = [_PTR, _I64, _PTR]
-    lib.vg_finish_step.restype = _I64
-    lib.vg_finish_step.argtypes = [
-        *(_PTR, _I64, _I64, _PTR, _I64),  # head, codec byte, payload
-        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
-        *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
-        *(_PATH, _PATH, _PATH, _PATH),  # the chunk, its temporary name, the log directory, the hashes
-        *(_PATH, _PATH, _PATH, _PATH),  # the checkpoint, its temporary name, its directory, the leaves
-        *(_PTR, _PTR, _PTR),  # the leaf, where it failed, vg_write_step
-    ]
-    lib.vg_ring_new.restype = _PTR
-    lib.vg_ring_new.argtypes = [_PTR]
-    lib.vg_ring_wait.restype = _I64
-    lib.vg_ring_wait.argtypes = [_PTR, _I64]
-    lib.vg_ring_free.restype = None
-    lib.vg_ring_free.argtypes = [_PTR]
-    return lib
-
-
-def _open_held(lib: ctypes.CDLL) -> ctypes.PyDLL:
-    held = ctypes.PyDLL(lib._name)
-    held.vg_ring_push.restype = _I64
-    held.vg_ring_push.argtypes = [
-        *(_PTR, _PATH, _I64, _I64, _PATH, _I64),  # the ring, head, codec byte, payload
-        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
-        *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
-        *(_PATH,) * 8,  # the paths, as vg_finish_step takes them
-    ]
-    for name in ("vg_ring_pushed", "vg_ring_done"):
-        getattr(held, name).restype = _I64
-        getattr(held, name).argtypes = [_PTR]
-    held.vg_ring_result.restype = _I64
-    held.vg_ring_result.argtypes = [_PTR, _I64, _PTR, _PTR]
-    return held
 
 
 def _probe() -> bytes:
@@ -127,13 +49,8 @@ def _probe() -> bytes:
     return b"probe names\0" + small.tobytes()
 
 
-#: Sizes of the states whose leaves the probe compares: empty, tiny, one chunk and a byte more, and
-#: one of three levels with a ragged last chunk (600,000 bytes: 147 chunks, 4,704 bytes of digests).
-_LEAF_PROBE_SIZES = (0, 9, leafhash.CHUNK, leafhash.CHUNK + 1, 600_000)
-
-
 def _agrees(lib: ctypes.CDLL) -> str | None:
-    """Why the C codecs and hashes would give other bytes than Python's, or None when they agree."""
+    """Why the C codecs and SHA-256 would give other bytes than Python's, or None when they agree."""
     payload = _probe()
     for size in (len(payload), 200):
         part = payload[:size]
@@ -147,65 +64,14 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
         return "its SHA-256 failed"
     if digest.tobytes() != hashlib.sha256(payload).digest():
         return "its SHA-256 differs from hashlib's"
-    state = np.random.default_rng(20261127).integers(0, 256, size=max(_LEAF_PROBE_SIZES), dtype=np.uint8)
-    for size in _LEAF_PROBE_SIZES:
-        if lib.vg_leaf(state.ctypes.data, size, digest.ctypes.data) != 0:
-            return f"its leaf of {size} bytes failed"
-        if digest.tobytes() != leafhash.leaf_of(state[:size]):
-            return f"its leaf of {size} bytes differs from leafhash's"
     return None
-
-
-def _load() -> ctypes.CDLL | None:
-    global _lib, _held, _tried, _why
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get(library.ENV_SWITCH, "1") == "0" or os.environ.get(ENV_SWITCH, "1") == "0":
-            _why = f"switched off: {library.ENV_SWITCH}=0 or {ENV_SWITCH}=0"
-            return None
-        if library.address("vg_write_step") == 0:
-            _why = "no C kernels"  # the files are written in Python anyway
-            return None
-        try:
-            lib = _open()
-            held = _open_held(lib)
-        except (OSError, AttributeError) as exc:  # AttributeError: a library of an older writer.c
-            _why = f"not built: {exc}"
-            log.info("the transcript writer's C call is unavailable (%s): steps are written in Python", exc)
-            return None
-        _why = _agrees(lib)
-        if _why is not None:
-            log.info("the transcript writer's C call is not used: %s; steps are written in Python", _why)
-            return None
-        _lib, _held = lib, held
-        return lib
-
-
-def _running() -> ctypes.CDLL | None:
-    if disabled.off or library.disabled.off:
-        return None
-    return _lib if _tried else _load()
-
-
-def available() -> bool:
-    """Whether :func:`finish_step` writes steps (building the library now if it never was)."""
-    return _running() is not None
-
-
-def describe() -> str:
-    """Who writes a trainer's steps here, for ``vgame profiles``: ``c``, or ``python (why)``."""
-    if available():
-        return "c"
-    return "python" if _why is None else f"python ({_why})"
 
 
 def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> bytes | None:
     """``payload`` compressed by ``writer.c`` with "zlib" or "lzma" at the writer's settings
     (:func:`~game.training.log.codec.zlib_level`, :func:`~game.training.log.codec.lzma_dict_size`);
     None where the library is not used."""
-    lib = lib or _running()
+    lib = lib or writerlib.running()
     if lib is None:
         return None
     buf = np.frombuffer(payload, dtype=np.uint8)
@@ -216,21 +82,6 @@ def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> byte
         out.ctypes.data, cap,
     )  # fmt: skip
     return None if n < 0 else out[:n].tobytes()
-
-
-def leaf(data: bytes | memoryview | np.ndarray) -> bytes:
-    """``leafhash.leaf_of(data)``, in one C call that holds no GIL where the library runs. In Python
-    the leaf lets go of the GIL once per 4 KiB chunk (some 325 times for gpt-shakespeare's 1.33 MB
-    state), which on a hashing thread slowed the training thread beside it by a fifth."""
-    lib = _running()
-    if lib is None:
-        return leafhash.leaf_of(data)
-    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-    buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
-    digest = np.empty(32, dtype=np.uint8)
-    if lib.vg_leaf(buf.ctypes.data, buf.size, digest.ctypes.data) != 0:
-        return leafhash.leaf_of(data)
-    return digest.tobytes()
 
 
 class StepPaths(NamedTuple):
@@ -252,7 +103,7 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     write_step` writes them (``state`` as the checkpoint where ``paths`` name one). Returns the
     leaf; None, with nothing written, where the C call is not used or could not do it (write the
     step in Python). Raises ``OSError`` naming the file that failed; nothing after it was written."""
-    lib = _running()
+    lib = writerlib.running()
     if lib is None or len(chunk.payload) > MAX_PAYLOAD:
         return None
     size = len(chunk.payload)
@@ -340,11 +191,11 @@ class Ring:
     @classmethod
     def start(cls) -> Ring | None:
         """A ring with its thread running; None where the C call is not used (:func:`available`)."""
-        lib = _running()
-        if lib is None or _held is None:
+        lib, held = writerlib.running(), writerlib.held()
+        if lib is None or held is None:
             return None
         try:
-            return cls(lib, _held)
+            return cls(lib, held)
         except OSError as exc:
             log.warning("%s: steps are written by a Python thread", exc)
             return None
@@ -395,6 +246,9 @@ class Ring:
         self._closer()
 
 
+#: First, as it always ran; the leaf's probe (:mod:`~game.training.state.leafnative`) after it.
+writerlib.add_probe(_agrees, order=0)
+
 __all__ = [
     "ENV_SWITCH",
     "Ring",
@@ -404,5 +258,4 @@ __all__ = [
     "describe",
     "disabled",
     "finish_step",
-    "library_path",
 ]
