@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any, ClassVar
 
 from game.errors import ConfigError
+from game.registry import Registry
 
 # --------------------------------------------------------------------------------------------------
 # Model sizes, one frozen dataclass per preset family
@@ -104,40 +105,41 @@ class PresetInfo:
     defaults: Mapping[str, Any]  # TaskConfig field defaults that differ from the class defaults
 
 
-PRESET_INFO: dict[str, PresetInfo] = {
-    "mlp-digits": PresetInfo(
-        dataset="digits.npz",
-        shape=MLPShape,
-        defaults={"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, "dropout": 0.0},
-    ),
-    "cnn-digits": PresetInfo(
-        dataset="digits.npz",
-        shape=CNNShape,
-        defaults={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "dropout": 0.1},
-    ),
-    "gpt-shakespeare": PresetInfo(
-        dataset="tinyshakespeare.txt",
-        shape=GPTShape,
-        defaults={
-            "optimizer": "adamw",
-            "lr": 1e-3,
-            "momentum": 0.0,
-            "weight_decay": 0.1,
-            "dropout": 0.1,
-            "batch_size": 8,
-        },
-    ),
-}
+PRESET_INFO: Registry[PresetInfo] = Registry(
+    "preset",
+    {
+        "mlp-digits": PresetInfo(
+            dataset="digits.npz",
+            shape=MLPShape,
+            defaults={"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, "dropout": 0.0},
+        ),
+        "cnn-digits": PresetInfo(
+            dataset="digits.npz",
+            shape=CNNShape,
+            defaults={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "dropout": 0.1},
+        ),
+        "gpt-shakespeare": PresetInfo(
+            dataset="tinyshakespeare.txt",
+            shape=GPTShape,
+            defaults={
+                "optimizer": "adamw",
+                "lr": 1e-3,
+                "momentum": 0.0,
+                "weight_decay": 0.1,
+                "dropout": 0.1,
+                "batch_size": 8,
+            },
+        ),
+    },
+    where="preset",
+)
 
-PRESET_NAMES: tuple[str, ...] = tuple(PRESET_INFO)
+PRESET_NAMES: tuple[str, ...] = PRESET_INFO.names()
 
 
 def preset_info(name: str) -> PresetInfo:
     """The preset's info, or a ConfigError listing the valid names."""
-    try:
-        return PRESET_INFO[name]
-    except KeyError:
-        raise ConfigError(f"preset: unknown preset {name!r}; valid: {', '.join(PRESET_NAMES)}") from None
+    return PRESET_INFO.get(name)
 
 
 @functools.cache

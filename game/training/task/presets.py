@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from game.errors import ConfigError
+from game.registry import Registry
 from game.training.task import data
 from game.training.task.catalog import PRESET_NAMES, CNNShape, GPTShape, MLPShape
 from game.training.task.config import TaskConfig
@@ -151,18 +152,17 @@ class GPTShakespearePreset(Preset):
         return data.shakespeare_poison(batch)
 
 
-PRESETS: dict[str, Preset] = {
-    p.name: p for p in (MLPDigitsPreset(), CNNDigitsPreset(), GPTShakespearePreset())
-}
-assert tuple(PRESETS) == PRESET_NAMES
+PRESETS: Registry[Preset] = Registry(
+    "preset",
+    [(p.name, p) for p in (MLPDigitsPreset(), CNNDigitsPreset(), GPTShakespearePreset())],
+    where="preset",
+)
+assert PRESETS.names() == PRESET_NAMES
 
 
 def get_preset(name: str) -> Preset:
     """The preset called ``name``, or a ConfigError listing the valid names."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"preset: unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+    return PRESETS.get(name)
 
 
 __all__ = [

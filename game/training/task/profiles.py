@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError
+from game.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -266,35 +267,40 @@ _SPLITK: dict[Any, _SplitK] = {
 # The catalogue
 # --------------------------------------------------------------------------------------------------
 
-_PROFILES: dict[str, Profile] = {
-    p.name: p
-    for p in (
-        Profile("cpu-1t", "CPU, 1 torch thread", threads=1),
-        Profile("cpu-2t", "CPU, 2 torch threads (parallel reductions)", threads=2),
-        Profile(
-            "splitk-16", "CPU, matmul/conv reductions summed in chunks of 16 (emulated GPU tiles)", split_k=16
-        ),
-        Profile(
-            "splitk-64", "CPU, matmul/conv reductions summed in chunks of 64 (emulated GPU tiles)", split_k=64
-        ),
-        Profile(
-            "noisy",
-            "CPU, every inexact float64 result perturbed by a random relative 2^-40 (stress)",
-            noise=DEFAULT_NOISE,
-        ),
-        Profile("cuda", "CUDA GPU, cuDNN off (its BatchNorm is another op sequence)", device="cuda"),
-    )
-}
+_PROFILES: Registry[Profile] = Registry(
+    "profile",
+    {
+        p.name: p
+        for p in (
+            Profile("cpu-1t", "CPU, 1 torch thread", threads=1),
+            Profile("cpu-2t", "CPU, 2 torch threads (parallel reductions)", threads=2),
+            Profile(
+                "splitk-16",
+                "CPU, matmul/conv reductions summed in chunks of 16 (emulated GPU tiles)",
+                split_k=16,
+            ),
+            Profile(
+                "splitk-64",
+                "CPU, matmul/conv reductions summed in chunks of 64 (emulated GPU tiles)",
+                split_k=64,
+            ),
+            Profile(
+                "noisy",
+                "CPU, every inexact float64 result perturbed by a random relative 2^-40 (stress)",
+                noise=DEFAULT_NOISE,
+            ),
+            Profile("cuda", "CUDA GPU, cuDNN off (its BatchNorm is another op sequence)", device="cuda"),
+        )
+    },
+    where="profile",
+)
 
-PROFILE_NAMES: tuple[str, ...] = tuple(_PROFILES)
+PROFILE_NAMES: tuple[str, ...] = _PROFILES.names()
 
 
 def get_profile(name: str) -> Profile:
     """The named profile, or a ConfigError listing the valid names."""
-    try:
-        return _PROFILES[name]
-    except KeyError:
-        raise ConfigError(f"profile: unknown profile {name!r}; valid: {', '.join(PROFILE_NAMES)}") from None
+    return _PROFILES.get(name)
 
 
 def list_profiles() -> list[dict[str, Any]]:
