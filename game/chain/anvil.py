@@ -202,9 +202,6 @@ class AnvilChain(Chain):
             raise ChainError(f"anvil refused to revert to snapshot {snapshot_id}")
         self._forget_nonces()
 
-    def set_balance(self, address: str, wei: int) -> None:
-        self._rpc("anvil_setBalance", [Web3.to_checksum_address(address), hex(wei)])
-
     def _rpc(self, method: str, params: list[Any]) -> Any:
         resp = self.w3.provider.make_request(method, params)  # type: ignore[arg-type]
         if "error" in resp:

@@ -453,8 +453,3 @@ def _decoder() -> EventDecoder:
     if _DECODER is None:
         _DECODER = EventDecoder()
     return _DECODER
-
-
-def connect_client(chain: Chain, address: str, account_index: int = 0, **kw: Any) -> VerificationGameClient:
-    """Shorthand: a client for ``chain.account(account_index)``."""
-    return VerificationGameClient(chain, address, chain.account(account_index), **kw)

@@ -143,10 +143,6 @@ class Game:
         return (self.lo + self.hi) // 2
 
     @property
-    def ended(self) -> bool:
-        return self.phase == Phase.ENDED
-
-    @property
     def pinned_step(self) -> int | None:
         """The disputed step once pinned (also after a ruling or a judge timeout), else None."""
         was_pinned = self.phase == Phase.PINNED or self.reason in (EndReason.RULING, EndReason.JUDGE_TIMEOUT)

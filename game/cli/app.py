@@ -63,7 +63,7 @@ class _Interrupts:
             if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, self._stop)
 
-    def _stop(self, signum: int, frame: object) -> None:
+    def _stop(self, signum: int, _frame: object) -> None:
         self.signal = signum
         for other in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if other is not None and signal.getsignal(other) == self._stop:

@@ -42,13 +42,6 @@ def _pack_to(src: Path, out: BinaryIO) -> None:
                 tar.addfile(info, fh)
 
 
-def pack_directory(src: Path) -> bytes:
-    """:func:`_pack_to` in memory."""
-    buf = io.BytesIO()
-    _pack_to(src, buf)
-    return buf.getvalue()
-
-
 def _file_only(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
     """The extraction filter of a transcript: regular files inside ``dest`` only."""
     if not member.isfile():

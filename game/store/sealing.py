@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import secrets
-import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
@@ -125,13 +124,6 @@ class _SealingWriter(io.RawIOBase):
             self._progress(sealed, max(self._expected, sealed + 1))  # done only at finish
 
 
-def seal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
-    """Encrypt and authenticate all of ``src`` for ``purpose`` under ``key`` into ``dst`` (v2)."""
-    sealing = _SealingWriter(key, dst, purpose)
-    shutil.copyfileobj(src, sealing, SEGMENT)
-    sealing.finish()
-
-
 def _plain_segments(key: bytes, src: BinaryIO, purpose: bytes) -> Iterator[bytes]:
     """The plaintext of the sealed blob read from ``src``, a segment at a time, each authenticated
     before it is given out (a v1 blob, whole); a wrong key, another purpose, any modified, missing or
@@ -154,14 +146,6 @@ def _plain_segments(key: bytes, src: BinaryIO, purpose: bytes) -> Iterator[bytes
         if last:
             return
         sealed, index = following, index + 1
-
-
-def unseal_stream(key: bytes, src: BinaryIO, dst: BinaryIO, purpose: bytes) -> None:
-    """Decrypt a sealed blob from ``src`` into ``dst``; a wrong key, another purpose, any modified,
-    missing or added byte is a :class:`StoreError`. What reached ``dst`` before such an error is not
-    to be used: it is authentic only once this returns."""
-    for part in _plain_segments(key, src, purpose):
-        dst.write(part)
 
 
 class SealedFile(io.RawIOBase):
@@ -240,17 +224,3 @@ def _unseal_v1(key: bytes, blob: bytes, purpose: bytes) -> bytes:
         return AESGCM(key).decrypt(nonce, blob[len(MAGIC_V1) + NONCE_SIZE :], MAGIC_V1 + purpose)
     except InvalidTag:
         raise _wrong(purpose) from None
-
-
-def seal(key: bytes, plaintext: bytes, purpose: bytes) -> bytes:
-    """:func:`seal_stream` in memory."""
-    out = io.BytesIO()
-    seal_stream(key, io.BytesIO(plaintext), out, purpose)
-    return out.getvalue()
-
-
-def unseal(key: bytes, blob: bytes, purpose: bytes) -> bytes:
-    """:func:`unseal_stream` in memory."""
-    out = io.BytesIO()
-    unseal_stream(key, io.BytesIO(blob), out, purpose)
-    return out.getvalue()

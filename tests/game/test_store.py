@@ -19,10 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from game.store import archive, blobs, sealing
-from game.store.archive import SealedArchive, fetch_directory, pack_directory, publish_directory
+from game.store.archive import SealedArchive, fetch_directory, publish_directory
 from game.store.blobs import BlobStore
 from game.store.keys import new_key, parse_key
-from game.store.sealing import SealedFile, StoreError, seal, unseal
+from game.store.sealing import SealedFile, StoreError
+from tests.game.helpers import pack_directory, seal, unseal, unseal_stream
 
 
 def _in_store(name: str, value: Any) -> contextlib.ExitStack:
@@ -198,7 +199,7 @@ def test_unseal_stream_writesNothingUsable_untilTheEnd() -> None:
         blob = seal(key, bytes(5 * SMALL), b"transcript")
         out = io.BytesIO()
         with pytest.raises(StoreError):
-            sealing.unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
+            unseal_stream(key, io.BytesIO(blob[:-1]), out, b"transcript")
     assert len(out.getvalue()) == 4 * SMALL  # the segments before the last, not yet proved whole
 
 
@@ -284,7 +285,7 @@ def _sealed_tar(store: BlobStore, key: bytes, add: Callable[[tarfile.TarFile], N
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         add(tar)
-    return store.put(sealing.seal(key, buf.getvalue(), b"transcript"))
+    return store.put(seal(key, buf.getvalue(), b"transcript"))
 
 
 def _file(tar: tarfile.TarFile, name: str, data: bytes = b"bad") -> None:
@@ -310,7 +311,7 @@ def test_fetch_refusesLinksAndPathsOutsideItsDirectory_andWhatIsNoArchive(tmp_pa
     with pytest.raises(StoreError, match=r"non-file entry 'manifest\.json'"):
         fetch_directory(store, key, link, dest)
     assert not (dest / "manifest.json").exists()
-    junk = store.put(sealing.seal(key, b"not a tar" * 100, b"transcript"))
+    junk = store.put(seal(key, b"not a tar" * 100, b"transcript"))
     with pytest.raises(StoreError, match="is not a published directory"):
         fetch_directory(store, key, junk, tmp_path / "out2")
 

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import torch
 
+from game.fsio import atomic_write
+from game.training.log.chunks import chunk_hash
+from game.training.log.formats import ChunkLog
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
+from game.training.transcript.layout import chunk_file_name
 
 
 def random_trits(n: int, seed: int) -> torch.Tensor:
@@ -53,3 +57,17 @@ def random_sparse_log(
 def file_tree(out: Path) -> dict[str, bytes]:
     """Every file under ``out`` by its relative path, with its bytes."""
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def total_values(step_log: ChunkLog) -> int:
+    """Rounded values a step's log holds records for (in or out of band): its records' counts."""
+    return sum(r.count for r in step_log.records)
+
+
+def write_chunk(directory: Path, step: int, step_log: ChunkLog, spec_hash: bytes) -> bytes:
+    """Step ``step``'s chunk file as the transcript writer lays it down (encoded, written to a temp
+    file, fsynced, renamed into place); returns the chunk hash."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = step_log.encode(step, spec_hash)
+    atomic_write(directory / chunk_file_name(step), data)
+    return chunk_hash(data)

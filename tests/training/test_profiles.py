@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -143,7 +144,7 @@ def test_noise_seeded_isReproducible_unseeded_isNot() -> None:
     x = torch.linspace(1.0, 2.0, 1000, dtype=torch.float64)
     outs = []
     for seed in (5, 5, None):
-        source = get_profile("noisy").with_noise(2.0**-30, seed=seed).noise_generator()
+        source = replace(get_profile("noisy"), noise=2.0**-30, noise_seed=seed).noise_generator()
         assert source is not None
         y = x.clone()
         source.perturb(y)
@@ -152,7 +153,8 @@ def test_noise_seeded_isReproducible_unseeded_isNot() -> None:
     assert not torch.equal(outs[0], outs[2])
 
 
-def test_withNoise_rejectsBadBounds() -> None:
-    with pytest.raises(ConfigError):
-        get_profile("noisy").with_noise(1.5)
+def test_profile_rejectsBadNoiseBounds() -> None:
+    for bad in (1.5, -1e-9, float("nan")):
+        with pytest.raises(ConfigError, match="noise"):
+            replace(get_profile("noisy"), noise=bad)
     assert get_profile("cpu-1t").noise_generator() is None

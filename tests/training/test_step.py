@@ -3,6 +3,7 @@ of a step (order, zero_grad, step numbers, checkpoint resume)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -103,8 +104,8 @@ def test_largerNoise_insideTheBands_isStillCorrected(log_format: str) -> None:
     # format's tau = 0.25 ulp (>= 2**-26 relative) covers it too.
     bands = BandTable(default=Band(-26, -40))
     cfg = small_cfg("mlp-digits").replace(log_format=log_format, bands=bands)
-    et = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-30))
-    ea = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-30))
+    et = StepEngine(cfg, replace(get_profile("noisy"), noise=2.0**-30))
+    ea = StepEngine(cfg, replace(get_profile("noisy"), noise=2.0**-30))
     st, sa = et.init_state(), ea.init_state()
     for step in (1, 2):
         rt = et.run_step(st, step, mode="record")
@@ -119,7 +120,7 @@ def test_noiseBeyondTheCalibratedBands_isRefusedOrDiverges(log_format: str) -> N
     # outside the band) or lands on another state.
     cfg = small_cfg("mlp-digits").replace(log_format=log_format)
     et = StepEngine(cfg, get_profile("cpu-1t"))
-    ea = StepEngine(cfg, get_profile("noisy").with_noise(2.0**-24))
+    ea = StepEngine(cfg, replace(get_profile("noisy"), noise=2.0**-24))
     st, sa = et.init_state(), ea.init_state()
     rt = et.run_step(st, 1, mode="record")
     try:

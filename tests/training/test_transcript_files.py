@@ -13,7 +13,7 @@ from game.training.log.chunks import ChunkMismatchError
 from game.training.log.formats import log_root
 from game.training.log.packed import StepLog
 from game.training.transcript.files import LogReader, LogWriter, MissingChunkError
-from tests.training.helpers import sample_packed_log
+from tests.training.helpers import sample_packed_log, total_values, write_chunk
 
 SPEC = hashlib.sha256(b"task A").digest()
 OTHER_SPEC = hashlib.sha256(b"task B").digest()
@@ -25,11 +25,10 @@ OTHER_SPEC = hashlib.sha256(b"task B").digest()
 
 
 def test_writerReader_roundTrip(tmp_path: Path) -> None:
-    writer = LogWriter(tmp_path / "log")
     hashes = []
     logs = [StepLog.empty(), sample_packed_log(1), sample_packed_log(2)]
     for step, step_log in enumerate(logs):
-        hashes.append(writer.write_chunk(step, step_log, SPEC))
+        hashes.append(write_chunk(tmp_path / "log", step, step_log, SPEC))
     reader = LogReader(tmp_path / "log", SPEC)
     assert reader.steps() == [0, 1, 2]
     assert sorted(p.name for p in (tmp_path / "log").iterdir()) == [
@@ -47,7 +46,7 @@ def test_writerReader_roundTrip(tmp_path: Path) -> None:
 
 
 def test_reader_missingChunk_namesTheStep(tmp_path: Path) -> None:
-    LogWriter(tmp_path).write_chunk(0, StepLog.empty(), SPEC)
+    write_chunk(tmp_path, 0, StepLog.empty(), SPEC)
     reader = LogReader(tmp_path, SPEC)
     with pytest.raises(MissingChunkError, match=r"step 1: log chunk step-000000001\.bin is missing"):
         reader.read(1)
@@ -56,8 +55,7 @@ def test_reader_missingChunk_namesTheStep(tmp_path: Path) -> None:
 
 
 def test_reader_chunkFileSwapped_isReordered(tmp_path: Path) -> None:
-    writer = LogWriter(tmp_path)
-    writer.write_chunk(3, sample_packed_log(), SPEC)
+    write_chunk(tmp_path, 3, sample_packed_log(), SPEC)
     (tmp_path / "step-000000003.bin").rename(tmp_path / "step-000000004.bin")
     with pytest.raises(ChunkMismatchError, match="reordered"):
         LogReader(tmp_path, SPEC).read(4)
@@ -69,10 +67,10 @@ def test_reader_chunkFileSwapped_isReordered(tmp_path: Path) -> None:
 def test_writer_truncateAfter_removesLaterChunks(tmp_path: Path) -> None:
     writer = LogWriter(tmp_path)
     for step in range(5):
-        writer.write_chunk(step, StepLog.empty(), SPEC)
+        write_chunk(tmp_path, step, StepLog.empty(), SPEC)
     (tmp_path / ".step-000000005.bin.tmp").write_bytes(b"partial")
     assert writer.truncate_after(2) == [3, 4]
     assert LogReader(tmp_path, SPEC).steps() == [0, 1, 2]
     assert not list(tmp_path.glob(".*.tmp"))
-    writer.write_chunk(2, sample_packed_log(), SPEC)  # overwrite is atomic and allowed (resume)
-    assert LogReader(tmp_path, SPEC).read(2).total_values == 296
+    write_chunk(tmp_path, 2, sample_packed_log(), SPEC)  # overwrite is atomic and allowed (resume)
+    assert total_values(LogReader(tmp_path, SPEC).read(2)) == 296

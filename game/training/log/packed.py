@@ -120,10 +120,6 @@ class StepLog:
     def records(self) -> tuple[LogRecord, ...]:
         return tuple(self._records)
 
-    @property
-    def total_values(self) -> int:
-        return sum(r.count for r in self._records)
-
     def __len__(self) -> int:
         return len(self._records)
 

@@ -175,13 +175,6 @@ class SparseStepLog:
         return list(self._records())
 
     @property
-    def total_values(self) -> int:
-        """Rounded values the step logged for (all of them, in or out of band)."""
-        return sum(
-            int(p.table[:, 2].sum()) if isinstance(p, RecordRows) else p.record.count for p in self._parts
-        )
-
-    @property
     def total_entries(self) -> int:
         """Values that have an entry (in band and rounded to the odd neighbour)."""
         return sum(

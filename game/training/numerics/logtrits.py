@@ -64,11 +64,6 @@ def round_and_log(x: torch.Tensor, bits: int, tau: float) -> tuple[torch.Tensor,
     return out.view(torch.float64).view(x.shape), trits.view(x.shape)
 
 
-def log_direction(x: torch.Tensor, bits: int, tau: float) -> torch.Tensor:
-    """Algorithm 1 with a binary exponent: uint8 trits (0 down, 1 ignore, 2 up) shaped like ``x``."""
-    return round_and_log(x, bits, tau)[1]
-
-
 def _changes(up: torch.Tensor, off: torch.Tensor, trits: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """Lanes where the logged direction overrides own rounding (flip the magnitude direction there).
 

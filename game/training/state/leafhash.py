@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -120,11 +119,6 @@ class LeafStream:
                 self._digests += self._chunk.digest()
                 self._chunk = hashlib.sha256()
                 self._filled = 0
-        return self
-
-    def update_all(self, pieces: Iterable[Bytes]) -> LeafStream:
-        for piece in pieces:
-            self.update(piece)
         return self
 
     def digest(self) -> bytes:

@@ -17,7 +17,6 @@ mostly do not, so besides the real differences (torch's thread count, a CUDA dev
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import secrets
@@ -51,6 +50,10 @@ class Profile:
     noise: float = 0.0  # bound of the relative perturbation of inexact results; 0: none
     noise_seed: int | None = None  # seed of the perturbation; None: fresh randomness per generator
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.noise < 1.0 or not math.isfinite(self.noise):
+            raise ConfigError(f"noise: {self.noise} is outside [0, 1)")
+
     def available(self) -> bool:
         """Whether this machine can run the profile (a CUDA profile needs a CUDA device)."""
         if self.device.startswith("cuda"):
@@ -83,12 +86,6 @@ class Profile:
     def emulates(self) -> bool:
         """Whether :meth:`compute` or :meth:`perturb` differ from the native op."""
         return self.split_k is not None or self.noise > 0.0
-
-    def with_noise(self, noise: float, *, seed: int | None = None) -> Profile:
-        """A copy with another noise bound (tests use a larger one to provoke corrections)."""
-        if not 0.0 <= noise < 1.0 or not math.isfinite(noise):
-            raise ConfigError(f"noise: {noise} is outside [0, 1)")
-        return dataclasses.replace(self, noise=noise, noise_seed=seed)
 
     @contextlib.contextmanager
     def apply(self) -> Iterator[None]:

@@ -11,9 +11,9 @@ import logging
 from pathlib import Path
 
 from game.errors import RoundingLogError, TranscriptError
-from game.fsio import atomic_write, fsync_dir, is_temp_name
+from game.fsio import fsync_dir, is_temp_name
 from game.merkle import HASH_SIZE
-from game.training.log.chunks import PreparedChunk, chunk_hash
+from game.training.log.chunks import chunk_hash
 from game.training.log.formats import ChunkLog, decode_chunk
 from game.training.transcript.layout import chunk_file_name, chunk_file_step
 
@@ -38,18 +38,12 @@ def read_hashes(path: Path, what: str) -> list[bytes]:
 
 
 class LogWriter:
-    """Writes one chunk file per step into ``directory``, atomically; keeps nothing between steps."""
+    """The log directory's chunk files as a resumed run finds them (the transcript writer's thread
+    writes one per step, atomically: :mod:`game.training.transcript.pipeline`)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-
-    def write_chunk(self, step: int, step_log: ChunkLog | PreparedChunk, spec_hash: bytes) -> bytes:
-        """Encode, write (tmp file, fsync, rename) and return the chunk hash."""
-        data = step_log.encode(step, spec_hash)
-        atomic_write(self.directory / chunk_file_name(step), data)
-        log.debug("step %d: wrote %d-byte log chunk", step, len(data))
-        return chunk_hash(data)
 
     def truncate_after(self, step: int) -> list[int]:
         """Delete the chunks of steps after ``step`` (and stray tmp files) for crash-resume."""
@@ -67,7 +61,7 @@ class LogWriter:
 
 
 class LogReader:
-    """Reads and checks the chunk files a :class:`LogWriter` wrote for the task ``spec_hash``."""
+    """Reads and checks the chunk files the transcript writer wrote for the task ``spec_hash``."""
 
     def __init__(self, directory: Path, spec_hash: bytes) -> None:
         self.directory = Path(directory)

@@ -10,7 +10,7 @@ instead of naming them itself. Its own code uses no torch, but the chunk decoder
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 
 from game.errors import RoundingLogError, TranscriptError
@@ -201,7 +201,3 @@ class Transcript:
         if check_chunks:
             for step in range(m.num_leaves):
                 self._checked_chunk(step)
-
-    def iter_logs(self, start: int = 0) -> Iterator[tuple[int, ChunkLog]]:
-        for step in range(start, len(self.chunk_hashes())):
-            yield step, self.read_log(step)
