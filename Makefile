@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_ARGS ?=
 
-.PHONY: setup demo test lint format typecheck imports contracts contracts-check pytest clean
+.PHONY: setup demo test lint format typecheck imports contracts contracts-check slither pytest clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,7 +12,7 @@ setup:
 demo: setup
 	$(VENV)/vgame demo $(DEMO_ARGS)
 
-test: setup contracts-check lint typecheck imports pytest
+test: setup contracts-check slither lint typecheck imports pytest
 
 lint: setup
 	$(VENV)/ruff check game trainer_node auditor_node tests
@@ -38,8 +38,16 @@ contracts: setup
 contracts-check: setup
 	node contracts/build.mjs --check
 
+# Static analysis of the game contract (and the MerkleProof library it imports) with Slither, from
+# its own venv (.venv-slither, requirements-slither.lock). Slither compiles through contracts/slither/solc,
+# the pinned solcjs behind native solc's command line. Any finding fails, unless the source justifies it
+# with `// slither-disable-next-line <detector> (reason)` (docs/contract.md "Static analysis").
+slither: setup
+	.venv-slither/bin/slither contracts/VerificationGame.sol --solc contracts/slither/solc \
+		--compile-force-framework solc --fail-pedantic
+
 pytest: setup
 	$(VENV)/python -m pytest -n 2 --timeout=900 $(PYTEST_ARGS)
 
 clean:
-	rm -rf .venv contracts/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-slither contracts/node_modules .pytest_cache .mypy_cache .ruff_cache

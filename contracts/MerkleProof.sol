@@ -14,6 +14,7 @@ library MerkleProof {
 
     /// @notice Hash of a leaf node: sha256(0x00 || data).
     function leafHash(bytes32 data) internal view returns (bytes32 h) {
+        // slither-disable-next-line assembly (the sha256 precompile on scratch memory, see @dev)
         assembly ("memory-safe") {
             // Scratch memory past the free pointer; the pointer is not moved (nothing is kept there).
             let m := mload(0x40)
@@ -26,6 +27,7 @@ library MerkleProof {
 
     /// @notice Hash of an inner node: sha256(0x01 || left || right).
     function nodeHash(bytes32 left, bytes32 right) internal view returns (bytes32 h) {
+        // slither-disable-next-line assembly (the sha256 precompile on scratch memory, see @dev)
         assembly ("memory-safe") {
             let m := mload(0x40)
             mstore8(m, 0x01)
@@ -48,6 +50,7 @@ library MerkleProof {
     {
         if (index >= size || proof.length > MAX_PROOF_LENGTH) return (false, bytes32(0));
         root = leafHash(leaf);
+        // slither-disable-next-line assembly (the sha256 precompile on scratch memory, see @dev)
         assembly ("memory-safe") {
             let m := mload(0x40)
             mstore8(m, 0x01) // node prefix; the two 32-byte words go at m + 1 and m + 33

@@ -391,6 +391,7 @@ contract VerificationGame {
         // INVARIANT: only a committed task is settled, and only once.
         if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
         // INVARIANT: challenges are accepted until the window ends.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (block.timestamp < t.windowEnds) revert WindowOpen(taskId, t.windowEnds);
         // INVARIANT: every game has ended.
         if (t.liveGames != 0) revert GamesLive(taskId, t.liveGames);
@@ -420,6 +421,7 @@ contract VerificationGame {
         // INVARIANT: only a committed, unsettled task can be challenged.
         if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
         // INVARIANT: challenges come before the window ends.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (block.timestamp >= t.windowEnds) revert WindowClosed(taskId, t.windowEnds);
         // INVARIANT: the trainer and the judge cannot be auditors of the task.
         if (msg.sender == t.trainer || msg.sender == t.judge) revert ChallengerNotAllowed(msg.sender);
@@ -464,6 +466,7 @@ contract VerificationGame {
         GameSlots storage g = _games[gameId];
         // The hot path of the game: slot 0 is read once and written once, by hand (see GameSlots).
         uint256 word;
+        // slither-disable-next-line assembly (both blocks: slot 0 read and written once, see GameSlots)
         assembly ("memory-safe") {
             word := sload(g.slot)
         }
@@ -532,6 +535,7 @@ contract VerificationGame {
         _checkTurn(gameId, g.phase, Phase.Pinned, t.judge);
         uint64 judgeDeadline = uint64(g.lastMoveAt) + t.judgeWindow;
         // INVARIANT: the ruling comes by the judge's deadline.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (block.timestamp > judgeDeadline) revert ClockExpired(gameId, judgeDeadline);
         bool trainerWon = computedPostState == g.hiLeaf;
         emit Ruled(gameId, computedPostState, trainerWon);
@@ -549,6 +553,7 @@ contract VerificationGame {
         Task storage t = _tasks[g.taskId];
         uint64 due = _deadline(g, t);
         // INVARIANT: a timeout needs the deadline to have passed.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (block.timestamp <= due) revert ClockRunning(gameId, due);
         if (phase == Phase.AwaitingReveal) {
             _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
@@ -570,6 +575,7 @@ contract VerificationGame {
         if (amount == 0) revert NothingToWithdraw(msg.sender);
         _credit[msg.sender] = 0;
         emit Withdrawn(msg.sender, amount);
+        // slither-disable-next-line low-level-calls (the ether send; credit zeroed first, result checked)
         (bool sent,) = msg.sender.call{value: amount}("");
         if (!sent) revert TransferFailed(msg.sender, amount);
     }
@@ -627,6 +633,7 @@ contract VerificationGame {
         trainer = g.trainerClock;
         auditor = g.auditorClock;
         uint256 elapsed = block.timestamp - g.lastMoveAt;
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (g.phase == Phase.AwaitingReveal) trainer = elapsed >= trainer ? 0 : uint32(trainer - elapsed);
         if (g.phase == Phase.AwaitingResponse) auditor = elapsed >= auditor ? 0 : uint32(auditor - elapsed);
     }
@@ -673,6 +680,7 @@ contract VerificationGame {
     /// @dev The mover's clock after this move; reverts ClockExpired when the move comes too late.
     function _spend(uint256 gameId, uint40 lastMoveAt, uint32 clock) internal view returns (uint32) {
         uint256 elapsed = block.timestamp - lastMoveAt;
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
         if (elapsed > clock) revert ClockExpired(gameId, uint64(lastMoveAt) + clock);
         return uint32(clock - elapsed);
     }
@@ -693,7 +701,7 @@ contract VerificationGame {
         --t.liveGames;
         uint256 taskId = g.taskId;
         address auditor = g.auditor;
-        address winner;
+        address winner = address(0); // stays zero for a void game
         uint256 amount = t.auditorBond;
         if (outcome == Outcome.TrainerWon) {
             winner = t.trainer;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything from nothing, idempotently: Python venv with pinned packages, the npm
-# toolchain for contracts (solc, anvil). Safe to run again; does only what is missing.
+# Set up everything from nothing, idempotently: Python venv with pinned packages, Slither's venv, the
+# npm toolchain for contracts (solc, anvil). Safe to run again; does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,21 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "==> building the C++ dispatch front"
     .venv/bin/python -m game.training.native.front
     echo "$want" > "$stamp"
+fi
+
+# Slither (`make slither`) in a venv of its own: every slither-analyzer 0.11.x needs web3<8, the
+# project pins web3 8 (requirements-slither.lock says more).
+if [ ! -x .venv-slither/bin/python ]; then
+    echo "==> creating .venv-slither with $("$PY" --version)"
+    "$PY" -m venv .venv-slither
+fi
+sstamp=.venv-slither/.vgame-installed
+swant=$(sha256sum < requirements-slither.lock | cut -d' ' -f1)
+if [ ! -f "$sstamp" ] || [ "$(cat "$sstamp")" != "$swant" ]; then
+    echo "==> installing Slither and its pinned requirements into .venv-slither"
+    .venv-slither/bin/python -m pip install -q --disable-pip-version-check -r requirements-slither.lock \
+        2> >(grep -v "^WARNING: Location" >&2)
+    echo "$swant" > "$sstamp"
 fi
 
 if [ ! -d contracts/node_modules/solc ] || [ contracts/package-lock.json -nt contracts/node_modules/.package-lock.json ]; then

@@ -65,11 +65,12 @@ def chain(request: pytest.FixtureRequest) -> Iterator[Chain]:
 
 @pytest.fixture(scope="session")
 def deployed(chain: Chain) -> dict[str, Any]:
-    """The game, the Merkle harness and the ether-rejecting client, deployed once per chain."""
+    """The game, the Merkle harness, the ether-rejecting client and the re-entering receiver, deployed
+    once per chain."""
     w3 = chain.w3
     out: dict[str, Any] = {}
     abis = []
-    for name in ("VerificationGame", "MerkleHarness", "EtherRejecter"):
+    for name in ("VerificationGame", "MerkleHarness", "EtherRejecter", "Reenterer"):
         art = artifact(name)
         factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
         tx_hash = factory.constructor().transact({"from": chain.accounts[0].address})
@@ -90,6 +91,7 @@ def env(chain: Chain, deployed: dict[str, Any]) -> Iterator[Env]:
             game=deployed["VerificationGame"],
             harness=deployed["MerkleHarness"],
             rejecter=deployed["EtherRejecter"],
+            reenterer=deployed["Reenterer"],
             errors=deployed["errors"],
         )
     finally:

@@ -96,6 +96,7 @@ class Env:
     game: Contract
     harness: Contract
     rejecter: Contract
+    reenterer: Contract
     errors: ErrorTable
     gas_used: list[int] = field(default_factory=list)
 
@@ -313,4 +314,5 @@ class Env:
         return total
 
     def credits(self) -> int:
-        return sum(self.credit(a.address) for a in self.chain.accounts) + self.credit(self.rejecter.address)
+        contracts = (self.rejecter.address, self.reenterer.address)
+        return sum(self.credit(a) for a in [*(a.address for a in self.chain.accounts), *contracts])

@@ -4,7 +4,17 @@ moves are allowed up to and including the deadline, timeouts strictly after it."
 from __future__ import annotations
 
 from game.merkle import MerkleTree
-from tests.contracts.driver import AUDITOR_WON, CLOCK, TRAINER_BOND, TRAINER_WON, Env, leaves
+from tests.contracts.driver import (
+    AUDITOR_BOND,
+    AUDITOR_WON,
+    CLOCK,
+    PAYMENT,
+    TIMEOUT,
+    TRAINER_BOND,
+    TRAINER_WON,
+    Env,
+    leaves,
+)
 
 
 def _game(env: Env, n: int = 33) -> tuple[int, MerkleTree]:
@@ -117,3 +127,68 @@ def test_timeout_byAnyone(env: Env) -> None:
     env.at(env.deadline(game_id) + 1)
     env.timeout(game_id, caller=env.client)
     assert env.game_state(game_id).outcome == AUDITOR_WON
+
+
+# dave#275 with the winner's clock drained: the winner moved at its very deadline (its clock is 0), then
+# the loser never moves. The timeout still goes to the winner, never void: the deadline that counts is
+# the mover's (the loser's), and a winner with no time left has nothing more to do.
+def test_auditorTimesOut_trainerClockDrained_trainerWinsAndIsPaid(env: Env) -> None:
+    game_id, tree = _game(env)
+    task = env.game_state(game_id).taskId
+    env.at(env.deadline(game_id))
+    assert env.event(env.reveal(game_id, tree), "LeafRevealed")["trainerClockLeft"] == 0
+    revealed_at = env.now()
+    due = env.deadline(game_id)
+    assert due == revealed_at + CLOCK  # the auditor's clock, not the trainer's empty one
+    env.at(due)
+    assert env.reverts(env.game.functions.timeout(game_id), env.outsider) == ("ClockRunning", (game_id, due))
+    env.estimate(env._tx(env.game.functions.respond(game_id, True), env.auditors[0], 0))  # still in time
+    env.at(due + 10 * CLOCK)  # and the winner may wait as long as it likes
+    env.chain.mine()
+    assert env.clock_left(game_id) == (0, 0)
+    ev = env.event(env.timeout(game_id), "GameEnded")
+    assert (ev["outcome"], ev["reason"], ev["winner"]) == (TRAINER_WON, TIMEOUT, env.trainer)
+    g = env.game_state(game_id)
+    assert (g.outcome, g.reason, g.trainerClock) == (TRAINER_WON, TIMEOUT, 0)
+    assert env.credit(env.trainer) == AUDITOR_BOND and env.credit(env.auditors[0]) == 0
+    env.at(max(env.now() + 1, env.task(task).windowEnds))
+    assert env.event(env.finalize(task), "TaskFinalized")["trainerPaid"] is True
+    assert env.credit(env.trainer) == AUDITOR_BOND + PAYMENT + TRAINER_BOND
+    assert env.balance() == env.credits()
+
+
+def test_trainerTimesOut_auditorClockDrained_auditorWinsAndIsPaid(env: Env) -> None:
+    game_id, tree = _game(env)
+    task = env.game_state(game_id).taskId
+    env.reveal(game_id, tree)
+    env.at(env.deadline(game_id))
+    assert env.event(env.respond(game_id, True), "Responded")["auditorClockLeft"] == 0
+    due = env.deadline(game_id)
+    assert due == env.now() + env.game_state(game_id).trainerClock  # the trainer's clock runs now
+    env.at(due)
+    assert env.reverts(env.game.functions.timeout(game_id), env.outsider) == ("ClockRunning", (game_id, due))
+    env.estimate(env._tx(env.reveal_fn(game_id, tree), env.trainer, 0))  # still in time
+    env.at(due + 10 * CLOCK)
+    ev = env.event(env.timeout(game_id), "GameEnded")
+    assert (ev["outcome"], ev["reason"], ev["winner"]) == (AUDITOR_WON, TIMEOUT, env.auditors[0])
+    g = env.game_state(game_id)
+    assert (g.outcome, g.reason, g.auditorClock) == (AUDITOR_WON, TIMEOUT, 0)
+    assert env.credit(env.auditors[0]) == AUDITOR_BOND + TRAINER_BOND and env.credit(env.trainer) == 0
+    env.at(max(env.now() + 1, env.task(task).windowEnds))
+    assert env.event(env.finalize(task), "TaskFinalized")["trainerPaid"] is False
+    assert env.credit(env.client) == PAYMENT and env.credit(env.trainer) == 0
+    assert env.balance() == env.credits()
+
+
+def test_bothClocksDrained_theMoverLoses(env: Env) -> None:
+    """Both clocks at 0: the trainer revealed and the auditor answered, each at its deadline; the
+    trainer, to move with no time, loses one second later (not void, not the auditor)."""
+    game_id, tree = _game(env)
+    env.at(env.deadline(game_id))
+    env.reveal(game_id, tree)
+    env.at(env.deadline(game_id))
+    env.respond(game_id, False)
+    assert env.clock_left(game_id) == (0, 0) and env.deadline(game_id) == env.now()
+    env.at(env.now() + 1)
+    ev = env.event(env.timeout(game_id), "GameEnded")
+    assert (ev["outcome"], ev["reason"], ev["winner"]) == (AUDITOR_WON, TIMEOUT, env.auditors[0])

@@ -1,0 +1,190 @@
+"""The leaf-count bound is inclusive: ``MAX_LEAVES = 2^48`` leaves are committed and played to a
+ruling, ``2^48 + 1`` are refused (InvalidLeafCount) even with proofs that verify.
+
+The trees are the project's (game/merkle.py) built level by level over *runs* of equal leaves, so a
+tree of 2^48 leaves takes a few hundred hashes: a level is a list of (node hash, count) runs, and
+pairing two runs of equal nodes gives a run of equal parents. Only the nodes where runs meet differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+
+import pytest
+
+from game.merkle import MerkleTree, leaf_hash, node_hash
+from tests.contracts.driver import (
+    AUDITOR_WON,
+    COMMITTED,
+    FINALIZED,
+    PAYMENT,
+    PINNED,
+    TRAINER_BOND,
+    TRAINER_WON,
+    Env,
+)
+
+MAX_LEAVES = 2**48
+GOOD = hashlib.sha256(b"good state").digest()
+BAD = hashlib.sha256(b"bad state").digest()
+# The first wrong leaf of a liar's run: far from both ends and from every power of two.
+DIVERGE = 2**47 + 2**31 + 12_345
+
+
+class RunTree:
+    """``MerkleTree`` of ``sum(counts)`` leaves given as runs ``(data, count)`` of equal data.
+
+    Same tree, same proofs (a lone last node is promoted, adding no sibling), held as runs per level.
+    """
+
+    def __init__(self, runs: Sequence[tuple[bytes, int]]) -> None:
+        self._data = self._merge([(d, c) for d, c in runs])
+        self.size = sum(c for _, c in self._data)
+        assert self.size > 0
+        level = self._merge([(leaf_hash(d), c) for d, c in self._data])
+        self._levels = [level]
+        while sum(c for _, c in level) > 1:
+            level = self._up(level)
+            self._levels.append(level)
+
+    @staticmethod
+    def _merge(runs: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+        out: list[tuple[bytes, int]] = []
+        for h, c in runs:
+            if c == 0:
+                continue
+            if out and out[-1][0] == h:
+                out[-1] = (h, out[-1][1] + c)
+            else:
+                out.append((h, c))
+        return out
+
+    @classmethod
+    def _up(cls, level: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+        out: list[tuple[bytes, int]] = []
+        waiting: bytes | None = None  # a left node whose right partner starts the next run
+        for h, c in level:
+            if waiting is not None:
+                out.append((node_hash(waiting, h), 1))
+                waiting, c = None, c - 1
+            if c >= 2:
+                out.append((node_hash(h, h), c // 2))
+            if c % 2:
+                waiting = h
+        if waiting is not None:
+            out.append((waiting, 1))  # the lone last node is promoted
+        return cls._merge(out)
+
+    @staticmethod
+    def _at(runs: list[tuple[bytes, int]], index: int) -> bytes:
+        for h, c in runs:
+            if index < c:
+                return h
+            index -= c
+        raise IndexError(index)
+
+    @property
+    def root(self) -> bytes:
+        return self._levels[-1][0][0]
+
+    def leaf(self, index: int) -> bytes:
+        assert 0 <= index < self.size
+        return self._at(self._data, index)
+
+    def siblings(self, index: int) -> list[bytes]:
+        assert 0 <= index < self.size
+        out, pos = [], index
+        for level in self._levels[:-1]:
+            sib = pos ^ 1
+            if sib < sum(c for _, c in level):
+                out.append(self._at(level, sib))
+            pos >>= 1
+        return out
+
+
+def test_runTree_isTheProjectsTree() -> None:
+    """Root, leaves and every proof equal game/merkle.py's for small trees of one to three runs."""
+    a, b, c = (hashlib.sha256(bytes([i])).digest() for i in range(3))
+    cases = [[(a, n)] for n in range(1, 20)]
+    cases += [[(a, s), (b, n - s)] for n in range(2, 34) for s in range(1, n)]
+    cases += [[(a, 3), (b, 5), (c, 9)], [(a, 1), (b, 1), (c, 1), (a, 6)], [(a, 16), (b, 0), (c, 17)]]
+    for runs in cases:
+        data = list(itertools.chain.from_iterable([d] * k for d, k in runs))
+        tree, rt = MerkleTree(data), RunTree(runs)
+        assert (rt.size, rt.root) == (tree.size, tree.root), runs
+        for i in range(tree.size):
+            assert rt.leaf(i) == tree.leaf(i)
+            assert rt.siblings(i) == list(tree.proof(i).siblings), (runs, i)
+
+
+def _commit_fn(env: Env, task: int, tree: RunTree, num_leaves: int) -> object:
+    last = tree.size - 1
+    return env.game.functions.commit(
+        task,
+        tree.root,
+        hashlib.sha256(b"log").digest(),
+        num_leaves,
+        hashlib.sha256(b"transcript").digest(),
+        tree.leaf(0),
+        tree.siblings(0),
+        tree.leaf(last),
+        tree.siblings(last),
+    )
+
+
+@pytest.mark.parametrize("liar", ["trainer", "auditor"])
+def test_maxLeaves_committedAndPlayedToARuling(env: Env, liar: str) -> None:
+    """N = 2^48 (the bound itself): committed, bisected in 48 rounds to the first step the two sides
+    disagree on, ruled for the honest side, and settled."""
+    assert env.game.functions.MAX_LEAVES().call() == MAX_LEAVES
+    honest = RunTree([(GOOD, MAX_LEAVES)])
+    lying = RunTree([(GOOD, DIVERGE), (BAD, MAX_LEAVES - DIVERGE)])
+    trainer, auditor = (lying, honest) if liar == "trainer" else (honest, lying)
+    assert len(trainer.siblings(MAX_LEAVES - 1)) == 48
+
+    task = env.create_task()
+    ev = env.event(
+        env.send(_commit_fn(env, task, trainer, MAX_LEAVES), env.trainer, TRAINER_BOND), "Committed"
+    )
+    assert (ev["numLeaves"], ev["stateRoot"]) == (MAX_LEAVES, trainer.root)
+    t = env.task(task)
+    assert (t.status, t.numLeaves, t.lastLeaf) == (COMMITTED, MAX_LEAVES, trainer.leaf(MAX_LEAVES - 1))
+
+    game_id = env.challenge(task, env.auditors[0])
+    g = env.game_state(game_id)
+    assert (g.lo, g.hi) == (0, MAX_LEAVES - 1)
+    rounds = 0
+    while env.game_state(game_id).phase != PINNED:
+        mid = env.mid(game_id)
+        env.send(env.game.functions.reveal(game_id, trainer.leaf(mid), trainer.siblings(mid)), env.trainer)
+        env.respond(game_id, trainer.leaf(mid) == auditor.leaf(mid))
+        rounds += 1
+    assert rounds == 48
+    g = env.game_state(game_id)
+    assert (g.lo, g.hi) == (DIVERGE - 1, DIVERGE)
+    assert (g.loLeaf, g.hiLeaf) == (GOOD, trainer.leaf(DIVERGE))
+
+    # The judge re-runs step DIVERGE from the agreed GOOD state and gets GOOD.
+    ev = env.event(env.rule(game_id, GOOD), "GameEnded")
+    assert ev["outcome"] == (AUDITOR_WON if liar == "trainer" else TRAINER_WON)
+    env.at(max(env.now() + 1, env.task(task).windowEnds))
+    paid = env.event(env.finalize(task), "TaskFinalized")["trainerPaid"]
+    assert paid is (liar == "auditor") and env.task(task).status == FINALIZED
+    if liar == "trainer":
+        assert env.credit(env.client) == PAYMENT
+    assert env.balance() == env.escrow() + env.credits()
+
+
+def test_maxLeavesPlusOne_refused_thoughItsProofsVerify(env: Env) -> None:
+    tree = RunTree([(GOOD, MAX_LEAVES + 1)])
+    n = tree.size
+    verify = env.game.functions.verifyLeaf
+    assert verify(tree.root, 0, n, tree.leaf(0), tree.siblings(0)).call()
+    assert verify(tree.root, n - 1, n, tree.leaf(n - 1), tree.siblings(n - 1)).call()
+    task = env.create_task()
+    assert env.reverts(_commit_fn(env, task, tree, n), env.trainer, TRAINER_BOND) == (
+        "InvalidLeafCount",
+        (MAX_LEAVES + 1,),
+    )
