@@ -19,12 +19,7 @@ import time
 import torch
 from torch import nn
 
-from game.training import cuda_leaf
-from game.training.state import leafhash
-from game.training.state.canonical import encode_state
-from game.training.state.tensors import TrainState
-from game.training.state import leafhash, sha256_kernel
-from game.training.state.leaves import device_leaf
+from game.training.state import device_leaf, leafhash, sha256_kernel
 from game.training.state.canonical import encode_state
 from game.training.state.tensors import TrainState
 

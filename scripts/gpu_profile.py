@@ -37,24 +37,11 @@ def _top(prof: cProfile.Profile, key: str, n: int) -> list[dict[str, Any]]:
 def main() -> None:
     import torch
 
-    from game.cli.app import parse_model_overrides, task_config
-    from game.training.state.leaves import LeafHasher
-    from game.training.task.profiles import get_profile
-    from game.training.engine.train import initial_step, train_step
-    from game.training.engine.step import StepEngine
-    from game.training.transcript.reader import Transcript
-    from game.training.transcript.writer import TranscriptWriter
-    from game.training.engine.step import StepEngine
-    from game.training.engine.train import initial_step, train_step
-    from game.training.state.leaves import LeafHasher
-    from game.training.task.profiles import get_profile
-    from game.training.transcript.reader import Transcript
-    from game.training.transcript.writer import TranscriptWriter
     from game.cli.options import parse_model_overrides, task_config
+    from game.training.engine.step import StepEngine
+    from game.training.engine.train import initial_step, train_step
     from game.training.state.leaves import LeafHasher
     from game.training.task.profiles import get_profile
-    from game.training.engine.train import initial_step, train_step
-    from game.training.engine.step import StepEngine
     from game.training.transcript.reader import Transcript
     from game.training.transcript.writer import TranscriptWriter
 

@@ -65,7 +65,12 @@ def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(
 
     def progress(label: str, done: int, total: int) -> None:
         if label == "train" and done == 5:  # the contract's address holds no code from here on
-            monkeypatch.setattr(trainer_client, "address", "0x" + "11" * 20)
+            gone = "0x" + "11" * 20
+            monkeypatch.setattr(trainer_client, "address", gone)
+            contract = trainer_client.chain.w3.eth.contract(
+                address=gone, abi=trainer_client.artifact.abi_list
+            )
+            monkeypatch.setattr(trainer_client, "contract", contract)
 
     agents = make_agents(task_id, cfg, progress=progress)
     assert agents.trainer.client is trainer_client

@@ -25,9 +25,8 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from game.training.state import leafhash, sha256_kernel  # noqa: E402
+from game.training.state import device_leaf, leafhash, sha256_kernel  # noqa: E402  (Triton reads TRITON_INTERPRET at import)
 from game.training.state.canonical import encode_state  # noqa: E402
-from game.training.state.leaves import device_leaf  # noqa: E402
 from game.training.state.tensors import OffGridError, TrainState, state_tensors  # noqa: E402
 
 from .test_state import trained  # noqa: E402

@@ -126,7 +126,7 @@ class ModeState(TorchDispatchMode):
         self._deferred_calls: list[int] = []  # the ordinal of each deferred call, in launch order
         self.failed_calls: frozenset[int] = frozenset()  # deferred calls whose checks failed
         # CPU, sparse log, C kernels: an inexact tensor goes straight to the kernel (the general path
-        # through banding costs some 15 us more a tensor in Python, on ~200 tensors a step)
+        # through bandcheck costs some 15 us more a tensor in Python, on ~200 tensors a step)
         self._direct = (
             self.role.logs
             and isinstance(log, SparseStepLog)

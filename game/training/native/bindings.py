@@ -224,7 +224,7 @@ def float32_at(
 
 
 def uvarint_encode(values: np.ndarray) -> bytes | None:
-    """LEB128 of int64 ``values`` (sparselog.uvarint_encode's bytes); None: use the numpy encoder
+    """LEB128 of int64 ``values`` (log.codec.uvarint_encode's bytes); None: use the numpy encoder
     (no kernels, or a negative value, whose error it words)."""
     lib = _running()
     if lib is None:
@@ -249,7 +249,7 @@ def uvarint_decode(buf: np.ndarray, start: int, count: int) -> tuple[np.ndarray,
 
 def sparse_rows(buf: np.ndarray, start: int, n: int, n_names: int) -> tuple[np.ndarray, np.ndarray] | None:
     """A sparse chunk's records from the uint8 array ``buf[start:]`` (after its name table), as
-    :func:`sparselog._parse_payload` reads them: the (n, 4) table with op indices, and the positions.
+    :func:`game.training.log.sparse._parse_payload` reads them: the (n, 4) table with op indices, and the positions.
     None: use the numpy code (no kernels, or anything malformed, whose error it words)."""
     lib = _running()
     if lib is None or buf.dtype != np.uint8 or not buf.flags.c_contiguous:
@@ -338,7 +338,7 @@ def write_step(
 
 
 def pack_trit_blocks(trits: np.ndarray, blocks: int) -> bytes | None:
-    """The first ``blocks`` blocks of the uint8 trits (each 0..2) as roundlog.pack_trits lays them
+    """The first ``blocks`` blocks of the uint8 trits (each 0..2) as log.trits.pack_trits lays them
     out; None: use the numpy packer."""
     lib = _running()
     if lib is None:

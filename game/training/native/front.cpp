@@ -4,12 +4,12 @@
 // Why: a TorchDispatchMode costs some 9 us of Python for every ATen op a step runs, and half the
 // ops of a step round nothing (views, copies, indexing). Here those ops run with no Python at all,
 // and an op that rounds calls Python once, with only the float64 tensors it produced or changed.
-// What counts as produced or changed, and each op's class, is what intercept.py says: the classes
+// What counts as produced or changed, and each op's class, is what dispatch/optable.py says: the classes
 // come from its Python code (once per op), and touched() below mirrors its _touched() line by line.
 //
 // Where the C kernels take a tensor (a contiguous float64 CPU tensor: an exact op's output, or an
 // inexact op's output in a record or replay of either log format), the front calls the kernel
-// itself, as the mode's Python would (RoundingMode._round_direct, banding's fused kernels), and keeps the step's op index, replay cursor, new log
+// itself, as the mode's Python would (dispatch/roles.py's _round_direct, bandcheck's fused kernels), and keeps the step's op index, replay cursor, new log
 // records and counters; it hands them to Python with its next call and when it is switched off.
 // Anything else, and any tensor a kernel refuses, goes to Python, which words the errors.
 //
@@ -517,7 +517,7 @@ bool set_included(bool on) {
 }
 
 // Each tensor's data pointer, dtype, device, contiguity and shape, as bytes: equal bytes, the same
-// layouts. The state's buffer plan (state.py) checks its tensors with one call a step, where Python
+// layouts. The state's buffer plan (state/canonical.py) checks its tensors with one call a step, where Python
 // reads five attributes a tensor (some 60 us a gpt-shakespeare step).
 py::bytes layouts(const std::vector<at::Tensor>& tensors) {
   std::string out;

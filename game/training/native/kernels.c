@@ -3,14 +3,14 @@
  * transcript step's file writes in one call that holds no GIL (vg_write_step, last).
  *
  * Every function works on the int64 bit patterns of float64 values and computes exactly what the
- * torch code in game/training/banding.py and rounding.py computes (integer arithmetic only, so the
+ * torch code in game/training/numerics/bandcheck.py and rounding.py computes (integer arithmetic only, so the
  * result is the same on every machine). They handle the common lanes: +-0 and normal values up to
  * the grid's largest finite value. When a tensor holds anything else (the float32-subnormal range,
  * past the range, inf, NaN) they return -1 and the caller takes the torch path for that tensor; the
  * trainer and auditor kernels find that out in a read-only pass (which also finds the tensor's top)
  * before they write anything, so they can round in place.
  *
- * Geometry of a lane (banding.geometry): r = dropped bits, d = |r - half| (distance to the rounding
+ * Geometry of a lane (bandcheck.geometry): r = dropped bits, d = |r - half| (distance to the rounding
  * midpoint in float64 ulps of x), band = min(2^(52 + rel) + floor, half / 4) with
  * floor = 2^(52 + abs + top - e(x)) when that exponent is >= 0 (capped at 2^62), else 0.
  */
@@ -93,7 +93,7 @@ static void init(grid_t *g, int64_t k0, int64_t max_finite, int64_t rel, int64_t
 }
 
 /* Read-only pass: the largest magnitude's biased exponent (at least float32's smallest normal, as
- * banding.top_binade), or -1 when a lane is rare. Branch-free so the compiler vectorises it. Per
+ * bandcheck.top_binade), or -1 when a lane is rare. Branch-free so the compiler vectorises it. Per
  * lane it tests only the low end of the range (0 < a < smallest normal, one unsigned compare): a
  * lane past the largest finite value (inf and NaN included) makes the largest lane past it too. */
 static int64_t scan(const int64_t *x, int64_t n, const grid_t *g) {
@@ -393,7 +393,7 @@ VECTOR_CLONES int64_t vg_round_with_entries(int64_t *restrict x, int64_t n, int6
         int64_t v = x[pos[j]];
         int64_t a = v & ABS_MASK;
         if (a == 0) return -1;
-        /* banding.check_entries: the distance alone (a listed grid value is judged the same way) */
+        /* bandcheck.check_entries: the distance alone (a listed grid value is judged the same way) */
         if (dist_of(v, &g) > (band_of(a, &g) << 4)) {
             stats[0] = pos[j];
             return -2;
@@ -485,7 +485,7 @@ static inline int64_t moved_by(int64_t v, uint8_t t, const grid_t *g, int64_t *u
     return logged & (r != 0 ? 1 : 0) & (want_up ^ up);
 }
 
-/* Packed log, auditor, in place (rounding.round_with_log_changes, then banding.check_corrections):
+/* Packed log, auditor, in place (logtrits.round_with_log_changes, then bandcheck.check_corrections):
  * a lane the trainer's trit moves goes to the grid neighbour on the asked side, every other lane
  * to nearest. All checks come first and read only: -1 when a lane is rare or a trit is above 2, -2
  * with stats[0] = its position when a moved lane lies farther than 4 bands from a midpoint; nothing
@@ -660,7 +660,7 @@ int64_t vg_sparse_body(const int64_t *table, int64_t n, const int64_t *positions
     return k;
 }
 
-/* A sparse chunk's records after its name table (sparselog._parse_payload): n records of four
+/* A sparse chunk's records after its name table (log/sparse.py's _parse_payload): n records of four
  * LEB128 values (op-index gap, name id, value count, entry count), then every entry's position gap,
  * record after record. Writes the table (n x 4, the op indices in place of their gaps) and the
  * positions (room for at most `room`). Returns how many positions, or -1 when anything is off, and
@@ -768,7 +768,7 @@ void vg_philox_stream(int64_t step, const int64_t *ids, int64_t rows, int64_t co
     }
 }
 
-/* The packed log's trit blocks (roundlog.pack_trits): 116 trits (four groups of 29, digit 0 least
+/* The packed log's trit blocks (log/trits.py's pack_trits): 116 trits (four groups of 29, digit 0 least
  * significant) in 23 bytes, the little-endian 184-bit g0 + g1 2^46 + g2 2^92 + g3 2^138. The
  * caller has checked every trit is 0..2. Written byte by byte, so the layout is the same on any
  * machine. */
@@ -845,7 +845,7 @@ int64_t vg_unpack_trit_blocks(const uint8_t *restrict in, int64_t blocks, uint8_
     return 0;
 }
 
-/* One transcript step's files (game/training/transcript.py), in the writer's order and with the
+/* One transcript step's files (game/training/transcript/), in the writer's order and with the
  * moves of game/fsio.py: the chunk written to its temporary name, fsynced and renamed, the log
  * directory fsynced; the chunk hash appended and fsynced; the checkpoint, when there is one, like
  * the chunk; the leaf appended and fsynced last, since it marks the step complete. Why in C: ctypes

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <zlib.h>
 
-/* Codec ids, as a chunk's codec byte names them (chunkcodec.CODECS). */
+/* Codec ids, as a chunk's codec byte names them (log/codec.py's CODECS). */
 #define STORED 0
 #define ZLIB 1
 #define LZMA 2
@@ -166,7 +166,7 @@ static int64_t room(int64_t n) { return n + n / 8 + 1024; }
 
 /* A step of the transcript: the chunk is ``head`` (codec byte at ``codec_at``, overwritten) and the
  * payload compressed with the smallest of the codecs whose bits are set in ``tries`` (1 << id; a
- * tie goes to the first of zlib, lzma, stored, as chunkcodec.compress picks); the leaf is
+ * tie goes to the first of zlib, lzma, stored, as log/codec.py's compress picks); the leaf is
  * vg_leaf of ``state``, written to leaf_out; ``state`` is the checkpoint too when ``checkpoint``.
  * Then the files as vg_write_step writes them. Returns vg_write_step's errno and ``failed`` (the
  * file), 0 when done, or -1 with nothing written (no memory, a codec or the hash failed): the
