@@ -75,7 +75,7 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             self.s = min(diverge, n - 1) if lie else None
             self.honest = leaves(n)
             self.tree = MerkleTree(leaves(n, diverge_at=self.s))
-            self.task = env.create_task()
+            self.task = env.create_task(n)
             env.commit(self.task, self.tree)
             self.window_ends = env.task(self.task).windowEnds
 
