@@ -25,6 +25,7 @@ from game.training.task.config import TaskConfig
 from tests.keycheck import assert_key_absent
 
 SPEC = TaskConfig.for_preset("mlp-digits", steps=3).spec_hash()
+NUM_LEAVES = 4  # steps + 1
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def _post(game_client: Callable[..., Any], terms: TaskTerms | None = None) -> tu
     rec = post_task(
         client,
         SPEC,
+        num_leaves=NUM_LEAVES,
         trainer=game_client("trainer").me,
         judge=game_client("judge").me,
         terms=terms or TaskTerms(),
@@ -65,7 +67,14 @@ def test_post_withATrainerAddressMistyped_isRefusedAndPostsNothing(game_client: 
     typo = trainer[:i] + trainer[i].swapcase() + trainer[i + 1 :]  # one letter's case: the checksum fails
     balance = client.chain.balance(client.me)
     with pytest.raises(ConfigError, match=f"trainer {typo} fails its checksum"):
-        post_task(client, SPEC, trainer=typo, judge=game_client("judge").me, terms=TaskTerms())
+        post_task(
+            client,
+            SPEC,
+            num_leaves=NUM_LEAVES,
+            trainer=typo,
+            judge=game_client("judge").me,
+            terms=TaskTerms(),
+        )
     assert client.chain.balance(client.me) == balance  # no payment escrowed, no gas spent
     assert _post(game_client)[1] == before + 1  # and no task was made
 
