@@ -252,7 +252,15 @@ class Env:
         spec: bytes = SPEC,
     ) -> Any:
         return self.game.functions.createTask(
-            spec, self.trainer, self.judge, num_leaves, trainer_bond, auditor_bond, clock, window, judge_window
+            spec,
+            self.trainer,
+            self.judge,
+            num_leaves,
+            trainer_bond,
+            auditor_bond,
+            clock,
+            window,
+            judge_window,
         )
 
     def commit_fn(self, task_id: int, tree: MerkleTree, *, num_leaves: int | None = None) -> Any:
