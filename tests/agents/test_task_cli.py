@@ -273,6 +273,40 @@ def test_taskCreate_printsTheKeysFileAndFingerprint_neverTheKey(
         assert f"data key {where}" in " ".join(res.stdout.split())
 
 
+def test_taskCreate_fixesTheConfigsLeafCount_andATruncatedCommitIsRefused(
+    runner: CliRunner,
+    game_client: Callable[..., Any],
+    game_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 44 (truncated commitment): ``task create`` posts the config's steps + 1 as the task's
+    leaf count (the user gives nothing new), and a trainer committing fewer leaves, N = 1 (the
+    initial state only) or N = 3, is refused by the client and by the contract."""
+    import game.cli.task as task_cli
+    from game.chain import errors as E
+    from game.merkle import MerkleTree
+
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(game_client("client")))
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\nsteps = 16\n')
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--contract", game_address,
+         "--config", str(tmp_path / "task.toml"), "--trainer", game_client("trainer").me,
+         "--judge", game_client("judge").me, "--data-key-out", str(tmp_path / "k"), "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, (res.output, res.exception)
+    task_id = int(json.loads(res.stdout)["task_id"])
+    trainer = game_client("trainer")
+    assert trainer.task(task_id).num_leaves == 17
+    for n in (1, 3):
+        short = MerkleTree([bytes([i]) * 32 for i in range(n)])
+        for who in (trainer, trainer.with_options(prechecks=False)):  # the client's check, the contract's
+            with pytest.raises(E.LeafCountMismatch) as info:
+                who.commit_tree(task_id, short, b"\x00" * 32, b"\x00" * 32)
+            assert (info.value.expected, info.value.given) == (17, n)
+
+
 @pytest.fixture
 def committed_task(
     roles: dict[str, Any],
