@@ -7,6 +7,7 @@ interface IVerificationGameClient {
         bytes32 specHash,
         address trainer,
         address judge,
+        uint64 numLeaves,
         uint128 trainerBond,
         uint128 auditorBond,
         uint32 clockAllowance,
@@ -30,7 +31,7 @@ contract EtherRejecter {
         payable
         returns (uint256 taskId)
     {
-        taskId = game.createTask{value: msg.value}(bytes32(0), trainer, judge, 0, 0, 1, 1, 1);
+        taskId = game.createTask{value: msg.value}(bytes32(0), trainer, judge, 2, 0, 0, 1, 1, 1);
         game.cancel(taskId);
     }
 

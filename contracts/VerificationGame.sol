@@ -57,7 +57,7 @@ contract VerificationGame {
         bool anyVoid;
         // slot 1
         address trainer;
-        uint64 numLeaves;
+        uint64 numLeaves; // fixed at creation: the commitment must have exactly this many leaves
         uint32 liveGames;
         // slot 2
         address judge;
@@ -139,8 +139,10 @@ contract VerificationGame {
     error ChallengerNotAllowed(address caller);
     /// @notice Thrown when the value sent is not exactly the bond the task fixed.
     error WrongBond(uint256 sent, uint256 required);
-    /// @notice Thrown when a commitment claims zero leaves.
+    /// @notice Thrown when a task is created with fewer than 2 leaves (no step to train) or more than MAX_LEAVES.
     error InvalidLeafCount(uint64 numLeaves);
+    /// @notice Thrown when a commitment's leaf count is not the one the task fixed at creation.
+    error LeafCountMismatch(uint64 expected, uint64 given);
     /// @notice Thrown when a leaf's inclusion proof does not verify against the state root.
     error InvalidProof(uint64 index, bytes32 leaf);
     /// @notice Thrown when a challenge comes at or after the end of the challenge window.
@@ -175,6 +177,7 @@ contract VerificationGame {
         address indexed judge,
         address client,
         bytes32 specHash,
+        uint64 numLeaves,
         uint128 payment,
         uint128 trainerBond,
         uint128 auditorBond,
@@ -270,6 +273,8 @@ contract VerificationGame {
     /// @param specHash Hash of the canonical task config (dataset hash included): the pre-state of step 0.
     /// @param trainer The only address that may commit and reveal.
     /// @param judge The only address that may rule pinned steps.
+    /// @param numLeaves N, the number of state leaves the trainer must commit (steps + 1, so at least 2):
+    ///        fixed here so that a trainer cannot commit fewer steps than the task asks for.
     /// @param trainerBond Exact value the trainer posts with its commitment.
     /// @param auditorBond Exact value each auditor posts with a challenge.
     /// @param clockAllowance Seconds on each party's chess clock, per game.
@@ -280,6 +285,7 @@ contract VerificationGame {
         bytes32 specHash,
         address trainer,
         address judge,
+        uint64 numLeaves,
         uint128 trainerBond,
         uint128 auditorBond,
         uint32 clockAllowance,
@@ -294,6 +300,8 @@ contract VerificationGame {
         if (clockAllowance == 0 || challengeWindow == 0 || judgeWindow == 0) {
             revert InvalidDurations(clockAllowance, challengeWindow, judgeWindow);
         }
+        // INVARIANT: a task trains at least one step (leaf 0 and leaf 1), and at most MAX_LEAVES leaves.
+        if (numLeaves < 2 || numLeaves > MAX_LEAVES) revert InvalidLeafCount(numLeaves);
         taskId = ++_taskCount;
         Task storage t = _tasks[taskId];
         t.client = msg.sender;
@@ -301,6 +309,7 @@ contract VerificationGame {
         t.challengeWindow = challengeWindow;
         t.status = TaskStatus.Open;
         t.trainer = trainer;
+        t.numLeaves = numLeaves;
         t.judge = judge;
         t.judgeWindow = judgeWindow;
         t.trainerBond = trainerBond;
@@ -314,6 +323,7 @@ contract VerificationGame {
             judge,
             msg.sender,
             specHash,
+            numLeaves,
             uint128(msg.value),
             trainerBond,
             auditorBond,
@@ -341,7 +351,7 @@ contract VerificationGame {
     /// @param taskId The task.
     /// @param stateRoot Root of the tree of per-step state hashes (leaf i = state after step i).
     /// @param logRoot Root of the tree of rounding-log chunk hashes.
-    /// @param numLeaves N, the number of state leaves (steps + 1).
+    /// @param numLeaves N, the number of state leaves (steps + 1): must be the task's own.
     /// @param transcriptId Where the transcript can be fetched (content hash or locator hash).
     /// @param firstLeaf Leaf 0, the initial state hash.
     /// @param firstProof Inclusion proof of leaf 0.
@@ -365,8 +375,10 @@ contract VerificationGame {
         if (msg.sender != t.trainer) revert Unauthorized(msg.sender, t.trainer);
         // INVARIANT: the trainer posts exactly its bond.
         if (msg.value != t.trainerBond) revert WrongBond(msg.value, t.trainerBond);
-        // INVARIANT: a commitment has at least the initial state, and at most MAX_LEAVES leaves.
-        if (numLeaves == 0 || numLeaves > MAX_LEAVES) revert InvalidLeafCount(numLeaves);
+        // INVARIANT: the commitment covers every step the task asks for, no fewer and no more (issue 44:
+        // a trainer committing only the initial state, N = 1, was otherwise paid for no training).
+        // 2 <= t.numLeaves <= MAX_LEAVES was checked at creation.
+        if (numLeaves != t.numLeaves) revert LeafCountMismatch(t.numLeaves, numLeaves);
         // INVARIANT: the initial and final leaves are in the committed tree.
         if (!MerkleProof.verify(stateRoot, 0, numLeaves, firstLeaf, firstProof)) revert InvalidProof(0, firstLeaf);
         if (!MerkleProof.verify(stateRoot, numLeaves - 1, numLeaves, lastLeaf, lastProof)) {
@@ -374,7 +386,6 @@ contract VerificationGame {
         }
         uint64 windowEnds = uint64(block.timestamp) + t.challengeWindow;
         t.status = TaskStatus.Committed;
-        t.numLeaves = numLeaves;
         t.windowEnds = windowEnds;
         t.stateRoot = stateRoot;
         t.logRoot = logRoot;
@@ -428,7 +439,7 @@ contract VerificationGame {
         // INVARIANT: the auditor posts exactly its bond.
         if (msg.value != t.auditorBond) revert WrongBond(msg.value, t.auditorBond);
         uint64 n = t.numLeaves;
-        // INVARIANT: a bisection needs two leaves.
+        // INVARIANT: a bisection needs two leaves (a guard: createTask already requires numLeaves >= 2).
         if (!disputeInit && n == 1) revert NothingToBisect(taskId);
 
         gameId = ++_gameCount;

@@ -240,6 +240,7 @@ class _Run:
         receipt = post_task(
             clients["client"],
             self.cfg.spec_hash(),
+            num_leaves=self.cfg.num_leaves,
             trainer=accounts["trainer"].address,
             judge=accounts["judge"].address,
             terms=self.terms,

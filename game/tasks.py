@@ -64,15 +64,22 @@ def post_task(
     client: VerificationGameClient,
     spec_hash: bytes,
     *,
+    num_leaves: int,
     trainer: str,
     judge: str,
     terms: TaskTerms,
 ) -> TxReceipt:
-    """Create the task and escrow the payment; ``receipt.result`` is the new task id."""
+    """Create the task and escrow the payment; ``receipt.result`` is the new task id.
+
+    ``num_leaves`` is the config's :attr:`~game.training.task.config.TaskConfig.num_leaves` (steps
+    + 1): the contract refuses a commitment of any other size, so a trainer cannot be paid for
+    fewer steps than the task asks for.
+    """
     receipt = client.create_task(
         spec_hash,
         trainer,
         judge,
+        num_leaves=num_leaves,
         payment=terms.payment,
         trainer_bond=terms.trainer_bond,
         auditor_bond=terms.auditor_bond,

@@ -95,6 +95,14 @@ class TrainerAgent(TaskAgent):
                 f"task {self.task_id} has spec hash {task.spec_hash.hex()[:16]}..., this trainer's config "
                 f"hashes to {self.cfg.spec_hash().hex()[:16]}...: it is another task"
             )
+        if task.num_leaves != self.cfg.num_leaves:
+            # the spec hash matched, so this is a task whose client posted the wrong leaf count: the
+            # contract would refuse this trainer's commitment (LeafCountMismatch) after the training
+            raise AgentError(
+                f"task {self.task_id} asks on-chain for {task.num_leaves} leaves, but its config has "
+                f"{self.cfg.steps} steps, so {self.cfg.num_leaves} leaves: the contract would refuse "
+                "the commitment; not training for it"
+            )
         check_key(ACTOR, self.task_id, task, self.client.me)
         if task.status == TaskStatus.OPEN:
             with contextlib.suppress(_Cancelled):  # said by _still_open, next

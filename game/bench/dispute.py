@@ -168,7 +168,7 @@ def measure_game_size(
     tree, tree_s = bench_tree(log2_leaves, trees)
 
     p = bench_parties(chain, deploy_contract(chain, chain.account(0)).address)
-    task_id = create_bench_task(p).result
+    task_id = create_bench_task(p, tree.size).result
     assert task_id is not None
     commit_bench_tree(p, task_id, tree)
     pinned = claimed_step(n)

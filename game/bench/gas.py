@@ -132,12 +132,14 @@ def bench_parties(chain: Chain, address: str) -> Parties:
     return Parties(*(VerificationGameClient(chain, address, chain.account(i)) for i in range(5)))
 
 
-def create_bench_task(p: Parties) -> TxReceipt:
-    """A task with the bench's fixed bonds and windows; ``receipt.result`` is its id."""
+def create_bench_task(p: Parties, num_leaves: int) -> TxReceipt:
+    """A task of ``num_leaves`` leaves with the bench's fixed bonds and windows; ``receipt.result``
+    is its id."""
     rec = p.client.create_task(
         hashlib.sha256(b"bench spec").digest(),
         p.trainer.me,
         p.judge.me,
+        num_leaves=num_leaves,
         payment=ETHER,
         trainer_bond=ETHER // 10,
         auditor_bond=ETHER // 10,
@@ -221,14 +223,14 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
     functions["deploy"] = deployment.gas_used
     p = bench_parties(chain, deployment.address)
 
-    def new_task() -> int:
-        task_id = record(create_bench_task(p)).result
+    def new_task(num_leaves: int) -> int:
+        task_id = record(create_bench_task(p, num_leaves)).result
         assert task_id is not None
         return task_id
 
     # the dispute: honest trainer, an auditor claiming a divergence at `pinned`
     say("playing the dispute")
-    task_a = new_task()
+    task_a = new_task(n)
     record(commit_bench_tree(p, task_a, tree))
     pinned = claimed_step(n)
     play = play_dispute(p, task_a, tree, pinned)
@@ -236,9 +238,9 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
         record(rec)
 
     say("cancel, timeout, finalize, withdraw")
-    record(p.client.cancel(new_task()))
-    task_c = new_task()
     small = MerkleTree(synthetic_leaves(3))
+    record(p.client.cancel(new_task(small.size)))
+    task_c = new_task(small.size)
     record(p.trainer.commit_tree(task_c, small, b"\x00" * 32, b"\x00" * 32))
     gid_c = p.auditor2.challenge(task_c).result
     assert gid_c is not None

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 MAX_PROOF_LENGTH = 64  # the contract's bound on proof length (MerkleProof.sol)
+MAX_LEAVES = 2**48  # the contract's bound on a task's leaf count (VerificationGame.MAX_LEAVES)
 
 ProofLike = InclusionProof | Sequence[bytes]
 
@@ -157,6 +158,7 @@ class VerificationGameClient:
         trainer: str,
         judge: str,
         *,
+        num_leaves: int,
         payment: int,
         trainer_bond: int,
         auditor_bond: int,
@@ -164,7 +166,11 @@ class VerificationGameClient:
         challenge_window: int,
         judge_window: int,
     ) -> TxReceipt:
-        """Client: post a task and escrow ``payment``; ``receipt.result`` is the new task id."""
+        """Client: post a task and escrow ``payment``; ``receipt.result`` is the new task id.
+
+        ``num_leaves`` is the leaf count the trainer must commit: the task's steps + 1
+        (:attr:`TaskConfig.num_leaves <game.training.task.config.TaskConfig.num_leaves>`).
+        """
 
         def check() -> None:
             if payment == 0:
@@ -173,11 +179,14 @@ class VerificationGameClient:
                 raise E.InvalidRoles(trainer, judge)
             if 0 in (clock_allowance, challenge_window, judge_window):
                 raise E.InvalidDurations(clock_allowance, challenge_window, judge_window)
+            if not 2 <= num_leaves <= MAX_LEAVES:
+                raise E.InvalidLeafCount(num_leaves)
 
         args = [
             spec_hash,
             checked_address(trainer, "trainer"),
             checked_address(judge, "judge"),
+            num_leaves,
             trainer_bond,
             auditor_bond,
             clock_allowance,
@@ -224,8 +233,8 @@ class VerificationGameClient:
             self._require_caller(task.trainer)
             if value != task.trainer_bond:
                 raise E.WrongBond(value, task.trainer_bond)
-            if num_leaves == 0:
-                raise E.InvalidLeafCount(num_leaves)
+            if num_leaves != task.num_leaves:
+                raise E.LeafCountMismatch(task.num_leaves, num_leaves)
             for index, leaf, proof in ((0, first_leaf, first), (num_leaves - 1, last_leaf, last)):
                 if not _proof_ok(state_root, index, num_leaves, leaf, proof):
                     raise E.InvalidProof(index, leaf)

@@ -186,7 +186,14 @@ class WrongBond(ContractError, ValueError):
 
 class InvalidLeafCount(ContractError, ValueError):
     params = ("num_leaves",)
-    explain = "a commitment needs 1 to 2^48 leaves, not {num_leaves}"
+    explain = "a task needs 2 to 2^48 leaves (1 to 2^48 - 1 steps), not {num_leaves}"
+
+
+class LeafCountMismatch(ContractError, ValueError):
+    """A commitment whose leaf count is not the one the task fixed at creation."""
+
+    params = ("expected", "given")
+    explain = "the task asks for {expected} leaves (steps + 1), the commitment has {given}"
 
 
 class InvalidProof(ContractError, ValueError):
@@ -301,6 +308,7 @@ ERROR_CLASSES: dict[str, type[ContractError]] = {
         ChallengerNotAllowed,
         WrongBond,
         InvalidLeafCount,
+        LeafCountMismatch,
         InvalidProof,
         WindowClosed,
         WindowOpen,

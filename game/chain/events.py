@@ -35,6 +35,7 @@ class TaskCreated(ContractEvent):
     judge: str
     client: str
     spec_hash: bytes
+    num_leaves: int
     payment: int
     trainer_bond: int
     auditor_bond: int

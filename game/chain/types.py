@@ -92,7 +92,7 @@ class Task:
     trainer_lost: bool  # some game ended with the auditor winning
     any_void: bool  # some game ended void
     trainer: str
-    num_leaves: int  # 0 before the commit
+    num_leaves: int  # fixed at creation (steps + 1): the commitment must have exactly this many
     live_games: int  # games not yet Ended
     judge: str
     judge_window: int  # seconds after the pin

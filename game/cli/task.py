@@ -267,7 +267,14 @@ def create_cmd(
     made = data_key_out is not None and _write_secret(data_key_out, dkey.hex())
     try:
         with _client(chain, key, _required_contract(contract)) as c:
-            rec = post_task(c, cfg.spec_hash(), trainer=trainer_addr, judge=judge_addr, terms=terms)
+            rec = post_task(
+                c,
+                cfg.spec_hash(),
+                num_leaves=cfg.num_leaves,
+                trainer=trainer_addr,
+                judge=judge_addr,
+                terms=terms,
+            )
     except (ConfigError, InsufficientFunds, VerificationGameError):
         # refused before or by the contract: no task holds the key, and the same command may run
         # again. Any other failure (a node lost mid-transaction) keeps the file: a task may hold it.

@@ -103,6 +103,7 @@ def roles(game_client: Callable[..., Any]) -> dict[str, Any]:
 def post_task(roles: dict[str, Any]) -> Callable[..., int]:
     def post(cfg: TaskConfig, **overrides: int) -> int:
         params = {**TASK_DEFAULTS, **overrides}
+        params.setdefault("num_leaves", cfg.num_leaves)
         rec = roles["client"].create_task(cfg.spec_hash(), roles["trainer"].me, roles["judge"].me, **params)
         assert rec.result is not None
         return int(rec.result)

@@ -224,6 +224,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
         cfg.spec_hash(),
         trainer.address,
         judge.address,
+        num_leaves=cfg.num_leaves,
         payment=10**18,
         trainer_bond=3 * 10**17,
         auditor_bond=2 * 10**17,

@@ -25,6 +25,7 @@ from game.training.task.config import TaskConfig
 from tests.keycheck import assert_key_absent
 
 SPEC = TaskConfig.for_preset("mlp-digits", steps=3).spec_hash()
+NUM_LEAVES = 4  # steps + 1
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def _post(game_client: Callable[..., Any], terms: TaskTerms | None = None) -> tu
     rec = post_task(
         client,
         SPEC,
+        num_leaves=NUM_LEAVES,
         trainer=game_client("trainer").me,
         judge=game_client("judge").me,
         terms=terms or TaskTerms(),
@@ -65,7 +67,14 @@ def test_post_withATrainerAddressMistyped_isRefusedAndPostsNothing(game_client: 
     typo = trainer[:i] + trainer[i].swapcase() + trainer[i + 1 :]  # one letter's case: the checksum fails
     balance = client.chain.balance(client.me)
     with pytest.raises(ConfigError, match=f"trainer {typo} fails its checksum"):
-        post_task(client, SPEC, trainer=typo, judge=game_client("judge").me, terms=TaskTerms())
+        post_task(
+            client,
+            SPEC,
+            num_leaves=NUM_LEAVES,
+            trainer=typo,
+            judge=game_client("judge").me,
+            terms=TaskTerms(),
+        )
     assert client.chain.balance(client.me) == balance  # no payment escrowed, no gas spent
     assert _post(game_client)[1] == before + 1  # and no task was made
 
@@ -262,6 +271,40 @@ def test_taskCreate_printsTheKeysFileAndFingerprint_neverTheKey(
     else:
         where = f"in {key_file}" if shown_file else "the one given with --data-key"
         assert f"data key {where}" in " ".join(res.stdout.split())
+
+
+def test_taskCreate_fixesTheConfigsLeafCount_andATruncatedCommitIsRefused(
+    runner: CliRunner,
+    game_client: Callable[..., Any],
+    game_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 44 (truncated commitment): ``task create`` posts the config's steps + 1 as the task's
+    leaf count (the user gives nothing new), and a trainer committing fewer leaves, N = 1 (the
+    initial state only) or N = 3, is refused by the client and by the contract."""
+    import game.cli.task as task_cli
+    from game.chain import errors as E
+    from game.merkle import MerkleTree
+
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(game_client("client")))
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\nsteps = 16\n')
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--contract", game_address,
+         "--config", str(tmp_path / "task.toml"), "--trainer", game_client("trainer").me,
+         "--judge", game_client("judge").me, "--data-key-out", str(tmp_path / "k"), "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, (res.output, res.exception)
+    task_id = int(json.loads(res.stdout)["task_id"])
+    trainer = game_client("trainer")
+    assert trainer.task(task_id).num_leaves == 17
+    for n in (1, 3):
+        short = MerkleTree([bytes([i]) * 32 for i in range(n)])
+        for who in (trainer, trainer.with_options(prechecks=False)):  # the client's check, the contract's
+            with pytest.raises(E.LeafCountMismatch) as info:
+                who.commit_tree(task_id, short, b"\x00" * 32, b"\x00" * 32)
+            assert (info.value.expected, info.value.given) == (17, n)
 
 
 @pytest.fixture

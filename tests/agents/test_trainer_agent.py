@@ -77,3 +77,21 @@ def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(
     with pytest.raises(ContractGone, match="the game contract is gone from 0x1111"):
         agents.trainer.step()
     assert steps_on_disk(agents.trainer.transcript_dir) == 6  # leaf 0 and steps 1-5: not 40
+
+
+def test_taskWithAnotherLeafCount_isRefusedBeforeTraining(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """Issue 44 (truncated commitment): the client posted the right spec but a leaf count that is not
+    steps + 1. The contract would refuse the trainer's commitment after the training, so the trainer
+    refuses the task up front, with a clear error, and trains nothing."""
+    from game.agents import AgentError
+
+    task_id = post_task(tiny_cfg, num_leaves=tiny_cfg.num_leaves - 1)
+    agents = make_agents(task_id, tiny_cfg)
+    with pytest.raises(
+        AgentError, match=rf"asks on-chain for {tiny_cfg.num_leaves - 1} leaves, but its config"
+    ):
+        agents.trainer.step()
+    assert steps_on_disk(agents.trainer.transcript_dir) == 0
+    assert roles["client"].task(task_id).status == TaskStatus.OPEN

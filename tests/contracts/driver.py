@@ -218,6 +218,7 @@ class Env:
     # ------------------------------------------------------------------ moves
     def create_task(
         self,
+        num_leaves: int,
         *,
         payment: int = PAYMENT,
         trainer_bond: int = TRAINER_BOND,
@@ -227,10 +228,40 @@ class Env:
         judge_window: int = JUDGE_WINDOW,
         spec: bytes = SPEC,
     ) -> int:
-        fn = self.game.functions.createTask(
-            spec, self.trainer, self.judge, trainer_bond, auditor_bond, clock, window, judge_window
+        """A task whose trainer must commit exactly ``num_leaves`` leaves; returns its id."""
+        fn = self.create_task_fn(
+            num_leaves,
+            trainer_bond=trainer_bond,
+            auditor_bond=auditor_bond,
+            clock=clock,
+            window=window,
+            judge_window=judge_window,
+            spec=spec,
         )
         return int(self.event(self.send(fn, self.client, payment), "TaskCreated")["taskId"])
+
+    def create_task_fn(
+        self,
+        num_leaves: int,
+        *,
+        trainer_bond: int = TRAINER_BOND,
+        auditor_bond: int = AUDITOR_BOND,
+        clock: int = CLOCK,
+        window: int = WINDOW,
+        judge_window: int = JUDGE_WINDOW,
+        spec: bytes = SPEC,
+    ) -> Any:
+        return self.game.functions.createTask(
+            spec,
+            self.trainer,
+            self.judge,
+            num_leaves,
+            trainer_bond,
+            auditor_bond,
+            clock,
+            window,
+            judge_window,
+        )
 
     def commit_fn(self, task_id: int, tree: MerkleTree, *, num_leaves: int | None = None) -> Any:
         n = tree.size

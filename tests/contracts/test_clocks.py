@@ -19,7 +19,7 @@ from tests.contracts.driver import (
 
 def _game(env: Env, n: int = 33) -> tuple[int, MerkleTree]:
     tree = MerkleTree(leaves(n))
-    task = env.create_task()
+    task = env.create_task(n)
     env.commit(task, tree)
     return env.challenge(task, env.auditors[0]), tree
 

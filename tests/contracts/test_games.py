@@ -38,7 +38,7 @@ def _setup(env: Env, n: int, diverge_at: int | None = None) -> tuple[int, Merkle
     """A committed task: the trainer's tree (lying from ``diverge_at`` on) and the honest leaves."""
     honest = leaves(n)
     tree = MerkleTree(leaves(n, diverge_at=diverge_at))
-    task = env.create_task()
+    task = env.create_task(n)
     env.commit(task, tree)
     return task, tree, honest
 
@@ -72,7 +72,7 @@ def test_challenge_byClient_allowed(env: Env) -> None:
 def test_challenge_reverts(env: Env) -> None:
     fn = env.game.functions.challenge
     assert env.reverts(fn(5, False), env.auditors[0], AUDITOR_BOND) == ("TaskNotFound", (5,))
-    open_task = env.create_task()
+    open_task = env.create_task(16)
     assert env.reverts(fn(open_task, False), env.auditors[0], AUDITOR_BOND) == (
         "WrongTaskStatus",
         (open_task, OPEN),
@@ -92,22 +92,6 @@ def test_challenge_reverts(env: Env) -> None:
     assert env.reverts(fn(task, False), env.auditors[1], AUDITOR_BOND) == ("WindowClosed", (task, ends))
     env.at(ends + 10)
     assert env.reverts(fn(task, False), env.auditors[1], AUDITOR_BOND) == ("WindowClosed", (task, ends))
-
-
-def test_challenge_oneLeaf_nothingToBisect_butInitDisputable(env: Env) -> None:
-    task, tree, _ = _setup(env, 1)
-    fn = env.game.functions.challenge(task, False)
-    assert env.reverts(fn, env.auditors[0], AUDITOR_BOND) == ("NothingToBisect", (task,))
-    game_id = env.challenge(task, env.auditors[0], dispute_init=True)
-    g = env.game_state(game_id)
-    assert (g.phase, g.lo, g.hi, g.loLeaf, g.hiLeaf, g.disputeInit) == (
-        PINNED,
-        0,
-        0,
-        SPEC,
-        tree.leaf(0),
-        True,
-    )
 
 
 def test_challenge_disputeInit_pinsStepZero(env: Env) -> None:

@@ -32,7 +32,7 @@ def test_dispute_over_2pow20_leaves_withinBudgets(
     env: Env, big_trees: tuple[list[bytes], MerkleTree]
 ) -> None:
     honest, tree = big_trees
-    task = env.create_task()
+    task = env.create_task(tree.size)
     env.commit(task, tree)
     env.gas_used.clear()
     game_id = env.challenge(task, env.auditors[0])

@@ -1,5 +1,6 @@
 """The leaf-count bound is inclusive: ``MAX_LEAVES = 2^48`` leaves are committed and played to a
-ruling, ``2^48 + 1`` are refused (InvalidLeafCount) even with proofs that verify.
+ruling, a task of ``2^48 + 1`` is refused (InvalidLeafCount), and so is a commitment of ``2^48 + 1`` to a task
+of ``2^48`` (LeafCountMismatch), though its proofs verify.
 
 The trees are the project's (game/merkle.py) built level by level over *runs* of equal leaves, so a
 tree of 2^48 leaves takes a few hundred hashes: a level is a list of (node hash, count) runs, and
@@ -144,7 +145,7 @@ def test_maxLeaves_committedAndPlayedToARuling(env: Env, liar: str) -> None:
     trainer, auditor = (lying, honest) if liar == "trainer" else (honest, lying)
     assert len(trainer.siblings(MAX_LEAVES - 1)) == 48
 
-    task = env.create_task()
+    task = env.create_task(MAX_LEAVES)
     ev = env.event(
         env.send(_commit_fn(env, task, trainer, MAX_LEAVES), env.trainer, TRAINER_BOND), "Committed"
     )
@@ -183,8 +184,14 @@ def test_maxLeavesPlusOne_refused_thoughItsProofsVerify(env: Env) -> None:
     verify = env.game.functions.verifyLeaf
     assert verify(tree.root, 0, n, tree.leaf(0), tree.siblings(0)).call()
     assert verify(tree.root, n - 1, n, tree.leaf(n - 1), tree.siblings(n - 1)).call()
-    task = env.create_task()
-    assert env.reverts(_commit_fn(env, task, tree, n), env.trainer, TRAINER_BOND) == (
+    # no task can ask for more than MAX_LEAVES leaves ...
+    assert env.reverts(env.create_task_fn(MAX_LEAVES + 1), env.client, PAYMENT) == (
         "InvalidLeafCount",
         (MAX_LEAVES + 1,),
+    )
+    # ... and a task of MAX_LEAVES refuses one more, though its proofs verify
+    task = env.create_task(MAX_LEAVES)
+    assert env.reverts(_commit_fn(env, task, tree, n), env.trainer, TRAINER_BOND) == (
+        "LeafCountMismatch",
+        (MAX_LEAVES, MAX_LEAVES + 1),
     )

@@ -41,7 +41,7 @@ def _as_reenterer(env: Env, fn: Any, value: int = 0) -> Any:
 
 def _create_task(env: Env) -> Any:
     return env.game.functions.createTask(
-        SPEC, env.trainer, env.judge, TRAINER_BOND, AUDITOR_BOND, CLOCK, WINDOW, JUDGE_WINDOW
+        SPEC, env.trainer, env.judge, 16, TRAINER_BOND, AUDITOR_BOND, CLOCK, WINDOW, JUDGE_WINDOW
     )
 
 
@@ -83,7 +83,7 @@ def _solvent(env: Env) -> None:
 def test_withdraw_reentered_paysTheCreditOnce(env: Env) -> None:
     """The receiver re-enters withdraw on every receipt; it gets its credit once and no more, while
     the contract holds other people's money it could have taken (another client's payment)."""
-    env.create_task()  # someone else's escrow: a double payment would have ether to take
+    env.create_task(16)  # someone else's escrow: a double payment would have ether to take
     _credit_reenterer(env)
     _arm(env, env.game.functions.withdraw(), times=5)
     receipt = _as_reenterer(env, env.game.functions.withdraw())
@@ -101,7 +101,7 @@ def test_withdraw_reentered_paysTheCreditOnce(env: Env) -> None:
 
 def _committed(env: Env, n: int = 9) -> tuple[int, MerkleTree]:
     tree = MerkleTree(leaves(n))
-    task = env.create_task()
+    task = env.create_task(n)
     env.commit(task, tree)
     return task, tree
 

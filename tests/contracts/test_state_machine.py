@@ -7,6 +7,9 @@ Up to three auditors challenge, each honest (answers by comparing with the hones
 always move in time. The judge is honest. Random out-of-turn, repeated and late moves by anyone are
 thrown in and must revert with the documented error and change nothing.
 
+A trainer first tries to commit a tree of another size (fewer leaves, N = 1 included, or more),
+which must revert ``LeafCountMismatch`` (the task fixed its leaf count at creation).
+
 Invariants after every step: the contract's balance equals credits plus escrow, every account's
 credit equals the model's, and when a game ends the honest side has won it.
 """
@@ -69,13 +72,22 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             n=st.integers(2, 40),
             lie=st.booleans(),
             diverge=st.integers(1, 39),
+            truncate=st.integers(1, 44),
         )
-        def setup(self, n: int, lie: bool, diverge: int) -> None:
+        def setup(self, n: int, lie: bool, diverge: int, truncate: int) -> None:
             self.n = n
             self.s = min(diverge, n - 1) if lie else None
             self.honest = leaves(n)
             self.tree = MerkleTree(leaves(n, diverge_at=self.s))
-            self.task = env.create_task()
+            self.task = env.create_task(n)
+            if truncate != n:
+                # the trainer first tries a commitment of another size (issue 44: truncated, N = 1
+                # included, or padded), with proofs that verify: refused, and nothing changes
+                short = MerkleTree(leaves(truncate, diverge_at=self.s))
+                assert env.reverts(env.commit_fn(self.task, short), env.trainer, TRAINER_BOND) == (
+                    "LeafCountMismatch",
+                    (n, truncate),
+                )
             env.commit(self.task, self.tree)
             self.window_ends = env.task(self.task).windowEnds
 

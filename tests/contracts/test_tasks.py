@@ -29,6 +29,7 @@ def _create(env: Env, **kw: object) -> object:
         "spec": SPEC,
         "trainer": env.trainer,
         "judge": env.judge,
+        "n": 17,
         "tb": TRAINER_BOND,
         "ab": AUDITOR_BOND,
         "clock": CLOCK,
@@ -47,11 +48,25 @@ def test_createTask_storesEverything_andEmits(env: Env) -> None:
     assert (ev["trainer"], ev["judge"], ev["client"]) == (env.trainer, env.judge, env.client)
     assert (ev["payment"], ev["trainerBond"], ev["auditorBond"]) == (PAYMENT, TRAINER_BOND, AUDITOR_BOND)
     assert (ev["clockAllowance"], ev["challengeWindow"], ev["judgeWindow"]) == (CLOCK, WINDOW, JUDGE_WINDOW)
+    assert ev["numLeaves"] == 17
     t = env.task(1)
     assert t.status == OPEN and t.client == env.client and t.payment == PAYMENT and t.specHash == SPEC
-    assert t.numLeaves == 0 and t.windowEnds == 0 and t.liveGames == 0
+    assert t.numLeaves == 17 and t.windowEnds == 0 and t.liveGames == 0
     assert env.balance() == PAYMENT
-    assert env.create_task() == 2
+    assert env.create_task(2) == 2
+
+
+@pytest.mark.parametrize("n", [0, 1, 2**48 + 1, 2**64 - 1])
+def test_createTask_leafCountOutOfRange_reverts(env: Env, n: int) -> None:
+    """A task trains at least one step (2 leaves: the initial state and one more) and has at most
+    MAX_LEAVES = 2^48 leaves."""
+    assert env.reverts(_create(env, n=n), env.client, PAYMENT) == ("InvalidLeafCount", (n,))
+
+
+@pytest.mark.parametrize("n", [2, 2**48])
+def test_createTask_leafCountBounds_accepted(env: Env, n: int) -> None:
+    task = env.create_task(n)
+    assert env.task(task).numLeaves == n
 
 
 def test_createTask_zeroPayment_reverts(env: Env) -> None:
@@ -87,7 +102,7 @@ def test_views_unknownIds_revert(env: Env) -> None:
 
 # ---------------------------------------------------------------- cancel
 def test_cancel_creditsClient(env: Env) -> None:
-    task = env.create_task()
+    task = env.create_task(16)
     receipt = env.send(env.game.functions.cancel(task), env.client)
     assert env.event_names(receipt) == ["TaskCancelled", "Credited"]
     assert env.event(receipt, "Credited")["amount"] == PAYMENT
@@ -96,14 +111,14 @@ def test_cancel_creditsClient(env: Env) -> None:
 
 def test_cancel_reverts(env: Env) -> None:
     assert env.reverts(env.game.functions.cancel(9), env.client) == ("TaskNotFound", (9,))
-    task = env.create_task()
+    task = env.create_task(16)
     assert env.reverts(env.game.functions.cancel(task), env.trainer) == (
         "Unauthorized",
         (env.trainer, env.client),
     )
     env.send(env.game.functions.cancel(task), env.client)
     assert env.reverts(env.game.functions.cancel(task), env.client) == ("WrongTaskStatus", (task, CANCELLED))
-    committed = env.create_task()
+    committed = env.create_task(4)
     env.commit(committed, MerkleTree(leaves(4)))
     assert env.reverts(env.game.functions.cancel(committed), env.client) == (
         "WrongTaskStatus",
@@ -112,10 +127,10 @@ def test_cancel_reverts(env: Env) -> None:
 
 
 # ---------------------------------------------------------------- commit
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("n", [2, 3, 7, 16])
 def test_commit_storesRootsAndEnds_opensWindow(env: Env, n: int) -> None:
     tree = MerkleTree(leaves(n))
-    task = env.create_task()
+    task = env.create_task(n)
     start = env.now() + 5
     env.at(start)
     ev = env.event(env.commit(task, tree), "Committed")
@@ -130,19 +145,29 @@ def test_commit_storesRootsAndEnds_opensWindow(env: Env, n: int) -> None:
 def test_commit_reverts(env: Env) -> None:
     tree = MerkleTree(leaves(5))
     assert env.reverts(env.commit_fn(4, tree), env.trainer, TRAINER_BOND) == ("TaskNotFound", (4,))
-    task = env.create_task()
+    task = env.create_task(5)
     fn = env.commit_fn(task, tree)
     assert env.reverts(fn, env.client, TRAINER_BOND) == ("Unauthorized", (env.client, env.trainer))
     assert env.reverts(fn, env.trainer, TRAINER_BOND - 1) == ("WrongBond", (TRAINER_BOND - 1, TRAINER_BOND))
     assert env.reverts(fn, env.trainer, TRAINER_BOND + 1) == ("WrongBond", (TRAINER_BOND + 1, TRAINER_BOND))
-    zero = env.commit_fn(task, tree, num_leaves=0)
-    assert env.reverts(zero, env.trainer, TRAINER_BOND) == ("InvalidLeafCount", (0,))
-    huge = env.commit_fn(task, tree, num_leaves=2**48 + 1)
-    assert env.reverts(huge, env.trainer, TRAINER_BOND) == ("InvalidLeafCount", (2**48 + 1,))
-    # the claimed size does not match the proofs: the first leaf's proof fails
-    assert (
-        env.reverts(env.commit_fn(task, tree, num_leaves=9), env.trainer, TRAINER_BOND)[0] == "InvalidProof"
+    # any leaf count but the task's is refused, before the proofs are looked at
+    for n in (0, 1, 4, 6, 9, 2**48 + 1):
+        wrong = env.commit_fn(task, tree, num_leaves=n)
+        assert env.reverts(wrong, env.trainer, TRAINER_BOND) == ("LeafCountMismatch", (5, n))
+    # the task's size, but proofs of another tree size: the first leaf's proof fails
+    other = MerkleTree(leaves(9))
+    mismatched = env.game.functions.commit(
+        task,
+        other.root,
+        b"\x01" * 32,
+        5,
+        b"\x02" * 32,
+        other.leaf(0),
+        list(other.proof(0).siblings),
+        other.leaf(8),
+        list(other.proof(8).siblings),
     )
+    assert env.reverts(mismatched, env.trainer, TRAINER_BOND)[0] == "InvalidProof"
     # a wrong last leaf
     bad_last = env.game.functions.commit(
         task,
@@ -170,7 +195,7 @@ def test_commit_reverts(env: Env) -> None:
     assert env.reverts(bad_first, env.trainer, TRAINER_BOND) == ("InvalidProof", (0, tree.leaf(1)))
     env.commit(task, tree)
     assert env.reverts(fn, env.trainer, TRAINER_BOND) == ("WrongTaskStatus", (task, COMMITTED))
-    cancelled = env.create_task()
+    cancelled = env.create_task(5)
     env.send(env.game.functions.cancel(cancelled), env.client)
     assert env.reverts(env.commit_fn(cancelled, tree), env.trainer, TRAINER_BOND) == (
         "WrongTaskStatus",
@@ -181,7 +206,7 @@ def test_commit_reverts(env: Env) -> None:
 # ---------------------------------------------------------------- finalize
 def test_finalize_noChallenge_paysTrainer(env: Env) -> None:
     """Invariant 1: an unchallenged honest trainer is paid the payment and gets its bond back."""
-    task = env.create_task()
+    task = env.create_task(6)
     env.commit(task, MerkleTree(leaves(6)))
     env.at(env.task(task).windowEnds)
     receipt = env.finalize(task)
@@ -193,7 +218,7 @@ def test_finalize_noChallenge_paysTrainer(env: Env) -> None:
 
 def test_finalize_reverts(env: Env) -> None:
     assert env.reverts(env.game.functions.finalize(3), env.outsider) == ("TaskNotFound", (3,))
-    task = env.create_task()
+    task = env.create_task(6)
     assert env.reverts(env.game.functions.finalize(task), env.outsider) == ("WrongTaskStatus", (task, OPEN))
     env.commit(task, MerkleTree(leaves(6)))
     ends = env.task(task).windowEnds
@@ -205,7 +230,7 @@ def test_finalize_reverts(env: Env) -> None:
 
 
 def test_finalize_twice_reverts(env: Env) -> None:
-    task = env.create_task()
+    task = env.create_task(2)
     env.commit(task, MerkleTree(leaves(2)))
     env.at(env.task(task).windowEnds)
     env.finalize(task)
@@ -217,7 +242,7 @@ def test_finalize_twice_reverts(env: Env) -> None:
 
 # ---------------------------------------------------------------- withdraw
 def test_withdraw_paysOnce(env: Env) -> None:
-    task = env.create_task()
+    task = env.create_task(16)
     env.send(env.game.functions.cancel(task), env.client)
     before = env.w3.eth.get_balance(env.client)
     receipt = env.send(env.game.functions.withdraw(), env.client)

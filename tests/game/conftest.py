@@ -18,6 +18,7 @@ AUDITOR_BOND = ETHER // 20
 CLOCK = 3_600
 WINDOW = 7_200
 JUDGE_WINDOW = 1_800
+NUM_LEAVES = 33  # the open task's leaf count (committed_task's default tree)
 
 
 def chain_leaves(n: int, deviate_at: int | None = None, salt: bytes = b"") -> list[bytes]:
@@ -40,15 +41,21 @@ class Setup:
     auditor: Any
     tree: MerkleTree | None = None
 
+    def sized(self, n: int) -> Setup:
+        """This setup with a task of ``n`` leaves: the open task when it has ``n`` (the contract
+        refuses a commitment of any other size), else a new one with the same terms."""
+        if self.client.task(self.task_id).num_leaves != n:
+            self.task_id = post(self.client, self.trainer, self.judge, n)
+        return self
 
-@pytest.fixture
-def open_task(game_client: Callable[..., Any]) -> Setup:
-    client = game_client("client")
-    trainer, judge, auditor = game_client("trainer"), game_client("judge"), game_client("auditor")
+
+def post(client: Any, trainer: Any, judge: Any, n: int = NUM_LEAVES) -> int:
+    """A task of ``n`` leaves with the fixtures' terms; returns its id."""
     rec = client.create_task(
         b"\x5a" * 32,
         trainer.me,
         judge.me,
+        num_leaves=n,
         payment=PAYMENT,
         trainer_bond=TRAINER_BOND,
         auditor_bond=AUDITOR_BOND,
@@ -57,7 +64,14 @@ def open_task(game_client: Callable[..., Any]) -> Setup:
         judge_window=JUDGE_WINDOW,
     )
     assert rec.result is not None
-    return Setup(rec.result, client, trainer, judge, auditor)
+    return int(rec.result)
+
+
+@pytest.fixture
+def open_task(game_client: Callable[..., Any]) -> Setup:
+    client = game_client("client")
+    trainer, judge, auditor = game_client("trainer"), game_client("judge"), game_client("auditor")
+    return Setup(post(client, trainer, judge), client, trainer, judge, auditor)
 
 
 @pytest.fixture
@@ -66,7 +80,7 @@ def committed_task(open_task: Setup) -> Callable[[int], Setup]:
 
     def make(n: int = 33) -> Setup:
         tree = MerkleTree(chain_leaves(n))
-        open_task.trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+        open_task.sized(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
         open_task.tree = tree
         return open_task
 

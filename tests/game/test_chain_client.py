@@ -130,7 +130,7 @@ def test_dispute_honestTrainer_lyingAuditor_trainerWins(open_task: Setup, chain:
     n, lie_at = 65, 23
     honest = chain_leaves(n)
     tree = MerkleTree(honest)
-    open_task.trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+    open_task.sized(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
     liar = chain_leaves(n, deviate_at=lie_at)  # the auditor claims the run diverged at lie_at
     gid, gas = play(open_task, tree, liar)
     g = open_task.judge.game(gid)
@@ -159,6 +159,7 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
             b"\x07" * 32,
             trainer.me,
             judge.me,
+            num_leaves=n,
             payment=PAYMENT,
             trainer_bond=TRAINER_BOND,
             auditor_bond=AUDITOR_BOND,
@@ -203,7 +204,7 @@ def test_timeout_trainerSilent_auditorWinsAndWaitingCostsNothing(
 
 # ------------------------------------------------------------------ events
 def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any) -> None:
-    s = committed_task(5)
+    s = committed_task(33)  # the open task's own size: one TaskCreated
     poller = s.auditor.poller()
     assert poller.poll() == []
     gid = s.auditor.challenge(s.task_id).result
@@ -211,12 +212,12 @@ def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any)
     s.trainer.reveal(gid, rev.leaf, rev.proof)
     got = poller.poll()
     assert [e.name for e in got] == ["Challenged", "LeafRevealed"]
-    assert got[0].game_id == gid and got[1].index == 2  # type: ignore[attr-defined]
+    assert got[0].game_id == gid and got[1].index == 16  # type: ignore[attr-defined]
     assert poller.poll() == []  # nothing new
     only = s.auditor.poller(names=["LeafRevealed"], from_block=0)
     assert [e.name for e in only.poll()] == ["LeafRevealed"]
     created = s.client.get_events("TaskCreated", trainer=s.trainer.me)
-    assert len(created) == 1 and created[0].task_id == s.task_id  # type: ignore[attr-defined]
+    assert [(e.task_id, e.num_leaves) for e in created] == [(s.task_id, 33)]  # type: ignore[attr-defined]
     assert s.client.get_events("TaskCreated", trainer=s.judge.me) == []
     everything = s.client.get_events()
     assert [e.name for e in everything][:2] == ["TaskCreated", "Committed"]
@@ -227,7 +228,7 @@ def test_views_countsClocksAndVerifyLeaf(committed_task: Callable[[int], Setup])
     s = committed_task(12)
     tree = s.tree
     assert tree is not None
-    assert s.client.task_count() == 1 and s.client.game_count() == 0
+    assert s.client.task_count() == s.task_id == 2 and s.client.game_count() == 0  # the open task, then this
     assert s.client.verify_leaf(tree.root, 5, 12, tree.leaf(5), list(tree.proof(5).siblings))
     assert not s.client.verify_leaf(tree.root, 5, 12, tree.leaf(4), list(tree.proof(5).siblings))
     gid = s.auditor.challenge(s.task_id).result

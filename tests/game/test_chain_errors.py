@@ -115,6 +115,7 @@ def _create(c: Any, **over: Any) -> Any:
     args.update(over)
     trainer = args.pop("trainer", "0x" + "22" * 20)
     judge = args.pop("judge", "0x" + "33" * 20)
+    args.setdefault("num_leaves", 2)
     return c.create_task(b"\x00" * 32, trainer, judge, **args)
 
 
@@ -148,19 +149,50 @@ def commit_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
     from game.merkle import MerkleTree
 
     tree = MerkleTree([b"\x01" * 32, b"\x02" * 32])
+    s.sized(tree.size)
     act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32, bond=TRAINER_BOND + 1)  # noqa: E731
     return s.trainer, act, E.WrongBond(TRAINER_BOND + 1, TRAINER_BOND)
 
 
+def create_one_leaf(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: _create(c, num_leaves=1), E.InvalidLeafCount(1)
+
+
+def create_too_many_leaves(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: _create(c, num_leaves=2**48 + 1), E.InvalidLeafCount(2**48 + 1)
+
+
 def commit_zero_leaves(s: Setup, gc: Any, chain: Any) -> Any:
     z = b"\x00" * 32
-    return s.trainer, lambda c: c.commit(s.task_id, z, z, 0, z, z, [], z, []), E.InvalidLeafCount(0)
+    n = s.client.task(s.task_id).num_leaves
+    return s.trainer, lambda c: c.commit(s.task_id, z, z, 0, z, z, [], z, []), E.LeafCountMismatch(n, 0)
+
+
+def commit_truncated(s: Setup, gc: Any, chain: Any) -> Any:
+    """Issue 44 exploit 1: a task of 16 steps, the trainer commits the initial state alone (valid
+    proofs of a one-leaf tree)."""
+    from game.merkle import MerkleTree
+
+    s.sized(17)
+    tree = MerkleTree([b"\x01" * 32])
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
+    return s.trainer, act, E.LeafCountMismatch(17, 1)
+
+
+def commit_three_of_seventeen(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    s.sized(17)
+    tree = MerkleTree([bytes([i]) * 32 for i in range(3)])
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
+    return s.trainer, act, E.LeafCountMismatch(17, 3)
 
 
 def commit_bad_proof(s: Setup, gc: Any, chain: Any) -> Any:
     from game.merkle import MerkleTree
 
     tree = MerkleTree([bytes([i]) * 32 for i in range(5)])
+    s.sized(5)
     wrong = b"\x09" * 32
     act = lambda c: c.commit(  # noqa: E731
         s.task_id, tree.root, wrong, 5, wrong, wrong, tree.proof(0), tree.leaf(4), tree.proof(4)
@@ -182,7 +214,7 @@ def _commit(s: Setup, n: int) -> None:
     from tests.game.conftest import chain_leaves
 
     s.tree = MerkleTree(chain_leaves(n))
-    s.trainer.commit_tree(s.task_id, s.tree, b"\x01" * 32, b"\x02" * 32)
+    s.sized(n).trainer.commit_tree(s.task_id, s.tree, b"\x01" * 32, b"\x02" * 32)
 
 
 def challenge_after_window(s: Setup, gc: Any, chain: Any) -> Any:
@@ -200,11 +232,6 @@ def challenge_by_trainer(s: Setup, gc: Any, chain: Any) -> Any:
 def challenge_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
     _commit(s, 9)
     return s.auditor, lambda c: c.challenge(s.task_id, bond=1), E.WrongBond(1, AUDITOR_BOND)
-
-
-def challenge_one_leaf(s: Setup, gc: Any, chain: Any) -> Any:
-    _commit(s, 1)
-    return s.auditor, lambda c: c.challenge(s.task_id), E.NothingToBisect(s.task_id)
 
 
 def reveal_unknown_game(s: Setup, gc: Any, chain: Any) -> Any:
@@ -297,13 +324,16 @@ SCENARIOS: list[Scenario] = [
     cancel_wrong_status,
     cancel_unauthorized,
     commit_wrong_bond,
+    create_one_leaf,
+    create_too_many_leaves,
     commit_zero_leaves,
+    commit_truncated,
+    commit_three_of_seventeen,
     commit_bad_proof,
     commit_by_stranger,
     challenge_after_window,
     challenge_by_trainer,
     challenge_wrong_bond,
-    challenge_one_leaf,
     reveal_unknown_game,
     respond_before_reveal,
     reveal_by_auditor,

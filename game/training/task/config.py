@@ -210,6 +210,13 @@ class TaskConfig:
         """SHA-256 of :meth:`canonical_json` (32 bytes; the value the client posts on-chain)."""
         return hashlib.sha256(self.canonical_json()).digest()
 
+    @property
+    def num_leaves(self) -> int:
+        """The state leaves a run of this task has, step 0 (the initialisation) included: steps + 1.
+        The client posts it on-chain with the task, and the contract refuses a commitment of any
+        other size (the trainer's tree: :attr:`Manifest.num_leaves`)."""
+        return self.steps + 1
+
     def replace(self, **changes: Any) -> TaskConfig:
         """A copy with ``changes`` (validated)."""
         return dataclasses.replace(self, **changes)
