@@ -91,7 +91,7 @@ def _committed(client: VerificationGameClient, task_id: int) -> Task:
     task = client.task(task_id)  # no such task: the client's TaskNotFound
     if task.status == TaskStatus.CANCELLED:
         raise DeliveryError(f"task {task_id} was cancelled: nothing was trained for it")
-    if task.num_leaves == 0:
+    if not task.committed:
         raise DeliveryError(
             f"task {task_id} has no commitment yet: the trainer has not committed a trained model"
         )

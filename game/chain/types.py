@@ -112,6 +112,12 @@ class Task:
         task: Task = _from_tuple(cls, values)
         return task
 
+    @property
+    def committed(self) -> bool:
+        """Whether the trainer has committed (and bonded): the commit sets ``window_ends``. Not
+        ``num_leaves``, which the task fixes at creation."""
+        return self.window_ends != 0
+
 
 @dataclass(frozen=True)
 class Game:

@@ -34,7 +34,7 @@ def expected_changes(task: Task, games: Sequence[Game]) -> dict[str, int]:
     if task.status == TaskStatus.CANCELLED:
         add(client, task.payment)
         return out
-    if task.num_leaves:
+    if task.committed:
         add(trainer, -task.trainer_bond)
     first_loss = True
     for g in games:

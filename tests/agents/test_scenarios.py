@@ -297,7 +297,7 @@ CLIENT, TRAINER, JUDGE, AUD1, AUD2 = (f"0x{i:040x}" for i in range(1, 6))
 PAY, TBOND, ABOND = 1000, 300, 70
 
 
-def _task(status: TaskStatus, *, lost: bool = False, void: bool = False, leaves: int = 9) -> Task:
+def _task(status: TaskStatus, *, lost: bool = False, void: bool = False) -> Task:
     z = b"\0" * 32
     return Task(
         CLIENT,
@@ -307,11 +307,11 @@ def _task(status: TaskStatus, *, lost: bool = False, void: bool = False, leaves:
         lost,
         void,
         TRAINER,
-        leaves,
+        9,  # numLeaves, fixed at creation
         0,
         JUDGE,
         60,
-        0,
+        0 if status in (TaskStatus.OPEN, TaskStatus.CANCELLED) else 1_000,  # windowEnds: set by the commit
         TBOND,
         ABOND,
         PAY,
@@ -341,8 +341,11 @@ def test_expected_changes_follow_the_contract_tables() -> None:
     assert void == {CLIENT.lower(): 0, TRAINER.lower(): 0, AUD1.lower(): 0}
     won = expected_changes(_task(fin), [_game(AUD1, Outcome.TRAINER_WON)])
     assert won == {CLIENT.lower(): -PAY, TRAINER.lower(): PAY + ABOND, AUD1.lower(): -ABOND}
-    cancelled = expected_changes(_task(TaskStatus.CANCELLED, leaves=0), [])
+    cancelled = expected_changes(_task(TaskStatus.CANCELLED), [])
     assert cancelled == {CLIENT.lower(): 0}
+    # the leaf count is fixed at creation: a task never committed has one, and no trainer bond paid
+    uncommitted = expected_changes(_task(TaskStatus.OPEN), [])
+    assert uncommitted == {CLIENT.lower(): -PAY}
 
 
 def test_injected_text_is_pinned_on_the_character_gpt(tmp_path: Path) -> None:
