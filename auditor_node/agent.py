@@ -403,9 +403,9 @@ class AuditorAgent(TaskAgent):
 
     def _own_state_bytes(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log."""
+        from game.training.engine.states import decode_state
         from game.training.engine.step import StepEngine
         from game.training.state.canonical import encode_state
-        from game.training.state.checkpoint import decode_state
         from game.training.task.profiles import get_profile
 
         engine = StepEngine(t.config, get_profile(self.profile))

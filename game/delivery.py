@@ -8,7 +8,7 @@ paper size). So only the manifest and the last checkpoint are decrypted (``store
 and each is checked against the chain: the config against the task's spec hash, the checkpoint
 against its last leaf. The model goes out as a PyTorch ``state_dict`` in float32 (every value lies
 on the float32 grid, so nothing is lost), which ``model.load_state_dict(torch.load(path))`` reads
-into the preset's model (``presets.get_preset(cfg.preset).build_model(cfg)``).
+into the task's own model class, called as ``model(x)``; a ``.safetensors`` name writes that format.
 
 Whether the model is beyond dispute is the task's status, not the files': it is reported with it
 (a challenge window still open, a game in play, or a game the trainer lost).
@@ -16,7 +16,6 @@ Whether the model is beyond dispute is the task's status, not the files': it is 
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +131,7 @@ def fetch_model(
     import torch  # only once there is a model to write
 
     from game.training.engine.memory import trimmed
-    from game.training.state.checkpoint import decode_state
+    from game.training.engine.states import decode_state
 
     if Path(out).is_dir():
         raise DeliveryError(f"{out} is a directory: name the file to write (e.g. {Path(out) / 'model.pt'})")
@@ -146,11 +145,11 @@ def fetch_model(
             for name, t in state.model.state_dict().items()
         }
         del state
-        buf = io.BytesIO()
-        torch.save(weights, buf)
-        atomic_write(Path(out), buf.getbuffer())
+        from game.training.task.weights import save
+
+        atomic_write(Path(out), save(weights, Path(out)))
         values = sum(t.numel() for t in weights.values())
-        del weights, buf
+        del weights
     return DeliveredModel(
         task_id=task_id,
         path=Path(out),

@@ -19,6 +19,7 @@ from rich.table import Table
 from game.cli.app import app, console, emit_json
 from game.cli.keys import warn_key_in_argv
 from game.cli.options import check_profile
+from game.errors import ConfigError
 from game.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ def demo_cmd(
     ] = "embedded",
     preset: Annotated[
         str | None, typer.Option("--preset", help="Task preset (default gpt-shakespeare).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="A task config instead of a preset's example (your own task too)."),
     ] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps S of the task.")] = None,
     poison_step: Annotated[
@@ -79,9 +84,18 @@ def demo_cmd(
     }
     for name in profiles.values():
         check_profile(name)  # unknown, or not runnable here (cuda without a GPU): now, not after training
+    if config is not None and preset is not None:
+        raise ConfigError("--preset and --config both name the task: give one of them")
+    task_cfg = None
+    if config is not None:
+        from game.training.task.config import load_config
+
+        task_cfg = load_config(config)
+        task_cfg = task_cfg.replace(steps=steps) if steps is not None else task_cfg
     kwargs: dict[str, Any] = {
         "chain_spec": chain,
         "preset": preset or demo.DEFAULT_PRESET,
+        "config": task_cfg,
         "steps": steps if steps is not None else demo.DEFAULT_STEPS,
         "poison_step": poison_step,
         "trainer_profile": profiles["trainer"],
@@ -92,7 +106,7 @@ def demo_cmd(
         "workdir": workdir,
     }
     demo.prepare_scenario(  # a bad --steps or --poison-step is one line, before the live table is drawn
-        scenario, preset=kwargs["preset"], steps=kwargs["steps"], poison_step=poison_step,
+        scenario, preset=kwargs["preset"], steps=kwargs["steps"], config=task_cfg, poison_step=poison_step,
         trainer_profile=profiles["trainer"], auditor_profile=profiles["auditor"], workdir=workdir,
     )  # fmt: skip
     from game.chain.backends import connect

@@ -28,12 +28,19 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help='Model sizes for --preset, e.g. "n_layer=12,n_head=12,n_embd=768,block_size=64" or '
-        '"arch=resnet50".',
+        help='Model sizes the task declares, over its defaults or its config\'s [model], e.g. '
+        '"n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
     ),
 ]
-BatchSizeOpt = Annotated[
-    int | None, typer.Option("--batch-size", min=1, help="Examples per step, for --preset.")
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")]
+LrOpt = Annotated[float | None, typer.Option("--lr", help="Learning rate (what the task reads as cfg.lr).")]
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--preset",
+        help="The task: a built-in preset (mlp-digits, cnn-digits, gpt-shakespeare) or your own, as "
+        "module:attribute or an entry point's name (group vgame.tasks).",
+    ),
 ]
 BandsOpt = Annotated[
     Path | None,
@@ -123,11 +130,10 @@ def task_config(
     bands: Path | None = None,
     model: dict[str, int | str] | None = None,
     batch_size: int | None = None,
+    lr: float | None = None,
 ) -> TaskConfig:
-    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last.
-
-    ``model`` (size overrides) and ``batch_size`` apply to a preset only: a config file sets its
-    own ``[model]`` table and ``batch_size``."""
+    """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last
+    (``model`` over the task's sizes, key by key)."""
     from game.training.numerics.bandfile import BandsOrigin, load_bands_file
     from game.training.task.catalog import PRESET_NAMES
     from game.training.task.config import TaskConfig, load_config
@@ -145,14 +151,12 @@ def task_config(
     origin: BandsOrigin | None = None
     if bands is not None:
         overrides["bands"], origin = load_bands_file(bands)
-    if config is not None and (model or batch_size is not None):
-        raise ConfigError(
-            "--model and --batch-size go with --preset; in a config file set [model] and batch_size"
-        )
     if model:
         overrides["model"] = model
     if batch_size is not None:
         overrides["batch_size"] = batch_size
+    if lr is not None:
+        overrides["lr"] = float(lr)
     if config is not None:
         cfg = load_config(config)
         if preset is not None and preset != cfg.preset:
@@ -162,7 +166,8 @@ def task_config(
         cfg = cfg.replace(**overrides) if overrides else cfg
     elif preset is None:
         raise ConfigError(
-            f"no task given: pass --preset NAME ({', '.join(PRESET_NAMES)}) or --config FILE.toml"
+            f"no task given: pass --preset NAME ({', '.join(PRESET_NAMES)}, or your own as "
+            "module:attribute) or --config FILE.toml"
         )
     else:
         cfg = TaskConfig.for_preset(preset, **overrides)

@@ -19,7 +19,17 @@ import typer
 from rich.table import Table
 
 from game.cli.app import app, console, emit_json, interrupts, progress_bar
-from game.cli.options import BandsOpt, JsonOpt, check_profile, task_config
+from game.cli.options import (
+    BandsOpt,
+    BatchSizeOpt,
+    JsonOpt,
+    LrOpt,
+    ModelOpt,
+    PresetOpt,
+    check_profile,
+    parse_model_overrides,
+    task_config,
+)
 from game.errors import ConfigError
 from game.fsio import exclusive_directory
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
@@ -100,12 +110,25 @@ def train_cmd(
     out: Annotated[
         Path, typer.Option("--out", help="Transcript directory (resumed if it holds a partial run).")
     ],
-    preset: Annotated[str | None, typer.Option("--preset", help="Task preset, e.g. mlp-digits.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="TOML task config.")] = None,
+    preset: PresetOpt = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML task config (a preset's or your own task's).")
+    ] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps S.")] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
     ] = "cpu-1t",
+    model: ModelOpt = None,
+    batch_size: BatchSizeOpt = None,
+    lr: LrOpt = None,
+    eval_every: Annotated[
+        int,
+        typer.Option(
+            "--eval-every",
+            min=0,
+            help="Evaluate on the task's held-out data every N steps (0: never); tasks without one skip it.",
+        ),
+    ] = 0,
     seed: Annotated[int | None, typer.Option("--seed", help="Task seed.")] = None,
     bits: Annotated[int | None, typer.Option("--bits", help="Rounding grid bits, 16..32.")] = None,
     tau: Annotated[
@@ -120,18 +143,31 @@ def train_cmd(
     bands: BandsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots)."""
+    """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots),
+    showing the loss as it goes and, with --eval-every, the task's held-out metrics."""
     cfg = task_config(
-        preset, config, steps=steps, seed=seed, bits=bits, tau=tau, log_format=log_format, bands=bands
+        preset,
+        config,
+        steps=steps,
+        seed=seed,
+        bits=bits,
+        tau=tau,
+        log_format=log_format,
+        bands=bands,
+        model=parse_model_overrides(model),
+        batch_size=batch_size,
+        lr=lr,
     )
     check_profile(profile)
     from game.errors import StepWriteError
     from game.training.engine.train import train
     from game.training.transcript.reader import steps_on_disk
 
+    evals: list[dict[str, Any]] = []
     try:
-        with _progress(f"train {cfg.preset} on {profile}", as_json) as update:
-            result = train(cfg, profile, out, progress=update)
+        with _training_progress(f"train {cfg.preset} on {profile}", as_json) as (update, show):
+            observe = _observer(cfg, eval_every, evals, show)
+            result = train(cfg, profile, out, progress=update, observe=observe)
     except StepWriteError as exc:  # the steps before it are kept: say so, and how to go on
         done = steps_on_disk(out)
         raise StepWriteError(
@@ -148,7 +184,7 @@ def train_cmd(
         raise
     doc = result.to_dict()
     if as_json:
-        emit_json(doc)
+        emit_json({**doc, "evals": evals})
         return
     if result.resumed_from == result.steps:
         console.print(
@@ -165,6 +201,50 @@ def train_cmd(
     console.print(f"  state root  {doc['state_root']}")
     console.print(f"  log root    {doc['log_root']}")
     console.print(f"  log size    {doc['log_bytes']} bytes")
+
+
+@contextmanager
+def _training_progress(label: str, quiet: bool) -> Iterator[tuple[ProgressFn | None, Callable[[str], None]]]:
+    """The training bar, and a way to show a line above it (an evaluation) or nothing (``--json``)."""
+    if quiet:
+        yield None, lambda line: None
+        return
+    with progress_bar() as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        def show(line: str) -> None:
+            if line.startswith("loss "):
+                bar.update(task, description=f"{label}  {line}")
+            else:
+                bar.console.print(line)
+
+        yield update, show
+
+
+def _observer(
+    cfg: Any, eval_every: int, evals: list[dict[str, Any]], show: Callable[[str], None]
+) -> Callable[[int, float | None, Any], None]:
+    """What `vgame train` does after each step: the loss on the bar, and the task's held-out
+    metrics every ``eval_every`` steps (kept in ``evals`` for --json)."""
+    from game.training.engine.runtime import runtime_for
+
+    runtime = runtime_for(cfg)
+    if eval_every and not runtime.has_eval:
+        show(f"[yellow]--eval-every:[/] task {cfg.preset} has no eval_dataset; nothing to evaluate")
+        eval_every = 0
+
+    def observe(step: int, loss: float | None, state: Any) -> None:
+        if loss is not None:
+            show(f"loss {loss:.4f}")
+        if eval_every and (step % eval_every == 0 or step == cfg.steps):
+            metrics = runtime.evaluate(state.model)
+            evals.append({"step": step, **metrics})
+            show(f"step {step:>6}  " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+    return observe
 
 
 # ----------------------------------------------------------------------------------------------

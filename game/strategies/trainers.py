@@ -53,7 +53,7 @@ TRIT_DOWN, TRIT_IGNORE, TRIT_UP = 0, 1, 2
 
 
 class Poison(Deviation):
-    """Train step ``step`` on the preset's poisoned batch (same shapes and example ids)."""
+    """Train step ``step`` on the task's poisoned batch (same shapes and example ids)."""
 
     def __init__(self, cfg: TaskConfig, step: int) -> None:
         _check_step(cfg, step, "poison")
@@ -63,10 +63,10 @@ class Poison(Deviation):
     def batch(self, step: int) -> Any | None:
         if step != self.step:
             return None
-        from game.training.task.presets import get_preset
+        from game.training.engine.runtime import runtime_for
 
-        preset = get_preset(self.cfg.preset)
-        return preset.poison(self.cfg, preset.batch(self.cfg, step), step)
+        runtime = runtime_for(self.cfg)
+        return runtime.poison(runtime.batch(step), step)
 
 
 class SkipStep(Deviation):

@@ -14,7 +14,7 @@ from game.chain.types import TaskStatus
 from game.delivery import fetch_model
 from game.errors import DeliveryError
 from game.store.keys import new_key
-from game.training.state.checkpoint import decode_state
+from game.training.engine.states import decode_state
 from game.training.task.presets import get_preset
 from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, commit, run_game, small_config

@@ -37,7 +37,7 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     import torch
 
     from game.training.engine.train import train
-    from game.training.state.checkpoint import decode_state
+    from game.training.engine.states import decode_state
     from game.training.task.config import TaskConfig
     from game.training.transcript.reader import Transcript
 

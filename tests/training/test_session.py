@@ -26,7 +26,7 @@ from game.training.engine.replay import replay_step, replay_transcript_step, sta
 from game.training.engine.step import engine_for
 from game.training.engine.train import Deviation, train
 from game.training.state.canonical import encode_state
-from game.training.state.checkpoint import decode_state
+from game.training.engine.states import decode_state
 from game.training.state.leafhash import leaf_of
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig

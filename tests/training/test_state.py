@@ -15,7 +15,8 @@ from game.training.numerics import rounding
 from game.training.state import canonical
 from game.training.state import tensors as tensors_mod
 from game.training.state.canonical import STATE_MAGIC, encode_state, encode_streamed, state_buffer
-from game.training.state.checkpoint import CheckpointError, decode_state, parse_state
+from game.training.engine.states import decode_state
+from game.training.state.checkpoint import CheckpointError, parse_state
 from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import OffGridError, TrainState, check_on_grid, move_state, state_tensors

@@ -16,7 +16,7 @@ from game.training.native import library
 from game.training.numerics.bandcheck import LogTamperingError
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.state.canonical import encode_state
-from game.training.state.checkpoint import decode_state
+from game.training.engine.states import decode_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import check_on_grid
 from game.training.task.config import TaskConfig

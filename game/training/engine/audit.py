@@ -19,10 +19,10 @@ from game.merkle import merkle_root
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import state_after
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepResult, engine_for
 from game.training.engine.train import ProgressFn
 from game.training.state.canonical import encode_streamed
-from game.training.state.checkpoint import decode_state
 from game.training.state.leaves import LeafHasher, PendingLeaf, state_hash
 from game.training.transcript.reader import Transcript
 
@@ -144,7 +144,7 @@ def audit(
             if pending is not None and settle(pending) and with_log:
                 # The step before this one diverged, so this one must run without the trainer's
                 # log (it describes other values), whatever it raised: again, from its pre-state.
-                state = pending.rebuild(t.config)
+                state = decode_state(pending.state_bytes(), t.config)
                 result = engine.run_step(state, step, mode="round", hash_state=False)
                 failed = None
             pending = None

@@ -16,9 +16,9 @@ from typing import Any
 
 from game.errors import TranscriptError
 from game.training.engine.memory import trimmed
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, StepResult, engine_for
 from game.training.log.formats import ChunkLog, decode_chunk
-from game.training.state.checkpoint import decode_state
 from game.training.state.tensors import TrainState
 from game.training.transcript.reader import Transcript
 

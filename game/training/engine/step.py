@@ -2,13 +2,17 @@
 
 Order of work in a step (the same for every party, every mode)::
 
-    batch = preset.batch(cfg, step)        # CPU, counter-based; or batch_override (a deviation)
+    batch = runtime.batch(step)             # CPU, counter-based; or batch_override (a deviation)
     batch -> grid (fp64) -> profile device
     with profile.apply(), RoundingMode(...):
-        loss = preset.loss(model, batch, ctx)   # forward + loss
-        loss.backward()                         # activations' and parameters' gradients
-        optimizer.step()                        # update: params and optimizer state
-    optimizer.zero_grad(set_to_none=True)       # gradients are not state: none survive a step
+        for j, micro in enumerate(runtime.micro_batches(batch)):   # cfg.accumulate of them
+            with StockOps(seed, step, j, micro.example_ids):       # dropout, SDPA, torch.rand*
+                loss = runtime.loss(model, micro)                  # forward + loss
+            (loss * (1 / accumulate)).backward()                   # gradients summed in order
+        clip_grad_norm_(params, cfg.clip_grad_norm)  # when set
+        optimizer.step()                            # update: params and optimizer state
+    optimizer.zero_grad(set_to_none=True)           # gradients are not state: none survive a step
+    scheduler.step()                                # the task's, if any: the next step's lr
     state.step = step
 
 Modes: ``record`` (trainer: round and log), ``replay`` (auditor: round with the trainer's log),
@@ -29,16 +33,16 @@ from torch import Tensor
 from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
+from game.training.dispatch.stockops import StockOps
+from game.training.engine.runtime import Batch, runtime_for
+from game.training.engine.states import fresh_state
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
-from game.training.state.checkpoint import fresh_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import Precision, TrainState, check_on_grid, move_state, snapshot
+from game.training.task import datasets
 from game.training.task.config import TaskConfig
-from game.training.task.data import Batch
-from game.training.task.models import StepContext
-from game.training.task.presets import get_preset
 from game.training.task.profiles import Profile, get_profile
 
 logger = logging.getLogger(__name__)
@@ -88,7 +92,7 @@ class StepEngine:
             raise ConfigError(f"profile {profile.name!r} is not available on this machine")
         self.cfg = cfg
         self.profile = profile
-        self.preset = get_preset(cfg.preset)
+        self.runtime = runtime_for(cfg)
         self.check_grid = check_grid  # assert every float of the state is on the grid after each step
         self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
         self.count_free = False  # replay: count the values a trainer could have rounded either way
@@ -104,7 +108,7 @@ class StepEngine:
 
     def batch(self, step: int) -> Batch:
         """The honest batch of ``step`` (CPU)."""
-        return self.preset.batch(self.cfg, step)
+        return self.runtime.batch(step)
 
     def run_step(
         self,
@@ -141,12 +145,11 @@ class StepEngine:
 
         batch = batch_override if batch_override is not None else self.batch(step)
         batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
-        ctx = StepContext(seed=self.cfg.seed, step=step, example_ids=batch.example_ids)
 
         if self._defers(mode, log):
             restore = snapshot(state)
             try:
-                rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=True)
+                rm, loss = self._attempt(state, step, mode, log, batch, defer=True)
             except DeferredChecksFailed as failed:
                 self._defer_failures += 1
                 self._immediate_calls |= failed.calls
@@ -157,9 +160,11 @@ class StepEngine:
                     len(failed.calls),
                 )
                 restore()
-                rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
+                rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
         else:
-            rm, loss = self._attempt(state, step, mode, log, batch, ctx, defer=False)
+            rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
+        if state.scheduler is not None:  # after the update, outside the rounding: Python floats only
+            state.scheduler.step()
         state.step = step
         self.last_mode = rm
         if logger.isEnabledFor(logging.DEBUG):  # counting the op kinds adds up the front's tallies
@@ -181,7 +186,7 @@ class StepEngine:
             state_hash=state_hash(state) if has_bytes else None,
             log=log if mode in ("record", "replay") else None,
             corrections=rm.corrections,
-            loss=float(loss.detach()),
+            loss=sum(float(v) for v in loss) / len(loss),
             mode=rm,
         )
 
@@ -209,10 +214,9 @@ class StepEngine:
         mode: Mode,
         log: ChunkLog | None,
         batch: Batch,
-        ctx: StepContext,
         *,
         defer: bool,
-    ) -> tuple[RoundingMode, Tensor]:
+    ) -> tuple[RoundingMode, list[Tensor]]:
         """Forward, backward and update under the interceptor (when one is needed). With ``defer``,
         :class:`DeferredChecksFailed` when a check failed, also when the step raised something else
         after it: that error may come from the values the failed call left unrounded."""
@@ -236,9 +240,9 @@ class StepEngine:
             with self.profile.apply():
                 if mode != "plain" or self.profile.emulates:
                     with rm:
-                        loss = self._forward_backward_update(state, batch, ctx)
-                else:
-                    loss = self._forward_backward_update(state, batch, ctx)
+                        loss = self._forward_backward_update(state, batch, step, serve=mode != "plain")
+                else:  # the plain baseline: stock torch, its own dropout and attention kernels
+                    loss = self._forward_backward_update(state, batch, step, serve=False)
             optimizer.zero_grad(set_to_none=True)
             rm.finish()
         except DeferredChecksFailed:
@@ -249,14 +253,35 @@ class StepEngine:
             raise
         return rm, loss
 
-    def _forward_backward_update(self, state: TrainState, batch: Batch, ctx: StepContext) -> Tensor:
-        loss = self.preset.loss(state.model, batch, ctx)
-        loss.backward()
+    def _forward_backward_update(
+        self, state: TrainState, batch: Batch, step: int, *, serve: bool = True
+    ) -> list[Tensor]:
+        """The step's work under the interceptor: each micro-batch's forward (torch's random ops and
+        attention served by :class:`StockOps`) and backward, gradients summed in micro-batch order,
+        then clipping and the update. Returns the micro-batches' losses (read once the step is
+        over: no op outside the step's own runs under the interceptor). ``serve`` False runs the
+        model's random ops and attention as stock torch does (the plain baselines)."""
+        runtime, cfg = self.runtime, self.cfg
+        micro = runtime.micro_batches(batch)
+        losses: list[Tensor] = []
+        for j, mb in enumerate(micro):
+            if serve:
+                with StockOps(cfg.seed, step, j, mb.example_ids):
+                    loss = runtime.loss(state.model, mb)
+            else:
+                loss = runtime.loss(state.model, mb)
+            # An exact multiply (1/M on the grid once): the micro-batches' mean gradient, summed
+            # by autograd into .grad in micro-batch order, rounded after every sum.
+            (loss if len(micro) == 1 else loss * (1.0 / len(micro))).backward()
+            losses.append(loss.detach())
+        if cfg.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip_grad_norm, foreach=True)
         state.optimizer.step()
-        return loss
+        return losses
 
     def prepare_batch(self, batch: Batch, dtype: torch.dtype = torch.float64, *, rnd: bool = True) -> Batch:
-        """Float inputs in the state's dtype (on the grid when rounding), on the profile's device."""
+        """Float tensors of the batch in the state's dtype (on the grid when rounding), on the
+        profile's device."""
 
         def conv(t: Tensor) -> Tensor:
             if not t.is_floating_point():
@@ -266,7 +291,7 @@ class StepEngine:
                 t = rounding.rnd(t, self.cfg.bits)
             return t
 
-        return Batch(conv(batch.inputs), conv(batch.targets), batch.example_ids).to(self.profile.device)
+        return Batch(datasets.map_tensors(batch.data, conv), batch.example_ids).to(self.profile.device)
 
     def _ensure_placed(self, state: TrainState, dtype: torch.dtype) -> None:
         """A decoded state lives on CPU: move it to the profile's device; refuse a dtype mismatch."""

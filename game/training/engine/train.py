@@ -22,10 +22,10 @@ from game.errors import NonFiniteError, TranscriptError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import replay_forward
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, engine_for
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.state.canonical import encode_streamed, encoded_size, hash_streamed, state_buffer
-from game.training.state.checkpoint import decode_state
 from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import device_leaf
 from game.training.state.tensors import TrainState
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 #: ``progress(done, total)`` is called after every step (for progress bars).
 ProgressFn = Callable[[int, int], None]
+#: ``observe(step, loss, state)`` is called after every step it runs (None: a skipped step's loss):
+#: what `vgame train` shows as it trains, and where it evaluates the model every N steps.
+ObserveFn = Callable[[int, "float | None", TrainState], None]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,6 +130,7 @@ def train(
     *,
     progress: ProgressFn | None = None,
     deviation: Deviation | None = None,
+    observe: ObserveFn | None = None,
 ) -> TrainResult:
     """Algorithm 2: train ``cfg`` on ``profile`` and write (or finish) the transcript in ``out_dir``.
 
@@ -141,11 +145,17 @@ def train(
         "let it finish, or stop it and run this again to go on from its last step"
     )
     with exclusive_directory(out, busy):
-        return _train_alone(engine, profile, out, progress=progress, deviation=deviation)
+        return _train_alone(engine, profile, out, progress=progress, deviation=deviation, observe=observe)
 
 
 def _train_alone(
-    engine: StepEngine, profile: str, out: Path, *, progress: ProgressFn | None, deviation: Deviation | None
+    engine: StepEngine,
+    profile: str,
+    out: Path,
+    *,
+    progress: ProgressFn | None,
+    deviation: Deviation | None,
+    observe: ObserveFn | None = None,
 ) -> TrainResult:
     """:func:`train` once the directory is held."""
     cfg = engine.cfg
@@ -191,6 +201,8 @@ def _train_alone(
             steps_run += 1
             if steps_run == 1:  # the optimizer's state exists now: a checkpoint has its full size
                 _warn_if_no_room(out, cfg, state, step)
+            if observe is not None:
+                observe(step, step_loss, state)
             if progress is not None:
                 progress(step, cfg.steps)
         writer.finish()
@@ -317,6 +329,7 @@ def _rebuild_state(out: Path, cfg: TaskConfig, engine: StepEngine, leaves: list[
 
 __all__ = [
     "Deviation",
+    "ObserveFn",
     "ProgressFn",
     "TrainResult",
     "checkpoints_after",

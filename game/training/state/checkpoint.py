@@ -1,8 +1,9 @@
-"""Checkpoints: canonical state bytes read back into a :class:`~.tensors.TrainState`.
+"""Checkpoints: canonical state bytes parsed back into named tensors.
 
 The canonical bytes *are* the checkpoint format (:mod:`.canonical`): a judge verifies a pre-state
-by hashing the file, and ``encode_state(decode_state(b, cfg)) == b`` for every valid ``b``. A
-state is rebuilt as the preset builds it (:func:`fresh_state`), then given the bytes' values.
+by hashing the file, and ``encode_state(decode_state(b, cfg)) == b`` for every valid ``b``. Putting
+the tensors into a task's model is the engine's (:mod:`game.training.engine.states`): the model is
+the task's code.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from game.errors import TrainingError, TranscriptError
-from game.training.numerics import rounding
+from game.errors import TranscriptError
 from game.training.state.canonical import NUMPY_DTYPES, STATE_MAGIC, tag_width
-from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers
-from game.training.task.config import TaskConfig
 
 
 class CheckpointError(TranscriptError, ValueError):
@@ -81,83 +79,4 @@ def parse_state(data: bytes) -> tuple[int, dict[str, Tensor]]:
     return step, tensors
 
 
-def fresh_state(
-    cfg: TaskConfig, *, device: str | torch.device = "cpu", precision: Precision = "fp64"
-) -> TrainState:
-    """The step-0 state: the preset's model (built on CPU), rounded to the grid, on ``device``.
-
-    fp64 state is rounded onto the ``cfg.bits`` grid; fp32 (the plain baseline) is converted.
-    """
-    from game.training.task.presets import get_preset
-
-    preset = get_preset(cfg.preset)
-    model = preset.build_model(cfg)
-    with torch.no_grad():
-        if precision == "fp64":
-            model = model.to(torch.float64)
-            for t in list(model.parameters()) + list(persistent_buffers(model).values()):
-                if t.dtype == torch.float64:
-                    rounding.round_(t.data, cfg.bits)
-        elif precision == "fp32":
-            model = model.to(torch.float32)
-        else:
-            raise TrainingError(f"precision: {precision!r} is not fp64 or fp32")
-    model = model.to(device)
-    model.train()
-    optimizer = preset.build_optimizer(cfg, model)
-    return TrainState(model=model, optimizer=optimizer, step=0)
-
-
-def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "cpu") -> TrainState:
-    """Rebuild the state from canonical bytes: model and optimizer from the preset, values loaded."""
-    step, tensors = parse_state(data)
-    state = fresh_state(cfg, device="cpu")
-    state.step = step
-    expected: dict[str, Tensor] = {f"param/{n}": p for n, p in state.model.named_parameters()}
-    expected.update({f"buffer/{n}": b for n, b in persistent_buffers(state.model).items()})
-    model_names = {n for n in tensors if not n.startswith("optim/")}
-    missing, extra = sorted(set(expected) - model_names), sorted(model_names - set(expected))
-    if missing or extra:
-        raise CheckpointError(
-            f"state bytes do not fit preset {cfg.preset!r}: missing {missing[:5]}, unexpected {extra[:5]}"
-        )
-    with torch.no_grad():
-        for name, target in expected.items():
-            src = tensors[name]
-            if tuple(src.shape) != tuple(target.shape):
-                raise CheckpointError(
-                    f"{name}: shape {tuple(src.shape)} in the bytes, model has {tuple(target.shape)}"
-                )
-            if src.is_floating_point() != target.is_floating_point():
-                raise CheckpointError(f"{name}: dtype {src.dtype} in the bytes, model has {target.dtype}")
-            target.copy_(src.to(target.dtype))
-    _load_optimizer(state, {n: t for n, t in tensors.items() if n.startswith("optim/")})
-    if torch.device(device) != torch.device("cpu"):
-        move_state(state, device)
-    return state
-
-
-def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
-    params = dict(state.model.named_parameters())
-    index: dict[int, int] = {}
-    for group in state.optimizer.param_groups:
-        for p in group["params"]:
-            index[id(p)] = len(index)
-    per_param: dict[int, dict[str, Tensor]] = {}
-    for name, t in tensors.items():
-        pname, sep, key = name[len("optim/") :].rpartition("/")
-        if not sep or pname not in params:
-            raise CheckpointError(f"{name}: names no parameter of preset {state.model.__class__.__name__}")
-        p = params[pname]
-        if t.dim() > 0 and tuple(t.shape) != tuple(p.shape):
-            raise CheckpointError(f"{name}: shape {tuple(t.shape)}, parameter has {tuple(p.shape)}")
-        per_param.setdefault(index[id(p)], {})[key] = t
-    sd = state.optimizer.state_dict()
-    sd["state"] = per_param
-    try:
-        state.optimizer.load_state_dict(sd)
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"optimizer state does not load: {exc}") from exc
-
-
-__all__ = ["CheckpointError", "decode_state", "fresh_state", "parse_state"]
+__all__ = ["CheckpointError", "parse_state"]

@@ -21,9 +21,7 @@ import numpy as np
 
 from game.training.state import leafnative
 from game.training.state.canonical import hash_streamed, state_buffer
-from game.training.state.checkpoint import decode_state
 from game.training.state.tensors import TrainState
-from game.training.task.config import TaskConfig
 
 if TYPE_CHECKING:  # Triton loads only for a state on a GPU
     from game.training.state.device_leaf import DeviceLeaf
@@ -90,15 +88,15 @@ class PendingLeaf:
                 self._leaf = self._future.result()
         return self._leaf
 
-    def rebuild(self, cfg: TaskConfig) -> TrainState:
-        """The state the leaf is of, decoded from the kept bytes (on CPU; the step engine moves it)."""
+    def state_bytes(self) -> bytes:
+        """The canonical bytes the leaf is of, as kept (the engine decodes them into a state)."""
         if self.device is not None:
-            return decode_state(bytes(self.device.canonical_bytes()), cfg)
+            return bytes(self.device.canonical_bytes())
         if self.buffer is None:
             raise ValueError(
                 f"the state after step {self.step} was hashed piece by piece: no bytes were kept"
             )
-        return decode_state(self.buffer.tobytes(), cfg)
+        return self.buffer.tobytes()
 
 
 class LeafHasher:

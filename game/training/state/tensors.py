@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,8 @@ class TrainState:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     step: int
+    #: the task's LR scheduler, stepped after each update (not state: a function of ``step``)
+    scheduler: Any = field(default=None, compare=False)
     #: What :func:`~game.training.state.canonical.state_buffer` worked out from the tensors last time
     #: (its ``_BufferPlan``, checked before each use; only that module reads or sets it).
     buffer_plan: object | None = field(default=None, init=False, repr=False, compare=False)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from game.errors import ConfigError
 from game.registry import Registry
+from game.training.task.declaration import Declaration
 
 # --------------------------------------------------------------------------------------------------
 # Model sizes, one frozen dataclass per preset family
@@ -103,6 +104,11 @@ class PresetInfo:
     dataset: str  # file name under game/data/
     shape: type[MLPShape] | type[CNNShape] | type[GPTShape]
     defaults: Mapping[str, Any]  # TaskConfig field defaults that differ from the class defaults
+
+    @property
+    def declaration(self) -> Declaration:
+        """The preset's declaration, as a user's task makes one (:mod:`.declaration`)."""
+        return Declaration(defaults=self.defaults, shape=self.shape, data_file=self.dataset)
 
 
 PRESET_INFO: Registry[PresetInfo] = Registry(

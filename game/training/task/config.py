@@ -1,9 +1,12 @@
 """The task config: every number training depends on, and its canonical spec hash.
 
 The client posts ``spec_hash()`` on-chain, so two parties agree on a task only if they agree on every
-byte of :meth:`TaskConfig.canonical_json`: the config fields, the preset's model sizes, a format
-version and the SHA-256 of the packaged data file. This module imports no torch, so the CLI and the
-agents can read and hash a config cheaply.
+byte of :meth:`TaskConfig.canonical_json`: the config's fields (the general ones, the task's sizes
+and its own declared keys), a format version, and the digests of the task's inputs (its data, its
+initial weights, its code and the versions of the libraries it declares: :mod:`.inputs`). A task is
+a built-in preset or a user's own, named by import path or entry point (:mod:`.plugins`), whose
+declaration (:mod:`.declaration`) says which keys a config may set. This module imports no torch;
+a user's task module may, when it is loaded.
 """
 
 from __future__ import annotations
@@ -15,24 +18,26 @@ import logging
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from game.errors import ConfigError
 from game.training.log import LOG_FORMATS
-from game.training.numerics.bandfile import BandsOrigin, BandTable, load_bands_file, preset_bands
+from game.training.numerics.bandfile import Band, BandsOrigin, BandTable, load_bands_file, preset_bands
+from game.training.task import plugins
 from game.training.task.catalog import (
+    PRESET_INFO,
     PRESET_NAMES,
-    CNNShape,
-    GPTShape,
-    MLPShape,
     ModelShape,
     check_int_range,
     dataset_sha256,
     preset_info,
 )
+from game.training.task.declaration import Declaration, Table
+from game.training.task.define import TaskFactory, as_factory
+from game.training.task.inputs import Digest, Inputs
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +45,56 @@ log = logging.getLogger(__name__)
 #: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's;
 #: v4 commits to leaves of format ``vgame-leaf-v2`` (``leafhash.py``: chunked, so a GPU computes
 #: them in parallel), where v3's were ``sha256(canonical bytes)``.
-SPEC_FORMAT = "vgame-task-v4"
+#: v5 binds the task's inputs (data, initial weights, code, libraries: ``inputs``) and names the
+#: task by ``task`` (a preset or a user's), with ``accumulate`` and ``clip_grad_norm``.
+SPEC_FORMAT = "vgame-task-v5"
 
 #: Counter words of the RNG are 32 bits wide (see ``rng.py``): steps and example ids must fit.
 MAX_STEPS = 2**32 - 1
 MAX_EXAMPLES = 2**32
 
-OPTIMIZERS = ("sgd", "adamw")
+#: The standard optimizers a task without its own optimizer gets (``optimizer`` key).
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+
+#: Bands of a task that ships none: every op at the band the noisy profile sets for the presets'
+#: (2**-35 of the value, 2**-46 of its tensor's top). Calibrate to narrow them (`vgame calibrate`).
+DEFAULT_BANDS = BandTable(default=Band(-35, -46))
+
+#: General keys a strict dict (a transcript's config) may lack: added after specs were posted.
+OPTIONAL_KEYS = frozenset({"accumulate", "clip_grad_norm"})
+
+_factories: dict[str, TaskFactory] = {}
+
+
+def declaration_of(task: str, search: tuple[Path, ...] = ()) -> Declaration:
+    """What task ``task`` declares: a preset's from the catalog (no import), a user's from its
+    factory (its module imported once a process)."""
+    if task in PRESET_INFO:
+        return preset_info(task).declaration
+    return factory_of(task, search).declaration
+
+
+def factory_of(task: str, search: tuple[Path, ...] = ()) -> TaskFactory:
+    """A user's task factory (a preset's lives in :mod:`.presets`, which imports torch)."""
+    if task in PRESET_INFO:
+        raise ConfigError(f"task {task!r} is a built-in preset (game.training.task.presets)")
+    found = _factories.get(task)
+    if found is None:
+        loaded = plugins.load(task, search=search)
+        found = _factories[task] = as_factory(loaded.factory, task)
+        decl = found.declaration
+        general = {f.name for f in dataclasses.fields(TaskConfig) if f.init} - {"task", "model", "params"}
+        bad = sorted(set(decl.defaults) - general)
+        if bad:
+            raise ConfigError(
+                f"task {task!r} declares defaults for {', '.join(bad)}, which are not config keys"
+            )
+        clash = sorted(set(decl.params) & (general | {"task", "preset", "model"}))
+        if clash:
+            raise ConfigError(
+                f"task {task!r}: its own keys {', '.join(clash)} clash with general config keys"
+            )
+    return found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -58,28 +106,44 @@ OPTIMIZERS = ("sgd", "adamw")
 class TaskConfig:
     """One training task. Field order is irrelevant to the hash (keys are sorted)."""
 
-    preset: str  # one of PRESET_NAMES: model, data and loss
-    model: ModelShape  # the preset's sizes
+    task: str  # a built-in preset's name, "module:attribute", or an entry point's name (plugins.py)
+    model: ModelShape | Table  # the task's sizes: a preset's dataclass, or the Table a task declares
     seed: int = 0  # task seed: keys every random draw (init, data order, dropout); 0 <= seed < 2**64
     steps: int = 100  # training steps S; the run has S + 1 state leaves (step 0 is init)
     batch_size: int = 32  # examples per step
-    optimizer: str = "sgd"  # "sgd" (torch.optim.SGD) or "adamw" (torch.optim.AdamW)
-    lr: float = 0.1  # learning rate, constant
-    momentum: float = 0.0  # SGD momentum (ignored by AdamW)
-    weight_decay: float = 0.0  # SGD L2 / AdamW decoupled decay (AdamW: matrices only)
-    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
-    eps: float = 1e-8  # AdamW epsilon
+    optimizer: str = "sgd"  # the standard optimizer (OPTIMIZERS), for a task that gives none
+    lr: float = 0.1  # learning rate (a task's scheduler may change it step by step)
+    momentum: float = 0.0  # SGD / RMSprop momentum
+    weight_decay: float = 0.0  # SGD, Adam, RMSprop, Adagrad: L2; AdamW: decoupled (matrices only)
+    betas: tuple[float, float] = (0.9, 0.99)  # Adam / AdamW betas
+    eps: float = 1e-8  # Adam / AdamW / RMSprop / Adagrad epsilon
     dropout: float = 0.0  # dropout probability (models that have dropout)
+    accumulate: int = 1  # micro-batches per step: gradients summed in order, one update a step
+    clip_grad_norm: float = 0.0  # clip the gradients' total 2-norm to this before the update; 0: off
     bits: int = 32  # rounding grid: float32 with the low 32 - bits mantissa bits zero; 16..32
     tau: float = 0.25  # log threshold as a fraction of the grid ulp; 0 <= tau < 0.5
     checkpoint_interval: int = 10  # k: the trainer keeps a full checkpoint every k steps
     log_format: str = "sparse"  # "sparse" (in-band values only) or "packed" (a trit per value, the paper's)
     bands: BandTable | None = None  # calibrated divergence bands per op; None: the preset's shipped ones
+    params: Table = field(default_factory=Table)  # the task's own declared keys (flat in the config)
+    #: the inputs' digests, worked out once (not compared, not shown)
+    _inputs: Inputs | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.bands is None:
-            object.__setattr__(self, "bands", preset_bands(self.preset))
+            builtin = self.task in PRESET_INFO
+            object.__setattr__(self, "bands", preset_bands(self.task) if builtin else DEFAULT_BANDS)
         self.validate()
+
+    @property
+    def preset(self) -> str:
+        """The task's name (a preset's, or the plugin's as the config gives it): shown in reports."""
+        return self.task
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the task is one of the presets that ship with vgame."""
+        return self.task in PRESET_INFO
 
     @property
     def band_table(self) -> BandTable:
@@ -87,34 +151,55 @@ class TaskConfig:
         assert self.bands is not None
         return self.bands
 
+    @property
+    def declaration(self) -> Declaration:
+        """What the task declares of its config (sizes, own keys, defaults)."""
+        return declaration_of(self.task)
+
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
     def for_preset(cls, name: str, **overrides: Any) -> TaskConfig:
-        """The preset's defaults with ``overrides``; ``model`` may be a dict of size overrides."""
-        return cls.from_dict({"preset": name, **overrides}, partial=True)
+        """The task's defaults with ``overrides``; ``model`` may be a dict of size overrides."""
+        return cls.from_dict({"task": name, **overrides}, partial=True)
+
+    for_task = for_preset
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, partial: bool = False) -> TaskConfig:
-        """Strict inverse of :meth:`to_dict`; ``partial`` fills missing keys from the preset defaults.
+    def from_dict(
+        cls, data: Mapping[str, Any], *, partial: bool = False, search: tuple[Path, ...] = ()
+    ) -> TaskConfig:
+        """Strict inverse of :meth:`to_dict`; ``partial`` fills missing keys from the task's defaults.
 
-        Unknown keys and badly typed values raise ConfigError naming the key.
-        """
+        ``preset`` is read as ``task``. Unknown keys and badly typed values raise ConfigError naming
+        the key; a task that cannot be loaded raises its PluginError. ``search``: directories a
+        task's module may be found in (a config file's own)."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"config: expected a table, got {type(data).__name__}")
-        if "preset" not in data:
-            raise ConfigError("preset: missing (valid: " + ", ".join(PRESET_NAMES) + ")")
-        name = data["preset"]
-        if not isinstance(name, str):
-            raise ConfigError(f"preset: expected a string, got {name!r}")
-        info = preset_info(name)
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        data = dict(data)
+        if "preset" in data:
+            if "task" in data and data["task"] != data["preset"]:
+                raise ConfigError(f"preset {data['preset']!r} and task {data['task']!r}: give one of them")
+            data["task"] = data.pop("preset")
+        if "task" not in data:
+            raise ConfigError(
+                "task: missing (a preset: " + ", ".join(PRESET_NAMES) + "; or your own, module:attribute)"
+            )
+        name = data["task"]
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"task: expected a name, got {name!r}")
+        decl = declaration_of(name, search)
+        known = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "params"}
+        own: dict[str, Any] = {}
         for key in data:
             if key not in known:
-                raise ConfigError(f"{key}: unknown config key (valid: {', '.join(sorted(known))})")
-        values: dict[str, Any] = {"preset": name}
+                if key not in decl.params:
+                    valid = sorted({*known, *decl.params} - {"task"})
+                    raise ConfigError(f"{key}: unknown config key (valid: {', '.join(valid)})")
+                own[key] = data[key]
+        values: dict[str, Any] = {"task": name}
         for fname, f in known.items():
-            if fname in ("preset", "model"):
+            if fname in ("task", "model"):
                 continue
             if fname == "bands":
                 if fname in data:
@@ -124,16 +209,15 @@ class TaskConfig:
                 continue
             if fname in data:
                 values[fname] = _coerce(fname, data[fname], f.type)
-            elif not partial:
+            elif fname in decl.defaults:
+                values[fname] = _coerce(fname, decl.defaults[fname], f.type)
+            elif not partial and fname not in OPTIONAL_KEYS:
                 raise ConfigError(f"{fname}: missing")
-            elif fname in info.defaults:
-                values[fname] = info.defaults[fname]
-        if "model" in data and not partial:
-            values["model"] = _shape_from(info.shape, data["model"], partial=False)
-        elif "model" in data:
-            values["model"] = _shape_from(info.shape, data["model"], partial=True)
+        values["params"] = decl.table("params", own, partial=True)
+        if "model" in data:
+            values["model"] = _model_from(decl, data["model"], partial=partial)
         elif partial:
-            values["model"] = info.shape()
+            values["model"] = _model_from(decl, {}, partial=True)
         else:
             raise ConfigError("model: missing")
         return cls(**values)
@@ -142,12 +226,19 @@ class TaskConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value is out of range."""
-        info = preset_info(self.preset)
-        if not isinstance(self.model, info.shape):
+        decl = declaration_of(self.task)
+        if decl.shape is not None:
+            if not isinstance(self.model, decl.shape):
+                raise ConfigError(
+                    f"model: task {self.task!r} needs {decl.shape.__name__}, got {type(self.model).__name__}"
+                )
+            self.model.validate()
+        elif not isinstance(self.model, Table) or set(self.model) != set(decl.model):
+            raise ConfigError(f"model: task {self.task!r} has sizes {sorted(decl.model)}, got {self.model!r}")
+        if not isinstance(self.params, Table) or set(self.params) != set(decl.params):
             raise ConfigError(
-                f"model: preset {self.preset!r} needs {info.shape.__name__}, got {type(self.model).__name__}"
+                f"params: task {self.task!r} declares {sorted(decl.params)}, got {self.params!r}"
             )
-        self.model.validate()
         check_int_range("seed", self.seed, 0, 2**64 - 1)
         check_int_range("steps", self.steps, 1, MAX_STEPS)
         check_int_range("batch_size", self.batch_size, 1, 1 << 20)
@@ -164,6 +255,12 @@ class TaskConfig:
             _check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
         _check_float("eps", self.eps, 0.0, math.inf, lo_open=True)
         _check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        check_int_range("accumulate", self.accumulate, 1, self.batch_size)
+        if self.batch_size % self.accumulate:
+            raise ConfigError(
+                f"accumulate: {self.accumulate} micro-batches do not divide batch_size {self.batch_size}"
+            )
+        _check_float("clip_grad_norm", self.clip_grad_norm, 0.0, math.inf)
         check_int_range("bits", self.bits, 16, 32)
         _check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
         check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
@@ -176,14 +273,20 @@ class TaskConfig:
     # ---- serialisation -----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/TOML-able dict (model as a sub-dict, betas as a list)."""
+        """Plain JSON/TOML-able dict: model as a sub-dict, betas as a list, the task's own keys
+        at the top beside the general ones."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if not f.init:
+                continue
             value = getattr(self, f.name)
             if f.name == "model":
                 value = _shape_dict(value)
             elif f.name == "bands":
                 value = self.band_table.to_dict()
+            elif f.name == "params":
+                out.update(self.params.to_dict())
+                continue
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -191,19 +294,31 @@ class TaskConfig:
 
     @property
     def dataset(self) -> str:
-        """File name of the preset's data under game/data/."""
-        return preset_info(self.preset).dataset
+        """A built-in preset's data file under game/data/ (a user's task has its own data: inputs())."""
+        data_file = declaration_of(self.task).data_file
+        if data_file is None:
+            raise ConfigError(f"task {self.task!r} is not a preset: its data is its own (inputs())")
+        return data_file
+
+    def config_json(self) -> str:
+        """The config alone as canonical JSON (what a task builds from: its cache key)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def inputs(self) -> Inputs:
+        """The digests of the task's data, initial weights, code and libraries (:mod:`.inputs`):
+        for a preset, its packaged data file; for a user's task, what its build function gives
+        (built once a process: hashing a large dataset takes a while)."""
+        if self._inputs is None:
+            object.__setattr__(self, "_inputs", _inputs_of(self))
+        assert self._inputs is not None
+        return self._inputs
 
     def canonical_json(self) -> bytes:
         """The bytes the spec hash covers: sorted keys, no whitespace, floats as Python repr.
 
         Python's float repr is the shortest string that round-trips, identical on every platform.
         """
-        doc = {
-            "format": SPEC_FORMAT,
-            "config": self.to_dict(),
-            "dataset": {"name": self.dataset, "sha256": dataset_sha256(self.dataset)},
-        }
+        doc = {"format": SPEC_FORMAT, "config": self.to_dict(), "inputs": self.inputs().to_dict()}
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
 
     def spec_hash(self) -> bytes:
@@ -218,40 +333,45 @@ class TaskConfig:
         return self.steps + 1
 
     def replace(self, **changes: Any) -> TaskConfig:
-        """A copy with ``changes`` (validated)."""
+        """A copy with ``changes`` (validated); ``model`` may be a dict of size changes."""
+        if (
+            "model" in changes
+            and isinstance(changes["model"], Mapping)
+            and not isinstance(changes["model"], Table)
+        ):
+            merged = {**_shape_dict(self.model), **changes["model"]}
+            changes["model"] = _model_from(declaration_of(self.task), merged, partial=True)
         return dataclasses.replace(self, **changes)
 
     def check_bands_origin(self, origin: BandsOrigin | None, where: str) -> None:
-        """Refuse bands calibrated on another preset; warn about bands measured at other sizes.
+        """Refuse bands calibrated on another task; warn about bands measured at other sizes.
 
         Bands narrower than the real divergence can cost an honest trainer its dispute, and
-        another preset's file is a mix-up, never a choice (its ops are other ops). Other sizes may
+        another task's file is a mix-up, never a choice (its ops are other ops). Other sizes may
         be a choice (a calibration at a smaller, cheaper size), so they are only warned about.
         """
         if origin is None:
             return
-        if origin.preset != self.preset:
+        if origin.preset != self.task:
             raise ConfigError(
-                f"{where} was calibrated on preset {origin.preset!r}, not {self.preset!r}: "
-                f"calibrate this task (`vgame calibrate --preset {self.preset} --out FILE`) or leave "
-                "the bands out to take the preset's shipped ones"
+                f"{where} was calibrated on task {origin.preset!r}, not {self.task!r}: "
+                f"calibrate this task (`vgame calibrate --config TASK.toml --out FILE`) or leave "
+                "the bands out to take the task's default ones"
             )
         try:
-            same_model = _shape_from(type(self.model), origin.model, partial=True) == self.model
+            same_model = _model_from(declaration_of(self.task), origin.model, partial=True) == self.model
         except ConfigError:
             same_model = False
         if not same_model or origin.batch_size != self.batch_size:
             sizes = ",".join(f"{k}={v}" for k, v in _shape_dict(self.model).items())
             log.warning(
                 "%s was calibrated on %s; this task is %s at %s, batch size %d. Divergence grows "
-                "with sizes: calibrate at the task's (`vgame calibrate --preset %s --model %s "
-                "--batch-size %d`)",
+                "with sizes: calibrate at the task's (`vgame calibrate --model %s --batch-size %d`)",
                 where,
                 origin.describe(),
-                self.preset,
+                self.task,
                 sizes,
                 self.batch_size,
-                self.preset,
                 sizes,
                 self.batch_size,
             )
@@ -271,7 +391,7 @@ def load_config(path: str | Path) -> TaskConfig:
     if isinstance(data.get("bands"), str):  # a bands file written by `vgame calibrate`, beside the config
         bands_path = p.parent / data["bands"]
         data["bands"], origin = load_bands_file(bands_path)
-    cfg = TaskConfig.from_dict(data, partial=True)
+    cfg = TaskConfig.from_dict(data, partial=True, search=(p.parent,))
     if origin is not None:
         cfg.check_bands_origin(origin, f"bands file {str(bands_path)!r}")
     return cfg
@@ -298,9 +418,25 @@ def loads_config(text: str) -> TaskConfig:
 # --------------------------------------------------------------------------------------------------
 
 
-def _shape_from(
-    shape_cls: type[MLPShape] | type[CNNShape] | type[GPTShape], data: Any, *, partial: bool
-) -> ModelShape:
+def _model_from(decl: Declaration, data: Any, *, partial: bool) -> ModelShape | Table:
+    """The task's sizes from a ``[model]`` table: its dataclass (a preset's) or a Table."""
+    if decl.shape is None:
+        if isinstance(data, Table):
+            data = dict(data)
+        return decl.table("model", data, partial=partial)
+    return _shape_from(decl.shape, data, partial=partial)
+
+
+def _inputs_of(cfg: TaskConfig) -> Inputs:
+    """Digests of a task's inputs: a preset's packaged data file; a user's task's own (define.py)."""
+    decl = declaration_of(cfg.task)
+    if decl.data_file is not None:
+        return Inputs(dataset=Digest("file", dataset_sha256(decl.data_file), {"name": decl.data_file}))
+    data, init, libraries = factory_of(cfg.task).inputs(cfg)
+    return Inputs(dataset=data, init=init, code=plugins.load(cfg.task).code, libraries=libraries)
+
+
+def _shape_from(shape_cls: type[ModelShape], data: Any, *, partial: bool) -> ModelShape:
     if isinstance(data, shape_cls):
         return data
     if not isinstance(data, Mapping):
@@ -320,8 +456,10 @@ def _shape_from(
     return shape_cls(**values)
 
 
-def _shape_dict(shape: ModelShape) -> dict[str, Any]:
-    """The shape as a plain dict, less the ``OMIT_IF_DEFAULT`` fields that hold their default."""
+def _shape_dict(shape: ModelShape | Table) -> dict[str, Any]:
+    """The sizes as a plain dict, less the ``OMIT_IF_DEFAULT`` fields that hold their default."""
+    if isinstance(shape, Table):
+        return shape.to_dict()
     return {
         f.name: getattr(shape, f.name)
         for f in dataclasses.fields(shape)
@@ -365,13 +503,16 @@ def _check_float(
 
 
 __all__ = [
+    "DEFAULT_BANDS",
     "LOG_FORMATS",
     "MAX_EXAMPLES",
     "MAX_STEPS",
     "OPTIMIZERS",
     "SPEC_FORMAT",
     "TaskConfig",
+    "declaration_of",
     "example_config",
+    "factory_of",
     "load_config",
     "loads_config",
 ]

@@ -1,84 +1,31 @@
-"""Float64 models whose every random choice comes from ``rng.py``.
+"""The built-in presets' models: plain float64 PyTorch modules, called as ``model(x)``.
 
-Rules that keep training replayable bit for bit on any machine:
-
-* no torch RNG anywhere: modules are built on the ``meta`` device (so torch's default initialisers
-  draw nothing) and every parameter and buffer is then set by :func:`init_model`;
-* initialisation uses only IEEE-exact arithmetic (+ - * / sqrt) on counter-based uniforms, never a
-  transcendental function (libms differ);
-* dropout masks are keyed by (seed, step, example id, module name), so they follow the example, not
-  its position in the batch or the device;
-* attention is an explicit matmul + masked softmax (torch's fused SDPA kernel picks a different
-  backend per device).
-
-Every model's ``forward(x, ctx)`` takes a :class:`StepContext` naming the seed, the step and the
-example ids of the batch rows.
+They are written as any PyTorch user writes a model, because the presets are the first users of the
+public task API (:mod:`.define`): stock ``nn.Dropout`` (vgame serves its mask from the counter-based
+RNG, keyed by seed, step and example), torch's own initialisers (served from the task seed when
+vgame builds the model at step 0), and nothing vgame-specific in ``forward``. Attention is written
+out (matmul, masked softmax, matmul), the shape of the paper's GPT-2 and of nanoGPT's.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from game.errors import ConfigError, TrainingError
-from game.training.numerics import rng
-from game.training.task.catalog import CNN_ARCHS, CNNShape, GPTShape, MLPShape
-
-log = logging.getLogger(__name__)
+from game.errors import TrainingError
+from game.training.task.catalog import CNNShape, GPTShape, MLPShape
 
 #: Fill value for masked attention scores: finite (so no inf ever reaches the rounding), and far
 #: enough below any real score that exp() of it underflows to exactly 0.
 ATTENTION_MASK_FILL = -1e30
 
-#: Standard deviation of GPT embedding and projection initialisation (GPT-2's 0.02).
+#: Standard deviation of GPT embedding initialisation (GPT-2's 0.02).
 GPT_INIT_STD = 0.02
 
-
-@dataclass(frozen=True)
-class StepContext:
-    """What a forward pass needs to draw its randomness: passed explicitly, never global."""
-
-    seed: int  # task seed
-    step: int  # training step (1-based; 0 is initialisation)
-    example_ids: Tensor  # int64 [batch]: the global id of each batch row's example
-
-
-class DeterministicDropout(nn.Module):
-    """Dropout whose mask is keyed by (seed, step, example id, purpose), not by torch's generator."""
-
-    def __init__(self, p: float, purpose: str) -> None:
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability {p} is outside [0, 1)")
-        self.p = p
-        self.purpose = purpose
-
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.shape[0] != ctx.example_ids.numel():
-            raise TrainingError(
-                f"dropout {self.purpose}: batch of {x.shape[0]} rows but {ctx.example_ids.numel()} example ids"
-            )
-        keep = rng.bernoulli_mask(
-            ctx.seed,
-            ctx.step,
-            f"dropout/{self.purpose}",
-            ctx.example_ids,
-            tuple(x.shape[1:]),
-            1.0 - self.p,
-            device=x.device,
-        )
-        return x * (keep.to(x.dtype) * (1.0 / (1.0 - self.p)))
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, purpose={self.purpose!r}"
+F64 = torch.float64
 
 
 # --------------------------------------------------------------------------------------------------
@@ -91,11 +38,11 @@ class MLPDigits(nn.Module):
 
     def __init__(self, shape: MLPShape) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(64, shape.hidden, dtype=torch.float64)
-        self.fc2 = nn.Linear(shape.hidden, shape.hidden, dtype=torch.float64)
-        self.head = nn.Linear(shape.hidden, 10, dtype=torch.float64)
+        self.fc1 = nn.Linear(64, shape.hidden, dtype=F64)
+        self.fc2 = nn.Linear(shape.hidden, shape.hidden, dtype=F64)
+        self.head = nn.Linear(shape.hidden, 10, dtype=F64)
 
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], -1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
@@ -113,15 +60,15 @@ class CNNDigits(nn.Module):
         self.bn1 = nn.BatchNorm2d(c1, dtype=f64)
         self.conv2 = nn.Conv2d(c1, c2, 3, padding=1, bias=False, dtype=f64)
         self.bn2 = nn.BatchNorm2d(c2, dtype=f64)
-        self.drop = DeterministicDropout(dropout, "drop")
+        self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(c2 * 2 * 2, shape.hidden, dtype=f64)
         self.head = nn.Linear(shape.hidden, 10, dtype=f64)
 
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], 1, 8, 8)
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        x = self.drop(x.reshape(x.shape[0], -1), ctx)
+        x = self.drop(x.reshape(x.shape[0], -1))
         return self.head(F.relu(self.fc(x)))
 
 
@@ -186,17 +133,17 @@ class ResNet50Digits(nn.Module):
                 c_in = RESNET50_EXPANSION * width
             stages.append(nn.Sequential(*layers))
         self.stages = nn.Sequential(*stages)
-        self.drop = DeterministicDropout(dropout, "drop")
+        self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(c_in, 10, dtype=f64)
 
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], 1, 8, 8)
         # Nearest-neighbour upsampling by repetition: data movement only (no interpolation weights).
         x = x.repeat_interleave(RESNET_UPSAMPLE, dim=2).repeat_interleave(RESNET_UPSAMPLE, dim=3)
         x = F.relu(self.bn(self.stem(x)))
         x = self.stages(x)
         x = x.mean(dim=(2, 3))  # global average pool: an inexact reduction, rounded with the log
-        return self.head(self.drop(x, ctx))
+        return self.head(self.drop(x))
 
 
 class CausalSelfAttention(nn.Module):
@@ -204,15 +151,15 @@ class CausalSelfAttention(nn.Module):
 
     causal: Tensor  # bool [1, 1, block, block], lower triangular
 
-    def __init__(self, shape: GPTShape, dropout: float, name: str) -> None:
+    def __init__(self, shape: GPTShape, dropout: float) -> None:
         super().__init__()
         f64 = torch.float64
         self.n_head = shape.n_head
         self.block_size = shape.block_size
         self.c_attn = nn.Linear(shape.n_embd, 3 * shape.n_embd, dtype=f64)
         self.c_proj = nn.Linear(shape.n_embd, shape.n_embd, dtype=f64)
-        self.attn_drop = DeterministicDropout(dropout, f"{name}.attn_drop")
-        self.resid_drop = DeterministicDropout(dropout, f"{name}.resid_drop")
+        self.attn_drop = nn.Dropout(dropout)
+        self.resid_drop = nn.Dropout(dropout)
         causal = torch.ones(shape.block_size, shape.block_size, dtype=torch.bool).tril()
         # Not state: a constant rebuilt from the shape, so it is left out of state_dict.
         self.register_buffer(
@@ -220,7 +167,7 @@ class CausalSelfAttention(nn.Module):
         )
         self.scale = 1.0 / math.sqrt(shape.n_embd // shape.n_head)
 
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
         hs = c // self.n_head
         q, k, v = self.c_attn(x).split(c, dim=2)
@@ -229,28 +176,28 @@ class CausalSelfAttention(nn.Module):
         v = v.view(b, t, self.n_head, hs).transpose(1, 2)
         att = torch.matmul(q, k.transpose(-2, -1)) * self.scale
         att = att.masked_fill(~self.causal[:, :, :t, :t], ATTENTION_MASK_FILL)
-        att = self.attn_drop(F.softmax(att, dim=-1), ctx)
+        att = self.attn_drop(F.softmax(att, dim=-1))
         y = torch.matmul(att, v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.resid_drop(self.c_proj(y), ctx)
+        return self.resid_drop(self.c_proj(y))
 
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), x + mlp(ln(x)); GELU in its exact erf form."""
 
-    def __init__(self, shape: GPTShape, dropout: float, name: str) -> None:
+    def __init__(self, shape: GPTShape, dropout: float) -> None:
         super().__init__()
         f64 = torch.float64
         self.ln_1 = nn.LayerNorm(shape.n_embd, dtype=f64)
-        self.attn = CausalSelfAttention(shape, dropout, f"{name}.attn")
+        self.attn = CausalSelfAttention(shape, dropout)
         self.ln_2 = nn.LayerNorm(shape.n_embd, dtype=f64)
         self.c_fc = nn.Linear(shape.n_embd, 4 * shape.n_embd, dtype=f64)
         self.c_proj = nn.Linear(4 * shape.n_embd, shape.n_embd, dtype=f64)
-        self.mlp_drop = DeterministicDropout(dropout, f"{name}.mlp_drop")
+        self.mlp_drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
-        x = x + self.attn(self.ln_1(x), ctx)
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
         h = self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="none"))
-        return x + self.mlp_drop(h, ctx)
+        return x + self.mlp_drop(h)
 
 
 class GPT(nn.Module):
@@ -263,117 +210,28 @@ class GPT(nn.Module):
         self.shape = shape
         self.wte = nn.Embedding(vocab_size, shape.n_embd, dtype=f64)
         self.wpe = nn.Embedding(shape.block_size, shape.n_embd, dtype=f64)
-        self.drop = DeterministicDropout(dropout, "drop")
-        self.blocks = nn.ModuleList(Block(shape, dropout, f"blocks.{i}") for i in range(shape.n_layer))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(shape, dropout) for _ in range(shape.n_layer))
         self.ln_f = nn.LayerNorm(shape.n_embd, dtype=f64)
         self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False, dtype=f64)
+        with torch.no_grad():  # GPT-2's embeddings: N(0, 0.02) (torch's default is N(0, 1))
+            self.wte.weight.normal_(0.0, GPT_INIT_STD)
+            self.wpe.weight.normal_(0.0, GPT_INIT_STD)
 
-    def forward(self, idx: Tensor, ctx: StepContext) -> Tensor:
+    def forward(self, idx: Tensor) -> Tensor:
         t = idx.shape[1]
         if t > self.shape.block_size:
             raise TrainingError(f"sequence of {t} tokens exceeds block_size {self.shape.block_size}")
         pos = torch.arange(t, dtype=torch.int64, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos), ctx)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            x = block(x, ctx)
+            x = block(x)
         return self.lm_head(self.ln_f(x))
 
 
-# --------------------------------------------------------------------------------------------------
-# Building and initialisation
-# --------------------------------------------------------------------------------------------------
-
-
-def materialize(build: Callable[..., nn.Module], *args: object, **kwargs: object) -> nn.Module:
-    """Construct a module on ``meta`` (torch's default init draws nothing) and give it CPU storage.
-
-    The storage is uninitialised: :func:`init_model` must set every tensor.
-    """
-    with torch.device("meta"):
-        module = build(*args, **kwargs)
-    module = module.to_empty(device="cpu")
-    # Non-persistent buffers (constants such as the causal mask) are rebuilt on CPU from scratch.
-    for mod in module.modules():
-        if isinstance(mod, CausalSelfAttention):
-            size = mod.block_size
-            mod.causal = torch.ones(size, size, dtype=torch.bool).tril().view(1, 1, size, size)
-    return module
-
-
-def _uniform_pm(seed: int, purpose: str, shape: torch.Size, bound: float) -> Tensor:
-    """U(-bound, bound) from exact ops: (2u - 1) * bound."""
-    return (rng.uniform(seed, 0, purpose, None, tuple(shape)) * 2.0 - 1.0) * bound
-
-
-def _normal(seed: int, purpose: str, shape: torch.Size, std: float) -> Tensor:
-    return rng.irwin_hall(seed, 0, purpose, None, tuple(shape)) * std
-
-
-@torch.no_grad()
-def init_model(model: nn.Module, seed: int) -> None:
-    """Set every parameter and persistent buffer from ``seed`` (step 0, purpose ``init/<name>``).
-
-    Linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias (torch's own
-    default scheme, with exact arithmetic). Embeddings: Irwin-Hall normal with std 0.02 (GPT-2).
-    Norm layers: weight 1, bias 0; BatchNorm running mean 0, var 1, count 0. Raises if any tensor of
-    the state is left unset, so a new layer type cannot silently keep garbage.
-    """
-    done: set[str] = set()
-    for mod_name, mod in model.named_modules():
-        prefix = f"{mod_name}." if mod_name else ""
-        if isinstance(mod, nn.Linear | nn.Conv2d):
-            fan_in = mod.weight[0].numel()
-            bound = 1.0 / math.sqrt(fan_in)
-            for pname, p in mod.named_parameters(recurse=False):
-                p.copy_(_uniform_pm(seed, f"init/{prefix}{pname}", p.shape, bound))
-                done.add(prefix + pname)
-        elif isinstance(mod, nn.Embedding):
-            mod.weight.copy_(_normal(seed, f"init/{prefix}weight", mod.weight.shape, GPT_INIT_STD))
-            done.add(prefix + "weight")
-        elif isinstance(mod, nn.LayerNorm | nn.BatchNorm2d):
-            for pname, p in mod.named_parameters(recurse=False):
-                p.fill_(1.0 if pname == "weight" else 0.0)
-                done.add(prefix + pname)
-            if isinstance(mod, nn.BatchNorm2d):
-                assert mod.running_mean is not None and mod.running_var is not None
-                assert mod.num_batches_tracked is not None
-                mod.running_mean.zero_()
-                mod.running_var.fill_(1.0)
-                mod.num_batches_tracked.zero_()
-                done.update(prefix + b for b in ("running_mean", "running_var", "num_batches_tracked"))
-    missing = sorted(set(model.state_dict()) - done)
-    if missing:
-        raise TrainingError(f"init_model: no initialiser for {', '.join(missing)}")
-    log.debug("initialised %d tensors from seed %d", len(done), seed)
-
-
-def build_mlp(shape: MLPShape, seed: int) -> MLPDigits:
-    model = materialize(MLPDigits, shape)
-    init_model(model, seed)
-    assert isinstance(model, MLPDigits)
-    return model
-
-
-def build_cnn(shape: CNNShape, dropout: float, seed: int) -> CNNDigits | ResNet50Digits:
-    """The cnn-digits model ``shape.arch`` names."""
-    model_cls: type[CNNDigits | ResNet50Digits]
-    if shape.arch == "small":
-        model_cls = CNNDigits
-    elif shape.arch == "resnet50":
-        model_cls = ResNet50Digits
-    else:
-        raise ConfigError(f"model.arch: {shape.arch!r} is not one of {', '.join(CNN_ARCHS)}")
-    model = materialize(model_cls, shape, dropout)
-    init_model(model, seed)
-    assert isinstance(model, model_cls)
-    return model
-
-
-def build_gpt(shape: GPTShape, vocab_size: int, dropout: float, seed: int) -> GPT:
-    model = materialize(GPT, shape, vocab_size, dropout)
-    init_model(model, seed)
-    assert isinstance(model, GPT)
-    return model
+def cnn_class(shape: CNNShape) -> type[CNNDigits] | type[ResNet50Digits]:
+    """The cnn-digits model class ``shape.arch`` names (the config layer checked the name)."""
+    return ResNet50Digits if shape.arch == "resnet50" else CNNDigits
 
 
 __all__ = [
@@ -386,13 +244,7 @@ __all__ = [
     "Bottleneck",
     "CNNDigits",
     "CausalSelfAttention",
-    "DeterministicDropout",
     "MLPDigits",
     "ResNet50Digits",
-    "StepContext",
-    "build_cnn",
-    "build_gpt",
-    "build_mlp",
-    "init_model",
-    "materialize",
+    "cnn_class",
 ]

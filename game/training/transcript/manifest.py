@@ -14,8 +14,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from game.errors import TranscriptError
+from game.errors import ConfigError, TranscriptError
 from game.training.task.config import TaskConfig
+from game.training.task.inputs import Inputs
+from game.training.task.plugins import PluginError
 from game.training.transcript.layout import FORMAT, MANIFEST_NAME, TranscriptPaths
 
 
@@ -54,6 +56,8 @@ class Manifest:
     state_root: str | None = None
     log_root: str | None = None
     complete: bool = False
+    #: the digests of the task's inputs (data, initial weights, code, libraries) the run used
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_leaves(self) -> int:
@@ -64,6 +68,7 @@ class Manifest:
         doc = {
             "format": FORMAT,
             "config": self.config,
+            "inputs": self.inputs,
             "spec_hash": self.spec_hash,
             "versions": self.versions,
             "profile": self.profile,
@@ -96,6 +101,7 @@ class Manifest:
                 state_root=doc["state_root"],
                 log_root=doc["log_root"],
                 complete=bool(doc["complete"]),
+                inputs=dict(doc["inputs"]),
             )
             num_leaves = int(doc["num_leaves"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -110,11 +116,20 @@ class Manifest:
 
 
 def config_of(manifest: Manifest, where: Path) -> TaskConfig:
-    """Rebuild the task config and check it still hashes to the recorded spec hash."""
+    """Rebuild the task config, check this machine's inputs are the recorded ones (naming any that
+    differs: :class:`~game.training.task.inputs.InputsMismatch`), and that it all still hashes to
+    the recorded spec hash."""
     try:
         cfg = TaskConfig.from_dict(manifest.config)
+    except PluginError:
+        raise  # the task's code is not here: say so as it is
     except Exception as exc:
         raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
+    try:
+        recorded = Inputs.from_dict(manifest.inputs)
+    except ConfigError as exc:
+        raise TranscriptError(f"{where}: the recorded inputs are invalid ({exc})") from exc
+    cfg.inputs().check_against(recorded, f"the transcript at {where.parent}")
     if cfg.spec_hash().hex() != manifest.spec_hash:
         raise TranscriptError(
             f"{where}: the recorded config hashes to {cfg.spec_hash().hex()} but the manifest's spec_hash "

@@ -66,6 +66,7 @@ class TranscriptWriter(StepPipeline):
             atomic_write(path, b"")
         manifest = Manifest(
             config=cfg.to_dict(),
+            inputs=cfg.inputs().to_dict(),
             spec_hash=cfg.spec_hash().hex(),
             profile=profile,
             steps=cfg.steps,

@@ -1,0 +1,107 @@
+"""GPT-2 (``GPT2LMHeadModel``) on Tiny Shakespeare's characters and ResNet
+(``ResNetForImageClassification``) on the 8x8 digits, each a build function of a few lines.
+
+``libraries=("transformers",)`` binds transformers' version into the spec: the model's code is
+transformers', so another version is another task. Set ``init`` to a ``.safetensors`` file (for
+example the ``vgame task model`` of an earlier run) to fine-tune from it: a relative path is read
+beside this package (``examples/hf/``), where every party keeps the same file: the spec binds
+its values, not its path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel, ResNetConfig, ResNetForImageClassification
+
+from game.api import Task, TensorData, TokenWindows, task
+from game.training.task import data as packaged
+
+#: Where a relative ``init`` is read from: beside the package, as the configs are.
+HERE = Path(__file__).resolve().parent.parent
+
+
+def init_weights(path: str) -> Path | None:
+    """The ``init`` key as a file: None when empty, relative paths beside the package."""
+    return HERE / path if path else None
+
+
+def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    inputs, targets = batch
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@task(
+    model={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16},
+    params={"init": ""},
+    optimizer="adamw",
+    lr=1e-3,
+    weight_decay=0.1,
+    dropout=0.1,
+    batch_size=4,
+    steps=50,
+)
+def gpt2(cfg):  # type: ignore[no-untyped-def]
+    """A small GPT-2 language model; embedding, residual and attention dropout at ``cfg.dropout``,
+    attention through torch's SDPA (transformers' default)."""
+    shape = cfg.model
+    config = GPT2Config(
+        vocab_size=len(packaged.vocab()),
+        n_positions=shape.block_size,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return Task(
+        model=lambda: GPT2LMHeadModel(config),
+        dataset=TokenWindows(packaged.shakespeare_tokens("train"), shape.block_size),
+        eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), shape.block_size),
+        loss=lm_loss,
+        init_weights=init_weights(cfg.params.init),
+        libraries=("transformers",),
+    )
+
+
+def image_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    images, labels = batch
+    return F.cross_entropy(model(pixel_values=images.unsqueeze(1)).logits, labels)
+
+
+@task(
+    model={"embedding": 8, "hidden": [8, 16], "depths": [1, 1]},
+    params={"init": ""},
+    optimizer="sgd",
+    lr=0.05,
+    momentum=0.9,
+    weight_decay=5e-4,
+    batch_size=8,
+    steps=50,
+)
+def resnet(cfg):  # type: ignore[no-untyped-def]
+    """A small ResNet (basic blocks, BatchNorm) on the 8x8 digits, one channel."""
+    shape = cfg.model
+    config = ResNetConfig(
+        num_channels=1,
+        embedding_size=shape.embedding,
+        hidden_sizes=list(shape.hidden),
+        depths=list(shape.depths),
+        layer_type="basic",
+        num_labels=10,
+        downsample_in_first_stage=False,
+    )
+    return Task(
+        model=lambda: ResNetForImageClassification(config),
+        dataset=TensorData(*packaged.digits_split("train")),
+        eval_dataset=TensorData(*packaged.digits_split("test")),
+        loss=image_loss,
+        init_weights=init_weights(cfg.params.init),
+        libraries=("transformers",),
+    )

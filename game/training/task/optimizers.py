@@ -1,0 +1,89 @@
+"""Optimizers a task trains with: the standard ones a config names, and the checks every one passes.
+
+Why foreach and never fused: the engine rounds every result of the update, and a ``foreach``
+optimizer does its update as a handful of ``_foreach_*`` ATen ops over the list of all tensors, each
+rounded tensor by tensor (on gpt-shakespeare some 200 fewer dispatched ops a step than one op per
+tensor). A fused optimizer does the whole update inside one kernel and leaves no result to round,
+so its update differs from machine to machine where nothing can log it: it is refused, at step 0,
+with the fix. An optimizer with no foreach path (LBFGS, SparseAdam) runs its per-tensor loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from game.errors import ConfigError
+
+if TYPE_CHECKING:
+    from game.training.task.config import TaskConfig
+
+log = logging.getLogger(__name__)
+
+
+def standard_optimizer(cfg: TaskConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.optimizer`` names, with the config's hyper-parameters. AdamW decays
+    matrices only (nanoGPT's grouping: linear weights and embeddings, not biases or norms)."""
+    params = list(model.parameters())
+    common: dict[str, Any] = {"lr": cfg.lr, "foreach": True}
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=False, **common
+        )
+    if cfg.optimizer == "adamw":
+        named = list(model.named_parameters())
+        groups = [
+            {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, betas=cfg.betas, eps=cfg.eps, fused=False, **common)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(
+            params, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=False, **common
+        )
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(
+            params, momentum=cfg.momentum, eps=cfg.eps, weight_decay=cfg.weight_decay, **common
+        )
+    if cfg.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=False, **common)
+    raise ConfigError(f"optimizer: {cfg.optimizer!r} is not supported")  # validate() prevents this
+
+
+def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Optimizer:
+    """``optimizer`` (what a task's factory built) made safe to round: a torch optimizer over this
+    model's parameters, never fused, foreach wherever it has a foreach path."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    own = {id(p) for p in model.parameters()}
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            raise ConfigError(
+                f"Task.optimizer: {type(optimizer).__name__}(fused=True) computes the whole update in one "
+                "kernel, with no result vgame can round: pass foreach=True, fused=False"
+            )
+        if group.get("capturable"):
+            raise ConfigError(f"Task.optimizer: {type(optimizer).__name__}(capturable=True) is not supported")
+        if "foreach" in group and group["foreach"] is not True:
+            group["foreach"] = True  # the same update, as a few list ops instead of one per tensor
+        for p in group["params"]:
+            if id(p) not in own:
+                raise ConfigError("Task.optimizer: it updates a tensor that is not a parameter of the model")
+    if "foreach" in optimizer.defaults:
+        optimizer.defaults["foreach"] = True
+    lrs = {float(g["lr"]) for g in optimizer.param_groups if "lr" in g}
+    if lrs and not any(math.isclose(lr, cfg.lr, rel_tol=1e-12) for lr in lrs):
+        log.warning(
+            "the task's optimizer starts at lr %s but the config says lr = %s: does its build function "
+            "read cfg.lr? (--lr changes only what the task reads)",
+            ", ".join(f"{lr:g}" for lr in sorted(lrs)),
+            cfg.lr,
+        )
+    return optimizer
+
+
+__all__ = ["checked", "standard_optimizer"]

@@ -1,0 +1,346 @@
+"""A task of one's own (issue 43): found by import path or entry point, its keys declared, its
+inputs (data, initial weights, code, libraries) bound by the spec hash, and a party whose inputs
+differ refusing before it replays, naming what differs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from game.errors import ConfigError
+from game.training.engine.runtime import runtime_for
+from game.training.engine.states import decode_state, fresh_state
+from game.training.engine.train import train
+from game.training.state.canonical import encode_state
+from game.training.task.config import TaskConfig, load_config
+from game.training.task.inputs import InputsMismatch
+from game.training.task.plugins import PluginError, code_digest
+from game.training.transcript.reader import Transcript
+
+_names = itertools.count()
+
+TASK_PY = '''
+from pathlib import Path
+import torch, torch.nn.functional as F
+from torch import nn
+from game.api import Task, task
+
+HERE = Path(__file__).parent
+
+
+class Net(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.a = nn.Linear(4, hidden)
+        self.b = nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+@task(model={"hidden": 8}, params={"warmup": 2, "init": ""}, lr=0.05, batch_size=8, steps=4,
+      optimizer="adam")
+def build(cfg):
+    return Task(
+        model=lambda: Net(cfg.model.hidden),
+        dataset=HERE / "data.npz",
+        loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.params.warmup)),
+        init_weights=(HERE / cfg.params.init) if cfg.params.init else None,
+    )
+
+
+def plain(cfg):
+    return build.build(cfg)
+
+
+def broken(cfg):
+    return "not a task"
+'''
+
+
+def make_plugin(root: Path, body: str = TASK_PY) -> str:
+    """A package of its own name under ``root`` (a task module and its data file); returns the name."""
+    name = f"vgtask{os.getpid()}_{next(_names)}"
+    pkg = root / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tasks.py").write_text(textwrap.dedent(body))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 4)).astype(np.float64)
+    np.savez(pkg / "data.npz", x=x, y=(x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0))
+    (root / "task.toml").write_text(f'task = "{name}.tasks:build"\n')
+    return name
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path, make_plugin(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding a task
+# ----------------------------------------------------------------------------------------------
+
+
+def test_configBesideItsTask_findsIt_withTheDeclaredDefaults(plugin: tuple[Path, str]) -> None:
+    root, name = plugin
+    cfg = load_config(root / "task.toml")
+    assert cfg.task == f"{name}.tasks:build"
+    assert (cfg.lr, cfg.batch_size, cfg.steps, cfg.optimizer) == (0.05, 8, 4, "adam")
+    assert dict(cfg.model) == {"hidden": 8} and cfg.model.hidden == 8
+    assert dict(cfg.params) == {"warmup": 2, "init": ""}
+    assert TaskConfig.from_dict(cfg.to_dict()) == cfg  # the transcript's strict form round-trips
+
+
+def test_declaredKeys_areChecked(plugin: tuple[Path, str]) -> None:
+    root, name = plugin
+    target = f"{name}.tasks:build"
+    load_config(root / "task.toml")  # puts the directory on the search path
+    with pytest.raises(ConfigError, match=r"model\.hiden: unknown size for this task \(valid: hidden\)"):
+        TaskConfig.for_task(target, model={"hiden": 16})
+    with pytest.raises(ConfigError, match="model.hidden: expected int"):
+        TaskConfig.for_task(target, model={"hidden": "wide"})
+    with pytest.raises(ConfigError, match="warmpu: unknown config key"):
+        TaskConfig.from_dict({"task": target, "warmpu": 3}, partial=True)
+    cfg = TaskConfig.from_dict({"task": target, "warmup": 5, "model": {"hidden": 16}}, partial=True)
+    assert cfg.params.warmup == 5 and cfg.model.hidden == 16
+    assert cfg.replace(model={"hidden": 4}).model.hidden == 4
+
+
+def test_aPlainBuildFunction_isATaskWithNoKeysOfItsOwn(plugin: tuple[Path, str]) -> None:
+    root, name = plugin
+    load_config(root / "task.toml")
+    cfg = TaskConfig.for_task(f"{name}.tasks:plain", model={})
+    assert dict(cfg.model) == {} and dict(cfg.params) == {}
+    with pytest.raises(ConfigError, match="declares no model sizes"):
+        TaskConfig.for_task(f"{name}.tasks:plain", model={"hidden": 3})
+
+
+def test_entryPoint_namesTheTask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = make_plugin(tmp_path)
+    dist = tmp_path / f"{name}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[vgame.tasks]\nep-{name} = {name}.tasks:build\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = TaskConfig.for_task(f"ep-{name}")
+    assert cfg.model.hidden == 8 and cfg.inputs().code is not None
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("nosuchpkg_vg.tasks:build", "no module named 'nosuchpkg_vg'"),
+        ("{name}.tasks:nothere", "has no attribute 'nothere'"),
+        ("{name}.tasks:broken", "returned str, not a Task"),
+        ("{name}.boom:build", "importing {name}.boom failed: ZeroDivisionError"),
+        ("no-such-entry-point", "not a built-in preset"),
+    ],
+)
+def test_aTaskThatCannotLoad_isOneClearError(plugin: tuple[Path, str], target: str, message: str) -> None:
+    root, name = plugin
+    (root / name / "boom.py").write_text("1 / 0\n")
+    load_config(root / "task.toml")
+    with pytest.raises(ConfigError, match=message.format(name=name)) as info:
+        cfg = TaskConfig.for_task(target.format(name=name))
+        cfg.inputs()
+    assert "\n" not in str(info.value)
+
+
+def test_aTaskThatCannotLoad_isOneLine_fromTheCli(plugin: tuple[Path, str]) -> None:
+    root, _ = plugin
+    (root / "bad.toml").write_text('task = "nosuchpkg_vg.tasks:build"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "game.cli", "train", "--config", str(root / "bad.toml"), "--out", str(root / "t")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: task 'nosuchpkg_vg.tasks:build': no module named"), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_aModuleInsteadOfAFactory_isRefused_withTheFix(plugin: tuple[Path, str]) -> None:
+    from game.api import Task
+
+    with pytest.raises(ConfigError, match="give a function that builds the model"):
+        Task(model=torch.nn.Linear(2, 2), dataset=torch.zeros(3, 2), loss=lambda m, b: b.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Binding: every input moves the spec hash
+# ----------------------------------------------------------------------------------------------
+
+
+def _spec_in_fresh_process(root: Path, config: str = "task.toml") -> tuple[str, dict[str, object]]:
+    code = (
+        "import json, sys; from game.training.task.config import load_config; "
+        f"c = load_config({str(root / config)!r}); print(json.dumps([c.spec_hash().hex(), c.inputs().to_dict()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    spec, inputs = json.loads(out.stdout)
+    return spec, inputs
+
+
+def test_oneByteOfData_weights_orCode_changesTheSpecHash(tmp_path: Path) -> None:
+    root = tmp_path
+    name = make_plugin(root)
+    pkg = root / name
+    before, inputs = _spec_in_fresh_process(root)
+    assert inputs["dataset"]["kind"] == "tensors" and inputs["code"]["name"] == name  # type: ignore[index]
+
+    # data: one value of the file's array
+    with np.load(pkg / "data.npz") as npz:
+        x, y = npz["x"].copy(), npz["y"]
+    x[3, 2] = np.nextafter(x[3, 2], np.inf)
+    np.savez(pkg / "data.npz", x=x, y=y)
+    after_data, _ = _spec_in_fresh_process(root)
+    assert after_data != before
+
+    # code: one byte of the task's module
+    src = (pkg / "tasks.py").read_text()
+    (pkg / "tasks.py").write_text(src.replace("torch.tanh", "torch.tanh "))
+    after_code, inputs2 = _spec_in_fresh_process(root)
+    assert after_code != after_data
+    (pkg / "__pycache__").mkdir(exist_ok=True)
+    (pkg / "__pycache__" / "junk.pyc").write_bytes(b"x")  # not source: not bound
+    assert _spec_in_fresh_process(root)[0] == after_code
+
+    # initial weights: a task that fine-tunes, then one value of its weights
+    state = {"a.weight": torch.ones(8, 4), "a.bias": torch.zeros(8), "b.weight": torch.ones(3, 8), "b.bias": torch.zeros(3)}
+    from safetensors.torch import save_file
+
+    save_file(state, str(pkg / "w.safetensors"))
+    (root / "ft.toml").write_text(f'task = "{name}.tasks:build"\ninit = "w.safetensors"\n')
+    ft, ft_inputs = _spec_in_fresh_process(root, "ft.toml")
+    assert ft_inputs["init"]["kind"] == "state_dict"  # type: ignore[index]
+    state["b.bias"][1] = 1e-3
+    save_file(state, str(pkg / "w.safetensors"))
+    assert _spec_in_fresh_process(root, "ft.toml")[0] != ft
+    # the same values in another container (a .pt file) bind the same task
+    torch.save(state, pkg / "w.pt")
+    (root / "ft2.toml").write_text(f'task = "{name}.tasks:build"\ninit = "w.pt"\n')
+    assert _spec_in_fresh_process(root, "ft2.toml")[1]["init"] == _spec_in_fresh_process(root, "ft.toml")[1]["init"]
+
+
+def test_codeDigest_coversThePackagesSourceFiles_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = make_plugin(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = code_digest(f"{name}.tasks")
+    assert first.kind == "package" and first.detail["files"] == 2
+    (tmp_path / name / "notes.txt").write_text("not code")
+    assert code_digest(f"{name}.tasks") == first
+    (tmp_path / name / "helpers.py").write_text("X = 1\n")
+    assert code_digest(f"{name}.tasks").sha256 != first.sha256
+
+
+# ----------------------------------------------------------------------------------------------
+# A party whose inputs differ says which, before replaying
+# ----------------------------------------------------------------------------------------------
+
+
+def _vgame(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True, cwd=root)
+
+
+@pytest.mark.parametrize("change", ["data", "code", "init"])
+def test_anAuditorWithOtherInputs_refusesBeforeReplaying_namingWhat(tmp_path: Path, change: str) -> None:
+    root = tmp_path
+    name = make_plugin(root)
+    pkg = root / name
+    from safetensors.torch import save_file
+
+    w = {"a.weight": torch.ones(8, 4), "a.bias": torch.zeros(8), "b.weight": torch.ones(3, 8), "b.bias": torch.zeros(3)}
+    save_file(w, str(pkg / "w.safetensors"))
+    (root / "task.toml").write_text(f'task = "{name}.tasks:build"\ninit = "w.safetensors"\nsteps = 2\n')
+    trained = _vgame(root, "train", "--config", "task.toml", "--out", "t", "--json")
+    assert trained.returncode == 0, trained.stderr
+    assert _vgame(root, "audit", "--transcript", "t", "--profile", "noisy", "--json").returncode == 0
+
+    if change == "data":
+        with np.load(pkg / "data.npz") as npz:
+            x, y = npz["x"].copy(), npz["y"]
+        x[0, 0] += 1.0
+        np.savez(pkg / "data.npz", x=x, y=y)
+        said = "data: the task's is tensors"
+    elif change == "code":
+        (pkg / "tasks.py").write_text((pkg / "tasks.py").read_text() + "\n# another version\n")
+        said = "task code: the task's is package"
+    else:
+        w["a.bias"][0] = 0.5
+        save_file(w, str(pkg / "w.safetensors"))
+        said = "initial weights: the task's is state_dict"
+    refused = _vgame(root, "audit", "--transcript", "t", "--profile", "noisy")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert said in " ".join(refused.stderr.split())
+    assert "replayed" not in refused.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# What the engine does with a task
+# ----------------------------------------------------------------------------------------------
+
+
+def test_theScheduler_standsWhereTheStepPutsIt_afterACheckpointIsRead(plugin: tuple[Path, str]) -> None:
+    root, _ = plugin
+    cfg = load_config(root / "task.toml").replace(steps=5, checkpoint_interval=1)
+    result = train(cfg, "cpu-1t", root / "t")
+    t = Transcript(result.out_dir)
+    for step in range(cfg.steps + 1):
+        state = decode_state(t.load_checkpoint(step), cfg)
+        assert encode_state(state) == t.load_checkpoint(step)
+        expected = cfg.lr * min(1.0, (step + 1) / cfg.params.warmup)
+        assert state.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-15)
+
+
+def test_accumulate_cutsTheBatchInOrder_andStillReplays(plugin: tuple[Path, str]) -> None:
+    from game.training.engine.audit import audit
+
+    root, _ = plugin
+    cfg = load_config(root / "task.toml").replace(accumulate=4, clip_grad_norm=0.5, steps=3)
+    runtime = runtime_for(cfg)
+    batch = runtime.batch(2)
+    parts = runtime.micro_batches(batch)
+    assert [p.example_ids.tolist() for p in parts] == [[8, 9], [10, 11], [12, 13], [14, 15]]
+    assert torch.equal(torch.cat([p.data["x"] for p in parts]), batch.data["x"])
+    one = train(cfg.replace(accumulate=1), "cpu-1t", root / "one")
+    four = train(cfg, "cpu-1t", root / "four")
+    assert one.state_root != four.state_root  # a clipped sum of four means is not one mean
+    for profile in ("noisy", "splitk-16"):
+        report = audit(root / "four", profile)
+        assert report.match and report.trainer_state_root == four.state_root
+
+
+def test_aFusedOptimizer_isRefusedAtStepZero_withTheFix(tmp_path: Path) -> None:
+    body = TASK_PY.replace(
+        "        init_weights=",
+        "        optimizer=lambda m: torch.optim.Adam(m.parameters(), lr=cfg.lr, fused=True),\n        init_weights=",
+    )
+    name = make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    assert cfg.task.startswith(name)
+    with pytest.raises(ConfigError, match=r"fused=True.*pass foreach=True, fused=False"):
+        fresh_state(cfg)
+
+
+def test_aModelFromAnUndeclaredLibrary_isRefusedAtStepZero(tmp_path: Path) -> None:
+    (tmp_path / "otherlib_vg").mkdir()
+    (tmp_path / "otherlib_vg" / "__init__.py").write_text(
+        "import torch\nclass Layer(torch.nn.Linear):\n    pass\n"
+    )
+    body = TASK_PY.replace("self.a = nn.Linear(4, hidden)", "import otherlib_vg; self.a = otherlib_vg.Layer(4, hidden)")
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    with pytest.raises(ConfigError, match=r"Layer of otherlib_vg.*add libraries=\('otherlib_vg',\) to the Task"):
+        fresh_state(cfg)
