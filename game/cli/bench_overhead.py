@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from game.cli.app import bench_app, console, emit_json, fail
-from game.cli.options import BandsOpt, BatchSizeOpt, JsonOpt, ModelOpt, parse_model_overrides, task_config
+from game.cli.options import (
+    BandsOpt,
+    BatchSizeOpt,
+    JsonOpt,
+    ModelOpt,
+    PresetOpt,
+    parse_model_overrides,
+    task_config,
+)
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # torch loads only when the command runs
@@ -16,7 +25,10 @@ if TYPE_CHECKING:  # torch loads only when the command runs
 
 @bench_app.command("overhead")
 def overhead(
-    preset: Annotated[str, typer.Option("--preset", help="Task preset, e.g. gpt-shakespeare.")],
+    preset: PresetOpt = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML task config (a preset's or your own task's).")
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per repeat.")] = 5,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Fresh runs of all the variants.")] = 3,
     warmup: Annotated[
@@ -52,6 +64,7 @@ def overhead(
     try:
         cfg = task_config(
             preset,
+            config,
             model=parse_model_overrides(model),
             batch_size=batch_size,
             bands=bands,

@@ -56,11 +56,11 @@ class PoisonBatch(Deviation):
     def batch(self, step: int) -> Any | None:
         if step != self.step:
             return None
-        from game.training.task.presets import get_preset
+        from game.training.engine.runtime import Batch, runtime_for
 
-        honest = get_preset(self.cfg.preset).batch(self.cfg, step)
+        honest = runtime_for(self.cfg).batch(step)
         flipped = (honest.targets + 1) % 10
-        return type(honest)(honest.inputs, flipped, honest.example_ids)
+        return Batch((honest.inputs, flipped), honest.example_ids)
 
 
 class TamperInit(Deviation):

@@ -15,7 +15,7 @@ from game.delivery import fetch_model
 from game.errors import DeliveryError
 from game.store.keys import new_key
 from game.training.engine.states import decode_state
-from game.training.task.presets import get_preset
+from game.training.engine.runtime import runtime_for
 from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, commit, run_game, small_config
 
@@ -39,8 +39,8 @@ def test_theModel_isTheCommittedFinalState_loadableIntoThePresetsModel(
 
     weights = torch.load(got.path)
     assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())
-    model = get_preset(cfg.preset).build_model(cfg)
-    model.load_state_dict(weights)  # every name and shape the preset's model has
+    model = runtime_for(cfg).build_model()
+    model.load_state_dict(weights)  # every name and shape the task's model has
     t = Transcript(agents.trainer.transcript_dir)
     final = decode_state(t.load_checkpoint(4), cfg).model.state_dict()
     assert got.final_leaf == t.leaf(4) == client.task(task_id).last_leaf

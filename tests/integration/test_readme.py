@@ -12,8 +12,19 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+#: The first line of the README's excerpt of the example task (read against the file, not run).
+EXCERPT = "# examples/own_task/tiny_task/task.py (abridged)"
+
+
 def _python_blocks(text: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    found = re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    return [b for b in found if not b.startswith(EXCERPT)]
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
 
 
 def test_readme_pythonExample_trainsAuditsAndOpensATask(
@@ -52,3 +63,48 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     exec(compile(blocks[1], str(README), "exec"), scope)
     loaded = scope["model"].state_dict()  # type: ignore[attr-defined]
     assert set(loaded) == set(final) and all(torch.equal(loaded[k], final[k]) for k in final)
+
+
+def test_readme_ownTaskExcerpt_isTheExamplesCode() -> None:
+    """Every code line of the README's abridged task is a line of examples/own_task's task, so the
+    excerpt cannot drift from the example that the next test runs."""
+    text = README.read_text()
+    excerpt = next(
+        b for b in re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL) if b.startswith(EXCERPT)
+    )
+    source = (README.parent / "examples" / "own_task" / "tiny_task" / "task.py").read_text()
+    lines = {" ".join(line.split("#")[0].split()) for line in source.splitlines()}
+    for line in excerpt.splitlines()[1:]:
+        code = " ".join(line.split("  #")[0].split())
+        assert not code or code in lines, f"README line not in the example: {line!r}"
+
+
+def test_readme_ownTaskCommands_runAsPrinted(tmp_path: Path) -> None:
+    """The commands of "Verify your own training", run in a copy of examples/own_task: each exits
+    0, the audit matches, the replayed step matches, and the demo's game pins the poisoned step."""
+    import json
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    section = _section(README.read_text(), "Verify your own training")
+    block = re.search(r"^```bash\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    assert block is not None
+    commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    assert commands[0] == "cd examples/own_task"
+    work = tmp_path / "own_task"
+    shutil.copytree(README.parent / "examples" / "own_task", work, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+    outputs = {}
+    for command in commands[1:]:
+        argv = shlex.split(command)
+        assert argv[0] == "vgame"
+        done = subprocess.run(
+            [sys.executable, "-m", "game.cli", *argv[1:], "--json"], capture_output=True, text=True, cwd=work
+        )
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        outputs[argv[1]] = json.loads(done.stdout)
+    assert outputs["audit"]["match"] is True
+    assert outputs["replay-step"]["matches_transcript"] is True
+    assert outputs["demo"]["winner"] == "auditor" and outputs["demo"]["disputed_step"] == 4
+    assert outputs["demo"]["balances_ok"] is True

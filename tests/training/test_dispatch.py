@@ -25,7 +25,7 @@ from game.training.numerics import rounding
 from game.training.state.tensors import check_on_grid
 from game.training.task.catalog import PRESET_NAMES
 from game.training.task.config import TaskConfig
-from game.training.task.models import StepContext
+from game.training.dispatch.stockops import StockOps
 from game.training.task.profiles import get_profile
 
 aten = torch.ops.aten
@@ -207,14 +207,15 @@ def test_presetStep_everyInexactResultIsLogged(preset: str) -> None:
     state = engine.init_state()
     for step in (1, 2):  # step 2 also runs the optimizers' update of existing state
         batch = engine.prepare_batch(engine.batch(step))
-        ctx = StepContext(seed=cfg.seed, step=step, example_ids=batch.example_ids)
         step_log = StepLog(step)
         rm = RoundingMode(
             bits=cfg.bits, tau=cfg.tau, mode="record", profile=engine.profile, step=step, log=step_log
         )
         obs = Observer()
         with rm, obs:
-            engine.preset.loss(state.model, batch, ctx).backward()
+            with StockOps(cfg.seed, step, 0, batch.example_ids):
+                loss = engine.runtime.loss(state.model, batch)
+            loss.backward()
             state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         state.step = step

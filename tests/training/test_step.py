@@ -225,7 +225,7 @@ def test_batchOverride_changesTheLeaf() -> None:
     batch = engine.batch(1)
     h1 = engine.run_step(honest, 1, mode="round").state_hash
     h2 = engine.run_step(
-        poisoned, 1, mode="round", batch_override=engine.preset.poison(cfg, batch, 1)
+        poisoned, 1, mode="round", batch_override=engine.runtime.poison(batch, 1)
     ).state_hash
     assert h1 != h2
 

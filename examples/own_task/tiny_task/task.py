@@ -30,8 +30,7 @@ def metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str,
     }
 
 
-@task(model={"width": 32, "heads": 4, "layers": 2}, params={"warmup": 10}, lr=3e-3, batch_size=32,
-      steps=50, dropout=0.1, clip_grad_norm=1.0)
+@task(model={"width": 32, "heads": 4, "layers": 2}, params={"warmup": 10}, lr=3e-3, batch_size=32)
 def build(cfg):  # type: ignore[no-untyped-def]
     rows = load_arrays(DATA)  # the file's first 500 rows train, the last 100 are held out
     return Task(
@@ -40,8 +39,6 @@ def build(cfg):  # type: ignore[no-untyped-def]
         eval_dataset=rows.select(slice(500, None)),
         loss=loss,
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
-        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: min(1.0, (step + 1) / cfg.params.warmup)
-        ),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.params.warmup)),
         metrics=metrics,
     )

@@ -333,7 +333,12 @@ class TaskConfig:
         return self.steps + 1
 
     def replace(self, **changes: Any) -> TaskConfig:
-        """A copy with ``changes`` (validated); ``model`` may be a dict of size changes."""
+        """A copy with ``changes`` (validated): general keys, the task's own keys (into ``params``),
+        and ``model`` as a dict of size changes."""
+        decl = declaration_of(self.task)
+        own = {k: changes.pop(k) for k in list(changes) if k in decl.params}
+        if own:
+            changes["params"] = decl.table("params", {**dict(self.params), **own}, partial=True)
         if (
             "model" in changes
             and isinstance(changes["model"], Mapping)

@@ -1,0 +1,67 @@
+"""Models no one here wrote (issue 43): Hugging Face's GPT-2 and ResNet, built from their configs
+with random initialisation (nothing downloaded), train through the public task API on ``cpu-1t``
+and audit bit-exactly on ``noisy`` and ``splitk-16``, for 50 steps, from their seed and fine-tuned
+from the weights an earlier run delivered. ``examples/hf/`` holds the tasks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from game.training.engine.audit import audit  # noqa: E402
+from game.training.engine.states import decode_state  # noqa: E402
+from game.training.engine.train import train  # noqa: E402
+from game.training.task.config import load_config  # noqa: E402
+from game.training.task.weights import save  # noqa: E402
+from game.training.transcript.reader import Transcript  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hf"
+STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of examples/hf (the fine-tuning test writes its weights beside the package)."""
+    work = tmp_path_factory.mktemp("hf")
+    shutil.copytree(EXAMPLES, work / "hf", ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    return work / "hf"
+
+
+def _train_and_audit(cfg_path: Path, out: Path, **overrides: object) -> bytes:
+    cfg = load_config(cfg_path)
+    cfg = cfg.replace(steps=STEPS, checkpoint_interval=25, **overrides)
+    trained = train(cfg, "cpu-1t", out)
+    assert trained.final_loss is not None and trained.steps_run == STEPS
+    for profile in ("noisy", "splitk-16"):
+        report = audit(out, profile)
+        assert report.match, (profile, report.to_dict())
+        assert report.trainer_state_root == trained.state_root
+        assert report.rejected_log_steps == ()
+    return trained.state_root
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet"])
+def test_hfModel_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(hf_dir: Path, name: str) -> None:
+    cfg_path = hf_dir / f"{name}.toml"
+    first = hf_dir / "runs" / f"{name}-seed"
+    root = _train_and_audit(cfg_path, first)
+    cfg = load_config(cfg_path)
+    assert cfg.inputs().libraries.keys() == {"transformers"}
+    # the model that run delivered, as `vgame task model` writes it (float32: lossless on the grid)
+    final = decode_state(Transcript(first).load_checkpoint(STEPS), Transcript(first).config).model.state_dict()
+    weights = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in final.items()}
+    (hf_dir / f"{name}-start.safetensors").write_bytes(save(weights, Path("w.safetensors")))
+    tuned = hf_dir / "runs" / f"{name}-tuned"
+    tuned_root = _train_and_audit(cfg_path, tuned, init=f"{name}-start.safetensors")
+    assert tuned_root != root
+    # leaf 0 of the fine-tune is the given weights on the grid (float32 values are on it already)
+    t = Transcript(tuned)
+    assert t.config.inputs().init is not None
+    start = decode_state(t.load_checkpoint(0), t.config).model.state_dict()
+    for key, value in weights.items():
+        assert torch.equal(start[key].to(value.dtype), value), key
