@@ -329,6 +329,23 @@ def test_drawsBeneathADispatchMode_areTorchsOwn() -> None:
     assert inner.drawn == outer.drawn == 0 and not inner.served
 
 
+def test_compiledFunction_runsEagerlyInside_soItsOpsAreSeen() -> None:
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    compiled = torch.compile(lambda x: (x * 2).sin() + 1)
+    x = torch.ones(3, dtype=torch.float64)
+    with _ops(), Seen() as seen:
+        compiled(x)
+    assert seen.ops == ["aten.mul.Tensor", "aten.sin.default", "aten.add.Tensor"]
+
+
 def test_autocast_isRefusedOnEntry() -> None:
     with torch.autocast("cpu"), pytest.raises(UnsupportedOpError, match="autocast"), _ops():
         pass
@@ -423,6 +440,31 @@ def test_stockModel_withoutStockOps_isRefusedAtStep1NamingBernoulli(via_front: b
     ):
         _train("cpu-1t", "record", [], stock=False, steps=1)
     assert caught.value.op == "aten.bernoulli_.float"
+
+
+@pytest.mark.parametrize("via_front", [False, True])
+def test_randomOpInBackward_isRefusedAsItself(via_front: bool) -> None:
+    """An op that draws in autograd's backward (below the function mode) reaches the caller of
+    ``backward`` as the UnsupportedOpError the front's ``row_for`` or the mode raised."""
+    if via_front and not front.available():
+        pytest.skip("no C++ front here")
+
+    class Noisy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Tensor) -> Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: Tensor) -> Tensor:
+            return g * torch.bernoulli(torch.full_like(g, 0.5))
+
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    rm = RoundingMode(bits=BITS, tau=0.25, mode="round", profile=get_profile("cpu-1t"), step=1)
+    with contextlib.nullcontext() if via_front else front.disabled(), rm:
+        y = Noisy.apply(x).sum()
+        with pytest.raises(UnsupportedOpError, match=r"step 1: aten\.bernoulli"):
+            y.backward()
+    assert rm.via_front == via_front
 
 
 def test_fusedOptimizer_isRefusedNamingForeach() -> None:

@@ -21,7 +21,8 @@
   runs inside it, so training with ``dropout > 0`` is refused, naming the fix.
 * **``F.rrelu``**: in training a uniform slope per negative value, ``u * (upper - lower) + lower``;
   in eval torch's ``leaky_relu`` with slope ``(lower + upper) / 2``.
-* **``F.rms_norm``**: written out (torch runs a fused kernel on CUDA, plain ops on a CPU).
+* **``F.rms_norm``**: written out as the CPU's decomposition (``pow``, ``mean``, ``add``, ``rsqrt``,
+  ``mul``): a CUDA build may run the fused ``_fused_rms_norm`` kernel instead, another op sequence.
 """
 
 from __future__ import annotations
