@@ -154,6 +154,14 @@ def test_exactInitialisers_passAndRepeat(initialiser: Callable[[Tensor], Any]) -
     assert made[0].dtype == torch.float64 and torch.equal(made[0], made[1])
 
 
+def test_metaTensors_passWhateverTheOp() -> None:
+    """A model built on "meta" (to be loaded later) has no values that could differ."""
+    with InitMode(SEED) as mode:
+        model = nn.Linear(3, 4, device="meta")
+        drawn = torch.rand(3, device="meta").exp()
+    assert model.weight.is_meta and drawn.is_meta and mode.draws.ordinal == 0
+
+
 def test_factoryReturningNoModule_isConfigError() -> None:
     with pytest.raises(ConfigError, match=r"not an nn\.Module"):
         init_module(lambda: torch.ones(2), seed=SEED)  # type: ignore[arg-type,return-value]

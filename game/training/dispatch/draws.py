@@ -58,7 +58,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from game.errors import ConfigError
+from game.errors import ConfigError, UnsupportedOpError
 from game.training.native import front
 from game.training.numerics import rng, rounding
 
@@ -163,7 +163,8 @@ class Draws:
     def below(self, name: str, shape: Sequence[int], n: int, device: torch.device) -> Tensor:
         """Integers in ``[0, n)`` (int64), ``n < 2**31``."""
         if not 1 <= n < 2**31:
-            raise ConfigError(f"a served draw of integers below {n}: only ranges of 1 .. 2**31-1 are served")
+            fix = "draw from a range of 1 .. 2**31-1 values (or combine two draws)"
+            raise UnsupportedOpError(f"{name}: a range of {n} values is not served: {fix}", op=name, fix=fix)
         purpose, ids, rest = self.key(name, shape)
         with suspended():
             return rng.randbelow(self.seed, self.step, purpose, ids, rest, n, device).reshape(shape)

@@ -42,19 +42,24 @@ INIT_FIX = (
 
 
 class _ExactOnly(TorchDispatchMode):
-    """Lets data movement and exact ops through; refuses inexact ones on floating tensors."""
+    """Lets data movement and exact ops through, and any op on meta tensors (no values); refuses an
+    inexact op that produced or changed a floating tensor, and a refused op (one that still drew
+    from torch's generator: the draw is thrown away with the error)."""
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
         cls = classify(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if cls is OpClass.MOVE or cls is OpClass.EXACT:
+            return out
+        touched = touched_tensors(func, args, kwargs, out)
+        if all(t.is_meta for t in touched):  # no values (a model built on "meta"): nothing can differ
+            return out
         if cls is OpClass.REFUSED:
             raise refusal(func, "model construction: ")
-        out = func(*args, **kwargs)
-        if cls is OpClass.INEXACT and any(
-            t.is_floating_point() or t.is_complex() for t in touched_tensors(func, args, kwargs, out)
-        ):
+        if any(t.is_floating_point() or t.is_complex() for t in touched):
             name = op_name(func)
             raise UnsupportedOpError(
                 f"model construction: {name} is not exact (its float64 result may differ on another "

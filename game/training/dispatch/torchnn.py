@@ -208,7 +208,8 @@ def _rrelu(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 def _rms_norm(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     given = dict(zip(("input", "normalized_shape", "weight", "eps"), args, strict=False)) | kwargs
     x, weight, eps = given["input"], given.get("weight"), given.get("eps")
-    dims = tuple(range(-len(given["normalized_shape"]), 0))
+    shape = given["normalized_shape"]
+    dims = tuple(range(-(1 if isinstance(shape, int) else len(shape)), 0))
     floor = torch.finfo(x.dtype).eps if eps is None else float(eps)
     y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + floor)
     return y * weight if weight is not None else y
