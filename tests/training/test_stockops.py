@@ -13,16 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import UnsupportedOpError
+from game.training.dispatch.draws import name_of
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import OpClass, classify, refusal
 from game.training.dispatch.stockops import StockOps
 from game.training.dispatch.torchnn import MASK_FILL
 from game.training.log.formats import decode_chunk, new_step_log
-from game.training.native import front
+from game.training.native import front, library
 from game.training.numerics import rng, rounding
 from game.training.task.models import ATTENTION_MASK_FILL
 from game.training.task.profiles import get_profile
@@ -496,3 +498,19 @@ def test_classify_dropoutsBackwardAndQueries_areNotRefused() -> None:
     aten = torch.ops.aten
     for func in (aten.native_dropout_backward.default, aten._fused_sdp_choice.default, aten.mul.Tensor):
         assert classify(func) is not OpClass.REFUSED
+
+
+def test_rngsOwnTorchCalls_areNeverSeenByAFunctionMode() -> None:
+    """The counter RNG's words (here by its torch reference code, some 240 ops) run with function
+    modes off: a step's stock-op mode never meets them, and a user's torch.device context cannot
+    move them."""
+    seen: list[str] = []
+
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(name_of(func))
+            return func(*args, **(kwargs or {}))
+
+    with library.disabled(), Seen():
+        words = rng.random_u32(SEED, STEP, "p", IDS, (3,))
+    assert set(seen) <= {"__get__", "reshape", "squeeze"} and words.shape == (8, 3)  # only the shaping after

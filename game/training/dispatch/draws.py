@@ -179,8 +179,10 @@ class Draws:
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
-    """Neither the dispatch modes nor the C++ front see the ops inside (a draw's integer words)."""
-    with _disable_current_modes(), front.suspended():
+    """Neither the dispatch modes, the C++ front nor any function mode (a user's ``torch.device``
+    context, say) see the ops inside: a draw's standard values are integer arithmetic on explicit
+    devices, the same whatever is on."""
+    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
         yield
 
 
