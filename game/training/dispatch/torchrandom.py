@@ -210,9 +210,11 @@ def _normal(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     if tensors:
         shape = torch.broadcast_shapes(_shape(mean), _shape(std))
         device, dtype = tensors[0].device, torch.result_type(mean, std)
-    else:
+    elif "size" in given:
         shape = torch.Size(int(s) for s in given["size"])
         device, dtype = _target(kw, None)
+    else:  # torch's own error
+        return func(*args, **kwargs)
     if not (_plain(kw, _FACTORY_KEYS) and dtype.is_floating_point and device.type != "meta"):
         return func(*args, **kwargs)
     z = d.normal(name_of(func), shape, device, dtype)
