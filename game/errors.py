@@ -38,6 +38,19 @@ class NonFiniteError(TrainingError, ArithmeticError):
     """NaN or infinity appeared in training; the message names the step and the op."""
 
 
+class UnsupportedOpError(TrainingError):
+    """A step, or a model's construction, met an op that another machine would not replay bit for bit:
+    one that draws from torch's generator, a fused kernel whose insides are not rounded, a kernel
+    torch picks per device, or (at construction) an inexact op. Raised at the first such op, so a
+    trainer learns it at step 1 and not from an auditor's "tampering"; the message names the op
+    (``op``) and what to do instead (``fix``)."""
+
+    def __init__(self, message: str, *, op: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+        self.fix = fix
+
+
 class RoundingLogError(TrainingError):
     """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from game.training.dispatch.optable import OpClass, _conditional_class, _Plan, _plan, base_name
+from game.training.dispatch.optable import OpClass, _conditional_class, _Plan, _plan, base_name, refusal
 from game.training.native.bindings import BandParams
 from game.training.native.front import compiled
 from game.training.numerics.bandfile import BandTable
@@ -120,15 +120,22 @@ KINDS = {OpClass.MOVE: MOVE, OpClass.EXACT: EXACT, OpClass.INEXACT: INEXACT}
 CLASSES = {MOVE: OpClass.MOVE, EXACT: OpClass.EXACT, INEXACT: OpClass.INEXACT}
 
 
-def row_for(schema_name: str, overload: str) -> tuple[int, int, int, list[int], list[int], int, str]:
+def row_for(
+    schema_name: str, overload: str, where: str = ""
+) -> tuple[int, int, int, list[int], list[int], int, str]:
     """An op's row for the front, the first time it meets the op: (id, kind, position of the
     argument a conditional kind reads or -1, written positions, hidden positions, position of their
     ``training`` flag or -1, the op's name in the log). The kinds and positions say what
     :func:`~game.training.dispatch.optable.classify` and ``optable._touched`` do, for the boxed arguments the front sees (all of them,
-    in schema order)."""
+    in schema order). A ``REFUSED`` op raises :class:`~game.errors.UnsupportedOpError` (``where``
+    prefixes its message): the front keeps no row for it, so it asks, and raises, at each call,
+    and the error reaches the op's caller as itself (pybind11 carries a Python error through
+    the dispatcher, forward and backward)."""
     ns, _, name = schema_name.partition("::")
     func = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
     plan = _plan(func)
+    if plan.fixed is OpClass.REFUSED:
+        raise refusal(func, where)
     positions = {a.name: i for i, a in enumerate(func._schema.arguments)}
     arg = -1
     if plan.fixed is not None:

@@ -20,6 +20,7 @@ On CPU, with a profile that emulates nothing, the C++ front (``native/front.cpp`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ import torch
 from game.training.dispatch import front
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
-from game.training.dispatch.optable import OpClass, _conditional_class, _plan, _touched
+from game.training.dispatch.optable import OpClass, _conditional_class, _plan, _touched, refusal
 
 
 class RoundingMode(FrontMode):
@@ -47,7 +48,8 @@ class RoundingMode(FrontMode):
             and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
             and self.profile.interceptor() == "front"
         ):
-            front.enter(front.row_for, self._front_op, self._front_kernels())
+            row_for = functools.partial(front.row_for, where=f"step {self.step}: ")
+            front.enter(row_for, self._front_op, self._front_kernels())
             self._front = self.via_front = True
             return self
         super().__enter__()
@@ -89,7 +91,9 @@ class RoundingMode(FrontMode):
         plan = _plan(func)
         cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
         name = plan.name
-        if name not in self._classes:
+        if name not in self._classes:  # an op's first call in the step: nothing here for the others
+            if cls is OpClass.REFUSED:
+                raise refusal(func, f"step {self.step}: ")
             self._classes[name] = cls
         if cls is OpClass.MOVE:
             return func(*args, **kwargs)

@@ -7,7 +7,14 @@ Each op falls in one class (docs/architecture.md, "What is rounded"):
   result is the same on every machine, so it is rounded to the grid without a log entry;
 * ``INEXACT``: everything else (reductions, matmul/conv, norms, softmax, transcendental and fused
   ops, and every op we do not know): each float64 output and each float64 argument the op mutates is
-  rounded with the log. Unknown ops land here on purpose: logging too much is safe, too little is not.
+  rounded with the log. Unknown ops land here on purpose: logging too much is safe, too little is not;
+* ``REFUSED``: ops no replay can follow: every op that draws from a torch generator (its schema
+  takes one, or ``native_dropout``), fused optimizer steps, and kernels torch picks per device
+  (fused attention, cuDNN and MIOpen). The interceptor raises :class:`~game.errors.UnsupportedOpError`
+  at the first one, naming the op and the fix (:func:`refusal`), so a trainer learns it at step 1
+  rather than from an auditor's "tampering". Torch's random functions, dropout and
+  ``scaled_dot_product_attention`` are served a level above, where they are called
+  (:mod:`~game.training.dispatch.stockops`); what still reaches ATen is refused here.
 
 Apart from the mode (:mod:`~game.training.dispatch.mode`) because it is a table, not behaviour: the
 Python mode and the C++ front (:mod:`~game.training.dispatch.front`) read the same plans, worked out
@@ -23,6 +30,8 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from game.errors import UnsupportedOpError
+
 
 class OpClass(enum.Enum):
     """What the rounding mode does with an op's results."""
@@ -30,6 +39,7 @@ class OpClass(enum.Enum):
     MOVE = "move"  # data movement: passed through
     EXACT = "exact"  # IEEE-exact elementwise: rounded, no log entry
     INEXACT = "inexact"  # may differ between machines: rounded with the log
+    REFUSED = "refused"  # no replay can follow it: raises UnsupportedOpError (see refusal())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -50,7 +60,7 @@ MOVE_OPS: frozenset[str] = frozenset(
         "t_copy", "transpose_copy", "permute_copy", "expand_copy", "slice_copy", "select_copy",
         "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",
         "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
-        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin", "randperm",
+        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin",
         "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
     }
 )  # fmt: skip
@@ -68,6 +78,71 @@ EXACT_OPS: frozenset[str] = frozenset(
         "__xor__", "__lshift__", "__rshift__", "bitwise_left_shift", "bitwise_right_shift",
     }
 )  # fmt: skip
+
+#: Ops that draw from torch's generator (base names; every overload, also those whose schema takes
+#: no ``Generator``, e.g. ``randperm.default``). An op whose schema takes one is refused unlisted.
+RANDOM_OPS: frozenset[str] = frozenset(
+    {
+        "bernoulli", "uniform", "normal", "normal_functional", "random", "exponential", "cauchy",
+        "log_normal", "geometric", "rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+        "randint_like", "multinomial", "native_dropout", "_fused_dropout", "poisson", "binomial",
+        "_standard_gamma", "_sample_dirichlet", "rrelu", "rrelu_with_noise", "rrelu_with_noise_functional",
+    }
+)  # fmt: skip
+
+#: What to do instead of an op that draws from torch's generator.
+RANDOM_FIX = (
+    "draws from torch's random generator, which gives other bits on other hardware: call F.dropout / "
+    "nn.Dropout or torch's random functions where vgame serves them from its counter RNG (a step's "
+    "StockOps, a model's InitMode), or draw with game.training.numerics.rng"
+)
+_CUDNN_FIX = (
+    "is a cuDNN/MIOpen kernel, which only some devices run: switch cuDNN off for the step "
+    "(torch.backends.cudnn.enabled = False; the cuda profile does)"
+)
+_ATTENTION_FIX = (
+    "is a fused attention kernel torch picks per device (another device runs other ops): call "
+    "F.scaled_dot_product_attention where vgame serves it (a step's StockOps writes its math out), "
+    "or write attention out with matmul and softmax"
+)
+_OPTIMIZER_FIX = (
+    "is a fused optimizer step, whose intermediate results are not rounded: pass foreach=True, "
+    "fused=False to the optimizer"
+)
+
+#: Ops refused besides the random ones (base names), with what to do instead.
+REFUSED_OPS: dict[str, str] = {
+    **dict.fromkeys(("_fill_mem_eff_dropout_mask", "_cudnn_init_dropout_state"), RANDOM_FIX),
+    **dict.fromkeys(("_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"), _OPTIMIZER_FIX),
+    **dict.fromkeys(
+        (
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_attention_math_for_mps",
+            "_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace",
+            "_efficient_attention_forward", "_cudnn_attention_forward", "_triton_scaled_dot_attention",
+        ),
+        _ATTENTION_FIX,
+    ),
+    **dict.fromkeys(("_native_multi_head_attention", "_transformer_encoder_layer_fwd"), (
+        "is nn.MultiheadAttention's / nn.TransformerEncoderLayer's fused inference path: call the module "
+        "with autograd on, in training mode"
+    )),
+    "_fused_rms_norm": (
+        "is a fused RMS norm kernel that only some devices run: call F.rms_norm / nn.RMSNorm where vgame "
+        "serves them (a step's StockOps writes the norm out)"
+    ),
+    **dict.fromkeys(
+        (
+            "cudnn_batch_norm", "cudnn_convolution", "cudnn_convolution_relu", "cudnn_convolution_add_relu",
+            "cudnn_convolution_transpose", "cudnn_grid_sampler", "cudnn_affine_grid_generator", "_cudnn_rnn",
+            "_cudnn_ctc_loss", "miopen_batch_norm", "miopen_convolution", "miopen_convolution_relu",
+            "miopen_convolution_add_relu", "miopen_convolution_transpose", "miopen_depthwise_convolution",
+            "miopen_rnn", "miopen_ctc_loss",
+        ),
+        _CUDNN_FIX,
+    ),
+}  # fmt: skip
 
 #: Ops whose class depends on their arguments (see :func:`classify`).
 CONDITIONAL_OPS: frozenset[str] = frozenset({"add", "sub", "rsub", "div", "index_put", "scatter", "round"})
@@ -103,6 +178,8 @@ def _static_class(func: Any) -> OpClass | None:
     if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
         return OpClass.MOVE  # a view: computes nothing
     name = base_name(func)
+    if name in REFUSED_OPS or _draws(func):
+        return OpClass.REFUSED
     if name in MOVE_OPS:
         return OpClass.MOVE
     if name in EXACT_OPS:
@@ -110,6 +187,19 @@ def _static_class(func: Any) -> OpClass | None:
     if name in CONDITIONAL_OPS:
         return None
     return OpClass.INEXACT
+
+
+def _draws(func: Any) -> bool:
+    """Whether the op draws from a torch generator: it is listed, or its schema takes one (a new
+    random op is caught without a list)."""
+    return base_name(func) in RANDOM_OPS or any("Generator" in str(a.type) for a in func._schema.arguments)
+
+
+def refusal(func: Any, where: str = "") -> UnsupportedOpError:
+    """The error for a ``REFUSED`` op (``where``: e.g. ``"step 3: "``), naming the op and the fix."""
+    name = op_name(func)
+    fix = REFUSED_OPS.get(base_name(func), RANDOM_FIX)
+    return UnsupportedOpError(f"{where}{name} {fix}", op=name, fix=fix)
 
 
 def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
@@ -259,9 +349,13 @@ __all__ = [
     "CONDITIONAL_OPS",
     "EXACT_OPS",
     "MOVE_OPS",
+    "RANDOM_FIX",
+    "RANDOM_OPS",
+    "REFUSED_OPS",
     "OpClass",
     "base_name",
     "classify",
     "op_name",
+    "refusal",
     "touched_tensors",
 ]

@@ -182,10 +182,11 @@ def _words(
     Computed with any dispatch mode (and the C++ front) suspended: the words are pure integer
     arithmetic, identical with or without the rounding interceptor (which leaves integer results
     alone), and dropout would otherwise send some 200 tiny integer ops per call through Python one
-    by one.
+    by one. Function modes are off too: a step's stock-op mode (``dispatch/stockops.py``) must never
+    see the RNG's own torch calls, and a user's ``torch.device`` context must not move them.
     """
     n = math.prod(shape)
-    with _disable_current_modes(), front.suspended():
+    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
         flat = stream(seed, step, purpose, example_ids, n * k, device)
     out_shape = (*shape, k) if example_ids is None else (flat.shape[0], *shape, k)
     return flat.reshape(out_shape)

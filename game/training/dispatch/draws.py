@@ -1,0 +1,220 @@
+"""Served draws: where the randomness vgame serves in place of torch's generator comes from, and the
+table of torch functions it serves.
+
+Why: a stock ``nn.Dropout`` or ``torch.rand`` draws from torch's generator, whose bits depend on the
+device (CUDA runs other kernels, even other ops: ``native_dropout`` where the CPU runs
+``bernoulli_``), so an auditor replaying a step on other hardware drew other bits and saw "log
+tampering". Vgame serves these calls itself, from the counter RNG (:mod:`~game.training.numerics.rng`),
+at the level of the torch *function* (``F.dropout``, ``torch.rand``, ``Tensor.bernoulli_``,
+``F.scaled_dot_product_attention``...), above autograd, so that forward and backward run the same
+ATen ops on every device. Handlers register here with :func:`serves`; a step's micro-batch serves them
+through :class:`~game.training.dispatch.stockops.StockOps`, a model's construction through
+:class:`~game.training.dispatch.initmode.InitMode`.
+
+Keying (DETrain: a draw belongs to its example, not to its position in the batch). Each served draw
+of a context takes the next ``ordinal`` (0, 1, ... in call order; a call that draws nothing, such as
+dropout in eval mode, takes none) and the purpose ``f"{prefix}/{ordinal}/{name}"``, ``name`` being the
+torch function's ``__name__`` (``dropout``, ``rand``, ``bernoulli_``, ``scaled_dot_product_attention``):
+
+* when the drawn tensor's first dimension equals the number of the micro-batch's example ids, row
+  ``i`` is example id ``i``'s stream (``rng``'s example axis), so a mask follows its example whatever
+  the batch layout or the split between workers: rows 0..7 at once give the bits of 0..3 and 4..7;
+* otherwise the draw is one stream, of example id 0, and the micro-batch index joins the purpose
+  (``f"{prefix}/{ordinal}/{name}/micro{index}"``): such a draw depends on the micro-batch's layout,
+  which is part of the task.
+
+A step's prefix is ``torch`` at the step's own number; a model's construction draws ``init/...`` at
+step 0 with no examples. ``randperm`` is always one stream (a permutation is not per row). Values: a
+keep mask or a Bernoulli draw takes one word per element and keeps it when ``word < ceil(p * 2**32)``
+(:func:`rng.bernoulli_mask`); a uniform takes ``k = bits - 8`` bits (the grid's significand, 24 on
+float32's) as ``(word >> (32 - k)) * 2**-k``, on the grid by construction and below 1 (a rounded
+53-bit uniform could round up to 1.0), or :func:`rng.uniform`'s 53 bits where nothing is rounded (a
+construction); a normal is Irwin-Hall (:func:`rng.irwin_hall`: twelve words, exact integer sums, no
+transcendental function), then rounded to the grid; an integer below ``n`` (``n < 2**31``) is
+``(word * n) >> 32``. These standard values are made with the dispatch modes suspended (integer
+arithmetic, the same everywhere); what a function makes of them (``x * mask * 1/(1-p)``, ``mean +
+std * z``) runs as ordinary ops under the step's interceptor, which rounds them as any others.
+
+A ``generator=`` argument is ignored: every served draw comes from the counter RNG. Calls made while
+a ``__torch_dispatch__`` runs (the interceptor's own work: the ``noisy`` profile's perturbation,
+calibration's random inputs) are never served, whatever module makes them and however the mode came
+to be on there: they belong to the machine, not to the model, and must not take ordinals. (Torch
+pops a function mode while it handles each torch call, so the ops an interceptor meets mostly run
+without it; :func:`beneath_dispatch` makes it a rule, at the cost of a walk up the stack per served
+call only.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from game.errors import ConfigError, UnsupportedOpError
+from game.training.native import front
+from game.training.numerics import rng, rounding
+
+#: A served function's handler: (the context's draws, the function, its args, its kwargs) -> result.
+Handler = Callable[["Draws", Any, tuple[Any, ...], dict[str, Any]], Any]
+
+#: Every served torch function (the object the function mode receives) -> its handler.
+SERVED: dict[Any, Handler] = {}
+
+
+def serves(*funcs: Any) -> Callable[[Handler], Handler]:
+    """Register a handler for these torch functions (a function torch lacks is skipped)."""
+
+    def register(handler: Handler) -> Handler:
+        for func in funcs:
+            if func is not None:
+                SERVED[func] = handler
+        return handler
+
+    return register
+
+
+def name_of(func: Any) -> str:
+    """The name a served function's draws are keyed by (``F.dropout`` -> ``dropout``)."""
+    return str(getattr(func, "__name__", func))
+
+
+class Draws:
+    """One context's served randomness: a micro-batch of a step, or a model's construction.
+
+    ``bits``: the task's grid (uniforms of ``bits - 8`` bits, normals rounded to it); None where
+    nothing is rounded (construction: 53-bit uniforms, exact Irwin-Hall values).
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        step: int,
+        prefix: str,
+        *,
+        micro_batch: int | None = None,
+        example_ids: Tensor | None = None,
+        bits: int | None = None,
+    ) -> None:
+        if bits is not None and not 16 <= bits <= 32:
+            raise ConfigError(f"bits: {bits} is outside 16..32")
+        self.seed = seed
+        self.step = step
+        self.prefix = prefix
+        self.micro_batch = micro_batch
+        self.example_ids = example_ids
+        self.rows = -1 if example_ids is None else int(example_ids.numel())
+        self.bits = bits
+        self.ordinal = 0  # served draws so far
+
+    def key(
+        self, name: str, shape: Sequence[int], *, per_example: bool = True
+    ) -> tuple[str, Tensor | None, tuple[int, ...]]:
+        """The next draw's purpose, example ids (None: one stream) and per-row shape (module docstring)."""
+        purpose = f"{self.prefix}/{self.ordinal}/{name}"
+        self.ordinal += 1
+        shape = tuple(int(s) for s in shape)
+        if per_example and shape and shape[0] == self.rows:
+            return purpose, self.example_ids, shape[1:]
+        if self.micro_batch is not None:
+            purpose = f"{purpose}/micro{self.micro_batch}"
+        return purpose, None, shape
+
+    def mask(self, name: str, shape: Sequence[int], p_keep: float, device: torch.device) -> Tensor:
+        """A bool keep mask of ``shape``: True with probability ``ceil(p_keep * 2**32) / 2**32``."""
+        purpose, ids, rest = self.key(name, shape)
+        with suspended():
+            return rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
+
+    def words(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
+        """One uint32 word per element (int64), for draws that compare against a tensor."""
+        purpose, ids, rest = self.key(name, shape)
+        with suspended():
+            return rng.random_u32(self.seed, self.step, purpose, ids, rest, device).reshape(shape)
+
+    def uniform(self, name: str, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Uniform in ``[0, 1)``: ``bits - 8`` bits (on the grid), or 53 where nothing is rounded."""
+        purpose, ids, rest = self.key(name, shape)
+        with suspended():
+            if self.bits is None:
+                u = rng.uniform(self.seed, self.step, purpose, ids, rest, device)
+            else:
+                k = self.bits - 8
+                w = rng.random_u32(self.seed, self.step, purpose, ids, rest, device) >> (32 - k)
+                u = w.to(torch.float64) * 2.0**-k
+            return u.reshape(shape).to(dtype)
+
+    def normal(self, name: str, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Approximately standard normal: Irwin-Hall (exact integer sums), rounded to the grid."""
+        purpose, ids, rest = self.key(name, shape)
+        with suspended():
+            z = rng.irwin_hall(self.seed, self.step, purpose, ids, rest, device)
+            if self.bits is not None:
+                z = rounding.rnd(z, self.bits)
+            return z.reshape(shape).to(dtype)
+
+    def below(self, name: str, shape: Sequence[int], n: int, device: torch.device) -> Tensor:
+        """Integers in ``[0, n)`` (int64), ``n < 2**31``."""
+        if not 1 <= n < 2**31:
+            fix = "draw from a range of 1 .. 2**31-1 values (or combine two draws)"
+            raise UnsupportedOpError(f"{name}: a range of {n} values is not served: {fix}", op=name, fix=fix)
+        purpose, ids, rest = self.key(name, shape)
+        with suspended():
+            return rng.randbelow(self.seed, self.step, purpose, ids, rest, n, device).reshape(shape)
+
+    def permutation(self, name: str, n: int, device: torch.device) -> Tensor:
+        """A random permutation of ``range(n)``: a stable argsort of 53-bit keys, one stream."""
+        purpose, _, _ = self.key(name, (n,), per_example=False)
+        with suspended():
+            keys = rng.uniform_int53(self.seed, self.step, purpose, None, (n,), device)
+            return torch.sort(keys, stable=True).indices
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Neither the dispatch modes, the C++ front nor any function mode (a user's ``torch.device``
+    context, say) see the ops inside: a draw's standard values are integer arithmetic on explicit
+    devices, the same whatever is on."""
+    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
+        yield
+
+
+def beneath_dispatch() -> bool:
+    """Whether a ``__torch_dispatch__`` (or the front's call into Python) is running below this
+    frame: its calls are the interceptor's, never the model's (the module docstring)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name in ("__torch_dispatch__", "_front_op"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class ServingMode(TorchFunctionMode):
+    """The function mode: a dict lookup per torch call; a served one goes to its handler with the
+    context's :class:`Draws`, every other straight through. ``handled`` counts the served calls by
+    name (also those that drew nothing, such as dropout in eval mode)."""
+
+    def __init__(self, draws: Draws) -> None:
+        super().__init__()
+        self.draws = draws
+        self.handled: Counter[str] = Counter()
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        handler = SERVED.get(func)
+        if handler is None or beneath_dispatch():
+            return func(*args, **(kwargs or {}))
+        self.handled[name_of(func)] += 1
+        return handler(self.draws, func, args, kwargs or {})
+
+
+__all__ = ["SERVED", "Draws", "Handler", "ServingMode", "beneath_dispatch", "name_of", "serves", "suspended"]

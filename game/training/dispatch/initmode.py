@@ -1,0 +1,115 @@
+"""Deterministic construction of a user's model at step 0: leaf 0 from the seed and the code alone.
+
+A stock factory (``lambda: MyNet()``, a transformers ``GPT2LMHeadModel(GPT2Config(...))``) sets its
+parameters with torch's generator (``kaiming_uniform_``, ``normal_``) and sometimes with inexact
+arithmetic (``erfinv``, QR, ``exp`` for a sinusoidal table): another machine, or another thread
+count, would build another model. Inside :class:`InitMode`:
+
+* floating tensors are float64 (the default dtype is set for the duration);
+* every random draw a torch function makes is served from the counter RNG at step 0 with purpose
+  ``init/{ordinal}/{name}`` (:mod:`~game.training.dispatch.draws`: the same functions and values
+  as in a step, with 53-bit uniforms and unrounded Irwin-Hall normals, since nothing is rounded);
+* data movement and IEEE-exact ops pass (fills, copies, ``zero_``, multiplies by Python numbers);
+* any other op that produces or changes a floating tensor raises :class:`~game.errors.UnsupportedOpError`
+  at once, naming it, as does an op that still draws from torch's generator. Arithmetic on Python
+  floats (``math.sqrt`` for a bound) is not an op and is the same everywhere (IEEE), so it passes.
+
+So the constructed model is bit-identical on every machine and thread count, and depends on nothing
+but the seed and the factory's code. Integer and boolean results pass whatever the op (a causal
+mask made with ``tril`` is exact).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from game.errors import ConfigError, UnsupportedOpError
+from game.training.dispatch import stockops
+from game.training.dispatch.draws import Draws, ServingMode
+from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
+
+#: What to do instead of an inexact op at construction.
+INIT_FIX = (
+    "give init_weights, or use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, "
+    "trunc_normal_ within +-2 std, constant_, zeros_, ones_ are served exactly)"
+)
+
+
+class _ExactOnly(TorchDispatchMode):
+    """Lets data movement and exact ops through, and any op on meta tensors (no values); refuses an
+    inexact op that produced or changed a floating tensor, and a refused op (one that still drew
+    from torch's generator: the draw is thrown away with the error)."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        cls = classify(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if cls is OpClass.MOVE or cls is OpClass.EXACT:
+            return out
+        touched = touched_tensors(func, args, kwargs, out)
+        if all(t.is_meta for t in touched):  # no values (a model built on "meta"): nothing can differ
+            return out
+        if cls is OpClass.REFUSED:
+            raise refusal(func, "model construction: ")
+        if any(t.is_floating_point() or t.is_complex() for t in touched):
+            name = op_name(func)
+            raise UnsupportedOpError(
+                f"model construction: {name} is not exact (its float64 result may differ on another "
+                f"machine, and so would the model's initial state): {INIT_FIX}",
+                op=name,
+                fix=INIT_FIX,
+            )
+        return out
+
+
+class InitMode:
+    """The context in which a model is built deterministically from ``seed`` (module docstring).
+
+    ``served``: the served calls by function name, as in a step's :class:`~game.training.dispatch.stockops.StockOps`.
+    """
+
+    def __init__(self, seed: int) -> None:
+        assert stockops.HANDLERS  # the handlers are registered
+        self.draws = Draws(seed, 0, "init")
+        self._serving = ServingMode(self.draws)
+        self._exact = _ExactOnly()
+        self._dtype = torch.get_default_dtype()
+
+    @property
+    def served(self) -> Counter[str]:
+        return self._serving.handled
+
+    def __enter__(self) -> InitMode:
+        self._dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        self._exact.__enter__()
+        self._serving.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._serving.__exit__(*exc)
+            self._exact.__exit__(*exc)
+        finally:
+            torch.set_default_dtype(self._dtype)
+
+
+def init_module(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """``factory()`` inside :class:`InitMode`, with every floating parameter and buffer then made
+    float64 (exact: a widening). The same module, bit for bit, on every machine."""
+    with InitMode(seed):
+        model = factory()
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+    return model.to(torch.float64)
+
+
+__all__ = ["INIT_FIX", "InitMode", "init_module"]

@@ -1,0 +1,96 @@
+"""Stock PyTorch in a training step: its random functions, dropout and attention served the same on
+every device, for one micro-batch (issue 43: "stock PyTorch just works, or fails at step 1").
+
+A model written against stock torch (``nn.Dropout``, ``F.scaled_dot_product_attention``,
+``torch.rand``) draws from torch's generator and lets torch pick kernels per device, so an auditor
+on other hardware ran other ops on other bits and reported "log tampering" at step 1. Inside
+:class:`StockOps`, a ``TorchFunctionMode`` serves those calls where they are made, above autograd
+(so forward and backward are the same ATen ops everywhere): the random draws from the counter RNG,
+keyed per example (the rule: :mod:`~game.training.dispatch.draws`), the rest written out with
+ordinary ops (:mod:`~game.training.dispatch.torchnn`, :mod:`~game.training.dispatch.torchrandom`).
+What still reaches ATen and draws, or runs a fused or per-device kernel, is refused by the step's
+interceptor at its first call (``OpClass.REFUSED``, :class:`~game.errors.UnsupportedOpError`).
+
+What the mode cannot see: calls made *inside* another Python-level torch function (torch pops a
+function mode while it handles a call; ``nn.init.kaiming_uniform_`` and
+``F.multi_head_attention_forward`` are served whole for that reason), and so calls in autograd's
+backward (``Tensor.backward`` and ``torch.autograd.backward`` are torch functions): activation
+checkpointing's recomputed forward, whose dropout then reaches ATen and is refused. Autocast is refused on entry: a float16 or bfloat16
+result is not rounded, and another device computes it otherwise. ``torch.compile``'d code runs
+eagerly inside (``torch.compiler.set_stance("force_eager")`` where dynamo is loaded), so that its
+ops reach the interceptor and this mode instead of a fused kernel.
+
+Cost: the mode is one Python call per torch function (a dict lookup, then the call); the engine
+may leave it off after a step that served nothing (:attr:`StockOps.served`), since anything the
+mode would have served then reaches ATen and is refused, not replayed wrongly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from game.errors import UnsupportedOpError
+from game.training.dispatch import torchnn, torchrandom
+from game.training.dispatch.draws import Draws, ServingMode
+
+#: The handler modules, imported for their registrations (``draws.SERVED``).
+HANDLERS = (torchnn, torchrandom)
+
+AUTOCAST_FIX = (
+    "autocast is on: its float16/bfloat16 results are not rounded to the grid and another device "
+    "computes them otherwise; train in float64 (vgame rounds to the task's grid itself)"
+)
+
+
+class StockOps:
+    """Serve stock torch's random functions, dropout and attention for one micro-batch of a step.
+
+    ``seed``: the task's; ``step``: the step (1-based); ``micro_batch``: the micro-batch's index in
+    the step (0 without accumulation; keys the draws that are not per example); ``example_ids``:
+    the micro-batch rows' example ids, in row order; ``bits``: the task's grid. Enter it around the
+    micro-batch's forward and backward, inside the step's interceptor (a fresh one per micro-batch:
+    the draws' ordinals start at 0).
+    """
+
+    def __init__(
+        self, seed: int, step: int, micro_batch: int, example_ids: Tensor, *, bits: int = 32
+    ) -> None:
+        self.draws = Draws(seed, step, "torch", micro_batch=micro_batch, example_ids=example_ids, bits=bits)
+        self._mode = ServingMode(self.draws)
+        self._stance: contextlib.AbstractContextManager[Any] | None = None
+
+    @property
+    def served(self) -> Counter[str]:
+        """Calls the mode served, by function name (also those that drew nothing, e.g. dropout in
+        eval mode): empty after a step means the model calls none of them."""
+        return self._mode.handled
+
+    @property
+    def drawn(self) -> int:
+        """Draws taken so far (the next draw's ordinal)."""
+        return self.draws.ordinal
+
+    def __enter__(self) -> StockOps:
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                raise UnsupportedOpError(AUTOCAST_FIX, op="torch.autocast", fix=AUTOCAST_FIX)
+        if "torch._dynamo" in sys.modules:  # compiled code runs eagerly: its ops are seen one by one
+            self._stance = torch.compiler.set_stance("force_eager")
+            self._stance.__enter__()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        if self._stance is not None:
+            self._stance.__exit__(*exc)
+            self._stance = None
+
+
+__all__ = ["AUTOCAST_FIX", "HANDLERS", "StockOps"]

@@ -1,0 +1,167 @@
+"""Deterministic construction of a stock model (issue 43): every draw served from the counter RNG at
+step 0, exact ops let through, any other op refused at once; the same bits on every thread count
+and in every process."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from game.errors import ConfigError, UnsupportedOpError
+from game.training.dispatch.initmode import InitMode, init_module
+from game.training.numerics import rng
+
+SEED = 21
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class EveryLayer(nn.Module):
+    """One of each stock layer type the brief names, plus a bool buffer made with tril and a
+    parameter drawn with torch.randn in the constructor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 8)
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.embed = nn.Embedding(12, 8, padding_idx=0)
+        self.ln = nn.LayerNorm(8)
+        self.bn = nn.BatchNorm2d(4)
+        self.mha = nn.MultiheadAttention(8, 2)
+        self.encoder = nn.TransformerEncoderLayer(8, 2, 16)
+        self.noise = nn.Parameter(torch.randn(3, 4) * 0.5)
+        self.register_buffer("causal", torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def state_digest(model: nn.Module) -> str:
+    """SHA-256 over every tensor of the state, by name, as raw bytes."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode() + str(t.dtype).encode() + t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_everyStockLayer_isFloat64_andIndependentOfTheThreadCount() -> None:
+    before = torch.get_num_threads()
+    digests = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            model = init_module(EveryLayer, seed=SEED)
+            digests.append(state_digest(model))
+    finally:
+        torch.set_num_threads(before)
+    assert digests[0] == digests[1]
+    floats = [t for t in model.state_dict().values() if t.is_floating_point()]
+    assert floats and all(t.dtype == torch.float64 for t in floats)
+    assert torch.equal(model.embed.weight[0], torch.zeros(8, dtype=torch.float64))  # padding row
+    assert state_digest(init_module(EveryLayer, seed=SEED + 1)) != digests[0]
+
+
+def test_everyStockLayer_sameBitsInAnotherProcess() -> None:
+    script = (
+        "import torch; from tests.training.test_initmode import EveryLayer, state_digest, SEED; "
+        "from game.training.dispatch.initmode import init_module; "
+        "torch.manual_seed(12345); torch.set_num_threads(2); "  # torch's own generator plays no part
+        "print(state_digest(init_module(EveryLayer, seed=SEED)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert out.stdout.strip() == state_digest(init_module(EveryLayer, seed=SEED))
+
+
+def test_linearWeight_isTheDocumentedDraw() -> None:
+    """nn.Linear's kaiming_uniform_ is the first draw: purpose init/0/kaiming_uniform_, 53-bit
+    uniforms at step 0, mapped by u * 2b - b with torch's bound b = 1/sqrt(fan_in)."""
+    model = init_module(lambda: nn.Linear(9, 4), seed=SEED)
+    bound = math.sqrt(3.0) * (math.sqrt(2.0 / (1 + 5)) / math.sqrt(9))  # gain(leaky_relu, sqrt 5) / sqrt(fan)
+    u = rng.uniform(SEED, 0, "init/0/kaiming_uniform_", None, (4, 9))
+    assert torch.equal(model.weight.detach(), u * (2 * bound) - bound)
+    u = rng.uniform(SEED, 0, "init/1/uniform_", None, (4,))
+    assert torch.equal(model.bias.detach(), u * (2 / 3) - 1 / 3)
+
+
+def test_defaultDtype_isFloat64Inside_andRestoredAfterAnError() -> None:
+    before = torch.get_default_dtype()
+    with pytest.raises(UnsupportedOpError), InitMode(SEED):
+        assert torch.get_default_dtype() == torch.float64
+        torch.ones(3).exp()
+    assert torch.get_default_dtype() == before
+
+
+def test_explicitFloat32_isWidenedExactly() -> None:
+    model = init_module(lambda: nn.Linear(3, 2, dtype=torch.float32), seed=SEED)
+    assert model.weight.dtype == torch.float64
+    assert torch.equal(model.weight, model.weight.float().double())
+
+
+def test_trainingTimeDropout_inTheFactory_passes() -> None:
+    """Eval-mode-free construction: dropout modules draw nothing until called."""
+    model = init_module(lambda: nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)), seed=SEED)
+    assert isinstance(model[1], nn.Dropout)
+
+
+@pytest.mark.parametrize(
+    ("initialiser", "op"),
+    [
+        (lambda t: t.uniform_(-1, 1).erfinv_(), "erfinv"),  # the old trunc_normal_'s inverse CDF
+        (
+            lambda t: nn.init.trunc_normal_(t, 0.0, 1.0, 2.0, 3.0),
+            "div",
+        ),  # a narrow cut: rejection sampling in logs
+        (lambda t: nn.init.orthogonal_(t), "linalg_qr"),
+        (lambda t: t.copy_(torch.full((3, 3), 2.0).exp()), "exp"),
+        (lambda t: t.exponential_(), "exponential_"),
+    ],
+)
+def test_inexactInitialiser_isRefusedNamingTheOp(initialiser: Callable[[Tensor], Any], op: str) -> None:
+    with pytest.raises(UnsupportedOpError, match=op) as caught, InitMode(SEED):
+        initialiser(torch.empty(3, 3))
+    assert "init_weights" in str(caught.value) or "transcendental" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "initialiser",
+    [
+        lambda t: nn.init.trunc_normal_(t, std=0.02),  # within +-2 std: exact rejection sampling
+        lambda t: nn.init.xavier_normal_(t),
+        lambda t: nn.init.kaiming_normal_(t, mode="fan_out", nonlinearity="relu"),
+        lambda t: nn.init.sparse_(t, 0.5),
+        lambda t: t.fill_(0.25).mul_(3.0).add_(torch.ones(3, 3)),
+    ],
+)
+def test_exactInitialisers_passAndRepeat(initialiser: Callable[[Tensor], Any]) -> None:
+    made = []
+    for _ in range(2):
+        with InitMode(SEED):
+            t = torch.empty(3, 3)
+            initialiser(t)
+        made.append(t)
+    assert made[0].dtype == torch.float64 and torch.equal(made[0], made[1])
+
+
+def test_metaTensors_passWhateverTheOp() -> None:
+    """A model built on "meta" (to be loaded later) has no values that could differ."""
+    with InitMode(SEED) as mode:
+        model = nn.Linear(3, 4, device="meta")
+        drawn = torch.rand(3, device="meta").exp()
+    assert model.weight.is_meta and drawn.is_meta and mode.draws.ordinal == 0
+
+
+def test_factoryReturningNoModule_isConfigError() -> None:
+    with pytest.raises(ConfigError, match=r"not an nn\.Module"):
+        init_module(lambda: torch.ones(2), seed=SEED)  # type: ignore[arg-type,return-value]
