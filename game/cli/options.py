@@ -28,7 +28,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help='Model sizes the task declares, over its defaults or its config\'s [model], e.g. '
+        help="Model sizes the task declares, over its defaults or its config's [model], e.g. "
         '"n_layer=12,n_head=12,n_embd=768,block_size=64" or "arch=resnet50".',
     ),
 ]

@@ -14,8 +14,8 @@ from game.chain.types import TaskStatus
 from game.delivery import fetch_model
 from game.errors import DeliveryError
 from game.store.keys import new_key
-from game.training.engine.states import decode_state
 from game.training.engine.runtime import runtime_for
+from game.training.engine.states import decode_state
 from game.training.transcript.reader import Transcript
 from tests.agents.conftest import PoisonBatch, commit, run_game, small_config
 

@@ -47,8 +47,8 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     preset's model, with the values of the transcript's final state."""
     import torch
 
-    from game.training.engine.train import train
     from game.training.engine.states import decode_state
+    from game.training.engine.train import train
     from game.training.task.config import TaskConfig
     from game.training.transcript.reader import Transcript
 
@@ -70,7 +70,9 @@ def test_readme_ownTaskExcerpt_isTheExamplesCode() -> None:
     excerpt cannot drift from the example that the next test runs."""
     text = README.read_text()
     excerpt = next(
-        b for b in re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL) if b.startswith(EXCERPT)
+        b
+        for b in re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+        if b.startswith(EXCERPT)
     )
     source = (README.parent / "examples" / "own_task" / "tiny_task" / "task.py").read_text()
     lines = {" ".join(line.split("#")[0].split()) for line in source.splitlines()}
@@ -94,7 +96,9 @@ def test_readme_ownTaskCommands_runAsPrinted(tmp_path: Path) -> None:
     commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
     assert commands[0] == "cd examples/own_task"
     work = tmp_path / "own_task"
-    shutil.copytree(README.parent / "examples" / "own_task", work, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+    shutil.copytree(
+        README.parent / "examples" / "own_task", work, ignore=shutil.ignore_patterns("runs", "__pycache__")
+    )
     outputs = {}
     for command in commands[1:]:
         argv = shlex.split(command)

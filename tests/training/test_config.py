@@ -166,9 +166,15 @@ def test_canonicalJson_shape() -> None:
     doc = json.loads(raw)
     assert doc["format"] == SPEC_FORMAT
     assert doc["config"] == cfg.to_dict()
-    assert doc["inputs"]["dataset"] == {"kind": "file", "name": "digits.npz", "sha256": doc["inputs"]["dataset"]["sha256"]}
+    assert doc["inputs"]["dataset"] == {
+        "kind": "file",
+        "name": "digits.npz",
+        "sha256": doc["inputs"]["dataset"]["sha256"],
+    }
     assert len(doc["inputs"]["dataset"]["sha256"]) == 64
-    assert doc["inputs"]["init"] is None and doc["inputs"]["code"] is None and doc["inputs"]["libraries"] == {}
+    assert (
+        doc["inputs"]["init"] is None and doc["inputs"]["code"] is None and doc["inputs"]["libraries"] == {}
+    )
     assert raw == json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     assert b" " not in raw
     assert cfg.spec_hash() == hashlib.sha256(raw).digest()

@@ -13,12 +13,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from game.training.engine.audit import audit  # noqa: E402
-from game.training.engine.states import decode_state  # noqa: E402
-from game.training.engine.train import train  # noqa: E402
-from game.training.task.config import load_config  # noqa: E402
-from game.training.task.weights import save  # noqa: E402
-from game.training.transcript.reader import Transcript  # noqa: E402
+from game.training.engine.audit import audit
+from game.training.engine.states import decode_state
+from game.training.engine.train import train
+from game.training.task.config import load_config
+from game.training.task.weights import save
+from game.training.transcript.reader import Transcript
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hf"
 STEPS = 50
@@ -53,7 +53,9 @@ def test_hfModel_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(hf_dir:
     cfg = load_config(cfg_path)
     assert cfg.inputs().libraries.keys() == {"transformers"}
     # the model that run delivered, as `vgame task model` writes it (float32: lossless on the grid)
-    final = decode_state(Transcript(first).load_checkpoint(STEPS), Transcript(first).config).model.state_dict()
+    final = decode_state(
+        Transcript(first).load_checkpoint(STEPS), Transcript(first).config
+    ).model.state_dict()
     weights = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in final.items()}
     (hf_dir / f"{name}-start.safetensors").write_bytes(save(weights, Path("w.safetensors")))
     tuned = hf_dir / "runs" / f"{name}-tuned"

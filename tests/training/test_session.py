@@ -23,10 +23,10 @@ from game.merkle import merkle_root
 from game.training.engine.audit import audit
 from game.training.engine.divergence import SERIES_FP32, SERIES_LOG, SERIES_ROUND, divergence
 from game.training.engine.replay import replay_step, replay_transcript_step, state_after
+from game.training.engine.states import decode_state
 from game.training.engine.step import engine_for
 from game.training.engine.train import Deviation, train
 from game.training.state.canonical import encode_state
-from game.training.engine.states import decode_state
 from game.training.state.leafhash import leaf_of
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig

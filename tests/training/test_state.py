@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from game.errors import TranscriptError
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine
 from game.training.native import front
 from game.training.numerics import rounding
 from game.training.state import canonical
 from game.training.state import tensors as tensors_mod
 from game.training.state.canonical import STATE_MAGIC, encode_state, encode_streamed, state_buffer
-from game.training.engine.states import decode_state
 from game.training.state.checkpoint import CheckpointError, parse_state
 from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import state_hash

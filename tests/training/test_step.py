@@ -11,12 +11,12 @@ import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
 from game.training.dispatch.mode import RoundingMode
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine
 from game.training.native import library
 from game.training.numerics.bandcheck import LogTamperingError
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.state.canonical import encode_state
-from game.training.engine.states import decode_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import check_on_grid
 from game.training.task.config import TaskConfig
@@ -224,9 +224,7 @@ def test_batchOverride_changesTheLeaf() -> None:
     honest, poisoned = engine.init_state(), engine.init_state()
     batch = engine.batch(1)
     h1 = engine.run_step(honest, 1, mode="round").state_hash
-    h2 = engine.run_step(
-        poisoned, 1, mode="round", batch_override=engine.runtime.poison(batch, 1)
-    ).state_hash
+    h2 = engine.run_step(poisoned, 1, mode="round", batch_override=engine.runtime.poison(batch, 1)).state_hash
     assert h1 != h2
 
 

@@ -22,13 +22,12 @@ from game.training.engine.states import decode_state, fresh_state
 from game.training.engine.train import train
 from game.training.state.canonical import encode_state
 from game.training.task.config import TaskConfig, load_config
-from game.training.task.inputs import InputsMismatch
-from game.training.task.plugins import PluginError, code_digest
+from game.training.task.plugins import code_digest
 from game.training.transcript.reader import Transcript
 
 _names = itertools.count()
 
-TASK_PY = '''
+TASK_PY = """
 from pathlib import Path
 import torch, torch.nn.functional as F
 from torch import nn
@@ -65,7 +64,7 @@ def plain(cfg):
 
 def broken(cfg):
     return "not a task"
-'''
+"""
 
 
 def make_plugin(root: Path, body: str = TASK_PY) -> str:
@@ -108,7 +107,7 @@ def test_declaredKeys_areChecked(plugin: tuple[Path, str]) -> None:
     load_config(root / "task.toml")  # puts the directory on the search path
     with pytest.raises(ConfigError, match=r"model\.hiden: unknown size for this task \(valid: hidden\)"):
         TaskConfig.for_task(target, model={"hiden": 16})
-    with pytest.raises(ConfigError, match="model.hidden: expected int"):
+    with pytest.raises(ConfigError, match=r"model\.hidden: expected int"):
         TaskConfig.for_task(target, model={"hidden": "wide"})
     with pytest.raises(ConfigError, match="warmpu: unknown config key"):
         TaskConfig.from_dict({"task": target, "warmpu": 3}, partial=True)
@@ -161,7 +160,16 @@ def test_aTaskThatCannotLoad_isOneLine_fromTheCli(plugin: tuple[Path, str]) -> N
     root, _ = plugin
     (root / "bad.toml").write_text('task = "nosuchpkg_vg.tasks:build"\n')
     out = subprocess.run(
-        [sys.executable, "-m", "game.cli", "train", "--config", str(root / "bad.toml"), "--out", str(root / "t")],
+        [
+            sys.executable,
+            "-m",
+            "game.cli",
+            "train",
+            "--config",
+            str(root / "bad.toml"),
+            "--out",
+            str(root / "t"),
+        ],
         capture_output=True,
         text=True,
         cwd=root,
@@ -211,14 +219,19 @@ def test_oneByteOfData_weights_orCode_changesTheSpecHash(tmp_path: Path) -> None
     # code: one byte of the task's module
     src = (pkg / "tasks.py").read_text()
     (pkg / "tasks.py").write_text(src.replace("torch.tanh", "torch.tanh "))
-    after_code, inputs2 = _spec_in_fresh_process(root)
+    after_code, _ = _spec_in_fresh_process(root)
     assert after_code != after_data
     (pkg / "__pycache__").mkdir(exist_ok=True)
     (pkg / "__pycache__" / "junk.pyc").write_bytes(b"x")  # not source: not bound
     assert _spec_in_fresh_process(root)[0] == after_code
 
     # initial weights: a task that fine-tunes, then one value of its weights
-    state = {"a.weight": torch.ones(8, 4), "a.bias": torch.zeros(8), "b.weight": torch.ones(3, 8), "b.bias": torch.zeros(3)}
+    state = {
+        "a.weight": torch.ones(8, 4),
+        "a.bias": torch.zeros(8),
+        "b.weight": torch.ones(3, 8),
+        "b.bias": torch.zeros(3),
+    }
     from safetensors.torch import save_file
 
     save_file(state, str(pkg / "w.safetensors"))
@@ -231,10 +244,15 @@ def test_oneByteOfData_weights_orCode_changesTheSpecHash(tmp_path: Path) -> None
     # the same values in another container (a .pt file) bind the same task
     torch.save(state, pkg / "w.pt")
     (root / "ft2.toml").write_text(f'task = "{name}.tasks:build"\ninit = "w.pt"\n')
-    assert _spec_in_fresh_process(root, "ft2.toml")[1]["init"] == _spec_in_fresh_process(root, "ft.toml")[1]["init"]
+    assert (
+        _spec_in_fresh_process(root, "ft2.toml")[1]["init"]
+        == _spec_in_fresh_process(root, "ft.toml")[1]["init"]
+    )
 
 
-def test_codeDigest_coversThePackagesSourceFiles_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_codeDigest_coversThePackagesSourceFiles_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name = make_plugin(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     first = code_digest(f"{name}.tasks")
@@ -261,7 +279,12 @@ def test_anAuditorWithOtherInputs_refusesBeforeReplaying_namingWhat(tmp_path: Pa
     pkg = root / name
     from safetensors.torch import save_file
 
-    w = {"a.weight": torch.ones(8, 4), "a.bias": torch.zeros(8), "b.weight": torch.ones(3, 8), "b.bias": torch.zeros(3)}
+    w = {
+        "a.weight": torch.ones(8, 4),
+        "a.bias": torch.zeros(8),
+        "b.weight": torch.ones(3, 8),
+        "b.bias": torch.zeros(3),
+    }
     save_file(w, str(pkg / "w.safetensors"))
     (root / "task.toml").write_text(f'task = "{name}.tasks:build"\ninit = "w.safetensors"\nsteps = 2\n')
     trained = _vgame(root, "train", "--config", "task.toml", "--out", "t", "--json")
@@ -339,8 +362,12 @@ def test_aModelFromAnUndeclaredLibrary_isRefusedAtStepZero(tmp_path: Path) -> No
     (tmp_path / "otherlib_vg" / "__init__.py").write_text(
         "import torch\nclass Layer(torch.nn.Linear):\n    pass\n"
     )
-    body = TASK_PY.replace("self.a = nn.Linear(4, hidden)", "import otherlib_vg; self.a = otherlib_vg.Layer(4, hidden)")
+    body = TASK_PY.replace(
+        "self.a = nn.Linear(4, hidden)", "import otherlib_vg; self.a = otherlib_vg.Layer(4, hidden)"
+    )
     make_plugin(tmp_path, body)
     cfg = load_config(tmp_path / "task.toml")
-    with pytest.raises(ConfigError, match=r"Layer of otherlib_vg.*add libraries=\('otherlib_vg',\) to the Task"):
+    with pytest.raises(
+        ConfigError, match=r"Layer of otherlib_vg.*add libraries=\('otherlib_vg',\) to the Task"
+    ):
         fresh_state(cfg)

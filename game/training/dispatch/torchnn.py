@@ -5,7 +5,7 @@
   their ``torch.*`` forms, which ``nn.Dropout*`` call): torch draws the mask with ``bernoulli_`` on
   a CPU and ``native_dropout`` on CUDA, other ops and other bits. Here, in training with ``0 < p <
   1``, the keep mask comes from the counter RNG and is applied as ``x * (keep * (1/(1-p)))``, as
-  ``models.DeterministicDropout`` does: IEEE-exact multiplies, so no log entry. Feature dropout
+  the presets' dropout used to: IEEE-exact multiplies, so no log entry. Feature dropout
   draws one value per (row, channel). Alpha dropout is ``x * (keep * a) + b`` with torch's ``a``
   and ``b`` worked out in Python floats: exact too. Otherwise (eval, ``p`` 0 or 1) torch's own call
   runs, which draws nothing.

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import ConfigError
-from game.training.dispatch.initmode import deterministic_init
+from game.training.dispatch.initmode import init_module
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
 from game.training.task.define import Task, TaskFactory
@@ -83,18 +83,13 @@ class TaskRuntime:
 
     # ---- step 0 -------------------------------------------------------------------------------
 
-    def build_model(self, *, draw: bool = True) -> nn.Module:
-        """The model at step 0: float64, on the CPU, train mode, not yet on the grid. ``draw``
-        False skips the random initialisers' draws (the values are about to be overwritten: a
-        checkpoint is being loaded), which costs nothing on a large model."""
+    def build_model(self) -> nn.Module:
+        """The model at step 0: float64, on the CPU, train mode, not yet on the grid: the task's
+        factory run with torch's initialisers served from the seed (:func:`init_module`), then
+        the task's initial weights, if any."""
         task = self.task
-        wanted = draw and not (task.init_weights is not None and task.init_strict)
-        with deterministic_init(self.cfg.seed, draw=wanted):
-            model = task.model()
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"Task.model: the factory returned {type(model).__name__}, not an nn.Module")
+        model = init_module(task.model, self.cfg.seed)
         self._check_libraries(model)
-        model = model.to(torch.float64)
         if task.init_weights is not None:
             weights.apply(model, task.init_weights, strict=task.init_strict)
         return model.train()

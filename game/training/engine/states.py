@@ -20,16 +20,15 @@ from game.training.task.config import TaskConfig
 
 
 def fresh_state(
-    cfg: TaskConfig, *, device: str | torch.device = "cpu", precision: Precision = "fp64", draw: bool = True
+    cfg: TaskConfig, *, device: str | torch.device = "cpu", precision: Precision = "fp64"
 ) -> TrainState:
     """The step-0 state: the task's model (built on CPU), rounded to the grid, on ``device``, with
     its optimizer and scheduler.
 
     fp64 state is rounded onto the ``cfg.bits`` grid; fp32 (the plain baseline) is converted.
-    ``draw`` False leaves the initialisers' random draws out (a checkpoint's values follow).
     """
     runtime = runtime_for(cfg)
-    model = runtime.build_model(draw=draw)
+    model = runtime.build_model()
     with torch.no_grad():
         if precision == "fp64":
             model = model.to(torch.float64)
@@ -49,7 +48,7 @@ def fresh_state(
 def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "cpu") -> TrainState:
     """Rebuild the state from canonical bytes: model and optimizer from the preset, values loaded."""
     step, tensors = parse_state(data)
-    state = fresh_state(cfg, device="cpu", draw=False)
+    state = fresh_state(cfg, device="cpu")
     state.step = step
     expected: dict[str, Tensor] = {f"param/{n}": p for n, p in state.model.named_parameters()}
     expected.update({f"buffer/{n}": b for n, b in persistent_buffers(state.model).items()})

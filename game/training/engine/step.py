@@ -266,7 +266,7 @@ class StepEngine:
         losses: list[Tensor] = []
         for j, mb in enumerate(micro):
             if serve:
-                with StockOps(cfg.seed, step, j, mb.example_ids):
+                with StockOps(cfg.seed, step, j, mb.example_ids, bits=cfg.bits):
                     loss = runtime.loss(state.model, mb)
             else:
                 loss = runtime.loss(state.model, mb)
