@@ -61,7 +61,11 @@ def demo_cmd(
         str | None, typer.Option("--auditor-profile", help="Auditor's hardware profile (default noisy).")
     ] = None,
     judge_profile: Annotated[
-        str | None, typer.Option("--judge-profile", help="Judge's hardware profile (default splitk-16).")
+        str | None,
+        typer.Option(
+            "--judge-profile",
+            help="Judge's hardware profile (default splitk-16), in the scenarios whose game a judge rules.",
+        ),
     ] = None,
     seed: Annotated[
         int | None,
@@ -103,6 +107,12 @@ def demo_cmd(
         raise ConfigError(
             f"--seed does nothing in scenario {scenario!r}, whose auditor draws nothing at random: it "
             f"seeds the lying auditor of {lying}"
+        )
+    if judge_profile is not None and SCENARIOS.get(scenario).ends_by != "ruling":
+        ruled = ", ".join(s.name for s in SCENARIOS.values() if s.ends_by == "ruling")
+        raise ConfigError(
+            f"--judge-profile does nothing in scenario {scenario!r}, where no judge re-runs a step: "
+            f"it is for {ruled}"
         )
     for name in profiles.values():
         check_profile(name)  # unknown, or not runnable here (cuda without a GPU): now, not after training

@@ -178,6 +178,8 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
         (["demo", "-s", "honest", "--seed", "3"], "it seeds the lying auditor of false-alarm"),
         (["demo", "--key", "0x" + "ab" * 32], "--key does nothing with --chain embedded, which funds its own accounts"),
         (["demo", "--chain", "anvil", "--key", "0x" + "ab" * 32], "--key does nothing with --chain anvil"),
+        (["demo", "-s", "honest", "--judge-profile", "cpu-2t"], "--judge-profile does nothing in scenario 'honest'"),
+        (["demo", "-s", "trainer-timeout", "--judge-profile", "cpu-2t"], "no judge re-runs a step: it is for poison,"),
         (["audit", "--transcript", "t", "--profile", "cpu-1t", "--save-every", "3"], "--save-every does nothing without --keep-progress"),
     ],
 )  # fmt: skip
