@@ -148,7 +148,8 @@ def node_cmd(
     first_block: FromBlockOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
-    """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
+    """Run one agent until its work on the task is done (restart it with the same arguments after a
+    crash). An option marked Trainer, Auditor or Judge is that role's: another role refuses it."""
     from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
     from game.store.blobs import BlobStore

@@ -53,7 +53,7 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
 
 @app.command("profiles")
 def profiles_cmd(as_json: JsonOpt = False) -> None:
-    """List the hardware profiles a trainer or auditor can run on."""
+    """List the hardware profiles a trainer, auditor or judge can run on."""
     from game.training.task.profiles import list_profiles
     from game.training.transcript import stepwriter
 
