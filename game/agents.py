@@ -50,6 +50,9 @@ WHATS = (
     "timeout",
     "finalize",
     "withdraw",
+    "cancelled",
+    "restore",
+    "damaged",
     "idle",
 )
 

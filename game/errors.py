@@ -16,6 +16,13 @@ from __future__ import annotations
 class VGameError(Exception):
     """Root of every error this project raises on purpose."""
 
+    def for_people(self) -> str:
+        """The error as one line for a person (the CLI's ``error:`` line, a node's warning): its
+        message, which says what went wrong and what to do. A subclass whose ``str`` leads with a
+        raw form for scripts and logs (a contract error's ``TaskNotFound(task_id=9)``) puts that
+        last here: an error line never starts with a Python repr."""
+        return str(self)
+
 
 class ConfigError(VGameError, ValueError):
     """A task config, preset name, profile name or CLI argument is invalid."""

@@ -4,7 +4,13 @@ Each :meth:`TrainerAgent.step` reads the task and its games from the chain and d
 now. Training is resumable (``game.training.engine.train.train``), the published transcript id is kept
 in ``workdir/task-<id>/trainer.json``, and everything else (committed or not, which leaf a game wants next,
 whose clock ran out) is read back from the chain, so a trainer killed at any point and recreated
-with the same arguments sends no transaction twice and ends the game the same way.
+with the same arguments sends no transaction twice and ends the game the same way. A transcript
+found damaged after the commit is mended from the store, or trained again where it is gone
+(:mod:`trainer_node.mend`); until then finalize and withdraw still go ahead, and the node says how
+to mend it.
+
+A ``deviation`` makes it a dishonest trainer on purpose (the demo; ``vgame node trainer
+--rehearse``); a node's ``rehearsal`` names it (``poison@8``) in its state file and its actions.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
-from game.errors import ContractGone, VerificationGameError
+from game.errors import ContractGone, VerificationGameError, VGameError
 from game.merkle import MerkleTree
 from game.protocol.solver import ClaimTimeout, Reveal, decide_finalize, decide_withdraw, trainer_move
 from game.store.archive import publish_directory
@@ -38,6 +44,7 @@ from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import read_manifest
 from game.training.transcript.reader import Transcript, steps_on_disk
+from trainer_node.mend import committed_tree, restore_from_store
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +76,20 @@ class TrainerAgent(TaskAgent):
         store: BlobStore,
         data_key: bytes,
         deviation: Deviation | None = None,
+        rehearsal: str | None = None,
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
     ) -> None:
+        """``rehearsal``: what a node calls its ``deviation`` (``poison@8``), kept in the state file
+        (a restart with another one, or none, is refused: its transcript would mix two trainers)
+        and said in its actions."""
         super().__init__(
             client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
             on_action=on_action, progress=progress,
         )  # fmt: skip
         self.cfg = cfg
         self.deviation = deviation
+        self.rehearsal = rehearsal
         self._tree: MerkleTree | None = None
 
     @property
@@ -104,6 +116,8 @@ class TrainerAgent(TaskAgent):
                 "the commitment; not training for it"
             )
         check_key(ACTOR, self.task_id, task, self.client.me)
+        self._check_rehearsal()
+        damage: str | None = None
         if task.status == TaskStatus.OPEN:
             with contextlib.suppress(_Cancelled):  # said by _still_open, next
                 self._train(out)
@@ -111,10 +125,13 @@ class TrainerAgent(TaskAgent):
                 self._publish(out)
                 self._commit(out)
         elif task.status == TaskStatus.COMMITTED:
-            self._check_commitment(task)
-            self._play(task, out)
-            self._finalize(out)
+            damage = self._mend(task, out)
+            if damage is None:
+                self._play(task, out)
+            self._finalize(out)  # needs no transcript
         self._withdraw(out)
+        if damage is not None and task.live_games:  # a game will ask for leaves it cannot prove
+            raise AgentError(f"a game of task {self.task_id} is in play and {damage}")
         return out
 
     @property
@@ -152,7 +169,7 @@ class TrainerAgent(TaskAgent):
                 ACTOR,
                 "train",
                 self.task_id,
-                detail=f"{result.steps} steps on {self.profile}{resumed}",
+                detail=f"{result.steps} steps on {self.profile}{resumed}{self._marked()}",
             ),
         )
 
@@ -227,19 +244,70 @@ class TrainerAgent(TaskAgent):
                 "commit",
                 self.task_id,
                 rec,
-                detail=f"{tree.size} leaves, root {tree.root.hex()[:16]}...",
+                detail=f"{tree.size} leaves, root {tree.root.hex()[:16]}...{self._marked()}",
             ),
         )
 
-    def _check_commitment(self, task: Task) -> None:
-        if not self._complete():
+    def _mend(self, task: Task, out: list[AgentAction]) -> str | None:
+        """None once the transcript proves the leaves committed to: as it is, restored from the
+        store, or, where it is gone and the store cannot give it back, trained again (the same
+        leaves: training is deterministic on one profile). Otherwise what is wrong and how to
+        mend it, said once as a ``damaged`` action."""
+        if self._tree is not None:
+            return None  # held to the commitment in this process already
+        try:
+            self._tree = committed_tree(self.transcript_dir, task)
+            return None
+        except (VGameError, OSError, ValueError) as exc:
+            problem = str(exc)
+        failed = restore_from_store(self.store, self.data_key, task, self.transcript_dir)
+        if failed is None:
+            self._tree = committed_tree(self.transcript_dir, task)
+            self._emit(out, AgentAction(ACTOR, "restore", self.task_id, detail=f"{problem}; restored "
+                       f"the committed transcript {task.transcript_id.hex()[:16]}... from the store"))  # fmt: skip
+            return None
+        if not self.transcript_dir.exists():  # nothing there to lose: train it again
+            self._train(out)
+            try:
+                self._tree = committed_tree(self.transcript_dir, task)
+                return None
+            except (VGameError, OSError, ValueError) as exc:
+                raise AgentError(
+                    f"task {self.task_id}: trained again into {self.transcript_dir}, {exc}: was the "
+                    f"task first trained on another --profile{' or --rehearse' if self.rehearsal else ''}?"
+                ) from exc
+        again = " and --rehearse" if self.rehearsal else ""
+        damage = (
+            f"this trainer cannot prove the leaves it committed: {problem}; and {failed}. To mend it, put "
+            f"the blob {task.transcript_id.hex()} back into the store, or delete {self.transcript_dir} "
+            f"and run this node again with the same --config, --profile{again}: it trains the task "
+            "into it again (the same leaves)"
+        )
+        if self.state.get("damage_said") != problem:
+            self.state.update(damage_said=problem)
+            self._emit(out, AgentAction(ACTOR, "damaged", self.task_id, detail=damage))
+        return damage
+
+    def _marked(self) -> str:
+        """What the actions of a rehearsal say after their detail: it deviates on purpose."""
+        return f" (REHEARSAL {self.rehearsal}: deviates on purpose)" if self.rehearsal else ""
+
+    def _check_rehearsal(self) -> None:
+        """Keep the rehearsal this workdir was started with in its state, and refuse another one (or
+        none) later: a transcript trained part honest, part deviating would commit neither."""
+        if "rehearsal" not in self.state.data:
+            if self.rehearsal is not None and self.transcript_dir.exists():
+                raise AgentError(
+                    f"{self.taskdir} holds an honest trainer's work: rehearse {self.rehearsal} in a fresh --workdir"
+                )
+            self.state.update(rehearsal=self.rehearsal)
+            return
+        was = self.state.get("rehearsal")
+        if was != self.rehearsal:
+            given = f"--rehearse {was}" if was else "no --rehearse"
             raise AgentError(
-                f"task {self.task_id} is committed but {self.transcript_dir} holds no complete transcript: "
-                "this trainer cannot prove its leaves (was the workdir lost?)"
-            )
-        if self.tree().root != task.state_root or self.tree().size != task.num_leaves:
-            raise AgentError(
-                f"the state root committed for task {self.task_id} is not the root of {self.transcript_dir}"
+                f"{self.taskdir} is the workdir of {f'a rehearsal, {was}' if was else 'an honest trainer'}: "
+                f"run it again with {given}, or give this trainer a fresh --workdir"
             )
 
     # ------------------------------------------------------------------------- the games

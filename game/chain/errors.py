@@ -7,7 +7,8 @@ The client raises the very same classes from its pre-checks, so a caller handles
 whether the contract or the pre-check refused. Typed arguments are attributes in snake_case
 (``exc.game_id``, ``exc.phase``: enums decoded) and all of them are in ``exc.fields``. The message
 is that raw form, ``WrongTaskStatus(task_id=1, status=OPEN)``, for scripts and logs, then what the
-refusal means for a person (the class's ``explain``): the CLI and the nodes print it as it is.
+refusal means for a person (the class's ``explain``). The CLI and the nodes print
+:meth:`ContractError.for_people` instead: the meaning first, the raw form after it.
 Backends and the sender raise the raw form first, :class:`Reverted` with the revert bytes.
 """
 
@@ -91,7 +92,16 @@ class ContractError(VerificationGameError):
         shown = ", ".join(f"{k}={_show(v)}" for k, v in self.fields.items())
         if message is None and self.explain:
             message = self.explain.format(**{k: _say(k, v) for k, v in self.fields.items()})
-        super().__init__(f"{type(self).__name__}({shown})" + (f": {message}" if message else ""))
+        self.raw = f"{type(self).__name__}({shown})"  # the form scripts and logs match on
+        self.meaning = message or ""  # what the refusal means for a person
+        super().__init__(self.raw + (f": {message}" if message else ""))
+
+    def for_people(self) -> str:
+        """What the refusal means, then the raw form in brackets (``there is no task 9 in this
+        game contract ... [TaskNotFound(task_id=9)]``): the line a person reads starts with words."""
+        if not self.meaning:
+            return f"the game contract refused the call [{self.raw}]"
+        return f"{self.meaning} [{self.raw}]"
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.fields == getattr(other, "fields", None)
@@ -283,16 +293,22 @@ class RevertedWithReason(ContractError):
     """``revert("...")`` / ``require(..., "...")``: the contract uses none, but a node may."""
 
     params = ("reason",)
+    explain = "the call reverted: {reason}"
 
 
 class ContractPanic(ContractError, ArithmeticError):
     """``Panic(uint256)``: an assert, overflow or bounds failure, i.e. a contract bug."""
 
     params = ("code",)
+    explain = (
+        "the contract panicked with code {code} (an assert, an overflow or an index out of bounds: a bug)"
+    )
 
 
 class EmptyRevert(ContractError):
     """A revert without data (out of gas, invalid opcode, a call to a non-contract)."""
+
+    explain = "the call reverted without a reason (out of gas, or no contract code at the address)"
 
 
 ERROR_CLASSES: dict[str, type[ContractError]] = {
@@ -355,7 +371,10 @@ class ErrorDecoder:
         values = [_py(t, v) for t, v in zip(types, abi_decode(types, body), strict=True)]
         cls = ERROR_CLASSES.get(name)
         if cls is None:
-            exc = UnknownContractError(message=f"{name}({', '.join(map(_show, values))})")
+            exc = UnknownContractError(
+                message=f"the contract refused with {name}({', '.join(map(_show, values))}), "
+                "an error this client has no class for"
+            )
             exc.fields = dict(zip(names, values, strict=True))
             return exc
         return cls(*values)

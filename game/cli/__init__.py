@@ -7,7 +7,7 @@ import sys
 
 from rich.markup import escape
 
-from game.cli.app import app, err_console, interrupts
+from game.cli.app import app, err_console, error_line, interrupts
 from game.errors import VGameError
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     try:
         app()
     except VGameError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages may hold [brackets]
+        err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}")  # messages may hold [brackets]
         raise SystemExit(2) from None
     except OSError as exc:  # a path it cannot write or read (--out under a missing directory)
         why = (
@@ -50,7 +50,7 @@ def main() -> None:
             if isinstance(exc, FileExistsError | NotADirectoryError)
             else ""
         )
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}{why}")
+        err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}{why}")
         if os.environ.get("VGAME_DEBUG"):
             raise
         raise SystemExit(2) from None

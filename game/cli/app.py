@@ -110,7 +110,21 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def error_line(exc: BaseException | str) -> str:
+    """An error as one line for a person, never led by a Python repr: our errors as they say
+    (:meth:`~game.errors.VGameError.for_people`: a contract error's meaning before its raw form),
+    a file error as ``path: what is wrong`` (not ``[Errno 20] Not a directory: 'path'``)."""
+    if isinstance(exc, str):
+        return exc
+    if isinstance(exc, VGameError):
+        return exc.for_people()
+    if isinstance(exc, OSError) and exc.strerror:
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return f"{where}: {exc.strerror}" if where else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 def fail(err: VGameError | str, code: int = 2) -> typer.Exit:
     """Print an error for people on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {escape(str(err))}")  # messages may hold [brackets]
+    err_console.print(f"[bold red]error:[/] {escape(error_line(err))}")  # messages may hold [brackets]
     return typer.Exit(code)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from game.cli.app import bench_app, console, emit_json, err_console, fail
-from game.cli.bench_game import parse_leaves
-from game.cli.options import JsonOpt
+from game.cli.bench_game import MOVES_TIME, parse_leaves
+from game.cli.options import JsonOpt, checked_chain
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
@@ -17,9 +17,14 @@ if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` st
 
 @bench_app.command("gas")
 def gas(
-    chain: str = typer.Option("embedded", "--chain", help="embedded | anvil (time travel is needed)"),
+    chain: str = typer.Option(
+        "embedded",
+        "--chain",
+        help="The chain: embedded (a fresh in-process chain) or anvil (a fresh local anvil that this "
+        "command starts and stops). A running node's URL is refused: the bench moves the chain's clock.",
+    ),
     sizes: str = typer.Option(
-        "10,20", "--sizes", help="log2 of the leaf counts to play (k or 2^k), comma-separated"
+        "10,20", "--sizes", help="log2 of the leaf counts to play (k or 2^k), comma-separated."
     ),
     json_out: JsonOpt = False,
 ) -> None:
@@ -27,6 +32,7 @@ def gas(
     from game.bench.gas import measure
     from game.chain.backends import connect
 
+    chain = checked_chain(chain, moves_time=MOVES_TIME)
     log2_sizes = parse_leaves([sizes], "--sizes")
     try:
         with connect(chain) as ch:

@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from game.cli.app import bench_app, console, emit_json, err_console, fail
-from game.cli.options import JsonOpt
+from game.cli.options import URL_SCHEMES, JsonOpt, checked_chain
 from game.errors import VGameError
 
 if TYPE_CHECKING:  # web3 loads only when the command runs, so `vgame --help` stays fast
     from game.bench.dispute import ChainGameReport
 
 CHAINS = {"embedded": ("embedded",), "anvil": ("anvil",), "both": ("embedded", "anvil")}
+#: why the benchmarks refuse a running node's URL (:func:`game.cli.options.checked_chain`)
+MOVES_TIME = "the bench moves the chain's clock and takes it back to snapshots"
 DEFAULT_LEAVES = (10, 20)
 MAX_LOG2_LEAVES = 24
 
@@ -61,7 +63,15 @@ def game(
             "--leaves", help="log2 of the leaf count, or 2^k; repeat or comma-separate (default 10,20)."
         ),
     ] = None,
-    chain: Annotated[str, typer.Option("--chain", help="embedded | anvil | both")] = "both",
+    chain: Annotated[
+        str,
+        typer.Option(
+            "--chain",
+            help="The chain: embedded (a fresh in-process chain), anvil (a fresh local anvil that this "
+            "command starts and stops) or both, one after the other. A running node's URL is refused: "
+            "the bench moves the chain's clock.",
+        ),
+    ] = "both",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Disputes played per chain and size.")] = 3,
     json_out: JsonOpt = False,
 ) -> None:
@@ -70,6 +80,8 @@ def game(
     from game.chain.backends import connect
 
     if chain not in CHAINS:
+        if chain.startswith(URL_SCHEMES):
+            checked_chain(chain, moves_time=MOVES_TIME)  # refused, saying why
         raise typer.BadParameter(f"--chain must be one of {', '.join(CHAINS)}, not {chain!r}")
     log2_sizes = parse_leaves(leaves)
     trees: TreeCache = {}  # a 2^20 tree is built once for both chains

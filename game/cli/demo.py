@@ -18,7 +18,7 @@ from rich.table import Table
 
 from game.cli.app import app, console, emit_json
 from game.cli.keys import warn_key_in_argv
-from game.cli.options import check_profile
+from game.cli.options import CHAIN_MEANING, FRESH_CHAINS, check_profile, checked_chain
 from game.errors import ConfigError
 from game.scenarios import SCENARIOS
 
@@ -39,9 +39,7 @@ _DEMO_HELP = (
 @app.command("demo", help=_DEMO_HELP)
 def demo_cmd(
     scenario: Annotated[str, typer.Option("--scenario", "-s", help=_SCENARIO_HELP)] = "poison",
-    chain: Annotated[
-        str, typer.Option("--chain", help="embedded (in-process), anvil (local node) or a JSON-RPC URL.")
-    ] = "embedded",
+    chain: Annotated[str, typer.Option("--chain", help=f"The chain: {CHAIN_MEANING}.")] = "embedded",
     preset: Annotated[
         str | None, typer.Option("--preset", help="Task preset (default gpt-shakespeare).")
     ] = None,
@@ -49,10 +47,16 @@ def demo_cmd(
         Path | None,
         typer.Option("--config", help="A task config instead of a preset's example (your own task too)."),
     ] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Training steps S of the task.")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Training steps of the task (default 50).")
+    ] = None,
     poison_step: Annotated[
         int | None,
-        typer.Option("--poison-step", help="The step where the trainer deviates (default: the middle)."),
+        typer.Option(
+            "--poison-step",
+            help="The step S where the trainer deviates, in the scenarios that have one (default: the "
+            "middle step).",
+        ),
     ] = None,
     trainer_profile: Annotated[
         str | None, typer.Option("--trainer-profile", help="Trainer's hardware profile (default cpu-1t).")
@@ -61,11 +65,25 @@ def demo_cmd(
         str | None, typer.Option("--auditor-profile", help="Auditor's hardware profile (default noisy).")
     ] = None,
     judge_profile: Annotated[
-        str | None, typer.Option("--judge-profile", help="Judge's hardware profile (default splitk-16).")
+        str | None,
+        typer.Option(
+            "--judge-profile",
+            help="Judge's hardware profile (default splitk-16), in the scenarios whose game a judge rules.",
+        ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of a lying auditor's random answers.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed", show_default="0", help="Seed of a lying auditor's answers (scenario false-alarm)."
+        ),
+    ] = None,
     key: Annotated[
-        str | None, typer.Option("--key", help="Funding private key for a URL chain (or VGAME_PRIVATE_KEY).")
+        str | None,
+        typer.Option(
+            "--key",
+            help="Funding key of a URL chain: 0x-hex private key or keystore file (or VGAME_PRIVATE_KEY); "
+            "embedded and anvil fund their own accounts.",
+        ),
     ] = None,
     workdir: Annotated[
         Path | None,
@@ -82,6 +100,24 @@ def demo_cmd(
         "auditor": auditor_profile or demo.DEFAULT_AUDITOR_PROFILE,
         "judge": judge_profile or demo.DEFAULT_JUDGE_PROFILE,
     }
+    chain = checked_chain(chain)
+    if key is not None and chain in FRESH_CHAINS:
+        raise ConfigError(
+            f"--key does nothing with --chain {chain}, which funds its own accounts: it is the funding "
+            "key of a chain given by its JSON-RPC URL"
+        )
+    if seed is not None and SCENARIOS.get(scenario).auditor_strategy != "lying":
+        lying = ", ".join(s.name for s in SCENARIOS.values() if s.auditor_strategy == "lying")
+        raise ConfigError(
+            f"--seed does nothing in scenario {scenario!r}, whose auditor draws nothing at random: it "
+            f"seeds the lying auditor of {lying}"
+        )
+    if judge_profile is not None and SCENARIOS.get(scenario).ends_by != "ruling":
+        ruled = ", ".join(s.name for s in SCENARIOS.values() if s.ends_by == "ruling")
+        raise ConfigError(
+            f"--judge-profile does nothing in scenario {scenario!r}, where no judge re-runs a step: "
+            f"it is for {ruled}"
+        )
     for name in profiles.values():
         check_profile(name)  # unknown, or not runnable here (cuda without a GPU): now, not after training
     if config is not None and preset is not None:
@@ -101,7 +137,7 @@ def demo_cmd(
         "trainer_profile": profiles["trainer"],
         "auditor_profile": profiles["auditor"],
         "judge_profile": profiles["judge"],
-        "auditor_seed": seed,
+        "auditor_seed": 0 if seed is None else seed,
         "key": key,
         "workdir": workdir,
     }

@@ -3,61 +3,45 @@
 The process loops ``agent.step()`` with a sleep of ``--poll`` seconds between calls until the agent
 is done. Everything it must remember is on chain or in ``--workdir``, so a node killed at any
 moment (even with SIGKILL) and started again with the same arguments carries on where it stopped.
-An embedded chain lives inside one process, so nodes talk to a JSON-RPC node: ``--chain URL``, or
-``--chain anvil`` for a local anvil already listening on port 8545.
+Nodes share one chain with the other processes, so ``--chain`` is the JSON-RPC URL of a running
+node; ``embedded`` and ``anvil``, a fresh chain that ends with the command, are refused with the fix.
+An option that only some roles use is refused by the others (:data:`ROLE_OPTIONS`), and a trainer
+may rehearse a deviation on purpose (``--rehearse``, :mod:`game.cli.rehearse`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
-import time
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress, TaskID
+from rich.markup import escape
 
-from game import clock
-from game.cli.app import app, console, err_console, interrupts, progress_bar
+from game.cli.app import app, err_console, interrupts
 from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_argv
-from game.cli.options import DataKeyOpt, FromBlockOpt, check_profile, checked_first_block
-from game.errors import ChainError, ConfigError, ContractGone
+from game.cli.nodeloop import ProgressBars, printer, run
+from game.cli.options import (
+    DataKeyOpt,
+    FromBlockOpt,
+    RunningChainOpt,
+    check_profile,
+    checked_chain,
+    checked_first_block,
+)
+from game.cli.rehearse import REHEARSALS, Rehearsal, parse_rehearsal
+from game.errors import ConfigError
 from game.fsio import exclusive_directory
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
-    from game.agents import AgentAction
+    from auditor_node.agent import AuditorStrategy
     from game.chain.client import VerificationGameClient
     from game.chain.rpc import RpcChain
     from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
-
-#: where ``--chain anvil`` looks for a running anvil (its default port)
-LOCAL_ANVIL_URL = "http://127.0.0.1:8545"
-#: an idle node warns once when the chain's latest block is older than this (seconds)
-STALE_BLOCK_S = 60
-#: wall seconds between an idle node's looks at the latest block's age: one request a round would
-#: be most of an idle node's traffic to a public RPC endpoint that counts requests
-CLOCK_CHECK_S = STALE_BLOCK_S / 2
-
-
-def stale_clock_warning(latest_block_time: int, wall_time: float) -> str | None:
-    """Why a node may wait forever: a chain's clock is its latest block's timestamp, and a local
-    chain that mines only on transactions (anvil's default) stops it, so no deadline comes due."""
-    age = clock.age(latest_block_time, wall_time)
-    if age <= STALE_BLOCK_S:
-        return None
-    return (
-        f"the chain's latest block is {age} s old and the contract's clock moves only with new blocks, "
-        "so deadlines (the challenge window, the clocks) wait for the next transaction; "
-        "start a local anvil with `--block-time 1`"
-    )
 
 
 class Role(StrEnum):
@@ -66,31 +50,31 @@ class Role(StrEnum):
     judge = "judge"
 
 
-def chain_url(spec: str) -> str:
-    """The JSON-RPC URL a node connects to for ``--chain``."""
-    if spec == "embedded":
-        raise ConfigError(
-            "an embedded chain lives inside one process and cannot be shared by nodes: "
-            "use `vgame demo` for it, or run nodes on --chain anvil / an http(s) URL"
-        )
-    if spec == "anvil":
-        return LOCAL_ANVIL_URL
-    if spec.startswith(("http://", "https://", "ws://", "wss://")):
-        return spec
-    raise ConfigError(f"--chain {spec!r}: use anvil or an http(s)/ws(s) JSON-RPC URL")
+#: The options that only some roles use, and which: any other role refuses them, naming what it
+#: takes instead (an option that does nothing must not look as if it did something).
+ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
+    "--config": (Role.trainer,),
+    "--rehearse": (Role.trainer,),
+    "--strategy": (Role.auditor,),
+    "--seed": (Role.auditor,),
+    "--save-every": (Role.auditor,),
+    "--evidence-dir": (Role.auditor, Role.judge),
+}
 
 
-def _line(a: AgentAction) -> str:
-    parts = [f"[bold]{a.actor}[/]", a.what, f"task {a.task_id}"]
-    if a.game_id is not None:
-        parts.append(f"game {a.game_id}")
-    if a.leaf_index is not None:
-        parts.append(f"leaf {a.leaf_index}")
-    if a.gas_used is not None:
-        parts.append(f"gas {a.gas_used}")
-    if a.detail:
-        parts.append(f"- {a.detail}")
-    return "  ".join(parts)
+def refuse_foreign_options(role: Role, given: dict[str, bool]) -> None:
+    """One :class:`ConfigError` line for the first option in ``given`` (option -> given or not)
+    that ``role`` does nothing with: whose it is, and what this role takes."""
+    for option, was_given in given.items():
+        owners = ROLE_OPTIONS[option]
+        if was_given and role not in owners:
+            own = [o for o, roles in ROLE_OPTIONS.items() if role in roles]
+            takes = ", ".join(own[:-1]) + (" and " if len(own) > 1 else "") + own[-1]
+            a_node = f"{'an' if role == Role.auditor else 'a'} {role.value} node"
+            raise ConfigError(
+                f"{option} does nothing for {a_node}: it is the {' and the '.join(r.value for r in owners)} "
+                f"node's. Besides the options every node takes, {a_node} takes {takes}"
+            )
 
 
 @app.command("node")
@@ -103,37 +87,69 @@ def node_cmd(
     task: Annotated[int, typer.Option("--task", help="Task id to work on.")],
     store: Annotated[Path, typer.Option("--store", help="Blob store directory (shared with the others).")],
     workdir: Annotated[Path, typer.Option("--workdir", help="This node's own files (progress, transcript).")],
-    chain: Annotated[
-        str, typer.Option("--chain", envvar="VGAME_CHAIN", help="anvil (local, port 8545) or a JSON-RPC URL.")
-    ] = "anvil",
+    chain: RunningChainOpt = "",
     key: Annotated[
-        str | None, typer.Option("--key", help="Hex private key or keystore file (else VGAME_PRIVATE_KEY).")
+        str | None,
+        typer.Option(
+            "--key",
+            help="The role's signing key: 0x-hex private key or keystore file (or VGAME_PRIVATE_KEY).",
+        ),
     ] = None,
     data_key: DataKeyOpt = None,
     profile: Annotated[
-        str, typer.Option("--profile", help="Hardware profile (see `vgame profiles`).")
+        str,
+        typer.Option(
+            "--profile", help="Hardware profile to train, replay or rule on (see `vgame profiles`)."
+        ),
     ] = "cpu-1t",
-    config: Annotated[Path | None, typer.Option("--config", help="Task config TOML (trainer).")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="Trainer (required): the task's config TOML, which hashes to its spec hash."
+        ),
+    ] = None,
+    rehearse: Annotated[
+        str | None,
+        typer.Option(
+            "--rehearse",
+            metavar="NAME@S",
+            help=f"Trainer: cheat on purpose at step S, to try your own auditor on a testnet: {', '.join(REHEARSALS)} "
+            "(as in `vgame demo --help`). The node says so on stderr, in --json and in its state file.",
+        ),
+    ] = None,
     strategy: Annotated[
-        str, typer.Option("--strategy", help="Auditor: honest, lying, silent-after-challenge.")
-    ] = ("honest"),
-    seed: Annotated[int, typer.Option("--seed", help="Auditor: seed of the lying strategy.")] = 0,
+        str | None,
+        typer.Option(
+            "--strategy", show_default="honest", help="Auditor: honest, lying or silent-after-challenge."
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", show_default="0", help="Auditor: seed of --strategy lying's answers."),
+    ] = None,
     evidence_dir: Annotated[
-        Path | None, typer.Option("--evidence-dir", help="Directory where the judge's evidence is left.")
+        Path | None,
+        typer.Option(
+            "--evidence-dir",
+            help="Auditor and judge: a directory both see, where the auditor leaves the pre-state of the "
+            "disputed step for the judge (else the judge rebuilds it from the transcript).",
+        ),
     ] = None,
     poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between rounds when idle.")] = 2.0,
     save_every: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--save-every",
             min=0.0,
+            show_default=str(DEFAULT_EVERY_S),
             help="Auditor: seconds between saves of its replay's progress (kept over a crash).",
         ),
-    ] = DEFAULT_EVERY_S,
+    ] = None,
     first_block: FromBlockOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per action (JSON lines).")] = False,
 ) -> None:
-    """Run one agent until its work on the task is done (restart it with the same arguments after a crash)."""
+    """Run one agent until its work on the task is done (restart it with the same arguments after a
+    crash). An option marked Trainer, Auditor or Judge is that role's: another role refuses it."""
     from game.agents import ACTION_LOG
     from game.chain.rpc import RpcChain
     from game.store.blobs import BlobStore
@@ -141,22 +157,40 @@ def node_cmd(
     logging.basicConfig(
         level=logging.INFO if not as_json else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    ACTION_LOG.setLevel(logging.WARNING)  # the node prints each action itself, once (_printer)
+    ACTION_LOG.setLevel(logging.WARNING)  # the node prints each action itself, once (printer)
+    refuse_foreign_options(
+        role,
+        {
+            "--config": config is not None,
+            "--rehearse": rehearse is not None,
+            "--strategy": strategy is not None,
+            "--seed": seed is not None,
+            "--save-every": save_every is not None,
+            "--evidence-dir": evidence_dir is not None,
+        },
+    )
+    url = checked_chain(chain, outlives="a node shares its chain with the other roles' processes")
     dkey = given_data_key(data_key)
     check_profile(profile)  # not hours later, when work comes
     task_cfg: TaskConfig | None = None
+    rehearsal: Rehearsal | None = None
     if role == Role.trainer:  # its config read, and checked, before a node is asked anything
         from game.training.task.config import load_config
 
         if config is None:
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         task_cfg = load_config(config)
-    warn_key_in_argv(key, chain_url(chain))
-    warn_data_key_in_argv(data_key, chain_url(chain))
-    rpc = RpcChain(chain_url(chain), key=key)
+        rehearsal = None if rehearse is None else parse_rehearsal(rehearse, task_cfg)
+    auditor = _auditor_strategy(strategy, seed) if role == Role.auditor else None
+    warn_key_in_argv(key, url)
+    warn_data_key_in_argv(data_key, url)
+    rpc = RpcChain(url, key=key)
     client = _game_client(rpc, contract, task, role, first_block)
     blobs = BlobStore(store)
-    show = _printer(as_json)  # each action as it happens: one taken before a failure is not lost
+    if rehearsal is not None:  # on stderr, --json or not: a rehearsal is never mistaken for the real thing
+        err_console.print(f"[bold yellow]{escape(rehearsal.banner(task))}[/]", soft_wrap=True)
+    # each action as it happens: one taken before a failure is not lost
+    show = printer(as_json, None if rehearsal is None else rehearsal.spec)
     bars = None if as_json else ProgressBars(f"task {task}")
     agent: Any
     if task_cfg is not None:
@@ -170,12 +204,13 @@ def node_cmd(
             workdir=workdir,
             store=blobs,
             data_key=dkey,
+            deviation=None if rehearsal is None else rehearsal.deviation(task_cfg),
+            rehearsal=None if rehearsal is None else rehearsal.spec,
             on_action=show,
             progress=bars,
         )
-    elif role == Role.auditor:
+    elif auditor is not None:
         from auditor_node.agent import AuditorAgent
-        from game.strategies.auditors import auditor_strategy
 
         agent = AuditorAgent(
             client,
@@ -184,11 +219,11 @@ def node_cmd(
             workdir=workdir,
             store=blobs,
             data_key=dkey,
-            strategy=auditor_strategy(strategy, seed),
+            strategy=auditor,
             evidence_dir=evidence_dir,
             on_action=show,
             progress=bars,
-            save_every_s=save_every,
+            save_every_s=DEFAULT_EVERY_S if save_every is None else save_every,
         )
     else:
         from game.judge import Judge
@@ -212,7 +247,7 @@ def node_cmd(
         with exclusive_directory(agent.home, busy):
             if not as_json:
                 err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
-            _run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
+            run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
     except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
         if bars is not None:
             bars.close()
@@ -223,6 +258,21 @@ def node_cmd(
     finally:
         if bars is not None:
             bars.close()  # a bar of work an error ended: no live display outlives the node
+
+
+def _auditor_strategy(name: str | None, seed: int | None) -> AuditorStrategy:
+    """``--strategy`` and ``--seed`` made into the auditor's strategy; a seed that a strategy
+    without chance would ignore is refused."""
+    from game.strategies.auditors import AUDITORS, auditor_strategy
+
+    made = auditor_strategy(name or "honest", 0 if seed is None else seed)
+    if seed is not None and not hasattr(made, "seed"):
+        seeded = [n for n in AUDITORS if hasattr(AUDITORS.get(n)(0), "seed")]
+        raise ConfigError(
+            f"--seed does nothing for --strategy {name or 'honest'}, which draws nothing at random: "
+            f"it is for --strategy {' or '.join(seeded)}"
+        )
+    return made
 
 
 def _game_client(
@@ -252,100 +302,3 @@ def _game_client(
         ) from None
     check_key(role.value, task, t, client.me)  # the agents' own check, before the first round
     return client
-
-
-class ProgressBars:
-    """The agent's long work (training, a replay) as a progress bar on stderr, shown only while
-    that work runs: a node idles for hours between, with no live display to refresh."""
-
-    def __init__(self, label: str, out: Console = err_console) -> None:
-        self.label, self.out = label, out
-        self.bars: Progress | None = None
-        self.tasks: dict[str, TaskID] = {}
-
-    def __call__(self, what: str, done: int, total: int) -> None:
-        if self.bars is None:
-            self.bars = progress_bar(self.out)
-            self.bars.start()
-        task = self.tasks.get(what)
-        if task is None:
-            task = self.tasks[what] = self.bars.add_task(f"{what} ({self.label})", total=total)
-        self.bars.update(task, completed=done, total=total)
-        if done >= total:
-            self.bars.remove_task(self.tasks.pop(what))
-            if not self.tasks:
-                self.close()
-
-    def close(self) -> None:
-        if self.bars is not None:
-            self.bars.stop()
-            self.bars = None
-            self.tasks.clear()
-
-
-def _printer(as_json: bool) -> Callable[[AgentAction], None]:
-    """Prints an action: a line for people, or a JSON line (``--json``)."""
-
-    def show(a: AgentAction) -> None:
-        if as_json:
-            sys.stdout.write(json.dumps(a.to_dict()) + "\n")
-            sys.stdout.flush()
-        else:
-            console.print(_line(a))
-
-    return show
-
-
-def _run(agent: Any, rpc: RpcChain, *, poll: float, as_json: bool, label: str) -> None:
-    """Step ``agent`` until it is done (its actions print as they happen). A chain that fails (the
-    node unreachable, a refused transaction) is warned of and tried again next round: everything
-    the agent needs is on chain and in its workdir. A failure that repeats round after round (an
-    outage) is warned of once, until a round goes through. A contract gone from its address (the
-    chain was reset) is no outage: the node stops with that one line."""
-    import requests
-
-    from game.agents import AgentError, NotThereYet
-
-    said: set[str] = set()  # warnings given since the last round that went through
-
-    def warn(text: str) -> None:
-        if text not in said:
-            said.add(text)
-            err_console.print(f"[yellow]warning:[/] {text}")
-
-    clock_warned = False
-    next_clock_check = 0.0  # the first idle round looks at once
-    while True:
-        actions = []
-        failed = False
-        try:
-            actions = agent.step()
-        except (AgentError, ContractGone):
-            raise  # this node cannot go on (wrong config, lost workdir, a reset chain): say so and stop
-        except (ChainError, NotThereYet, requests.RequestException, ConnectionError, TimeoutError) as exc:
-            warn(str(exc))
-            failed = True
-        except OSError as exc:  # a full disk, a store or workdir it may not write: stop, and say why
-            raise AgentError(
-                f"{label} stopped: {exc}; what it did is on chain and in its files, so once the cause "
-                "is fixed (disk space, permissions), run the same command to go on"
-            ) from exc
-        try:
-            if agent.done:
-                if not as_json:
-                    err_console.print(f"{label} is done")
-                return
-            if not actions and not clock_warned and time.monotonic() >= next_clock_check:
-                next_clock_check = time.monotonic() + CLOCK_CHECK_S
-                if warning := stale_clock_warning(rpc.now(), time.time()):
-                    warn(warning)
-                    clock_warned = True
-        except ContractGone:
-            raise
-        except ChainError as exc:
-            warn(str(exc))
-            failed = True
-        if not failed:
-            said.clear()
-        if not actions:
-            time.sleep(poll)

@@ -1,6 +1,7 @@
 """The options several commands take, declared once so that their names and help agree, and the
-helpers that read them: model sizes, a profile this machine runs, a file that can be written, the
-first block to scan, and the task a command runs (``--preset``/``--config`` and their overrides).
+helpers that read them: the chain, model sizes, a profile this machine runs, a file that can be
+written, the first block to scan, and the task a command runs (``--preset``/``--config`` and their
+overrides).
 """
 
 from __future__ import annotations
@@ -42,6 +43,66 @@ PresetOpt = Annotated[
         "module:attribute or an entry point's name (group vgame.tasks).",
     ),
 ]
+
+#: The one meaning of ``--chain`` (README, "Chains"): which chain the command runs on. ``embedded``
+#: and ``anvil`` are each a fresh chain that lives as long as the command; a URL is a running node
+#: that outlives it. A command that cannot use one of the kinds refuses it with the fix
+#: (:func:`checked_chain`).
+FRESH_CHAINS = ("embedded", "anvil")
+URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
+CHAIN_MEANING = (
+    "embedded (a fresh in-process chain), anvil (a fresh local anvil that this command starts and "
+    "stops) or the JSON-RPC URL of a running node (http://127.0.0.1:8545 for an anvil you started)"
+)
+#: How to get a chain that outlives one command, for the commands that need one.
+START_ANVIL = "contracts/node_modules/.bin/anvil --block-time 1"
+RunningChainOpt = Annotated[
+    str,
+    typer.Option(
+        "--chain",
+        envvar="VGAME_CHAIN",
+        show_default=False,
+        help="The JSON-RPC URL of a running node, e.g. http://127.0.0.1:8545 for an anvil you started. "
+        "embedded and anvil, each a fresh chain that ends with the command, are refused here.",
+    ),
+]
+
+
+def checked_chain(spec: str | None, *, outlives: str | None = None, moves_time: str | None = None) -> str:
+    """``--chain`` read the one way every command reads it (:data:`CHAIN_MEANING`), or a
+    :class:`ConfigError` that says which kinds this command takes and how to get one.
+
+    ``outlives``: why this command needs a chain that outlives it (a task posted on a fresh chain
+    is gone when the command ends; nodes share one chain with other processes), so ``embedded``
+    and ``anvil`` are refused. ``moves_time``: why it needs a chain it may move the clock of and
+    revert (the benchmarks), so a running node's URL is refused."""
+    spec = (spec or "").strip()
+    if not spec and outlives is not None:
+        raise ConfigError(
+            "--chain is required: the JSON-RPC URL of a running node, e.g. http://127.0.0.1:8545 for "
+            f"an anvil you started with `{START_ANVIL}` (or set VGAME_CHAIN)"
+        )
+    if spec in FRESH_CHAINS:
+        if outlives is not None:
+            raise ConfigError(
+                f"--chain {spec} is a fresh chain that ends with this command, but {outlives}: start "
+                f"one that outlives it (`{START_ANVIL}`) and pass its JSON-RPC URL, "
+                "--chain http://127.0.0.1:8545"
+            )
+        return spec
+    if spec.startswith(URL_SCHEMES):
+        if moves_time is not None:
+            raise ConfigError(
+                f"--chain {spec}: {moves_time}, which a running node does not allow; "
+                "use --chain embedded or --chain anvil (a fresh chain for this command)"
+            )
+        return spec
+    kinds = ["embedded, anvil (each a fresh chain for this command)"] if outlives is None else []
+    if moves_time is None:
+        kinds.append("the JSON-RPC URL of a running node (http(s):// or ws(s)://)")
+    raise ConfigError(f"--chain {spec!r} is not a chain: give {' or '.join(kinds)}")
+
+
 BandsOpt = Annotated[
     Path | None,
     typer.Option("--bands", help="A bands file from `vgame calibrate` instead of the preset's own."),

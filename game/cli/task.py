@@ -2,8 +2,9 @@
 
 A task lives on a chain that outlives one command, so these commands talk to a running node by its
 JSON-RPC URL (``--chain http://127.0.0.1:8545`` for a local anvil you started, or a testnet) and sign
-with ``--key`` (or ``VGAME_PRIVATE_KEY``). ``embedded`` and ``anvil`` start a fresh chain per
-command, which would forget the task at once, so they are refused here with a hint.
+with ``--key`` (or ``VGAME_PRIVATE_KEY``); ``show`` and ``model`` only read, and take no key.
+``--chain embedded`` and ``--chain anvil`` mean what they mean everywhere, a fresh chain for this
+one command, which would forget the task at once, so they are refused here with the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from rich.table import Table
 
 from game.cli.app import app, console, emit_json, err_console
 from game.cli.keys import given_data_key, read_data_key, warn_data_key_in_argv, warn_key_in_argv
-from game.cli.options import DataKeyOpt, FromBlockOpt, JsonOpt, checked_first_block
+from game.cli.options import (
+    DataKeyOpt,
+    FromBlockOpt,
+    JsonOpt,
+    RunningChainOpt,
+    checked_chain,
+    checked_first_block,
+)
 from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:
@@ -35,12 +43,9 @@ task_app = typer.Typer(
 )
 app.add_typer(task_app, name="task")
 
-ChainOpt = Annotated[
-    str,
-    typer.Option(
-        "--chain", envvar="VGAME_CHAIN", help="JSON-RPC URL of a running node (e.g. http://127.0.0.1:8545)."
-    ),
-]
+ChainOpt = RunningChainOpt
+#: why the task commands refuse a fresh chain (:func:`game.cli.options.checked_chain`)
+_OUTLIVES = "a task lives on its chain between commands"
 KeyOpt = Annotated[
     str | None,
     typer.Option("--key", help="Signing key: 0x-hex private key or keystore file (or VGAME_PRIVATE_KEY)."),
@@ -61,13 +66,7 @@ def _client(
 ) -> Iterator[VerificationGameClient]:
     """A client of the deployed contract on a running node, signing with ``key`` (``reads_only``:
     no key needed, see :func:`game.chain.rpc.load_account`)."""
-    if not chain:
-        raise ConfigError("--chain is required: the JSON-RPC URL of a running node (or set VGAME_CHAIN)")
-    if chain in ("embedded", "anvil"):
-        raise ConfigError(
-            f"--chain {chain} starts a fresh chain for this one command, which forgets the task at once; "
-            "pass the JSON-RPC URL of a running node (start one with `anvil`), or use `vgame demo`"
-        )
+    chain = checked_chain(chain, outlives=_OUTLIVES)
     from game.chain.backends import connect
     from game.chain.client import ClientOptions, VerificationGameClient
 
@@ -245,6 +244,7 @@ def create_cmd(
     from game.tasks import TaskTerms, post_task
     from game.training.task.config import load_config
 
+    checked_chain(chain, outlives=_OUTLIVES)  # before a key file is made for a task that cannot be posted
     if data_key is None and data_key_out is None:  # a key only printed is a key lost to a pipe
         raise ConfigError(
             "the task's data key must be kept: pass --data-key-out FILE to make a fresh one there, "
@@ -360,15 +360,14 @@ def _shown(key: str, value: Any, *, now: int) -> str:
 def show_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id (1, 2, ...).")],
     chain: ChainOpt = "",
-    key: KeyOpt = None,
     contract: ContractOpt = "",
     first_block: FromBlockOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The task's state and every game played against it (reads only: needs no --key)."""
+    """The task's state and every game played against it (reads only: takes no key)."""
     from game.tasks import describe_task
 
-    with _client(chain, key, _required_contract(contract), reads_only=True, first_block=first_block) as c:
+    with _client(chain, None, _required_contract(contract), reads_only=True, first_block=first_block) as c:
         doc = describe_task(c, task_id)
     if as_json:
         emit_json(doc)
@@ -401,7 +400,6 @@ def model_cmd(
     out: Annotated[Path, typer.Option("--out", help="File to write the model's state_dict to (.pt).")],
     data_key: DataKeyOpt = None,
     chain: ChainOpt = "",
-    key: KeyOpt = None,
     contract: ContractOpt = "",
     accept_unsettled: Annotated[
         bool,
@@ -415,15 +413,15 @@ def model_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Take the trained model: the committed final state, checked against the chain, written as a
-    PyTorch state_dict (reads only: needs no --key). Exits 1 unless the task is settled (or
-    ``--accept-unsettled``), so a script that ships the file only on success never ships a model
-    that can still be shown wrong."""
+    PyTorch state_dict (reads only: takes no key). Exits 1 unless the task is settled (or
+    --accept-unsettled), so a script that ships the file only on success never ships a model that
+    can still be shown wrong."""
     from game.delivery import fetch_model
     from game.store.blobs import BlobStore
 
     dkey = given_data_key(data_key)
     warn_data_key_in_argv(data_key, chain)
-    with _client(chain, key, _required_contract(contract), reads_only=True) as c:
+    with _client(chain, None, _required_contract(contract), reads_only=True) as c:
         # decrypting and decoding the final state takes seconds at paper size (18 s at GPT-2 small)
         with err_console.status(f"taking the model of task {task_id} from {store}"):
             got = fetch_model(c, task_id, BlobStore(store), dkey, out)

@@ -63,7 +63,7 @@ def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
 
 @app.command("profiles")
 def profiles_cmd(as_json: JsonOpt = False) -> None:
-    """List the hardware profiles a trainer or auditor can run on."""
+    """List the hardware profiles a trainer, auditor or judge can run on."""
     from game.training.task.profiles import list_profiles
     from game.training.transcript import stepwriter
 
@@ -268,11 +268,19 @@ def audit_cmd(
         ),
     ] = None,
     save_every: Annotated[
-        float, typer.Option("--save-every", min=0.0, help="Seconds between saves, with --keep-progress.")
-    ] = DEFAULT_EVERY_S,
+        float | None,
+        typer.Option(
+            "--save-every",
+            min=0.0,
+            show_default=str(DEFAULT_EVERY_S),
+            help="Seconds between saves, with --keep-progress (refused without it).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-train as the auditor (Algorithm 3) and compare state roots; exit code 1 on a mismatch."""
+    if save_every is not None and keep_progress is None:
+        raise ConfigError("--save-every does nothing without --keep-progress DIR, where the saves go")
     check_profile(profile)
     with ExitStack() as held:
         if keep_progress is not None:
@@ -284,7 +292,8 @@ def audit_cmd(
             keep_progress.mkdir(parents=True, exist_ok=True)
             busy = f"{keep_progress} is in use by another `vgame audit`; let it finish, or give this one another directory"
             held.enter_context(exclusive_directory(keep_progress, busy))
-        result = _audit_with_progress(transcript, profile, not no_log, keep_progress, save_every, as_json)
+        every = DEFAULT_EVERY_S if save_every is None else save_every
+        result = _audit_with_progress(transcript, profile, not no_log, keep_progress, every, as_json)
     doc = result.to_dict()
     if as_json:
         emit_json(doc)
@@ -376,8 +385,12 @@ def divergence_cmd(
     preset: Annotated[str, typer.Option("--preset", help="Task preset.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for divergence.png and divergence.json.")],
     steps: Annotated[int, typer.Option("--steps", help="Steps to train each pair for.")] = 20,
-    trainer_profile: Annotated[str, typer.Option("--trainer-profile")] = "cpu-1t",
-    auditor_profile: Annotated[str, typer.Option("--auditor-profile")] = "noisy",
+    trainer_profile: Annotated[
+        str, typer.Option("--trainer-profile", help="The trainer's hardware profile (records the log).")
+    ] = "cpu-1t",
+    auditor_profile: Annotated[
+        str, typer.Option("--auditor-profile", help="The auditor's hardware profile (replays the run).")
+    ] = "noisy",
     seed: Annotated[int | None, typer.Option("--seed", help="Task seed.")] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -108,12 +108,11 @@ def test_task_commands_against_a_running_node(
     assert reused["task_id"] == 2  # none of the refused ones posted a task
     assert reused["data_key_sha256"] == created["data_key_sha256"]  # the key read from its file
 
-    shown = _json(runner, "task", "show", str(task_id), *common)
+    # Reading takes no key; anything that sends a transaction needs one.
+    keyless = ["--chain", url, "--contract", contract]
+    shown = _json(runner, "task", "show", str(task_id), *keyless)
     assert (shown["status"], shown["payment"], shown["challenge_window"]) == ("open", 1000, 600)
     assert shown["trainer"] == trainer and shown["spec_hash"] == created["spec_hash"]
-    # Reading needs no key; anything that sends a transaction still does.
-    keyless = ["--chain", url, "--contract", contract]
-    assert _json(runner, "task", "show", str(task_id), *keyless) == shown
     from_deploy = ["--from-block", str(deployed["block"])]  # scans start where the contract began
     assert _json(runner, "task", "show", str(task_id), *keyless, *from_deploy) == shown
     res = runner.invoke(app, ["task", "show", str(task_id), *keyless, "--from-block", str(10**9)])
@@ -140,7 +139,7 @@ def test_task_commands_against_a_running_node(
     assert _json(runner, "task", "reclaim", *common)["done"] is False
     again = runner.invoke(app, ["task", "reclaim", *common])
     assert again.exit_code == 0 and "nothing reclaimed: this account has no credit" in again.stdout
-    assert _json(runner, "task", "show", str(task_id), *common)["status"] == "cancelled"
+    assert _json(runner, "task", "show", str(task_id), *keyless)["status"] == "cancelled"
 
 
 def test_real_time_chain_waits_out_the_window(runner: CliRunner, tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def test_node_on_a_chain_whose_clock_stands_still_says_so(tmp_path: Path) -> Non
     """anvil without --block-time mines only on transactions, so block time stops and deadlines never
     come due; an idle node says why once, rather than waiting in silence. Ctrl-C stops it, saying so."""
     from game.chain.anvil import AnvilChain
-    from game.cli.node import STALE_BLOCK_S
+    from game.cli.nodeloop import STALE_BLOCK_S
 
     # The chain's clock starts an hour back: its latest block is old as soon as it is mined.
     with AnvilChain(extra_args=["--timestamp", str(int(time.time()) - 3600)]) as node:
@@ -355,7 +355,7 @@ def test_progressBars_showWhileWorkRuns_andGoWhenItEnds() -> None:
 
     from rich.console import Console
 
-    from game.cli.node import ProgressBars
+    from game.cli.nodeloop import ProgressBars
 
     out = io.StringIO()
     bars = ProgressBars("task 3", Console(file=out, force_terminal=True, width=100))
@@ -400,20 +400,20 @@ def test_node_run_fileErrorStopsSayingHowToGoOn_networkErrorIsRiddenOut(
     import requests
 
     from game.agents import AgentError, NotThereYet
-    from game.cli.node import _run
+    from game.cli.nodeloop import run
 
     flaky = _Agent(
         requests.ConnectionError("connection refused"),
         ConnectionResetError("reset by peer"),
         NotThereYet("the transcript of task 1 is not in the store yet"),
     )
-    _run(flaky, _Clock(), poll=0, as_json=False, label="auditor node: task 1")  # type: ignore[arg-type]
+    run(flaky, _Clock(), poll=0, as_json=False, label="auditor node: task 1")  # type: ignore[arg-type]
     assert flaky.rounds == 3 and flaky.done
     warned = " ".join(capsys.readouterr().err.split())
     assert "warning: the transcript of task 1 is not in the store yet" in warned
     full = _Agent(OSError(28, "No space left on device"))
     with pytest.raises(AgentError) as caught:
-        _run(full, _Clock(), poll=0, as_json=True, label="trainer node: task 1")  # type: ignore[arg-type]
+        run(full, _Clock(), poll=0, as_json=True, label="trainer node: task 1")  # type: ignore[arg-type]
     said = str(caught.value)
     assert said.startswith("trainer node: task 1 stopped: [Errno 28] No space left on device")
     assert "run the same command to go on" in said
@@ -424,12 +424,12 @@ def test_node_run_aContractGoneFromItsAddress_stopsTheNode_notWarnedOfAndTriedAg
 ) -> None:
     """A ChainError is warned of and tried again next round (an outage passes); a contract gone
     from its address (the chain was reset) does not come back: the node stops, saying so."""
-    from game.cli.node import _run
+    from game.cli.nodeloop import run
     from game.errors import ContractGone
 
     gone = _Agent(ContractGone("the game contract is gone from 0x11"), ContractGone("again"))
     with pytest.raises(ContractGone, match="is gone from 0x11"):
-        _run(gone, _Clock(), poll=0, as_json=False, label="judge node: task 1")  # type: ignore[arg-type]
+        run(gone, _Clock(), poll=0, as_json=False, label="judge node: task 1")  # type: ignore[arg-type]
     assert gone.rounds == 1 and "warning" not in capsys.readouterr().err
 
 
@@ -460,11 +460,11 @@ class _CountingClock(_Clock):
 def test_node_idle_looksAtTheChainsClock_onceInAWhile_notEveryRound() -> None:
     """An idle node asked for the latest block every round (every 2 s by default) only to see
     whether the chain's clock stands still: most of its requests to a public endpoint."""
-    from game.cli.node import CLOCK_CHECK_S, _run
+    from game.cli.nodeloop import CLOCK_CHECK_S, run
 
     clock = _CountingClock()
     started = time.monotonic()
-    _run(_IdleAgent(200), clock, poll=0.001, as_json=True, label="judge node: task 1")  # type: ignore[arg-type]
+    run(_IdleAgent(200), clock, poll=0.001, as_json=True, label="judge node: task 1")  # type: ignore[arg-type]
     took = time.monotonic() - started
     assert took < CLOCK_CHECK_S  # so one look is all there is room for
     assert clock.asked == 1
