@@ -106,7 +106,7 @@ def test_bandsFile_ofAnotherPreset_isRefused_ofOtherSizes_warned(
         caplog.text
     )
     (tmp_path / "other.toml").write_text('preset = "cnn-digits"\nbands = "bands.toml"\n')
-    with pytest.raises(ConfigError, match=r"calibrated on preset 'mlp-digits', not 'cnn-digits'"):
+    with pytest.raises(ConfigError, match=r"calibrated on task 'mlp-digits', not 'cnn-digits'"):
         load_config(tmp_path / "other.toml")
     # a file from before the [calibrated] table says nothing about its origin: taken as it is
     (tmp_path / "bands.toml").write_text(_table().to_toml())

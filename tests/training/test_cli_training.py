@@ -168,7 +168,7 @@ def test_calibrate_atOtherModelSizes_recordsThem(tmp_path: Path) -> None:
     r = vgame("train", "--preset", "cnn-digits", "--steps", "1", "--bands", str(bands),
               "--out", str(tmp_path / "c"))  # fmt: skip
     said = " ".join(r.stderr.split())
-    assert r.returncode == 2 and "was calibrated on preset 'mlp-digits', not 'cnn-digits'" in said
+    assert r.returncode == 2 and "was calibrated on task 'mlp-digits', not 'cnn-digits'" in said
     assert not (tmp_path / "c").exists()
     r = vgame("calibrate", "--config", str(bands), "--model", "hidden=8", "--profiles", "cpu-1t,noisy")
     assert r.returncode != 0 and "--model and --batch-size go with --preset" in r.stderr

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError, UnsupportedOpError
-from game.training.dispatch import stockops
+from game.training.dispatch import stockops, torchrandom
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
 
@@ -41,16 +41,37 @@ INIT_FIX = (
 )
 
 
+#: In-place draws served where they reach ATen at construction (ATen name -> the served fill): a
+#: library that wraps ``nn.init``'s functions (transformers guards them against a second
+#: initialisation) calls them from inside its own torch function, where the function mode cannot
+#: see the draw; construction always runs on the CPU, so the ATen op is the same on every machine.
+_FILLS: dict[str, Any] = {
+    "aten.normal_.default": lambda d, a: torchrandom.fill_normal(
+        d, "normal_", a[0], float(a[1]), float(a[2])
+    ),
+    "aten.uniform_.default": lambda d, a: torchrandom.fill_uniform(
+        d, "uniform_", a[0], float(a[1]), float(a[2])
+    ),
+}
+
+
 class _ExactOnly(TorchDispatchMode):
-    """Lets data movement and exact ops through, and any op on meta tensors (no values); refuses an
-    inexact op that produced or changed a floating tensor, and a refused op (one that still drew
-    from torch's generator: the draw is thrown away with the error)."""
+    """Lets data movement and exact ops through, and any op on meta tensors (no values); serves an
+    in-place normal or uniform draw (:data:`_FILLS`); refuses an inexact op that produced or changed
+    a floating tensor, and any other op that draws from torch's generator."""
+
+    def __init__(self, draws: Draws) -> None:
+        super().__init__()
+        self.draws = draws
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
         cls = classify(func, args, kwargs)
+        fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
+        if fill is not None and not kwargs and len(args) >= 3:
+            return fill(self.draws, args)
         out = func(*args, **kwargs)
         if cls is OpClass.MOVE or cls is OpClass.EXACT:
             return out
@@ -80,7 +101,7 @@ class InitMode:
         assert stockops.HANDLERS  # the handlers are registered
         self.draws = Draws(seed, 0, "init")
         self._serving = ServingMode(self.draws)
-        self._exact = _ExactOnly()
+        self._exact = _ExactOnly(self.draws)
         self._dtype = torch.get_default_dtype()
 
     @property

@@ -226,7 +226,7 @@ def _normal_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     x = args[0]
     mean = args[1] if len(args) > 1 else kwargs.get("mean", 0.0)
     std = args[2] if len(args) > 2 else kwargs.get("std", 1.0)
-    return _fill_normal(d, name_of(func), x, float(mean), float(std))
+    return fill_normal(d, name_of(func), x, float(mean), float(std))
 
 
 @serves(torch.Tensor.uniform_)
@@ -234,10 +234,10 @@ def _uniform_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     x = args[0]
     low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
     high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
-    return _fill_uniform(d, name_of(func), x, float(low), float(high))
+    return fill_uniform(d, name_of(func), x, float(low), float(high))
 
 
-def _fill_uniform(d: Draws, name: str, x: Tensor, low: float, high: float) -> Tensor:
+def fill_uniform(d: Draws, name: str, x: Tensor, low: float, high: float) -> Tensor:
     """``x`` in place: ``u * (high - low) + low`` (two IEEE operations, the same everywhere)."""
     if x.is_meta:
         return x
@@ -245,7 +245,7 @@ def _fill_uniform(d: Draws, name: str, x: Tensor, low: float, high: float) -> Te
     return x.copy_(u.mul_(high - low).add_(low))
 
 
-def _fill_normal(d: Draws, name: str, x: Tensor, mean: float, std: float) -> Tensor:
+def fill_normal(d: Draws, name: str, x: Tensor, mean: float, std: float) -> Tensor:
     """``x`` in place: ``z * std + mean``, ``z`` Irwin-Hall."""
     if x.is_meta:
         return x
@@ -321,14 +321,14 @@ def _init_args(
 def _init_uniform(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t, a, b = _init_args(args, kwargs, ("a", "b"), (0.0, 1.0))
     with torch.no_grad():
-        return _fill_uniform(d, name_of(func), t, float(a), float(b))
+        return fill_uniform(d, name_of(func), t, float(a), float(b))
 
 
 @serves(nn.init.normal_)
 def _init_normal(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t, mean, std = _init_args(args, kwargs, ("mean", "std"), (0.0, 1.0))
     with torch.no_grad():
-        return _fill_normal(d, name_of(func), t, float(mean), float(std))
+        return fill_normal(d, name_of(func), t, float(mean), float(std))
 
 
 @serves(nn.init.kaiming_uniform_)
@@ -343,7 +343,7 @@ def _init_kaiming_uniform(d: Draws, func: Any, args: tuple[Any, ...], kwargs: di
     fan = nn.init._calculate_correct_fan(t, mode)
     bound = math.sqrt(3.0) * (nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan))
     with torch.no_grad():
-        return _fill_uniform(d, name_of(func), t, -bound, bound)
+        return fill_uniform(d, name_of(func), t, -bound, bound)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,4 +362,4 @@ def _refused(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     raise UnsupportedOpError(f"{name} {TRANSCENDENTAL_FIX}", op=name, fix=TRANSCENDENTAL_FIX)
 
 
-__all__ = ["TRANSCENDENTAL_FIX"]
+__all__ = ["TRANSCENDENTAL_FIX", "fill_normal", "fill_uniform"]
