@@ -170,8 +170,13 @@ def test_calibrate_atOtherModelSizes_recordsThem(tmp_path: Path) -> None:
     said = " ".join(r.stderr.split())
     assert r.returncode == 2 and "was calibrated on task 'mlp-digits', not 'cnn-digits'" in said
     assert not (tmp_path / "c").exists()
-    r = vgame("calibrate", "--config", str(bands), "--model", "hidden=8", "--profiles", "cpu-1t,noisy")
-    assert r.returncode != 0 and "--model and --batch-size go with --preset" in r.stderr
+    # --model and --batch-size apply over a config file's sizes too
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\nsteps = 1\n[model]\nhidden = 16\n')
+    r = vgame("train", "--config", str(tmp_path / "task.toml"), "--model", "hidden=12", "--batch-size", "4",
+              "--out", str(tmp_path / "o"), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    recorded = json.loads((tmp_path / "o" / "manifest.json").read_text())["config"]
+    assert recorded["model"] == {"hidden": 12} and recorded["batch_size"] == 4
 
 
 def test_calibrate_with_one_profile_is_a_clear_error() -> None:
