@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,35 @@ def test_anHonestTrainerOfAPluginTask_isPaid(own_task: TaskConfig, tmp_path: Pat
     result = run_scenario("honest", config=own_task, workdir=tmp_path / "w")
     assert result.disputed_step is None and result.trainer_paid
     assert result.balances_ok and result.contract_balance == 0
+
+
+def test_theDeliveredModel_loadsIntoTheTasksOwnClass_andRunsAsModelOfX(
+    own_task: TaskConfig,
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    store: Any,
+    data_key: bytes,
+    tmp_path: Path,
+) -> None:
+    """What `vgame task model` writes (here as .safetensors) loads into the user's own model class,
+    with no vgame code in it, and runs as ``model(x)`` with the committed final state's values."""
+    import torch
+    from safetensors.torch import load_file
+    from tiny_task.model import RowTransformer  # type: ignore[import-not-found]
+
+    from game.delivery import fetch_model
+    from tests.agents.conftest import commit
+
+    cfg = own_task.replace(steps=3)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    commit(agents, roles["client"], task_id)
+    got = fetch_model(roles["client"], task_id, store, data_key, tmp_path / "model.safetensors")
+    weights = load_file(str(got.path))
+    model = RowTransformer(cfg.model.width, cfg.model.heads, cfg.model.layers, cfg.dropout).eval()
+    model.load_state_dict(weights)  # strict: every name and shape of the user's class
+    with torch.no_grad():
+        logits = model(torch.rand(4, 8, 8))
+    assert logits.shape == (4, 10) and torch.isfinite(logits).all()
+    assert got.steps == 3 and got.preset == cfg.task

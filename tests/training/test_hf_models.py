@@ -1,7 +1,8 @@
 """Models no one here wrote (issue 43): Hugging Face's GPT-2 and ResNet, built from their configs
-with random initialisation (nothing downloaded), train through the public task API on ``cpu-1t``
-and audit bit-exactly on ``noisy`` and ``splitk-16``, for 50 steps, from their seed and fine-tuned
-from the weights an earlier run delivered. ``examples/hf/`` holds the tasks."""
+with random initialisation (nothing downloaded), and a model with stock ``nn.Dropout`` and
+``F.scaled_dot_product_attention`` (examples/own_task), train through the public task API on
+``cpu-1t`` and audit bit-exactly on ``noisy`` and ``splitk-16``, for 50 steps, from their seed and
+fine-tuned from the weights an earlier run delivered. ``examples/`` holds the tasks."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ from game.training.task.config import load_config
 from game.training.task.weights import save
 from game.training.transcript.reader import Transcript
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hf"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+#: task -> (its directory under examples/, its config there)
+TASKS = {"gpt2": ("hf", "gpt2.toml"), "resnet": ("hf", "resnet.toml"), "own": ("own_task", "task.toml")}
 STEPS = 50
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of examples/hf (the fine-tuning test writes its weights beside the package)."""
-    work = tmp_path_factory.mktemp("hf")
-    shutil.copytree(EXAMPLES, work / "hf", ignore=shutil.ignore_patterns("__pycache__", "runs"))
-    return work / "hf"
+def examples_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of examples/ (the fine-tuning test writes its weights beside each task's config)."""
+    work = tmp_path_factory.mktemp("examples")
+    shutil.copytree(EXAMPLES, work / "examples", ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    return work / "examples"
 
 
 def _train_and_audit(cfg_path: Path, out: Path, **overrides: object) -> bytes:
@@ -45,13 +48,15 @@ def _train_and_audit(cfg_path: Path, out: Path, **overrides: object) -> bytes:
     return trained.state_root
 
 
-@pytest.mark.parametrize("name", ["gpt2", "resnet"])
-def test_hfModel_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(hf_dir: Path, name: str) -> None:
-    cfg_path = hf_dir / f"{name}.toml"
+@pytest.mark.parametrize("name", list(TASKS))
+def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_dir: Path, name: str) -> None:
+    where, config = TASKS[name]
+    hf_dir = examples_dir / where
+    cfg_path = hf_dir / config
     first = hf_dir / "runs" / f"{name}-seed"
     root = _train_and_audit(cfg_path, first)
     cfg = load_config(cfg_path)
-    assert cfg.inputs().libraries.keys() == {"transformers"}
+    assert set(cfg.inputs().libraries) == ({"transformers"} if where == "hf" else set())
     # the model that run delivered, as `vgame task model` writes it (float32: lossless on the grid)
     final = decode_state(
         Transcript(first).load_checkpoint(STEPS), Transcript(first).config

@@ -15,6 +15,7 @@ from game.api import Task, load_arrays, task
 from tiny_task.model import RowTransformer
 
 DATA = Path(__file__).parent / "digits-600.npz"  # image float32 [600, 8, 8], label int64 [600]
+HERE = Path(__file__).parent.parent  # where task.toml is: a relative `init = "..."` is read here
 
 
 def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -30,7 +31,7 @@ def metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str,
     }
 
 
-@task(model={"width": 32, "heads": 4, "layers": 2}, params={"warmup": 10}, lr=3e-3, batch_size=32)
+@task(model={"width": 32, "heads": 4, "layers": 2}, params={"warmup": 10, "init": ""}, lr=3e-3, batch_size=32)
 def build(cfg):  # type: ignore[no-untyped-def]
     rows = load_arrays(DATA)  # the file's first 500 rows train, the last 100 are held out
     return Task(
@@ -41,4 +42,5 @@ def build(cfg):  # type: ignore[no-untyped-def]
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
         scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.params.warmup)),
         metrics=metrics,
+        init_weights=HERE / cfg.params.init if cfg.params.init else None,  # fine-tune from a file beside task.toml
     )
