@@ -432,13 +432,24 @@ def _model_from(decl: Declaration, data: Any, *, partial: bool) -> ModelShape | 
     return _shape_from(decl.shape, data, partial=partial)
 
 
+#: A user's task's inputs by its config's JSON: worked out once a process (a large dataset takes a
+#: while to hash, and every copy of a config, ``replace`` included, asks again).
+_inputs_cache: dict[str, Inputs] = {}
+
+
 def _inputs_of(cfg: TaskConfig) -> Inputs:
     """Digests of a task's inputs: a preset's packaged data file; a user's task's own (define.py)."""
     decl = declaration_of(cfg.task)
     if decl.data_file is not None:
         return Inputs(dataset=Digest("file", dataset_sha256(decl.data_file), {"name": decl.data_file}))
-    data, init, libraries = factory_of(cfg.task).inputs(cfg)
-    return Inputs(dataset=data, init=init, code=plugins.load(cfg.task).code, libraries=libraries)
+    key = cfg.config_json()
+    found = _inputs_cache.get(key)
+    if found is None:
+        data, init, libraries = factory_of(cfg.task).inputs(cfg)
+        found = _inputs_cache[key] = Inputs(
+            dataset=data, init=init, code=plugins.load(cfg.task).code, libraries=libraries
+        )
+    return found
 
 
 def _shape_from(shape_cls: type[ModelShape], data: Any, *, partial: bool) -> ModelShape:

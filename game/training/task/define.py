@@ -27,6 +27,7 @@ imported where it is used.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from game.training.task.inputs import Digest
 
 if TYPE_CHECKING:
     from game.training.task.config import TaskConfig
+
+log = logging.getLogger(__name__)
 
 #: How the rows of a step are picked from the dataset (``Task.sampling``): "replacement" draws
 #: every example independently (keyed by seed, step and example id); "epochs" walks a keyed
@@ -152,9 +155,15 @@ class TaskFactory:
         from game.training.task.plugins import library_versions
 
         made = self.make(cfg)
-        data = datasets.digest(datasets.as_dataset(made.dataset, "Task.dataset"))
+        data = datasets.digest(datasets.as_dataset(made.dataset, "Task.dataset"), _log_progress)
         init = weights.digest(made.init_weights) if made.init_weights is not None else None
         return data, init, library_versions(made.libraries)
+
+
+def _log_progress(done: int, total: int) -> None:
+    """A dataset hashed item by item says how far it is, now and then (it may take minutes)."""
+    if total >= 100_000 and (done == total or done % 65536 == 0):
+        log.info("hashing the task's dataset item by item: %d of %d", done, total)
 
 
 def task(
