@@ -22,7 +22,9 @@ from game.protocol.solver import decide_reveal
 from tests.game.conftest import (
     AUDITOR_BOND,
     CLOCK,
+    COMMIT_WINDOW,
     JUDGE_WINDOW,
+    KEY_HASH,
     PAYMENT,
     TRAINER_BOND,
     WINDOW,
@@ -130,7 +132,7 @@ def test_dispute_honestTrainer_lyingAuditor_trainerWins(open_task: Setup, chain:
     n, lie_at = 65, 23
     honest = chain_leaves(n)
     tree = MerkleTree(honest)
-    open_task.sized(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+    open_task.accepted(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
     liar = chain_leaves(n, deviate_at=lie_at)  # the auditor claims the run diverged at lie_at
     gid, gas = play(open_task, tree, liar)
     g = open_task.judge.game(gid)
@@ -159,6 +161,7 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
             b"\x07" * 32,
             trainer.me,
             judge.me,
+            key_hash=KEY_HASH,
             num_leaves=n,
             payment=PAYMENT,
             trainer_bond=TRAINER_BOND,
@@ -166,7 +169,9 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
             clock_allowance=CLOCK,
             challenge_window=WINDOW,
             judge_window=JUDGE_WINDOW,
+            commit_window=COMMIT_WINDOW,
         ).result
+        trainer.accept(tid)
         honest = chain_leaves(n)
         bad = MerkleTree(chain_leaves(n, deviate_at=deviate))
         trainer.commit_tree(tid, bad, b"\x01" * 32, b"\x02" * 32)
@@ -178,7 +183,7 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
         assert len(pinned) == 1 and isinstance(pinned[0], StepPinned) and pinned[0].step == deviate
         judge.rule(gid, honest[deviate])
         assert judge.game(gid).outcome is Outcome.AUDITOR_WON
-        assert auditor.credit() == AUDITOR_BOND + TRAINER_BOND
+        assert auditor.credit() == AUDITOR_BOND  # its share of the trainer's bond comes at finalize
     finally:
         chain.revert(snap)
 
@@ -220,7 +225,7 @@ def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any)
     assert [(e.task_id, e.num_leaves) for e in created] == [(s.task_id, 33)]  # type: ignore[attr-defined]
     assert s.client.get_events("TaskCreated", trainer=s.judge.me) == []
     everything = s.client.get_events()
-    assert [e.name for e in everything][:2] == ["TaskCreated", "Committed"]
+    assert [e.name for e in everything][:3] == ["TaskCreated", "TaskAccepted", "Committed"]
     assert all(a.block_number <= b.block_number for a, b in itertools.pairwise(everything))
 
 
