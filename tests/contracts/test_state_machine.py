@@ -295,15 +295,7 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             g = data.draw(st.sampled_from(live))
             if not self._move_time(g, data.draw(st.integers(1, 600))):
                 return
-            state = env.game_state(g.game_id)
-            hi = state.hi
-            if state.disputeInit:
-                computed = self.honest[0]
-            elif hi == self.s:
-                computed = self.honest[hi]  # re-running the poisoned step correctly
-            else:
-                computed = self.tree.leaf(hi)  # every other step of the trainer is a correct transition
-            self._record_end(g, env.rule(g.game_id, computed))
+            self._record_end(g, env.rule(g.game_id, self._ruling(env.game_state(g.game_id))))
 
         @precondition(lambda self: any(not g.ended for g in self.games))
         @rule(data=st.data())
@@ -380,9 +372,67 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             assert env.reverts(fn, who)[0] == expected
             assert env.game_state(g.game_id) == before
 
+        @precondition(lambda self: not self.finalized and bool(self.games))
+        @rule(data=st.data())
+        def everyone_plays_to_the_end(self, data: st.DataObject) -> None:
+            """Every live game is played out: each party that moves does so a second later (a lying
+            trainer reveals its tree, a dishonest auditor answers at random); games waiting on a party
+            that never moves (a trainer without its data, a silent judge, a clock run out) are timed
+            out once every other move is made. Then the task is settled and every reward claimed."""
+            for _ in range(500):
+                live = self._live()
+                if not live:
+                    break
+                ready = [g for g in live if self._moves_now(g)]
+                if ready:
+                    self._move(ready[0], data)
+                    continue
+                g = min(live, key=lambda g: env.deadline(g.game_id))
+                env.at(max(env.now() + 1, env.deadline(g.game_id) + 1))
+                self._record_end(g, env.timeout(g.game_id, caller=env.outsider))
+            assert not self._live(), "games still live after every move was made"
+            self._finalize()
+
+        def _moves_now(self, g: GameModel) -> bool:
+            """Whether the party to move in ``g`` moves (and still can, a second from now)."""
+            phase = env.game_state(g.game_id).phase
+            if env.now() + 1 > env.deadline(g.game_id):
+                return False
+            if phase == AWAITING_DATA:
+                return self.trainer_answers_data
+            if phase == PINNED:
+                return not self.silent_judge
+            return True
+
+        def _move(self, g: GameModel, data: st.DataObject) -> None:
+            state = env.game_state(g.game_id)
+            env.at(env.now() + 1)
+            if state.phase == AWAITING_REVEAL:
+                env.reveal(g.game_id, self.tree)
+            elif state.phase == AWAITING_DATA:
+                self._record_end(g, env.provide_data(g.game_id, self.chunks))
+            elif state.phase == AWAITING_RESPONSE:
+                mid = (state.lo + state.hi) // 2
+                right = self.tree.leaf(mid) == self.honest[mid]
+                env.respond(g.game_id, right if g.plays_right else data.draw(st.booleans()))
+            else:
+                self._record_end(g, env.rule(g.game_id, self._ruling(state)))
+
+        def _ruling(self, state: object) -> bytes:
+            """What an honest judge computes for the pinned step of ``state``."""
+            hi = state.hi  # type: ignore[attr-defined]
+            if state.disputeInit:  # type: ignore[attr-defined]
+                return self.honest[0]
+            if hi == self.s:
+                return self.honest[hi]  # re-running the poisoned step correctly
+            return self.tree.leaf(hi)  # every other step of the trainer is a correct transition
+
         @precondition(lambda self: not self.finalized and all(g.ended for g in self.games))
         @rule()
         def finalize(self) -> None:
+            self._finalize()
+
+        def _finalize(self) -> None:
             if env.now() + 1 < self.window_ends:
                 env.at(self.window_ends)
             assert not self._live()
