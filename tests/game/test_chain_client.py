@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, fields
@@ -30,6 +31,7 @@ from tests.game.conftest import (
     WINDOW,
     Setup,
     chain_leaves,
+    log_chunks,
 )
 
 ARTIFACT = load_artifact()
@@ -296,3 +298,46 @@ def test_aReplyThatDoesNotDecode_isTheSameError_sayingSomethingElseIsThere(
     with pytest.raises(ContractGone, match=r"does not answer task\(\) as the game does") as caught:
         client.task(1)
     assert not caught.value.no_code and "the game contract is gone from" in str(caught.value)
+
+
+def test_availabilityAndReward_throughTheClient_eventsDecoded(
+    committed_task: Callable[[int], Setup], game_client: Callable[..., Any], chain: Any
+) -> None:
+    """A demanded chunk posted (its bytes decoded from ``DataProvided``), a demand left unanswered
+    (the trainer loses), the task settled and the winner's share claimed: each through the typed
+    client, each event a dataclass with typed fields."""
+    s = committed_task(9)
+    chunks = log_chunks(9)
+    log_tree = MerkleTree([hashlib.sha256(c).digest() for c in chunks])
+    asked = s.auditor.challenge_data(s.task_id, 4)
+    (req,) = asked.events_named("DataRequested")
+    assert (req.index, req.task_id, req.game_id) == (4, s.task_id, asked.result)  # type: ignore[attr-defined]
+    answer = s.trainer.provide_data(asked.result, chunks[4], log_tree.proof(4))  # type: ignore[arg-type]
+    provided = answer.event("DataProvided")
+    assert (provided.index, provided.data) == (4, chunks[4])  # type: ignore[attr-defined]
+    g = s.auditor.game(asked.result)  # type: ignore[arg-type]
+    assert (g.availability, g.data_index, g.outcome, g.reason) == (
+        True,
+        4,
+        Outcome.ANSWERED,
+        EndReason.DATA_PROVIDED,
+    )
+    other = game_client("auditor2")
+    unanswered = other.challenge_data(s.task_id, 6).result
+    chain.time_travel(CLOCK + 5)
+    s.client.timeout(unanswered)
+    assert s.client.game(unanswered).outcome is Outcome.AUDITOR_WON  # type: ignore[arg-type]
+    chain.time_travel(WINDOW + 5)
+    fin = s.client.finalize(s.task_id).event("TaskFinalized")
+    task = s.client.task(s.task_id)
+    share = min(AUDITOR_BOND, TRAINER_BOND - TRAINER_BOND // 2)  # one winning game
+    assert (fin.trainer_paid, fin.auditor_wins, fin.reward_share, fin.burnt) == (  # type: ignore[attr-defined]
+        False,
+        1,
+        share,
+        TRAINER_BOND // 2,
+    )
+    assert (task.auditor_wins, task.trainer_lost, s.client.burnt()) == (1, True, TRAINER_BOND // 2)
+    paid = s.client.claim_reward(unanswered).event("RewardPaid")  # type: ignore[arg-type]
+    assert (paid.auditor, paid.amount) == (other.me, share)  # type: ignore[attr-defined]
+    assert other.credit() == AUDITOR_BOND + share and s.auditor.credit() == AUDITOR_BOND
