@@ -151,3 +151,35 @@ def test_auditorGivenAnotherKey_stopsWithoutDemanding(
     with pytest.raises(AgentError, match="the data key given is not task"):
         auditor.step()
     assert games(roles["client"], task_id) == []
+
+
+def test_transcriptMissingFromTheStore_demandedAfterTheGrace_unansweredLoses(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, tmp_path: Path, data_key: bytes
+) -> None:
+    """A transcript missing from the auditor's store is waited for (a synced store lags), then its
+    chunk is demanded a quarter of the window after the commit; a trainer that never publishes nor
+    answers loses, and the auditor, which never audited, settles the task and is paid."""
+    from auditor_node.agent import AuditorAgent
+    from game.agents import NotThereYet
+    from game.store.blobs import BlobStore
+
+    client = roles["client"]
+    task_id = post_task(tiny_cfg)
+    agents = make_agents(task_id, tiny_cfg)
+    commit(agents, client, task_id)  # published to the trainer's store only
+    auditor = AuditorAgent(
+        roles["auditor"], task_id, profile="noisy", workdir=tmp_path / "lagging",
+        store=BlobStore(tmp_path / "empty-store"), data_key=data_key,
+    )  # fmt: skip
+    with pytest.raises(NotThereYet):
+        auditor.step()  # within the grace: wait for the store
+    task = client.task(task_id)
+    client.chain.time_travel(task.challenge_window // 4 + 1)
+    demanded = auditor.step()
+    assert [a.what for a in demanded] == ["demand"]
+    drive([auditor], client, [task_id])  # the trainer is gone: nothing is posted
+    (g,) = games(client, task_id)
+    assert (g.availability, g.outcome) == (True, Outcome.AUDITOR_WON)
+    task = client.task(task_id)
+    assert task.status == TaskStatus.FINALIZED and auditor.verdict == "unavailable" and auditor.done
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond + reward(task)
