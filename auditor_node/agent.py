@@ -8,6 +8,13 @@ runs a step without corrections when the trainer's chunk no longer fits) and kee
 in ``workdir/task-<id>/auditor.json``. Bisection answers come from those leaves; the game id is found again
 from ``Challenged`` events, so nothing is sent twice after a crash.
 
+A data key that is not the task's (its hash is on-chain) is the auditor's own mistake: it stops
+before fetching anything. A transcript that cannot be had with the right key (not in the store
+past a grace, not opening under the key, not what the chain committed to) is the trainer's: the
+auditor demands a log chunk on-chain (an availability challenge, :mod:`auditor_node.availability`),
+which the trainer must post within its clock or lose the task. Once a task it won a game of is
+settled, the auditor claims its share of the trainer's bond.
+
 Where an auditor has a choice (challenge or not, agree or not, answer at all) it asks its
 :class:`AuditorStrategy`: :class:`HonestAuditor` unless it is handed another (the dishonest ones of
 the demo and the tests are in ``game.strategies``, which this module never imports).
@@ -22,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from auditor_node.availability import DataDemands, TranscriptUnusable
+from auditor_node.rewards import Rewards
 from game import clock
 from game.agents import (
     ActionSink,
@@ -39,7 +48,7 @@ from game.agents import (
     write_pre_state,
 )
 from game.chain.client import VerificationGameClient
-from game.chain.types import Game, Phase, Task, TaskStatus
+from game.chain.types import Game, Outcome, Phase, Task, TaskStatus
 from game.errors import TranscriptError, VerificationGameError
 from game.protocol.solver import (
     ClaimTimeout,
@@ -47,10 +56,12 @@ from game.protocol.solver import (
     auditor_move,
     challenge_in_time,
     decide_challenge,
+    decide_claims,
     decide_withdraw,
 )
 from game.store.archive import fetch_directory
 from game.store.blobs import BlobNotFound, BlobStore
+from game.store.keys import key_hash
 from game.store.sealing import StoreError
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.state.leafhash import leaf_of
@@ -131,6 +142,8 @@ class AuditorAgent(TaskAgent):
         self.strategy: AuditorStrategy = strategy if strategy is not None else HonestAuditor()
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
         self.save_every_s = save_every_s  # wall time between two saves of the replay's progress
+        self.demands = DataDemands(self)
+        self.rewards = Rewards(self)
 
     @property
     def transcript_dir(self) -> Path:
@@ -138,7 +151,8 @@ class AuditorAgent(TaskAgent):
 
     @property
     def verdict(self) -> str | None:
-        """ "match" when its replay reproduced the committed root, "mismatch" when not, None before."""
+        """ "match" when its replay reproduced the committed root, "mismatch" when not,
+        "unavailable" when the transcript could not be had to replay, None before."""
         v = self.state.get("verdict")
         return str(v) if v is not None else None
 
@@ -154,39 +168,71 @@ class AuditorAgent(TaskAgent):
         self.state.bind(self.client, self.home)
         task = self.client.task(self.task_id)
         check_key(ACTOR, self.task_id, task, self.client.me)
+        if task.key_hash != key_hash(self.data_key):
+            # its own mistake, not the trainer's: demanding data it could not open would be a false alarm
+            raise AgentError(
+                f"the data key given is not task {self.task_id}'s (the task's key hashes to "
+                f"{task.key_hash.hex()[:16]}..., this one to {key_hash(self.data_key).hex()[:16]}...): "
+                "get the task's key from its client"
+            )
         if task.status in (TaskStatus.COMMITTED, TaskStatus.FINALIZED):
             if self.verdict is None:
-                try:
-                    self._replay(task, out)
-                except NotThereYet as exc:
-                    now = self.client.chain.now()
-                    if task.status == TaskStatus.COMMITTED and not clock.window_closed(now, task.window_ends):
-                        raise  # a lagging store: wait for it while a challenge can still come
-                    # waiting on would never end, and "done" would read as "audited"
-                    raise AgentError(
-                        f"task {self.task_id}: the challenge window closed before the trainer's "
-                        "transcript reached the store, so nothing was audited in time and the trainer is "
-                        "paid as if it had been: tell the client (run this again once the store holds "
-                        f"the transcript to replay it all the same) ({exc})"
-                    ) from exc
+                self._audit(task, out)
             if task.status == TaskStatus.COMMITTED:
+                if self.verdict == "unavailable":
+                    self.demands.maybe_demand(task, "unreadable", out)
                 self._maybe_challenge(task, out)
                 for gid in self.game_ids():
                     self._play(gid, out)
+                self.rewards.finalize_if_owed(out)
+        self.rewards.claim(out)
         self._withdraw(out)
         return out
 
+    def _audit(self, task: Task, out: list[AgentAction]) -> None:
+        """Fetch and replay; a transcript that cannot be had is met with an availability challenge."""
+        try:
+            self._replay(task, out)
+        except TranscriptUnusable as exc:
+            self.state.update(verdict="unavailable", unusable=str(exc))
+            self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=f"cannot audit: {exc}"))
+        except NotThereYet as exc:
+            now = self.client.chain.now()
+            if task.status == TaskStatus.COMMITTED and not clock.window_closed(now, task.window_ends):
+                self.demands.maybe_demand(task, "missing", out)
+                if not self.demands.games():
+                    raise  # a lagging store: wait for it while a challenge can still come
+                log.info(
+                    "task %d: waiting for the transcript while the demand for its data plays out",
+                    self.task_id,
+                )
+                return
+            if self.demands.won():  # the trainer could not post its data: it is not paid
+                self.state.update(verdict="unavailable", unusable=str(exc))
+                return
+            # waiting on would never end, and "done" would read as "audited"
+            raise AgentError(
+                f"task {self.task_id}: the challenge window closed before the trainer's "
+                "transcript reached the store, so nothing was audited in time and the trainer is "
+                "paid as if it had been: tell the client (run this again once the store holds "
+                f"the transcript to replay it all the same) ({exc})"
+            ) from exc
+
     @property
     def done(self) -> bool:
-        """Nothing left to do: the task is settled or decided on, own games ended, credit withdrawn."""
+        """Nothing left to do: the task is settled or decided on, own games ended, rewards claimed,
+        credit withdrawn."""
         task = self.client.task(self.task_id)
         if task.status == TaskStatus.CANCELLED:
             return self.client.credit() == 0
-        if task.status == TaskStatus.OPEN or self.verdict is None:
+        if task.status in (TaskStatus.OPEN, TaskStatus.ACCEPTED) or self.verdict is None:
             return False
         games = self.game_ids()
-        if any(self.client.game(g).phase != Phase.ENDED for g in games):
+        states = [(gid, self.client.game(gid)) for gid in games]
+        if any(g.phase != Phase.ENDED for _, g in states) or decide_claims(task, states):
             return False
+        if task.status != TaskStatus.FINALIZED and any(g.outcome == Outcome.AUDITOR_WON for _, g in states):
+            return False  # a reward is owed once the task is settled
         if self.client.credit() != 0:
             return False
         if games or task.status == TaskStatus.FINALIZED:
@@ -212,7 +258,7 @@ class AuditorAgent(TaskAgent):
         try:
             return self._checked(task)
         except TranscriptError as exc:
-            raise AgentError(f"the transcript of task {self.task_id} is damaged: {exc}") from exc
+            raise TranscriptUnusable(f"the transcript of task {self.task_id} is damaged: {exc}") from exc
 
     def _download(self, task: Task) -> None:
         """Fetch the blob into a directory of its own that takes the transcript's name once whole."""
@@ -227,15 +273,18 @@ class AuditorAgent(TaskAgent):
                 f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "
                 "each round (is --store the one the trainer publishes to?)"
             ) from exc
-        except StoreError as exc:
-            raise AgentError(f"cannot get the transcript of task {self.task_id}: {exc}") from exc
+        except StoreError as exc:  # the key is the task's (checked first): the blob does not open
+            raise TranscriptUnusable(
+                f"the transcript of task {self.task_id} does not open under the task's data key: {exc}"
+            ) from exc
         shutil.rmtree(self.transcript_dir, ignore_errors=True)
         tmp.rename(self.transcript_dir)
         self.state.update(fetched=task.transcript_id.hex())
 
     def _checked(self, task: Task) -> Transcript:
         """The fetched transcript, verified (a :class:`TranscriptError` where a file is damaged or
-        missing) and held to the task's on-chain values (an :class:`AgentError` where one differs)."""
+        missing) and held to the task's on-chain values (a :class:`TranscriptUnusable` where one
+        differs: the trainer published another transcript than the one it committed to)."""
         t = Transcript(self.transcript_dir)
         t.verify()
         m = t.manifest
@@ -247,7 +296,7 @@ class AuditorAgent(TaskAgent):
         )
         for what, theirs, onchain in checks:
             if theirs != onchain:
-                raise AgentError(
+                raise TranscriptUnusable(
                     f"the published transcript's {what} is not the one committed for task {self.task_id}"
                 )
         return t
@@ -289,6 +338,8 @@ class AuditorAgent(TaskAgent):
 
     # ----------------------------------------------------------------------- challenge
     def _wants_challenge(self, task: Task) -> bool:
+        if self.verdict not in ("match", "mismatch"):
+            return False  # nothing replayed: nothing to bisect (an availability challenge instead)
         leaves = self.leaves
         decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, leaves)
         return self.strategy.challenges(decision.challenge)
@@ -307,7 +358,9 @@ class AuditorAgent(TaskAgent):
         return merged
 
     def _maybe_challenge(self, task: Task, out: list[AgentAction]) -> None:
-        if self.game_ids() or not self._wants_challenge(task):
+        if not self._wants_challenge(task) or any(
+            not self.client.game(g).availability for g in self.game_ids()
+        ):
             return
         if not challenge_in_time(task, self.client.chain.now()):
             log.warning("task %d: the window closed before this auditor could challenge", self.task_id)
@@ -346,9 +399,10 @@ class AuditorAgent(TaskAgent):
         if isinstance(move, Respond) and not silent:
             self._respond(gid, g, move, out)
         elif isinstance(move, ClaimTimeout):
-            self._timeout(
-                gid, "trainer silent" if move.silent == "trainer" else "judge silent: game void", out
-            )
+            why = {"trainer": "trainer silent", "judge": "judge silent: game void"}[move.silent]
+            if g.availability:
+                why = f"the trainer did not post the log chunk of step {g.lo}"
+            self._timeout(gid, why, out)
 
     def _respond(self, gid: int, g: Game, move: Respond, out: list[AgentAction]) -> None:
         agree = self.strategy.answer(g, gid, move.agree)

@@ -5,6 +5,7 @@ pragma solidity 0.8.30;
 interface IVerificationGameClient {
     function createTask(
         bytes32 specHash,
+        bytes32 keyHash,
         address trainer,
         address judge,
         uint64 numLeaves,
@@ -12,7 +13,8 @@ interface IVerificationGameClient {
         uint128 auditorBond,
         uint32 clockAllowance,
         uint32 challengeWindow,
-        uint32 judgeWindow
+        uint32 judgeWindow,
+        uint32 commitWindow
     ) external payable returns (uint256 taskId);
     function cancel(uint256 taskId) external;
     function withdraw() external;
@@ -31,7 +33,7 @@ contract EtherRejecter {
         payable
         returns (uint256 taskId)
     {
-        taskId = game.createTask{value: msg.value}(bytes32(0), trainer, judge, 2, 0, 0, 1, 1, 1);
+        taskId = game.createTask{value: msg.value}(bytes32(0), bytes32(0), trainer, judge, 2, 1, 1, 1, 1, 1, 1);
         game.cancel(taskId);
     }
 

@@ -5,9 +5,11 @@ import {MerkleProof} from "./MerkleProof.sol";
 
 /// @title VerificationGame
 /// @notice Teutsch-Reitwiessner verification game for ML training. A client escrows a payment for a
-///         task; the trainer commits the Merkle root of its per-step state hashes; any auditor may
-///         challenge within a window; each challenge is a game that bisects [lo, hi] down to one
-///         step with a chess clock per party; the task's judge re-runs that step and rules.
+///         task; the trainer accepts it with a bond (from then on the client cannot cancel), then
+///         commits the Merkle root of its per-step state hashes; any auditor may challenge within a
+///         window; each challenge is a game that bisects [lo, hi] down to one step with a chess clock
+///         per party, and the task's judge re-runs that step and rules. An auditor that cannot get
+///         the transcript may instead demand one log chunk, which the trainer must post on-chain.
 /// @dev    Interface and money rules: docs/contract.md. No owner, no admin function: every role and
 ///         parameter is fixed at task creation. Pull payments only. Every loop is bounded.
 contract VerificationGame {
@@ -18,6 +20,7 @@ contract VerificationGame {
     enum TaskStatus {
         None,
         Open,
+        Accepted,
         Committed,
         Cancelled,
         Finalized
@@ -28,6 +31,7 @@ contract VerificationGame {
         AwaitingReveal,
         AwaitingResponse,
         Pinned,
+        AwaitingData,
         Ended
     }
 
@@ -35,14 +39,16 @@ contract VerificationGame {
         None,
         TrainerWon,
         AuditorWon,
-        Void
+        Void,
+        Answered
     }
 
     enum EndReason {
         None,
         Ruling,
         Timeout,
-        JudgeTimeout
+        JudgeTimeout,
+        DataProvided
     }
 
     /// @notice A task; packed so that a bisection move reads one slot of it for the trainer and the
@@ -68,8 +74,12 @@ contract VerificationGame {
         uint128 auditorBond;
         // slot 4
         uint128 payment;
-        // slots 5-10
+        uint32 commitWindow; // seconds the trainer has from its accept to its commit
+        uint64 commitBy; // accept time + commitWindow; 0 before the accept
+        uint32 auditorWins; // games of the task that ended AuditorWon: they share the reward
+        // slots 5-11
         bytes32 specHash;
+        bytes32 keyHash; // sha256 of the data key the transcript is sealed under
         bytes32 stateRoot;
         bytes32 logRoot;
         bytes32 transcriptId;
@@ -88,8 +98,10 @@ contract VerificationGame {
         address auditor;
         uint64 taskId;
         bool disputeInit;
+        bool availability;
         Outcome outcome;
         EndReason reason;
+        bool rewardClaimed;
         bytes32 loLeaf;
         bytes32 hiLeaf;
         bytes32 midLeaf;
@@ -109,8 +121,10 @@ contract VerificationGame {
         // slot 1
         address auditor;
         bool disputeInit;
+        bool availability; // an availability challenge: the trainer must post log chunk lo
         Outcome outcome;
         EndReason reason;
+        bool rewardClaimed; // an AuditorWon game's share of the trainer's bond was credited
         // slots 2-4
         bytes32 loLeaf;
         bytes32 hiLeaf;
@@ -125,8 +139,10 @@ contract VerificationGame {
     error ZeroPayment();
     /// @notice Thrown when the trainer or judge is the zero address, or the trainer is its own judge.
     error InvalidRoles(address trainer, address judge);
-    /// @notice Thrown when the clock allowance, the challenge window or the judge window is zero.
-    error InvalidDurations(uint32 clockAllowance, uint32 challengeWindow, uint32 judgeWindow);
+    /// @notice Thrown when a bond is zero: every false claim must cost its maker something.
+    error InvalidBonds(uint128 trainerBond, uint128 auditorBond);
+    /// @notice Thrown when a clock, window or the commit window is zero or longer than MAX_DURATION.
+    error InvalidDurations(uint32 clockAllowance, uint32 challengeWindow, uint32 judgeWindow, uint32 commitWindow);
     /// @notice Thrown when no task has this id.
     error TaskNotFound(uint256 taskId);
     /// @notice Thrown when no game has this id.
@@ -143,16 +159,22 @@ contract VerificationGame {
     error InvalidLeafCount(uint64 numLeaves);
     /// @notice Thrown when a commitment's leaf count is not the one the task fixed at creation.
     error LeafCountMismatch(uint64 expected, uint64 given);
-    /// @notice Thrown when a leaf's inclusion proof does not verify against the state root.
+    /// @notice Thrown when a leaf (or a log chunk's hash) does not verify against its committed root.
     error InvalidProof(uint64 index, bytes32 leaf);
+    /// @notice Thrown when the trainer commits after the commit window it accepted.
+    error CommitWindowClosed(uint256 taskId, uint64 commitBy);
+    /// @notice Thrown when the client cancels an accepted task while the trainer may still commit.
+    error CommitWindowOpen(uint256 taskId, uint64 commitBy);
     /// @notice Thrown when a challenge comes at or after the end of the challenge window.
     error WindowClosed(uint256 taskId, uint64 windowEnds);
     /// @notice Thrown when a task is finalized before its challenge window ends.
     error WindowOpen(uint256 taskId, uint64 windowEnds);
     /// @notice Thrown when a task is finalized while some of its games have not ended.
     error GamesLive(uint256 taskId, uint32 liveGames);
-    /// @notice Thrown when a bisection is asked for a commitment of one leaf (nothing to bisect).
-    error NothingToBisect(uint256 taskId);
+    /// @notice Thrown when an availability challenge names a log chunk the task does not have.
+    error DataIndexOutOfRange(uint64 index, uint64 numLeaves);
+    /// @notice Thrown when an availability challenge names a chunk the trainer has already posted.
+    error DataAlreadyProvided(uint256 taskId, uint64 index);
     /// @notice Thrown when a move, ruling or timeout targets a game that has ended.
     error GameOver(uint256 gameId, Outcome outcome);
     /// @notice Thrown when the game's phase does not accept this move.
@@ -161,6 +183,10 @@ contract VerificationGame {
     error ClockExpired(uint256 gameId, uint64 deadline);
     /// @notice Thrown when a timeout is claimed at or before the deadline.
     error ClockRunning(uint256 gameId, uint64 deadline);
+    /// @notice Thrown when a reward is claimed for a game that did not end AuditorWon.
+    error NoReward(uint256 gameId, Outcome outcome);
+    /// @notice Thrown when a game's reward is claimed a second time.
+    error RewardAlreadyClaimed(uint256 gameId);
     /// @notice Thrown when an account with no credit withdraws.
     error NothingToWithdraw(address account);
     /// @notice Thrown when sending a withdrawal fails (the receiver reverted).
@@ -177,15 +203,20 @@ contract VerificationGame {
         address indexed judge,
         address client,
         bytes32 specHash,
+        bytes32 keyHash,
         uint64 numLeaves,
         uint128 payment,
         uint128 trainerBond,
         uint128 auditorBond,
         uint32 clockAllowance,
         uint32 challengeWindow,
-        uint32 judgeWindow
+        uint32 judgeWindow,
+        uint32 commitWindow
     );
-    /// @notice The client cancelled a task before the commit; the payment is credited back.
+    /// @notice The trainer accepted the task and posted its bond; it must commit by `commitBy`.
+    event TaskAccepted(uint256 indexed taskId, uint64 commitBy);
+    /// @notice The client cancelled a task (open, or accepted and not committed in time); the
+    ///         payment (and a late trainer's bond) is credited to the client.
     event TaskCancelled(uint256 indexed taskId);
     /// @notice The trainer committed; challenges are accepted until `windowEnds`.
     event Committed(
@@ -198,10 +229,15 @@ contract VerificationGame {
         bytes32 lastLeaf,
         uint64 windowEnds
     );
-    /// @notice An auditor opened game `gameId` over `[lo, hi]`.
+    /// @notice An auditor opened game `gameId` over `[lo, hi]` (an availability challenge: lo = hi =
+    ///         the chunk demanded, followed by DataRequested).
     event Challenged(
         uint256 indexed taskId, uint256 indexed gameId, address indexed auditor, bool disputeInit, uint64 lo, uint64 hi
     );
+    /// @notice Game `gameId` demands log chunk `index`; the trainer must post it by `deadline`.
+    event DataRequested(uint256 indexed gameId, uint256 indexed taskId, uint64 index, uint64 deadline);
+    /// @notice The trainer posted log chunk `index` (verified against the log root).
+    event DataProvided(uint256 indexed gameId, uint256 indexed taskId, uint64 index, bytes data);
     /// @notice The trainer revealed leaf `index`; the auditor's clock runs.
     event LeafRevealed(uint256 indexed gameId, uint64 index, bytes32 leaf, uint32 trainerClockLeft);
     /// @notice The auditor answered; the interval is now `[lo, hi]`.
@@ -217,12 +253,17 @@ contract VerificationGame {
     );
     /// @notice The judge posted the post-state hash it computed.
     event Ruled(uint256 indexed gameId, bytes32 computed, bool trainerWon);
-    /// @notice A game ended; `winner` is the zero address when the game is void.
+    /// @notice A game ended; `winner` is the zero address when nobody was shown wrong (Void, Answered).
     event GameEnded(
         uint256 indexed gameId, uint256 indexed taskId, Outcome outcome, EndReason reason, address winner
     );
-    /// @notice A task was settled after its window; `trainerPaid` says who got the payment.
-    event TaskFinalized(uint256 indexed taskId, bool trainerPaid);
+    /// @notice A task was settled after its window. When the trainer lost, each of the
+    ///         `auditorWins` winning games may claim `rewardShare`, and `burnt` wei are locked for good.
+    event TaskFinalized(
+        uint256 indexed taskId, bool trainerPaid, uint32 auditorWins, uint128 rewardShare, uint128 burnt
+    );
+    /// @notice The auditor of game `gameId` was credited its share of the trainer's bond.
+    event RewardPaid(uint256 indexed gameId, address indexed auditor, uint256 amount);
     /// @notice `amount` was added to `account`'s withdrawable credit.
     event Credited(address indexed account, uint256 indexed taskId, uint256 amount);
     /// @notice `account` withdrew `amount`.
@@ -236,6 +277,9 @@ contract VerificationGame {
     uint256 public constant MAX_PROOF_LENGTH = MerkleProof.MAX_PROOF_LENGTH;
     /// @notice The most leaves a commitment may have (indices are packed as uint48 in storage).
     uint64 public constant MAX_LEAVES = 2 ** 48;
+    /// @notice The longest clock allowance, challenge window, judge window or commit window: a silent
+    ///         party can hold a task's money for at most about five such spans (docs/contract.md).
+    uint32 public constant MAX_DURATION = 30 days;
 
     // Bit offsets of GameSlots slot 0 as solc packs it (first member in the lowest bits); reveal
     // reads and writes that slot by hand. tests/contracts check every field through game().
@@ -260,6 +304,10 @@ contract VerificationGame {
     mapping(uint256 taskId => Task) internal _tasks;
     mapping(uint256 gameId => GameSlots) internal _games;
     mapping(address account => uint256) internal _credit;
+    /// @dev Log chunks a trainer has posted in answer to an availability challenge, per task.
+    mapping(uint256 taskId => mapping(uint64 index => bool)) internal _provided;
+    /// @dev Wei locked in this contract for good: the burnt half of forfeited trainer bonds.
+    uint256 internal _burnt;
 
     constructor() {
         deployedInBlock = block.number;
@@ -271,18 +319,22 @@ contract VerificationGame {
 
     /// @notice Create a task and escrow `msg.value` as the payment. Roles and parameters are final.
     /// @param specHash Hash of the canonical task config (dataset hash included): the pre-state of step 0.
-    /// @param trainer The only address that may commit and reveal.
+    /// @param keyHash sha256 of the data key the trainer must seal its transcript under, so that every
+    ///        party can check it holds the task's key (the key itself never goes on-chain).
+    /// @param trainer The only address that may accept, commit and reveal.
     /// @param judge The only address that may rule pinned steps.
     /// @param numLeaves N, the number of state leaves the trainer must commit (steps + 1, so at least 2):
     ///        fixed here so that a trainer cannot commit fewer steps than the task asks for.
-    /// @param trainerBond Exact value the trainer posts with its commitment.
-    /// @param auditorBond Exact value each auditor posts with a challenge.
+    /// @param trainerBond Exact value the trainer posts when it accepts (at least 1 wei).
+    /// @param auditorBond Exact value each auditor posts with a challenge (at least 1 wei).
     /// @param clockAllowance Seconds on each party's chess clock, per game.
     /// @param challengeWindow Seconds after the commit during which challenges are accepted.
     /// @param judgeWindow Seconds the judge has to rule once a step is pinned.
+    /// @param commitWindow Seconds the trainer has from its accept to its commit.
     /// @return taskId The new task's id (ids start at 1).
     function createTask(
         bytes32 specHash,
+        bytes32 keyHash,
         address trainer,
         address judge,
         uint64 numLeaves,
@@ -290,16 +342,21 @@ contract VerificationGame {
         uint128 auditorBond,
         uint32 clockAllowance,
         uint32 challengeWindow,
-        uint32 judgeWindow
+        uint32 judgeWindow,
+        uint32 commitWindow
     ) external payable returns (uint256 taskId) {
         // INVARIANT: a task escrows a payment.
         if (msg.value == 0) revert ZeroPayment();
         // INVARIANT: trainer and judge exist and are different parties.
         if (trainer == address(0) || judge == address(0) || trainer == judge) revert InvalidRoles(trainer, judge);
-        // INVARIANT: every clock and window is positive.
-        if (clockAllowance == 0 || challengeWindow == 0 || judgeWindow == 0) {
-            revert InvalidDurations(clockAllowance, challengeWindow, judgeWindow);
-        }
+        // INVARIANT: every claim is bonded (a free challenge or commit costs its target, never its maker).
+        if (trainerBond == 0 || auditorBond == 0) revert InvalidBonds(trainerBond, auditorBond);
+        // INVARIANT: every clock and window is positive and at most MAX_DURATION, so no silent party
+        // can hold the money for longer than a few such spans.
+        if (
+            !_validDuration(clockAllowance) || !_validDuration(challengeWindow) || !_validDuration(judgeWindow)
+                || !_validDuration(commitWindow)
+        ) revert InvalidDurations(clockAllowance, challengeWindow, judgeWindow, commitWindow);
         // INVARIANT: a task trains at least one step (leaf 0 and leaf 1), and at most MAX_LEAVES leaves.
         if (numLeaves < 2 || numLeaves > MAX_LEAVES) revert InvalidLeafCount(numLeaves);
         taskId = ++_taskCount;
@@ -316,43 +373,60 @@ contract VerificationGame {
         t.auditorBond = auditorBond;
         // The whole ether supply is far below 2^128 wei, so the cast cannot truncate.
         t.payment = uint128(msg.value);
+        t.commitWindow = commitWindow;
         t.specHash = specHash;
-        emit TaskCreated(
-            taskId,
-            trainer,
-            judge,
-            msg.sender,
-            specHash,
-            numLeaves,
-            uint128(msg.value),
-            trainerBond,
-            auditorBond,
-            clockAllowance,
-            challengeWindow,
-            judgeWindow
-        );
+        t.keyHash = keyHash;
+        _emitCreated(taskId, t);
     }
 
-    /// @notice Cancel a task the trainer has not committed to; the payment is credited to the client.
+    /// @notice The trainer locks the task before it trains: it posts its bond, the client can no
+    ///         longer cancel, and the trainer must commit within the task's commit window.
+    /// @param taskId The open task.
+    function accept(uint256 taskId) external payable {
+        Task storage t = _task(taskId);
+        // INVARIANT: a task is accepted once, and not after a cancel.
+        if (t.status != TaskStatus.Open) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: only the task's trainer accepts.
+        if (msg.sender != t.trainer) revert Unauthorized(msg.sender, t.trainer);
+        // INVARIANT: the trainer posts exactly its bond.
+        if (msg.value != t.trainerBond) revert WrongBond(msg.value, t.trainerBond);
+        uint64 commitBy = uint64(block.timestamp) + t.commitWindow;
+        t.status = TaskStatus.Accepted;
+        t.commitBy = commitBy;
+        emit TaskAccepted(taskId, commitBy);
+    }
+
+    /// @notice Cancel a task: an open one (the payment is credited back to the client), or an
+    ///         accepted one whose trainer did not commit within its commit window (the payment and
+    ///         the trainer's bond are credited to the client).
     /// @param taskId The task.
     function cancel(uint256 taskId) external {
         Task storage t = _task(taskId);
-        // INVARIANT: only an uncommitted task can be cancelled.
-        if (t.status != TaskStatus.Open) revert WrongTaskStatus(taskId, t.status);
+        TaskStatus status = t.status;
+        // INVARIANT: only a task without a commitment can be cancelled.
+        if (status != TaskStatus.Open && status != TaskStatus.Accepted) revert WrongTaskStatus(taskId, status);
         // INVARIANT: only the client cancels.
         if (msg.sender != t.client) revert Unauthorized(msg.sender, t.client);
+        uint256 amount = t.payment;
+        if (status == TaskStatus.Accepted) {
+            // INVARIANT: an accepted task is the trainer's until its commit window has passed.
+            // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
+            if (block.timestamp <= t.commitBy) revert CommitWindowOpen(taskId, t.commitBy);
+            // The trainer broke the promise its bond backed: the client takes the bond.
+            amount += t.trainerBond;
+        }
         t.status = TaskStatus.Cancelled;
         emit TaskCancelled(taskId);
-        _addCredit(t.client, taskId, t.payment);
+        _addCredit(t.client, taskId, amount);
     }
 
     /// @notice The trainer's commitment: roots, leaf count and both end leaves with their proofs.
     /// @dev Verifying leaf 0 and leaf N-1 here fixes the bisection's endpoints for every game.
     /// @param taskId The task.
     /// @param stateRoot Root of the tree of per-step state hashes (leaf i = state after step i).
-    /// @param logRoot Root of the tree of rounding-log chunk hashes.
+    /// @param logRoot Root of the tree of rounding-log chunk hashes (leaf i = sha256 of step i's chunk).
     /// @param numLeaves N, the number of state leaves (steps + 1): must be the task's own.
-    /// @param transcriptId Where the transcript can be fetched (content hash or locator hash).
+    /// @param transcriptId The sealed transcript's blob id (sha256 of its sealed bytes).
     /// @param firstLeaf Leaf 0, the initial state hash.
     /// @param firstProof Inclusion proof of leaf 0.
     /// @param lastLeaf Leaf N-1, the final state hash.
@@ -367,14 +441,15 @@ contract VerificationGame {
         bytes32[] calldata firstProof,
         bytes32 lastLeaf,
         bytes32[] calldata lastProof
-    ) external payable {
+    ) external {
         Task storage t = _task(taskId);
-        // INVARIANT: a task is committed once, and not after a cancel.
-        if (t.status != TaskStatus.Open) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: a task is committed once, after the trainer accepted it (and bonded).
+        if (t.status != TaskStatus.Accepted) revert WrongTaskStatus(taskId, t.status);
         // INVARIANT: only the task's trainer commits.
         if (msg.sender != t.trainer) revert Unauthorized(msg.sender, t.trainer);
-        // INVARIANT: the trainer posts exactly its bond.
-        if (msg.value != t.trainerBond) revert WrongBond(msg.value, t.trainerBond);
+        // INVARIANT: the commit comes within the commit window the trainer accepted.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
+        if (block.timestamp > t.commitBy) revert CommitWindowClosed(taskId, t.commitBy);
         // INVARIANT: the commitment covers every step the task asks for, no fewer and no more (issue 44:
         // a trainer committing only the initial state, N = 1, was otherwise paid for no training).
         // 2 <= t.numLeaves <= MAX_LEAVES was checked at creation.
@@ -395,7 +470,12 @@ contract VerificationGame {
         emit Committed(taskId, stateRoot, logRoot, numLeaves, transcriptId, firstLeaf, lastLeaf, windowEnds);
     }
 
-    /// @notice Settle a task after its window, once every game has ended (see docs/contract.md).
+    /// @notice Settle a task after its window, once every game has ended (docs/contract.md "Money").
+    /// @dev A trainer that lost no game is paid the payment and gets its bond back; a void game (the
+    ///      judge silent) shows no fault and does not stop that. A trainer that lost a game forfeits
+    ///      its bond: half is burnt, every AuditorWon game may claim an equal share of the other half
+    ///      (at most one auditor bond each, `claimReward`), and the rest goes to the client with the
+    ///      payment. Settling here, not when a game ends, makes the order of endings irrelevant.
     /// @param taskId The task.
     function finalize(uint256 taskId) external {
         Task storage t = _task(taskId);
@@ -407,15 +487,15 @@ contract VerificationGame {
         // INVARIANT: every game has ended.
         if (t.liveGames != 0) revert GamesLive(taskId, t.liveGames);
         t.status = TaskStatus.Finalized;
-        bool trainerPaid = !t.trainerLost && !t.anyVoid;
-        emit TaskFinalized(taskId, trainerPaid);
-        if (trainerPaid) {
+        if (!t.trainerLost) {
+            emit TaskFinalized(taskId, true, 0, 0, 0);
             _addCredit(t.trainer, taskId, uint256(t.payment) + t.trainerBond);
-        } else {
-            _addCredit(t.client, taskId, t.payment);
-            // A void game shows no fault: the trainer keeps its bond unless it lost a game.
-            if (!t.trainerLost) _addCredit(t.trainer, taskId, t.trainerBond);
+            return;
         }
+        (uint128 share, uint128 burn, uint256 toClient) = _forfeit(t);
+        _burnt += burn;
+        emit TaskFinalized(taskId, false, t.auditorWins, share, burn);
+        _addCredit(t.client, taskId, uint256(t.payment) + toClient);
     }
 
     /*//////////////////////////////////////////////////////////////
@@ -429,18 +509,8 @@ contract VerificationGame {
     /// @return gameId The new game's id (ids start at 1).
     function challenge(uint256 taskId, bool disputeInit) external payable returns (uint256 gameId) {
         Task storage t = _task(taskId);
-        // INVARIANT: only a committed, unsettled task can be challenged.
-        if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
-        // INVARIANT: challenges come before the window ends.
-        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
-        if (block.timestamp >= t.windowEnds) revert WindowClosed(taskId, t.windowEnds);
-        // INVARIANT: the trainer and the judge cannot be auditors of the task.
-        if (msg.sender == t.trainer || msg.sender == t.judge) revert ChallengerNotAllowed(msg.sender);
-        // INVARIANT: the auditor posts exactly its bond.
-        if (msg.value != t.auditorBond) revert WrongBond(msg.value, t.auditorBond);
-        uint64 n = t.numLeaves;
-        // INVARIANT: a bisection needs two leaves (a guard: createTask already requires numLeaves >= 2).
-        if (!disputeInit && n == 1) revert NothingToBisect(taskId);
+        _checkChallenger(taskId, t);
+        uint64 n = t.numLeaves; // >= 2, checked at creation
 
         gameId = ++_gameCount;
         ++t.liveGames;
@@ -467,6 +537,38 @@ contract VerificationGame {
         g.midLeaf = postLeaf;
         emit Challenged(taskId, gameId, msg.sender, disputeInit, 0, hi);
         if (pinned) emit StepPinned(gameId, taskId, hi, preLeaf, postLeaf, uint64(block.timestamp) + t.judgeWindow);
+    }
+
+    /// @notice Availability challenge: demand log chunk `index` of the committed log tree, for an
+    ///         auditor that cannot get or open the transcript. The trainer must post the chunk with
+    ///         `provideData` within its clock, or it loses the game (and with it the task).
+    /// @param taskId The committed task.
+    /// @param index The step whose rounding-log chunk is demanded (0 to N-1).
+    /// @return gameId The new game's id.
+    function challengeData(uint256 taskId, uint64 index) external payable returns (uint256 gameId) {
+        Task storage t = _task(taskId);
+        _checkChallenger(taskId, t);
+        // INVARIANT: the chunk demanded is a leaf of the log tree.
+        if (index >= t.numLeaves) revert DataIndexOutOfRange(index, t.numLeaves);
+        // INVARIANT: a chunk posted once is public for good; nobody can make the trainer post it again.
+        if (_provided[taskId][index]) revert DataAlreadyProvided(taskId, index);
+
+        gameId = ++_gameCount;
+        ++t.liveGames;
+        GameSlots storage g = _games[gameId];
+        uint32 clock = t.clockAllowance;
+        // index < numLeaves <= 2^48, so it fits the uint48 position fields.
+        g.lo = uint48(index);
+        g.hi = uint48(index);
+        g.lastMoveAt = uint40(block.timestamp);
+        g.trainerClock = clock;
+        g.auditorClock = clock;
+        g.phase = Phase.AwaitingData;
+        g.taskId = uint48(taskId);
+        g.auditor = msg.sender;
+        g.availability = true;
+        emit Challenged(taskId, gameId, msg.sender, false, index, index);
+        emit DataRequested(gameId, taskId, index, uint64(block.timestamp) + clock);
     }
 
     /// @notice Trainer's move: reveal leaf mid = (lo + hi) / 2 with its proof against the state root.
@@ -553,15 +655,40 @@ contract VerificationGame {
         _end(gameId, g, t, trainerWon ? Outcome.TrainerWon : Outcome.AuditorWon, EndReason.Ruling);
     }
 
-    /// @notice End a game whose mover's clock ran out (the mover loses) or whose judge deadline passed
-    ///         (the game is void). Anyone may call it.
+    /// @notice The trainer's answer to an availability challenge: log chunk `lo` of the game, whose
+    ///         sha256 must be leaf `lo` of the committed log tree. The chunk is emitted in
+    ///         `DataProvided` for anyone to read; the auditor's bond goes back (nobody was shown wrong).
+    /// @param gameId The availability game.
+    /// @param data The chunk's bytes.
+    /// @param proof Inclusion proof of sha256(data) at index lo in the log tree of N leaves.
+    function provideData(uint256 gameId, bytes calldata data, bytes32[] calldata proof) external {
+        GameSlots storage g = _game(gameId);
+        uint256 taskId = g.taskId;
+        Task storage t = _tasks[taskId];
+        // INVARIANT: only the trainer answers, and only an open availability challenge.
+        _checkTurn(gameId, g.phase, Phase.AwaitingData, t.trainer);
+        // INVARIANT: the trainer's clock has time left.
+        _spend(gameId, g.lastMoveAt, g.trainerClock);
+        uint64 index = g.lo;
+        bytes32 chunkHash = sha256(data);
+        // INVARIANT: the data is the committed chunk.
+        if (!MerkleProof.verify(t.logRoot, index, t.numLeaves, chunkHash, proof)) revert InvalidProof(index, chunkHash);
+        _provided[taskId][index] = true;
+        emit DataProvided(gameId, taskId, index, data);
+        _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
+    }
+
+    /// @notice End a game whose mover's clock ran out (the mover loses), whose judge deadline passed
+    ///         (the game is void), or whose demanded chunk was not posted in time (the trainer loses,
+    ///         unless another game of the task got the same chunk meanwhile). Anyone may call it.
     /// @param gameId The game.
     function timeout(uint256 gameId) external {
         GameSlots storage g = _game(gameId);
         Phase phase = g.phase;
         // INVARIANT: an ended game stays ended.
         if (phase == Phase.Ended) revert GameOver(gameId, g.outcome);
-        Task storage t = _tasks[g.taskId];
+        uint256 taskId = g.taskId;
+        Task storage t = _tasks[taskId];
         uint64 due = _deadline(g, t);
         // INVARIANT: a timeout needs the deadline to have passed.
         // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
@@ -570,9 +697,33 @@ contract VerificationGame {
             _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
         } else if (phase == Phase.AwaitingResponse) {
             _end(gameId, g, t, Outcome.TrainerWon, EndReason.Timeout);
+        } else if (phase == Phase.AwaitingData) {
+            // The demand is met when the chunk was posted in another game of the task.
+            if (_provided[taskId][uint64(g.lo)]) _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
+            else _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
         } else {
             _end(gameId, g, t, Outcome.Void, EndReason.JudgeTimeout);
         }
+    }
+
+    /// @notice Credit the auditor of a game that ended AuditorWon its share of the trainer's
+    ///         forfeited bond, once the task is finalized (the share is fixed then). Anyone may call it.
+    /// @param gameId The game.
+    function claimReward(uint256 gameId) external {
+        GameSlots storage g = _game(gameId);
+        // INVARIANT: only a game the auditor won has a reward.
+        if (g.outcome != Outcome.AuditorWon) revert NoReward(gameId, g.outcome);
+        uint256 taskId = g.taskId;
+        Task storage t = _tasks[taskId];
+        // INVARIANT: the share is known once every game of the task has ended and it is finalized.
+        if (t.status != TaskStatus.Finalized) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: a reward is paid once.
+        if (g.rewardClaimed) revert RewardAlreadyClaimed(gameId);
+        g.rewardClaimed = true;
+        (uint128 share,,) = _forfeit(t);
+        address auditor = g.auditor;
+        emit RewardPaid(gameId, auditor, share);
+        _addCredit(auditor, taskId, share);
     }
 
     /*//////////////////////////////////////////////////////////////
@@ -613,8 +764,10 @@ contract VerificationGame {
             auditor: g.auditor,
             taskId: g.taskId,
             disputeInit: g.disputeInit,
+            availability: g.availability,
             outcome: g.outcome,
             reason: g.reason,
+            rewardClaimed: g.rewardClaimed,
             loLeaf: g.loLeaf,
             hiLeaf: g.hiLeaf,
             midLeaf: g.midLeaf
@@ -624,6 +777,11 @@ contract VerificationGame {
     /// @notice Withdrawable credit of `account`.
     function credit(address account) external view returns (uint256) {
         return _credit[account];
+    }
+
+    /// @notice Wei burnt so far: the halves of forfeited trainer bonds, locked in this contract for good.
+    function burnt() external view returns (uint256) {
+        return _burnt;
     }
 
     /// @notice Number of tasks created; ids run from 1 to this.
@@ -644,13 +802,15 @@ contract VerificationGame {
         trainer = g.trainerClock;
         auditor = g.auditorClock;
         uint256 elapsed = block.timestamp - g.lastMoveAt;
+        Phase phase = g.phase;
+        bool trainerMoves = phase == Phase.AwaitingReveal || phase == Phase.AwaitingData;
         // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
-        if (g.phase == Phase.AwaitingReveal) trainer = elapsed >= trainer ? 0 : uint32(trainer - elapsed);
-        if (g.phase == Phase.AwaitingResponse) auditor = elapsed >= auditor ? 0 : uint32(auditor - elapsed);
+        if (trainerMoves) trainer = elapsed >= trainer ? 0 : uint32(trainer - elapsed);
+        if (phase == Phase.AwaitingResponse) auditor = elapsed >= auditor ? 0 : uint32(auditor - elapsed);
     }
 
-    /// @notice The time after which `timeout` succeeds: the mover's clock end, or the judge's deadline
-    ///         when pinned; 0 once the game has ended.
+    /// @notice The time after which `timeout` succeeds: the mover's clock end (the trainer's for an
+    ///         availability challenge), or the judge's deadline when pinned; 0 once the game has ended.
     function deadline(uint256 gameId) external view returns (uint64) {
         GameSlots storage g = _game(gameId);
         if (g.phase == Phase.Ended) return 0;
@@ -699,12 +859,64 @@ contract VerificationGame {
     function _deadline(GameSlots storage g, Task storage t) internal view returns (uint64) {
         Phase phase = g.phase;
         uint64 last = g.lastMoveAt;
-        if (phase == Phase.AwaitingReveal) return last + g.trainerClock;
+        if (phase == Phase.AwaitingReveal || phase == Phase.AwaitingData) return last + g.trainerClock;
         if (phase == Phase.AwaitingResponse) return last + g.auditorClock;
         return last + t.judgeWindow;
     }
 
-    /// @dev Ends a game and credits its bonds (docs/contract.md "Money"). Effects only, no transfer.
+    /// @dev Checks shared by both kinds of challenge, in the documented order.
+    function _checkChallenger(uint256 taskId, Task storage t) internal view {
+        // INVARIANT: only a committed, unsettled task can be challenged.
+        if (t.status != TaskStatus.Committed) revert WrongTaskStatus(taskId, t.status);
+        // INVARIANT: challenges come before the window ends.
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
+        if (block.timestamp >= t.windowEnds) revert WindowClosed(taskId, t.windowEnds);
+        // INVARIANT: the trainer and the judge cannot be auditors of the task.
+        if (msg.sender == t.trainer || msg.sender == t.judge) revert ChallengerNotAllowed(msg.sender);
+        // INVARIANT: the auditor posts exactly its bond.
+        if (msg.value != t.auditorBond) revert WrongBond(msg.value, t.auditorBond);
+    }
+
+    function _validDuration(uint32 seconds_) internal pure returns (bool) {
+        return seconds_ != 0 && seconds_ <= MAX_DURATION;
+    }
+
+    /// @dev TaskCreated from storage (fewer stack slots than from the arguments).
+    function _emitCreated(uint256 taskId, Task storage t) internal {
+        emit TaskCreated(
+            taskId,
+            t.trainer,
+            t.judge,
+            t.client,
+            t.specHash,
+            t.keyHash,
+            t.numLeaves,
+            t.payment,
+            t.trainerBond,
+            t.auditorBond,
+            t.clockAllowance,
+            t.challengeWindow,
+            t.judgeWindow,
+            t.commitWindow
+        );
+    }
+
+    /// @dev The split of a forfeited trainer bond B among m = auditorWins winning games
+    ///      (docs/contract.md "Money"): floor(B / 2) burnt; each game's share is the rest divided
+    ///      by m, at most one auditor bond; the client gets what the shares leave.
+    function _forfeit(Task storage t) internal view returns (uint128 share, uint128 burn, uint256 toClient) {
+        uint128 bond = t.trainerBond;
+        uint32 wins = t.auditorWins; // >= 1: the trainer lost a game
+        burn = bond / 2;
+        uint128 pool = bond - burn;
+        share = pool / wins;
+        if (share > t.auditorBond) share = t.auditorBond;
+        toClient = pool - uint256(share) * wins;
+    }
+
+    /// @dev Ends a game and credits its auditor bond (docs/contract.md "Money"). Effects only, no
+    ///      transfer. The trainer's bond is settled at finalize, not here, so the order in which
+    ///      games end (which the trainer controls) changes nobody's pay.
     function _end(uint256 gameId, GameSlots storage g, Task storage t, Outcome outcome, EndReason reason) internal {
         g.phase = Phase.Ended;
         g.outcome = outcome;
@@ -712,22 +924,19 @@ contract VerificationGame {
         --t.liveGames;
         uint256 taskId = g.taskId;
         address auditor = g.auditor;
-        address winner = address(0); // stays zero for a void game
-        uint256 amount = t.auditorBond;
+        address winner = address(0); // stays zero when nobody was shown wrong (Void, Answered)
         if (outcome == Outcome.TrainerWon) {
             winner = t.trainer;
         } else if (outcome == Outcome.AuditorWon) {
             winner = auditor;
-            if (!t.trainerLost) {
-                // The trainer's bond goes to the first auditor that wins; later winners get their bond back.
-                t.trainerLost = true;
-                amount += t.trainerBond;
-            }
-        } else {
+            t.trainerLost = true;
+            ++t.auditorWins;
+        } else if (outcome == Outcome.Void) {
             t.anyVoid = true;
         }
         emit GameEnded(gameId, taskId, outcome, reason, winner);
-        _addCredit(winner == address(0) ? auditor : winner, taskId, amount);
+        // The auditor's bond goes to the trainer when the trainer won, else back to the auditor.
+        _addCredit(outcome == Outcome.TrainerWon ? winner : auditor, taskId, t.auditorBond);
     }
 
     function _addCredit(address account, uint256 taskId, uint256 amount) internal {

@@ -38,17 +38,21 @@ ACTION_LOG = logging.getLogger(f"{__name__}.actions")
 
 ACTORS = ("client", "trainer", "auditor", "judge")
 WHATS = (
+    "accept",
     "train",
     "publish",
     "commit",
     "replay",
     "challenge",
+    "demand",
+    "provide",
     "reveal",
     "respond",
     "evidence",
     "rule",
     "timeout",
     "finalize",
+    "claim",
     "withdraw",
     "cancelled",
     "restore",

@@ -223,7 +223,7 @@ class _Run:
         from game.chain.deploy import deploy
         from game.judge import Judge
         from game.store.blobs import BlobStore
-        from game.store.keys import new_key
+        from game.store.keys import key_hash, new_key
         from game.tasks import post_task
         from trainer_node.agent import TrainerAgent
 
@@ -240,6 +240,7 @@ class _Run:
         receipt = post_task(
             clients["client"],
             self.cfg.spec_hash(),
+            key_hash=key_hash(data_key),
             num_leaves=self.cfg.num_leaves,
             trainer=accounts["trainer"].address,
             judge=accounts["judge"].address,
@@ -337,16 +338,22 @@ class _Run:
 
     def _settled(self, clients: dict[str, VerificationGameClient], task_id: int) -> bool:
         from game.chain.types import TaskStatus
+        from game.protocol.solver import decide_claims
+        from game.tasks import task_games
 
-        t = clients["client"].task(task_id)
+        client = clients["client"]
+        t = client.task(task_id)
         if t.status not in (TaskStatus.FINALIZED, TaskStatus.CANCELLED):
             return False
+        if decide_claims(t, task_games(client, task_id)):
+            return False  # a winning auditor's share of the trainer's bond is still to be claimed
         return all(c.credit() == 0 for c in clients.values())
 
     def _client_chores(self, client: VerificationGameClient, task_id: int) -> bool:
-        """What the client does when the agents have nothing to do: settle, then reclaim."""
+        """What the client does when the agents have nothing to do: settle, claim a winner's reward
+        its auditor left unclaimed (anyone may), then reclaim."""
         from game.agents import AgentAction
-        from game.tasks import finalize_if_due, reclaim
+        from game.tasks import claim_rewards, finalize_if_due, reclaim
 
         rec = finalize_if_due(client, task_id)
         what = "finalize"
@@ -354,8 +361,8 @@ class _Run:
             t = client.task(task_id)
             if t.status.name not in ("FINALIZED", "CANCELLED"):
                 return False
-            rec = reclaim(client)
-            what = "withdraw"
+            claims = claim_rewards(client, task_id)
+            rec, what = (claims[0], "claim") if claims else (reclaim(client), "withdraw")
         if rec is None:
             return False
         self.record(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from game.training.task.config import TaskConfig
 
 #: Actions that are moves of a verification game (what the live table counts as "moves").
-GAME_MOVES = frozenset({"challenge", "reveal", "respond", "rule", "timeout"})
+GAME_MOVES = frozenset({"challenge", "demand", "provide", "reveal", "respond", "rule", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class DemoResult:
     task_id: int
     contract: str
     contract_balance: int
+    burnt: int  # wei the contract keeps for good: half the bond of a trainer that lost
     end_reason: str | None  # how the (first) game ended
     games: tuple[GameSummary, ...]
     balances: dict[str, PartyBalance]
@@ -122,6 +123,7 @@ class DemoResult:
             "task_id": self.task_id,
             "contract": self.contract,
             "contract_balance": self.contract_balance,
+            "burnt": self.burnt,
             "games": [g.to_dict() for g in self.games],
             "balances": {k: v.to_dict() for k, v in self.balances.items()},
             "actions": [a.to_dict() for a in self.actions],
@@ -183,6 +185,7 @@ def demo_result(
         for p, acct in accounts.items()
     }
     contract_balance = chain.balance(address)
+    burnt = client.burnt()
     tx_hashes = {a.tx_hash for a in run.actions if a.tx_hash}
     winners = [s.winner for s in summaries if s.winner]
     if "auditor" in winners:
@@ -200,7 +203,8 @@ def demo_result(
         moves=sum(1 for a in run.actions if a.what in GAME_MOVES and a.tx_hash),
         transactions=len(tx_hashes),
         gas_total=sum(a.gas_used or 0 for a in _unique_txs(run.actions)),
-        balances_ok=contract_balance == 0 and all(b.ok for b in balances.values()),
+        # the contract keeps only what it burnt (half a lost trainer's bond, for good)
+        balances_ok=contract_balance == burnt and all(b.ok for b in balances.values()),
         trainer_profile=run.profiles[0],
         auditor_profile=run.profiles[1],
         judge_profile=run.profiles[2],
@@ -212,6 +216,7 @@ def demo_result(
         task_id=task_id,
         contract=address,
         contract_balance=contract_balance,
+        burnt=burnt,
         end_reason=summaries[0].reason if summaries else None,
         games=summaries,
         balances=balances,

@@ -44,6 +44,7 @@ from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
+from game.store.keys import key_hash
 from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
@@ -372,6 +373,12 @@ class Judge:
         task is settled, gaining files as other games of it need them): a judge re-runs one step,
         and the transcript's checkpoints are each the model's whole state.
         """
+        if task.key_hash != key_hash(self.data_key):
+            # the judge's own mistake, said as such: "does not open" would blame the trainer
+            raise TranscriptEvidenceError(
+                f"this judge's data key is not task {task_id}'s (the task's key hashes to "
+                f"{task.key_hash.hex()[:16]}...): get the task's key from its client"
+            )
         dest = self.workdir / "transcripts" / str(task_id)
         marker: dict[str, str] = dict(self.state.get("fetched", {}))
         listing = dest / _LISTING

@@ -2,8 +2,8 @@
 
 Why a module of its own: ``vgame task ...`` and the demo are both clients, and a client script
 should need no CLI. A task is posted from a :class:`~game.training.task.config.TaskConfig` (only its
-spec hash goes on-chain) and :class:`TaskTerms` (bonds, clocks, window, payment); the roles and
-every term are fixed at creation (``docs/contract.md``).
+spec hash goes on-chain), the data key's hash and :class:`TaskTerms` (bonds, clocks, windows,
+payment); the roles and every term are fixed at creation (``docs/contract.md``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from game.chain.client import VerificationGameClient
+from game.chain.client import MAX_DURATION, VerificationGameClient
 from game.chain.errors import GamesLive, WindowOpen
 from game.chain.types import Game, Outcome, TxReceipt
 from game.errors import ConfigError
@@ -28,22 +28,24 @@ class TaskTerms:
     """What a task pays and risks, and how long each party has (seconds)."""
 
     payment: int = ETHER  # wei escrowed by the client, paid to an unchallenged (or winning) trainer
-    trainer_bond: int = ETHER // 2  # wei the trainer locks with its commitment
+    trainer_bond: int = ETHER // 2  # wei the trainer locks when it accepts the task
     auditor_bond: int = ETHER // 10  # wei each challenger locks per game
     clock_allowance: int = 3600  # chess-clock seconds per party per game
     challenge_window: int = 86400  # seconds after the commit during which anyone may challenge
     judge_window: int = 3600  # seconds the judge has to rule once a step is pinned
+    commit_window: int = 7 * 86400  # seconds the trainer has from its accept to its commit
 
     def __post_init__(self) -> None:
         if self.payment <= 0:
             raise ConfigError(f"payment: must be positive, got {self.payment}")
         for name in ("trainer_bond", "auditor_bond"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
-        for name in ("clock_allowance", "challenge_window", "judge_window"):
+            if getattr(self, name) < 1:
+                # a free claim costs its target, never its maker (the contract refuses it: InvalidBonds)
+                raise ConfigError(f"{name}: must be at least 1 wei, got {getattr(self, name)}")
+        for name in ("clock_allowance", "challenge_window", "judge_window", "commit_window"):
             value = getattr(self, name)
-            if not 0 < value < 2**32:
-                raise ConfigError(f"{name}: must be 1..{2**32 - 1} seconds, got {value}")
+            if not 0 < value <= MAX_DURATION:
+                raise ConfigError(f"{name}: must be 1..{MAX_DURATION} seconds (30 days), got {value}")
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -57,6 +59,7 @@ REALTIME_TERMS = TaskTerms(
     clock_allowance=90,
     challenge_window=180,
     judge_window=120,
+    commit_window=3600,
 )
 
 
@@ -64,6 +67,7 @@ def post_task(
     client: VerificationGameClient,
     spec_hash: bytes,
     *,
+    key_hash: bytes,
     num_leaves: int,
     trainer: str,
     judge: str,
@@ -71,14 +75,16 @@ def post_task(
 ) -> TxReceipt:
     """Create the task and escrow the payment; ``receipt.result`` is the new task id.
 
-    ``num_leaves`` is the config's :attr:`~game.training.task.config.TaskConfig.num_leaves` (steps
-    + 1): the contract refuses a commitment of any other size, so a trainer cannot be paid for
-    fewer steps than the task asks for.
+    ``key_hash`` is the data key's hash (:func:`game.store.keys.key_hash`: every party checks it
+    holds the task's key before working). ``num_leaves`` is the config's
+    :attr:`~game.training.task.config.TaskConfig.num_leaves` (steps + 1): the contract refuses a
+    commitment of any other size, so a trainer cannot be paid for fewer steps than the task asks for.
     """
     receipt = client.create_task(
         spec_hash,
         trainer,
         judge,
+        key_hash=key_hash,
         num_leaves=num_leaves,
         payment=terms.payment,
         trainer_bond=terms.trainer_bond,
@@ -86,6 +92,7 @@ def post_task(
         clock_allowance=terms.clock_allowance,
         challenge_window=terms.challenge_window,
         judge_window=terms.judge_window,
+        commit_window=terms.commit_window,
     )
     log.info("posted task %s (spec %s...) for trainer %s", receipt.result, spec_hash.hex()[:16], trainer)
     return receipt
@@ -102,14 +109,14 @@ def task_games(client: VerificationGameClient, task_id: int) -> list[tuple[int, 
 
 
 def game_winner(game: Game) -> str | None:
-    """``"trainer"``, ``"auditor"``, ``"void"``, or None while the game is live."""
-    if game.outcome == Outcome.TRAINER_WON:
-        return "trainer"
-    if game.outcome == Outcome.AUDITOR_WON:
-        return "auditor"
-    if game.outcome == Outcome.VOID:
-        return "void"
-    return None
+    """``"trainer"``, ``"auditor"``, ``"void"`` (the judge silent), ``"answered"`` (a demanded
+    chunk posted: nobody was shown wrong), or None while the game is live."""
+    return {
+        Outcome.TRAINER_WON: "trainer",
+        Outcome.AUDITOR_WON: "auditor",
+        Outcome.VOID: "void",
+        Outcome.ANSWERED: "answered",
+    }.get(game.outcome)
 
 
 def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any]:
@@ -125,10 +132,12 @@ def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any
                 "lo": g.lo,
                 "hi": g.hi,
                 "dispute_init": g.dispute_init,
+                "data_index": g.data_index,
                 "pinned_step": g.pinned_step,
                 "outcome": g.outcome.name.lower(),
                 "reason": g.reason.name.lower(),
                 "winner": game_winner(g),
+                "reward_claimed": g.reward_claimed,
                 "deadline": client.deadline(gid),
                 "clock_left": dict(zip(("trainer", "auditor"), client.clock_left(gid), strict=True)),
             }
@@ -147,6 +156,9 @@ def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any
         "clock_allowance": t.clock_allowance,
         "challenge_window": t.challenge_window,
         "judge_window": t.judge_window,
+        "commit_window": t.commit_window,
+        "commit_by": t.commit_by,
+        "key_hash": t.key_hash.hex(),
         "num_leaves": t.num_leaves,
         "state_root": t.state_root.hex(),
         "log_root": t.log_root.hex(),
@@ -155,7 +167,9 @@ def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any
         "live_games": t.live_games,
         "trainer_lost": t.trainer_lost,
         "any_void": t.any_void,
+        "auditor_wins": t.auditor_wins,
         "trainer_paid": bool(finalized[0].trainer_paid) if finalized else None,  # type: ignore[attr-defined]
+        "reward_share": int(finalized[0].reward_share) if finalized else None,  # type: ignore[attr-defined]
         "games": games,
         "now": client.chain.now(),
     }
@@ -174,6 +188,15 @@ def finalize_if_due(client: VerificationGameClient, task_id: int) -> TxReceipt |
         return None
 
 
+def claim_rewards(client: VerificationGameClient, task_id: int) -> list[TxReceipt]:
+    """Claim the reward of every game of a settled task that its auditor won and nobody claimed
+    yet (anyone may; each credits the game's auditor). Empty when there is none."""
+    from game.protocol.solver import decide_claims
+
+    task = client.task(task_id)
+    return [client.claim_reward(c.game_id) for c in decide_claims(task, task_games(client, task_id))]
+
+
 def reclaim(client: VerificationGameClient) -> TxReceipt | None:
     """Withdraw this account's credit (the payment after a won challenge or a cancel); None if none."""
     if decide_withdraw(client.credit()) is None:
@@ -185,6 +208,7 @@ __all__ = [
     "ETHER",
     "REALTIME_TERMS",
     "TaskTerms",
+    "claim_rewards",
     "describe_task",
     "finalize_if_due",
     "game_winner",

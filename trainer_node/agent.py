@@ -1,13 +1,17 @@
-"""The trainer agent: train the task, publish the transcript, commit, answer every bisection.
+"""The trainer agent: accept the task, train it, publish the transcript, commit, answer every game.
 
 Each :meth:`TrainerAgent.step` reads the task and its games from the chain and does what is due
-now. Training is resumable (``game.training.engine.train.train``), the published transcript id is kept
-in ``workdir/task-<id>/trainer.json``, and everything else (committed or not, which leaf a game wants next,
-whose clock ran out) is read back from the chain, so a trainer killed at any point and recreated
-with the same arguments sends no transaction twice and ends the game the same way. A transcript
-found damaged after the commit is mended from the store, or trained again where it is gone
-(:mod:`trainer_node.mend`); until then finalize and withdraw still go ahead, and the node says how
-to mend it.
+now. Before any work it checks the task: its spec hash and leaf count are its config's, the data
+key it was given is the task's (``keyHash``), and the terms pass its :class:`TermsPolicy`; then it
+accepts the task, posting its bond, so that the client cannot cancel it while it trains. Training
+is resumable (``game.training.engine.train.train``); before committing it opens the published blob
+under the task's key and holds its manifest to the roots it commits. The published transcript id is
+kept in ``workdir/task-<id>/trainer.json``, and everything else (accepted, committed or not, which
+leaf or log chunk a game wants next, whose clock ran out) is read back from the chain, so a trainer
+killed at any point and recreated with the same arguments sends no transaction twice and ends the
+game the same way. A transcript found damaged after the commit is mended from the store, or
+trained again where it is gone (:mod:`trainer_node.mend`); until then finalize and withdraw still
+go ahead, and the node says how to mend it.
 
 A ``deviation`` makes it a dishonest trainer on purpose (the demo; ``vgame node trainer
 --rehearse``); a node's ``rehearsal`` names it (``poison@8``) in its state file and its actions.
@@ -16,6 +20,7 @@ A ``deviation`` makes it a dishonest trainer on purpose (the demo; ``vgame node 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -35,9 +40,19 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError, VGameError
 from game.merkle import MerkleTree
-from game.protocol.solver import ClaimTimeout, Reveal, decide_finalize, decide_withdraw, trainer_move
-from game.store.archive import publish_directory
+from game.protocol.solver import (
+    ClaimTimeout,
+    ProvideData,
+    Reveal,
+    decide_accept,
+    decide_finalize,
+    decide_withdraw,
+    trainer_move,
+)
+from game.protocol.terms import TermsPolicy, terms_problems
+from game.store.archive import SealedArchive, publish_directory
 from game.store.blobs import BlobStore
+from game.store.keys import key_hash
 from game.store.sealing import StoreError
 from game.training.engine.train import Deviation, train
 from game.training.task.config import TaskConfig
@@ -77,6 +92,7 @@ class TrainerAgent(TaskAgent):
         data_key: bytes,
         deviation: Deviation | None = None,
         rehearsal: str | None = None,
+        policy: TermsPolicy | None = None,
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
     ) -> None:
@@ -90,7 +106,9 @@ class TrainerAgent(TaskAgent):
         self.cfg = cfg
         self.deviation = deviation
         self.rehearsal = rehearsal
+        self.policy = policy or TermsPolicy()
         self._tree: MerkleTree | None = None
+        self._log_tree: MerkleTree | None = None
 
     @property
     def transcript_dir(self) -> Path:
@@ -118,7 +136,15 @@ class TrainerAgent(TaskAgent):
         check_key(ACTOR, self.task_id, task, self.client.me)
         self._check_rehearsal()
         damage: str | None = None
-        if task.status == TaskStatus.OPEN:
+        if task.status in (TaskStatus.OPEN, TaskStatus.ACCEPTED):
+            problems = terms_problems(task, key_hash(self.data_key), self.policy)
+            if problems:
+                # before the accept (its bond) and before any training: nothing is lost yet
+                raise AgentError(f"not working on task {self.task_id}: " + "; ".join(problems))
+        if task.status == TaskStatus.OPEN and decide_accept(task) is not None:
+            self._accept(out)
+            task = self.client.task(self.task_id)
+        if task.status == TaskStatus.ACCEPTED:
             with contextlib.suppress(_Cancelled):  # said by _still_open, next
                 self._train(out)
             if self._still_open(out):
@@ -141,6 +167,22 @@ class TrainerAgent(TaskAgent):
         return status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED) and self.client.credit() == 0
 
     # ------------------------------------------------------------------------ before commit
+    def _accept(self, out: list[AgentAction]) -> None:
+        """Lock the task and post the bond: from now on the client cannot cancel until the commit
+        window has passed, so a commit of work done cannot be front-run by a cancel."""
+        rec = self.client.accept(self.task_id)
+        commit_by = self.client.task(self.task_id).commit_by
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "accept",
+                self.task_id,
+                rec,
+                detail=f"bond posted; commit due by block time {commit_by}",
+            ),
+        )
+
     def _complete(self) -> bool:
         if not (self.transcript_dir / MANIFEST_NAME).is_file():
             return False
@@ -199,6 +241,13 @@ class TrainerAgent(TaskAgent):
             self._tree = MerkleTree(Transcript(self.transcript_dir).leaves())
         return self._tree
 
+    def log_tree(self) -> MerkleTree:
+        """The Merkle tree of this trainer's log-chunk hashes (the log root; a demanded chunk is
+        proved against it)."""
+        if self._log_tree is None:
+            self._log_tree = MerkleTree(Transcript(self.transcript_dir).chunk_hashes())
+        return self._log_tree
+
     def _cancelled(self) -> bool:
         """Whether the chain says the client cancelled the task; a chain that does not answer now
         says nothing (training goes on, the next look may tell)."""
@@ -211,8 +260,9 @@ class TrainerAgent(TaskAgent):
             return False
 
     def _still_open(self, out: list[AgentAction]) -> bool:
-        """Whether the task still waits for this trainer's commit; a cancelled one is said once."""
-        if self.client.task(self.task_id).status == TaskStatus.OPEN:
+        """Whether the task still waits for this trainer's commit; a cancelled one (its commit window
+        passed before the commit) is said once."""
+        if self.client.task(self.task_id).status == TaskStatus.ACCEPTED:
             return True
         if not self.state.get("saw_cancel"):
             self.state.update(saw_cancel=True)
@@ -223,17 +273,39 @@ class TrainerAgent(TaskAgent):
                     ACTOR,
                     "cancelled",
                     self.task_id,
-                    detail=f"the client cancelled the task; nothing to commit ({max(done - 1, 0)} steps "
-                    f"trained are kept in {self.transcript_dir})",
+                    detail=f"the client cancelled the task (its commit window had passed); nothing to "
+                    f"commit ({max(done - 1, 0)} steps trained are kept in {self.transcript_dir})",
                 ),
             )
         return False
+
+    def _check_opens(self, bid: bytes, log_root: bytes) -> None:
+        """The published blob opens under the task's key and holds the roots about to be committed.
+
+        Why before the commit: a trainer whose node sealed its transcript under another key than
+        the client's committed and was paid for a transcript nobody could open (issue 44). The
+        key's hash was held to the task's before the accept; this opens the blob itself (its tar
+        headers and manifest only: a segment or two, authenticated) and compares what it holds."""
+        try:
+            with SealedArchive(self.store, self.data_key, bid) as archive:
+                manifest = json.loads(archive.read(MANIFEST_NAME))
+        except (StoreError, ValueError) as exc:
+            raise AgentError(
+                f"the transcript published for task {self.task_id} does not open under the task's data "
+                f"key ({exc}); not committing"
+            ) from exc
+        if (manifest.get("state_root"), manifest.get("log_root")) != (self.tree().root.hex(), log_root.hex()):
+            raise AgentError(
+                f"the transcript published for task {self.task_id} holds other roots than this trainer's "
+                f"transcript in {self.transcript_dir}; not committing"
+            )
 
     def _commit(self, out: list[AgentAction]) -> None:
         bid = self._published_id()
         assert bid is not None
         t = Transcript(self.transcript_dir)
         assert t.manifest.log_root is not None
+        self._check_opens(bid, bytes.fromhex(t.manifest.log_root))
         tree = self.tree()
         rec = self.client.commit_tree(self.task_id, tree, bytes.fromhex(t.manifest.log_root), bid)
         self.state.update(commit_block=rec.block_number)
@@ -326,9 +398,12 @@ class TrainerAgent(TaskAgent):
             g = self.client.game(gid)
             if g.phase == Phase.ENDED:
                 continue
-            move = trainer_move(g, self.client.chain.now(), self.client.deadline(gid), self.tree())
+            log_tree = self.log_tree() if g.availability else None
+            move = trainer_move(g, self.client.chain.now(), self.client.deadline(gid), self.tree(), log_tree)
             if isinstance(move, Reveal):
                 self._reveal(gid, g, move, out)
+            elif isinstance(move, ProvideData):
+                self._provide(gid, move, out)
             elif isinstance(move, ClaimTimeout):
                 self._timeout(gid, move, out)
 
@@ -348,6 +423,28 @@ class TrainerAgent(TaskAgent):
                 game_id=gid,
                 leaf_index=move.index,
                 detail=f"[{g.lo}, {g.hi}]",
+            ),
+        )
+
+    def _provide(self, gid: int, move: ProvideData, out: list[AgentAction]) -> None:
+        """Post the demanded log chunk on-chain (an availability challenge: an auditor could not get
+        or open the transcript)."""
+        chunk = Transcript(self.transcript_dir).chunk_bytes(move.index)
+        try:
+            rec = self.client.provide_data(gid, chunk, move.proof)
+        except VerificationGameError as exc:
+            log.warning("posting log chunk %d in game %d refused: %s", move.index, gid, exc)
+            return
+        self._emit(
+            out,
+            action_from_receipt(
+                ACTOR,
+                "provide",
+                self.task_id,
+                rec,
+                game_id=gid,
+                leaf_index=move.index,
+                detail=f"log chunk of step {move.index} posted on-chain ({len(chunk):,} bytes)",
             ),
         )
 

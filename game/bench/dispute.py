@@ -27,6 +27,7 @@ from game.bench.gas import (
     MOVE_GAS_TARGET,
     DisputePlay,
     MoveStats,
+    accept_bench_task,
     bench_parties,
     check_bench_chain,
     claimed_step,
@@ -170,6 +171,7 @@ def measure_game_size(
     p = bench_parties(chain, deploy_contract(chain, chain.account(0)).address)
     task_id = create_bench_task(p, tree.size).result
     assert task_id is not None
+    accept_bench_task(p, task_id)
     commit_bench_tree(p, task_id, tree)
     pinned = claimed_step(n)
 

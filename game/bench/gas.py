@@ -2,8 +2,9 @@
 
 Used by ``vgame bench gas``. For each tree size ``N = 2^k`` it deploys the game, then plays:
 a dispute (honest trainer, an auditor who claims the run diverged at a pinned step and bisects
-down to it, the judge's ruling), a cancelled task, a game lost on time, and the settlement
-(finalize, withdraw). Leaves are synthetic (hashes of their index): gas does not depend on what
+down to it, the judge's ruling), a cancelled task, a game lost on time, an availability challenge
+answered with a chunk of :data:`BENCH_CHUNK_BYTES` bytes, and the settlement (finalize, a loser's
+reward claimed, withdraw). Leaves are synthetic (hashes of their index): gas does not depend on what
 the leaves mean, only on the tree's depth. :func:`play_dispute` (challenge, bisection, ruling) is
 shared with :mod:`game.bench.dispute`, which times whole disputes.
 """
@@ -36,6 +37,10 @@ ETHER = 10**18
 CLOCK = 3_600
 WINDOW = 86_400
 JUDGE_WINDOW = 3_600
+COMMIT_WINDOW = 86_400
+#: The size of the log chunk the bench posts in answer to an availability challenge: about a sparse
+#: gpt-shakespeare chunk (5,207 bytes, docs/benchmarks.md).
+BENCH_CHUNK_BYTES = 5_120
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ def create_bench_task(p: Parties, num_leaves: int) -> TxReceipt:
         hashlib.sha256(b"bench spec").digest(),
         p.trainer.me,
         p.judge.me,
+        key_hash=hashlib.sha256(b"bench key").digest(),
         num_leaves=num_leaves,
         payment=ETHER,
         trainer_bond=ETHER // 10,
@@ -146,16 +152,26 @@ def create_bench_task(p: Parties, num_leaves: int) -> TxReceipt:
         clock_allowance=CLOCK,
         challenge_window=WINDOW,
         judge_window=JUDGE_WINDOW,
+        commit_window=COMMIT_WINDOW,
     )
     assert rec.result is not None
     return rec
 
 
-def commit_bench_tree(p: Parties, task_id: int, tree: MerkleTree) -> TxReceipt:
-    """The trainer commits ``tree`` (log root and transcript id are fixed dummies)."""
-    return p.trainer.commit_tree(
-        task_id, tree, hashlib.sha256(b"log").digest(), hashlib.sha256(b"t").digest()
-    )
+def accept_bench_task(p: Parties, task_id: int) -> TxReceipt:
+    """The trainer accepts ``task_id`` (posting its bond) before it trains."""
+    return p.trainer.accept(task_id)
+
+
+def bench_chunks(n: int) -> list[bytes]:
+    """``n`` synthetic log chunks of :data:`BENCH_CHUNK_BYTES` bytes each."""
+    return [hashlib.sha256(b"chunk %d" % i).digest() * (BENCH_CHUNK_BYTES // 32) for i in range(n)]
+
+
+def commit_bench_tree(p: Parties, task_id: int, tree: MerkleTree, log_root: bytes | None = None) -> TxReceipt:
+    """The trainer commits ``tree`` (the log root and transcript id are dummies unless given)."""
+    root = hashlib.sha256(b"log").digest() if log_root is None else log_root
+    return p.trainer.commit_tree(task_id, tree, root, hashlib.sha256(b"t").digest())
 
 
 @dataclass(frozen=True)
@@ -223,9 +239,11 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
     functions["deploy"] = deployment.gas_used
     p = bench_parties(chain, deployment.address)
 
-    def new_task(num_leaves: int) -> int:
+    def new_task(num_leaves: int, *, accept: bool = True) -> int:
         task_id = record(create_bench_task(p, num_leaves)).result
         assert task_id is not None
+        if accept:
+            record(accept_bench_task(p, task_id))
         return task_id
 
     # the dispute: honest trainer, an auditor claiming a divergence at `pinned`
@@ -237,17 +255,24 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
     for rec in play.receipts:
         record(rec)
 
-    say("cancel, timeout, finalize, withdraw")
+    say("cancel, availability, timeout, finalize, reward, withdraw")
     small = MerkleTree(synthetic_leaves(3))
-    record(p.client.cancel(new_task(small.size)))
+    chunks = bench_chunks(small.size)
+    log_tree = MerkleTree([hashlib.sha256(c).digest() for c in chunks])
+    record(p.client.cancel(new_task(small.size, accept=False)))
     task_c = new_task(small.size)
-    record(p.trainer.commit_tree(task_c, small, b"\x00" * 32, b"\x00" * 32))
+    record(commit_bench_tree(p, task_c, small, log_tree.root))
+    gid_d = record(p.auditor.challenge_data(task_c, 1)).result
+    assert gid_d is not None
+    record(p.trainer.provide_data(gid_d, chunks[1], log_tree.proof(1)))
     gid_c = p.auditor2.challenge(task_c).result
     assert gid_c is not None
     chain.time_travel(CLOCK + 1)
     record(p.client.timeout(gid_c))
     chain.time_travel(WINDOW + 1)
     record(p.client.finalize(task_a))
+    p.client.finalize(task_c)  # the lost task: its gas differs from the paid one's, not shown
+    record(p.client.claim_reward(gid_c))
     record(p.trainer.withdraw())
     play_s = time.perf_counter() - t1
 

@@ -11,6 +11,7 @@ estimate, which reverts just as freely and is decoded into the same classes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from game.chain.base import Chain
 from game.chain.calls import call_view, send_function
 from game.chain.events import EventDecoder, EventPoller, get_events
 from game.chain.tx import GasPolicy, TxSender
-from game.chain.types import ContractEvent, Game, Phase, Task, TaskStatus, TxReceipt
+from game.chain.types import ContractEvent, Game, Outcome, Phase, Task, TaskStatus, TxReceipt
 from game.errors import ContractGone
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 MAX_PROOF_LENGTH = 64  # the contract's bound on proof length (MerkleProof.sol)
 MAX_LEAVES = 2**48  # the contract's bound on a task's leaf count (VerificationGame.MAX_LEAVES)
+MAX_DURATION = 30 * 86_400  # the contract's bound on every clock and window (VerificationGame.MAX_DURATION)
 
 ProofLike = InclusionProof | Sequence[bytes]
 
@@ -120,6 +122,10 @@ class VerificationGameClient:
     def task_count(self) -> int:
         return int(self._view("taskCount")[0])
 
+    def burnt(self) -> int:
+        """Wei burnt so far (the halves of forfeited trainer bonds, locked in the contract for good)."""
+        return int(self._view("burnt")[0])
+
     def game_count(self) -> int:
         return int(self._view("gameCount")[0])
 
@@ -158,6 +164,7 @@ class VerificationGameClient:
         trainer: str,
         judge: str,
         *,
+        key_hash: bytes,
         num_leaves: int,
         payment: int,
         trainer_bond: int,
@@ -165,10 +172,12 @@ class VerificationGameClient:
         clock_allowance: int,
         challenge_window: int,
         judge_window: int,
+        commit_window: int,
     ) -> TxReceipt:
         """Client: post a task and escrow ``payment``; ``receipt.result`` is the new task id.
 
-        ``num_leaves`` is the leaf count the trainer must commit: the task's steps + 1
+        ``key_hash`` is the data key's hash (:func:`game.store.keys.key_hash`), ``num_leaves`` the
+        leaf count the trainer must commit: the task's steps + 1
         (:attr:`TaskConfig.num_leaves <game.training.task.config.TaskConfig.num_leaves>`).
         """
 
@@ -177,13 +186,17 @@ class VerificationGameClient:
                 raise E.ZeroPayment()
             if ZERO_ADDRESS in (trainer, judge) or trainer.lower() == judge.lower():
                 raise E.InvalidRoles(trainer, judge)
-            if 0 in (clock_allowance, challenge_window, judge_window):
-                raise E.InvalidDurations(clock_allowance, challenge_window, judge_window)
+            if 0 in (trainer_bond, auditor_bond):
+                raise E.InvalidBonds(trainer_bond, auditor_bond)
+            durations = (clock_allowance, challenge_window, judge_window, commit_window)
+            if not all(0 < d <= MAX_DURATION for d in durations):
+                raise E.InvalidDurations(*durations)
             if not 2 <= num_leaves <= MAX_LEAVES:
                 raise E.InvalidLeafCount(num_leaves)
 
         args = [
             spec_hash,
+            key_hash,
             checked_address(trainer, "trainer"),
             checked_address(judge, "judge"),
             num_leaves,
@@ -192,17 +205,38 @@ class VerificationGameClient:
             clock_allowance,
             challenge_window,
             judge_window,
+            commit_window,
         ]
         return self._transact("createTask", args, payment, check, result=("TaskCreated", "task_id"))
 
+    def accept(self, task_id: int, *, bond: int | None = None) -> TxReceipt:
+        """Trainer: lock an open task before training, posting the bond (read from the task by
+        default); from then on the client cannot cancel until the commit window has passed."""
+        task = self.task(task_id) if bond is None or self.options.prechecks else None
+        value = bond if bond is not None else task.trainer_bond  # type: ignore[union-attr]
+
+        def check() -> None:
+            assert task is not None
+            if task.status != TaskStatus.OPEN:
+                raise E.WrongTaskStatus(task_id, task.status)
+            self._require_caller(task.trainer)
+            if value != task.trainer_bond:
+                raise E.WrongBond(value, task.trainer_bond)
+
+        return self._transact("accept", [task_id], value, check)
+
     def cancel(self, task_id: int) -> TxReceipt:
-        """Client: withdraw an uncommitted task; the payment is credited back."""
+        """Client: withdraw a task nobody committed to: an open one (the payment is credited back),
+        or an accepted one whose trainer let its commit window pass (the payment and its bond)."""
 
         def check() -> None:
             t = self.task(task_id)
-            if t.status != TaskStatus.OPEN:
+            if t.status not in (TaskStatus.OPEN, TaskStatus.ACCEPTED):
                 raise E.WrongTaskStatus(task_id, t.status)
             self._require_caller(t.client)
+            # the cancel needs block.timestamp > commitBy: certainly too early unless the next block may be past it
+            if t.status == TaskStatus.ACCEPTED and not clock.clock_ran_out(self.chain.now(), t.commit_by):
+                raise E.CommitWindowOpen(task_id, t.commit_by)
 
         return self._transact("cancel", [task_id], 0, check)
 
@@ -217,22 +251,18 @@ class VerificationGameClient:
         first_proof: ProofLike,
         last_leaf: bytes,
         last_proof: ProofLike,
-        *,
-        bond: int | None = None,
     ) -> TxReceipt:
-        """Trainer: commit the state root (and log root) with the bond (read from the task by default)."""
+        """Trainer: commit the state root (and log root) of an accepted task (bonded at the accept)."""
         first = _siblings(first_proof)
         last = _siblings(last_proof)
-        task = self.task(task_id) if bond is None or self.options.prechecks else None
-        value = bond if bond is not None else task.trainer_bond  # type: ignore[union-attr]
 
         def check() -> None:
-            assert task is not None
-            if task.status != TaskStatus.OPEN:
+            task = self.task(task_id)
+            if task.status != TaskStatus.ACCEPTED:
                 raise E.WrongTaskStatus(task_id, task.status)
             self._require_caller(task.trainer)
-            if value != task.trainer_bond:
-                raise E.WrongBond(value, task.trainer_bond)
+            if not clock.move_in_time(self.chain.now(), task.commit_by):
+                raise E.CommitWindowClosed(task_id, task.commit_by)
             if num_leaves != task.num_leaves:
                 raise E.LeafCountMismatch(task.num_leaves, num_leaves)
             for index, leaf, proof in ((0, first_leaf, first), (num_leaves - 1, last_leaf, last)):
@@ -240,7 +270,7 @@ class VerificationGameClient:
                     raise E.InvalidProof(index, leaf)
 
         args = [task_id, state_root, log_root, num_leaves, transcript_id, first_leaf, first, last_leaf, last]
-        return self._transact("commit", args, value, check)
+        return self._transact("commit", args, 0, check)
 
     def commit_tree(
         self,
@@ -248,8 +278,6 @@ class VerificationGameClient:
         tree: MerkleTree,
         log_root: bytes,
         transcript_id: bytes,
-        *,
-        bond: int | None = None,
     ) -> TxReceipt:
         """Trainer: :meth:`commit` the whole state tree (proofs of the first and last leaf built here)."""
         n = tree.size
@@ -263,7 +291,6 @@ class VerificationGameClient:
             tree.proof(0),
             tree.leaf(n - 1),
             tree.proof(n - 1),
-            bond=bond,
         )
 
     def challenge(self, task_id: int, dispute_init: bool = False, *, bond: int | None = None) -> TxReceipt:
@@ -273,19 +300,28 @@ class VerificationGameClient:
 
         def check() -> None:
             assert task is not None
-            if task.status != TaskStatus.COMMITTED:
-                raise E.WrongTaskStatus(task_id, task.status)
-            if not clock.challenge_in_time(self.chain.now(), task.window_ends):
-                raise E.WindowClosed(task_id, task.window_ends)
-            if self.me.lower() in (task.trainer.lower(), task.judge.lower()):
-                raise E.ChallengerNotAllowed(self.me)
-            if value != task.auditor_bond:
-                raise E.WrongBond(value, task.auditor_bond)
-            if not dispute_init and task.num_leaves == 1:
-                raise E.NothingToBisect(task_id)
+            self._check_challenger(task_id, task, value)
 
         return self._transact(
             "challenge", [task_id, dispute_init], value, check, result=("Challenged", "game_id")
+        )
+
+    def challenge_data(self, task_id: int, index: int, *, bond: int | None = None) -> TxReceipt:
+        """Auditor: an availability challenge demanding log chunk ``index``, which the trainer must
+        post on-chain within its clock (:meth:`provide_data`) or lose; ``receipt.result`` is the game
+        id. A chunk posted already is refused by the contract (``DataAlreadyProvided``: the gas
+        estimate says so, for free)."""
+        task = self.task(task_id) if bond is None or self.options.prechecks else None
+        value = bond if bond is not None else task.auditor_bond  # type: ignore[union-attr]
+
+        def check() -> None:
+            assert task is not None
+            self._check_challenger(task_id, task, value)
+            if not 0 <= index < task.num_leaves:
+                raise E.DataIndexOutOfRange(index, task.num_leaves)
+
+        return self._transact(
+            "challengeData", [task_id, index], value, check, result=("Challenged", "game_id")
         )
 
     def reveal(self, game_id: int, leaf: bytes, proof: ProofLike) -> TxReceipt:
@@ -323,6 +359,22 @@ class VerificationGameClient:
 
         return self._transact("rule", [game_id, computed_post_state], 0, check)
 
+    def provide_data(self, game_id: int, data: bytes, proof: ProofLike) -> TxReceipt:
+        """Trainer: answer an availability challenge with the demanded log chunk and its proof in
+        the log tree (leaf data: the chunk's sha256)."""
+        siblings = _siblings(proof)
+
+        def check() -> None:
+            g = self.game(game_id)
+            t = self.task(g.task_id)
+            self._check_turn(game_id, g, Phase.AWAITING_DATA, t.trainer)
+            self._check_clock(game_id, clock.deadline_of(g.last_move_at, g.trainer_clock))
+            chunk_hash = hashlib.sha256(data).digest()
+            if not _proof_ok(t.log_root, g.lo, t.num_leaves, chunk_hash, siblings):
+                raise E.InvalidProof(g.lo, chunk_hash)
+
+        return self._transact("provideData", [game_id, data, siblings], 0, check)
+
     def timeout(self, game_id: int) -> TxReceipt:
         """Anyone: end a game whose mover (or judge) ran out of time."""
 
@@ -347,6 +399,22 @@ class VerificationGameClient:
                 raise E.GamesLive(task_id, t.live_games)
 
         return self._transact("finalize", [task_id], 0, check)
+
+    def claim_reward(self, game_id: int) -> TxReceipt:
+        """Anyone: credit the auditor of a game it won its share of the trainer's forfeited bond,
+        once the task is finalized."""
+
+        def check() -> None:
+            g = self.game(game_id)
+            if g.outcome != Outcome.AUDITOR_WON:
+                raise E.NoReward(game_id, g.outcome)
+            t = self.task(g.task_id)
+            if t.status != TaskStatus.FINALIZED:
+                raise E.WrongTaskStatus(g.task_id, t.status)
+            if g.reward_claimed:
+                raise E.RewardAlreadyClaimed(game_id)
+
+        return self._transact("claimReward", [game_id], 0, check)
 
     def withdraw(self) -> TxReceipt:
         """Anyone: collect this account's credit."""
@@ -376,6 +444,17 @@ class VerificationGameClient:
     def _require_caller(self, expected: str) -> None:
         if self.me.lower() != expected.lower():
             raise E.Unauthorized(self.me, Web3.to_checksum_address(expected))
+
+    def _check_challenger(self, task_id: int, task: Task, value: int) -> None:
+        """The contract's ``_checkChallenger``: status, window, role, bond."""
+        if task.status != TaskStatus.COMMITTED:
+            raise E.WrongTaskStatus(task_id, task.status)
+        if not clock.challenge_in_time(self.chain.now(), task.window_ends):
+            raise E.WindowClosed(task_id, task.window_ends)
+        if self.me.lower() in (task.trainer.lower(), task.judge.lower()):
+            raise E.ChallengerNotAllowed(self.me)
+        if value != task.auditor_bond:
+            raise E.WrongBond(value, task.auditor_bond)
 
     def _check_turn(self, game_id: int, g: Game, expected: Phase, mover: str) -> None:
         """The contract's ``_checkTurn``: ended, then phase, then caller."""

@@ -119,7 +119,7 @@ def _show(value: Any) -> str:
 
 
 ENUMS_TUPLE = tuple(ENUMS.values())
-_TIMES = ("window_ends", "deadline")  # fields that hold a block timestamp
+_TIMES = ("window_ends", "deadline", "commit_by")  # fields that hold a block timestamp
 
 
 def _say(key: str, value: Any) -> str:
@@ -147,11 +147,22 @@ class InvalidRoles(ContractError, ValueError):
     explain = "the trainer and the judge must be two different, non-zero addresses"
 
 
-class InvalidDurations(ContractError, ValueError):
-    """A clock allowance, challenge window or judge window of zero seconds."""
+class InvalidBonds(ContractError, ValueError):
+    """A bond of zero: every claim (a commit, a challenge) must cost its maker when it is false."""
 
-    params = ("clock_allowance", "challenge_window", "judge_window")
-    explain = "the clock allowance, the challenge window and the judge window must each be at least 1 s"
+    params = ("trainer_bond", "auditor_bond")
+    explain = "the trainer's bond and the auditor's bond must each be at least 1 wei"
+
+
+class InvalidDurations(ContractError, ValueError):
+    """A clock allowance, challenge window, judge window or commit window of zero seconds, or longer
+    than ``MAX_DURATION`` (30 days)."""
+
+    params = ("clock_allowance", "challenge_window", "judge_window", "commit_window")
+    explain = (
+        "the clock allowance, the challenge window, the judge window and the commit window must each "
+        "be 1 s to 30 days"
+    )
 
 
 class TaskNotFound(ContractError, LookupError):
@@ -170,8 +181,9 @@ class WrongTaskStatus(ContractError):
     params = ("task_id", "status")
     enum_params: ClassVar[dict[str, type]] = {"status": TaskStatus}
     explain = (
-        "task {task_id} is {status}: an OPEN task can be committed to or cancelled, a COMMITTED "
-        "one challenged or finalized, a CANCELLED or FINALIZED one nothing more"
+        "task {task_id} is {status}: an OPEN task can be accepted or cancelled, an ACCEPTED one "
+        "committed to (or cancelled once its commit window passed), a COMMITTED one challenged or "
+        "finalized, a FINALIZED one's rewards claimed, a CANCELLED one nothing more"
     )
 
 
@@ -213,6 +225,20 @@ class InvalidProof(ContractError, ValueError):
     explain = "the Merkle proof of leaf {index} does not lead to the committed root"
 
 
+class CommitWindowClosed(ContractError, TimeoutError):
+    """The trainer commits after the commit window it accepted."""
+
+    params = ("task_id", "commit_by")
+    explain = "task {task_id}'s trainer had to commit by {commit_by}; the client may now cancel it"
+
+
+class CommitWindowOpen(ContractError):
+    """The client cancels an accepted task while its trainer may still commit."""
+
+    params = ("task_id", "commit_by")
+    explain = "task {task_id} was accepted: its trainer may commit until {commit_by}, and only after that can it be cancelled"
+
+
 class WindowClosed(ContractError, TimeoutError):
     """Challenge at or after the end of the challenge window."""
 
@@ -236,11 +262,18 @@ class GamesLive(ContractError):
     )
 
 
-class NothingToBisect(ContractError, ValueError):
-    """A bisection challenge against a one-leaf commitment."""
+class DataIndexOutOfRange(ContractError, ValueError):
+    """An availability challenge names a log chunk the task does not have."""
 
-    params = ("task_id",)
-    explain = "task {task_id} committed a single leaf, so there is nothing to bisect"
+    params = ("index", "num_leaves")
+    explain = "the task's log has chunks 0..{num_leaves} - 1, not {index}"
+
+
+class DataAlreadyProvided(ContractError):
+    """An availability challenge names a chunk the trainer has already posted (it is public)."""
+
+    params = ("task_id", "index")
+    explain = "the trainer of task {task_id} has already posted log chunk {index}: read it from its DataProvided event"
 
 
 class GameOver(ContractError):
@@ -271,6 +304,21 @@ class ClockRunning(ContractError):
 
     params = ("game_id", "deadline")
     explain = "game {game_id}'s deadline is {deadline}; a timeout can be called only after it"
+
+
+class NoReward(ContractError, LookupError):
+    """A reward claimed for a game that did not end AuditorWon."""
+
+    params = ("game_id", "outcome")
+    enum_params: ClassVar[dict[str, type]] = {"outcome": Outcome}
+    explain = "game {game_id} ended {outcome}: only a game the auditor won has a share of the trainer's bond"
+
+
+class RewardAlreadyClaimed(ContractError):
+    """A game's reward claimed a second time."""
+
+    params = ("game_id",)
+    explain = "the reward of game {game_id} was credited already"
 
 
 class NothingToWithdraw(ContractError, LookupError):
@@ -316,6 +364,7 @@ ERROR_CLASSES: dict[str, type[ContractError]] = {
     for cls in (
         ZeroPayment,
         InvalidRoles,
+        InvalidBonds,
         InvalidDurations,
         TaskNotFound,
         GameNotFound,
@@ -326,14 +375,19 @@ ERROR_CLASSES: dict[str, type[ContractError]] = {
         InvalidLeafCount,
         LeafCountMismatch,
         InvalidProof,
+        CommitWindowClosed,
+        CommitWindowOpen,
         WindowClosed,
         WindowOpen,
         GamesLive,
-        NothingToBisect,
+        DataIndexOutOfRange,
+        DataAlreadyProvided,
         GameOver,
         NotYourTurn,
         ClockExpired,
         ClockRunning,
+        NoReward,
+        RewardAlreadyClaimed,
         NothingToWithdraw,
         TransferFailed,
     )

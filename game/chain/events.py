@@ -35,6 +35,7 @@ class TaskCreated(ContractEvent):
     judge: str
     client: str
     spec_hash: bytes
+    key_hash: bytes
     num_leaves: int
     payment: int
     trainer_bond: int
@@ -42,7 +43,15 @@ class TaskCreated(ContractEvent):
     clock_allowance: int
     challenge_window: int
     judge_window: int
+    commit_window: int
     indexed: ClassVar[tuple[str, ...]] = ("task_id", "trainer", "judge")
+
+
+@dataclass(frozen=True)
+class TaskAccepted(ContractEvent):
+    task_id: int
+    commit_by: int
+    indexed: ClassVar[tuple[str, ...]] = ("task_id",)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,24 @@ class Challenged(ContractEvent):
     lo: int
     hi: int
     indexed: ClassVar[tuple[str, ...]] = ("task_id", "game_id", "auditor")
+
+
+@dataclass(frozen=True)
+class DataRequested(ContractEvent):
+    game_id: int
+    task_id: int
+    index: int
+    deadline: int
+    indexed: ClassVar[tuple[str, ...]] = ("game_id", "task_id")
+
+
+@dataclass(frozen=True)
+class DataProvided(ContractEvent):
+    game_id: int
+    task_id: int
+    index: int
+    data: bytes  # the log chunk of step ``index``, verified against the log root
+    indexed: ClassVar[tuple[str, ...]] = ("game_id", "task_id")
 
 
 @dataclass(frozen=True)
@@ -119,7 +146,7 @@ class GameEnded(ContractEvent):
     task_id: int
     outcome: Outcome
     reason: EndReason
-    winner: str  # the zero address when Void
+    winner: str  # the zero address when nobody was shown wrong (Void, Answered)
     indexed: ClassVar[tuple[str, ...]] = ("game_id", "task_id")
 
 
@@ -127,7 +154,18 @@ class GameEnded(ContractEvent):
 class TaskFinalized(ContractEvent):
     task_id: int
     trainer_paid: bool
+    auditor_wins: int  # games that ended AuditorWon; each may claim reward_share
+    reward_share: int
+    burnt: int
     indexed: ClassVar[tuple[str, ...]] = ("task_id",)
+
+
+@dataclass(frozen=True)
+class RewardPaid(ContractEvent):
+    game_id: int
+    auditor: str
+    amount: int
+    indexed: ClassVar[tuple[str, ...]] = ("game_id", "auditor")
 
 
 @dataclass(frozen=True)
@@ -149,15 +187,19 @@ EVENT_CLASSES: dict[str, type[ContractEvent]] = {
     cls.__name__: cls
     for cls in (
         TaskCreated,
+        TaskAccepted,
         TaskCancelled,
         Committed,
         Challenged,
+        DataRequested,
+        DataProvided,
         LeafRevealed,
         Responded,
         StepPinned,
         Ruled,
         GameEnded,
         TaskFinalized,
+        RewardPaid,
         Credited,
         Withdrawn,
     )

@@ -27,9 +27,10 @@ def snake(name: str) -> str:
 class TaskStatus(IntEnum):
     NONE = 0
     OPEN = 1
-    COMMITTED = 2
-    CANCELLED = 3
-    FINALIZED = 4
+    ACCEPTED = 2  # the trainer posted its bond: it must commit by commit_by; the client cannot cancel
+    COMMITTED = 3
+    CANCELLED = 4
+    FINALIZED = 5
 
 
 class Phase(IntEnum):
@@ -37,14 +38,16 @@ class Phase(IntEnum):
     AWAITING_REVEAL = 1  # the trainer moves
     AWAITING_RESPONSE = 2  # the auditor moves
     PINNED = 3  # the judge rules
-    ENDED = 4
+    AWAITING_DATA = 4  # an availability challenge: the trainer posts the demanded log chunk
+    ENDED = 5
 
 
 class Outcome(IntEnum):
     NONE = 0
     TRAINER_WON = 1
     AUDITOR_WON = 2
-    VOID = 3
+    VOID = 3  # the judge's deadline passed: nobody was shown wrong
+    ANSWERED = 4  # an availability challenge the trainer answered: nobody was shown wrong
 
 
 class EndReason(IntEnum):
@@ -52,6 +55,7 @@ class EndReason(IntEnum):
     RULING = 1
     TIMEOUT = 2
     JUDGE_TIMEOUT = 3
+    DATA_PROVIDED = 4
 
 
 #: Solidity enum name -> Python enum, for decoding ABI ``uint8`` values that carry an enum
@@ -100,7 +104,11 @@ class Task:
     trainer_bond: int
     auditor_bond: int
     payment: int
+    commit_window: int  # seconds the trainer has from its accept to its commit
+    commit_by: int  # unix time the accepted trainer must commit by; 0 before the accept
+    auditor_wins: int  # games that ended AuditorWon: they share the trainer's forfeited bond
     spec_hash: bytes
+    key_hash: bytes  # sha256 of the task's data key (game.store.keys.key_hash)
     state_root: bytes
     log_root: bytes
     transcript_id: bytes
@@ -118,6 +126,11 @@ class Task:
         ``num_leaves``, which the task fixes at creation."""
         return self.window_ends != 0
 
+    @property
+    def accepted(self) -> bool:
+        """Whether the trainer has accepted (and bonded): the accept sets ``commit_by``."""
+        return self.commit_by != 0
+
 
 @dataclass(frozen=True)
 class Game:
@@ -132,8 +145,10 @@ class Game:
     auditor: str
     task_id: int
     dispute_init: bool
+    availability: bool  # an availability challenge: the trainer must post log chunk ``lo``
     outcome: Outcome
     reason: EndReason
+    reward_claimed: bool  # an AuditorWon game's share of the trainer's bond was credited
     lo_leaf: bytes  # leaf lo: the pre-state once Pinned
     hi_leaf: bytes  # leaf hi: the post-state once Pinned
     mid_leaf: bytes  # the last revealed leaf (valid in AwaitingResponse)
@@ -147,6 +162,11 @@ class Game:
     def mid(self) -> int:
         """The leaf the trainer reveals next (floor of the midpoint, as the contract computes it)."""
         return (self.lo + self.hi) // 2
+
+    @property
+    def data_index(self) -> int | None:
+        """The log chunk an availability challenge demands (None for a bisection game)."""
+        return self.lo if self.availability else None
 
     @property
     def pinned_step(self) -> int | None:

@@ -266,7 +266,9 @@ def _verdict(result: DemoResult) -> Panel:
             "[green]yes[/]" if b.ok else "[red]NO[/]",
         )
     footer = (
-        f"contract balance {result.contract_balance} wei; balances "
+        f"contract keeps {result.contract_balance} wei"
+        + (" (burnt)" if result.burnt else "")
+        + "; balances "
         + ("[green]add up[/]" if result.balances_ok else "[red]do NOT add up[/]")
         + f"; {result.elapsed_s:.1f} s"
     )

@@ -226,6 +226,12 @@ def create_cmd(
     judge_window: Annotated[
         int, typer.Option("--judge-window", help="Seconds the judge has to rule.")
     ] = 3600,
+    commit_window: Annotated[
+        int,
+        typer.Option(
+            "--commit-window", help="Seconds the trainer has from accepting the task to committing it."
+        ),
+    ] = 7 * 86400,
     data_key: Annotated[
         str | None,
         typer.Option("--data-key", help="Use this data key (its file, or 64 hex) instead of a fresh one."),
@@ -240,7 +246,7 @@ def create_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
-    from game.store.keys import key_fingerprint, new_key
+    from game.store.keys import key_fingerprint, key_hash, new_key
     from game.tasks import TaskTerms, post_task
     from game.training.task.config import load_config
 
@@ -258,6 +264,7 @@ def create_cmd(
         clock_allowance=clock,
         challenge_window=window,
         judge_window=judge_window,
+        commit_window=commit_window,
     )
     trainer_addr, judge_addr = _address(trainer, "--trainer"), _address(judge, "--judge")
     dkey = read_data_key(data_key) if data_key else new_key()
@@ -270,6 +277,7 @@ def create_cmd(
             rec = post_task(
                 c,
                 cfg.spec_hash(),
+                key_hash=key_hash(dkey),
                 num_leaves=cfg.num_leaves,
                 trainer=trainer_addr,
                 judge=judge_addr,
@@ -315,7 +323,7 @@ def _required_contract(contract: str) -> str:
 
 
 _WEI_FIELDS = ("payment", "trainer_bond", "auditor_bond")
-_SECONDS_FIELDS = ("clock_allowance", "challenge_window", "judge_window")
+_SECONDS_FIELDS = ("clock_allowance", "challenge_window", "judge_window", "commit_window")
 _HASH_FIELDS = ("state_root", "log_root", "transcript_id")
 
 
@@ -343,15 +351,17 @@ def _shown(key: str, value: Any, *, now: int) -> str:
         return f"{_span(value)} ({value} s)"
     if key in _HASH_FIELDS and not int(value, 16):
         return "none yet"
-    if key in ("window_ends", "now"):
+    if key in ("window_ends", "commit_by", "now"):
         if key == "window_ends" and not value:
             return "not started (it opens at the trainer's commit)"
+        if key == "commit_by" and not value:
+            return "not started (it opens when the trainer accepts)"
         when = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         if key == "now":
             return f"{when} (latest block)"
         ago = "from now" if clock.is_ahead(now, value) else "ago"
         return f"{when} ({_span(abs(clock.seconds_until(now, value)))} {ago})"
-    if key == "trainer_paid" and value is None:
+    if key in ("trainer_paid", "reward_share") and value is None:
         return "not settled yet"
     return str(value)
 

@@ -3,5 +3,6 @@
 Why a package of its own: every role (trainer, auditor, judge, client, anyone) decides its next
 move from chain state through :mod:`game.protocol.solver`, every deadline and window rule is one
 function of :mod:`game.clock` (the only timestamp arithmetic in the repository), and
-:mod:`game.protocol.payouts` states the contract's money rules. No torch, no web3.
+:mod:`game.protocol.payouts` states the contract's money rules, :mod:`game.protocol.terms` what a
+trainer asks of a task before it accepts one. No torch, no web3.
 """

@@ -13,13 +13,23 @@ Leaf ``i`` is the state hash after step ``i`` (leaf 0: initialisation); see ``do
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from game import clock
-from game.chain.types import Game, Phase, Task, TaskStatus
+from game.chain.types import Game, Outcome, Phase, Task, TaskStatus
 from game.errors import VGameError
 from game.merkle import MerkleTree
+
+#: What an auditor could make of a committed task's transcript: fetched and opened, not in the
+#: store (yet: a synced store lags), or there but not openable under the task's key (sealed under
+#: another key, garbled, or not what the chain committed to).
+TranscriptState = Literal["ok", "missing", "unreadable"]
+#: A transcript missing from the store is waited for this fraction of the challenge window before
+#: its chunk is demanded on-chain (a store synced between machines lags the chain by minutes).
+MISSING_GRACE_FRACTION = 4
 
 
 class ProtocolError(VGameError, ValueError):
@@ -72,6 +82,34 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class DemandData:
+    """The auditor's availability challenge: log chunk ``index`` must be posted on-chain."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class ProvideData:
+    """The trainer's answer to an availability challenge: chunk ``index`` with its proof in the log
+    tree (the agent reads the chunk's bytes from its transcript)."""
+
+    index: int
+    proof: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Accept:
+    """The trainer locks an open task (posting its bond) before it trains."""
+
+
+@dataclass(frozen=True)
+class ClaimReward:
+    """Credit game ``game_id``'s auditor its share of the lost trainer's bond."""
+
+    game_id: int
+
+
+@dataclass(frozen=True)
 class Finalize:
     """Settle the task: the window is over and no game is live."""
 
@@ -103,6 +141,40 @@ def decide_challenge(
     return Challenge(True, single, None)
 
 
+def data_probe_index(task_id: int, auditor: str, num_leaves: int) -> int:
+    """The training step whose log chunk an auditor demands when it cannot get the transcript: one
+    step of ``1..N-1`` fixed by the task and the auditor's address, so that a node restarted demands
+    the same one, and different auditors probe different steps."""
+    seed = hashlib.sha256(task_id.to_bytes(32, "big") + bytes.fromhex(auditor.lower().removeprefix("0x")))
+    return 1 + int.from_bytes(seed.digest(), "big") % (num_leaves - 1)
+
+
+def decide_data_demand(
+    task: Task,
+    now: int,
+    transcript: TranscriptState,
+    *,
+    task_id: int,
+    auditor: str,
+    demanded: bool,
+) -> DemandData | None:
+    """An honest auditor's availability challenge, when it cannot audit because the transcript
+    cannot be had (docs/contract.md "Availability").
+
+    A transcript that does not open under the task's key (or is not what the chain committed to)
+    is demanded at once; one missing from the store after ``1 / MISSING_GRACE_FRACTION`` of the
+    window (a synced store lags). One demand per auditor: a trainer that cannot post it loses the
+    task; one that can has the data, and the auditor keeps waiting for the store. None when there is
+    nothing to demand, it was demanded already, or no challenge can land any more."""
+    if transcript == "ok" or demanded or not challenge_in_time(task, now):
+        return None
+    if transcript == "missing":
+        committed_at = task.window_ends - task.challenge_window
+        if now < committed_at + task.challenge_window // MISSING_GRACE_FRACTION:
+            return None
+    return DemandData(data_probe_index(task_id, auditor, task.num_leaves))
+
+
 def challenge_in_time(task: Task, now: int) -> bool:
     """Whether a challenge sent now can still open a game against ``task``."""
     return task.status == TaskStatus.COMMITTED and clock.challenge_in_time(now, task.window_ends)
@@ -124,7 +196,7 @@ def auditor_move(
         if not clock.move_in_time(now, deadline):
             return None  # our clock ran out: the trainer will time us out
         return Respond(game.mid, decide_response(game, own_leaves))
-    if game.phase == Phase.AWAITING_REVEAL and clock.clock_ran_out(now, deadline):
+    if game.phase in (Phase.AWAITING_REVEAL, Phase.AWAITING_DATA) and clock.clock_ran_out(now, deadline):
         return ClaimTimeout("trainer")
     if game.phase == Phase.PINNED and clock.clock_ran_out(now, deadline):
         return ClaimTimeout("judge")
@@ -141,16 +213,35 @@ def decide_reveal(game: Game, tree: MerkleTree) -> Reveal:
     return Reveal(mid, tree.leaf(mid), proof.siblings)
 
 
-def trainer_move(game: Game, now: int, deadline: int, tree: MerkleTree) -> Reveal | ClaimTimeout | None:
-    """The trainer's move in a game: its reveal while its clock runs, a timeout once the
-    auditor's clock (or the judge's window) ran out, else nothing."""
-    if game.phase == Phase.AWAITING_REVEAL:
+def decide_provide(game: Game, log_tree: MerkleTree) -> ProvideData:
+    """The trainer posts the demanded chunk: its proof in the tree of the committed chunk hashes."""
+    if game.phase != Phase.AWAITING_DATA:
+        raise ProtocolError(f"the trainer has no data to post in phase {game.phase.name}")
+    return ProvideData(game.lo, log_tree.proof(game.lo).siblings)
+
+
+def trainer_move(
+    game: Game, now: int, deadline: int, tree: MerkleTree, log_tree: MerkleTree | None = None
+) -> Reveal | ProvideData | ClaimTimeout | None:
+    """The trainer's move in a game: its reveal (or the demanded chunk, ``log_tree`` being the tree
+    of its chunk hashes) while its clock runs, a timeout once the auditor's clock (or the judge's
+    window) ran out, else nothing."""
+    if game.phase in (Phase.AWAITING_REVEAL, Phase.AWAITING_DATA):
         if not clock.move_in_time(now, deadline):
             return None  # our clock ran out: nothing we can do; the auditor will time us out
+        if game.phase == Phase.AWAITING_DATA:
+            if log_tree is None:
+                raise ProtocolError("a demanded chunk is proved from the log tree, and none was given")
+            return decide_provide(game, log_tree)
         return decide_reveal(game, tree)
     if game.phase in (Phase.AWAITING_RESPONSE, Phase.PINNED) and clock.clock_ran_out(now, deadline):
         return ClaimTimeout("auditor" if game.phase == Phase.AWAITING_RESPONSE else "judge")
     return None
+
+
+def decide_accept(task: Task) -> Accept | None:
+    """Accept (lock) the task before training, while it is open."""
+    return Accept() if task.status == TaskStatus.OPEN else None
 
 
 # ------------------------------------------------------------------------------ the judge
@@ -188,24 +279,42 @@ def decide_finalize(task: Task, now: int, *, closed_for_all: bool = False) -> Fi
     return Finalize() if closed(now, task.window_ends) else None
 
 
+def decide_claims(task: Task, games: Sequence[tuple[int, Game]]) -> list[ClaimReward]:
+    """The rewards due once a lost task is settled: every game its auditor won and nobody claimed."""
+    if task.status != TaskStatus.FINALIZED:
+        return []
+    return [ClaimReward(gid) for gid, g in games if g.outcome == Outcome.AUDITOR_WON and not g.reward_claimed]
+
+
 def decide_withdraw(credit: int) -> Withdraw | None:
     """Withdraw (reclaim) this account's credit when there is any."""
     return Withdraw(credit) if credit else None
 
 
 __all__ = [
+    "MISSING_GRACE_FRACTION",
+    "Accept",
     "Challenge",
+    "ClaimReward",
     "ClaimTimeout",
+    "DemandData",
     "Finalize",
     "ProtocolError",
+    "ProvideData",
     "Respond",
     "Reveal",
     "Rule",
+    "TranscriptState",
     "Withdraw",
     "auditor_move",
     "challenge_in_time",
+    "data_probe_index",
+    "decide_accept",
     "decide_challenge",
+    "decide_claims",
+    "decide_data_demand",
     "decide_finalize",
+    "decide_provide",
     "decide_response",
     "decide_reveal",
     "decide_withdraw",

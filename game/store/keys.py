@@ -17,11 +17,19 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_SIZE)
 
 
+def key_hash(key: bytes) -> bytes:
+    """The SHA-256 of a data key: what a task posts on-chain (``keyHash``), so that the trainer,
+    the auditors and the judge each check that the key they were handed is the task's before they
+    work with it (a trainer that sealed its transcript under another key was once paid for a
+    transcript nobody could open). A 256-bit random key cannot be recovered from its hash."""
+    return hashlib.sha256(key).digest()
+
+
 def key_fingerprint(key: bytes) -> str:
-    """The SHA-256 of a data key, in hex: what a command prints in the key's stead (no command
-    prints the key itself, which terminals' scrollback and logs keep), so that a person can tell
-    whether two files hold the same task's key; it cannot be turned back into the key."""
-    return hashlib.sha256(key).hexdigest()
+    """The SHA-256 of a data key, in hex (:func:`key_hash`): what a command prints in the key's
+    stead (no command prints the key itself, which terminals' scrollback and logs keep), so that a
+    person can tell whether two files hold the same task's key; it cannot be turned back into the key."""
+    return key_hash(key).hex()
 
 
 def parse_key(text: str) -> bytes:

@@ -21,7 +21,7 @@ import pytest
 
 from game.agents import AgentAction, drive
 from game.store.blobs import BlobStore
-from game.store.keys import new_key
+from game.store.keys import key_hash, new_key
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.engine.train import Deviation
 from game.training.task.config import TaskConfig
@@ -33,6 +33,7 @@ TASK_DEFAULTS: dict[str, int] = {
     "clock_allowance": 3600,
     "challenge_window": 7200,
     "judge_window": 3600,
+    "commit_window": 86400,
 }
 
 TRAINER_PROFILE = "cpu-1t"
@@ -100,10 +101,14 @@ def roles(game_client: Callable[..., Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def post_task(roles: dict[str, Any]) -> Callable[..., int]:
-    def post(cfg: TaskConfig, **overrides: int) -> int:
-        params = {**TASK_DEFAULTS, **overrides}
+def post_task(roles: dict[str, Any], data_key: bytes) -> Callable[..., int]:
+    """``post_task(cfg, **overrides) -> task_id``: the task under the fixtures' data key (its hash
+    on-chain; ``key_hash=`` posts another)."""
+
+    def post(cfg: TaskConfig, **overrides: Any) -> int:
+        params: dict[str, Any] = {**TASK_DEFAULTS, **overrides}
         params.setdefault("num_leaves", cfg.num_leaves)
+        params.setdefault("key_hash", key_hash(data_key))
         rec = roles["client"].create_task(cfg.spec_hash(), roles["trainer"].me, roles["judge"].me, **params)
         assert rec.result is not None
         return int(rec.result)
@@ -211,6 +216,14 @@ def commit(agents: Agents, client: Any, task_id: int) -> None:
 def run_game(agents: Agents, client: Any, task_id: int, max_rounds: int = 200) -> list[AgentAction]:
     """Step all three agents until done (time jumps when idle); the actions taken."""
     return drive(agents.all(), client, [task_id], max_rounds=max_rounds)
+
+
+def reward(task: Any) -> int:
+    """What an auditor who won the task's only winning game is paid on top of its bond: its share of
+    the trainer's forfeited bond (docs/contract.md "Money")."""
+    from game.protocol.payouts import forfeit_split
+
+    return forfeit_split(task.trainer_bond, task.auditor_bond, max(task.auditor_wins, 1)).share
 
 
 def withdrawn(client: Any, address: str) -> int:

@@ -17,6 +17,7 @@ from tests.agents.conftest import (
     TamperInit,
     commit,
     games,
+    reward,
     run_game,
     small_config,
     withdrawn,
@@ -44,12 +45,13 @@ def test_poisoned_trainer_is_pinned_at_the_poisoned_step(
 
     task = roles["client"].task(task_id)
     assert task.status == TaskStatus.FINALIZED and task.trainer_lost
-    assert withdrawn(roles["client"], roles["auditor"].me) == task.auditor_bond + task.trainer_bond
+    assert withdrawn(roles["client"], roles["auditor"].me) == task.auditor_bond + reward(task)
     assert withdrawn(roles["client"], roles["trainer"].me) == 0
     assert (
         withdrawn(roles["client"], roles["client"].me) == 0
     )  # the client's payment is credited, not yet taken
-    assert roles["client"].credit(roles["client"].me) == task.payment
+    split = task.trainer_bond - task.trainer_bond // 2 - reward(task)
+    assert roles["client"].credit(roles["client"].me) == task.payment + split
 
 
 def test_dispute_of_the_initial_state(roles: dict[str, Any], post_task: Any, make_agents: Any) -> None:

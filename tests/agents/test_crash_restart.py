@@ -16,7 +16,7 @@ import pytest
 from game.agents import AgentAction, AgentError, next_due_time
 from game.chain.types import TaskStatus
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
-from tests.agents.conftest import Agents, PoisonBatch, games, small_config, withdrawn
+from tests.agents.conftest import Agents, PoisonBatch, games, reward, small_config, withdrawn
 
 POISON_STEP = 5
 
@@ -180,7 +180,7 @@ def test_kill_during_training_or_replay(
     out = _outcome(roles, task_id)
     assert out["pinned"] == POISON_STEP and out["status"] == TaskStatus.FINALIZED
     task = client.task(task_id)
-    assert out["withdrawn"]["auditor"] == task.auditor_bond + task.trainer_bond
+    assert out["withdrawn"]["auditor"] == task.auditor_bond + reward(task)
     assert [a.what for a in actions].count("commit") == 1
 
 
@@ -212,7 +212,7 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
 
     from game.chain.client import VerificationGameClient
     from game.chain.deploy import deploy
-    from game.store.keys import new_key
+    from game.store.keys import key_hash, new_key
 
     chain = anvil_chain
     address = deploy(chain, chain.account(0))
@@ -220,10 +220,12 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
     c = VerificationGameClient(chain, address, client)
     cfg = small_config()
     window = 600
+    data_key = new_key()
     rec = c.create_task(
         cfg.spec_hash(),
         trainer.address,
         judge.address,
+        key_hash=key_hash(data_key),
         num_leaves=cfg.num_leaves,
         payment=10**18,
         trainer_bond=3 * 10**17,
@@ -231,12 +233,13 @@ def test_node_processes_survive_sigkill(anvil_chain: Any, tmp_path: Path) -> Non
         clock_allowance=600,
         challenge_window=window,
         judge_window=600,
+        commit_window=600,
     )
     task_id = int(rec.result or 0)
     cfg_file = tmp_path / "task.toml"
     cfg_file.write_text(_toml(cfg))
     key = tmp_path / "data.key"  # the key's file, as `task keygen --out` writes it, not the key in argv
-    key.write_text(new_key().hex() + "\n")
+    key.write_text(data_key.hex() + "\n")
     key.chmod(0o600)
 
     def start(

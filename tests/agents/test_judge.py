@@ -145,8 +145,9 @@ def test_judge_without_evidence_does_not_rule_and_the_game_is_void(
     task = client.task(task_id)
     assert task.status == TaskStatus.FINALIZED and task.any_void and not task.trainer_lost
     assert withdrawn(client, roles["auditor"].me) == task.auditor_bond
-    assert withdrawn(client, roles["trainer"].me) == task.trainer_bond
-    assert client.credit(client.me) == task.payment
+    # nobody was shown wrong: the trainer is paid (a silent judge cannot hand the client free training)
+    assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond
+    assert client.credit(client.me) == 0
 
 
 def test_judge_withAKeyThatIsNotTheTasksJudge_saysSo_insteadOfWaiting(
@@ -267,3 +268,21 @@ def test_judgesCopy_gainsTheFilesALaterGameNeeds_andOneLostToACrashAgain(
     (copy / "log" / "step-000000007.bin").unlink()  # what a crash before its rename leaves
     t = judge._transcript(task_id, task, 7, rebuild=True)
     assert t.chunk_bytes(7) == Transcript(agents.trainer.transcript_dir).chunk_bytes(7)
+
+
+def test_judge_withAnotherDataKey_saysItIsItsOwn_andDoesNotRule(
+    roles: dict[str, Any], pinned: tuple[Any, int, int], tmp_path: Path, store: Any
+) -> None:
+    """The task's key hash is on-chain: a judge holding another key says that its key is wrong (not
+    that the trainer's transcript does not open), and rules nothing from a transcript it cannot read."""
+    from game.judge import Judge
+    from game.store.keys import new_key
+
+    _agents, task_id, gid = pinned
+    stranger = Judge(
+        roles["judge"], profile="splitk-16", workdir=tmp_path / "other-judge", store=store,
+        data_key=new_key(), evidence_dir=None, task_id=task_id,
+    )  # fmt: skip
+    with pytest.raises(TranscriptEvidenceError, match=f"this judge's data key is not task {task_id}'s"):
+        stranger.gather(gid)
+    _no_ruling(roles["client"], gid)

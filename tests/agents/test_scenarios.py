@@ -24,6 +24,7 @@ from game.protocol.payouts import expected_changes
 from game.scenarios import SCENARIO_NAMES, SCENARIOS, default_step, get_scenario
 from game.strategies.auditors import AUDITORS, auditor_strategy
 from game.strategies.trainers import DEVIATIONS, Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
+from game.tasks import TaskTerms
 from game.training.engine.audit import audit
 from game.training.engine.train import train
 from game.training.task.config import TaskConfig
@@ -47,7 +48,9 @@ def play(name: str, tmp_path: Path, **kwargs: Any) -> DemoResult:
 
 
 def check_money(result: DemoResult) -> None:
-    assert result.contract_balance == 0
+    # the contract keeps only the burnt half of a lost trainer's bond
+    burnt = 0 if result.trainer_paid else TaskTerms().trainer_bond // 2
+    assert result.contract_balance == result.burnt == burnt
     assert result.balances_ok, {k: v.to_dict() for k, v in result.balances.items()}
     for party in ("client", "trainer"):
         assert result.balances[party].gas_cost > 0  # fees are really counted, not assumed zero
@@ -259,7 +262,8 @@ def test_silent_trainer_sends_nothing_after_the_challenge(tmp_path: Path) -> Non
     whats = [(a.actor, a.what) for a in result.actions if a.what != "idle"]
     after = whats[whats.index(("auditor", "challenge")) :]
     assert not any(actor == "trainer" for actor, _ in after)
-    assert ("client", "finalize") in after  # the client settles what the silent trainer would have
+    # the winning auditor settles what the silent trainer would have, to claim its reward
+    assert ("auditor", "finalize") in after and ("auditor", "claim") in after
 
 
 def test_silent_auditor_never_answers(tmp_path: Path) -> None:
@@ -297,8 +301,9 @@ CLIENT, TRAINER, JUDGE, AUD1, AUD2 = (f"0x{i:040x}" for i in range(1, 6))
 PAY, TBOND, ABOND = 1000, 300, 70
 
 
-def _task(status: TaskStatus, *, lost: bool = False, void: bool = False) -> Task:
+def _task(status: TaskStatus, *, lost: bool = False, void: bool = False, accepted: bool = True) -> Task:
     z = b"\0" * 32
+    committed = status not in (TaskStatus.OPEN, TaskStatus.ACCEPTED, TaskStatus.CANCELLED)
     return Task(
         CLIENT,
         60,
@@ -311,10 +316,14 @@ def _task(status: TaskStatus, *, lost: bool = False, void: bool = False) -> Task
         0,
         JUDGE,
         60,
-        0 if status in (TaskStatus.OPEN, TaskStatus.CANCELLED) else 1_000,  # windowEnds: set by the commit
+        1_000 if committed else 0,  # windowEnds: set by the commit
         TBOND,
         ABOND,
         PAY,
+        600,  # commitWindow
+        500 if accepted else 0,  # commitBy: set by the accept
+        0,
+        z,
         z,
         z,
         z,
@@ -326,25 +335,42 @@ def _task(status: TaskStatus, *, lost: bool = False, void: bool = False) -> Task
 
 def _game(auditor: str, outcome: Outcome) -> Game:
     z = b"\0" * 32
-    return Game(0, 1, 0, 0, 0, Phase.ENDED, auditor, 1, False, outcome, EndReason.RULING, z, z, z)
+    return Game(
+        0, 1, 0, 0, 0, Phase.ENDED, auditor, 1, False, False, outcome, EndReason.RULING, False, z, z, z
+    )
 
 
 def test_expected_changes_follow_the_contract_tables() -> None:
     fin = TaskStatus.FINALIZED
     honest = expected_changes(_task(fin), [])
     assert honest == {CLIENT.lower(): -PAY, TRAINER.lower(): PAY}
+    # two winners share the unburnt half (150 each, the cap is 70): the client gets the rest
     lost = expected_changes(
         _task(fin, lost=True), [_game(AUD1, Outcome.AUDITOR_WON), _game(AUD2, Outcome.AUDITOR_WON)]
     )
-    assert lost == {CLIENT.lower(): 0, TRAINER.lower(): -TBOND, AUD1.lower(): TBOND, AUD2.lower(): 0}
+    pool = TBOND - TBOND // 2
+    share = min(ABOND, pool // 2)
+    assert lost == {
+        CLIENT.lower(): pool - 2 * share,
+        TRAINER.lower(): -TBOND,
+        AUD1.lower(): share,
+        AUD2.lower(): share,
+    }
+    assert sum(lost.values()) == -(TBOND // 2)  # the burnt half leaves everyone's books
+    # a void game (the judge silent) stops nothing: the trainer is paid
     void = expected_changes(_task(fin, void=True), [_game(AUD1, Outcome.VOID)])
-    assert void == {CLIENT.lower(): 0, TRAINER.lower(): 0, AUD1.lower(): 0}
+    assert void == {CLIENT.lower(): -PAY, TRAINER.lower(): PAY, AUD1.lower(): 0}
+    answered = expected_changes(_task(fin), [_game(AUD1, Outcome.ANSWERED)])
+    assert answered == {CLIENT.lower(): -PAY, TRAINER.lower(): PAY, AUD1.lower(): 0}
     won = expected_changes(_task(fin), [_game(AUD1, Outcome.TRAINER_WON)])
     assert won == {CLIENT.lower(): -PAY, TRAINER.lower(): PAY + ABOND, AUD1.lower(): -ABOND}
-    cancelled = expected_changes(_task(TaskStatus.CANCELLED), [])
+    cancelled = expected_changes(_task(TaskStatus.CANCELLED, accepted=False), [])
     assert cancelled == {CLIENT.lower(): 0}
-    # the leaf count is fixed at creation: a task never committed has one, and no trainer bond paid
-    uncommitted = expected_changes(_task(TaskStatus.OPEN), [])
+    # accepted, then the commit window passed: the client takes the trainer's bond
+    late = expected_changes(_task(TaskStatus.CANCELLED), [])
+    assert late == {CLIENT.lower(): TBOND, TRAINER.lower(): -TBOND}
+    # the leaf count is fixed at creation: a task never accepted has one, and no trainer bond paid
+    uncommitted = expected_changes(_task(TaskStatus.OPEN, accepted=False), [])
     assert uncommitted == {CLIENT.lower(): -PAY}
 
 

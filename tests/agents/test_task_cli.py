@@ -17,8 +17,9 @@ from game.chain.errors import WrongTaskStatus
 from game.chain.types import TaskStatus
 from game.cli import _register
 from game.cli.app import app
+from game.cli.keys import read_data_key
 from game.errors import ConfigError
-from game.store.keys import new_key
+from game.store.keys import key_fingerprint, new_key
 from game.store.sealing import StoreError
 from game.tasks import REALTIME_TERMS, TaskTerms, describe_task, finalize_if_due, post_task, reclaim
 from game.training.task.config import TaskConfig
@@ -39,6 +40,7 @@ def _post(game_client: Callable[..., Any], terms: TaskTerms | None = None) -> tu
     rec = post_task(
         client,
         SPEC,
+        key_hash=b"\x00" * 32,
         num_leaves=NUM_LEAVES,
         trainer=game_client("trainer").me,
         judge=game_client("judge").me,
@@ -70,6 +72,7 @@ def test_post_withATrainerAddressMistyped_isRefusedAndPostsNothing(game_client: 
         post_task(
             client,
             SPEC,
+            key_hash=b"\x00" * 32,
             num_leaves=NUM_LEAVES,
             trainer=typo,
             judge=game_client("judge").me,
@@ -296,9 +299,16 @@ def test_taskCreate_fixesTheConfigsLeafCount_andATruncatedCommitIsRefused(
          "--judge", game_client("judge").me, "--data-key-out", str(tmp_path / "k"), "--json"],
     )  # fmt: skip
     assert res.exit_code == 0, (res.output, res.exception)
-    task_id = int(json.loads(res.stdout)["task_id"])
+    doc = json.loads(res.stdout)
+    task_id = int(doc["task_id"])
     trainer = game_client("trainer")
-    assert trainer.task(task_id).num_leaves == 17
+    task = trainer.task(task_id)
+    assert task.num_leaves == 17
+    # the key's hash is derived from the key written, like the fingerprint the command prints
+    assert (
+        task.key_hash.hex() == doc["data_key_sha256"] == key_fingerprint(read_data_key(str(tmp_path / "k")))
+    )
+    trainer.accept(task_id)
     for n in (1, 3):
         short = MerkleTree([bytes([i]) * 32 for i in range(n)])
         for who in (trainer, trainer.with_options(prechecks=False)):  # the client's check, the contract's

@@ -28,26 +28,71 @@ def test_honest_trainer_is_paid_after_the_window(
     assert agents.trainer.done and agents.auditor.done
 
 
-def test_taskCancelledWhileTraining_stopsTheTraining_andCommitsNothing(
+def test_trainerAcceptsBeforeTraining_clientCannotCancelTheWorkAway(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """Issue 44: the client could cancel until the commit was mined, front-running it after the
+    trainer had done the work. The trainer accepts (and bonds) first; a cancel mid-training is refused."""
+    from game.chain.errors import CommitWindowOpen
+
+    task_id = post_task(tiny_cfg)
+    refused: list[Exception] = []
+
+    def progress(label: str, done: int, total: int) -> None:
+        if label == "train" and done == 3:
+            try:
+                roles["client"].with_options(prechecks=False).cancel(task_id)  # the contract's own refusal
+            except CommitWindowOpen as exc:
+                refused.append(exc)
+
+    agents = make_agents(task_id, tiny_cfg, progress=progress)
+    actions = agents.trainer.step()
+    assert [a.what for a in actions] == ["accept", "train", "publish", "commit"], actions
+    assert len(refused) == 1 and refused[0].task_id == task_id  # type: ignore[attr-defined]
+    assert roles["client"].task(task_id).status == TaskStatus.COMMITTED
+
+
+def test_commitWindowPassesWhileTraining_clientCancels_trainingStops(
     roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A trainer that does not commit within the window it accepted: the client cancels and takes
+    the payment and the trainer's bond; the training stops at its next look and commits nothing."""
     import trainer_node.agent as trainer_module
 
     cfg = small_config(steps=40)
-    task_id = post_task(cfg)
+    task_id = post_task(cfg, commit_window=60)
     monkeypatch.setattr(trainer_module, "CANCEL_CHECK_S", 0.0)  # look at the task after every step
+    client = roles["client"]
 
     def progress(label: str, done: int, total: int) -> None:
         if label == "train" and done == 5:
-            roles["client"].cancel(task_id)  # the client changes its mind mid-training
+            client.chain.time_travel(61)
+            client.cancel(task_id)
 
     agents = make_agents(task_id, cfg, progress=progress)
     actions = agents.trainer.step()
-    assert [a.what for a in actions] == ["cancelled"], actions
-    assert "nothing to commit (5 steps trained are kept in" in actions[0].detail
+    assert [a.what for a in actions] == ["accept", "cancelled"], actions
+    assert "nothing to commit (5 steps trained are kept in" in actions[1].detail
     assert steps_on_disk(agents.trainer.transcript_dir) == 6  # leaf 0 and steps 1-5: not 40
-    assert roles["client"].task(task_id).status == TaskStatus.CANCELLED
+    task = client.task(task_id)
+    assert task.status == TaskStatus.CANCELLED
+    assert client.credit() == task.payment + task.trainer_bond
     assert agents.trainer.step() == [] and agents.trainer.done  # said once; nothing left to do
+
+
+def test_clockTooShortForThePolicy_refusedBeforeAccepting(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """The node's own terms: a clock too short to answer every game under congestion is refused
+    before the trainer bonds anything or trains."""
+    from game.agents import AgentError
+
+    task_id = post_task(tiny_cfg, clock_allowance=10)
+    agents = make_agents(task_id, tiny_cfg)
+    with pytest.raises(AgentError, match="the clock allowance is 10 s, under the 30 s"):
+        agents.trainer.step()
+    assert roles["client"].task(task_id).status == TaskStatus.OPEN
+    assert steps_on_disk(agents.trainer.transcript_dir) == 0
 
 
 def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(

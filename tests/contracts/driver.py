@@ -28,10 +28,10 @@ from game.merkle import MerkleTree
 ARTIFACTS = Path(__file__).resolve().parents[2] / "game" / "chain" / "artifacts"
 
 # Enum values, as the contract numbers them (docs/contract.md "Types").
-OPEN, COMMITTED, CANCELLED, FINALIZED = 1, 2, 3, 4
-AWAITING_REVEAL, AWAITING_RESPONSE, PINNED, ENDED = 1, 2, 3, 4
-TRAINER_WON, AUDITOR_WON, VOID = 1, 2, 3
-RULING, TIMEOUT, JUDGE_TIMEOUT = 1, 2, 3
+OPEN, ACCEPTED, COMMITTED, CANCELLED, FINALIZED = 1, 2, 3, 4, 5
+AWAITING_REVEAL, AWAITING_RESPONSE, PINNED, AWAITING_DATA, ENDED = 1, 2, 3, 4, 5
+TRAINER_WON, AUDITOR_WON, VOID, ANSWERED = 1, 2, 3, 4
+RULING, TIMEOUT, JUDGE_TIMEOUT, DATA_PROVIDED = 1, 2, 3, 4
 
 ETHER = 10**18
 PAYMENT = 3 * ETHER
@@ -40,7 +40,21 @@ AUDITOR_BOND = 1 * ETHER
 CLOCK = 3_600
 WINDOW = 86_400
 JUDGE_WINDOW = 7_200
+COMMIT_WINDOW = 7 * 86_400
+MAX_DURATION = 30 * 86_400
 SPEC = hashlib.sha256(b"spec").digest()
+DATA_KEY = hashlib.sha256(b"the task's data key").digest()
+KEY_HASH = hashlib.sha256(DATA_KEY).digest()
+
+
+def chunks(n: int, tag: str = "log") -> list[bytes]:
+    """``n`` log chunks of a few bytes each (their sha256s are the log tree's leaves)."""
+    return [f"{tag} chunk of step {i}".encode() * (1 + i % 3) for i in range(n)]
+
+
+def log_tree(chunk_list: Sequence[bytes]) -> MerkleTree:
+    """The log tree over the chunks' sha256s (the contract's logRoot)."""
+    return MerkleTree([hashlib.sha256(c).digest() for c in chunk_list])
 
 
 def artifact(name: str) -> dict[str, Any]:
@@ -226,9 +240,13 @@ class Env:
         clock: int = CLOCK,
         window: int = WINDOW,
         judge_window: int = JUDGE_WINDOW,
+        commit_window: int = COMMIT_WINDOW,
         spec: bytes = SPEC,
+        judge: str | None = None,
+        accept: bool = True,
     ) -> int:
-        """A task whose trainer must commit exactly ``num_leaves`` leaves; returns its id."""
+        """A task whose trainer must commit exactly ``num_leaves`` leaves; returns its id. The trainer
+        accepts it (posting its bond) unless ``accept`` is False."""
         fn = self.create_task_fn(
             num_leaves,
             trainer_bond=trainer_bond,
@@ -236,9 +254,14 @@ class Env:
             clock=clock,
             window=window,
             judge_window=judge_window,
+            commit_window=commit_window,
             spec=spec,
+            judge=judge,
         )
-        return int(self.event(self.send(fn, self.client, payment), "TaskCreated")["taskId"])
+        task_id = int(self.event(self.send(fn, self.client, payment), "TaskCreated")["taskId"])
+        if accept:
+            self.accept(task_id, trainer_bond)
+        return task_id
 
     def create_task_fn(
         self,
@@ -249,26 +272,40 @@ class Env:
         clock: int = CLOCK,
         window: int = WINDOW,
         judge_window: int = JUDGE_WINDOW,
+        commit_window: int = COMMIT_WINDOW,
         spec: bytes = SPEC,
+        judge: str | None = None,
     ) -> Any:
         return self.game.functions.createTask(
             spec,
+            KEY_HASH,
             self.trainer,
-            self.judge,
+            judge or self.judge,
             num_leaves,
             trainer_bond,
             auditor_bond,
             clock,
             window,
             judge_window,
+            commit_window,
         )
 
-    def commit_fn(self, task_id: int, tree: MerkleTree, *, num_leaves: int | None = None) -> Any:
+    def accept(self, task_id: int, bond: int = TRAINER_BOND) -> Any:
+        return self.send(self.game.functions.accept(task_id), self.trainer, bond)
+
+    def commit_fn(
+        self,
+        task_id: int,
+        tree: MerkleTree,
+        *,
+        num_leaves: int | None = None,
+        log_root: bytes | None = None,
+    ) -> Any:
         n = tree.size
         return self.game.functions.commit(
             task_id,
             tree.root,
-            hashlib.sha256(b"log").digest(),
+            log_tree(chunks(n)).root if log_root is None else log_root,
             n if num_leaves is None else num_leaves,
             hashlib.sha256(b"transcript").digest(),
             tree.leaf(0),
@@ -277,14 +314,35 @@ class Env:
             list(tree.proof(n - 1).siblings),
         )
 
-    def commit(self, task_id: int, tree: MerkleTree, bond: int = TRAINER_BOND) -> Any:
-        return self.send(self.commit_fn(task_id, tree), self.trainer, bond)
+    def commit(self, task_id: int, tree: MerkleTree, *, log_root: bytes | None = None) -> Any:
+        """The trainer commits ``tree``; the log root defaults to that of :func:`chunks` (``tree.size``)."""
+        return self.send(self.commit_fn(task_id, tree, log_root=log_root), self.trainer)
 
     def challenge(
         self, task_id: int, auditor: str, dispute_init: bool = False, bond: int = AUDITOR_BOND
     ) -> int:
         receipt = self.send(self.game.functions.challenge(task_id, dispute_init), auditor, bond)
         return int(self.event(receipt, "Challenged")["gameId"])
+
+    def challenge_data(self, task_id: int, auditor: str, index: int, bond: int = AUDITOR_BOND) -> int:
+        receipt = self.send(self.game.functions.challengeData(task_id, index), auditor, bond)
+        return int(self.event(receipt, "Challenged")["gameId"])
+
+    def provide_data_fn(self, game_id: int, chunk_list: Sequence[bytes], data: bytes | None = None) -> Any:
+        """The trainer's answer to availability game ``game_id`` from its chunks (``data`` overrides
+        the chunk sent, with the proof of the real one)."""
+        index = self.game_state(game_id).lo
+        proof = list(log_tree(chunk_list).proof(index).siblings)
+        return self.game.functions.provideData(game_id, chunk_list[index] if data is None else data, proof)
+
+    def provide_data(self, game_id: int, chunk_list: Sequence[bytes]) -> Any:
+        return self.send(self.provide_data_fn(game_id, chunk_list), self.trainer)
+
+    def claim_reward(self, game_id: int, caller: str | None = None) -> Any:
+        return self.send(self.game.functions.claimReward(game_id), caller or self.outsider)
+
+    def burnt(self) -> int:
+        return int(self.game.functions.burnt().call())
 
     def mid(self, game_id: int) -> int:
         g = self.game_state(game_id)
@@ -329,21 +387,37 @@ class Env:
         return int(t), int(a)
 
     # ------------------------------------------------------------- solvency
+    def reward_share(self, task_id: int) -> int:
+        """A finalized, lost task's share per AuditorWon game (docs/contract.md "Money"), computed
+        here independently of the contract: half the trainer's bond (rounded up) split evenly
+        among the winning games, at most one auditor bond each."""
+        t = self.task(task_id)
+        pool = t.trainerBond - t.trainerBond // 2
+        return min(t.auditorBond, pool // t.auditorWins) if t.auditorWins else 0
+
     def escrow(self) -> int:
-        """What the contract must hold besides credits: payments, trainer bonds and live auditor bonds."""
+        """What the contract must hold besides credits and the burnt wei: payments and trainer bonds
+        of unsettled tasks, live auditor bonds and unclaimed rewards of settled tasks."""
         total = 0
         for task_id in range(1, self.game.functions.taskCount().call() + 1):
             t = self.task(task_id)
-            if t.status in (OPEN, COMMITTED):
+            if t.status in (OPEN, ACCEPTED, COMMITTED):
                 total += t.payment
-            if t.status == COMMITTED and not t.trainerLost:
+            if t.status in (ACCEPTED, COMMITTED):
                 total += t.trainerBond
         for game_id in range(1, self.game.functions.gameCount().call() + 1):
             g = self.game_state(game_id)
+            t = self.task(g.taskId)
             if g.phase != ENDED:
-                total += self.task(g.taskId).auditorBond
+                total += t.auditorBond
+            elif g.outcome == AUDITOR_WON and t.status == FINALIZED and not g.rewardClaimed:
+                total += self.reward_share(g.taskId)
         return total
 
     def credits(self) -> int:
         contracts = (self.rejecter.address, self.reenterer.address)
         return sum(self.credit(a) for a in [*(a.address for a in self.chain.accounts), *contracts])
+
+    def solvent(self) -> bool:
+        """The contract holds exactly its credits, its escrow and what it burnt."""
+        return self.balance() == self.credits() + self.escrow() + self.burnt()

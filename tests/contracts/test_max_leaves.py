@@ -17,12 +17,13 @@ import pytest
 
 from game.merkle import MerkleTree, leaf_hash, node_hash
 from tests.contracts.driver import (
+    ANSWERED,
+    AUDITOR_BOND,
     AUDITOR_WON,
     COMMITTED,
     FINALIZED,
     PAYMENT,
     PINNED,
-    TRAINER_BOND,
     TRAINER_WON,
     Env,
 )
@@ -120,12 +121,12 @@ def test_runTree_isTheProjectsTree() -> None:
             assert rt.siblings(i) == list(tree.proof(i).siblings), (runs, i)
 
 
-def _commit_fn(env: Env, task: int, tree: RunTree, num_leaves: int) -> object:
+def _commit_fn(env: Env, task: int, tree: RunTree, num_leaves: int, log_root: bytes | None = None) -> object:
     last = tree.size - 1
     return env.game.functions.commit(
         task,
         tree.root,
-        hashlib.sha256(b"log").digest(),
+        hashlib.sha256(b"log").digest() if log_root is None else log_root,
         num_leaves,
         hashlib.sha256(b"transcript").digest(),
         tree.leaf(0),
@@ -146,9 +147,7 @@ def test_maxLeaves_committedAndPlayedToARuling(env: Env, liar: str) -> None:
     assert len(trainer.siblings(MAX_LEAVES - 1)) == 48
 
     task = env.create_task(MAX_LEAVES)
-    ev = env.event(
-        env.send(_commit_fn(env, task, trainer, MAX_LEAVES), env.trainer, TRAINER_BOND), "Committed"
-    )
+    ev = env.event(env.send(_commit_fn(env, task, trainer, MAX_LEAVES), env.trainer), "Committed")
     assert (ev["numLeaves"], ev["stateRoot"]) == (MAX_LEAVES, trainer.root)
     t = env.task(task)
     assert (t.status, t.numLeaves, t.lastLeaf) == (COMMITTED, MAX_LEAVES, trainer.leaf(MAX_LEAVES - 1))
@@ -175,7 +174,7 @@ def test_maxLeaves_committedAndPlayedToARuling(env: Env, liar: str) -> None:
     assert paid is (liar == "auditor") and env.task(task).status == FINALIZED
     if liar == "trainer":
         assert env.credit(env.client) == PAYMENT
-    assert env.balance() == env.escrow() + env.credits()
+    assert env.solvent()
 
 
 def test_maxLeavesPlusOne_refused_thoughItsProofsVerify(env: Env) -> None:
@@ -191,7 +190,32 @@ def test_maxLeavesPlusOne_refused_thoughItsProofsVerify(env: Env) -> None:
     )
     # ... and a task of MAX_LEAVES refuses one more, though its proofs verify
     task = env.create_task(MAX_LEAVES)
-    assert env.reverts(_commit_fn(env, task, tree, n), env.trainer, TRAINER_BOND) == (
+    assert env.reverts(_commit_fn(env, task, tree, n), env.trainer) == (
         "LeafCountMismatch",
         (MAX_LEAVES, MAX_LEAVES + 1),
     )
+
+
+def test_maxLeaves_lastChunkDemanded_andPosted(env: Env) -> None:
+    """An availability challenge of chunk 2^48 - 1 (the last step of the largest task) is answered
+    with a 48-sibling proof into the log tree; chunk 2^48 does not exist."""
+    state = RunTree([(GOOD, MAX_LEAVES)])
+    chunk = b"the rounding log of the last step"
+    log_tree = RunTree(
+        [(hashlib.sha256(b"an earlier chunk").digest(), MAX_LEAVES - 1), (hashlib.sha256(chunk).digest(), 1)]
+    )
+    task = env.create_task(MAX_LEAVES)
+    env.send(_commit_fn(env, task, state, MAX_LEAVES, log_tree.root), env.trainer)
+    assert env.reverts(env.game.functions.challengeData(task, MAX_LEAVES), env.auditors[0], AUDITOR_BOND) == (
+        "DataIndexOutOfRange",
+        (MAX_LEAVES, MAX_LEAVES),
+    )
+    game_id = env.challenge_data(task, env.auditors[0], MAX_LEAVES - 1)
+    assert env.game_state(game_id).lo == MAX_LEAVES - 1
+    proof = log_tree.siblings(MAX_LEAVES - 1)
+    assert len(proof) == 48
+    ev = env.event(
+        env.send(env.game.functions.provideData(game_id, chunk, proof), env.trainer), "DataProvided"
+    )
+    assert (ev["index"], ev["data"]) == (MAX_LEAVES - 1, chunk)
+    assert env.game_state(game_id).outcome == ANSWERED and env.credit(env.auditors[0]) == AUDITOR_BOND

@@ -18,8 +18,10 @@ from tests.contracts.driver import (
     AUDITOR_BOND,
     CANCELLED,
     CLOCK,
+    COMMIT_WINDOW,
     FINALIZED,
     JUDGE_WINDOW,
+    KEY_HASH,
     OPEN,
     PAYMENT,
     SPEC,
@@ -41,7 +43,17 @@ def _as_reenterer(env: Env, fn: Any, value: int = 0) -> Any:
 
 def _create_task(env: Env) -> Any:
     return env.game.functions.createTask(
-        SPEC, env.trainer, env.judge, 16, TRAINER_BOND, AUDITOR_BOND, CLOCK, WINDOW, JUDGE_WINDOW
+        SPEC,
+        KEY_HASH,
+        env.trainer,
+        env.judge,
+        16,
+        TRAINER_BOND,
+        AUDITOR_BOND,
+        CLOCK,
+        WINDOW,
+        JUDGE_WINDOW,
+        COMMIT_WINDOW,
     )
 
 
@@ -77,13 +89,13 @@ def _received(env: Env) -> tuple[int, int]:
 
 
 def _solvent(env: Env) -> None:
-    assert env.balance() == env.escrow() + env.credits()
+    assert env.solvent()
 
 
 def test_withdraw_reentered_paysTheCreditOnce(env: Env) -> None:
     """The receiver re-enters withdraw on every receipt; it gets its credit once and no more, while
     the contract holds other people's money it could have taken (another client's payment)."""
-    env.create_task(16)  # someone else's escrow: a double payment would have ether to take
+    env.create_task(16, accept=False)  # someone else's escrow: a double payment would have ether to take
     _credit_reenterer(env)
     _arm(env, env.game.functions.withdraw(), times=5)
     receipt = _as_reenterer(env, env.game.functions.withdraw())
@@ -184,21 +196,27 @@ def test_withdraw_reenteredWithOtherCalls_booksBalance(env: Env, name: str) -> N
 
 
 def test_reenterer_asWinningAuditor_withdrawsItsWinningsOnce(env: Env) -> None:
-    """A re-entering auditor that wins a game (the trainer times out) takes its bond and the
-    trainer's, once, and the task still settles for the client."""
+    """A re-entering auditor that wins a game (the trainer times out) takes its bond, then its
+    reward, each once, re-entering claimReward as well, and the task still settles for the client."""
     task, _ = _committed(env)
     receipt = _as_reenterer(env, env.game.functions.challenge(task, False), AUDITOR_BOND)
     game_id = int(env.event(receipt, "Challenged")["gameId"])
     env.at(env.deadline(game_id) + 1)
     env.timeout(game_id)
-    won = AUDITOR_BOND + TRAINER_BOND
-    assert env.credit(env.reenterer.address) == won
+    assert env.credit(env.reenterer.address) == AUDITOR_BOND
     _arm(env, env.game.functions.withdraw(), times=3)
     _as_reenterer(env, env.game.functions.withdraw())
-    assert _received(env) == (won, 1)
+    assert _received(env) == (AUDITOR_BOND, 1)
     assert _attempts(env) == [(False, ("NothingToWithdraw", (env.reenterer.address,)))]
     env.at(env.task(task).windowEnds + 1)
     env.finalize(task)
-    assert env.credit(env.client) == PAYMENT and env.balance() == PAYMENT
+    share = env.reward_share(task)
+    assert env.credit(env.client) == PAYMENT + (TRAINER_BOND - TRAINER_BOND // 2 - share)
+    env.claim_reward(game_id)
+    _arm(env, env.game.functions.claimReward(game_id), times=2)
+    _as_reenterer(env, env.game.functions.withdraw())
+    assert _received(env) == (AUDITOR_BOND + share, 2)
+    assert _attempts(env)[1:] == [(False, ("RewardAlreadyClaimed", (game_id,)))]
+    assert env.credit(env.reenterer.address) == 0
     _solvent(env)
     assert env.task(task).status == FINALIZED

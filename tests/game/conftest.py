@@ -18,7 +18,19 @@ AUDITOR_BOND = ETHER // 20
 CLOCK = 3_600
 WINDOW = 7_200
 JUDGE_WINDOW = 1_800
+COMMIT_WINDOW = 86_400
 NUM_LEAVES = 33  # the open task's leaf count (committed_task's default tree)
+DATA_KEY = hashlib.sha256(b"the fixtures' data key").digest()
+KEY_HASH = hashlib.sha256(DATA_KEY).digest()
+
+
+def log_chunks(n: int) -> list[bytes]:
+    """A toy run's log chunks (their sha256s are the log tree's leaves)."""
+    return [b"chunk %d " % i * (1 + i % 4) for i in range(n)]
+
+
+def log_root(n: int) -> bytes:
+    return MerkleTree([hashlib.sha256(c).digest() for c in log_chunks(n)]).root
 
 
 def chain_leaves(n: int, deviate_at: int | None = None, salt: bytes = b"") -> list[bytes]:
@@ -48,6 +60,21 @@ class Setup:
             self.task_id = post(self.client, self.trainer, self.judge, n)
         return self
 
+    def accepted(self, n: int) -> Setup:
+        """This setup with a task of ``n`` leaves that its trainer accepted (bonded): ready to commit."""
+        from game.chain.types import TaskStatus
+
+        self.sized(n)
+        if self.client.task(self.task_id).status == TaskStatus.OPEN:
+            self.trainer.accept(self.task_id)
+        return self
+
+    def commit(self, n: int) -> Setup:
+        """Accept and commit an honest ``n``-leaf tree (its log tree over :func:`log_chunks`)."""
+        self.tree = MerkleTree(chain_leaves(n))
+        self.accepted(n).trainer.commit_tree(self.task_id, self.tree, log_root(n), b"\x02" * 32)
+        return self
+
 
 def post(client: Any, trainer: Any, judge: Any, n: int = NUM_LEAVES) -> int:
     """A task of ``n`` leaves with the fixtures' terms; returns its id."""
@@ -55,6 +82,7 @@ def post(client: Any, trainer: Any, judge: Any, n: int = NUM_LEAVES) -> int:
         b"\x5a" * 32,
         trainer.me,
         judge.me,
+        key_hash=KEY_HASH,
         num_leaves=n,
         payment=PAYMENT,
         trainer_bond=TRAINER_BOND,
@@ -62,6 +90,7 @@ def post(client: Any, trainer: Any, judge: Any, n: int = NUM_LEAVES) -> int:
         clock_allowance=CLOCK,
         challenge_window=WINDOW,
         judge_window=JUDGE_WINDOW,
+        commit_window=COMMIT_WINDOW,
     )
     assert rec.result is not None
     return int(rec.result)
@@ -79,9 +108,6 @@ def committed_task(open_task: Setup) -> Callable[[int], Setup]:
     """``committed_task(n)``: the open task committed with an honest ``n``-leaf tree."""
 
     def make(n: int = 33) -> Setup:
-        tree = MerkleTree(chain_leaves(n))
-        open_task.sized(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
-        open_task.tree = tree
-        return open_task
+        return open_task.commit(n)
 
     return make

@@ -232,6 +232,7 @@ def test_rpcUrl_againstAnvil_deploysAndPlaysWithPrivateKey(anvil_chain: Any) -> 
             b"\x01" * 32,
             anvil_chain.account(2).address,
             anvil_chain.account(3).address,
+            key_hash=b"\x00" * 32,
             num_leaves=2,
             payment=ETHER,
             trainer_bond=1,
@@ -239,6 +240,7 @@ def test_rpcUrl_againstAnvil_deploysAndPlaysWithPrivateKey(anvil_chain: Any) -> 
             clock_allowance=60,
             challenge_window=60,
             judge_window=60,
+            commit_window=60,
         )
         assert rec.result == 1 and client.task_count() == 1
         assert client.task(1).client == rpc.accounts[0].address
@@ -306,6 +308,7 @@ def test_anvil_refusal_decodedAlikeByPrecheckEstimateAndMinedRevert(anvil_chain:
         b"\x01" * 32,
         trainer.me,
         judge.me,
+        key_hash=b"\x00" * 32,
         num_leaves=9,
         payment=ETHER,
         trainer_bond=1,
@@ -313,7 +316,9 @@ def test_anvil_refusal_decodedAlikeByPrecheckEstimateAndMinedRevert(anvil_chain:
         clock_allowance=600,
         challenge_window=600,
         judge_window=600,
+        commit_window=600,
     ).result
+    trainer.accept(tid)
     tree = MerkleTree([bytes([i]) * 32 for i in range(9)])
     trainer.commit_tree(tid, tree, b"\x00" * 32, b"\x00" * 32)
     gid = auditor.challenge(tid).result

@@ -12,14 +12,18 @@ from game.bench.gas import measure
 FUNCTIONS = {
     "deploy",
     "createTask",
+    "accept",
     "cancel",
     "commit",
     "challenge",
+    "challengeData",
+    "provideData",
     "reveal",
     "respond",
     "rule",
     "timeout",
     "finalize",
+    "claimReward",
     "withdraw",
 }
 

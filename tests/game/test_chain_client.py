@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, fields
@@ -22,12 +23,15 @@ from game.protocol.solver import decide_reveal
 from tests.game.conftest import (
     AUDITOR_BOND,
     CLOCK,
+    COMMIT_WINDOW,
     JUDGE_WINDOW,
+    KEY_HASH,
     PAYMENT,
     TRAINER_BOND,
     WINDOW,
     Setup,
     chain_leaves,
+    log_chunks,
 )
 
 ARTIFACT = load_artifact()
@@ -130,7 +134,7 @@ def test_dispute_honestTrainer_lyingAuditor_trainerWins(open_task: Setup, chain:
     n, lie_at = 65, 23
     honest = chain_leaves(n)
     tree = MerkleTree(honest)
-    open_task.sized(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
+    open_task.accepted(n).trainer.commit_tree(open_task.task_id, tree, b"\x01" * 32, b"\x02" * 32)
     liar = chain_leaves(n, deviate_at=lie_at)  # the auditor claims the run diverged at lie_at
     gid, gas = play(open_task, tree, liar)
     g = open_task.judge.game(gid)
@@ -159,6 +163,7 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
             b"\x07" * 32,
             trainer.me,
             judge.me,
+            key_hash=KEY_HASH,
             num_leaves=n,
             payment=PAYMENT,
             trainer_bond=TRAINER_BOND,
@@ -166,7 +171,9 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
             clock_allowance=CLOCK,
             challenge_window=WINDOW,
             judge_window=JUDGE_WINDOW,
+            commit_window=COMMIT_WINDOW,
         ).result
+        trainer.accept(tid)
         honest = chain_leaves(n)
         bad = MerkleTree(chain_leaves(n, deviate_at=deviate))
         trainer.commit_tree(tid, bad, b"\x01" * 32, b"\x02" * 32)
@@ -178,7 +185,7 @@ def test_dispute_dishonestTrainer_pinsFirstDeviation_auditorWins(
         assert len(pinned) == 1 and isinstance(pinned[0], StepPinned) and pinned[0].step == deviate
         judge.rule(gid, honest[deviate])
         assert judge.game(gid).outcome is Outcome.AUDITOR_WON
-        assert auditor.credit() == AUDITOR_BOND + TRAINER_BOND
+        assert auditor.credit() == AUDITOR_BOND  # its share of the trainer's bond comes at finalize
     finally:
         chain.revert(snap)
 
@@ -220,7 +227,7 @@ def test_events_queryAndPoll(committed_task: Callable[[int], Setup], chain: Any)
     assert [(e.task_id, e.num_leaves) for e in created] == [(s.task_id, 33)]  # type: ignore[attr-defined]
     assert s.client.get_events("TaskCreated", trainer=s.judge.me) == []
     everything = s.client.get_events()
-    assert [e.name for e in everything][:2] == ["TaskCreated", "Committed"]
+    assert [e.name for e in everything][:3] == ["TaskCreated", "TaskAccepted", "Committed"]
     assert all(a.block_number <= b.block_number for a, b in itertools.pairwise(everything))
 
 
@@ -291,3 +298,46 @@ def test_aReplyThatDoesNotDecode_isTheSameError_sayingSomethingElseIsThere(
     with pytest.raises(ContractGone, match=r"does not answer task\(\) as the game does") as caught:
         client.task(1)
     assert not caught.value.no_code and "the game contract is gone from" in str(caught.value)
+
+
+def test_availabilityAndReward_throughTheClient_eventsDecoded(
+    committed_task: Callable[[int], Setup], game_client: Callable[..., Any], chain: Any
+) -> None:
+    """A demanded chunk posted (its bytes decoded from ``DataProvided``), a demand left unanswered
+    (the trainer loses), the task settled and the winner's share claimed: each through the typed
+    client, each event a dataclass with typed fields."""
+    s = committed_task(9)
+    chunks = log_chunks(9)
+    log_tree = MerkleTree([hashlib.sha256(c).digest() for c in chunks])
+    asked = s.auditor.challenge_data(s.task_id, 4)
+    (req,) = asked.events_named("DataRequested")
+    assert (req.index, req.task_id, req.game_id) == (4, s.task_id, asked.result)  # type: ignore[attr-defined]
+    answer = s.trainer.provide_data(asked.result, chunks[4], log_tree.proof(4))  # type: ignore[arg-type]
+    provided = answer.event("DataProvided")
+    assert (provided.index, provided.data) == (4, chunks[4])  # type: ignore[attr-defined]
+    g = s.auditor.game(asked.result)  # type: ignore[arg-type]
+    assert (g.availability, g.data_index, g.outcome, g.reason) == (
+        True,
+        4,
+        Outcome.ANSWERED,
+        EndReason.DATA_PROVIDED,
+    )
+    other = game_client("auditor2")
+    unanswered = other.challenge_data(s.task_id, 6).result
+    chain.time_travel(CLOCK + 5)
+    s.client.timeout(unanswered)
+    assert s.client.game(unanswered).outcome is Outcome.AUDITOR_WON  # type: ignore[arg-type]
+    chain.time_travel(WINDOW + 5)
+    fin = s.client.finalize(s.task_id).event("TaskFinalized")
+    task = s.client.task(s.task_id)
+    share = min(AUDITOR_BOND, TRAINER_BOND - TRAINER_BOND // 2)  # one winning game
+    assert (fin.trainer_paid, fin.auditor_wins, fin.reward_share, fin.burnt) == (  # type: ignore[attr-defined]
+        False,
+        1,
+        share,
+        TRAINER_BOND // 2,
+    )
+    assert (task.auditor_wins, task.trainer_lost, s.client.burnt()) == (1, True, TRAINER_BOND // 2)
+    paid = s.client.claim_reward(unanswered).event("RewardPaid")  # type: ignore[arg-type]
+    assert (paid.auditor, paid.amount) == (other.me, share)  # type: ignore[attr-defined]
+    assert other.credit() == AUDITOR_BOND + share and s.auditor.credit() == AUDITOR_BOND

@@ -20,7 +20,16 @@ from game.chain import errors as E
 from game.chain.artifacts import abi_selector, abi_types, load_artifact
 from game.chain.types import Outcome, Phase, TaskStatus, snake
 from game.errors import ChainError, VerificationGameError
-from tests.game.conftest import AUDITOR_BOND, CLOCK, JUDGE_WINDOW, TRAINER_BOND, WINDOW, Setup
+from tests.game.conftest import (
+    AUDITOR_BOND,
+    CLOCK,
+    COMMIT_WINDOW,
+    JUDGE_WINDOW,
+    TRAINER_BOND,
+    WINDOW,
+    Setup,
+    log_chunks,
+)
 
 ABI_ERRORS = load_artifact().items("error")
 
@@ -82,8 +91,10 @@ def test_decode_everyCustomError_roundTripsClassAndTypedArgs(
 
 def test_explain_saysWhatTheRefusalMeans() -> None:
     assert str(E.WrongTaskStatus(1, 1)) == (
-        "WrongTaskStatus(task_id=1, status=OPEN): task 1 is OPEN: an OPEN task can be committed to or "
-        "cancelled, a COMMITTED one challenged or finalized, a CANCELLED or FINALIZED one nothing more"
+        "WrongTaskStatus(task_id=1, status=OPEN): task 1 is OPEN: an OPEN task can be accepted or "
+        "cancelled, an ACCEPTED one committed to (or cancelled once its commit window passed), a "
+        "COMMITTED one challenged or finalized, a FINALIZED one's rewards claimed, a CANCELLED one "
+        "nothing more"
     )
     assert str(E.WindowOpen(3, 1_800_000_000)).endswith(
         "task 3's challenge window is open until 2027-01-15 08:00:00 UTC (block time 1800000000); "
@@ -110,7 +121,14 @@ Scenario = Callable[[Setup, Callable[..., Any], Any], tuple[Any, Callable[[Any],
 
 def _create(c: Any, **over: Any) -> Any:
     args: dict[str, Any] = dict(
-        payment=1, trainer_bond=1, auditor_bond=1, clock_allowance=1, challenge_window=1, judge_window=1
+        payment=1,
+        trainer_bond=1,
+        auditor_bond=1,
+        clock_allowance=1,
+        challenge_window=1,
+        judge_window=1,
+        commit_window=1,
+        key_hash=b"\x00" * 32,
     )
     args.update(over)
     trainer = args.pop("trainer", "0x" + "22" * 20)
@@ -129,7 +147,59 @@ def invalid_roles(s: Setup, gc: Any, chain: Any) -> Any:
 
 
 def invalid_durations(s: Setup, gc: Any, chain: Any) -> Any:
-    return s.client, lambda c: _create(c, judge_window=0), E.InvalidDurations(1, 1, 0)
+    return s.client, lambda c: _create(c, judge_window=0), E.InvalidDurations(1, 1, 0, 1)
+
+
+def durations_too_long(s: Setup, gc: Any, chain: Any) -> Any:
+    """Issue 44: a silent party could hold a payment for about 136 years (2^32 - 1 s clocks)."""
+    act = lambda c: _create(c, clock_allowance=2**32 - 1, commit_window=30 * 86_400 + 1)  # noqa: E731
+    return s.client, act, E.InvalidDurations(2**32 - 1, 1, 1, 30 * 86_400 + 1)
+
+
+def invalid_bonds(s: Setup, gc: Any, chain: Any) -> Any:
+    return s.client, lambda c: _create(c, auditor_bond=0), E.InvalidBonds(1, 0)
+
+
+def accept_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
+    act = lambda c: c.accept(s.task_id, bond=TRAINER_BOND + 1)  # noqa: E731
+    return s.trainer, act, E.WrongBond(TRAINER_BOND + 1, TRAINER_BOND)
+
+
+def accept_by_stranger(s: Setup, gc: Any, chain: Any) -> Any:
+    stranger = gc("stranger")
+    return stranger, lambda c: c.accept(s.task_id), E.Unauthorized(stranger.me, s.trainer.me)
+
+
+def accept_twice(s: Setup, gc: Any, chain: Any) -> Any:
+    s.trainer.accept(s.task_id)
+    return s.trainer, lambda c: c.accept(s.task_id), E.WrongTaskStatus(s.task_id, TaskStatus.ACCEPTED)
+
+
+def cancel_accepted(s: Setup, gc: Any, chain: Any) -> Any:
+    """Issue 44: the client front-running a commit with a cancel, after the trainer accepted."""
+    s.trainer.accept(s.task_id)
+    commit_by = s.client.task(s.task_id).commit_by
+    return s.client, lambda c: c.cancel(s.task_id), E.CommitWindowOpen(s.task_id, commit_by)
+
+
+def commit_unaccepted(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    tree = MerkleTree([bytes([i]) * 32 for i in range(2)])
+    s.sized(2)
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
+    return s.trainer, act, E.WrongTaskStatus(s.task_id, TaskStatus.OPEN)
+
+
+def commit_too_late(s: Setup, gc: Any, chain: Any) -> Any:
+    from game.merkle import MerkleTree
+
+    tree = MerkleTree([bytes([i]) * 32 for i in range(2)])
+    s.accepted(2)
+    commit_by = s.client.task(s.task_id).commit_by
+    chain.time_travel(COMMIT_WINDOW + 5)
+    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
+    return s.trainer, act, E.CommitWindowClosed(s.task_id, commit_by)
 
 
 def task_not_found(s: Setup, gc: Any, chain: Any) -> Any:
@@ -145,15 +215,6 @@ def cancel_unauthorized(s: Setup, gc: Any, chain: Any) -> Any:
     return s.auditor, lambda c: c.cancel(s.task_id), E.Unauthorized(s.auditor.me, s.client.me)
 
 
-def commit_wrong_bond(s: Setup, gc: Any, chain: Any) -> Any:
-    from game.merkle import MerkleTree
-
-    tree = MerkleTree([b"\x01" * 32, b"\x02" * 32])
-    s.sized(tree.size)
-    act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32, bond=TRAINER_BOND + 1)  # noqa: E731
-    return s.trainer, act, E.WrongBond(TRAINER_BOND + 1, TRAINER_BOND)
-
-
 def create_one_leaf(s: Setup, gc: Any, chain: Any) -> Any:
     return s.client, lambda c: _create(c, num_leaves=1), E.InvalidLeafCount(1)
 
@@ -165,6 +226,7 @@ def create_too_many_leaves(s: Setup, gc: Any, chain: Any) -> Any:
 def commit_zero_leaves(s: Setup, gc: Any, chain: Any) -> Any:
     z = b"\x00" * 32
     n = s.client.task(s.task_id).num_leaves
+    s.accepted(n)
     return s.trainer, lambda c: c.commit(s.task_id, z, z, 0, z, z, [], z, []), E.LeafCountMismatch(n, 0)
 
 
@@ -173,7 +235,7 @@ def commit_truncated(s: Setup, gc: Any, chain: Any) -> Any:
     proofs of a one-leaf tree)."""
     from game.merkle import MerkleTree
 
-    s.sized(17)
+    s.accepted(17)
     tree = MerkleTree([b"\x01" * 32])
     act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
     return s.trainer, act, E.LeafCountMismatch(17, 1)
@@ -182,7 +244,7 @@ def commit_truncated(s: Setup, gc: Any, chain: Any) -> Any:
 def commit_three_of_seventeen(s: Setup, gc: Any, chain: Any) -> Any:
     from game.merkle import MerkleTree
 
-    s.sized(17)
+    s.accepted(17)
     tree = MerkleTree([bytes([i]) * 32 for i in range(3)])
     act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
     return s.trainer, act, E.LeafCountMismatch(17, 3)
@@ -192,7 +254,7 @@ def commit_bad_proof(s: Setup, gc: Any, chain: Any) -> Any:
     from game.merkle import MerkleTree
 
     tree = MerkleTree([bytes([i]) * 32 for i in range(5)])
-    s.sized(5)
+    s.accepted(5)
     wrong = b"\x09" * 32
     act = lambda c: c.commit(  # noqa: E731
         s.task_id, tree.root, wrong, 5, wrong, wrong, tree.proof(0), tree.leaf(4), tree.proof(4)
@@ -205,16 +267,78 @@ def commit_by_stranger(s: Setup, gc: Any, chain: Any) -> Any:
 
     tree = MerkleTree([b"\x01" * 32])
     stranger = gc("stranger")
+    s.accepted(s.client.task(s.task_id).num_leaves)
     act = lambda c: c.commit_tree(s.task_id, tree, b"\x00" * 32, b"\x00" * 32)  # noqa: E731
     return stranger, act, E.Unauthorized(stranger.me, s.trainer.me)
 
 
 def _commit(s: Setup, n: int) -> None:
-    from game.merkle import MerkleTree
-    from tests.game.conftest import chain_leaves
+    s.commit(n)
 
-    s.tree = MerkleTree(chain_leaves(n))
-    s.sized(n).trainer.commit_tree(s.task_id, s.tree, b"\x01" * 32, b"\x02" * 32)
+
+def _log_proof(n: int, index: int) -> tuple[bytes, Any]:
+    import hashlib
+
+    from game.merkle import MerkleTree
+
+    chunks = log_chunks(n)
+    return chunks[index], MerkleTree([hashlib.sha256(c).digest() for c in chunks]).proof(index)
+
+
+def demand_out_of_range(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    return s.auditor, lambda c: c.challenge_data(s.task_id, 9), E.DataIndexOutOfRange(9, 9)
+
+
+def demand_posted_chunk(s: Setup, gc: Any, chain: Any) -> Any:
+    """A chunk posted once is public: nobody can make the trainer post it again (left to the
+    estimate: no view says which chunks were posted)."""
+    _commit(s, 9)
+    gid = s.auditor.challenge_data(s.task_id, 4).result
+    s.trainer.provide_data(gid, *_log_proof(9, 4))
+    other = gc("auditor2")
+    return other, lambda c: c.challenge_data(s.task_id, 4), E.DataAlreadyProvided(s.task_id, 4)
+
+
+def provide_wrong_chunk(s: Setup, gc: Any, chain: Any) -> Any:
+    import hashlib
+
+    _commit(s, 9)
+    gid = s.auditor.challenge_data(s.task_id, 4).result
+    chunk, proof = _log_proof(9, 3)  # step 3's chunk, with its own valid proof
+    act = lambda c: c.provide_data(gid, chunk, proof)  # noqa: E731
+    return s.trainer, act, E.InvalidProof(4, hashlib.sha256(chunk).digest())
+
+
+def provide_in_bisection(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    act = lambda c: c.provide_data(gid, *_log_proof(9, 4))  # noqa: E731
+    return s.trainer, act, E.NotYourTurn(gid, Phase.AWAITING_REVEAL)
+
+
+def claim_live_game(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge(s.task_id).result
+    return s.client, lambda c: c.claim_reward(gid), E.NoReward(gid, Outcome.NONE)
+
+
+def claim_unsettled(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge_data(s.task_id, 2).result
+    chain.time_travel(CLOCK + 5)
+    s.client.timeout(gid)  # the trainer posted nothing: the auditor won
+    return s.client, lambda c: c.claim_reward(gid), E.WrongTaskStatus(s.task_id, TaskStatus.COMMITTED)
+
+
+def claim_twice(s: Setup, gc: Any, chain: Any) -> Any:
+    _commit(s, 9)
+    gid = s.auditor.challenge_data(s.task_id, 2).result
+    chain.time_travel(WINDOW + 5)
+    s.client.timeout(gid)
+    s.client.finalize(s.task_id)
+    s.client.claim_reward(gid)
+    return s.client, lambda c: c.claim_reward(gid), E.RewardAlreadyClaimed(gid)
 
 
 def challenge_after_window(s: Setup, gc: Any, chain: Any) -> Any:
@@ -320,10 +444,17 @@ SCENARIOS: list[Scenario] = [
     zero_payment,
     invalid_roles,
     invalid_durations,
+    durations_too_long,
+    invalid_bonds,
     task_not_found,
     cancel_wrong_status,
     cancel_unauthorized,
-    commit_wrong_bond,
+    cancel_accepted,
+    accept_wrong_bond,
+    accept_by_stranger,
+    accept_twice,
+    commit_unaccepted,
+    commit_too_late,
     create_one_leaf,
     create_too_many_leaves,
     commit_zero_leaves,
@@ -344,6 +475,13 @@ SCENARIOS: list[Scenario] = [
     timeout_too_early,
     finalize_too_early,
     finalize_with_live_game,
+    demand_out_of_range,
+    demand_posted_chunk,
+    provide_wrong_chunk,
+    provide_in_bisection,
+    claim_live_game,
+    claim_unsettled,
+    claim_twice,
     withdraw_nothing,
 ]
 

@@ -10,21 +10,33 @@ import hashlib
 import random
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game import clock
 from game.chain.types import EndReason, Game, Outcome, Phase, Task, TaskStatus
-from game.merkle import MerkleTree
+from game.merkle import MerkleTree, verify_proof
+from game.protocol.payouts import forfeit_split
 from game.protocol.solver import (
+    MISSING_GRACE_FRACTION,
+    Accept,
+    ClaimReward,
     ClaimTimeout,
+    DemandData,
     Finalize,
+    ProtocolError,
+    ProvideData,
     Respond,
     Reveal,
     Rule,
     Withdraw,
     auditor_move,
+    data_probe_index,
+    decide_accept,
     decide_challenge,
+    decide_claims,
+    decide_data_demand,
     decide_finalize,
     decide_response,
     decide_reveal,
@@ -33,6 +45,7 @@ from game.protocol.solver import (
     pinned_step,
     trainer_move,
 )
+from game.protocol.terms import TermsPolicy, terms_problems
 
 
 def first_divergence(theirs: list[bytes], ours: list[bytes]) -> int | None:
@@ -68,8 +81,8 @@ def run(n_leaves: int, deviate_at: int | None) -> list[bytes]:
 def new_game(n: int, first: bytes, last: bytes) -> Game:
     return Game(
         lo=0, hi=n - 1, last_move_at=0, trainer_clock=60, auditor_clock=60, phase=Phase.AWAITING_REVEAL,
-        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, outcome=Outcome.NONE,
-        reason=EndReason.NONE, lo_leaf=first, hi_leaf=last, mid_leaf=b"\x00" * 32,
+        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, availability=False, outcome=Outcome.NONE,
+        reason=EndReason.NONE, reward_claimed=False, lo_leaf=first, hi_leaf=last, mid_leaf=b"\x00" * 32,
     )  # fmt: skip
 
 
@@ -181,7 +194,8 @@ def _task(status: TaskStatus, window_ends: int, live_games: int = 0) -> Task:
         payment=10, trainer_bond=2, auditor_bond=1, clock_allowance=60, challenge_window=120, judge_window=60,
         window_ends=window_ends, num_leaves=9, state_root=b"\x00" * 32, log_root=b"\x00" * 32,
         transcript_id=b"\x00" * 32, first_leaf=b"\x00" * 32, last_leaf=b"\x00" * 32, status=status,
-        live_games=live_games, trainer_lost=False, any_void=False,
+        live_games=live_games, trainer_lost=False, any_void=False, commit_window=60,
+        commit_by=window_ends and 1, auditor_wins=0, key_hash=b"\x00" * 32,
     )  # fmt: skip
 
 
@@ -217,3 +231,85 @@ def test_decideChallenge_overOneLeaf_disputesTheInitialisation() -> None:
     assert decide_challenge(one[0], one[0], 1, one).dispute_init  # nothing to bisect
     assert not decide_challenge(one[0], one[0], 1, one).challenge
     assert not decide_challenge(run(9, None)[0], run(9, None)[-1], 9, run(9, None)).dispute_init
+
+
+# ------------------------------------------------------------------ availability, accept, rewards
+def _data_game(index: int) -> Game:
+    g = new_game(9, b"\x00" * 32, b"\x00" * 32)
+    return replace(g, lo=index, hi=index, phase=Phase.AWAITING_DATA, availability=True)
+
+
+def test_trainerMove_availability_postsTheDemandedChunkWithItsProof() -> None:
+    chunks = [hashlib.sha256(b"chunk %d" % i).digest() for i in range(9)]
+    log_tree = MerkleTree(chunks)
+    g = _data_game(5)
+    move = trainer_move(g, now=10, deadline=60, tree=MerkleTree(run(9, None)), log_tree=log_tree)
+    assert move == ProvideData(5, log_tree.proof(5).siblings) and g.data_index == 5
+    assert verify_proof(log_tree.root, chunks[5], log_tree.proof(5))
+    assert trainer_move(g, now=60, deadline=60, tree=MerkleTree(run(9, None)), log_tree=log_tree) is None
+    with pytest.raises(ProtocolError):  # no log tree to prove from: a bug, said at once
+        trainer_move(g, now=10, deadline=60, tree=MerkleTree(run(9, None)))
+
+
+def test_auditorMove_availability_claimsTheTimeoutOnceTheTrainersClockRanOut() -> None:
+    g = _data_game(3)
+    assert auditor_move(g, now=10, deadline=60, own_leaves=[]) is None
+    assert auditor_move(g, now=60, deadline=60, own_leaves=[]) == ClaimTimeout("trainer")
+
+
+def test_decideDataDemand_unreadableAtOnce_missingAfterTheGrace_oncePerAuditor() -> None:
+    me = "0x" + "0a" * 20
+    t = replace(_task(TaskStatus.COMMITTED, window_ends=1_120), challenge_window=1_000)  # committed at 120
+    grace = 120 + 1_000 // MISSING_GRACE_FRACTION
+    probe = data_probe_index(1, me, t.num_leaves)
+    assert 1 <= probe <= t.num_leaves - 1
+    demand = {"task_id": 1, "auditor": me, "demanded": False}
+    assert decide_data_demand(t, 200, "unreadable", **demand) == DemandData(probe)
+    assert decide_data_demand(t, 200, "ok", **demand) is None
+    assert decide_data_demand(t, grace - 1, "missing", **demand) is None  # a synced store may lag
+    assert decide_data_demand(t, grace, "missing", **demand) == DemandData(probe)
+    assert decide_data_demand(t, 200, "unreadable", task_id=1, auditor=me, demanded=True) is None
+    assert decide_data_demand(t, 1_119, "unreadable", **demand) is None  # would land after the window
+    # another auditor probes (most likely) another step; the same one always the same
+    others = {data_probe_index(1, "0x" + (bytes([i]) * 20).hex(), 9) for i in range(40)}
+    assert len(others) > 1 and data_probe_index(1, me, 9) == probe
+
+
+def test_decideAccept_onlyAnOpenTask() -> None:
+    assert decide_accept(_task(TaskStatus.OPEN, 0)) == Accept()
+    assert decide_accept(_task(TaskStatus.ACCEPTED, 0)) is None
+
+
+def test_termsProblems_keyAndPolicy() -> None:
+    t = _task(TaskStatus.OPEN, 0)
+    assert terms_problems(t, b"\x00" * 32) == []
+    assert "not the task's" in terms_problems(t, b"\x01" * 32)[0]
+    assert (
+        "clock allowance is 60 s" in terms_problems(t, b"\x00" * 32, TermsPolicy(min_clock_allowance=61))[0]
+    )
+    judged_by_client = replace(t, judge=t.client)
+    assert "own task's judge" in terms_problems(judged_by_client, b"\x00" * 32)[0]
+    assert terms_problems(judged_by_client, b"\x00" * 32, TermsPolicy(judge_may_be_client=True)) == []
+
+
+def test_decideClaims_onlyWonUnclaimedGamesOfASettledTask() -> None:
+    g = new_game(9, b"\x00" * 32, b"\x00" * 32)
+    games = [
+        (1, replace(g, outcome=Outcome.AUDITOR_WON)),
+        (2, replace(g, outcome=Outcome.AUDITOR_WON, reward_claimed=True)),
+        (3, replace(g, outcome=Outcome.TRAINER_WON)),
+        (4, replace(g, outcome=Outcome.ANSWERED)),
+    ]
+    assert decide_claims(_task(TaskStatus.FINALIZED, 100), games) == [ClaimReward(1)]
+    assert decide_claims(_task(TaskStatus.COMMITTED, 100), games) == []
+
+
+@pytest.mark.parametrize("wins", [1, 2, 3, 7])
+@pytest.mark.parametrize(("trainer_bond", "auditor_bond"), [(10, 3), (2, 1), (1, 1), (5 * 10**17, 10**17)])
+def test_forfeitSplit_addsUp_halfBurnt_equalCappedShares(
+    trainer_bond: int, auditor_bond: int, wins: int
+) -> None:
+    split = forfeit_split(trainer_bond, auditor_bond, wins)
+    assert split.burnt + split.share * wins + split.to_client == trainer_bond  # every wei accounted for
+    assert split.burnt == trainer_bond // 2 and 0 <= split.share <= auditor_bond
+    assert split.share == min(auditor_bond, (trainer_bond - trainer_bond // 2) // wins)

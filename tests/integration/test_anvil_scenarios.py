@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from game.cli import _register
 from game.cli.app import app
+from game.tasks import TaskTerms
 from tests.procs import default_signals
 
 pytestmark = pytest.mark.anvil
@@ -53,7 +54,9 @@ def test_scenario_on_anvil(
     doc = _json(runner, "demo", "--scenario", scenario, "--chain", "anvil", *TINY, *extra)
     assert doc["chain"] == "anvil"
     assert (doc["winner"], doc["disputed_step"], doc["trainer_paid"]) == (winner, step, winner == "trainer")
-    assert doc["balances_ok"] is True and doc["contract_balance"] == 0
+    # the contract keeps only the burnt half of a lost trainer's bond
+    assert doc["balances_ok"] is True and doc["contract_balance"] == doc["burnt"]
+    assert doc["burnt"] == (0 if winner == "trainer" else TaskTerms().trainer_bond // 2)
     assert doc["balances"]["trainer"]["gas_cost"] > 0
 
 
@@ -131,7 +134,8 @@ def test_task_commands_against_a_running_node(
 
     res = runner.invoke(app, ["task", "finalize", str(task_id), *common])
     assert type(res.exception).__name__ == "WrongTaskStatus"  # an open task cannot be settled
-    assert "task 1 is OPEN: an OPEN task can be committed to or cancelled" in str(res.exception)
+    assert "task 1 is OPEN: an OPEN task can be accepted or cancelled" in str(res.exception)
+    assert shown["key_hash"] == created["data_key_sha256"]  # the task commits to the key it was made with
 
     assert _json(runner, "task", "cancel", str(task_id), *common)["done"] is True
     reclaimed = _json(runner, "task", "reclaim", *common)

@@ -41,9 +41,9 @@ def _post_task(chain: Any, address: str) -> int:
     client_acct, trainer, judge = _accounts()
     client = VerificationGameClient(chain, address, client_acct)
     rec = client.create_task(
-        b"\x01" * 32, trainer.address, judge.address, num_leaves=17,
+        b"\x01" * 32, trainer.address, judge.address, key_hash=b"\x02" * 32, num_leaves=17,
         payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
-        clock_allowance=600, challenge_window=600, judge_window=600,
+        clock_allowance=600, challenge_window=600, judge_window=600, commit_window=600,
     )  # fmt: skip
     return int(rec.result or 0)
 

@@ -1,0 +1,86 @@
+"""An auditor's availability challenges: demanding a log chunk on-chain when the transcript cannot be had.
+
+Why: an auditor that cannot get or open the transcript cannot replay, and before issue 44 it stopped
+without a word while the trainer was paid. Now it demands one log chunk on-chain (``challengeData``),
+chosen by :func:`game.protocol.solver.data_probe_index`: a trainer that cannot post it within its
+clock loses the game and with it the task; one that posts it holds its data, and the auditor keeps
+waiting for the store. When to demand is the solver's (:func:`~game.protocol.solver.decide_data_demand`);
+this module only sends what it decides and reads the outcome back from the chain.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from game.agents import AgentAction, AgentError, action_from_receipt
+from game.chain.types import Outcome, Task
+from game.errors import VerificationGameError
+from game.protocol.solver import TranscriptState, decide_data_demand
+
+if TYPE_CHECKING:
+    from auditor_node.agent import AuditorAgent
+
+log = logging.getLogger(__name__)
+
+
+class TranscriptUnusable(AgentError):
+    """The transcript is in the store but cannot be used with the task's key: it does not open, it
+    is damaged, or it is not what the chain committed to. The trainer's fault (the key was checked
+    against the task's first), so the auditor demands the data on-chain instead of stopping."""
+
+
+class DataDemands:
+    """One auditor's availability challenges on its task (found again from the chain after a restart)."""
+
+    def __init__(self, agent: AuditorAgent) -> None:
+        self.agent = agent
+
+    def games(self) -> list[int]:
+        """This auditor's availability games on the task."""
+        client = self.agent.client
+        return [gid for gid in self.agent.game_ids() if client.game(gid).availability]
+
+    def won(self) -> bool:
+        """Whether the trainer failed to post a chunk this auditor demanded (it lost the task)."""
+        client = self.agent.client
+        return any(client.game(gid).outcome == Outcome.AUDITOR_WON for gid in self.games())
+
+    def maybe_demand(self, task: Task, transcript: TranscriptState, out: list[AgentAction]) -> None:
+        """Open the availability challenge the solver calls for now, if any."""
+        agent = self.agent
+        me = agent.client.me
+        move = decide_data_demand(
+            task,
+            agent.client.chain.now(),
+            transcript,
+            task_id=agent.task_id,
+            auditor=me,
+            demanded=bool(self.games()),
+        )
+        if move is None:
+            return
+        try:
+            rec = agent.client.challenge_data(agent.task_id, move.index)
+        except VerificationGameError as exc:  # the chunk was posted already (another auditor's demand)
+            log.warning("availability challenge of task %d refused: %s", agent.task_id, exc)
+            return
+        gid = rec.result
+        if gid is not None:
+            agent.state.update(games=[*agent.state.get("games", []), gid])
+        why = "not in the store" if transcript == "missing" else "not openable with the task's key"
+        agent._emit(
+            out,
+            action_from_receipt(
+                agent.ACTOR,
+                "demand",
+                agent.task_id,
+                rec,
+                game_id=gid,
+                leaf_index=move.index,
+                detail=f"the transcript is {why}: the trainer must post the log chunk of step {move.index}",
+            ),
+        )
+
+
+__all__ = ["DataDemands", "TranscriptUnusable"]

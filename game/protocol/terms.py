@@ -1,0 +1,52 @@
+"""What a trainer node asks of a task before it accepts it: the pure check, no chain, no files.
+
+Why its own module: the contract checks what every task must satisfy (bonds of at least 1 wei,
+every clock and window 1 s to 30 days, 2 to 2^48 leaves); a trainer has its own reasons to refuse
+work that the contract cannot know of: a data key that is not the task's, a clock too short for it
+to answer every game under congestion, a client judging its own task. The trainer node accepts a
+task (and locks its bond) only when :func:`terms_problems` finds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from game.chain.types import Task
+
+
+@dataclass(frozen=True)
+class TermsPolicy:
+    """What a trainer node asks of a task's terms before it accepts one, beyond what the contract
+    checks itself (bonds of at least 1 wei, every clock and window 1 s to 30 days)."""
+
+    #: Each game gives each party this many seconds at least: a trainer must answer every game
+    #: opened against it within its clock, so a short clock under congestion (or under many
+    #: challenges at once) is a lever against an honest trainer.
+    min_clock_allowance: int = 30
+    #: Whether the client may be the judge: the judge's ruling is trusted, and a client judging its
+    #: own task can rule an honest trainer wrong.
+    judge_may_be_client: bool = False
+
+
+def terms_problems(task: Task, key_hash: bytes, policy: TermsPolicy | None = None) -> list[str]:
+    """Why a trainer should not work on ``task`` (empty when it may): its data key is not the
+    task's (its transcript would be sealed under a key nobody else holds), or the terms are
+    outside ``policy``."""
+    policy = policy or TermsPolicy()
+    out = []
+    if task.key_hash != key_hash:
+        out.append(
+            f"the data key given is not the task's (its sha256 is {key_hash.hex()[:16]}..., the task's "
+            f"{task.key_hash.hex()[:16]}...): the transcript would be sealed under a key nobody else holds"
+        )
+    if task.clock_allowance < policy.min_clock_allowance:
+        out.append(
+            f"the clock allowance is {task.clock_allowance} s, under the {policy.min_clock_allowance} s "
+            "this trainer needs to answer every game opened against it"
+        )
+    if not policy.judge_may_be_client and task.judge.lower() == task.client.lower():
+        out.append("the client is its own task's judge: it could rule honest work wrong")
+    return out
+
+
+__all__ = ["TermsPolicy", "terms_problems"]

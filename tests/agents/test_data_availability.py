@@ -1,0 +1,185 @@
+"""Issue 44, exploit 4, at the nodes: a transcript nobody can open is no longer paid.
+
+Found as a new user would: a trainer whose node sealed its transcript under a wrong data key
+committed and was paid; the auditor could not open the blob and stopped without challenging. Now the
+task carries the key's hash, so
+
+* the trainer node refuses a key that is not the task's before it accepts or trains, and opens its
+  own blob before committing;
+* an auditor that cannot open the blob (with the task's key: its own mistake is refused first)
+  demands a log chunk on-chain; a trainer that does not post it loses the task, and one that does
+  holds its data (the chunk is public in ``DataProvided``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.agents import AgentError, drive
+from game.chain.types import EndReason, Outcome, TaskStatus
+from game.store.keys import new_key
+from game.training.transcript.reader import Transcript, steps_on_disk
+from tests.agents.conftest import commit, games, reward, withdrawn
+
+
+def _trainer(roles: dict[str, Any], task_id: int, cfg: Any, store: Any, key: bytes, workdir: Path) -> Any:
+    from trainer_node.agent import TrainerAgent
+
+    return TrainerAgent(
+        roles["trainer"], task_id, cfg, profile="cpu-1t", workdir=workdir, store=store, data_key=key
+    )
+
+
+def test_trainerGivenAnotherKey_refusesBeforeAcceptingOrTraining(
+    roles: dict[str, Any], post_task: Any, tiny_cfg: Any, store: Any, tmp_path: Path
+) -> None:
+    """The new user's mistake: the trainer node was handed another key than the client's. It used to
+    train, seal the transcript under that key, commit and be paid for a transcript nobody could open."""
+    task_id = post_task(tiny_cfg)  # under the fixtures' data key
+    trainer = _trainer(roles, task_id, tiny_cfg, store, new_key(), tmp_path / "trainer")
+    try:
+        trainer.step()
+    except AgentError as exc:
+        assert "the data key given is not the task's" in str(exc)
+    trained = steps_on_disk(trainer.transcript_dir)
+    status = roles["client"].task(task_id).status
+    assert (trained, status) == (0, TaskStatus.OPEN), (
+        f"a trainer holding another key than the task's trained {trained} steps; the task is {status.name}"
+    )
+
+
+def test_blobNotOpeningUnderTheKey_trainerRefusesToCommit(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's own check before its commit: it opens the blob it published under the task's key."""
+    import trainer_node.agent as trainer_module
+
+    real = trainer_module.publish_directory
+    monkeypatch.setattr(
+        trainer_module, "publish_directory", lambda st, _k, *a, **kw: real(st, new_key(), *a, **kw)
+    )
+    task_id = post_task(tiny_cfg)
+    agents = make_agents(task_id, tiny_cfg)
+    with pytest.raises(AgentError, match="does not open under the task's data key"):
+        agents.trainer.step()
+    assert roles["client"].task(task_id).status == TaskStatus.ACCEPTED  # bonded, nothing committed
+
+
+def _sealed_elsewhere(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, Any]:
+    """A task whose trainer published its transcript under another key and skipped its node's check
+    (a trainer that means it, or a node of an older version): committed, the blob unopenable."""
+    import trainer_node.agent as trainer_module
+
+    real = trainer_module.publish_directory
+    monkeypatch.setattr(
+        trainer_module, "publish_directory", lambda st, _k, *a, **kw: real(st, new_key(), *a, **kw)
+    )
+    monkeypatch.setattr(trainer_module.TrainerAgent, "_check_opens", lambda *_a: None)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    commit(agents, roles["client"], task_id)
+    return task_id, agents
+
+
+def test_unopenableTranscript_withheld_auditorDemandsAChunk_trainerLosesTheTask(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exploit: the transcript does not open under the task's key and the trainer posts nothing
+    on-chain. The auditor demands a chunk instead of stopping; the trainer's clock runs out; the
+    client gets its payment back, the auditor its bond and a reward, the trainer nothing."""
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, tiny_cfg, monkeypatch)
+    drive([agents.auditor, agents.judge], client, [task_id])  # the trainer no longer answers
+    (g,) = games(client, task_id)
+    task = client.task(task_id)
+    assert (g.availability, g.outcome, g.reason, task.status) == (
+        True,
+        Outcome.AUDITOR_WON,
+        EndReason.TIMEOUT,
+        TaskStatus.FINALIZED,
+    ), f"the trainer of an unopenable transcript: game {g.outcome.name}, task {task.status.name}"
+    assert agents.auditor.verdict == "unavailable"
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond + reward(task)
+    assert withdrawn(client, roles["trainer"].me) == 0
+    assert client.credit() == task.payment + task.trainer_bond - task.trainer_bond // 2 - reward(task)
+
+
+def test_unopenableTranscript_trainerPostsTheChunk_itHoldsItsData(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same blob, but the trainer node keeps running: it answers the demand from its transcript
+    (the chunk is public, checked against the log root) and nobody is shown wrong. What remains (a
+    trainer that trained honestly and sealed the model under another key on purpose) is in
+    docs/contract.md "Trust assumptions"."""
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, tiny_cfg, monkeypatch)
+    actions = drive(agents.all(), client, [task_id])
+    (g,) = games(client, task_id)
+    assert (g.availability, g.outcome, g.reason) == (True, Outcome.ANSWERED, EndReason.DATA_PROVIDED)
+    (provided,) = client.get_events("DataProvided", task_id=task_id)
+    assert provided.data == Transcript(agents.trainer.transcript_dir).chunk_bytes(g.lo)  # type: ignore[attr-defined]
+    assert [a.what for a in actions if a.actor == "auditor"][:2] == ["replay", "demand"]
+    assert any(a.what == "provide" and a.leaf_index == g.lo for a in actions)
+    task = client.task(task_id)
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond  # its bond back
+    assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond
+
+
+def test_auditorGivenAnotherKey_stopsWithoutDemanding(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, store: Any, tmp_path: Path
+) -> None:
+    """Its own mistake is not the trainer's: with a key that is not the task's it fetches nothing
+    and demands nothing (a demand would be a false alarm)."""
+    from auditor_node.agent import AuditorAgent
+
+    task_id = post_task(tiny_cfg)
+    agents = make_agents(task_id, tiny_cfg)
+    commit(agents, roles["client"], task_id)
+    auditor = AuditorAgent(
+        roles["auditor"],
+        task_id,
+        profile="noisy",
+        workdir=tmp_path / "other",
+        store=store,
+        data_key=new_key(),
+    )
+    with pytest.raises(AgentError, match="the data key given is not task"):
+        auditor.step()
+    assert games(roles["client"], task_id) == []
+
+
+def test_transcriptMissingFromTheStore_demandedAfterTheGrace_unansweredLoses(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, tmp_path: Path, data_key: bytes
+) -> None:
+    """A transcript missing from the auditor's store is waited for (a synced store lags), then its
+    chunk is demanded a quarter of the window after the commit; a trainer that never publishes nor
+    answers loses, and the auditor, which never audited, settles the task and is paid."""
+    from auditor_node.agent import AuditorAgent
+    from game.agents import NotThereYet
+    from game.store.blobs import BlobStore
+
+    client = roles["client"]
+    task_id = post_task(tiny_cfg)
+    agents = make_agents(task_id, tiny_cfg)
+    commit(agents, client, task_id)  # published to the trainer's store only
+    auditor = AuditorAgent(
+        roles["auditor"], task_id, profile="noisy", workdir=tmp_path / "lagging",
+        store=BlobStore(tmp_path / "empty-store"), data_key=data_key,
+    )  # fmt: skip
+    with pytest.raises(NotThereYet):
+        auditor.step()  # within the grace: wait for the store
+    task = client.task(task_id)
+    client.chain.time_travel(task.challenge_window // 4 + 1)
+    demanded = auditor.step()
+    assert [a.what for a in demanded] == ["demand"]
+    drive([auditor], client, [task_id])  # the trainer is gone: nothing is posted
+    (g,) = games(client, task_id)
+    assert (g.availability, g.outcome) == (True, Outcome.AUDITOR_WON)
+    task = client.task(task_id)
+    assert task.status == TaskStatus.FINALIZED and auditor.verdict == "unavailable" and auditor.done
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond + reward(task)
