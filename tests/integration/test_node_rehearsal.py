@@ -15,7 +15,7 @@ import pytest
 from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy
 from game.chain.types import Outcome
-from game.store.keys import new_key
+from game.store.keys import key_hash, new_key
 from game.training.task.config import load_config
 from tests.procs import default_signals
 
@@ -46,16 +46,17 @@ def test_rehearsedPoison_acrossNodeProcesses_isCaughtAtItsStep_andSaysItIsARehea
     config.write_text(TASK_TOML)
     cfg = load_config(config)
     key_file = tmp_path / "data.key"
-    key_file.write_text(new_key().hex() + "\n")
+    data_key = new_key()
+    key_file.write_text(data_key.hex() + "\n")
     key_file.chmod(0o600)
     with AnvilChain(extra_args=["--block-time", "1"]) as chain:
         client_acct, trainer, judge, auditor = (chain.account(i) for i in range(4))
         address = deploy(chain, client_acct)
         client = VerificationGameClient(chain, address, client_acct)
         task_id = client.create_task(
-            cfg.spec_hash(), trainer.address, judge.address, num_leaves=cfg.num_leaves,
-            payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
-            clock_allowance=300, challenge_window=90, judge_window=300,
+            cfg.spec_hash(), trainer.address, judge.address, key_hash=key_hash(data_key),
+            num_leaves=cfg.num_leaves, payment=10**15, trainer_bond=10**14, auditor_bond=10**13,
+            clock_allowance=300, challenge_window=90, judge_window=300, commit_window=600,
         ).result  # fmt: skip
         common = ["--chain", chain.url, "--contract", address, "--task", str(task_id), "--store",
                   str(tmp_path / "store"), "--data-key", str(key_file), "--poll", "0.2"]  # fmt: skip
