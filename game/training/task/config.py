@@ -38,6 +38,7 @@ from game.training.task.catalog import (
 from game.training.task.declaration import Declaration, Table
 from game.training.task.define import TaskFactory, as_factory
 from game.training.task.inputs import Digest, Inputs
+from game.training.task.values import check_float, coerce, model_from, shape_dict
 
 log = logging.getLogger(__name__)
 
@@ -208,16 +209,16 @@ class TaskConfig:
                     raise ConfigError("bands: missing")
                 continue
             if fname in data:
-                values[fname] = _coerce(fname, data[fname], f.type)
+                values[fname] = coerce(fname, data[fname], f.type)
             elif fname in decl.defaults:
-                values[fname] = _coerce(fname, decl.defaults[fname], f.type)
+                values[fname] = coerce(fname, decl.defaults[fname], f.type)
             elif not partial and fname not in OPTIONAL_KEYS:
                 raise ConfigError(f"{fname}: missing")
         values["params"] = decl.table("params", own, partial=True)
         if "model" in data:
-            values["model"] = _model_from(decl, data["model"], partial=partial)
+            values["model"] = model_from(decl, data["model"], partial=partial)
         elif partial:
-            values["model"] = _model_from(decl, {}, partial=True)
+            values["model"] = model_from(decl, {}, partial=True)
         else:
             raise ConfigError("model: missing")
         return cls(**values)
@@ -246,23 +247,23 @@ class TaskConfig:
             raise ConfigError("steps: steps * batch_size must stay below 2**32 (example ids are 32-bit)")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        _check_float("lr", self.lr, 0.0, math.inf, lo_open=True)
-        _check_float("momentum", self.momentum, 0.0, 1.0, hi_open=True)
-        _check_float("weight_decay", self.weight_decay, 0.0, math.inf)
+        check_float("lr", self.lr, 0.0, math.inf, lo_open=True)
+        check_float("momentum", self.momentum, 0.0, 1.0, hi_open=True)
+        check_float("weight_decay", self.weight_decay, 0.0, math.inf)
         if not (isinstance(self.betas, tuple) and len(self.betas) == 2):
             raise ConfigError(f"betas: expected two numbers, got {self.betas!r}")
         for i, beta in enumerate(self.betas):
-            _check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
-        _check_float("eps", self.eps, 0.0, math.inf, lo_open=True)
-        _check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+            check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
+        check_float("eps", self.eps, 0.0, math.inf, lo_open=True)
+        check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         check_int_range("accumulate", self.accumulate, 1, self.batch_size)
         if self.batch_size % self.accumulate:
             raise ConfigError(
                 f"accumulate: {self.accumulate} micro-batches do not divide batch_size {self.batch_size}"
             )
-        _check_float("clip_grad_norm", self.clip_grad_norm, 0.0, math.inf)
+        check_float("clip_grad_norm", self.clip_grad_norm, 0.0, math.inf)
         check_int_range("bits", self.bits, 16, 32)
-        _check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
+        check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
         check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
@@ -281,7 +282,7 @@ class TaskConfig:
                 continue
             value = getattr(self, f.name)
             if f.name == "model":
-                value = _shape_dict(value)
+                value = shape_dict(value)
             elif f.name == "bands":
                 value = self.band_table.to_dict()
             elif f.name == "params":
@@ -344,8 +345,8 @@ class TaskConfig:
             and isinstance(changes["model"], Mapping)
             and not isinstance(changes["model"], Table)
         ):
-            merged = {**_shape_dict(self.model), **changes["model"]}
-            changes["model"] = _model_from(declaration_of(self.task), merged, partial=True)
+            merged = {**shape_dict(self.model), **changes["model"]}
+            changes["model"] = model_from(declaration_of(self.task), merged, partial=True)
         return dataclasses.replace(self, **changes)
 
     def check_bands_origin(self, origin: BandsOrigin | None, where: str) -> None:
@@ -364,11 +365,11 @@ class TaskConfig:
                 "the bands out to take the task's default ones"
             )
         try:
-            same_model = _model_from(declaration_of(self.task), origin.model, partial=True) == self.model
+            same_model = model_from(declaration_of(self.task), origin.model, partial=True) == self.model
         except ConfigError:
             same_model = False
         if not same_model or origin.batch_size != self.batch_size:
-            sizes = ",".join(f"{k}={v}" for k, v in _shape_dict(self.model).items())
+            sizes = ",".join(f"{k}={v}" for k, v in shape_dict(self.model).items())
             log.warning(
                 "%s was calibrated on %s; this task is %s at %s, batch size %d. Divergence grows "
                 "with sizes: calibrate at the task's (`vgame calibrate --model %s --batch-size %d`)",
@@ -423,15 +424,6 @@ def loads_config(text: str) -> TaskConfig:
 # --------------------------------------------------------------------------------------------------
 
 
-def _model_from(decl: Declaration, data: Any, *, partial: bool) -> ModelShape | Table:
-    """The task's sizes from a ``[model]`` table: its dataclass (a preset's) or a Table."""
-    if decl.shape is None:
-        if isinstance(data, Table):
-            data = dict(data)
-        return decl.table("model", data, partial=partial)
-    return _shape_from(decl.shape, data, partial=partial)
-
-
 #: A user's task's inputs by its config's JSON: worked out once a process (a large dataset takes a
 #: while to hash, and every copy of a config, ``replace`` included, asks again).
 _inputs_cache: dict[str, Inputs] = {}
@@ -450,72 +442,6 @@ def _inputs_of(cfg: TaskConfig) -> Inputs:
             dataset=data, init=init, code=plugins.load(cfg.task).code, libraries=libraries
         )
     return found
-
-
-def _shape_from(shape_cls: type[ModelShape], data: Any, *, partial: bool) -> ModelShape:
-    if isinstance(data, shape_cls):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"model: expected a table of sizes, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(shape_cls)}
-    for key in data:
-        if key not in fields:
-            raise ConfigError(
-                f"model.{key}: unknown size for this preset (valid: {', '.join(sorted(fields))})"
-            )
-    values: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name in data:
-            values[name] = _coerce(f"model.{name}", data[name], f.type)
-        elif not partial and not f.metadata.get("omit_if_default"):
-            raise ConfigError(f"model.{name}: missing")
-    return shape_cls(**values)
-
-
-def _shape_dict(shape: ModelShape | Table) -> dict[str, Any]:
-    """The sizes as a plain dict, less the ``OMIT_IF_DEFAULT`` fields that hold their default."""
-    if isinstance(shape, Table):
-        return shape.to_dict()
-    return {
-        f.name: getattr(shape, f.name)
-        for f in dataclasses.fields(shape)
-        if not (f.metadata.get("omit_if_default") and getattr(shape, f.name) == f.default)
-    }
-
-
-def _coerce(key: str, value: Any, type_name: Any) -> Any:
-    """Check a raw TOML/JSON value against the field's annotation (a string: annotations are lazy)."""
-    t = str(type_name)
-    if t == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if t == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if t == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    if t == "tuple[float, float]":
-        if not isinstance(value, list | tuple) or len(value) != 2:
-            raise ConfigError(f"{key}: expected a list of two numbers, got {value!r}")
-        return tuple(_coerce(f"{key}[{i}]", v, "float") for i, v in enumerate(value))
-    raise ConfigError(f"{key}: cannot be set here")  # pragma: no cover - every field is handled
-
-
-def _check_float(
-    key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
-) -> None:
-    if isinstance(value, bool) or not isinstance(value, float):
-        raise ConfigError(f"{key}: expected a float, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{key}: {value} is not finite")
-    if value < lo or (lo_open and value == lo) or value > hi or (hi_open and value == hi):
-        lb = "(" if lo_open or math.isinf(lo) else "["
-        rb = ")" if hi_open or math.isinf(hi) else "]"
-        raise ConfigError(f"{key}: {value} is outside {lb}{lo}, {hi}{rb}")
 
 
 __all__ = [
