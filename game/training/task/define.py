@@ -32,14 +32,21 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from game.errors import ConfigError
 from game.training.task.declaration import Declaration
 from game.training.task.inputs import Digest
 
-if TYPE_CHECKING:
-    from game.training.task.config import TaskConfig
+
+class TaskConfig(Protocol):
+    """What a factory reads of the config it is given (a :class:`~.config.TaskConfig`; named here
+    as a protocol so that the config layer, which wraps factories, is not imported back)."""
+
+    @property
+    def task(self) -> str: ...
+
+    def config_json(self) -> str: ...
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +134,7 @@ class TaskFactory:
     :func:`task` makes one; a plain ``build(cfg) -> Task`` function is wrapped in one with an empty
     declaration (:func:`as_factory`)."""
 
-    build: Callable[[TaskConfig], Task]
+    build: Callable[[Any], Task]  # cfg (a config.TaskConfig) -> Task
     declaration: Declaration = field(default_factory=Declaration)
     _made: dict[str, Task] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -168,14 +175,14 @@ def _log_progress(done: int, total: int) -> None:
 
 def task(
     *, model: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, **defaults: Any
-) -> Callable[[Callable[[TaskConfig], Task]], TaskFactory]:
+) -> Callable[[Callable[[Any], Task]], TaskFactory]:
     """Declare a build function's config keys: ``model`` its sizes (a config's ``[model]`` table,
     ``--model k=v``) with their defaults, ``params`` extra keys of its own (``warmup = 100`` at the
     top of a config, read as ``cfg.params.warmup``), and defaults of the general keys (``lr``,
     ``batch_size``, ``steps``, ``accumulate``, ``clip_grad_norm``, ...). Every key a config sets must
     be declared, so a typo is an error instead of a silently ignored value."""
 
-    def wrap(build: Callable[[TaskConfig], Task]) -> TaskFactory:
+    def wrap(build: Callable[[Any], Task]) -> TaskFactory:
         return TaskFactory(
             build, Declaration(model=dict(model or {}), params=dict(params or {}), defaults=defaults)
         )
