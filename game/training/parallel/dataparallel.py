@@ -123,8 +123,8 @@ class DataParallel(StepRunner):
         assert gathered is not None  # rank 0
         cfg = engine.cfg
         update = apply_update(engine, state, fold_grads([r.grads for r in gathered], cfg.bits), step)
+        self._share_state(state)  # the others start the next step while this one is written
         chunk = merge_logs(cfg.log_format, step, [r.segment for r in gathered] + [update])
-        self._share_state(state)
         queue_step(writer, step, state, chunk)
         self.step_ends.append(time.perf_counter())
         return sum(r.loss for r in gathered) / len(gathered)
