@@ -5,6 +5,7 @@ mid-run leaves a transcript the same command finishes with the same roots; a bad
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -19,7 +20,7 @@ from game.errors import ConfigError, TrainingError, TranscriptError
 from game.training.engine.audit import audit
 from game.training.engine.train import TrainResult, train
 from game.training.parallel.dataparallel import assignment, check_workers
-from game.training.parallel.launch import launch, pid_name
+from game.training.parallel.launch import MESSAGES_NAME, _Relay, launch, pid_name
 from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.reader import steps_on_disk
 from tests.training.helpers import file_tree
@@ -148,3 +149,19 @@ def test_cli_trainWithWorkers_isOneProcessesRun_andABadCountIsOneErrorLine(tmp_p
         bad.stderr.split()
     )
     assert not (tmp_path / "w3").exists()
+
+
+def test_rankZerosWarnings_areLoggedByTheLauncher_wholeLinesAsTheyCome(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / MESSAGES_NAME
+    relay = _Relay(path)
+    relay.poll()  # no file yet: nothing
+    path.write_bytes(b"the checkpoints to come need 3 GB\nhalf a li")
+    with caplog.at_level(logging.WARNING, logger="game.training.parallel.launch"):
+        relay.poll()
+        with path.open("ab") as fh:
+            fh.write(b"ne\n")
+        relay.poll()
+        relay.poll()
+    assert [r.getMessage() for r in caplog.records] == ["the checkpoints to come need 3 GB", "half a line"]

@@ -60,6 +60,11 @@ def done_name(rank: int) -> str:
     return f"done-{rank}"
 
 
+#: rank 0's warnings (a disk too small for the checkpoints to come, ...), one a line, which the
+#: launcher logs again as they come
+MESSAGES_NAME = "messages-0.log"
+
+
 @dataclass(frozen=True)
 class Job:
     """What every rank is told: the task, where a user's task is found, the profile, the transcript."""
@@ -167,13 +172,16 @@ def _run_torchrun(
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # each rank sets its profile's threads; torchrun's banner off
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*sys.path, env.get("PYTHONPATH", "")) if p)
+    relay = _Relay(where / MESSAGES_NAME)
     with (where / LOG_NAME).open("wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
         try:
             while proc.poll() is None:
                 if progress is not None:
                     progress(max(steps_on_disk(out) - 1, 0), steps)
+                relay.poll()
                 time.sleep(POLL_S)
+            relay.poll()
         except BaseException:  # Ctrl-C, SIGTERM through the CLI: stop the ranks, then go on
             proc.send_signal(signal.SIGTERM)
             try:
@@ -225,6 +233,26 @@ def _outcome(where: Path, workers: int, code: int, cfg: TaskConfig, out: Path) -
     )
 
 
+class _Relay:
+    """Rank 0's warnings, logged here as they land in their file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.at = 0
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.at)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # whole lines only
+        self.at += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            log.warning("%s", line)
+
+
 def _on_disk(out: Path, cfg: TaskConfig) -> str:
     """What a stopped run left of this task's transcript in ``out`` ("" when there is none)."""
     try:
@@ -246,4 +274,4 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:]) or "(no output)"
 
 
-__all__ = ["JOB_NAME", "Job", "Launched", "done_name", "error_name", "launch", "pid_name"]
+__all__ = ["JOB_NAME", "MESSAGES_NAME", "Job", "Launched", "done_name", "error_name", "launch", "pid_name"]

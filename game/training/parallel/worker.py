@@ -3,7 +3,7 @@ torchrun starts it (:mod:`.launch`).
 
 It writes its pid (``rank-R.pid``, for tests that kill a rank), runs its part
 (:func:`~.dataparallel.run_rank`), and leaves in the job's directory rank 0's report
-(``result.json``) and ``done-R``, or the error that stopped it (``error-R.json``: class, message,
+(``result.json``; its warnings in ``messages-0.log``) and ``done-R``, or the error that stopped it (``error-R.json``: class, message,
 whether it is one of vgame's own), for the launcher to show; a rank that left neither was killed. SIGTERM (torchrun stopping the group when another rank
 failed, or the launcher on Ctrl-C) unwinds like Ctrl-C, so rank 0's transcript writer still writes
 the steps it was handed.
@@ -22,7 +22,7 @@ from types import FrameType
 from game.errors import VGameError
 from game.fsio import atomic_write
 from game.training.parallel.dataparallel import run_rank
-from game.training.parallel.launch import RESULT_NAME, Job, done_name, error_name, pid_name
+from game.training.parallel.launch import MESSAGES_NAME, RESULT_NAME, Job, done_name, error_name, pid_name
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     where = path.parent
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.WARNING, format=f"rank {rank}: %(levelname)s %(name)s: %(message)s")
+    if rank == 0:  # its warnings, for the launcher to log again
+        relay = logging.FileHandler(where / MESSAGES_NAME)
+        relay.setLevel(logging.WARNING)
+        relay.addFilter(lambda record: record.exc_info is None)  # a traceback stays in torchrun's log
+        logging.getLogger().addHandler(relay)
     signal.signal(signal.SIGTERM, _stop)
     atomic_write(where / pid_name(rank), f"{os.getpid()}\n".encode())
     try:
