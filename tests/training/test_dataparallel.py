@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from game.api import fit
 from game.errors import ConfigError, TrainingError, TranscriptError
 from game.training.engine.audit import audit
 from game.training.engine.train import TrainResult, train
@@ -65,15 +66,17 @@ def test_workers_writeTheOneProcessTranscript_andANoisyAuditMatches(
 @pytest.mark.slow
 def test_ownTask_stockDropoutAndSdpa_onFourWorkers(tmp_path: Path) -> None:
     """examples/own_task (stock nn.Dropout and F.scaled_dot_product_attention, AdamW, a warm-up
-    schedule, clipping) with four micro-batches a step: the four-worker transcript is one process's."""
+    schedule, clipping) with four micro-batches a step, through the Python API: the four-worker
+    transcript is one process's; run again once complete, it runs nothing."""
     work = tmp_path / "own_task"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = load_config(work / "task.toml").replace(accumulate=M, steps=4, checkpoint_interval=2)
     one = train(cfg, "cpu-1t", work / "one")
-    launched = launch(cfg, "cpu-1t", work / "four", 4, search=(work,))
-    assert launched.result.state_root == one.state_root and launched.result.log_root == one.log_root
+    four = fit(work / "task.toml", work / "four", workers=4, accumulate=M, steps=4, checkpoint_interval=2)
+    assert four.state_root == one.state_root and four.log_root == one.log_root
     assert file_tree(work / "four") == file_tree(work / "one")
-    assert launched.steps_per_second is not None and launched.steps_per_second > 0
+    again = fit(work / "task.toml", work / "four", workers=4, accumulate=M, steps=4, checkpoint_interval=2)
+    assert again.steps_run == 0 and again.state_root == one.state_root  # complete: every rank stops at once
 
 
 @pytest.mark.parametrize("victim", [pytest.param(0, marks=pytest.mark.slow), 1])

@@ -104,15 +104,6 @@ class Launched:
     evals: list[dict[str, float]]
     step_ends: list[float]  # rank 0's clock (perf_counter) at each step it queued
 
-    @property
-    def steps_per_second(self) -> float | None:
-        """Steps a second between the first and the last step run (the first, with its warm-up,
-        only starts the clock); None with fewer than two steps."""
-        ends = self.step_ends
-        if len(ends) < 2 or ends[-1] <= ends[0]:
-            return None
-        return (len(ends) - 1) / (ends[-1] - ends[0])
-
 
 def launch(
     cfg: TaskConfig,
