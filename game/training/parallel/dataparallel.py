@@ -102,9 +102,13 @@ class DataParallel(StepRunner):
         return gathered
 
     def _share_state(self, state: TrainState) -> None:
-        """Rank 0's parameters and buffers on every rank."""
+        """Rank 0's parameters and buffers on every rank (where a run starts)."""
         model = state.model
         self.group.broadcast_tensors([*model.parameters(), *model.buffers()], src=0)
+
+    def _share_update(self, state: TrainState) -> None:
+        """Rank 0's parameters after its update on every rank (the buffers are everyone's already)."""
+        self.group.broadcast_tensors(list(state.model.parameters()), src=0)
 
     # ---- rank 0 -------------------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ class DataParallel(StepRunner):
         assert gathered is not None  # rank 0
         cfg = engine.cfg
         update = apply_update(engine, state, fold_grads([r.grads for r in gathered], cfg.bits), step)
-        self._share_state(state)  # the others start the next step while this one is written
+        self._share_update(state)  # the others start the next step while this one is written
         chunk = merge_logs(cfg.log_format, step, [r.segment for r in gathered] + [update])
         queue_step(writer, step, state, chunk)
         self.step_ends.append(time.perf_counter())
@@ -142,7 +146,7 @@ class DataParallel(StepRunner):
         self._share_state(state)
         for step in range(first, last + 1):
             self._micro_batches(state, step)
-            self._share_state(state)
+            self._share_update(state)
 
 
 def run_rank(cfg: TaskConfig, profile: str, out: Path, *, eval_every: int = 0) -> RankReport | None:
