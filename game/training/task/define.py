@@ -48,6 +48,7 @@ class TaskConfig(Protocol):
 
     def config_json(self) -> str: ...
 
+
 log = logging.getLogger(__name__)
 
 #: How the rows of a step are picked from the dataset (``Task.sampling``): "replacement" draws
