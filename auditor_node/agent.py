@@ -142,8 +142,8 @@ class AuditorAgent(TaskAgent):
         self.strategy: AuditorStrategy = strategy if strategy is not None else HonestAuditor()
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
         self.save_every_s = save_every_s  # wall time between two saves of the replay's progress
-        self.demands = DataDemands(self)
-        self.rewards = Rewards(self)
+        self.demands = DataDemands(self, self.game_ids)
+        self.rewards = Rewards(self, self.game_ids)
 
     @property
     def transcript_dir(self) -> Path:
