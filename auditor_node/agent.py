@@ -13,7 +13,8 @@ before fetching anything. A transcript that cannot be had with the right key (no
 past a grace, not opening under the key, not what the chain committed to) is the trainer's: the
 auditor demands a log chunk on-chain (an availability challenge, :mod:`auditor_node.availability`),
 which the trainer must post within its clock or lose the task. Once a task it won a game of is
-settled, the auditor claims its share of the trainer's bond.
+settled, the auditor claims its share of the trainer's bond (:mod:`auditor_node.rewards`). The
+fetch and the replay are :mod:`auditor_node.replay`'s; this module decides what is due and plays.
 
 Where an auditor has a choice (challenge or not, agree or not, answer at all) it asks its
 :class:`AuditorStrategy`: :class:`HonestAuditor` unless it is handed another (the dishonest ones of
@@ -24,12 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import time
 from pathlib import Path
 from typing import Protocol
 
 from auditor_node.availability import DataDemands, TranscriptUnusable
+from auditor_node.replay import TranscriptReplay
 from auditor_node.rewards import Rewards
 from game import clock
 from game.agents import (
@@ -49,7 +49,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Outcome, Phase, Task, TaskStatus
-from game.errors import TranscriptError, VerificationGameError
+from game.errors import VerificationGameError
 from game.protocol.solver import (
     ClaimTimeout,
     Respond,
@@ -59,10 +59,8 @@ from game.protocol.solver import (
     decide_claims,
     decide_withdraw,
 )
-from game.store.archive import fetch_directory
-from game.store.blobs import BlobNotFound, BlobStore
+from game.store.blobs import BlobStore
 from game.store.keys import key_hash
-from game.store.sealing import StoreError
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.state.leafhash import leaf_of
 from game.training.transcript.reader import Transcript
@@ -70,11 +68,6 @@ from game.training.transcript.reader import Transcript
 log = logging.getLogger(__name__)
 
 ACTOR = "auditor"
-TRANSCRIPT_DIR = "transcript"
-#: Where the replay keeps its progress, so that a node restarted after a crash goes on from there.
-REPLAY_PROGRESS_DIR = "replay-progress"
-#: Seconds of replay between two looks at its pace against the challenge window.
-PACE_CHECK_S = 60.0
 
 
 class AuditorStrategy(Protocol):
@@ -142,12 +135,13 @@ class AuditorAgent(TaskAgent):
         self.strategy: AuditorStrategy = strategy if strategy is not None else HonestAuditor()
         self.evidence_dir = Path(evidence_dir) if evidence_dir is not None else None
         self.save_every_s = save_every_s  # wall time between two saves of the replay's progress
-        self.demands = DataDemands(self)
-        self.rewards = Rewards(self)
+        self.replay = TranscriptReplay(self)
+        self.demands = DataDemands(self, self.game_ids)
+        self.rewards = Rewards(self, self.game_ids)
 
     @property
     def transcript_dir(self) -> Path:
-        return self.taskdir / TRANSCRIPT_DIR
+        return self.replay.transcript_dir
 
     @property
     def verdict(self) -> str | None:
@@ -192,7 +186,7 @@ class AuditorAgent(TaskAgent):
     def _audit(self, task: Task, out: list[AgentAction]) -> None:
         """Fetch and replay; a transcript that cannot be had is met with an availability challenge."""
         try:
-            self._replay(task, out)
+            self.replay.run(task, out, save_every_s=self.save_every_s)
         except TranscriptUnusable as exc:
             self.state.update(verdict="unavailable", unusable=str(exc))
             self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=f"cannot audit: {exc}"))
@@ -239,102 +233,6 @@ class AuditorAgent(TaskAgent):
             return True
         # no game: done unless it still means to challenge while the window is open
         return not self._wants_challenge(task) or not challenge_in_time(task, self.client.chain.now())
-
-    # ------------------------------------------------------------------------- replay
-    def _fetch(self, task: Task) -> Transcript:
-        """The committed transcript, fetched once, checked against every committed value. A copy
-        that an earlier run fetched and that no longer verifies is fetched again, once: its files
-        are not synced, so a machine that stopped before they reached its disk leaves them cut
-        short, and the store still holds the blob."""
-        if self.state.get("fetched") == task.transcript_id.hex():
-            try:
-                return self._checked(task)
-            except TranscriptError as exc:
-                log.warning(
-                    "task %d: the transcript fetched before no longer verifies (%s); fetching it again",
-                    self.task_id, exc,
-                )  # fmt: skip
-        self._download(task)
-        try:
-            return self._checked(task)
-        except TranscriptError as exc:
-            raise TranscriptUnusable(f"the transcript of task {self.task_id} is damaged: {exc}") from exc
-
-    def _download(self, task: Task) -> None:
-        """Fetch the blob into a directory of its own that takes the transcript's name once whole."""
-        tmp = self.taskdir / ".fetching"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            fetch_directory(
-                self.store, self.data_key, task.transcript_id, tmp, progress=self._mib_progress("fetch")
-            )
-        except BlobNotFound as exc:
-            raise NotThereYet(
-                f"the transcript of task {self.task_id} is not in the store yet ({exc}); trying again "
-                "each round (is --store the one the trainer publishes to?)"
-            ) from exc
-        except StoreError as exc:  # the key is the task's (checked first): the blob does not open
-            raise TranscriptUnusable(
-                f"the transcript of task {self.task_id} does not open under the task's data key: {exc}"
-            ) from exc
-        shutil.rmtree(self.transcript_dir, ignore_errors=True)
-        tmp.rename(self.transcript_dir)
-        self.state.update(fetched=task.transcript_id.hex())
-
-    def _checked(self, task: Task) -> Transcript:
-        """The fetched transcript, verified (a :class:`TranscriptError` where a file is damaged or
-        missing) and held to the task's on-chain values (a :class:`TranscriptUnusable` where one
-        differs: the trainer published another transcript than the one it committed to)."""
-        t = Transcript(self.transcript_dir)
-        t.verify()
-        m = t.manifest
-        checks = (
-            ("spec hash", t.spec_hash, task.spec_hash),
-            ("state root", bytes.fromhex(m.state_root or ""), task.state_root),
-            ("log root", bytes.fromhex(m.log_root or ""), task.log_root),
-            ("leaf count", m.num_leaves, task.num_leaves),
-        )
-        for what, theirs, onchain in checks:
-            if theirs != onchain:
-                raise TranscriptUnusable(
-                    f"the published transcript's {what} is not the one committed for task {self.task_id}"
-                )
-        return t
-
-    def _replay(self, task: Task, out: list[AgentAction]) -> None:
-        from game.training.engine.audit import audit
-
-        self._fetch(task)
-        progress = self.progress
-        pace = _Pace(self.client, task, self.task_id)
-
-        def tick(done: int, total: int) -> None:
-            if progress is not None:
-                progress("replay", done, total)
-            pace.step(done, total)
-
-        result = audit(
-            self.transcript_dir,
-            self.profile,
-            use_log=True,
-            progress=tick,
-            keep_progress=self.taskdir / REPLAY_PROGRESS_DIR,
-            save_every_s=self.save_every_s,
-        )
-        verdict = "match" if result.match else "mismatch"
-        self.state.update(
-            leaves=[h.hex() for h in result.leaves],
-            verdict=verdict,
-            first_divergent_step=result.first_divergent_step,
-        )
-        detail = f"{verdict} on {self.profile}, {result.corrections} corrections"
-        if result.resumed_from is not None:
-            detail += f" (went on from step {result.resumed_from}, saved before a restart)"
-        if result.first_divergent_step is not None:
-            detail += f", first divergent step {result.first_divergent_step}"
-        if result.rejected_log_steps:
-            detail += f"; log rejected at step {result.rejected_log_steps[0]}: {result.log_errors[0]}"
-        self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=detail))
 
     # ----------------------------------------------------------------------- challenge
     def _wants_challenge(self, task: Task) -> bool:
@@ -442,7 +340,7 @@ class AuditorAgent(TaskAgent):
             atomic_write(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
             detail = "task config for step 0"
         else:
-            data = self._own_state_bytes(t, g.lo)
+            data = self.replay.state_after(t, g.lo)
             if leaf_of(data) != g.lo_leaf:
                 log.warning("game %d: own state at step %d is not the agreed leaf; no evidence", gid, g.lo)
                 self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
@@ -455,23 +353,6 @@ class AuditorAgent(TaskAgent):
         )
         log.debug("evidence for game %d at %s", gid, path)
 
-    def _own_state_bytes(self, t: Transcript, step: int) -> bytes:
-        """Own canonical state after ``step``, replayed on own profile with the trainer's log."""
-        from game.training.engine.states import decode_state
-        from game.training.engine.step import StepEngine
-        from game.training.state.canonical import encode_state
-        from game.training.task.profiles import get_profile
-
-        engine = StepEngine(t.config, get_profile(self.profile))
-        try:
-            start = t.nearest_checkpoint(step)
-            state = decode_state(t.load_checkpoint(start), t.config)
-        except TranscriptError:
-            start, state = 0, engine.init_state()
-        for s in range(start + 1, step + 1):
-            engine.run_step(state, s, mode="replay", log=t.read_log(s), hash_state=False)
-        return encode_state(state)
-
     # ---------------------------------------------------------------------------- money
     def _withdraw(self, out: list[AgentAction]) -> None:
         move = decide_withdraw(self.client.credit())
@@ -481,49 +362,6 @@ class AuditorAgent(TaskAgent):
         self._emit(
             out, action_from_receipt(ACTOR, "withdraw", self.task_id, rec, detail=format_wei(move.amount))
         )
-
-
-class _Pace:
-    """Warns, once, when the replay will not end before the challenge window closes: told early,
-    the operator can move it to a faster machine or profile instead of finding out at the end.
-    Only on a real-time chain (a chain with time travel runs on the tests' clock)."""
-
-    def __init__(self, client: VerificationGameClient, task: Task, task_id: int) -> None:
-        self.client, self.window_ends, self.task_id = client, task.window_ends, task_id
-        self.live = not client.chain.supports_time_travel and task.window_ends > 0
-        self.started = time.monotonic()
-        self.looked = self.started
-        self.first: int | None = None  # the first step this run replayed (a resumed one starts late)
-
-    def step(self, done: int, total: int) -> None:
-        if self.first is None:
-            self.first, self.started = done, time.monotonic()
-            return
-        now = time.monotonic()
-        if not self.live or now - self.looked < PACE_CHECK_S or done <= self.first:
-            return
-        self.looked = now
-        rate = (done - self.first) / (now - self.started)
-        try:
-            chain_now = self.client.chain.now()
-        except Exception:  # a look in passing: the next one may get through
-            return
-        ends = clock.after(chain_now, (total - done) / rate)
-        if clock.is_ahead(self.window_ends, ends):
-            self.live = False
-            log.warning(
-                "task %d: at %.2f steps a second the replay ends %s, after the challenge window "
-                "closes %s: a challenge would come too late; replay on a faster machine or profile",
-                self.task_id,
-                rate,
-                _when(int(ends), chain_now),
-                _when(self.window_ends, chain_now),
-            )
-
-
-def _when(t: int, now: int) -> str:
-    ahead = max(clock.seconds_until(now, t), 0)
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))} (in {ahead // 3600}h {ahead % 3600 // 60}m)"
 
 
 __all__ = ["AuditorAgent", "AuditorStrategy", "HonestAuditor"]

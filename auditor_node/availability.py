@@ -5,21 +5,20 @@ without a word while the trainer was paid. Now it demands one log chunk on-chain
 chosen by :func:`game.protocol.solver.data_probe_index`: a trainer that cannot post it within its
 clock loses the game and with it the task; one that posts it holds its data, and the auditor keeps
 waiting for the store. When to demand is the solver's (:func:`~game.protocol.solver.decide_data_demand`);
-this module only sends what it decides and reads the outcome back from the chain.
+this module only sends what it decides and reads the outcome back from the chain. It is handed the
+agent as the shared :class:`~game.agents.TaskAgent` and the auditor's games as a callable, so it
+never imports :mod:`auditor_node.agent`, which holds it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from game.agents import AgentAction, AgentError, action_from_receipt
+from game.agents import AgentAction, AgentError, TaskAgent, action_from_receipt
 from game.chain.types import Outcome, Task
 from game.errors import VerificationGameError
 from game.protocol.solver import TranscriptState, decide_data_demand
-
-if TYPE_CHECKING:
-    from auditor_node.agent import AuditorAgent
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +32,14 @@ class TranscriptUnusable(AgentError):
 class DataDemands:
     """One auditor's availability challenges on its task (found again from the chain after a restart)."""
 
-    def __init__(self, agent: AuditorAgent) -> None:
+    def __init__(self, agent: TaskAgent, game_ids: Callable[[], list[int]]) -> None:
         self.agent = agent
+        self.game_ids = game_ids  # the auditor's games on the task (scanned from events)
 
     def games(self) -> list[int]:
         """This auditor's availability games on the task."""
         client = self.agent.client
-        return [gid for gid in self.agent.game_ids() if client.game(gid).availability]
+        return [gid for gid in self.game_ids() if client.game(gid).availability]
 
     def won(self) -> bool:
         """Whether the trainer failed to post a chunk this auditor demanded (it lost the task)."""

@@ -9,9 +9,10 @@ under the task's key and holds its manifest to the roots it commits. The publish
 kept in ``workdir/task-<id>/trainer.json``, and everything else (accepted, committed or not, which
 leaf or log chunk a game wants next, whose clock ran out) is read back from the chain, so a trainer
 killed at any point and recreated with the same arguments sends no transaction twice and ends the
-game the same way. A transcript found damaged after the commit is mended from the store, or
-trained again where it is gone (:mod:`trainer_node.mend`); until then finalize and withdraw still
-go ahead, and the node says how to mend it.
+game the same way (its moves in the games are :mod:`trainer_node.games`'s). A transcript found
+damaged after the commit is mended from the store, or trained again where it is gone
+(:mod:`trainer_node.mend`); until then finalize and withdraw still go ahead, and the node says how
+to mend it.
 
 A ``deviation`` makes it a dishonest trainer on purpose (the demo; ``vgame node trainer
 --rehearse``); a node's ``rehearsal`` names it (``poison@8``) in its state file and its actions.
@@ -34,21 +35,12 @@ from game.agents import (
     action_from_receipt,
     check_key,
     format_wei,
-    games_of_task,
 )
 from game.chain.client import VerificationGameClient
-from game.chain.types import Game, Phase, Task, TaskStatus
+from game.chain.types import Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError, VGameError
 from game.merkle import MerkleTree
-from game.protocol.solver import (
-    ClaimTimeout,
-    ProvideData,
-    Reveal,
-    decide_accept,
-    decide_finalize,
-    decide_withdraw,
-    trainer_move,
-)
+from game.protocol.solver import decide_accept, decide_finalize, decide_withdraw
 from game.protocol.terms import TermsPolicy, terms_problems
 from game.store.archive import SealedArchive, publish_directory
 from game.store.blobs import BlobStore
@@ -59,6 +51,7 @@ from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import read_manifest
 from game.training.transcript.reader import Transcript, steps_on_disk
+from trainer_node.games import TrainerGames
 from trainer_node.mend import committed_tree, restore_from_store
 
 log = logging.getLogger(__name__)
@@ -109,6 +102,7 @@ class TrainerAgent(TaskAgent):
         self.policy = policy or TermsPolicy()
         self._tree: MerkleTree | None = None
         self._log_tree: MerkleTree | None = None
+        self.games = TrainerGames(self, self.transcript_dir, self.tree, self.log_tree)
 
     @property
     def transcript_dir(self) -> Path:
@@ -153,7 +147,7 @@ class TrainerAgent(TaskAgent):
         elif task.status == TaskStatus.COMMITTED:
             damage = self._mend(task, out)
             if damage is None:
-                self._play(task, out)
+                self.games.play(out)
             self._finalize(out)  # needs no transcript
         self._withdraw(out)
         if damage is not None and task.live_games:  # a game will ask for leaves it cannot prove
@@ -385,81 +379,7 @@ class TrainerAgent(TaskAgent):
     # ------------------------------------------------------------------------- the games
     def game_ids(self) -> list[int]:
         """Every game of this task (scanned from events; the scan position is kept on disk)."""
-        known: list[int] = list(self.state.get("games", []))
-        start = int(self.state.get("scan_from", self.state.get("commit_block", 0)))
-        new, nxt = games_of_task(self.client, self.task_id, start)
-        merged = known + [g for g in new if g not in known]
-        if merged != known or nxt != start:
-            self.state.update(games=merged, scan_from=nxt)
-        return merged
-
-    def _play(self, task: Task, out: list[AgentAction]) -> None:
-        for gid in self.game_ids():
-            g = self.client.game(gid)
-            if g.phase == Phase.ENDED:
-                continue
-            log_tree = self.log_tree() if g.availability else None
-            move = trainer_move(g, self.client.chain.now(), self.client.deadline(gid), self.tree(), log_tree)
-            if isinstance(move, Reveal):
-                self._reveal(gid, g, move, out)
-            elif isinstance(move, ProvideData):
-                self._provide(gid, move, out)
-            elif isinstance(move, ClaimTimeout):
-                self._timeout(gid, move, out)
-
-    def _reveal(self, gid: int, g: Game, move: Reveal, out: list[AgentAction]) -> None:
-        try:
-            rec = self.client.reveal(gid, move.leaf, move.proof)
-        except VerificationGameError as exc:
-            log.warning("reveal in game %d refused: %s", gid, exc)
-            return
-        self._emit(
-            out,
-            action_from_receipt(
-                ACTOR,
-                "reveal",
-                self.task_id,
-                rec,
-                game_id=gid,
-                leaf_index=move.index,
-                detail=f"[{g.lo}, {g.hi}]",
-            ),
-        )
-
-    def _provide(self, gid: int, move: ProvideData, out: list[AgentAction]) -> None:
-        """Post the demanded log chunk on-chain (an availability challenge: an auditor could not get
-        or open the transcript)."""
-        chunk = Transcript(self.transcript_dir).chunk_bytes(move.index)
-        try:
-            rec = self.client.provide_data(gid, chunk, move.proof)
-        except VerificationGameError as exc:
-            log.warning("posting log chunk %d in game %d refused: %s", move.index, gid, exc)
-            return
-        self._emit(
-            out,
-            action_from_receipt(
-                ACTOR,
-                "provide",
-                self.task_id,
-                rec,
-                game_id=gid,
-                leaf_index=move.index,
-                detail=f"log chunk of step {move.index} posted on-chain ({len(chunk):,} bytes)",
-            ),
-        )
-
-    def _timeout(self, gid: int, move: ClaimTimeout, out: list[AgentAction]) -> None:
-        try:
-            rec = self.client.timeout(gid)
-        except VerificationGameError as exc:  # ClockRunning (next block too early) or GameOver
-            log.debug("timeout of game %d not possible yet: %s", gid, exc)
-            return
-        self._emit(
-            out,
-            action_from_receipt(
-                ACTOR, "timeout", self.task_id, rec, game_id=gid, detail=f"{move.silent} silent"
-            ),
-        )
+        return self.games.game_ids()
 
     # ---------------------------------------------------------------------------- money
     def _finalize(self, out: list[AgentAction]) -> None:

@@ -1,5 +1,8 @@
 """The typed client of the VerificationGame contract: one method per contract function.
 
+Its views and event scans are :class:`~game.chain.views.GameViews`'s, the base it builds on; this
+module holds the transactions, each with its pre-check, and what the pre-checks share.
+
 Transactions are pre-checked against the state read from the chain, in the contract's own check
 order, and refused with the very exception class the contract would revert with, so a caller
 learns the reason without paying gas. What a pre-check cannot know for sure (conditions that hinge
@@ -13,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
@@ -23,13 +26,11 @@ from web3 import Web3
 from game import clock
 from game.chain import errors as E
 from game.chain.address import checked_address
-from game.chain.artifacts import GAME_CONTRACT, load_artifact
 from game.chain.base import Chain
-from game.chain.calls import call_view, send_function
-from game.chain.events import EventDecoder, EventPoller, get_events
-from game.chain.tx import GasPolicy, TxSender
-from game.chain.types import ContractEvent, Game, Outcome, Phase, Task, TaskStatus, TxReceipt
-from game.errors import ContractGone
+from game.chain.calls import send_function
+from game.chain.tx import TxSender
+from game.chain.types import Game, Outcome, Phase, Task, TaskStatus, TxReceipt
+from game.chain.views import ClientOptions, GameHandle, GameViews
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 
 log = logging.getLogger(__name__)
@@ -42,21 +43,9 @@ MAX_DURATION = 30 * 86_400  # the contract's bound on every clock and window (Ve
 ProofLike = InclusionProof | Sequence[bytes]
 
 
-@dataclass(frozen=True)
-class ClientOptions:
-    """How a client sends."""
-
-    prechecks: bool = True  # refuse locally, for free, what the contract would refuse
-    fixed_gas: int | None = None  # skip the estimate and buy this much gas (reverts get mined)
-    policy: GasPolicy = field(default_factory=GasPolicy)
-    #: No event scan starts before this block. None: the contract's own ``deployedInBlock()``, read
-    #: once (no event of it lies before; a public chain's node would otherwise be asked for every
-    #: block since genesis); 0: the whole chain.
-    first_block: int | None = None
-
-
-class VerificationGameClient:
-    """One signer's view of one deployed game contract."""
+class VerificationGameClient(GameViews):
+    """One signer's client of one deployed game contract: the views and events of
+    :class:`~game.chain.views.GameViews`, and one pre-checked method per transaction."""
 
     def __init__(
         self,
@@ -67,18 +56,11 @@ class VerificationGameClient:
         options: ClientOptions | None = None,
         prechecks: bool | None = None,
     ) -> None:
-        self.chain = chain
-        self.address = checked_address(address, "contract")
-        self.account = account
         opts = options or ClientOptions()
         if prechecks is not None:
             opts = replace(opts, prechecks=prechecks)
-        self.options = opts
-        self.artifact = load_artifact(GAME_CONTRACT)
-        self.contract = chain.w3.eth.contract(address=self.address, abi=self.artifact.abi_list)
-        self.events = _decoder()
+        super().__init__(chain, address, account, options=opts)
         self.sender = TxSender(chain, opts.policy)
-        self._deployed_in_block: int | None = None
 
     # ------------------------------------------------------------ variants
     def as_account(self, account: LocalAccount) -> VerificationGameClient:
@@ -93,69 +75,6 @@ class VerificationGameClient:
         other = VerificationGameClient(self.chain, self.address, account, options=options)
         other._deployed_in_block = self._deployed_in_block  # the same contract: read once
         return other
-
-    @property
-    def me(self) -> str:
-        return str(self.account.address)
-
-    # --------------------------------------------------------------- views
-    def task(self, task_id: int) -> Task:
-        """``task(taskId)``; raises :class:`TaskNotFound` for an unknown id."""
-        return Task.from_abi(self._view("task", task_id)[0])
-
-    def game(self, game_id: int) -> Game:
-        """``game(gameId)``; raises :class:`GameNotFound` for an unknown id."""
-        return Game.from_abi(self._view("game", game_id)[0])
-
-    def credit(self, account: str | None = None) -> int:
-        return int(self._view("credit", Web3.to_checksum_address(account or self.me))[0])
-
-    def clock_left(self, game_id: int) -> tuple[int, int]:
-        """(trainer, auditor) seconds left now, the running clock reduced by the time elapsed."""
-        trainer, auditor = self._view("clockLeft", game_id)
-        return int(trainer), int(auditor)
-
-    def deadline(self, game_id: int) -> int:
-        """Time after which ``timeout`` succeeds; 0 once the game has ended."""
-        return int(self._view("deadline", game_id)[0])
-
-    def task_count(self) -> int:
-        return int(self._view("taskCount")[0])
-
-    def burnt(self) -> int:
-        """Wei burnt so far (the halves of forfeited trainer bonds, locked in the contract for good)."""
-        return int(self._view("burnt")[0])
-
-    def game_count(self) -> int:
-        return int(self._view("gameCount")[0])
-
-    def deployed_in_block(self) -> int:
-        """``deployedInBlock()``: the block the contract was deployed in (read once, it never
-        changes); 0, with a warning, for a contract of an older build that does not say."""
-        if self._deployed_in_block is None:
-            try:
-                self._deployed_in_block = int(self._view("deployedInBlock")[0])
-            except (E.EmptyRevert, ContractGone) as exc:
-                if isinstance(exc, ContractGone) and exc.no_code:
-                    raise  # not an older build: no contract at all
-                log.warning(
-                    "the contract at %s does not say its deployment block (a build older than "
-                    "deployedInBlock()): event scans start at block 0; --from-block N starts them at N",
-                    self.address,
-                )
-                self._deployed_in_block = 0
-        return self._deployed_in_block
-
-    def first_block(self) -> int:
-        """The block event scans start at, at the earliest (:attr:`ClientOptions.first_block`)."""
-        given = self.options.first_block
-        return self.deployed_in_block() if given is None else given
-
-    def verify_leaf(self, root: bytes, index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bool:
-        return bool(self._view("verifyLeaf", root, index, size, leaf, list(proof))[0])
-
-    def handle(self, game_id: int) -> GameHandle:
-        return GameHandle(self, game_id)
 
     # --------------------------------------------------------- transactions
     def create_task(
@@ -425,21 +344,6 @@ class VerificationGameClient:
 
         return self._transact("withdraw", [], 0, check)
 
-    # --------------------------------------------------------------- events
-    def get_events(
-        self, name: str | None = None, from_block: int = 0, to_block: int | str = "latest", **filters: Any
-    ) -> list[ContractEvent]:
-        """The contract's events in ``[from_block, to_block]``, never before :meth:`first_block`."""
-        start = max(from_block, self.first_block())
-        return get_events(self.chain, self.address, name, start, to_block, decoder=self.events, **filters)
-
-    def poller(
-        self, names: Iterable[str] | None = None, from_block: int | None = None, **filters: Any
-    ) -> EventPoller:
-        """An :class:`EventPoller` starting at ``from_block`` (default: the next block)."""
-        start = self.chain.block_number() + 1 if from_block is None else from_block
-        return EventPoller(self.chain, self.address, names, start, dict(filters), self.events)
-
     # ------------------------------------------------------------ internals
     def _require_caller(self, expected: str) -> None:
         if self.me.lower() != expected.lower():
@@ -469,9 +373,6 @@ class VerificationGameClient:
         if not clock.move_in_time(self.chain.now(), deadline):
             raise E.ClockExpired(game_id, deadline)
 
-    def _view(self, fn: str, *args: Any) -> tuple[Any, ...]:
-        return call_view(self.chain, self.contract, self.artifact, self.me, fn, *args)
-
     def _transact(
         self,
         fn: str,
@@ -491,35 +392,6 @@ class VerificationGameClient:
         return out
 
 
-class GameHandle:
-    """A game that reads through to the contract on every access (never stale)."""
-
-    def __init__(self, client: VerificationGameClient, game_id: int) -> None:
-        self.client = client
-        self.game_id = game_id
-
-    @property
-    def state(self) -> Game:
-        return self.client.game(self.game_id)
-
-    @property
-    def phase(self) -> Phase:
-        return self.state.phase
-
-    @property
-    def task(self) -> Task:
-        return self.client.task(self.state.task_id)
-
-    def clock_left(self) -> tuple[int, int]:
-        return self.client.clock_left(self.game_id)
-
-    def deadline(self) -> int:
-        return self.client.deadline(self.game_id)
-
-    def __repr__(self) -> str:
-        return f"GameHandle({self.game_id} at {self.client.address})"
-
-
 def _siblings(proof: ProofLike) -> list[bytes]:
     if isinstance(proof, InclusionProof):
         return [bytes(s) for s in proof.siblings]
@@ -533,11 +405,13 @@ def _proof_ok(root: bytes, index: int, size: int, leaf: bytes, siblings: list[by
     return verify_proof(root, leaf, InclusionProof(index=index, size=size, siblings=tuple(siblings)))
 
 
-_DECODER: EventDecoder | None = None
-
-
-def _decoder() -> EventDecoder:
-    global _DECODER
-    if _DECODER is None:
-        _DECODER = EventDecoder()
-    return _DECODER
+__all__ = [
+    "MAX_DURATION",
+    "MAX_LEAVES",
+    "MAX_PROOF_LENGTH",
+    "ZERO_ADDRESS",
+    "ClientOptions",
+    "GameHandle",
+    "ProofLike",
+    "VerificationGameClient",
+]

@@ -2,7 +2,7 @@
 
 These are *snapshots*: a :class:`Task` or :class:`Game` is what the chain said at one block.
 Code that acts on a game should re-read it (``client.game(id)``) or hold a
-:class:`game.chain.client.GameHandle`, which reads through to the contract on every access.
+:class:`game.chain.views.GameHandle`, which reads through to the contract on every access.
 Field names are the Solidity names in snake_case; ``docs/contract.md`` is the reference.
 """
 

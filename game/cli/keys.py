@@ -1,5 +1,6 @@
-"""Secrets on the command line: the data key read from its file or its hex, and the warnings
-given when a private key or a data key is typed where every user of the machine can read it.
+"""Secrets on the command line: the data key read from its file or its hex, a key written to its
+file (its owner's alone), and the warnings given when a private key or a data key is typed where
+every user of the machine can read it.
 """
 
 from __future__ import annotations
@@ -106,3 +107,21 @@ def given_data_key(data_key: str | None) -> bytes:
             "the task's data key is needed: pass --data-key FILE (or HEX), or set VGAME_DATA_KEY"
         )
     return read_data_key(given, "--data-key" if data_key else "VGAME_DATA_KEY")
+
+
+def write_secret(path: Path, text: str) -> bool:
+    """Write a key to ``path``: its owner's alone from the first byte (mode 600), whole or not at
+    all. A file that holds another key is never overwritten: it may be the only copy of a task's
+    key. Returns whether a file was made (False: it held this key already)."""
+    from game.fsio import atomic_write
+
+    data = (text + "\n").encode("ascii")
+    if path.exists():
+        if path.is_file() and path.read_bytes().strip() == data.strip():
+            return False
+        raise ConfigError(
+            f"{path} exists and holds another key (another task's?): name a new file; "
+            f"to use the key it holds, pass --data-key {path}"
+        )
+    atomic_write(path, data, mode=0o600)
+    return True

@@ -9,10 +9,8 @@ one command, which would forget the task at once, so they are refused here with 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +18,13 @@ import typer
 from rich.table import Table
 
 from game.cli.app import app, console, emit_json, err_console
-from game.cli.keys import given_data_key, read_data_key, warn_data_key_in_argv, warn_key_in_argv
+from game.cli.keys import (
+    given_data_key,
+    read_data_key,
+    warn_data_key_in_argv,
+    warn_key_in_argv,
+    write_secret,
+)
 from game.cli.options import (
     DataKeyOpt,
     FromBlockOpt,
@@ -29,6 +33,7 @@ from game.cli.options import (
     checked_chain,
     checked_first_block,
 )
+from game.cli.units import parse_wei, shown
 from game.errors import ConfigError, InsufficientFunds, VerificationGameError
 
 if TYPE_CHECKING:
@@ -79,22 +84,6 @@ def _client(
             raise ConfigError(f"no contract at {contract} on {ch.describe()}")
         options = ClientOptions(first_block=checked_first_block(first_block, ch.block_number()))
         yield VerificationGameClient(ch, contract, ch.account(0), options=options)
-
-
-_UNITS = {"wei": 0, "gwei": 9, "eth": 18, "ether": 18}
-_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$")
-
-
-def parse_wei(text: str) -> int:
-    """An amount for ``--payment`` and the bonds: wei (``1000000000000000``), or a number with a
-    unit (``0.001ether``, ``0.001 eth``, ``5gwei``), exact to the wei."""
-    m = _AMOUNT.match(str(text).lower())
-    if m is None or m.group(2) not in ("", *_UNITS):
-        raise typer.BadParameter(f"{text!r} is not an amount: give wei (1000) or a unit (0.001ether, 5gwei)")
-    value = Decimal(m.group(1)).scaleb(_UNITS[m.group(2) or "wei"])
-    if value != value.to_integral_value():
-        raise typer.BadParameter(f"{text!r} is not a whole number of wei")
-    return int(value)
 
 
 def _amount(flag: str, what: str) -> Any:
@@ -149,7 +138,7 @@ def keygen_cmd(
     if out is None:  # no command prints a data key: scrollback and logs keep it, a pipe loses it
         raise ConfigError("pass --out FILE: the key is written there (mode 600), never printed")
     key = new_key()
-    _write_secret(out, key.hex())
+    write_secret(out, key.hex())
     if as_json:  # the file and a fingerprint stand for the key: the key itself only in its file
         emit_json({"file": str(out), "data_key_sha256": key_fingerprint(key)})
         return
@@ -158,24 +147,6 @@ def keygen_cmd(
         "to `task create` and to the nodes",
         soft_wrap=True,  # one line: a path is not broken in two
     )
-
-
-def _write_secret(path: Path, text: str) -> bool:
-    """Write a key to ``path``: its owner's alone from the first byte (mode 600), whole or not at
-    all. A file that holds another key is never overwritten: it may be the only copy of a task's
-    key. Returns whether a file was made (False: it held this key already)."""
-    from game.fsio import atomic_write
-
-    data = (text + "\n").encode("ascii")
-    if path.exists():
-        if path.is_file() and path.read_bytes().strip() == data.strip():
-            return False
-        raise ConfigError(
-            f"{path} exists and holds another key (another task's?): name a new file; "
-            f"to use the key it holds, pass --data-key {path}"
-        )
-    atomic_write(path, data, mode=0o600)
-    return True
 
 
 @task_app.command("deploy")
@@ -271,7 +242,7 @@ def create_cmd(
     warn_data_key_in_argv(data_key, chain)
     # The key reaches its file before the task reaches the chain: a task whose key was lost (the
     # file could not be written after the transaction) could only be cancelled.
-    made = data_key_out is not None and _write_secret(data_key_out, dkey.hex())
+    made = data_key_out is not None and write_secret(data_key_out, dkey.hex())
     try:
         with _client(chain, key, _required_contract(contract)) as c:
             rec = post_task(
@@ -322,50 +293,6 @@ def _required_contract(contract: str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-_WEI_FIELDS = ("payment", "trainer_bond", "auditor_bond")
-_SECONDS_FIELDS = ("clock_allowance", "challenge_window", "judge_window", "commit_window")
-_HASH_FIELDS = ("state_root", "log_root", "transcript_id")
-
-
-def _span(seconds: int) -> str:
-    """``90061`` -> ``1d 1h 1m 1s``: a duration as a person reads it."""
-    parts = [
-        (seconds // 86400, "d"),
-        (seconds % 86400 // 3600, "h"),
-        (seconds % 3600 // 60, "m"),
-        (seconds % 60, "s"),
-    ]
-    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
-
-
-def _shown(key: str, value: Any, *, now: int) -> str:
-    """A field of ``task show`` for a person: amounts also in ETH, times in UTC and from now,
-    durations in days and hours, roots not yet committed said so (``--json`` keeps the raw values)."""
-    from datetime import UTC, datetime
-
-    from game import clock
-
-    if key in _WEI_FIELDS:
-        return f"{Decimal(value).scaleb(-18).normalize():f} ETH ({value} wei)"
-    if key in _SECONDS_FIELDS:
-        return f"{_span(value)} ({value} s)"
-    if key in _HASH_FIELDS and not int(value, 16):
-        return "none yet"
-    if key in ("window_ends", "commit_by", "now"):
-        if key == "window_ends" and not value:
-            return "not started (it opens at the trainer's commit)"
-        if key == "commit_by" and not value:
-            return "not started (it opens when the trainer accepts)"
-        when = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if key == "now":
-            return f"{when} (latest block)"
-        ago = "from now" if clock.is_ahead(now, value) else "ago"
-        return f"{when} ({_span(abs(clock.seconds_until(now, value)))} {ago})"
-    if key in ("trainer_paid", "reward_share") and value is None:
-        return "not settled yet"
-    return str(value)
-
-
 @task_app.command("show")
 def show_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id (1, 2, ...).")],
@@ -387,7 +314,7 @@ def show_cmd(
     table.add_column("value", overflow="fold")  # a hash is copied whole, never cut with an ellipsis
     for k, v in doc.items():
         if k != "games":
-            table.add_row(k, _shown(k, v, now=doc["now"]))
+            table.add_row(k, shown(k, v, now=doc["now"]))
     console.print(table)
     if doc["games"]:
         games = Table(title="games")

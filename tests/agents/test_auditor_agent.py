@@ -253,7 +253,7 @@ def test_aFetchedTranscriptDamagedOnDisk_isFetchedAgain_byTheRestartedNode(
     assert first.state.get("fetched") == roles["client"].task(task_id).transcript_id.hex()
     damage(first.transcript_dir)
     restarted = auditor()
-    with caplog.at_level(logging.WARNING, logger="auditor_node.agent"):
+    with caplog.at_level(logging.WARNING, logger="auditor_node.replay"):
         restarted.step()
     assert restarted.verdict == "match"
     assert any("no longer verifies" in r.getMessage() for r in caplog.records)
@@ -273,15 +273,15 @@ def test_replayTooSlowForTheWindow_isSaidOnce_early(
     import time
     from types import SimpleNamespace
 
-    import auditor_node.agent as auditor_module
+    import auditor_node.replay as replay_module
 
-    monkeypatch.setattr(auditor_module, "PACE_CHECK_S", 0.0)
+    monkeypatch.setattr(replay_module, "PACE_CHECK_S", 0.0)
     now = 1_800_000_000
     chain = SimpleNamespace(supports_time_travel=time_travel, now=lambda: now)
-    pace = auditor_module._Pace(
+    pace = replay_module._Pace(
         SimpleNamespace(chain=chain), SimpleNamespace(window_ends=now + window_left), 7
     )  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="auditor_node.agent"):
+    with caplog.at_level("WARNING", logger="auditor_node.replay"):
         for done in range(1, 6):  # some 20 steps a second: 1,000 steps take some 50 s
             pace.step(done, 1000)
             time.sleep(0.05)

@@ -410,19 +410,19 @@ def test_taskModel_exitsOneUntilSettled_unlessAcceptUnsettled(
 
 
 def test_taskShow_forPeople_amountsInEthTimesInUtcAndFromNow() -> None:
-    from game.cli.task import _shown
+    from game.cli.units import shown
 
     now = 1_800_000_000  # 2027-01-15 08:00:00 UTC
-    assert _shown("payment", 10**15, now=now) == "0.001 ETH (1000000000000000 wei)"
-    assert _shown("auditor_bond", 10**18, now=now) == "1 ETH (1000000000000000000 wei)"
-    assert _shown("challenge_window", 86400 + 3661, now=now) == "1d 1h 1m 1s (90061 s)"
-    assert _shown("window_ends", now + 5400, now=now) == "2027-01-15 09:30:00 UTC (1h 30m from now)"
-    assert _shown("window_ends", now - 60, now=now) == "2027-01-15 07:59:00 UTC (1m ago)"
-    assert _shown("window_ends", 0, now=now).startswith("not started")
-    assert _shown("state_root", "00" * 32, now=now) == "none yet"
-    assert _shown("state_root", "ab" * 32, now=now) == "ab" * 32
-    assert _shown("trainer_paid", None, now=now) == "not settled yet"
-    assert _shown("status", "open", now=now) == "open"
+    assert shown("payment", 10**15, now=now) == "0.001 ETH (1000000000000000 wei)"
+    assert shown("auditor_bond", 10**18, now=now) == "1 ETH (1000000000000000000 wei)"
+    assert shown("challenge_window", 86400 + 3661, now=now) == "1d 1h 1m 1s (90061 s)"
+    assert shown("window_ends", now + 5400, now=now) == "2027-01-15 09:30:00 UTC (1h 30m from now)"
+    assert shown("window_ends", now - 60, now=now) == "2027-01-15 07:59:00 UTC (1m ago)"
+    assert shown("window_ends", 0, now=now).startswith("not started")
+    assert shown("state_root", "00" * 32, now=now) == "none yet"
+    assert shown("state_root", "ab" * 32, now=now) == "ab" * 32
+    assert shown("trainer_paid", None, now=now) == "not settled yet"
+    assert shown("status", "open", now=now) == "open"
 
 
 @pytest.mark.parametrize(

@@ -6,21 +6,69 @@ step of the way: :data:`ROLES` maps the mode's name (the engine's and the CLI's 
 policy, which the mode asks for each tensor (:meth:`Role.round_inexact`). The policies call the
 mode's hooks (``_round_direct``, ``_record``, ``_replay``, the deferral's), so a subclass that
 overrides a hook (the log-rewriting deviations override ``_record``) changes every role that uses it.
+
+A policy knows the mode only as :class:`ModeHooks`, the state and hooks it reads and calls, so this
+module imports neither the mode nor its state: the mode's state picks a policy from :data:`ROLES`, and
+the policies stay below it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections import Counter
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from torch import Tensor
 
+from game.training.log.chunks import RecordCursor
+from game.training.log.formats import ChunkLog
 from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import bindings
 from game.training.numerics import bandcheck, rounding
-from game.training.numerics.bandfile import Band
+from game.training.numerics.bandfile import Band, BandTable
 
-if TYPE_CHECKING:
-    from game.training.dispatch.roles import RoleKernels
+if TYPE_CHECKING:  # Triton loads only for CUDA tensors
+    from game.training.numerics.cuda_deferred import Deferred
+
+
+class ModeHooks(Protocol):
+    """What a policy reads and calls of the mode that holds it (one step's interception state and
+    its kernels' hooks); :class:`~game.training.dispatch.mode.RoundingMode` is one."""
+
+    step: int
+    bits: int
+    log: ChunkLog | None
+    bands: BandTable
+    op_index: int  # logged tensors so far in this step
+    corrections: int  # rev moves applied (replay)
+    count_free: bool
+    free: int
+    _rounded: Counter[str]
+    _logged: Counter[str]
+    _direct: bool  # an inexact CPU tensor goes straight to the C kernel
+    _defer: Deferred | None
+    _pending: list[tuple[int, str, int, Tensor | int]]
+    _cursor: RecordCursor[Any] | None
+    _entry: SparseRecord | None
+    _offsets: list[int]  # replay with deferral: each entry's start in ``_device_positions``
+    _device_positions: Tensor
+
+    def _round_direct(self, t: Tensor, index: int, name: str) -> bool: ...
+    def _band_params(self, name: str) -> bindings.BandParams: ...
+    def _may_defer(self) -> bool: ...
+    def _deferred(self, launched: bool) -> bool: ...
+    def _record(
+        self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str
+    ) -> Tensor: ...
+    def _replay(
+        self,
+        t: Tensor,
+        index: int,
+        name: str,
+        band: Band,
+        top: float | None,
+        where: str,
+        entry: SparseRecord | None = None,
+    ) -> Tensor: ...
 
 
 class Role:
@@ -32,7 +80,7 @@ class Role:
     #: whether it reads or writes the step's rounding log (``record``, ``replay``)
     logs: ClassVar[bool] = False
 
-    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+    def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         raise NotImplementedError
 
 
@@ -42,7 +90,7 @@ class Plain(Role):
     name = "plain"
     rounds = False
 
-    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+    def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         return
 
 
@@ -51,7 +99,7 @@ class Round(Role):
 
     name = "round"
 
-    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+    def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         index = m.op_index
         m.op_index += 1
         # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
@@ -68,7 +116,7 @@ class Logged(Role):
 
     logs = True
 
-    def round_inexact(self, m: RoleKernels, t: Tensor, name: str) -> None:
+    def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         index = m.op_index
         m.op_index += 1
         entry: SparseRecord | None = None
@@ -91,20 +139,20 @@ class Logged(Role):
             t.copy_(r)
         m._logged[name] += 1
 
-    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
-        """The C kernel on a contiguous CPU tensor, in place (see ``RoleKernels._round_direct``)."""
+    def direct(self, m: ModeHooks, t: Tensor, index: int, name: str) -> bool:
+        """The C kernel on a contiguous CPU tensor, in place (see the mode's ``_round_direct``)."""
         raise NotImplementedError
 
-    def refused_entry(self, m: RoleKernels) -> SparseRecord | None:
+    def refused_entry(self, m: ModeHooks) -> SparseRecord | None:
         """The log entry already taken for a tensor the C kernel refused."""
         return None
 
-    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+    def deferred(self, m: ModeHooks, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
         """Launch the deferred CUDA kernels: whether they took the tensor, and the entry taken."""
         raise NotImplementedError
 
     def torch_kernels(
-        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        self, m: ModeHooks, t: Tensor, index: int, name: str, band: Band, where: str,
         entry: SparseRecord | None,
     ) -> Tensor:  # fmt: skip
         raise NotImplementedError
@@ -115,7 +163,7 @@ class Record(Logged):
 
     name = "record"
 
-    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
+    def direct(self, m: ModeHooks, t: Tensor, index: int, name: str) -> bool:
         positions = bindings.round_and_band(t, m._band_params(name))
         if positions is None:
             return False
@@ -123,7 +171,7 @@ class Record(Logged):
         m.log.append(index, name, t.numel(), positions)
         return True
 
-    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+    def deferred(self, m: ModeHooks, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
         assert m._defer is not None
         ticket = m._defer.round_and_band(t, m._band_params(name))
         if m._deferred(ticket is not None):
@@ -133,7 +181,7 @@ class Record(Logged):
         return False, None
 
     def torch_kernels(
-        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        self, m: ModeHooks, t: Tensor, index: int, name: str, band: Band, where: str,
         entry: SparseRecord | None,
     ) -> Tensor:  # fmt: skip
         return m._record(t, index, name, band, None, where)
@@ -144,7 +192,7 @@ class Replay(Logged):
 
     name = "replay"
 
-    def direct(self, m: RoleKernels, t: Tensor, index: int, name: str) -> bool:
+    def direct(self, m: ModeHooks, t: Tensor, index: int, name: str) -> bool:
         params = m._band_params(name)
         assert m._cursor is not None
         entry = m._entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
@@ -155,10 +203,10 @@ class Replay(Logged):
         m.free += max(replayed.free, 0)
         return True
 
-    def refused_entry(self, m: RoleKernels) -> SparseRecord | None:
+    def refused_entry(self, m: ModeHooks) -> SparseRecord | None:
         return m._entry  # the kernel refused the tensor; the torch path words why
 
-    def deferred(self, m: RoleKernels, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
+    def deferred(self, m: ModeHooks, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
         assert m._defer is not None and m._cursor is not None
         params = m._band_params(name)
         entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
@@ -167,7 +215,7 @@ class Replay(Logged):
         return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed)), entry
 
     def torch_kernels(
-        self, m: RoleKernels, t: Tensor, index: int, name: str, band: Band, where: str,
+        self, m: ModeHooks, t: Tensor, index: int, name: str, band: Band, where: str,
         entry: SparseRecord | None,
     ) -> Tensor:  # fmt: skip
         return m._replay(t, index, name, band, None, where, entry)
@@ -177,4 +225,4 @@ class Replay(Logged):
 ROLES: dict[str, Role] = {role.name: role for role in (Record(), Replay(), Round(), Plain())}
 
 
-__all__ = ["ROLES", "Logged", "Plain", "Record", "Replay", "Role", "Round"]
+__all__ = ["ROLES", "Logged", "ModeHooks", "Plain", "Record", "Replay", "Role", "Round"]
