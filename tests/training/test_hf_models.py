@@ -64,7 +64,9 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
     weights = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in final.items()}
     (hf_dir / f"{name}-start.safetensors").write_bytes(save(weights, Path("w.safetensors")))
     tuned = hf_dir / "runs" / f"{name}-tuned"
-    tuned_root = _train_and_audit(cfg_path, tuned, init=f"{name}-start.safetensors")
+    # an absolute path (a relative one is read beside the task's package, which a process that
+    # imported another copy of the package earlier would take from that copy)
+    tuned_root = _train_and_audit(cfg_path, tuned, init=str(hf_dir / f"{name}-start.safetensors"))
     assert tuned_root != root
     # leaf 0 of the fine-tune is the given weights on the grid (float32 values are on it already)
     t = Transcript(tuned)
