@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
 #
-# Stages (default: all, in this order): env, overhead, audits, tests, leafcheck, profile. Each writes into
+# Stages (default: all, in this order): env, overhead, audits, hf, tests, leafcheck, profile. Each writes into
 # OUT_DIR as it goes (JSON, one object a line in the .jsonl files), so a run cut short still leaves
 # what it finished. Each stage has its own time limit; a failed stage is logged and the next runs.
 # Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
@@ -15,7 +15,7 @@ out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env overhead audits tests leafcheck profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env overhead audits hf tests leafcheck profile)
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VGAME_FRONT=0
 vgame=("$py" -m game.cli)
@@ -98,8 +98,23 @@ for stage in "${stages[@]}"; do
         done
         rm -rf "$runs"
         ;;
+    hf)
+        # a task of one's own on real hardware (issue 43): Hugging Face's GPT-2 (stock SDPA and dropout,
+        # served), trained on one side and audited on the other, both ways
+        f=$out/audits.jsonl
+        runs=$(mktemp -d)
+        (
+            cd examples/hf || exit 1
+            export HF_HUB_OFFLINE=1
+            run 120 "${vgame[@]}" train --config gpt2.toml --steps 10 --profile cuda --out "$runs/gpu-hf"
+            json 120 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-hf" --profile cpu-1t --json
+            run 120 "${vgame[@]}" train --config gpt2.toml --steps 10 --profile cpu-1t --out "$runs/cpu-hf"
+            json 120 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-hf" --profile cuda --json
+        )
+        rm -rf "$runs"
+        ;;
     *)
-        note "unknown stage $stage (env, overhead, audits, tests, leafcheck, profile)"
+        note "unknown stage $stage (env, overhead, audits, hf, tests, leafcheck, profile)"
         ;;
     esac
 done
