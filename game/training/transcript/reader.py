@@ -16,7 +16,8 @@ from pathlib import Path
 from game.errors import RoundingLogError, TranscriptError
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.log.chunks import chunk_hash
-from game.training.log.formats import ChunkLog, decode_chunk
+from game.training.log.formats import ChunkLog, decode_chunk, decode_scheduled
+from game.training.log.schedule import ScheduleEntry, is_envelope, open_envelope
 from game.training.state import leafnative
 from game.training.transcript.files import LogReader, read_hashes
 from game.training.transcript.layout import (
@@ -120,6 +121,26 @@ class Transcript:
         trainer's fault at that step, not a damaged transcript.
         """
         return decode_chunk(self.chunk_bytes(step), self.spec_hash, step)
+
+    def read_scheduled(self, step: int) -> tuple[ScheduleEntry | None, ChunkLog]:
+        """The schedule entry of ``step`` (None in a synchronous task's plain chunk) and its log."""
+        return decode_scheduled(self.chunk_bytes(step), self.spec_hash, step)
+
+    def schedule(self) -> list[ScheduleEntry]:
+        """Every update's schedule entry, in order (a synchronous task's are the sync ones, which
+        its chunks do not carry)."""
+        if not self.config.scheduled:
+            return [ScheduleEntry.sync(u, self.config.accumulate) for u in range(1, self.steps + 1)]
+        out = []
+        for step in range(1, self.steps + 1):
+            data = self.chunk_bytes(step)
+            if not is_envelope(data):
+                raise RoundingLogError(
+                    f"step {step}: the task is asynchronous (max_staleness {self.config.max_staleness}) "
+                    "but its chunk carries no schedule"
+                )
+            out.append(open_envelope(data, step=step, spec_hash=self.spec_hash)[0])
+        return out
 
     def chunk_bytes(self, step: int) -> bytes:
         """The raw chunk of ``step``, checked against its recorded chunk hash (what the judge gets).
