@@ -6,6 +6,7 @@ Order of work in a step (the same for every party, every mode)::
     batch -> grid (fp64) -> profile device
     with profile.apply(), RoundingMode(...):
         for j, micro in enumerate(runtime.micro_batches(batch)):   # cfg.accumulate of them
+            buffers <- the step's (j > 0)                          # a copy: BatchNorm's statistics
             with StockOps(seed, step, j, micro.example_ids):       # dropout, SDPA, torch.rand*
                 loss = runtime.loss(model, micro)                  # forward + loss
             (loss * (1 / accumulate)).backward()                   # gradients summed in order
@@ -19,6 +20,9 @@ Modes: ``record`` (trainer: round and log), ``replay`` (auditor: round with the 
 ``round`` (round without log: shows divergence), ``plain`` (no rounding; with ``precision="fp32"``
 the model is float32: the baselines). The state hash is computed in every mode whose state has
 canonical bytes (fp64 rounding modes and fp32), ``None`` for plain fp64.
+
+The micro-batches depend on the step's state alone (each starts from the step's buffers), so W
+workers may run them at once and give this step's bits and chunk: :mod:`.microbatch`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
@@ -40,7 +44,14 @@ from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
 from game.training.state.leaves import state_hash
-from game.training.state.tensors import Precision, TrainState, check_on_grid, move_state, snapshot
+from game.training.state.tensors import (
+    Precision,
+    StepBuffers,
+    TrainState,
+    check_on_grid,
+    move_state,
+    snapshot,
+)
 from game.training.task import datasets
 from game.training.task.config import TaskConfig
 from game.training.task.profiles import Profile, get_profile
@@ -223,19 +234,7 @@ class StepEngine:
         model, optimizer = state.model, state.optimizer
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        rm = self.mode_class(
-            bits=self.cfg.bits,
-            tau=self.cfg.tau,
-            mode=mode,
-            profile=self.profile,
-            step=step,
-            log=log,
-            bands=self.cfg.band_table,
-            log_format=self.cfg.log_format,
-            count_free=self.count_free,
-            defer=defer,
-            immediate=frozenset(self._immediate_calls),
-        )
+        rm = self.interceptor(step, mode, log, defer=defer)
         try:
             with self.profile.apply():
                 if mode != "plain" or self.profile.emulates:
@@ -253,31 +252,70 @@ class StepEngine:
             raise
         return rm, loss
 
+    def interceptor(
+        self, step: int, mode: Mode, log: ChunkLog | None, *, defer: bool = False
+    ) -> RoundingMode:
+        """A fresh interceptor for (part of) step ``step``: its op index starts at 0. A step run
+        here has one; :mod:`.microbatch` gives each micro-batch and the update one of their own."""
+        return self.mode_class(
+            bits=self.cfg.bits,
+            tau=self.cfg.tau,
+            mode=mode,
+            profile=self.profile,
+            step=step,
+            log=log,
+            bands=self.cfg.band_table,
+            log_format=self.cfg.log_format,
+            count_free=self.count_free,
+            defer=defer,
+            immediate=frozenset(self._immediate_calls),
+        )
+
     def _forward_backward_update(
         self, state: TrainState, batch: Batch, step: int, *, serve: bool = True
     ) -> list[Tensor]:
         """The step's work under the interceptor: each micro-batch's forward (torch's random ops and
         attention served by :class:`StockOps`) and backward, gradients summed in micro-batch order,
-        then clipping and the update. Returns the micro-batches' losses (read once the step is
-        over: no op outside the step's own runs under the interceptor). ``serve`` False runs the
-        model's random ops and attention as stock torch does (the plain baselines)."""
-        runtime, cfg = self.runtime, self.cfg
-        micro = runtime.micro_batches(batch)
+        then clipping and the update. Every micro-batch's forward starts from the step's buffers
+        (BatchNorm's running statistics), which are put back before each (a copy: data movement),
+        and the step ends with those the last micro-batch left: so the micro-batches depend on
+        the step's state alone, and W workers can run them at once (:mod:`.microbatch`). Returns
+        the micro-batches' losses (read once the step is over: no op outside the step's own runs
+        under the interceptor). ``serve`` False runs the model's random ops and attention as stock
+        torch does (the plain baselines)."""
+        micro = self.runtime.micro_batches(batch)
         losses: list[Tensor] = []
+        start = StepBuffers(state.model) if len(micro) > 1 else None
         for j, mb in enumerate(micro):
-            if serve:
-                with StockOps(cfg.seed, step, j, mb.example_ids, bits=cfg.bits):
-                    loss = runtime.loss(state.model, mb)
-            else:
-                loss = runtime.loss(state.model, mb)
-            # An exact multiply (1/M on the grid once): the micro-batches' mean gradient, summed
-            # by autograd into .grad in micro-batch order, rounded after every sum.
-            (loss if len(micro) == 1 else loss * (1.0 / len(micro))).backward()
-            losses.append(loss.detach())
-        if cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip_grad_norm, foreach=True)
-        state.optimizer.step()
+            if start is not None and j:
+                start.restore()
+            losses.append(self.micro_batch(state.model, mb, step, j, len(micro), serve=serve))
+        self.update(state)
         return losses
+
+    def micro_batch(
+        self, model: nn.Module, mb: Batch, step: int, index: int, total: int, *, serve: bool = True
+    ) -> Tensor:
+        """Micro-batch ``index`` of ``total``: its forward (stock torch's random ops and attention
+        served by :class:`StockOps` unless ``serve`` is False) and its backward, which adds its
+        gradients into ``.grad``. Returns its loss, detached."""
+        cfg = self.cfg
+        if serve:
+            with StockOps(cfg.seed, step, index, mb.example_ids, bits=cfg.bits):
+                loss = self.runtime.loss(model, mb)
+        else:
+            loss = self.runtime.loss(model, mb)
+        # An exact multiply (1/M on the grid once): the micro-batches' mean gradient, summed by
+        # autograd into .grad in micro-batch order, rounded after every sum.
+        (loss if total == 1 else loss * (1.0 / total)).backward()
+        return loss.detach()
+
+    def update(self, state: TrainState) -> None:
+        """The update on the gradients in ``.grad``: ``clip_grad_norm_`` (foreach) when the task
+        clips, then the optimizer's step."""
+        if self.cfg.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.cfg.clip_grad_norm, foreach=True)
+        state.optimizer.step()
 
     def prepare_batch(self, batch: Batch, dtype: torch.dtype = torch.float64, *, rnd: bool = True) -> Batch:
         """Float tensors of the batch in the state's dtype (on the grid when rounding), on the

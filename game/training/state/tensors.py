@@ -182,9 +182,28 @@ def snapshot(state: TrainState) -> Callable[[], None]:
     return restore
 
 
+class StepBuffers:
+    """The model's buffers (BatchNorm's running statistics, every other buffer) as a step started,
+    to put back before each micro-batch's forward: each micro-batch then starts from the step's
+    buffers, whichever worker runs it, and the step ends with those the last one left
+    (docs/architecture.md, "Tasks and their spec"). Data movement only: a copy each way."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.live = list(model.buffers())
+        with torch.no_grad():
+            self.saved = [b.detach().clone() for b in self.live]
+
+    def restore(self) -> None:
+        """Write the step's values back into the model's own buffers (the model keeps its tensors)."""
+        with torch.no_grad():
+            for t, s in zip(self.live, self.saved, strict=True):
+                t.copy_(s)
+
+
 __all__ = [
     "OffGridError",
     "Precision",
+    "StepBuffers",
     "TrainState",
     "check_on_grid",
     "float_state_tensors",
