@@ -13,15 +13,18 @@ synchronous update computes every one on state ``u - 1``. Its work, in this orde
     the gradients summed in fold order, each sum rounded (an exact add: no log)   # the server's
     the target's buffers <- the last micro-batch's; clip_grad_norm_; optimizer.step()
 
-Every op runs under the interceptor. A worker records its micro-batch under a rounding mode of its
-own, whose op indices start at 0 (:func:`record_micro`); the server records the fold and the update
-the same way (:func:`record_apply`) and joins the segments, each shifted by the logged tensors of
-the segments before it (:func:`merge_segments`): the chunk one rounding mode would have recorded
-over the same work in the same order (:func:`run_update`, which the auditor and the judge replay
-under). Why the same bits: each op's inputs are the same tensors on the grid, whichever process
-runs it, and the mode's only state across ops is the op index. A synchronous update on a model
-without buffers runs exactly the ops of :meth:`~.step.StepEngine.run_step`, which sums the same
-gradients into ``.grad`` with the same rounded adds: the same leaf and the same chunk.
+The pieces are those of :mod:`.microbatch` (a step cut at its seams, for the data-parallel
+trainer): a worker records its micro-batch under an interceptor of its own, op indices from 0
+(:meth:`UpdateEngine.record_micro`, :func:`~.microbatch.run_micro_batch` on the version loaded into
+a scratch model); the server folds the gradients in order (:func:`~.microbatch.fold_grads`),
+records the update (:func:`~.microbatch.apply_update`) and joins the segments, each shifted by the
+logged tensors of those before it (:func:`~.microbatch.merge_logs`): the chunk one interceptor
+records over the same work in the same order (:meth:`UpdateEngine.run_update`, which the auditor
+and the judge replay under, with one cursor over the chunk: where one micro-batch's records end
+is known only once it has run). Why the same bits: each op's inputs are the same tensors on the
+grid, whichever process runs it, the interceptor's only state across ops is the op index, and the
+fold's adds are exact ops, rounded without a log, inside the interceptor or outside it. A
+synchronous update runs the ops of :meth:`~.step.StepEngine.run_step`: the same leaf and chunk.
 """
 
 from __future__ import annotations
@@ -33,15 +36,12 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import TrainingError
-from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import Mode
-from game.training.dispatch.stockops import StockOps
+from game.training.engine.microbatch import Segment, apply_update, fold_grads, run_micro_batch
 from game.training.engine.runtime import Batch
 from game.training.engine.step import StepEngine
 from game.training.log.formats import ChunkLog, new_step_log
-from game.training.log.packed import StepLog
 from game.training.log.schedule import Applied, MicroBatchId
-from game.training.log.sparse import SparseStepLog
 from game.training.state.checkpoint import parse_state
 from game.training.state.tensors import TrainState, persistent_buffers
 
@@ -67,7 +67,7 @@ def weights_from_bytes(data: bytes) -> Weights:
 
 
 @dataclass
-class MicroResult:
+class MicroWork:
     """One micro-batch's work on one version."""
 
     applied: Applied
@@ -78,15 +78,6 @@ class MicroResult:
     @property
     def loss_value(self) -> float:
         return float(self.loss)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A part of an update's log recorded under a rounding mode of its own: the log, and how many
-    tensors it logged (the op indices the next segment is shifted by)."""
-
-    log: ChunkLog
-    ops: int
 
 
 class UpdateEngine:
@@ -137,21 +128,22 @@ class UpdateEngine:
 
     # ---- the passes (run under whichever rounding mode the caller entered) -----------------------
 
-    def gradient_pass(self, applied: Applied, weights: Weights, micro: Batch) -> MicroResult:
+    def gradient_pass(self, applied: Applied, weights: Weights, micro: Batch) -> MicroWork:
         """One micro-batch's forward and backward on ``weights``."""
-        cfg, model = self.cfg, self.scratch
+        model = self.scratch
         self.load(weights)
         model.zero_grad(set_to_none=True)
-        with StockOps(cfg.seed, applied.micro.step, applied.micro.index, micro.example_ids, bits=cfg.bits):
-            loss = self.engine.runtime.loss(model, micro)
-        (loss if cfg.accumulate == 1 else loss * (1.0 / cfg.accumulate)).backward()
+        m = applied.micro
+        loss = self.engine.micro_batch(model, micro, m.step, m.index, self.cfg.accumulate)
         grads = [p.grad for p in model.parameters()]
         model.zero_grad(set_to_none=True)
         buffers = {n: b.clone() for n, b in persistent_buffers(model).items()}
-        return MicroResult(applied, grads, buffers, loss.detach())
+        return MicroWork(applied, grads, buffers, loss)
 
-    def apply_pass(self, state: TrainState, results: Sequence[MicroResult]) -> None:
-        """The fold of ``results``' gradients in their order, the last one's buffers, the update."""
+    def apply_pass(self, state: TrainState, results: Sequence[MicroWork]) -> None:
+        """The fold of ``results``' gradients in their order, the last one's buffers, the update,
+        inside the caller's interceptor: the fold's adds are exact ops, which it rounds without a
+        log, the sums :func:`~.microbatch.fold_grads` makes outside one."""
         if not results:
             raise TrainingError(f"update {state.step + 1}: no gradients to apply")
         params = list(state.model.parameters())
@@ -167,49 +159,34 @@ class UpdateEngine:
                     current.add_(g)
         for p, g in zip(params, total, strict=True):
             p.grad = g
+        self.take_buffers(state, results[-1])
+        self.engine.update(state)
+
+    @staticmethod
+    def take_buffers(state: TrainState, last: MicroWork) -> None:
+        """The update's buffers: those the last micro-batch (in fold order) left (data movement)."""
         with torch.no_grad():
             for n, b in persistent_buffers(state.model).items():
-                b.copy_(results[-1].buffers[n])
-        if self.cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_grad_norm, foreach=True)
-        state.optimizer.step()
+                b.copy_(last.buffers[n])
 
     # ---- under a rounding mode ------------------------------------------------------------------
 
-    def rounding_mode(self, step: int, mode: Mode, log: ChunkLog | None) -> RoundingMode:
-        engine = self.engine
-        return engine.mode_class(
-            bits=self.cfg.bits,
-            tau=self.cfg.tau,
-            mode=mode,
-            profile=engine.profile,
-            step=step,
-            log=log,
-            bands=self.cfg.band_table,
-            log_format=self.cfg.log_format,
-        )
-
-    def record_micro(self, applied: Applied, weights: Weights) -> tuple[MicroResult, Segment]:
+    def record_micro(self, applied: Applied, weights: Weights) -> tuple[MicroWork, Segment]:
         """A worker's micro-batch: its gradients and its segment of the log."""
-        micro = self.micro_batch(applied.micro)
-        log = new_step_log(self.cfg.log_format, None)
-        rm = self.rounding_mode(applied.micro.step, "record", log)
-        with self.engine.profile.apply(), rm:
-            result = self.gradient_pass(applied, weights, micro)
-        rm.finish()
-        return result, Segment(log, rm.op_index)
+        m = applied.micro
+        micro = self.micro_batch(m)
+        self.load(weights)
+        done = run_micro_batch(self.engine, self.scratch, m.step, m.index, micro, total=self.cfg.accumulate)
+        buffers = {n: b.clone() for n, b in persistent_buffers(self.scratch).items()}
+        return MicroWork(applied, done.grads, buffers, torch.tensor(done.loss)), done.segment
 
-    def record_apply(self, state: TrainState, results: Sequence[MicroResult]) -> Segment:
+    def record_apply(self, state: TrainState, results: Sequence[MicroWork]) -> Segment:
         """The server's part of update ``state.step + 1``: the fold and the update, recorded."""
-        step = state.step + 1
-        log = new_step_log(self.cfg.log_format, None)
-        rm = self.rounding_mode(step, "record", log)
-        with self.engine.profile.apply(), rm:
-            self.apply_pass(state, results)
-        state.optimizer.zero_grad(set_to_none=True)
-        rm.finish()
-        self.finish_update(state, step)
-        return Segment(log, rm.op_index)
+        if not results:
+            raise TrainingError(f"update {state.step + 1}: no gradients to apply")
+        grads = fold_grads([r.grads for r in results], self.cfg.bits)
+        self.take_buffers(state, results[-1])
+        return apply_update(self.engine, state, grads, state.step + 1)
 
     def run_update(
         self,
@@ -218,7 +195,7 @@ class UpdateEngine:
         *,
         mode: Mode = "replay",
         log: ChunkLog | None = None,
-    ) -> tuple[ChunkLog | None, list[MicroResult], int]:
+    ) -> tuple[ChunkLog | None, list[MicroWork], int]:
         """Update ``state.step + 1`` in one process under one rounding mode: every micro-batch of
         ``work`` (in fold order, each on its version's weights), the fold and the update. Returns
         the log (recorded, or the one replayed), the micro-batches' results and the corrections."""
@@ -226,7 +203,7 @@ class UpdateEngine:
         if mode == "record" and log is None:
             log = new_step_log(self.cfg.log_format, step)
         micros = [self.micro_batch(a.micro) for a, _ in work]  # on the grid before the mode
-        rm = self.rounding_mode(step, mode, log)
+        rm = self.engine.interceptor(step, mode, log)
         with self.engine.profile.apply(), rm:
             results = [self.gradient_pass(a, w, m) for (a, w), m in zip(work, micros, strict=True)]
             self.apply_pass(state, results)
@@ -243,32 +220,4 @@ class UpdateEngine:
         state.step = step
 
 
-def merge_segments(log_format: str, step: int, segments: Sequence[Segment]) -> ChunkLog:
-    """Step ``step``'s log from segments recorded apart, in order, each one's op indices shifted
-    by the tensors the segments before it logged."""
-    out = new_step_log(log_format, step)
-    offset = 0
-    for seg in segments:
-        if isinstance(out, SparseStepLog):
-            if not isinstance(seg.log, SparseStepLog):
-                raise TrainingError(f"step {step}: a {seg.log.format} segment in a sparse log")
-            for e in seg.log.entries():
-                out.append(e.record.op_index + offset, e.record.op_name, e.record.count, e.positions)
-        else:
-            if not isinstance(seg.log, StepLog):
-                raise TrainingError(f"step {step}: a {seg.log.format} segment in a packed log")
-            for record, trits in seg.log.entries():
-                out.append(record.op_index + offset, record.op_name, trits)
-        offset += seg.ops
-    return out
-
-
-__all__ = [
-    "MicroResult",
-    "Segment",
-    "UpdateEngine",
-    "Weights",
-    "merge_segments",
-    "weights_from_bytes",
-    "weights_of",
-]
+__all__ = ["MicroWork", "UpdateEngine", "Weights", "weights_from_bytes", "weights_of"]

@@ -24,16 +24,10 @@ from torch import Tensor
 
 from game.errors import TrainingError
 from game.fsio import atomic_write
+from game.training.engine.microbatch import Segment, merge_logs
 from game.training.engine.states import decode_state
 from game.training.engine.step import engine_for
-from game.training.engine.update import (
-    MicroResult,
-    Segment,
-    UpdateEngine,
-    Weights,
-    merge_segments,
-    weights_from_bytes,
-)
+from game.training.engine.update import MicroWork, UpdateEngine, Weights, weights_from_bytes
 from game.training.log.formats import decode_chunk
 from game.training.log.schedule import Applied, MicroBatchId, ScheduledLog, ScheduleEntry
 from game.training.state.canonical import encode_state
@@ -92,12 +86,10 @@ def apply_outs(
     if [(o.micro, o.version) for o in outs] != [(a.micro, a.version) for a in entry.applied]:
         raise RuntimeError(f"update {u}: the gradients handed over are not the entry's")
     spec = cfg.spec_hash()
-    results = [
-        MicroResult(Applied(o.micro, o.version), o.grads, o.buffers, torch.tensor(o.loss)) for o in outs
-    ]
+    results = [MicroWork(Applied(o.micro, o.version), o.grads, o.buffers, torch.tensor(o.loss)) for o in outs]
     segments = [Segment(decode_chunk(o.segment, spec, 0), o.ops) for o in outs]
     segments.append(ue.record_apply(state, results))
-    step_log = merge_segments(cfg.log_format, u, segments)
+    step_log = merge_logs(cfg.log_format, u, segments)
     chunk = ScheduledLog(entry, step_log).encode(u, spec) if cfg.scheduled else step_log.encode(u, spec)
     data = encode_state(state)
     loss = sum(o.loss for o in outs) / len(outs)
@@ -115,6 +107,12 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def warm(self, state: bytes) -> int:
+        """Run one micro-batch on ``state`` and drop it: the first one builds the scratch model and
+        loads the kernels, which a run's clock should not count. Returns the pid."""
+        self.ue.record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(bytes(state)))
+        return os.getpid()
+
     def compute(
         self, micro: MicroBatchId, version: int, leaf: bytes, state: bytes
     ) -> tuple[MicroBatchId, MicroOut]:
@@ -123,8 +121,11 @@ class Worker:
         if self._cached is None or self._cached[0] != leaf:
             self._cached = (leaf, weights_from_bytes(bytes(state)))
         result, seg = self.ue.record_micro(Applied(micro, version), self._cached[1])
+        assert seg.log is not None  # recorded
         data = seg.log.encode(0, self.spec)
-        return micro, MicroOut(micro, version, result.grads, result.buffers, data, seg.ops, result.loss_value)
+        return micro, MicroOut(
+            micro, version, result.grads, result.buffers, data, seg.logged, result.loss_value
+        )
 
 
 class Server:
@@ -148,6 +149,11 @@ class Server:
         return None
 
     def pid(self) -> int:
+        return os.getpid()
+
+    def warm(self) -> int:
+        """Build what the first update needs (the engine's kernels), outside a run's clock."""
+        self.ue.record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(self.state_bytes()))
         return os.getpid()
 
     def hello(self) -> tuple[int, bytes]:
@@ -184,21 +190,44 @@ class Server:
 
 
 def stateless_apply(
-    config: dict[str, Any], profile: str, pid_file: str, entry: ScheduleEntry, state: bytes, *outs: MicroOut
-) -> tuple[UpdateMeta, bytes]:
+    config: dict[str, Any],
+    profile: str,
+    pid_file: str,
+    entry: ScheduleEntry | None,
+    state: bytes,
+    *outs: MicroOut,
+) -> tuple[UpdateMeta | None, bytes]:
     """The stateless server: one update as a task, from the state's bytes in the object store to
-    the new state's bytes there (a task killed midway is run again by Ray, from the same inputs)."""
+    the new state's bytes there (a task killed midway is run again by Ray, from the same inputs).
+    ``entry`` None warms a process up (its engine built, its kernels loaded) ahead of a run's clock:
+    Ray runs the next task of the same function there."""
+    ue = _cached_engine(config, profile)
+    if entry is None:
+        ue.record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(bytes(state)))
+        return None, b""
     atomic_write(Path(pid_file), f"{os.getpid()} {entry.update}".encode())
+    return apply_outs(ue, decode_state(bytes(state), ue.cfg), entry, outs)
+
+
+def _cached_engine(config: dict[str, Any], profile: str) -> UpdateEngine:
     ue = _CACHE.get(profile) if _CACHE.get("config") == config else None
     if ue is None:
         ue = _engine(config, profile)
         _CACHE.clear()
         _CACHE.update({"config": config, profile: ue})
-    return apply_outs(ue, decode_state(bytes(state), ue.cfg), entry, outs)
+    return ue
 
 
 #: The stateless task's engine, kept by the process that runs it (Ray reuses its workers).
 _CACHE: dict[str, Any] = {}
 
 
-__all__ = ["MicroOut", "Server", "ServerBehind", "UpdateMeta", "Worker", "apply_outs", "stateless_apply"]
+__all__ = [
+    "MicroOut",
+    "Server",
+    "ServerBehind",
+    "UpdateMeta",
+    "Worker",
+    "apply_outs",
+    "stateless_apply",
+]

@@ -217,10 +217,13 @@ class _Run:
             if tuple(ray.get(s.hello.remote())) != (0, leaf0):
                 raise TrainingError("a server started at another state than the task's step 0")
         self.config = config
-        pids = ray.get([w.pid.remote() for w in self.workers])  # every process up before the clock starts
+        # every process up and warm before the clock starts
+        pids = ray.get([w.warm.remote(self.versions[0]) for w in self.workers])
         self.pids = dict(enumerate(pids))
         if self.chain:
-            self.pids[-1] = ray.get(self.chain[0].pid.remote())
+            self.pids[-1] = ray.get([s.warm.remote() for s in self.chain])[0]
+        else:
+            ray.get(self.apply_task.remote(config, self.profile, "", None, self.versions[0])[0])
         self.t0 = time.monotonic()
         try:
             with self.writer:
