@@ -40,7 +40,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
-from game.errors import TranscriptError, VerificationGameError
+from game.errors import RoundingLogError, TranscriptError, VerificationGameError
 from game.protocol.solver import (
     ClaimTimeout,
     Respond,
@@ -146,6 +146,20 @@ class AuditorAgent(TaskAgent):
     def leaves(self) -> list[bytes]:
         """The auditor's own leaves (empty before the replay)."""
         return [bytes.fromhex(h) for h in self.state.get("leaves", [])]
+
+    def _answers(self) -> list[bytes]:
+        """The leaves the auditor answers a bisection by: its own, except that for an asynchronous
+        task every leaf from its first divergent one on is one no state has, so the game pins that
+        update. Why: an update there computes on older states (its schedule names them), which the
+        judge takes from the trainer's tree; at the first divergent update all of them are honest,
+        where at a later pair whose pre-state agrees again some need not be."""
+        leaves = self.leaves
+        first = self.state.get("first_divergent_step")
+        if not self.state.get("scheduled") or first is None:
+            return leaves
+        from game.training.engine.schedaudit import rejected_schedule_leaf
+
+        return leaves[:first] + [rejected_schedule_leaf(i) for i in range(first, len(leaves))]
 
     # ------------------------------------------------------------------------------- step
     def step(self) -> list[AgentAction]:
@@ -277,6 +291,7 @@ class AuditorAgent(TaskAgent):
             leaves=[h.hex() for h in result.leaves],
             verdict=verdict,
             first_divergent_step=result.first_divergent_step,
+            scheduled=Transcript(self.transcript_dir).config.scheduled,
         )
         detail = f"{verdict} on {self.profile}, {result.corrections} corrections"
         if result.resumed_from is not None:
@@ -339,7 +354,7 @@ class AuditorAgent(TaskAgent):
         g = self.client.game(gid)
         if g.phase == Phase.ENDED:
             return
-        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self.leaves)
+        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self._answers())
         silent = self.strategy.silent_once_challenged
         if g.phase == Phase.PINNED and not silent:
             self._leave_evidence(gid, g, out)
@@ -388,18 +403,40 @@ class AuditorAgent(TaskAgent):
             atomic_write(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
             detail = "task config for step 0"
         else:
-            data = self._own_state_bytes(t, g.lo)
+            states = self._own_states(t, g.lo, g.hi)
+            data = states[g.lo]
             if leaf_of(data) != g.lo_leaf:
                 log.warning("game %d: own state at step %d is not the agreed leaf; no evidence", gid, g.lo)
                 self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
                 return
             path = write_pre_state(self.evidence_dir, data)
             detail = f"pre-state of step {g.hi} ({len(data)} bytes)"
+            older = [v for v in states if v != g.lo and leaf_of(states[v]) == t.leaf(v)]
+            for v in older:  # an asynchronous update's older states, each its committed leaf's
+                write_pre_state(self.evidence_dir, states[v])
+            if older:
+                detail += f" and the states {older} it computes on"
         self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
         self._emit(
             out, AgentAction(ACTOR, "evidence", self.task_id, game_id=gid, leaf_index=g.lo, detail=detail)
         )
         log.debug("evidence for game %d at %s", gid, path)
+
+    def _own_states(self, t: Transcript, lo: int, hi: int) -> dict[int, bytes]:
+        """Own canonical states after ``lo`` and, for an asynchronous task, after each older step
+        update ``hi``'s schedule computes on (by own replay with the trainer's log)."""
+        if not t.config.scheduled:
+            return {lo: self._own_state_bytes(t, lo)}
+        from game.training.engine.scheduled import states_for
+        from game.training.engine.step import StepEngine
+        from game.training.task.profiles import get_profile
+
+        try:
+            wanted = {lo, *t.schedule()[hi - 1].versions}
+        except RoundingLogError:  # a schedule that does not parse: the judge needs the pre-state only
+            wanted = {lo}
+        engine = StepEngine(t.config, get_profile(self.profile))
+        return states_for(t, engine, wanted, check_leaves=False)[1]
 
     def _own_state_bytes(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log."""

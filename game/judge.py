@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,7 @@ from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.reader import Transcript, step_files
 
 if TYPE_CHECKING:
@@ -80,6 +81,10 @@ class PreStateEvidenceError(EvidenceError):
     """The pre-state bytes do not hash to the game's agreed leaf (or cannot be rebuilt)."""
 
 
+class VersionEvidenceError(EvidenceError):
+    """A state an asynchronous update computes on is missing, or not proved against the state root."""
+
+
 class TranscriptEvidenceError(EvidenceError):
     """The published transcript is unavailable or disagrees with the committed roots."""
 
@@ -92,6 +97,9 @@ class Evidence:
     chunk: bytes = b""  # the log chunk of the pinned step (unused at step 0)
     chunk_proof: InclusionProof | None = None  # its proof in the log tree (None at step 0)
     pre_state: bytes | None = None  # canonical state bytes after step - 1 (None at step 0)
+    #: an asynchronous task's update computes on older states too (its chunk's schedule names
+    #: them): each one's canonical bytes, with the proof of its leaf in the committed state tree
+    versions: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -296,6 +304,22 @@ class Judge:
             raise PreStateEvidenceError(
                 f"the pre-state hashes to {pre.hex()[:16]}..., the agreed leaf {g.lo} is {g.lo_leaf.hex()[:16]}..."
             )
+        for v, (data, vproof) in ev.versions.items():
+            leaf = leaf_of(data)
+            if (
+                vproof.index != v
+                or vproof.size != task.num_leaves
+                or not verify_proof(task.state_root, leaf, vproof)
+            ):
+                raise VersionEvidenceError(
+                    f"the state given for version {v} (leaf {leaf.hex()[:16]}...) is not leaf {v} of the "
+                    "committed state tree"
+                )
+        missing = [
+            v for v in _versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions
+        ]
+        if missing:
+            raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
 
     # ------------------------------------------------------------------------ computing
     def _engine(self, cfg: TaskConfig) -> StepEngine:
@@ -313,6 +337,8 @@ class Judge:
             return state_hash(engine.init_state()), ""
         assert ev.pre_state is not None
         step = pinned_step(g)
+        if ev.config.scheduled:
+            return self._compute_update(engine, ev, step)
         try:
             return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
@@ -332,6 +358,29 @@ class Judge:
             return replay_step(
                 engine, ev.pre_state, step, None
             ).leaf, f"log does not fit, replayed without it: {exc}"
+
+    def _compute_update(self, engine: StepEngine, ev: Evidence, step: int) -> tuple[bytes, str]:
+        """An asynchronous task's update ``step``: re-run from the pre-state and the versions its
+        schedule names, with its log. A schedule that breaks the task's rules (or does not parse),
+        like a log that breaks the bands, is ruled against the trainer with a hash no state has."""
+        from game.training.engine.scheduled import replay_update
+        from game.training.log.schedule import ScheduleError
+        from game.training.numerics.bandcheck import LogTamperingError
+        from game.training.state.leaves import state_hash
+
+        assert ev.pre_state is not None
+        versions = {v: data for v, (data, _) in ev.versions.items()}
+        try:
+            _versions_named(ev.config, ev.chunk, step, strict=True)
+            state, _, _ = replay_update(engine, ev.pre_state, step, ev.chunk, versions)
+            return state_hash(state), ""
+        except (ScheduleError, LogTamperingError) as exc:
+            log.info("update %d: ruled against the trainer: %s", step, exc)
+            return rejected_log_hash(step, str(exc)), f"schedule or log rejected: {exc}"
+        except RoundingLogError as exc:
+            log.info("update %d: the committed log does not fit (%s); running it without the log", step, exc)
+            state, _, _ = replay_update(engine, ev.pre_state, step, ev.chunk, versions, use_log=False)
+            return state_hash(state), f"log does not fit, replayed without it: {exc}"
 
     # ------------------------------------------------------------------------ gathering
     def gather(self, game_id: int) -> Evidence:
@@ -360,7 +409,16 @@ class Judge:
             raise ChunkEvidenceError(f"the transcript's chunk of step {step} is unusable: {exc}") from exc
         proof = MerkleTree(hashes).proof(step)
         pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
-        return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state)
+        versions: dict[int, tuple[bytes, InclusionProof]] = {}
+        named = [v for v in _versions_named(t.config, chunk, step) if v != g.lo]
+        if named:
+            tree = MerkleTree(t.leaves())
+            for v in named:
+                data = self._left_state(t.leaf(v)) or self._rebuild(t, v, t.leaf(v))
+                versions[v] = (data, tree.proof(v))
+        return Evidence(
+            config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state, versions=versions
+        )
 
     def _transcript(
         self, task_id: int, task: Task, step: int | None = None, *, rebuild: bool = False
@@ -380,7 +438,9 @@ class Judge:
             names = set(json.loads(listing.read_text("utf-8")))
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
-        if names is None or any(not (dest / n).is_file() for n in step_files(names, step, rebuild=rebuild)):
+        if names is None or any(
+            not (dest / n).is_file() for n in step_files(names, step, rebuild=rebuild, back=_staleness(dest))
+        ):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
                     if names is None:
@@ -388,7 +448,9 @@ class Judge:
                         dest.mkdir(parents=True, exist_ok=True)
                         atomic_write(listing, json.dumps(sorted(names)).encode())
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
-                    for name in step_files(names, step, rebuild=rebuild):
+                    if MANIFEST_NAME in names and not (dest / MANIFEST_NAME).is_file():
+                        archive.extract(MANIFEST_NAME, dest)  # first: it says how far back to reach
+                    for name in step_files(names, step, rebuild=rebuild, back=_staleness(dest)):
                         if not (dest / name).is_file():
                             archive.extract(name, dest)
             except StoreError as exc:
@@ -422,11 +484,15 @@ class Judge:
 
     def _left_pre_state(self, g: Game) -> bytes | None:
         """State bytes hashing to the agreed leaf that someone left in the evidence directory."""
+        return self._left_state(g.lo_leaf)
+
+    def _left_state(self, leaf: bytes) -> bytes | None:
+        """State bytes hashing to ``leaf`` that someone left in the evidence directory."""
         if self.evidence_dir is not None:
-            path = pre_state_path(self.evidence_dir, g.lo_leaf)
+            path = pre_state_path(self.evidence_dir, leaf)
             if path.is_file():
                 data = path.read_bytes()
-                if leaf_of(data) == g.lo_leaf:
+                if leaf_of(data) == leaf:
                     return data
                 log.warning("evidence %s does not hash to its name; ignored", path.name)
         return None
@@ -449,6 +515,35 @@ class Judge:
         return data
 
 
+def _staleness(dest: Path) -> int:
+    """The ``max_staleness`` of the task whose transcript files are in ``dest`` (0 until its
+    manifest is there, or where it does not say)."""
+    try:
+        config = json.loads((dest / MANIFEST_NAME).read_bytes())["config"]
+        return int(config.get("max_staleness", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _versions_named(cfg: TaskConfig, chunk: bytes, step: int, *, strict: bool = False) -> tuple[int, ...]:
+    """The states an asynchronous task's update ``step`` computes on, as its chunk's schedule names
+    them (none for a synchronous task, or, unless ``strict``, for a chunk that does not parse or
+    breaks the rules: the ruling says so)."""
+    if not cfg.scheduled:
+        return ()
+    from game.training.engine.scheduled import check_entry
+    from game.training.log.schedule import ScheduleError, open_envelope
+
+    try:
+        entry, _ = open_envelope(chunk, step=step, spec_hash=cfg.spec_hash())
+        check_entry(entry, cfg)
+    except RoundingLogError as exc:
+        if strict:
+            raise ScheduleError(f"update {step}: {exc}") from exc
+        return ()
+    return entry.versions
+
+
 __all__ = [
     "ChunkEvidenceError",
     "ConfigEvidenceError",
@@ -458,4 +553,5 @@ __all__ = [
     "PreStateEvidenceError",
     "Ruling",
     "TranscriptEvidenceError",
+    "VersionEvidenceError",
 ]

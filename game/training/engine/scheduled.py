@@ -12,7 +12,7 @@ any checkpoint finds every version it needs at or after that checkpoint, or in a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from game.errors import ConfigError, TranscriptError
@@ -94,28 +94,44 @@ def train_scheduled(
     engine = engine_for(cfg, profile)
     make_transcript_dir(out)
     with exclusive_directory(out, f"{out} is being written by another process"):
-        ue = UpdateEngine(engine, dict(poison or {}))
-        uses = last_uses(schedule)
-        writer = TranscriptWriter.create(out, cfg, profile)
-        writer.extra_checkpoints = own_checkpoints(schedule, cfg)
-        with writer:
-            state = engine.init_state()
-            writer.append_step(0, state_hash(state), _empty(cfg, 0), encode_state(state))
-            kept: dict[int, Weights] = {0: weights_of(state)}
-            for entry in schedule:
-                u = entry.update
-                step_log, _, _ = ue.run_update(
-                    state, [(a, kept[a.version]) for a in entry.applied], mode="record"
-                )
-                assert step_log is not None
-                chunk = ScheduledLog(entry, step_log) if cfg.scheduled else step_log
-                data = encode_state(state)
-                writer.append_step(u, state_hash(state), chunk, data if writer.wants_checkpoint(u) else None)
-                if uses.get(u, 0) > u:
-                    kept[u] = weights_of(state)
-                for v in [v for v in kept if uses.get(v, 0) <= u]:
-                    del kept[v]
-            writer.finish()
+        return write_scheduled(engine, profile, out, schedule, poison=poison)
+
+
+def write_scheduled(
+    engine: StepEngine,
+    profile: str,
+    out: Path,
+    schedule: Sequence[ScheduleEntry],
+    *,
+    poison: Mapping[int, Batch] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Transcript:
+    """:func:`train_scheduled` in a directory the caller holds (a checked schedule)."""
+    cfg = engine.cfg
+    ue = UpdateEngine(engine, dict(poison or {}))
+    uses = last_uses(schedule)
+    writer = TranscriptWriter.create(out, cfg, profile)
+    writer.extra_checkpoints = own_checkpoints(schedule, cfg)
+    with writer:
+        state = engine.init_state()
+        writer.append_step(0, state_hash(state), _empty(cfg, 0), encode_state(state))
+        kept: dict[int, Weights] = {0: weights_of(state)}
+        for entry in schedule:
+            u = entry.update
+            step_log, _, _ = ue.run_update(
+                state, [(a, kept[a.version]) for a in entry.applied], mode="record"
+            )
+            assert step_log is not None
+            chunk = ScheduledLog(entry, step_log) if cfg.scheduled else step_log
+            data = encode_state(state)
+            writer.append_step(u, state_hash(state), chunk, data if writer.wants_checkpoint(u) else None)
+            if uses.get(u, 0) > u:
+                kept[u] = weights_of(state)
+            for v in [v for v in kept if uses.get(v, 0) <= u]:
+                del kept[v]
+            if progress is not None:
+                progress(u, cfg.steps)
+        writer.finish()
     return Transcript(out)
 
 
@@ -209,4 +225,5 @@ __all__ = [
     "replay_update",
     "states_for",
     "train_scheduled",
+    "write_scheduled",
 ]

@@ -228,8 +228,8 @@ class _Run:
         try:
             with self.writer:
                 while not self.pool.done:
+                    self._submit_update()  # first: taking an update hands back gradients too stale
                     self._fill()
-                    self._submit_update()
                     self._maybe_kill()
                     wait = 0.002 if self._kill_due() else 0.5
                     if not self.inflight:

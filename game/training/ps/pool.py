@@ -17,7 +17,8 @@ what its actors report and sends what it decides, and a test feeds it simulated 
   the lineage's leaf at that index (a synchronous failover recomputes the same leaves, so its
   gradients stay good; an asynchronous one computes other states).
 * A failover to state ``v`` (:meth:`WorkPool.rewind`) cuts the lineage after ``v``: the updates
-  after it are lost (the next update's entry lists them), their micro-batches handed out again.
+  after it are lost (the next update's entry lists them, and those they listed as lost), their
+  micro-batches handed out again.
 """
 
 from __future__ import annotations
@@ -190,7 +191,9 @@ class WorkPool:
             raise TrainingError(f"the server came back with a state {version} that is not in the lineage")
         lost = [LostUpdate(u, self.leaves[u]) for u in range(version + 1, len(self.leaves))]
         for u in range(version + 1, len(self.leaves)):
-            for a in self.applied.pop(u).applied:
+            entry = self.applied.pop(u)
+            self.lost += entry.lost  # what a lost update listed as lost must not vanish with it
+            for a in entry.applied:
                 self.give_back(a.micro)
         del self.leaves[version + 1 :]
         for g in [g for g in self.hand if g.version > version]:

@@ -42,19 +42,25 @@ def steps_on_disk(directory: Path) -> int:
         return 0
 
 
-def step_files(names: Collection[str], step: int | None, *, rebuild: bool = False) -> list[str]:
+def step_files(
+    names: Collection[str], step: int | None, *, rebuild: bool = False, back: int = 0
+) -> list[str]:
     """The files of a published transcript (its archive's ``names``) that re-running ``step`` needs
     (None: only the config): always the manifest and the two hash files; the step's chunk; to
     rebuild its pre-state (``rebuild``), the nearest checkpoint before it and the chunks from there.
-    What the archive lacks is left out, for :class:`Transcript` to report as it would for a whole
-    copy."""
+    ``back``: an asynchronous task's ``max_staleness``, whose update computes on states as far back
+    as ``step - 1 - back``: the checkpoint at or before that one, the checkpoints of the states
+    after it (a state an update computes on across a checkpoint has one of its own) and the chunks
+    from there. What the archive lacks is left out, for :class:`Transcript` to report as it would
+    for a whole copy."""
     out = [MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME]
     if step is not None:
         out.append(chunk_relpath(step))
         ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c < step] if rebuild else []
         if ckpts:
-            out.append(checkpoint_relpath(max(ckpts)))
-            out += [chunk_relpath(s) for s in range(max(ckpts) + 1, step)]
+            start = max([c for c in ckpts if c <= step - 1 - back] or [min(ckpts)])
+            out += [checkpoint_relpath(c) for c in sorted(ckpts) if start - back <= c]
+            out += [chunk_relpath(s) for s in range(start + 1, step)]
     return [n for n in out if n in names]
 
 
