@@ -12,6 +12,7 @@ driver has the update; so whatever state a server comes back with is one the tra
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -97,12 +98,34 @@ def apply_outs(
 
 
 class Worker:
-    """Computes one micro-batch's gradients and log segment on the state it is handed."""
+    """Computes one micro-batch's gradients and log segment on the state it is handed.
 
-    def __init__(self, config: dict[str, Any], profile: str, poison_steps: tuple[int, ...] = ()) -> None:
-        self.ue = _engine(config, profile, poison_steps)
-        self.spec = self.ue.cfg.spec_hash()
+    What it works for (the task, the profile, the data steps it poisons) is its *assignment*, a
+    file it reads when it starts (:func:`assign`): Ray restarts a killed actor with the arguments
+    it was first made with, so a worker kept for several runs reads the current run's there."""
+
+    def __init__(self, assignment: str) -> None:
+        self.assignment = Path(assignment)
+        self.ue: UpdateEngine | None = None
+        self._key: str | None = None
         self._cached: tuple[bytes, Weights] | None = None  # the last version's leaf and weights
+        self._take()
+
+    def _take(self) -> UpdateEngine:
+        """The assigned engine (built again only when the assignment changed)."""
+        text = self.assignment.read_text("utf-8") if self.assignment.is_file() else None
+        if text is None:
+            raise TrainingError(f"no assignment at {self.assignment}")
+        if text != self._key or self.ue is None:
+            doc = json.loads(text)
+            self.ue = _engine(doc["config"], doc["profile"], tuple(doc.get("poison", ())))
+            self._key, self._cached = text, None
+        return self.ue
+
+    def reset(self) -> int:
+        """Take the assignment written for a new run; returns the pid."""
+        self._take()
+        return os.getpid()
 
     def pid(self) -> int:
         return os.getpid()
@@ -110,7 +133,7 @@ class Worker:
     def warm(self, state: bytes) -> int:
         """Run one micro-batch on ``state`` and drop it: the first one builds the scratch model and
         loads the kernels, which a run's clock should not count. Returns the pid."""
-        self.ue.record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(bytes(state)))
+        self._take().record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(bytes(state)))
         return os.getpid()
 
     def compute(
@@ -118,11 +141,12 @@ class Worker:
     ) -> tuple[MicroBatchId, MicroOut]:
         """Micro-batch ``micro`` on state ``version`` (``leaf``, ``state``: its bytes): its id, to
         tell the driver it is done, and its gradients, for the server."""
+        ue = self._take() if self.ue is None else self.ue
         if self._cached is None or self._cached[0] != leaf:
             self._cached = (leaf, weights_from_bytes(bytes(state)))
-        result, seg = self.ue.record_micro(Applied(micro, version), self._cached[1])
+        result, seg = ue.record_micro(Applied(micro, version), self._cached[1])
         assert seg.log is not None  # recorded
-        data = seg.log.encode(0, self.spec)
+        data = seg.log.encode(0, ue.cfg.spec_hash())
         return micro, MicroOut(
             micro, version, result.grads, result.buffers, data, seg.logged, result.loss_value
         )
@@ -133,12 +157,24 @@ class Server:
     told to (and starts from the newest one there: a restart), or replicates its state down a
     chain of servers when told to."""
 
-    def __init__(self, config: dict[str, Any], profile: str, home: str) -> None:
-        self.ue = _engine(config, profile)
-        self.home = Path(home)
+    def __init__(self, assignment: str) -> None:
+        self.assignment = Path(assignment)
+        self._key: str | None = None
+        self.reset()
+
+    def reset(self) -> int:
+        """Take the assignment (:func:`assign`: the task, the profile, its home) and the state it
+        starts from: the newest checkpoint in its home, else the task's step 0. Returns the pid."""
+        text = self.assignment.read_text("utf-8")
+        doc = json.loads(text)
+        if text != self._key:
+            self.ue = _engine(doc["config"], doc["profile"])
+            self._key = text
+        self.home = Path(doc["home"])
         self.home.mkdir(parents=True, exist_ok=True)
         self.state = self._newest() or self.ue.engine.init_state()
         log.info("server %d up at state %d", os.getpid(), self.state.step)
+        return os.getpid()
 
     def _newest(self) -> TrainState | None:
         for path in sorted(self.home.glob(CHECKPOINT_GLOB), reverse=True):
@@ -189,6 +225,11 @@ class Server:
             rest[0].receive.remote(version, ray.put(bytes(data)), rest[1:])  # no wait: relaxed
 
 
+def assign(path: Path, config: dict[str, Any], profile: str, **more: Any) -> None:
+    """Write an actor's assignment (read when it starts or is reset)."""
+    atomic_write(path, json.dumps({"config": config, "profile": profile, **more}, sort_keys=True).encode())
+
+
 def stateless_apply(
     config: dict[str, Any],
     profile: str,
@@ -229,5 +270,6 @@ __all__ = [
     "UpdateMeta",
     "Worker",
     "apply_outs",
+    "assign",
     "stateless_apply",
 ]

@@ -20,10 +20,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,8 @@ from game.training.engine.step import engine_for
 from game.training.log.chunks import EncodedChunk
 from game.training.log.formats import new_step_log
 from game.training.log.schedule import LostUpdate, ScheduleEntry
-from game.training.ps.actors import Server, ServerBehind, Worker, stateless_apply
+from game.training.ps.actors import ServerBehind, stateless_apply
+from game.training.ps.cluster import DIED, PsCluster, until_up
 from game.training.ps.faults import Kill
 from game.training.ps.pool import WorkPool
 from game.training.state.canonical import encode_state
@@ -56,7 +56,6 @@ MODES: dict[str, tuple[bool, str]] = {
     "async-chain": (True, "chain"),
     "stateless": (True, "stateless"),
 }
-_DIED = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -111,31 +110,12 @@ class PsResult:
         }
 
 
-@contextmanager
-def ray_session(num_cpus: int | None = None) -> Iterator[None]:
-    """A local Ray instance for this process (none started when one is up already), its workers
-    importing this very checkout of vgame (and the current directory, where a task's module may be)."""
-    if ray.is_initialized():
-        yield
-        return
-    root = str(Path(__file__).resolve().parents[3])
-    paths = [root, os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    ray.init(
-        num_cpus=num_cpus or os.cpu_count() or 2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def train_ps(cfg: TaskConfig, profile: str, out_dir: Path | str, opts: PsOptions) -> PsResult:
+def train_ps(
+    cfg: TaskConfig, profile: str, out_dir: Path | str, opts: PsOptions, *, cluster: PsCluster | None = None
+) -> PsResult:
     """Train ``cfg`` with a parameter server on Ray (``opts.mode``) into a new transcript at
-    ``out_dir``; Ray must be up (:func:`ray_session`)."""
+    ``out_dir``; Ray must be up (:func:`~.cluster.ray_session`). ``cluster``: actors kept for
+    several runs (:class:`~.cluster.PsCluster`); None starts them for this run alone."""
     if opts.mode not in MODES:
         raise ConfigError(f"--ps {opts.mode!r} is not one of {', '.join(MODES)}")
     if MODES[opts.mode][0] and not cfg.scheduled:
@@ -149,7 +129,13 @@ def train_ps(cfg: TaskConfig, profile: str, out_dir: Path | str, opts: PsOptions
     if (out / "manifest.json").exists():
         raise TranscriptError(f"{out} already holds a transcript; choose another --out")
     make_transcript_dir(out)
-    return _Run(cfg, profile, out, opts).go()
+    own = cluster is None
+    cluster = cluster or PsCluster()
+    try:
+        return _Run(cfg, profile, out, opts).go(cluster)
+    finally:
+        if own:
+            cluster.close()
 
 
 class _Run:
@@ -172,6 +158,7 @@ class _Run:
         self.fire_at: float | None = None
         self.applied_total = 0
         self.applying = False
+        self.down = False  # the serving server was killed and has not recovered yet
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -184,7 +171,7 @@ class _Run:
 
     # ---- start ---------------------------------------------------------------------------------
 
-    def go(self) -> PsResult:
+    def go(self, cluster: PsCluster) -> PsResult:
         cfg, opts = self.cfg, self.opts
         state0 = engine_for(cfg, self.profile).init_state()
         data0 = encode_state(state0)
@@ -194,24 +181,23 @@ class _Run:
         self.pool.start(leaf0)
         self.versions[0] = ray.put(data0)
         config = cfg.to_dict()
-        worker: Any = ray.remote(Worker).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
-        self.workers: list[Any] = [
-            worker.remote(config, self.profile, opts.poison_steps) for _ in range(opts.workers)
-        ]
-        server: Any = ray.remote(Server).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
-        self.chain: list[Any]
-        if self.recovery == "checkpoint":
-            self.chain = [server.remote(config, self.profile, str(self.home / "server"))]
-        elif self.recovery == "chain":
-            self.chain = [
-                server.remote(config, self.profile, str(self.home / f"chain-{i}")) for i in range(opts.chain)
-            ]
-        else:
-            self.chain = []
+        shutil.rmtree(self.home, ignore_errors=True)  # a run cut short before left its servers' files
+        self.home.mkdir(parents=True)
+        homes = {
+            "checkpoint": [self.home / "server"],
+            "chain": [self.home / f"chain-{i}" for i in range(opts.chain)],
+        }
+        self.workers, self.chain = cluster.assign(
+            config,
+            self.profile,
+            workers=opts.workers,
+            homes=homes.get(self.recovery, []),
+            poison=opts.poison_steps,
+        )
+        if self.recovery == "stateless":
             self.apply_task: Any = ray.remote(stateless_apply).options(
                 num_cpus=0, max_retries=8, num_returns=2
             )
-            self.home.mkdir(parents=True, exist_ok=True)
             self.pid_file = self.home / "stateless-apply.pid"
         for s in self.chain:
             if tuple(ray.get(s.hello.remote())) != (0, leaf0):
@@ -242,8 +228,7 @@ class _Run:
                         self._handle(ref)
                 self.writer.finish()
         finally:
-            for handle in [*self.workers, *self.chain]:
-                ray.kill(handle)
+            self.inflight.clear()
         for k in self.kills:
             log.warning("ps %s: kill of %s never fired (the run ended first)", opts.mode, k.describe())
         return PsResult(
@@ -266,9 +251,22 @@ class _Run:
             )
             self.inflight[tag] = ("grad", (w, micro, result))
 
+    def _revive(self, w: int) -> None:
+        """Ask dead worker ``w`` its pid: it takes work again once Ray has restarted it."""
+        self.inflight[self.workers[w].pid.remote()] = ("revive", w)
+
     def _submit_update(self) -> None:
         if self.applying:
             return
+        if (
+            self.kills
+            and self.pool.update == self.cfg.steps
+            and self.recovery != "stateless"
+            and not self.down
+        ):
+            self._maybe_kill(now=True)  # a kill still planned lands before the last update
+            if self.down:
+                return
         taken = self.pool.take()
         if taken is None:
             return
@@ -289,29 +287,41 @@ class _Run:
             w, micro, result = info
             try:
                 ray.get(ref)
-            except _DIED:
+            except DIED:
                 self.event("worker-lost", self.pool.update, f"worker {w} died computing {micro}")
                 self.pids[w] = None
                 self.pool.give_back(micro)
-            else:
-                self.pool.returned(micro, result)
+                self._revive(w)
+                return
+            self.pool.returned(micro, result)
             self.idle.append(w)
             return
+        if kind == "revive":  # a dead worker's restart, asked after until it answers
+            try:
+                self.pids[info] = ray.get(ref)
+            except DIED:
+                time.sleep(0.05)
+                self._revive(info)
+                return
+            self.idle.append(info)
+            return
         if kind == "done":
-            with contextlib.suppress(*_DIED):  # the server died after the update: its next call fails over
+            with contextlib.suppress(*DIED):  # the server died after the update: its next call fails over
                 ray.get(ref)
             return
         entry, data = info
         self.applying = False
         try:
             meta = ray.get(ref)
-        except (*_DIED, ServerBehind):  # died in the update, or before it and came back behind
+        except (*DIED, ServerBehind):  # died in the update, or before it and came back behind
             self._failover(entry.update)
             return
         self._applied(entry, meta, data)
 
     def _applied(self, entry: ScheduleEntry, meta: Any, data: Any) -> None:
         u, cfg, writer = entry.update, self.cfg, self.writer
+        if self.recovery == "stateless":
+            self.down = False  # the killed update ran again, from the same inputs
         self.pool.confirm(meta.leaf)
         self.applied_total += 1
         self.versions[u] = data
@@ -344,7 +354,7 @@ class _Run:
         if self.recovery == "chain":
             self.chain.append(self.chain.pop(0))  # it comes back empty, at the tail
         server = self.chain[0]
-        version, leaf = _until_up(lambda: ray.get(server.hello.remote()))
+        version, leaf = until_up(lambda: ray.get(server.hello.remote()))
         self.pids.pop(-1, None)
         lost = self.pool.rewind(version, leaf)
         self.lost += lost
@@ -354,6 +364,7 @@ class _Run:
             del self.versions[v]
         if version not in self.versions:
             self.versions[version] = server.state_bytes.remote()
+        self.down = False
         how = (
             "restarted from its checkpoint"
             if self.recovery == "checkpoint"
@@ -367,15 +378,19 @@ class _Run:
         )
 
     def _kill_due(self) -> bool:
-        return bool(self.kills) and self.applied_total >= self.kills[0].after
+        if not self.kills or (self.down and self.kills[0].target == "server"):
+            return False  # a server kill waits for the last one's recovery
+        return self.applied_total >= self.kills[0].after or self.pool.update == self.cfg.steps
 
-    def _maybe_kill(self) -> None:
+    def _maybe_kill(self, *, now: bool = False) -> None:
+        """Fire the next planned kill when it is due: ``delay_s`` after its update, or at once when
+        the run is at its last update (``now``), so that every planned kill lands in the run."""
         if not self._kill_due():
             return
         kill = self.kills[0]
         if self.fire_at is None:
             self.fire_at = time.monotonic() + kill.delay_s
-        if time.monotonic() < self.fire_at:
+        if time.monotonic() < self.fire_at and not now and self.pool.update < self.cfg.steps:
             return
         pid, what = self._victim(kill)
         if pid is None:
@@ -383,13 +398,18 @@ class _Run:
         os.kill(pid, signal.SIGKILL)
         self.kills.pop(0)
         self.fire_at = None
+        if kill.target == "server":
+            self.down = True  # until the failover (or, stateless, the update run again) is done
+            self.pids[-1] = None
+        else:
+            self.pids[kill.worker] = None  # its next pid is the restarted process's
         self.event("kill", self.pool.update, f"SIGKILL {what} (pid {pid}), planned {kill.describe()}")
 
     def _victim(self, kill: Kill) -> tuple[int | None, str]:
         if kill.target == "worker":
             w = kill.worker
             if self.pids.get(w) is None:
-                self.pids[w] = _until_up(lambda: ray.get(self.workers[w].pid.remote()))
+                self.pids[w] = until_up(lambda: ray.get(self.workers[w].pid.remote()))
             return self.pids[w], f"worker {w}"
         if self.recovery == "stateless":
             if not self.applying or not self.pid_file.is_file():
@@ -401,20 +421,8 @@ class _Run:
                 else (None, "")
             )
         if self.pids.get(-1) is None:
-            self.pids[-1] = _until_up(lambda: ray.get(self.chain[0].pid.remote()))
+            self.pids[-1] = until_up(lambda: ray.get(self.chain[0].pid.remote()))
         return self.pids[-1], "the server"
 
 
-def _until_up(call: Any, timeout_s: float = 180.0) -> Any:
-    """``call()`` again until the actor it asks answers (Ray restarts a killed one)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except _DIED:
-            if time.monotonic() > deadline:
-                raise TrainingError(f"no answer from a restarted actor in {timeout_s:.0f} s") from None
-            time.sleep(0.05)
-
-
-__all__ = ["MODES", "PsEvent", "PsOptions", "PsResult", "ray_session", "train_ps"]
+__all__ = ["MODES", "PsEvent", "PsOptions", "PsResult", "train_ps"]

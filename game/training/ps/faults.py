@@ -42,8 +42,9 @@ def plan_kills(
     workers: int = 1,
     max_delay_s: float = 0.05,
 ) -> list[Kill]:
-    """``count`` kills at distinct updates drawn from ``2 .. steps - 2`` (in order), each at a
-    random delay up to ``max_delay_s``; a worker kill picks a random worker."""
+    """``count`` kills at distinct updates drawn from ``1 .. steps - 2`` (in order), each at a
+    random delay up to ``max_delay_s``; a worker kill picks a random worker. A kill still pending
+    when the run reaches its last update fires then (the driver's rule), so each lands in the run."""
     if target not in TARGETS:
         raise ConfigError(f"kill target {target!r} is not one of {', '.join(TARGETS)}")
     points = range(2, max(steps - 1, 3))
