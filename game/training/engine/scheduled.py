@@ -188,11 +188,20 @@ def states_for(
     Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False)."""
     wanted = sorted(set(wanted))
     last = wanted[-1]
-    schedule = t.schedule()
+    entries: dict[int, ScheduleEntry] = {}
+
+    def between(lo: int, hi: int) -> list[ScheduleEntry]:
+        """The entries of updates ``lo + 1 .. hi``, read once each (a judge holds only those chunks)."""
+        for u in range(lo + 1, hi + 1):
+            if u not in entries:
+                entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
+                entries[u] = entry if entry is not None else ScheduleEntry.sync(u, t.config.accumulate)
+        return [entries[u] for u in range(lo + 1, hi + 1)]
+
     files = set(t.checkpoint_steps())
     start = t.nearest_checkpoint(wanted[0])
     while True:
-        before = {v for e in schedule[start:last] for v in e.versions if v < start}
+        before = {v for e in between(start, last) for v in e.versions if v < start}
         missing = sorted(before - files)
         if not missing:
             break
@@ -203,7 +212,7 @@ def states_for(
     found: dict[int, bytes] = {}
     if start in wanted:
         found[start] = encode_state(state)
-    uses = last_uses(schedule[start:last])
+    uses = last_uses(between(start, last))
     ue = UpdateEngine(engine)
     for u in range(start + 1, last + 1):
         replay_update(ue, state, u, t.chunk_bytes(u), kept)
