@@ -40,10 +40,24 @@ def config(task_or_path: str | Path | TaskConfig, **overrides: Any) -> TaskConfi
 
 
 def fit(
-    task_or_path: str | Path | TaskConfig, out: str | Path, *, profile: str = "cpu-1t", **overrides: Any
+    task_or_path: str | Path | TaskConfig,
+    out: str | Path,
+    *,
+    profile: str = "cpu-1t",
+    workers: int = 1,
+    **overrides: Any,
 ) -> TrainResult:
-    """Train the task as the trainer, writing its transcript to ``out`` (resumed if partial)."""
-    return _train(config(task_or_path, **overrides), profile, out)
+    """Train the task as the trainer, writing its transcript to ``out`` (resumed if partial);
+    ``workers`` > 1: that many local processes share each step's micro-batches (torchrun), and
+    the transcript is the one of one process."""
+    cfg = config(task_or_path, **overrides)
+    if workers == 1:
+        return _train(cfg, profile, out)
+    from game.training.parallel.launch import launch
+
+    toml = not isinstance(task_or_path, TaskConfig) and str(task_or_path).endswith(".toml")
+    search = (Path(str(task_or_path)).parent,) if toml else ()
+    return launch(cfg, profile, out, workers, search=search).result
 
 
 def audit(transcript: str | Path, profile: str, *, use_log: bool = True) -> AuditResult:

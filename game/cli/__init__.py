@@ -24,6 +24,7 @@ def _register() -> None:
         "bench_log",
         "bench_game",
         "bench_plot",
+        "bench_scale",
         "demo",
         "task",
         "node",

@@ -34,6 +34,10 @@ ModelOpt = Annotated[
     ),
 ]
 BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", min=1, help="Examples per step.")]
+AccumulateOpt = Annotated[
+    int | None,
+    typer.Option("--accumulate", min=1, help="Micro-batches a step (must divide the batch size)."),
+]
 LrOpt = Annotated[float | None, typer.Option("--lr", help="Learning rate (what the task reads as cfg.lr).")]
 PresetOpt = Annotated[
     str | None,
@@ -192,6 +196,7 @@ def task_config(
     model: dict[str, int | str] | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
+    accumulate: int | None = None,
 ) -> TaskConfig:
     """The task from ``--preset`` and/or ``--config``, with command-line overrides applied last
     (``model`` over the task's sizes, key by key)."""
@@ -216,6 +221,8 @@ def task_config(
         overrides["model"] = model
     if batch_size is not None:
         overrides["batch_size"] = batch_size
+    if accumulate is not None:
+        overrides["accumulate"] = accumulate
     if lr is not None:
         overrides["lr"] = float(lr)
     if config is not None:

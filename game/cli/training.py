@@ -20,6 +20,7 @@ from rich.table import Table
 
 from game.cli.app import app, console, emit_json, interrupts, progress_bar
 from game.cli.options import (
+    AccumulateOpt,
     BandsOpt,
     BatchSizeOpt,
     JsonOpt,
@@ -120,6 +121,7 @@ def train_cmd(
     ] = "cpu-1t",
     model: ModelOpt = None,
     batch_size: BatchSizeOpt = None,
+    accumulate: AccumulateOpt = None,
     lr: LrOpt = None,
     eval_every: Annotated[
         int,
@@ -141,10 +143,20 @@ def train_cmd(
         ),
     ] = None,
     bands: BandsOpt = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Local worker processes (torchrun) sharing each step's micro-batches; must divide the "
+            "task's accumulate. The roots and log are those of one process.",
+        ),
+    ] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Train as the trainer (Algorithm 2): write the transcript (leaves, log chunks, checkpoints, roots),
-    showing the loss as it goes and, with --eval-every, the task's held-out metrics."""
+    showing the loss as it goes and, with --eval-every, the task's held-out metrics. With --workers W,
+    W processes compute each step's micro-batches at once (synchronous data parallel)."""
     cfg = task_config(
         preset,
         config,
@@ -157,6 +169,7 @@ def train_cmd(
         model=parse_model_overrides(model),
         batch_size=batch_size,
         lr=lr,
+        accumulate=accumulate,
     )
     check_profile(profile)
     from game.errors import StepWriteError
@@ -164,10 +177,29 @@ def train_cmd(
     from game.training.transcript.reader import steps_on_disk
 
     evals: list[dict[str, Any]] = []
+    if workers > 1:
+        from game.training.parallel.dataparallel import check_workers
+
+        check_workers(cfg, workers)  # before torchrun starts
     try:
         with _training_progress(f"train {cfg.preset} on {profile}", as_json) as (update, show):
-            observe = _observer(cfg, eval_every, evals, show)
-            result = train(cfg, profile, out, progress=update, observe=observe)
+            if workers > 1:
+                from game.training.parallel.launch import launch
+
+                search = (config.resolve().parent,) if config is not None else ()
+                launched = launch(
+                    cfg, profile, out, workers, search=search, eval_every=eval_every, progress=update
+                )
+                result = launched.result
+                evals = launched.evals
+                for row in evals:
+                    show(
+                        f"step {row['step']:>6}  "
+                        + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "step")
+                    )
+            else:
+                observe = _observer(cfg, eval_every, evals, show)
+                result = train(cfg, profile, out, progress=update, observe=observe)
     except StepWriteError as exc:  # the steps before it are kept: say so, and how to go on
         done = steps_on_disk(out)
         raise StepWriteError(
@@ -184,15 +216,16 @@ def train_cmd(
         raise
     doc = result.to_dict()
     if as_json:
-        emit_json({**doc, "evals": evals})
+        emit_json({**doc, "workers": workers, "evals": evals})
         return
     if result.resumed_from == result.steps:
         console.print(
             f"[bold green]already trained[/] {cfg.preset}: all {result.steps} steps were on disk; none run"
         )
     else:
+        on = f" on {workers} workers" if workers > 1 else ""
         console.print(
-            f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {result.profile}"
+            f"[bold green]trained[/] {cfg.preset}: {result.steps} steps on profile {result.profile}{on}"
         )
         if result.resumed_from is not None:
             console.print(f"  resumed after step {result.resumed_from}")

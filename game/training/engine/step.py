@@ -152,7 +152,7 @@ class StepEngine:
         if mode == "record" and log is None:
             log = new_step_log(self.cfg.log_format, step)
         dtype = torch.float64 if precision == "fp64" else torch.float32
-        self._ensure_placed(state, dtype)
+        self.place(state, dtype)
 
         batch = batch_override if batch_override is not None else self.batch(step)
         batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
@@ -331,7 +331,7 @@ class StepEngine:
 
         return Batch(datasets.map_tensors(batch.data, conv), batch.example_ids).to(self.profile.device)
 
-    def _ensure_placed(self, state: TrainState, dtype: torch.dtype) -> None:
+    def place(self, state: TrainState, dtype: torch.dtype = torch.float64) -> None:
         """A decoded state lives on CPU: move it to the profile's device; refuse a dtype mismatch."""
         p = next(state.model.parameters())
         if p.dtype != dtype:

@@ -82,6 +82,21 @@ class Deviation:
 _HONEST = Deviation()
 
 
+class StepRunner:
+    """How :func:`train`'s loop runs a step: in this process (this class), or a step's micro-batches
+    on many workers (``game.training.parallel``, which overrides both hooks)."""
+
+    def ready(self, state: TrainState | None, first: int) -> None:
+        """Called once the run knows where it starts: the state after step ``first - 1`` (None,
+        with ``first`` past the last step, when the transcript was already complete)."""
+
+    def step(
+        self, engine: StepEngine, writer: TranscriptWriter, state: TrainState, step: int, dev: Deviation
+    ) -> float | None:
+        """Run step ``step`` on ``state`` and queue it for the disk; its loss (None: skipped)."""
+        return train_step(engine, writer, state, step, dev)
+
+
 # ----------------------------------------------------------------------------------------------
 # Results
 # ----------------------------------------------------------------------------------------------
@@ -118,6 +133,23 @@ class TrainResult:
             "final_loss": self.final_loss,
         }
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> TrainResult:
+        """The inverse of :meth:`to_dict` (a result another process wrote)."""
+        return cls(
+            out_dir=Path(doc["out_dir"]),
+            spec_hash=bytes.fromhex(doc["spec_hash"]),
+            profile=str(doc["profile"]),
+            steps=int(doc["steps"]),
+            state_root=bytes.fromhex(doc["state_root"]),
+            log_root=bytes.fromhex(doc["log_root"]),
+            num_leaves=int(doc["num_leaves"]),
+            steps_run=int(doc["steps_run"]),
+            resumed_from=None if doc["resumed_from"] is None else int(doc["resumed_from"]),
+            log_bytes=int(doc["log_bytes"]),
+            final_loss=None if doc["final_loss"] is None else float(doc["final_loss"]),
+        )
+
 
 # ----------------------------------------------------------------------------------------------
 # Trainer
@@ -133,12 +165,13 @@ def train(
     progress: ProgressFn | None = None,
     deviation: Deviation | None = None,
     observe: ObserveFn | None = None,
+    runner: StepRunner | None = None,
 ) -> TrainResult:
     """Algorithm 2: train ``cfg`` on ``profile`` and write (or finish) the transcript in ``out_dir``.
 
     The directory is this process's alone while it runs: a second `vgame train` (or trainer node)
     on it stops at once with :class:`~game.errors.DirectoryInUse` instead of cutting and appending steps under
-    the first one's feet."""
+    the first one's feet. ``runner``: how a step runs (:class:`StepRunner`: here, by default)."""
     out = Path(out_dir)
     engine = engine_for(cfg, profile)  # an unknown or absent profile is refused before a file is made
     make_transcript_dir(out)
@@ -147,7 +180,9 @@ def train(
         "let it finish, or stop it and run this again to go on from its last step"
     )
     with exclusive_directory(out, busy):
-        return _train_alone(engine, profile, out, progress=progress, deviation=deviation, observe=observe)
+        return _train_alone(
+            engine, profile, out, progress=progress, deviation=deviation, observe=observe, runner=runner
+        )
 
 
 def _train_alone(
@@ -158,10 +193,12 @@ def _train_alone(
     progress: ProgressFn | None,
     deviation: Deviation | None,
     observe: ObserveFn | None = None,
+    runner: StepRunner | None = None,
 ) -> TrainResult:
     """:func:`train` once the directory is held."""
     cfg = engine.cfg
     dev = deviation or Deviation()
+    run = runner or StepRunner()
     resumed_from: int | None = None
     state: TrainState | None = None
     if cfg.scheduled and not (out / MANIFEST_NAME).exists():
@@ -175,6 +212,7 @@ def _train_alone(
             )
         if existing.complete:
             log.info("transcript at %s is already complete; nothing to do", out)
+            run.ready(None, cfg.steps + 1)
             return _result(Transcript(out), existing.profile, steps_run=0, resumed_from=cfg.steps, loss=None)
         if cfg.scheduled:
             raise TranscriptError(
@@ -197,10 +235,11 @@ def _train_alone(
     with writer:  # on any error, the steps already computed still reach the disk
         if state is None:
             state = initial_step(engine, writer, dev)
+        run.ready(state, writer.num_done)
         loss: float | None = None
         for step in range(writer.num_done, cfg.steps + 1):
             try:
-                step_loss = train_step(engine, writer, state, step, dev)
+                step_loss = run.step(engine, writer, state, step, dev)
             except NonFiniteError as exc:
                 raise NonFiniteError(
                     f"{exc}: the training diverged, and a transcript cannot commit NaN or inf; going on "
@@ -267,7 +306,7 @@ def initial_step(engine: StepEngine, writer: TranscriptWriter, dev: Deviation | 
     dev = dev or _HONEST
     state = engine.init_state()
     dev.after_step(0, state)  # a deviation may tamper with the initial state too
-    _append(writer, 0, state, dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0)))
+    queue_step(writer, 0, state, dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0)))
     return state
 
 
@@ -288,12 +327,12 @@ def train_step(
         assert result.log is not None  # record mode always returns the step's log
         step_log, loss = result.log, result.loss
     dev.after_step(step, state)
-    _append(writer, step, state, dev.tamper_log(step, step_log))
+    queue_step(writer, step, state, dev.tamper_log(step, step_log))
     return loss
 
 
-def _append(writer: TranscriptWriter, step: int, state: TrainState, step_log: ChunkLog) -> None:
-    """Queue a step with its state: a state on a GPU is hashed there, and the writer's thread waits
+def queue_step(writer: TranscriptWriter, step: int, state: TrainState, step_log: ChunkLog) -> None:
+    """Queue a step with its state (``step_log`` its chunk): a state on a GPU is hashed there, and the writer's thread waits
     for the leaf (and copies the bytes back when a checkpoint is due) while the next step runs; a
     small CPU state's canonical bytes go to the writer's thread, which hashes them there (and writes
     them as the checkpoint when one is due); a large one is hashed here, piece by piece, or encoded
@@ -356,9 +395,11 @@ __all__ = [
     "Deviation",
     "ObserveFn",
     "ProgressFn",
+    "StepRunner",
     "TrainResult",
     "checkpoints_after",
     "initial_step",
+    "queue_step",
     "train",
     "train_step",
 ]
