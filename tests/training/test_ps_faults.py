@@ -115,3 +115,47 @@ def test_workerKilled_costsAMicroBatch_notTheState(
 def test_asyncMode_onASyncTask_isRefusedNamingTheKey(cluster: PsCluster, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="max_staleness"):
         train_ps(_cfg(False), "cpu-1t", tmp_path / "t", PsOptions(mode="async"), cluster=cluster)
+
+
+def test_recoveryBench_measuresEachModesLoss_andDrawsTheFigure(cluster: PsCluster, tmp_path: Path) -> None:
+    from game.bench.recovery import RecoveryReport, draw_recovery, measure_recovery
+
+    cfg = _cfg(False)
+    report = measure_recovery(
+        cfg, ["sync", "stateless"], tmp_path / "w", kills=(0, 1), eval_every=2, seed=3, cluster=cluster
+    )
+    assert report.all_verified and [r.mode for r in report.rows] == ["sync", "stateless"]
+    for run in report.runs:
+        assert len(run.kill_times) == run.kills
+        assert run.curve and all(0.0 <= p[2] <= 1.0 for p in run.curve)  # accuracy of kept states
+    sync_row = report.rows[0]
+    assert sync_row.walls[1] > sync_row.walls[0]  # a failure costs the synchronous server time
+    again = RecoveryReport.from_dict(report.to_dict())
+    assert again == report
+    draw_recovery(again, tmp_path / "recovery.png")
+    assert (tmp_path / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_psTrain_killsWhereTold_andAuditMatches(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from game.cli.bench_scale import PS_MODES, _modes
+
+    assert _modes("all") == list(MODES) == list(PS_MODES)  # the CLI names the driver's modes
+
+    def vgame(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True)
+
+    out = tmp_path / "t"
+    task = ["--preset", "mlp-digits", "--model", "hidden=16", "--batch-size", "8", "--steps", "6"]
+    r = vgame("ps", "train", "--mode", "sync-chain", *task, "--accumulate", "2", "--kill-at", "server@2",
+              "--every", "2", "--out", str(out), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["kills"]) == 1 and len(doc["failovers"]) == 1 and doc["steps"] == 6
+    a = vgame("audit", "--transcript", str(out), "--profile", "cpu-2t", "--json")
+    assert a.returncode == 0 and json.loads(a.stdout)["match"], a.stderr
+    bad = vgame("ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "u"))
+    assert bad.returncode == 2 and "max_staleness" in bad.stderr

@@ -13,6 +13,7 @@ ends it with the run.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import tempfile
@@ -23,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray._private.worker as ray_worker
 
 from game.errors import TrainingError
 from game.training.ps.actors import Server, Worker, assign
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -44,10 +48,20 @@ def ray_session(num_cpus: int | None = None) -> Iterator[None]:
         configure_logging=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
     )
+    # Ray prints each worker's death on stdout from a thread of its own; the driver reports the
+    # kills and failovers itself, so those lines go to the log (a --json stays one document)
+    printer = ray_worker.print_to_stdstream
+    ray_worker.print_to_stdstream = _to_log
     try:
         yield
     finally:
         ray.shutdown()
+        ray_worker.print_to_stdstream = printer
+
+
+def _to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+    for line in data.get("lines", []):
+        log.info("ray (%s): %s", data.get("pid", "?"), line)
 
 
 def _reset(actor: Any) -> int:

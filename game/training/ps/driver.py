@@ -209,7 +209,11 @@ class _Run:
         if self.chain:
             self.pids[-1] = ray.get([s.warm.remote() for s in self.chain])[0]
         else:
-            ray.get(self.apply_task.remote(config, self.profile, "", None, self.versions[0])[0])
+            # two processes warm, at once: a killed update is run again in the other, not in a new one
+            warm = [
+                self.apply_task.remote(config, self.profile, "", None, self.versions[0])[0] for _ in range(2)
+            ]
+            ray.get(warm)
         self.t0 = time.monotonic()
         try:
             with self.writer:
@@ -320,8 +324,10 @@ class _Run:
 
     def _applied(self, entry: ScheduleEntry, meta: Any, data: Any) -> None:
         u, cfg, writer = entry.update, self.cfg, self.writer
-        if self.recovery == "stateless":
-            self.down = False  # the killed update ran again, from the same inputs
+        if self.recovery == "stateless" and self.down:
+            self.down = False  # the killed update ran again, from the same inputs, in a warm spare:
+            spare = self.apply_task.remote(self.config, self.profile, "", None, self.versions[u - 1])[0]
+            self.inflight[spare] = ("done", None)  # warm another in its place, meanwhile
         self.pool.confirm(meta.leaf)
         self.applied_total += 1
         self.versions[u] = data
