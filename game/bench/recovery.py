@@ -195,8 +195,8 @@ def save_report(report: RecoveryReport, path: Path) -> None:
 
 
 def draw_recovery(report: RecoveryReport, out: Path) -> None:
-    """Two panels, one and two kills: the metric of each mode's kept states against wall time, the
-    kills marked on each line."""
+    """A panel per kill count (one, two): the metric of each mode's kept states against wall time,
+    each kill a dotted line in its mode's colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,12 +212,13 @@ def draw_recovery(report: RecoveryReport, out: Path) -> None:
                 continue
             color = colors[i % len(colors)]
             ts, _, values = zip(*run.curve, strict=True)
-            ax.plot(
-                ts, values, color=color, label=f"{row.mode} ({row.lost_s_per_failure:.1f} s lost/failure)"
-            )
+            label = f"{row.mode} ({row.lost_s_per_failure:.1f} s lost/failure)"
+            # steps: a state is the model until the next one (a failover's is the state it went back to)
+            ax.plot(ts, values, color=color, label=label, drawstyle="steps-post", linewidth=1.3)
             for t in run.kill_times:
                 ax.axvline(t, color=color, linestyle=":", linewidth=1)
-        ax.set_title(f"{report.task}: server killed {'once' if k == 1 else f'{k} times'}", loc="left")
+        times = {1: "once", 2: "twice"}.get(k, f"{k} times")
+        ax.set_title(f"{report.task}: the server killed {times}", loc="left")
         ax.set_xlabel("wall time (s)")
         ax.set_ylabel(f"held-out {report.metric}")
         ax.grid(alpha=0.3)

@@ -16,6 +16,7 @@ from game.cli.options import (
     AccumulateOpt,
     BatchSizeOpt,
     JsonOpt,
+    LrOpt,
     ModelOpt,
     PresetOpt,
     check_profile,
@@ -51,6 +52,7 @@ def scale(
     model: ModelOpt = None,
     batch_size: BatchSizeOpt = None,
     accumulate: AccumulateOpt = None,
+    lr: LrOpt = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Hardware profile of every worker (cpu-1t: one thread each).")
     ] = "cpu-1t",
@@ -98,6 +100,7 @@ def scale(
             steps=steps,
             model=parse_model_overrides(model),
             batch_size=batch_size,
+            lr=lr,
             accumulate=accumulate if accumulate is not None else (8 if 8 in default_workers(8) else 4),
         )
         counts = _counts(workers) if workers else default_workers(cfg.accumulate)

@@ -136,26 +136,26 @@ def test_recoveryBench_measuresEachModesLoss_andDrawsTheFigure(cluster: PsCluste
     assert (tmp_path / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_psTrain_killsWhereTold_andAuditMatches(tmp_path: Path) -> None:
+def test_cli_psTrain_killsWhereTold_andAuditMatches(cluster: PsCluster, tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
+    from typer.testing import CliRunner
+
+    from game.cli import _register
+    from game.cli.app import app
     from game.cli.bench_scale import PS_MODES, _modes
 
     assert _modes("all") == list(MODES) == list(PS_MODES)  # the CLI names the driver's modes
-
-    def vgame(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True)
-
+    _register()
+    runner = CliRunner()
     out = tmp_path / "t"
     task = ["--preset", "mlp-digits", "--model", "hidden=16", "--batch-size", "8", "--steps", "6"]
-    r = vgame("ps", "train", "--mode", "sync-chain", *task, "--accumulate", "2", "--kill-at", "server@2",
-              "--every", "2", "--out", str(out), "--json")  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    r = runner.invoke(app, ["ps", "train", "--mode", "sync-chain", *task, "--accumulate", "2",
+                            "--kill-at", "server@2", "--every", "2", "--out", str(out), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert len(doc["kills"]) == 1 and len(doc["failovers"]) == 1 and doc["steps"] == 6
-    a = vgame("audit", "--transcript", str(out), "--profile", "cpu-2t", "--json")
-    assert a.returncode == 0 and json.loads(a.stdout)["match"], a.stderr
-    bad = vgame("ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "u"))
-    assert bad.returncode == 2 and "max_staleness" in bad.stderr
+    a = runner.invoke(app, ["audit", "--transcript", str(out), "--profile", "cpu-2t", "--json"])
+    assert a.exit_code == 0 and json.loads(a.stdout)["match"], a.output
+    bad = runner.invoke(app, ["ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "u")])
+    assert bad.exit_code != 0 and "max_staleness" in str(bad.exception)

@@ -201,6 +201,11 @@ def _train_alone(
     run = runner or StepRunner()
     resumed_from: int | None = None
     state: TrainState | None = None
+    if cfg.scheduled and runner is not None:
+        raise ConfigError(
+            "an asynchronous task (max_staleness > 0) trains in one process or with `vgame ps train`, "
+            "not with --workers"
+        )
     if cfg.scheduled and not (out / MANIFEST_NAME).exists():
         return _train_by_schedule(engine, profile, out, dev, progress)
     if (out / MANIFEST_NAME).exists():

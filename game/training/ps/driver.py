@@ -147,6 +147,7 @@ class _Run:
         self.every = opts.every or cfg.checkpoint_interval
         self.home = out.parent / f"{out.name}.ps"
         self.pool = WorkPool(cfg.steps, cfg.accumulate, cfg.max_staleness if self.asynchronous else 0)
+        self.pool.ahead = opts.workers  # one micro-batch a worker beyond the next update's
         self.versions: dict[int, Any] = {}  # lineage state -> ObjectRef of its canonical bytes
         self.inflight: dict[Any, tuple[str, Any]] = {}
         self.idle: list[int] = list(range(opts.workers))
@@ -326,6 +327,7 @@ class _Run:
         u, cfg, writer = entry.update, self.cfg, self.writer
         if self.recovery == "stateless" and self.down:
             self.down = False  # the killed update ran again, from the same inputs, in a warm spare:
+            self.pool.ahead = self.opts.workers
             spare = self.apply_task.remote(self.config, self.profile, "", None, self.versions[u - 1])[0]
             self.inflight[spare] = ("done", None)  # warm another in its place, meanwhile
         self.pool.confirm(meta.leaf)
@@ -370,6 +372,8 @@ class _Run:
             del self.versions[v]
         if version not in self.versions:
             self.versions[version] = server.state_bytes.remote()
+        if self.opts.keep_every:  # the model went back to this state now: a curve shows the drop
+            self.kept.append((self.now(), version, ray.get(self.versions[version])))
         self.down = False
         how = (
             "restarted from its checkpoint"
@@ -407,6 +411,8 @@ class _Run:
         if kill.target == "server":
             self.down = True  # until the failover (or, stateless, the update run again) is done
             self.pids[-1] = None
+            if self.recovery == "stateless":
+                self.pool.ahead = None  # the workers go on, as far as the task's window allows
         else:
             self.pids[kill.worker] = None  # its next pid is the restarted process's
         self.event("kill", self.pool.update, f"SIGKILL {what} (pid {pid}), planned {kill.describe()}")

@@ -9,7 +9,8 @@ what its actors report and sends what it decides, and a test feeds it simulated 
 * Synchronous: update ``u`` applies the micro-batches of step ``u``, each computed on state
   ``u - 1``; only those are handed out while ``u`` is due (what one process computes).
 * Asynchronous (``max_staleness = B > 0``): at most ``(B + 1) * accumulate`` micro-batches are out
-  (in flight or in hand), each computed on the newest state there is when it is handed out; update
+  (in flight or in hand; fewer while :attr:`WorkPool.ahead` is set), each computed on the newest
+  state there is when it is handed out; update
   ``u`` takes ``accumulate`` gradients in hand, the oldest versions first (then by arrival), and
   folds them in micro-batch order. A gradient whose version fell out of the window ``u - 1 - B ..
   u - 1`` is dropped and its micro-batch handed out again.
@@ -55,6 +56,10 @@ class WorkPool:
     hand: list[Gradient] = field(default_factory=list)
     lost: list[LostUpdate] = field(default_factory=list)  # for the next update's entry
     applying: ScheduleEntry | None = None  # taken, not yet confirmed
+    #: micro-batches handed out beyond the next update's (None: as many as the window allows). A
+    #: server slower than its workers would otherwise let every gradient grow as stale as the task
+    #: allows; the stateless server's workers lift it while the server is down, to go on working.
+    ahead: int | None = None
     _again: list[MicroBatchId] = field(default_factory=list)  # handed back, sorted
     _stream: deque[MicroBatchId] = field(default_factory=deque)
     _arrivals: int = 0
@@ -79,6 +84,13 @@ class WorkPool:
         return self.update > self.steps and self.applying is None
 
     @property
+    def limit(self) -> int:
+        """How many micro-batches may be out at once (asynchronous): the next update's and
+        :attr:`ahead` more, within the window's ``(max_staleness + 1) * accumulate``."""
+        window = (self.max_staleness + 1) * self.accumulate
+        return window if self.ahead is None else min(window, self.accumulate + self.ahead)
+
+    @property
     def latest(self) -> int:
         """The newest state, which new work computes on."""
         return len(self.leaves) - 1
@@ -98,7 +110,7 @@ class WorkPool:
             if self._stream and self._stream[0].step == self.update:
                 return self._stream[0]
             return None
-        if len(self.out) + len(self.hand) >= (self.max_staleness + 1) * self.accumulate:
+        if len(self.out) + len(self.hand) >= self.limit:
             return None
         if self._again:
             return self._again[0]
