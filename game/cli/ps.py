@@ -79,7 +79,10 @@ def ps_train(
             "--every", min=0, help="The server keeps a checkpoint / replicates every N updates (0: k)."
         ),
     ] = 0,
-    chain: Annotated[int, typer.Option("--chain", min=2, help="Servers in a replication chain.")] = 3,
+    servers: Annotated[
+        int,
+        typer.Option("--servers", min=2, help="Servers in a replication chain (--chain names a blockchain)."),
+    ] = 3,
     profile: Annotated[
         str, typer.Option("--profile", help="Hardware profile of every process (see `vgame profiles`).")
     ] = "cpu-1t",
@@ -113,7 +116,7 @@ def ps_train(
     from game.training.ps.cluster import ray_session
     from game.training.ps.driver import PsOptions, train_ps
 
-    opts = PsOptions(mode=mode, workers=workers, kills=tuple(plan), every=every, chain=chain)
+    opts = PsOptions(mode=mode, workers=workers, kills=tuple(plan), every=every, chain=servers)
     with ray_session():
         if as_json:
             result = train_ps(cfg, profile, out, opts)
