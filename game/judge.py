@@ -40,6 +40,7 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
 from game.fsio import atomic_write
+from game.judgeupdate import rejected_log_hash, rerun_update, staleness_of, versions_named
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
@@ -113,12 +114,6 @@ class Ruling:
     trainer_right: bool
     tx: TxReceipt | None = None
     note: str = ""  # why, when the judge did not simply replay the step (a rejected log)
-
-
-def rejected_log_hash(step: int, reason: str) -> bytes:
-    """What the judge posts for a tampered log: domain-separated, so it equals no state hash (those
-    hash canonical state bytes, which start with ``vgame-state-v1``)."""
-    return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
 
 
 class Judge:
@@ -315,9 +310,7 @@ class Judge:
                     f"the state given for version {v} (leaf {leaf.hex()[:16]}...) is not leaf {v} of the "
                     "committed state tree"
                 )
-        missing = [
-            v for v in _versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions
-        ]
+        missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions]
         if missing:
             raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
 
@@ -338,7 +331,9 @@ class Judge:
         assert ev.pre_state is not None
         step = pinned_step(g)
         if ev.config.scheduled:
-            return self._compute_update(engine, ev, step)
+            return rerun_update(
+                engine, ev.pre_state, {v: data for v, (data, _) in ev.versions.items()}, ev.chunk, step
+            )
         try:
             return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
@@ -358,29 +353,6 @@ class Judge:
             return replay_step(
                 engine, ev.pre_state, step, None
             ).leaf, f"log does not fit, replayed without it: {exc}"
-
-    def _compute_update(self, engine: StepEngine, ev: Evidence, step: int) -> tuple[bytes, str]:
-        """An asynchronous task's update ``step``: re-run from the pre-state and the versions its
-        schedule names, with its log. A schedule that breaks the task's rules (or does not parse),
-        like a log that breaks the bands, is ruled against the trainer with a hash no state has."""
-        from game.training.engine.scheduled import replay_update
-        from game.training.log.schedule import ScheduleError
-        from game.training.numerics.bandcheck import LogTamperingError
-        from game.training.state.leaves import state_hash
-
-        assert ev.pre_state is not None
-        versions = {v: data for v, (data, _) in ev.versions.items()}
-        try:
-            _versions_named(ev.config, ev.chunk, step, strict=True)
-            state, _, _ = replay_update(engine, ev.pre_state, step, ev.chunk, versions)
-            return state_hash(state), ""
-        except (ScheduleError, LogTamperingError) as exc:
-            log.info("update %d: ruled against the trainer: %s", step, exc)
-            return rejected_log_hash(step, str(exc)), f"schedule or log rejected: {exc}"
-        except RoundingLogError as exc:
-            log.info("update %d: the committed log does not fit (%s); running it without the log", step, exc)
-            state, _, _ = replay_update(engine, ev.pre_state, step, ev.chunk, versions, use_log=False)
-            return state_hash(state), f"log does not fit, replayed without it: {exc}"
 
     # ------------------------------------------------------------------------ gathering
     def gather(self, game_id: int) -> Evidence:
@@ -410,7 +382,7 @@ class Judge:
         proof = MerkleTree(hashes).proof(step)
         pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
         versions: dict[int, tuple[bytes, InclusionProof]] = {}
-        named = [v for v in _versions_named(t.config, chunk, step) if v != g.lo]
+        named = [v for v in versions_named(t.config, chunk, step) if v != g.lo]
         if named:
             tree = MerkleTree(t.leaves())
             for v in named:
@@ -439,7 +411,8 @@ class Judge:
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
         if names is None or any(
-            not (dest / n).is_file() for n in step_files(names, step, rebuild=rebuild, back=_staleness(dest))
+            not (dest / n).is_file()
+            for n in step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
         ):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
@@ -450,7 +423,7 @@ class Judge:
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
                     if MANIFEST_NAME in names and not (dest / MANIFEST_NAME).is_file():
                         archive.extract(MANIFEST_NAME, dest)  # first: it says how far back to reach
-                    for name in step_files(names, step, rebuild=rebuild, back=_staleness(dest)):
+                    for name in step_files(names, step, rebuild=rebuild, back=staleness_of(dest)):
                         if not (dest / name).is_file():
                             archive.extract(name, dest)
             except StoreError as exc:
@@ -513,35 +486,6 @@ class Judge:
                 f"reproduce the agreed leaf {step}"
             )
         return data
-
-
-def _staleness(dest: Path) -> int:
-    """The ``max_staleness`` of the task whose transcript files are in ``dest`` (0 until its
-    manifest is there, or where it does not say)."""
-    try:
-        config = json.loads((dest / MANIFEST_NAME).read_bytes())["config"]
-        return int(config.get("max_staleness", 0))
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
-def _versions_named(cfg: TaskConfig, chunk: bytes, step: int, *, strict: bool = False) -> tuple[int, ...]:
-    """The states an asynchronous task's update ``step`` computes on, as its chunk's schedule names
-    them (none for a synchronous task, or, unless ``strict``, for a chunk that does not parse or
-    breaks the rules: the ruling says so)."""
-    if not cfg.scheduled:
-        return ()
-    from game.training.engine.scheduled import check_entry
-    from game.training.log.schedule import ScheduleError, open_envelope
-
-    try:
-        entry, _ = open_envelope(chunk, step=step, spec_hash=cfg.spec_hash())
-        check_entry(entry, cfg)
-    except RoundingLogError as exc:
-        if strict:
-            raise ScheduleError(f"update {step}: {exc}") from exc
-        return ()
-    return entry.versions
 
 
 __all__ = [
