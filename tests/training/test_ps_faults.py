@@ -159,3 +159,27 @@ def test_cli_psTrain_killsWhereTold_andAuditMatches(cluster: PsCluster, tmp_path
     assert a.exit_code == 0 and json.loads(a.stdout)["match"], a.output
     bad = runner.invoke(app, ["ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "u")])
     assert bad.exit_code != 0 and "max_staleness" in str(bad.exception)
+
+
+def test_poisonedWorkers_asyncRun_divergesExactlyAtTheFirstUpdateApplyingThePoison(
+    cluster: PsCluster, tmp_path: Path
+) -> None:
+    """A dishonest trainer's workers poison data step 4; its server killed once on the way. The
+    transcript is what one process records by the same schedule and poison, and the honest audit's
+    first divergent update (where a game's bisection lands) is the first that applied a poisoned
+    micro-batch."""
+    from game.training.engine.runtime import runtime_for
+
+    cfg = _cfg(True)
+    plan = tuple(plan_kills(5, 1, STEPS))
+    opts = PsOptions(mode="async", workers=2, kills=plan, every=3, poison_steps=(4,))
+    result = train_ps(cfg, "cpu-1t", tmp_path / "t", opts, cluster=cluster)
+    t = result.transcript
+    schedule = t.schedule()
+    first = min(e.update for e in schedule if any(a.micro.step == 4 for a in e.applied))
+    runtime = runtime_for(cfg)
+    poison = {4: runtime.poison(runtime.batch(4), 4)}
+    ref = train_scheduled(cfg, "cpu-1t", tmp_path / "ref", schedule, poison=poison)
+    assert ref.manifest.state_root == t.manifest.state_root
+    verdict = audit(t.directory, "cpu-2t")
+    assert not verdict.match and verdict.first_divergent_step == first
