@@ -155,6 +155,20 @@ class AuditorAgent(TaskAgent):
         """The auditor's own leaves (empty before the replay)."""
         return [bytes.fromhex(h) for h in self.state.get("leaves", [])]
 
+    def _answers(self) -> list[bytes]:
+        """The leaves the auditor answers a bisection by: its own, except that for an asynchronous
+        task every leaf from its first divergent one on is one no state has, so the game pins that
+        update. Why: an update there computes on older states (its schedule names them), which the
+        judge takes from the trainer's tree; at the first divergent update all of them are honest,
+        where at a later pair whose pre-state agrees again some need not be."""
+        leaves = self.leaves
+        first = self.state.get("first_divergent_step")
+        if not self.state.get("scheduled") or first is None:
+            return leaves
+        from game.training.engine.schedaudit import rejected_schedule_leaf
+
+        return leaves[:first] + [rejected_schedule_leaf(i) for i in range(first, len(leaves))]
+
     # ------------------------------------------------------------------------------- step
     def step(self) -> list[AgentAction]:
         """Do everything due now; returns what was done (empty when nothing was due)."""
@@ -290,7 +304,7 @@ class AuditorAgent(TaskAgent):
         g = self.client.game(gid)
         if g.phase == Phase.ENDED:
             return
-        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self.leaves)
+        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self._answers())
         silent = self.strategy.silent_once_challenged
         if g.phase == Phase.PINNED and not silent:
             self._leave_evidence(gid, g, out)
@@ -340,13 +354,19 @@ class AuditorAgent(TaskAgent):
             atomic_write(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
             detail = "task config for step 0"
         else:
-            data = self.replay.state_after(t, g.lo)
+            states = self.replay.states(t, g.lo, g.hi)
+            data = states[g.lo]
             if leaf_of(data) != g.lo_leaf:
                 log.warning("game %d: own state at step %d is not the agreed leaf; no evidence", gid, g.lo)
                 self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
                 return
             path = write_pre_state(self.evidence_dir, data)
             detail = f"pre-state of step {g.hi} ({len(data)} bytes)"
+            older = [v for v in states if v != g.lo and leaf_of(states[v]) == t.leaf(v)]
+            for v in older:  # an asynchronous update's older states, each its committed leaf's
+                write_pre_state(self.evidence_dir, states[v])
+            if older:
+                detail += f" and the states {older} it computes on"
         self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
         self._emit(
             out, AgentAction(ACTOR, "evidence", self.task_id, game_id=gid, leaf_index=g.lo, detail=detail)

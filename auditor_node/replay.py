@@ -22,7 +22,7 @@ from game import clock
 from game.agents import AgentAction, NotThereYet, TaskAgent
 from game.chain.client import VerificationGameClient
 from game.chain.types import Task
-from game.errors import TranscriptError
+from game.errors import RoundingLogError, TranscriptError
 from game.store.archive import fetch_directory
 from game.store.blobs import BlobNotFound
 from game.store.sealing import StoreError
@@ -137,6 +137,7 @@ class TranscriptReplay:
             leaves=[h.hex() for h in result.leaves],
             verdict=verdict,
             first_divergent_step=result.first_divergent_step,
+            scheduled=Transcript(self.transcript_dir).config.scheduled,
         )
         detail = f"{verdict} on {agent.profile}, {result.corrections} corrections"
         if result.resumed_from is not None:
@@ -146,6 +147,22 @@ class TranscriptReplay:
         if result.rejected_log_steps:
             detail += f"; log rejected at step {result.rejected_log_steps[0]}: {result.log_errors[0]}"
         agent._emit(out, AgentAction(agent.ACTOR, "replay", agent.task_id, detail=detail))
+
+    def states(self, t: Transcript, lo: int, hi: int) -> dict[int, bytes]:
+        """Own canonical states after ``lo`` and, for an asynchronous task, after each older step
+        update ``hi``'s schedule computes on (by own replay with the trainer's log)."""
+        if not t.config.scheduled:
+            return {lo: self.state_after(t, lo)}
+        from game.training.engine.scheduled import states_for
+        from game.training.engine.step import StepEngine
+        from game.training.task.profiles import get_profile
+
+        try:
+            wanted = {lo, *t.schedule()[hi - 1].versions}
+        except RoundingLogError:  # a schedule that does not parse: the judge needs the pre-state only
+            wanted = {lo}
+        engine = StepEngine(t.config, get_profile(self.agent.profile))
+        return states_for(t, engine, wanted, check_leaves=False)[1]
 
     def state_after(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log."""

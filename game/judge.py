@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
 from game.fsio import atomic_write
+from game.judgeupdate import rejected_log_hash, rerun_update, staleness_of, versions_named
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
@@ -49,6 +50,7 @@ from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.reader import Transcript, step_files
 
 if TYPE_CHECKING:
@@ -81,6 +83,10 @@ class PreStateEvidenceError(EvidenceError):
     """The pre-state bytes do not hash to the game's agreed leaf (or cannot be rebuilt)."""
 
 
+class VersionEvidenceError(EvidenceError):
+    """A state an asynchronous update computes on is missing, or not proved against the state root."""
+
+
 class TranscriptEvidenceError(EvidenceError):
     """The published transcript is unavailable or disagrees with the committed roots."""
 
@@ -93,6 +99,9 @@ class Evidence:
     chunk: bytes = b""  # the log chunk of the pinned step (unused at step 0)
     chunk_proof: InclusionProof | None = None  # its proof in the log tree (None at step 0)
     pre_state: bytes | None = None  # canonical state bytes after step - 1 (None at step 0)
+    #: an asynchronous task's update computes on older states too (its chunk's schedule names
+    #: them): each one's canonical bytes, with the proof of its leaf in the committed state tree
+    versions: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,12 +115,6 @@ class Ruling:
     trainer_right: bool
     tx: TxReceipt | None = None
     note: str = ""  # why, when the judge did not simply replay the step (a rejected log)
-
-
-def rejected_log_hash(step: int, reason: str) -> bytes:
-    """What the judge posts for a tampered log: domain-separated, so it equals no state hash (those
-    hash canonical state bytes, which start with ``vgame-state-v1``)."""
-    return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
 
 
 class Judge:
@@ -297,6 +300,20 @@ class Judge:
             raise PreStateEvidenceError(
                 f"the pre-state hashes to {pre.hex()[:16]}..., the agreed leaf {g.lo} is {g.lo_leaf.hex()[:16]}..."
             )
+        for v, (data, vproof) in ev.versions.items():
+            leaf = leaf_of(data)
+            if (
+                vproof.index != v
+                or vproof.size != task.num_leaves
+                or not verify_proof(task.state_root, leaf, vproof)
+            ):
+                raise VersionEvidenceError(
+                    f"the state given for version {v} (leaf {leaf.hex()[:16]}...) is not leaf {v} of the "
+                    "committed state tree"
+                )
+        missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions]
+        if missing:
+            raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
 
     # ------------------------------------------------------------------------ computing
     def _engine(self, cfg: TaskConfig) -> StepEngine:
@@ -314,6 +331,10 @@ class Judge:
             return state_hash(engine.init_state()), ""
         assert ev.pre_state is not None
         step = pinned_step(g)
+        if ev.config.scheduled:
+            return rerun_update(
+                engine, ev.pre_state, {v: data for v, (data, _) in ev.versions.items()}, ev.chunk, step
+            )
         try:
             return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
@@ -361,7 +382,16 @@ class Judge:
             raise ChunkEvidenceError(f"the transcript's chunk of step {step} is unusable: {exc}") from exc
         proof = MerkleTree(hashes).proof(step)
         pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
-        return Evidence(config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state)
+        versions: dict[int, tuple[bytes, InclusionProof]] = {}
+        named = [v for v in versions_named(t.config, chunk, step) if v != g.lo]
+        if named:
+            tree = MerkleTree(t.leaves())
+            for v in named:
+                data = self._left_state(t.leaf(v)) or self._rebuild(t, v, t.leaf(v))
+                versions[v] = (data, tree.proof(v))
+        return Evidence(
+            config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state, versions=versions
+        )
 
     def _transcript(
         self, task_id: int, task: Task, step: int | None = None, *, rebuild: bool = False
@@ -387,7 +417,10 @@ class Judge:
             names = set(json.loads(listing.read_text("utf-8")))
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
-        if names is None or any(not (dest / n).is_file() for n in step_files(names, step, rebuild=rebuild)):
+        if names is None or any(
+            not (dest / n).is_file()
+            for n in step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
+        ):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
                     if names is None:
@@ -395,7 +428,9 @@ class Judge:
                         dest.mkdir(parents=True, exist_ok=True)
                         atomic_write(listing, json.dumps(sorted(names)).encode())
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
-                    for name in step_files(names, step, rebuild=rebuild):
+                    if MANIFEST_NAME in names and not (dest / MANIFEST_NAME).is_file():
+                        archive.extract(MANIFEST_NAME, dest)  # first: it says how far back to reach
+                    for name in step_files(names, step, rebuild=rebuild, back=staleness_of(dest)):
                         if not (dest / name).is_file():
                             archive.extract(name, dest)
             except StoreError as exc:
@@ -429,11 +464,15 @@ class Judge:
 
     def _left_pre_state(self, g: Game) -> bytes | None:
         """State bytes hashing to the agreed leaf that someone left in the evidence directory."""
+        return self._left_state(g.lo_leaf)
+
+    def _left_state(self, leaf: bytes) -> bytes | None:
+        """State bytes hashing to ``leaf`` that someone left in the evidence directory."""
         if self.evidence_dir is not None:
-            path = pre_state_path(self.evidence_dir, g.lo_leaf)
+            path = pre_state_path(self.evidence_dir, leaf)
             if path.is_file():
                 data = path.read_bytes()
-                if leaf_of(data) == g.lo_leaf:
+                if leaf_of(data) == leaf:
                     return data
                 log.warning("evidence %s does not hash to its name; ignored", path.name)
         return None
@@ -465,4 +504,5 @@ __all__ = [
     "PreStateEvidenceError",
     "Ruling",
     "TranscriptEvidenceError",
+    "VersionEvidenceError",
 ]

@@ -28,6 +28,7 @@ def _register() -> None:
         "demo",
         "task",
         "node",
+        "ps",
     ):
         try:
             importlib.import_module(f"game.cli.{name}")

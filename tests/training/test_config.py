@@ -206,6 +206,7 @@ def _changed_values(cfg: TaskConfig) -> dict[str, object]:
         "dropout": 0.2,
         "accumulate": 2,
         "clip_grad_norm": 1.0,
+        "max_staleness": 2,
         "bits": 24,
         "tau": 0.1,
         "checkpoint_interval": 5,

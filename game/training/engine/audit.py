@@ -10,15 +10,15 @@ on from its last save.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from game.errors import RoundingLogError
 from game.merkle import merkle_root
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
+from game.training.engine.auditresult import AuditResult
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import state_after
+from game.training.engine.schedaudit import audit_scheduled
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepResult, engine_for
 from game.training.engine.train import ProgressFn
@@ -27,37 +27,6 @@ from game.training.state.leaves import LeafHasher, PendingLeaf, state_hash
 from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    """Outcome of :func:`audit`: ``leaves`` are the auditor's own (for a challenge)."""
-
-    match: bool
-    trainer_state_root: bytes
-    auditor_state_root: bytes
-    first_divergent_step: int | None
-    steps: int
-    corrections: int
-    profile: str
-    leaves: tuple[bytes, ...] = field(repr=False, default=())
-    rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
-    log_errors: tuple[str, ...] = ()  # why, one message per rejected step (tampering names step, op, value)
-    resumed_from: int | None = None  # the step saved progress let it go on from, None for a whole replay
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "match": self.match,
-            "resumed_from": self.resumed_from,
-            "rejected_log_steps": list(self.rejected_log_steps),
-            "log_errors": list(self.log_errors),
-            "trainer_state_root": self.trainer_state_root.hex(),
-            "auditor_state_root": self.auditor_state_root.hex(),
-            "first_divergent_step": self.first_divergent_step,
-            "steps": self.steps,
-            "corrections": self.corrections,
-            "profile": self.profile,
-        }
 
 
 @trimmed()  # a node idles on after: give the replay's memory back
@@ -82,6 +51,8 @@ def audit(
     (:mod:`game.training.engine.auditprogress`); the saved progress is removed once the audit ends."""
     t = Transcript(transcript_dir)
     t.verify()
+    if t.config.scheduled:  # an asynchronous task: replayed by its schedule
+        return audit_scheduled(t, profile, use_log=use_log, progress=progress)
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
     engine = engine_for(t.config, profile)

@@ -16,9 +16,11 @@ from typing import Any
 
 from game.errors import TranscriptError
 from game.training.engine.memory import trimmed
+from game.training.engine.scheduled import replay_update, states_for
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, StepResult, engine_for
 from game.training.log.formats import ChunkLog, decode_chunk
+from game.training.state.leaves import state_hash
 from game.training.state.tensors import TrainState
 from game.training.transcript.reader import Transcript
 
@@ -79,7 +81,10 @@ def replay_forward(
 
 
 def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: bool = True) -> TrainState:
-    """State after ``step``: the nearest checkpoint (verified against its leaf), replayed forward."""
+    """State after ``step``: the nearest checkpoint (verified against its leaf), replayed forward
+    (an asynchronous task's by its schedule: :func:`~.scheduled.states_for`)."""
+    if t.config.scheduled:
+        return states_for(t, engine, [step], check_leaves=check_leaves)[0]
     ckpt = t.nearest_checkpoint(step)
     state = decode_state(t.load_checkpoint(ckpt), t.config)
     replay_forward(t, engine, state, ckpt + 1, step, check_leaves=check_leaves)
@@ -96,6 +101,12 @@ def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) 
             f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
         )
     engine = engine_for(t.config, profile)
+    if t.config.scheduled:
+        entry = t.schedule()[step - 1]
+        state, found = states_for(t, engine, {step - 1, *entry.versions})
+        replay_update(engine, state, step, t.chunk_bytes(step), found)
+        leaf = state_hash(state)
+        return ReplayResult(step=step, state_hash=leaf, matches_transcript=leaf == t.leaf(step))
     state = state_after(t, engine, step - 1)
     result = replay_step(engine, state, step, t.read_log(step))
     return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))

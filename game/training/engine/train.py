@@ -18,13 +18,15 @@ from typing import Any
 
 from rich import filesize
 
-from game.errors import NonFiniteError, TranscriptError
+from game.errors import ConfigError, NonFiniteError, TranscriptError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import replay_forward
+from game.training.engine.scheduled import write_scheduled
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, engine_for
 from game.training.log.formats import ChunkLog, new_step_log
+from game.training.log.schedule import ScheduleEntry
 from game.training.state.canonical import encode_streamed, encoded_size, hash_streamed, state_buffer
 from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import device_leaf
@@ -199,6 +201,13 @@ def _train_alone(
     run = runner or StepRunner()
     resumed_from: int | None = None
     state: TrainState | None = None
+    if cfg.scheduled and runner is not None:
+        raise ConfigError(
+            "an asynchronous task (max_staleness > 0) trains in one process or with `vgame ps train`, "
+            "not with --workers"
+        )
+    if cfg.scheduled and not (out / MANIFEST_NAME).exists():
+        return _train_by_schedule(engine, profile, out, dev, progress)
     if (out / MANIFEST_NAME).exists():
         existing = read_manifest(out)
         if existing.spec_hash != cfg.spec_hash().hex():
@@ -210,6 +219,11 @@ def _train_alone(
             log.info("transcript at %s is already complete; nothing to do", out)
             run.ready(None, cfg.steps + 1)
             return _result(Transcript(out), existing.profile, steps_run=0, resumed_from=cfg.steps, loss=None)
+        if cfg.scheduled:
+            raise TranscriptError(
+                f"{out} holds an unfinished transcript of an asynchronous task, which a run does not go on "
+                "from: delete it and train again"
+            )
         if existing.profile != profile:  # its manifest names one profile, and says what ran the steps
             raise TranscriptError(
                 f"{out} was started on profile {existing.profile!r}, not {profile!r}: go on with "
@@ -246,6 +260,22 @@ def _train_alone(
                 progress(step, cfg.steps)
         writer.finish()
     return _result(Transcript(out), profile, steps_run=steps_run, resumed_from=resumed_from, loss=loss)
+
+
+def _train_by_schedule(
+    engine: StepEngine, profile: str, out: Path, dev: Deviation, progress: ProgressFn | None
+) -> TrainResult:
+    """One process training an asynchronous task (``max_staleness`` > 0): the synchronous schedule,
+    written with each update's entry in its chunk (:mod:`.scheduled`); a deviation may only poison
+    batches here."""
+    cfg = engine.cfg
+    hooks = ("engine", "skip", "after_step", "tamper_log")
+    if any(getattr(type(dev), h) is not getattr(Deviation, h) for h in hooks):
+        raise ConfigError("an asynchronous task trains with a deviation that poisons batches only")
+    poison = {s: b for s in range(1, cfg.steps + 1) if (b := dev.batch(s)) is not None}
+    schedule = [ScheduleEntry.sync(u, cfg.accumulate) for u in range(1, cfg.steps + 1)]
+    t = write_scheduled(engine, profile, out, schedule, poison=poison, progress=progress)
+    return _result(t, profile, steps_run=cfg.steps, resumed_from=None, loss=None)
 
 
 def checkpoints_after(step: int, cfg: TaskConfig) -> int:

@@ -102,6 +102,22 @@ class PreparedChunk:
             )
 
 
+class EncodedChunk:
+    """A chunk whose bytes another process encoded (a parameter server's update), handed to the
+    transcript writer as they are: :meth:`prepare` gives them back for the step they were made for."""
+
+    def __init__(self, step: int, data: bytes, format: str) -> None:
+        self.step = step
+        self.data = bytes(data)
+        self.format = format
+
+    def prepare(self, step: int, spec_hash: bytes) -> PreparedChunk:
+        if step != self.step:
+            raise RoundingLogError(f"the chunk of step {self.step} was handed over as step {step}")
+        data = self.data
+        return PreparedChunk(step, spec_hash, lambda: data)
+
+
 class RecordCursor(Generic[_Item]):
     """The auditor's view of a log: records taken in order, each checked against the op asking.
 

@@ -15,17 +15,38 @@ from typing import TypeAlias
 from game.errors import RoundingLogError
 from game.merkle import merkle_root
 from game.training.log import LOG_FORMATS
+from game.training.log.chunks import EncodedChunk
 from game.training.log.packed import StepLog
+from game.training.log.schedule import ScheduledLog, ScheduleEntry, is_envelope, open_envelope
 from game.training.log.sparse import MAGIC as SPARSE_MAGIC
 from game.training.log.sparse import SparseStepLog
 
 #: A decoded chunk of either format.
 ChunkLog: TypeAlias = StepLog | SparseStepLog
+#: What the transcript writer takes for a step: a log, a log with its schedule entry, or a chunk
+#: another process encoded.
+WritableChunk: TypeAlias = StepLog | SparseStepLog | ScheduledLog | EncodedChunk
 
 
 def decode_chunk(data: bytes, spec_hash: bytes, step: int | None = None) -> ChunkLog:
     """Decode a chunk of either format (told apart by its magic); pass ``step`` wherever it is known,
-    so a reordered chunk is caught."""
+    so a reordered chunk is caught. A schedule envelope gives the chunk inside it
+    (:func:`decode_scheduled` gives its entry too)."""
+    return decode_scheduled(data, spec_hash, step)[1]
+
+
+def decode_scheduled(
+    data: bytes, spec_hash: bytes, step: int | None = None
+) -> tuple[ScheduleEntry | None, ChunkLog]:
+    """A chunk's schedule entry (None for a plain chunk, :mod:`~game.training.log.schedule`) and
+    its rounding log; the inner chunk of an envelope must name the envelope's step."""
+    if is_envelope(data):
+        entry, inner = open_envelope(bytes(data), step=step, spec_hash=spec_hash)
+        return entry, _decode_plain(inner, spec_hash, entry.update)
+    return None, _decode_plain(data, spec_hash, step)
+
+
+def _decode_plain(data: bytes, spec_hash: bytes, step: int | None) -> ChunkLog:
     if bytes(data[: len(SPARSE_MAGIC)]) == SPARSE_MAGIC:
         return SparseStepLog.decode(data, step=step, spec_hash=spec_hash)
     return StepLog.decode(data, step=step, spec_hash=spec_hash)

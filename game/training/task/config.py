@@ -62,7 +62,11 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 DEFAULT_BANDS = BandTable(default=Band(-35, -46))
 
 #: General keys a strict dict (a transcript's config) may lack: added after specs were posted.
-OPTIONAL_KEYS = frozenset({"accumulate", "clip_grad_norm"})
+OPTIONAL_KEYS = frozenset({"accumulate", "clip_grad_norm", "max_staleness"})
+
+#: General keys left out of :meth:`TaskConfig.to_dict` while they hold their default, so that the
+#: specs posted before they existed keep their hash (within one spec format).
+OMITTED_AT_DEFAULT = {"max_staleness": 0}
 
 _factories: dict[str, TaskFactory] = {}
 
@@ -121,6 +125,10 @@ class TaskConfig:
     dropout: float = 0.0  # dropout probability (models that have dropout)
     accumulate: int = 1  # micro-batches per step: gradients summed in order, one update a step
     clip_grad_norm: float = 0.0  # clip the gradients' total 2-norm to this before the update; 0: off
+    #: 0: synchronous (update u applies step u's micro-batches, all computed on state u - 1); B > 0:
+    #: an update may apply any micro-batches computed on states u - 1 - B .. u - 1 (a parameter
+    #: server's asynchrony), its schedule carried in its log chunk (log/schedule.py)
+    max_staleness: int = 0
     bits: int = 32  # rounding grid: float32 with the low 32 - bits mantissa bits zero; 16..32
     tau: float = 0.25  # log threshold as a fraction of the grid ulp; 0 <= tau < 0.5
     checkpoint_interval: int = 10  # k: the trainer keeps a full checkpoint every k steps
@@ -262,6 +270,7 @@ class TaskConfig:
                 f"accumulate: {self.accumulate} micro-batches do not divide batch_size {self.batch_size}"
             )
         check_float("clip_grad_norm", self.clip_grad_norm, 0.0, math.inf)
+        check_int_range("max_staleness", self.max_staleness, 0, MAX_STEPS)
         check_int_range("bits", self.bits, 16, 32)
         check_float("tau", self.tau, 0.0, 0.5, hi_open=True)
         check_int_range("checkpoint_interval", self.checkpoint_interval, 1, MAX_STEPS)
@@ -290,6 +299,8 @@ class TaskConfig:
                 continue
             elif isinstance(value, tuple):
                 value = list(value)
+            elif f.name in OMITTED_AT_DEFAULT and value == OMITTED_AT_DEFAULT[f.name]:
+                continue
             out[f.name] = value
         return out
 
@@ -325,6 +336,12 @@ class TaskConfig:
     def spec_hash(self) -> bytes:
         """SHA-256 of :meth:`canonical_json` (32 bytes; the value the client posts on-chain)."""
         return hashlib.sha256(self.canonical_json()).digest()
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the task lets updates apply stale gradients: its chunks then carry the update's
+        schedule (:mod:`game.training.log.schedule`)."""
+        return self.max_staleness > 0
 
     @property
     def num_leaves(self) -> int:

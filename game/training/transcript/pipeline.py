@@ -115,6 +115,9 @@ class StepPipeline:
         self._ring_base = 0
         self._ring_off = False
         self._cut_short: int | None = None  # a step _write_here started and did not finish
+        #: steps that keep a checkpoint besides the interval's: an asynchronous task's states that
+        #: updates after a checkpoint still compute on (a replay from that checkpoint needs them)
+        self.extra_checkpoints: set[int] = set()
         # the step's files' directories as the C calls take them, worked out once
         paths = self.paths
         self._dir_bytes = tuple(
@@ -143,7 +146,9 @@ class StepPipeline:
 
     def wants_checkpoint(self, step: int) -> bool:
         """Whether ``step`` keeps a checkpoint (:func:`~game.training.transcript.manifest.is_checkpoint_step`)."""
-        return is_checkpoint_step(step, self.cfg.checkpoint_interval, self.cfg.steps)
+        return step in self.extra_checkpoints or is_checkpoint_step(
+            step, self.cfg.checkpoint_interval, self.cfg.steps
+        )
 
     def _queue(self, job: StepJob) -> None:
         """Hand ``job`` to the thread: one ``list.append``, which a Ctrl-C cannot cut in half, and no

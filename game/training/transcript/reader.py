@@ -16,7 +16,8 @@ from pathlib import Path
 from game.errors import RoundingLogError, TranscriptError
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.log.chunks import chunk_hash
-from game.training.log.formats import ChunkLog, decode_chunk
+from game.training.log.formats import ChunkLog, decode_chunk, decode_scheduled
+from game.training.log.schedule import ScheduleEntry, is_envelope, open_envelope
 from game.training.state import leafnative
 from game.training.transcript.files import LogReader, read_hashes
 from game.training.transcript.layout import (
@@ -41,19 +42,25 @@ def steps_on_disk(directory: Path) -> int:
         return 0
 
 
-def step_files(names: Collection[str], step: int | None, *, rebuild: bool = False) -> list[str]:
+def step_files(
+    names: Collection[str], step: int | None, *, rebuild: bool = False, back: int = 0
+) -> list[str]:
     """The files of a published transcript (its archive's ``names``) that re-running ``step`` needs
     (None: only the config): always the manifest and the two hash files; the step's chunk; to
     rebuild its pre-state (``rebuild``), the nearest checkpoint before it and the chunks from there.
-    What the archive lacks is left out, for :class:`Transcript` to report as it would for a whole
-    copy."""
+    ``back``: an asynchronous task's ``max_staleness``, whose update computes on states as far back
+    as ``step - 1 - back``: the checkpoint at or before that one, the checkpoints of the states
+    after it (a state an update computes on across a checkpoint has one of its own) and the chunks
+    from there. What the archive lacks is left out, for :class:`Transcript` to report as it would
+    for a whole copy."""
     out = [MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME]
     if step is not None:
         out.append(chunk_relpath(step))
         ckpts = [c for n in names if (c := checkpoint_step(n)) is not None and c < step] if rebuild else []
         if ckpts:
-            out.append(checkpoint_relpath(max(ckpts)))
-            out += [chunk_relpath(s) for s in range(max(ckpts) + 1, step)]
+            start = max([c for c in ckpts if c <= step - 1 - back] or [min(ckpts)])
+            out += [checkpoint_relpath(c) for c in sorted(ckpts) if start - back <= c]
+            out += [chunk_relpath(s) for s in range(start + 1, step)]
     return [n for n in out if n in names]
 
 
@@ -120,6 +127,26 @@ class Transcript:
         trainer's fault at that step, not a damaged transcript.
         """
         return decode_chunk(self.chunk_bytes(step), self.spec_hash, step)
+
+    def read_scheduled(self, step: int) -> tuple[ScheduleEntry | None, ChunkLog]:
+        """The schedule entry of ``step`` (None in a synchronous task's plain chunk) and its log."""
+        return decode_scheduled(self.chunk_bytes(step), self.spec_hash, step)
+
+    def schedule(self) -> list[ScheduleEntry]:
+        """Every update's schedule entry, in order (a synchronous task's are the sync ones, which
+        its chunks do not carry)."""
+        if not self.config.scheduled:
+            return [ScheduleEntry.sync(u, self.config.accumulate) for u in range(1, self.steps + 1)]
+        out = []
+        for step in range(1, self.steps + 1):
+            data = self.chunk_bytes(step)
+            if not is_envelope(data):
+                raise RoundingLogError(
+                    f"step {step}: the task is asynchronous (max_staleness {self.config.max_staleness}) "
+                    "but its chunk carries no schedule"
+                )
+            out.append(open_envelope(data, step=step, spec_hash=self.spec_hash)[0])
+        return out
 
     def chunk_bytes(self, step: int) -> bytes:
         """The raw chunk of ``step``, checked against its recorded chunk hash (what the judge gets).

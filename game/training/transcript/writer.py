@@ -23,7 +23,8 @@ from pathlib import Path
 from game.errors import TranscriptError
 from game.fsio import atomic_write, fsync_dir, truncate_fsync
 from game.merkle import HASH_SIZE, merkle_root
-from game.training.log.formats import ChunkLog
+from game.training.log.formats import WritableChunk
+from game.training.state import leafnative
 from game.training.task.config import TaskConfig
 from game.training.transcript.files import LogWriter, read_hashes
 from game.training.transcript.layout import TranscriptPaths, checkpoint_file_step
@@ -77,8 +78,10 @@ class TranscriptWriter(StepPipeline):
         return cls(directory, cfg, manifest, [])
 
     @classmethod
-    def resume(cls, directory: Path, cfg: TaskConfig) -> TranscriptWriter:
-        """Reopen an incomplete transcript of the same task, cutting away any partial last step."""
+    def resume(cls, directory: Path, cfg: TaskConfig, *, keep: int | None = None) -> TranscriptWriter:
+        """Reopen an incomplete transcript of the same task, cutting away any partial last step
+        (and, with ``keep``, every step past the first ``keep`` leaves: a parameter server that
+        failed over to an older state goes on from there)."""
         directory = Path(directory)
         paths = TranscriptPaths(directory)
         manifest = read_manifest(directory)
@@ -95,7 +98,7 @@ class TranscriptWriter(StepPipeline):
                 atomic_write(p, b"")
         paths.log_dir.mkdir(exist_ok=True)
         paths.checkpoint_dir.mkdir(exist_ok=True)
-        n = min(steps_on_disk(directory), manifest.num_leaves)
+        n = min(steps_on_disk(directory), manifest.num_leaves, manifest.num_leaves if keep is None else keep)
         if hashes_path.stat().st_size < n * HASH_SIZE:
             raise TranscriptError(
                 f"{hashes_path} has fewer chunk hashes than {leaves_path} has leaves: the transcript is damaged"
@@ -127,7 +130,7 @@ class TranscriptWriter(StepPipeline):
         return [leaf for leaf in self._leaves if isinstance(leaf, bytes)]
 
     def append_step(
-        self, step: int, state_hash: bytes, step_log: ChunkLog, checkpoint: bytes | None = None
+        self, step: int, state_hash: bytes, step_log: WritableChunk, checkpoint: bytes | None = None
     ) -> None:
         """Queue step ``step``'s chunk, chunk hash, checkpoint (when due) and leaf for writing, in
         that order (the leaf last). Blocks while :data:`~game.training.transcript.pipeline.WRITE_AHEAD`
@@ -146,7 +149,7 @@ class TranscriptWriter(StepPipeline):
         chunk = step_log.prepare(step, self.spec_hash)
         self._queue(StepJob(step, bytes(state_hash), chunk, checkpoint))
 
-    def append_state(self, step: int, state: bytes | memoryview, step_log: ChunkLog) -> None:
+    def append_state(self, step: int, state: bytes | memoryview, step_log: WritableChunk) -> None:
         """:meth:`append_step` with the step's canonical state bytes instead of their hash: the
         thread hashes them (the hash takes about a millisecond a megabyte, off the trainer's
         thread) and writes them as the checkpoint when one is due. ``state`` belongs to the writer
@@ -156,12 +159,24 @@ class TranscriptWriter(StepPipeline):
         chunk = step_log.prepare(step, self.spec_hash)
         self._queue(StepJob(step, None, chunk, checkpoint, state))
 
-    def append_pending(self, step: int, pending: PendingState, step_log: ChunkLog) -> None:
+    def append_pending(self, step: int, pending: PendingState, step_log: WritableChunk) -> None:
         """:meth:`append_step` for a state being hashed on its GPU: the thread waits for the leaf
         (and copies the canonical bytes to the host when a checkpoint is due) while the caller runs
         the next step. ``pending`` belongs to the writer from here."""
         chunk = step_log.prepare(step, self.spec_hash)
         self._queue(StepJob(step, None, chunk, None, pending=pending))
+
+    def add_checkpoint(self, step: int, data: bytes) -> None:
+        """Keep the canonical bytes of an earlier step as its checkpoint (an asynchronous task's
+        state that an update after a later checkpoint computes on), held to that step's leaf."""
+        leaves = self.leaves  # waits for the queued steps
+        if not 0 <= step < len(leaves):
+            raise TranscriptError(f"no leaf for step {step} yet: its checkpoint cannot be kept")
+        if leafnative.leaf(data) != leaves[step]:
+            raise TranscriptError(f"the state bytes given for step {step} do not hash to its leaf")
+        path = self.paths.checkpoint(step)
+        if not path.is_file():
+            atomic_write(path, data)
 
     def finish(self) -> Manifest:
         """Write the queued steps, compute both roots, check every step is there, and mark the

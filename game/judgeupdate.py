@@ -1,0 +1,88 @@
+"""The judge's part for an asynchronous task's update: the states its schedule names, and its re-run.
+
+Why apart from :mod:`game.judge`: a synchronous task's ruling needs none of it. An asynchronous
+update ``u`` computes on its pre-state (leaf ``u - 1``, agreed in the game) and on older states its
+chunk's schedule names (:mod:`game.training.log.schedule`); the judge takes each with the proof of
+its leaf in the committed state tree (``Evidence.versions``, checked in ``Judge.check``), re-runs
+the update from them (:func:`rerun_update`), and rules against the trainer, with the rejected-log
+hash, where the schedule breaks the task's rules or does not parse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from game.errors import RoundingLogError
+from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from game.training.engine.step import StepEngine
+
+log = logging.getLogger(__name__)
+
+
+def rejected_log_hash(step: int, reason: str) -> bytes:
+    """What the judge posts for a tampered log: domain-separated, so it equals no state hash (those
+    hash canonical state bytes, which start with ``vgame-state-v1``)."""
+    return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
+
+
+def rerun_update(
+    engine: StepEngine, pre_state: bytes, versions: dict[int, bytes], chunk: bytes, step: int
+) -> tuple[bytes, str]:
+    """An asynchronous task's update ``step``: re-run from the pre-state and the versions its
+    schedule names, with its log. A schedule that breaks the task's rules (or does not parse),
+    like a log that breaks the bands, is ruled against the trainer with a hash no state has."""
+    from game.training.engine.scheduled import replay_update
+    from game.training.log.schedule import ScheduleError
+    from game.training.numerics.bandcheck import LogTamperingError
+    from game.training.state.leaves import state_hash
+
+    try:
+        versions_named(engine.cfg, chunk, step, strict=True)
+        state, _, _ = replay_update(engine, pre_state, step, chunk, versions)
+        return state_hash(state), ""
+    except (ScheduleError, LogTamperingError) as exc:
+        log.info("update %d: ruled against the trainer: %s", step, exc)
+        return rejected_log_hash(step, str(exc)), f"schedule or log rejected: {exc}"
+    except RoundingLogError as exc:
+        log.info("update %d: the committed log does not fit (%s); running it without the log", step, exc)
+        state, _, _ = replay_update(engine, pre_state, step, chunk, versions, use_log=False)
+        return state_hash(state), f"log does not fit, replayed without it: {exc}"
+
+
+def staleness_of(dest: Path) -> int:
+    """The ``max_staleness`` of the task whose transcript files are in ``dest`` (0 until its
+    manifest is there, or where it does not say)."""
+    try:
+        config = json.loads((dest / MANIFEST_NAME).read_bytes())["config"]
+        return int(config.get("max_staleness", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def versions_named(cfg: TaskConfig, chunk: bytes, step: int, *, strict: bool = False) -> tuple[int, ...]:
+    """The states an asynchronous task's update ``step`` computes on, as its chunk's schedule names
+    them (none for a synchronous task, or, unless ``strict``, for a chunk that does not parse or
+    breaks the rules: the ruling says so)."""
+    if not cfg.scheduled:
+        return ()
+    from game.training.engine.scheduled import check_entry
+    from game.training.log.schedule import ScheduleError, open_envelope
+
+    try:
+        entry, _ = open_envelope(chunk, step=step, spec_hash=cfg.spec_hash())
+        check_entry(entry, cfg)
+    except RoundingLogError as exc:
+        if strict:
+            raise ScheduleError(f"update {step}: {exc}") from exc
+        return ()
+    return entry.versions
+
+
+__all__ = ["rejected_log_hash", "rerun_update", "staleness_of", "versions_named"]

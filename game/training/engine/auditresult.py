@@ -1,0 +1,45 @@
+"""What an audit found: :class:`AuditResult`, shared by the synchronous replay
+(:mod:`.audit`) and the replay by a schedule (:mod:`.schedaudit`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Outcome of :func:`audit`: ``leaves`` are the auditor's own (for a challenge)."""
+
+    match: bool
+    trainer_state_root: bytes
+    auditor_state_root: bytes
+    first_divergent_step: int | None
+    steps: int
+    corrections: int
+    profile: str
+    leaves: tuple[bytes, ...] = field(repr=False, default=())
+    rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
+    log_errors: tuple[str, ...] = ()  # why, one message per rejected step (tampering names step, op, value)
+    resumed_from: int | None = None  # the step saved progress let it go on from, None for a whole replay
+    #: an asynchronous task's schedule problems: the whole run's (a micro-batch applied twice or
+    #: never), which no game can pin, and the updates whose entry breaks the rules (each pinnable)
+    schedule_errors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "match": self.match,
+            "resumed_from": self.resumed_from,
+            "rejected_log_steps": list(self.rejected_log_steps),
+            "log_errors": list(self.log_errors),
+            "trainer_state_root": self.trainer_state_root.hex(),
+            "auditor_state_root": self.auditor_state_root.hex(),
+            "first_divergent_step": self.first_divergent_step,
+            "steps": self.steps,
+            "corrections": self.corrections,
+            "profile": self.profile,
+            "schedule_errors": list(self.schedule_errors),
+        }
+
+
+__all__ = ["AuditResult"]

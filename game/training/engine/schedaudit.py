@@ -1,0 +1,120 @@
+"""The auditor's replay of an asynchronous task (Algorithm 3 by the application schedule).
+
+Update ``u`` is re-run as its chunk's entry says: each listed micro-batch's gradients on the state
+of its version, folded in the entry's order, applied to state ``u - 1``, with the chunk's log. The
+replay keeps each version's weights until the last update that names it
+(:func:`~game.training.log.schedule.last_uses`). As in :mod:`.audit`, the log is applied up to the
+first divergent update, and a chunk whose log does not fit the computation is the trainer's fault
+at that update (it is re-run without the log). An entry that breaks the task's rules on its own (a
+version outside the staleness window, the wrong number of micro-batches) is the trainer's fault too:
+the judge posts a hash no state has for it, so the auditor's own leaves from that update on are
+such hashes (:func:`rejected_schedule_leaf`), and a game pins it. What only the whole schedule
+shows (a micro-batch applied twice, or never) is reported in ``schedule_errors``: a game cannot pin
+it, since every update, re-run alone, is what the trainer committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from game.errors import RoundingLogError
+from game.merkle import merkle_root
+from game.training.engine.auditresult import AuditResult
+from game.training.engine.scheduled import check_entry, replay_update, states_for
+from game.training.engine.step import engine_for
+from game.training.engine.train import ProgressFn
+from game.training.engine.update import UpdateEngine, Weights, weights_of
+from game.training.log.formats import decode_scheduled
+from game.training.log.schedule import ScheduleEntry, check_schedule, last_uses
+from game.training.state.leaves import state_hash
+from game.training.transcript.reader import Transcript
+
+log = logging.getLogger(__name__)
+
+
+def rejected_schedule_leaf(update: int) -> bytes:
+    """The auditor's own leaf for an update whose entry breaks the rules, and every one after it:
+    domain-separated, so it equals no state hash."""
+    return hashlib.sha256(b"vgame-rejected-schedule-v1\0" + update.to_bytes(8, "little")).digest()
+
+
+def audit_scheduled(
+    t: Transcript, profile: str, *, use_log: bool = True, progress: ProgressFn | None = None
+) -> AuditResult:
+    """Replay the verified transcript ``t`` of an asynchronous task on ``profile`` (see the module)."""
+    cfg = t.config
+    assert t.manifest.state_root is not None
+    trainer_root = bytes.fromhex(t.manifest.state_root)
+    engine = engine_for(cfg, profile)
+    ue = UpdateEngine(engine)
+    entries: list[ScheduleEntry | None] = []
+    errors: list[str] = []
+    for u in range(1, t.steps + 1):
+        try:
+            entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
+            if entry is None:
+                raise RoundingLogError(f"update {u}: the chunk carries no schedule")
+            check_entry(entry, cfg)
+            entries.append(entry)
+        except RoundingLogError as exc:  # a ScheduleError, or an envelope that does not parse
+            errors.append(str(exc))
+            entries.append(None)
+    good = [e for e in entries if e is not None]
+    if len(good) == len(entries):
+        errors += check_schedule(
+            good, accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness
+        )
+    uses = last_uses(good)
+    state = engine.init_state()
+    leaves = [state_hash(state)]
+    first_div: int | None = None if leaves[0] == t.leaf(0) else 0
+    kept: dict[int, Weights] = {0: weights_of(state)}
+    corrections = 0
+    rejected: list[int] = []
+    log_errors: list[str] = []
+    for u, entry in enumerate(entries, start=1):
+        if entry is None:  # the trainer's fault here, and nothing after it can be computed
+            log.warning("update %d: its schedule entry breaks the task's rules; the replay stops", u)
+            leaves += [rejected_schedule_leaf(v) for v in range(u, t.steps + 1)]
+            first_div = u if first_div is None else first_div
+            break
+        chunk = t.chunk_bytes(u)
+        with_log = use_log and first_div is None
+        try:
+            corrections += replay_update(ue, state, u, chunk, kept, use_log=with_log)[2]
+        except RoundingLogError as exc:
+            if not with_log:
+                raise
+            log.warning("update %d: the trainer's log chunk is rejected: %s", u, exc)
+            rejected.append(u)
+            log_errors.append(str(exc))
+            state = states_for(t, engine, [u - 1])[0]  # the trainer's state up to here
+            replay_update(ue, state, u, chunk, kept, use_log=False)
+        leaves.append(state_hash(state))
+        if first_div is None and leaves[-1] != t.leaf(u):
+            first_div = u
+            log.info("audit: first divergent update %d", u)
+        if uses.get(u, 0) > u:
+            kept[u] = weights_of(state)
+        for v in [v for v in kept if uses.get(v, 0) <= u]:
+            del kept[v]
+        if progress is not None:
+            progress(u, t.steps)
+    root = merkle_root(leaves)
+    return AuditResult(
+        match=root == trainer_root,
+        trainer_state_root=trainer_root,
+        auditor_state_root=root,
+        first_divergent_step=first_div,
+        steps=t.steps,
+        corrections=corrections,
+        profile=profile,
+        leaves=tuple(leaves),
+        rejected_log_steps=tuple(rejected),
+        log_errors=tuple(log_errors),
+        schedule_errors=tuple(errors),
+    )
+
+
+__all__ = ["audit_scheduled", "rejected_schedule_leaf"]

@@ -1,0 +1,238 @@
+"""Training and re-running by a schedule in one process: the reference trainer of an application
+schedule, the states a replay needs, and the judge's re-run of one update.
+
+An asynchronous task's update ``u`` computes each micro-batch on the state its entry names (a
+*version*, :mod:`game.training.log.schedule`), so re-running it needs more than state ``u - 1``:
+every version it names. A replay keeps those it will still need (:func:`~game.training.log.schedule.
+last_uses`) as weights (parameters and buffers), and a transcript keeps a checkpoint of each state
+that an update after a later checkpoint computes on (:func:`own_checkpoints`), so a replay from
+any checkpoint finds every version it needs at or after that checkpoint, or in a file of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from game.errors import ConfigError, TranscriptError
+from game.fsio import exclusive_directory
+from game.training.engine.memory import trimmed
+from game.training.engine.runtime import Batch
+from game.training.engine.states import decode_state
+from game.training.engine.step import StepEngine, engine_for
+from game.training.engine.update import UpdateEngine, Weights, weights_from_bytes, weights_of
+from game.training.log.formats import ChunkLog, decode_scheduled
+from game.training.log.schedule import ScheduledLog, ScheduleEntry, ScheduleError, check_schedule, last_uses
+from game.training.state.canonical import encode_state
+from game.training.state.leaves import state_hash
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
+from game.training.transcript.manifest import is_checkpoint_step, make_transcript_dir
+from game.training.transcript.reader import Transcript
+from game.training.transcript.writer import TranscriptWriter
+
+log = logging.getLogger(__name__)
+
+
+def next_checkpoint(step: int, cfg: TaskConfig) -> int:
+    """The first checkpoint step after ``step`` (the last step keeps one)."""
+    k = cfg.checkpoint_interval
+    return min((step // k + 1) * k, cfg.steps)
+
+
+def own_checkpoints(entries: Iterable[ScheduleEntry], cfg: TaskConfig) -> set[int]:
+    """The states a transcript checkpoints besides the interval's: each one an update computes on
+    across a checkpoint (version ``v`` used by update ``u`` with a checkpoint step between them)."""
+    out: set[int] = set()
+    for entry in entries:
+        for v in entry.versions:
+            if (
+                not is_checkpoint_step(v, cfg.checkpoint_interval, cfg.steps)
+                and next_checkpoint(v, cfg) < entry.update
+            ):
+                out.add(v)
+    return out
+
+
+def check_entry(entry: ScheduleEntry, cfg: TaskConfig) -> None:
+    """:meth:`ScheduleEntry.check` with the task's numbers; a synchronous task's entry must be the
+    synchronous one."""
+    entry.check(accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness)
+    if not cfg.scheduled and entry != ScheduleEntry.sync(entry.update, cfg.accumulate):
+        raise ScheduleError(
+            f"update {entry.update}: a synchronous task's update applies its own step's micro-batches"
+        )
+
+
+@trimmed()
+def train_scheduled(
+    cfg: TaskConfig,
+    profile: str,
+    out_dir: Path | str,
+    schedule: Sequence[ScheduleEntry],
+    *,
+    poison: Mapping[int, Batch] | None = None,
+) -> Transcript:
+    """Train ``cfg`` in one process by ``schedule`` (one entry an update) into a new transcript.
+
+    What a parameter server records, without its servers: the reference its transcripts are held
+    to, and an asynchronous task's trainer on one machine. ``poison``: data steps whose batch a
+    dishonest trainer replaces (tests of the game)."""
+    problems = check_schedule(
+        schedule, accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness
+    )
+    if not problems:
+        for entry in schedule:
+            try:
+                check_entry(entry, cfg)
+            except ScheduleError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ConfigError(f"the schedule breaks the task's rules: {'; '.join(problems[:3])}")
+    out = Path(out_dir)
+    engine = engine_for(cfg, profile)
+    make_transcript_dir(out)
+    with exclusive_directory(out, f"{out} is being written by another process"):
+        return write_scheduled(engine, profile, out, schedule, poison=poison)
+
+
+def write_scheduled(
+    engine: StepEngine,
+    profile: str,
+    out: Path,
+    schedule: Sequence[ScheduleEntry],
+    *,
+    poison: Mapping[int, Batch] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Transcript:
+    """:func:`train_scheduled` in a directory the caller holds (a checked schedule)."""
+    cfg = engine.cfg
+    ue = UpdateEngine(engine, dict(poison or {}))
+    uses = last_uses(schedule)
+    writer = TranscriptWriter.create(out, cfg, profile)
+    writer.extra_checkpoints = own_checkpoints(schedule, cfg)
+    with writer:
+        state = engine.init_state()
+        writer.append_step(0, state_hash(state), _empty(cfg, 0), encode_state(state))
+        kept: dict[int, Weights] = {0: weights_of(state)}
+        for entry in schedule:
+            u = entry.update
+            step_log, _, _ = ue.run_update(
+                state, [(a, kept[a.version]) for a in entry.applied], mode="record"
+            )
+            assert step_log is not None
+            chunk = ScheduledLog(entry, step_log) if cfg.scheduled else step_log
+            data = encode_state(state)
+            writer.append_step(u, state_hash(state), chunk, data if writer.wants_checkpoint(u) else None)
+            if uses.get(u, 0) > u:
+                kept[u] = weights_of(state)
+            for v in [v for v in kept if uses.get(v, 0) <= u]:
+                del kept[v]
+            if progress is not None:
+                progress(u, cfg.steps)
+        writer.finish()
+    return Transcript(out)
+
+
+def _empty(cfg: TaskConfig, step: int) -> ChunkLog:
+    from game.training.log.formats import new_step_log
+
+    return new_step_log(cfg.log_format, step)
+
+
+def replay_update(
+    engine: StepEngine | UpdateEngine,
+    pre_state: TrainState | bytes,
+    step: int,
+    chunk: bytes,
+    versions: Mapping[int, Weights | bytes] | None = None,
+    *,
+    use_log: bool = True,
+) -> tuple[TrainState, ScheduleEntry, int]:
+    """Re-run update ``step`` from state ``step - 1`` (``pre_state``) and the states its schedule
+    names (``versions``, by leaf index: weights or canonical bytes), with the committed chunk: the
+    judge's primitive for an asynchronous task. A synchronous task's plain chunk needs no
+    versions. ``use_log`` False runs it without the chunk's log (a log that does not fit). Raises
+    :class:`ScheduleError` for an entry that breaks the task's rules. Returns the state after the
+    update (``pre_state`` itself when given as a state), the entry and the corrections applied."""
+    ue = engine if isinstance(engine, UpdateEngine) else UpdateEngine(engine)
+    cfg = ue.cfg
+    state = pre_state if isinstance(pre_state, TrainState) else decode_state(pre_state, cfg)
+    entry, step_log = decode_scheduled(chunk, cfg.spec_hash(), step)
+    if entry is None:
+        if cfg.scheduled:
+            raise ScheduleError(f"update {step}: the task is asynchronous but the chunk carries no schedule")
+        entry = ScheduleEntry.sync(step, cfg.accumulate)
+    check_entry(entry, cfg)
+    own = weights_of(state)
+    have: dict[int, Weights] = {step - 1: own}
+    for v, w in (versions or {}).items():
+        have[v] = weights_from_bytes(w) if isinstance(w, bytes | bytearray) else w
+    missing = [v for v in entry.versions if v not in have]
+    if missing:
+        raise TranscriptError(f"update {step} computes on states {missing}, which were not given")
+    work = [(a, have[a.version]) for a in entry.applied]
+    if use_log:
+        _, _, corrections = ue.run_update(state, work, mode="replay", log=step_log)
+    else:
+        _, _, corrections = ue.run_update(state, work, mode="round")
+    return state, entry, corrections
+
+
+def states_for(
+    t: Transcript, engine: StepEngine, wanted: Iterable[int], *, check_leaves: bool = True
+) -> tuple[TrainState, dict[int, bytes]]:
+    """The state after ``max(wanted)`` and the canonical bytes of every state in ``wanted``, replayed
+    from the latest checkpoint that needs nothing before it but states with checkpoints of their own.
+    Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False)."""
+    wanted = sorted(set(wanted))
+    last = wanted[-1]
+    entries: dict[int, ScheduleEntry] = {}
+
+    def between(lo: int, hi: int) -> list[ScheduleEntry]:
+        """The entries of updates ``lo + 1 .. hi``, read once each (a judge holds only those chunks)."""
+        for u in range(lo + 1, hi + 1):
+            if u not in entries:
+                entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
+                entries[u] = entry if entry is not None else ScheduleEntry.sync(u, t.config.accumulate)
+        return [entries[u] for u in range(lo + 1, hi + 1)]
+
+    files = set(t.checkpoint_steps())
+    start = t.nearest_checkpoint(wanted[0])
+    while True:
+        before = {v for e in between(start, last) for v in e.versions if v < start}
+        missing = sorted(before - files)
+        if not missing:
+            break
+        start = t.nearest_checkpoint(missing[0])
+    state = decode_state(t.load_checkpoint(start), t.config)
+    kept: dict[int, Weights] = {v: weights_from_bytes(t.load_checkpoint(v)) for v in before}
+    kept[start] = weights_of(state)
+    found: dict[int, bytes] = {}
+    if start in wanted:
+        found[start] = encode_state(state)
+    uses = last_uses(between(start, last))
+    ue = UpdateEngine(engine)
+    for u in range(start + 1, last + 1):
+        replay_update(ue, state, u, t.chunk_bytes(u), kept)
+        if check_leaves and state_hash(state) != t.leaf(u):
+            raise TranscriptError(f"replaying update {u} with its own chunk does not reproduce leaf {u}")
+        if uses.get(u, 0) > u:
+            kept[u] = weights_of(state)
+        for v in [v for v in kept if uses.get(v, 0) <= u]:
+            del kept[v]
+        if u in wanted:
+            found[u] = encode_state(state)
+    return state, found
+
+
+__all__ = [
+    "check_entry",
+    "next_checkpoint",
+    "own_checkpoints",
+    "replay_update",
+    "states_for",
+    "train_scheduled",
+    "write_scheduled",
+]

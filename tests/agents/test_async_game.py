@@ -1,0 +1,99 @@
+"""A game over an asynchronous task (issue 45, item 4): a trainer whose parameter server applied
+stale gradients, one micro-batch of which it poisoned, is pinned at the first update that applies
+a poisoned micro-batch, and the judge re-runs that update from its pre-state and the older states
+its schedule names, each proved against the committed state root."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from game.chain.types import EndReason, Outcome, Phase
+from game.judge import VersionEvidenceError
+from game.merkle import MerkleTree
+from game.training.engine.scheduled import train_scheduled
+from game.training.log.schedule import ScheduleEntry
+from game.training.transcript.reader import Transcript
+from tests.agents.conftest import TRAINER_PROFILE, PoisonBatch, games, run_game, small_config
+from tests.training.schedules import simulated_schedule
+
+POISON_DATA_STEP = 4
+
+
+def _schedule(steps: int) -> tuple[list[ScheduleEntry], int]:
+    """A simulated asynchronous schedule whose first update applying a micro-batch of the poisoned
+    step also computes on a state older than its pre-state (the judge needs a proof for it)."""
+    for seed in range(200):
+        entries, _, _ = simulated_schedule(steps, 2, 2, workers=3, seed=seed)
+        first = min(e.update for e in entries if any(a.micro.step == POISON_DATA_STEP for a in e.applied))
+        if first > 1 and entries[first - 1].versions[0] < first - 1:
+            return entries, first
+    raise AssertionError("no seed gives a stale first poisoned update")
+
+
+@pytest.fixture
+def async_game(roles: dict[str, Any], post_task: Any, make_agents: Any) -> tuple[Any, int, int, list]:
+    cfg = small_config(accumulate=2, max_staleness=2)
+    entries, first = _schedule(cfg.steps)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    poisoned = PoisonBatch(cfg, POISON_DATA_STEP).batch(POISON_DATA_STEP)
+    assert poisoned is not None
+    train_scheduled(
+        cfg, TRAINER_PROFILE, agents.trainer.transcript_dir, entries, poison={POISON_DATA_STEP: poisoned}
+    )
+    return agents, task_id, first, entries
+
+
+def _pinned(agents: Any, client: Any, task_id: int) -> int:
+    for _ in range(60):
+        agents.trainer.step()
+        agents.auditor.step()
+        found = games(client, task_id)
+        if found and found[0].phase == Phase.PINNED:
+            return int(client.get_events("Challenged", 0, task_id=task_id)[0].game_id)
+    raise AssertionError("the game was never pinned")
+
+
+def test_asyncGame_pinsTheFirstPoisonedUpdate_andTheAuditorWins(
+    roles: dict[str, Any], async_game: tuple[Any, int, int, list]
+) -> None:
+    agents, task_id, first, _ = async_game
+    client = roles["client"]
+    run_game(agents, client, task_id)
+    (g,) = games(client, task_id)
+    assert g.hi == first and g.lo == first - 1
+    assert g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+
+
+def test_asyncJudge_takesEveryNamedStateWithItsProof_andRefusesAnyOther(
+    roles: dict[str, Any], async_game: tuple[Any, int, int, list]
+) -> None:
+    agents, task_id, first, entries = async_game
+    client = roles["client"]
+    gid = _pinned(agents, client, task_id)
+    judge = agents.judge
+    good = judge.gather(gid)
+    stale = [v for v in entries[first - 1].versions if v != first - 1]
+    assert sorted(good.versions) == stale
+    ruling = judge.evaluate(gid, good)
+    assert ruling.step == first and not ruling.trainer_right
+
+    t = Transcript(agents.trainer.transcript_dir)
+    v = stale[0]
+    data, proof = good.versions[v]
+    other = t.load_checkpoint(0) if v != 0 else t.load_checkpoint(t.checkpoint_steps()[1])
+    tree = MerkleTree(t.leaves())
+    bad = {
+        "a state missing": {},
+        "another state under its proof": {**good.versions, v: (other, proof)},
+        "a proof of another leaf": {**good.versions, v: (data, tree.proof(v + 1))},
+    }
+    for name, versions in bad.items():
+        with pytest.raises(VersionEvidenceError):
+            judge.rule_on(gid, dataclasses.replace(good, versions=versions))
+        assert client.get_events("Ruled", 0, game_id=gid) == [], name
+    assert [a.what for a in judge.step()] == ["rule"]
+    assert client.game(gid).outcome == Outcome.AUDITOR_WON

@@ -1,0 +1,185 @@
+"""The parameter-server modes on Ray, killed with SIGKILL at seeded random points (issue 45, item 4).
+
+Every mode runs with real processes (a local Ray instance: worker actors, server actors or the
+stateless server's task), once with one kill of the serving server and once with two. Each run must
+finish, its transcript verify, the one-process audit on another profile be bit-exact, and its roots
+be what one process records by the same schedule: for a synchronous mode, what ``vgame train``
+commits; for an asynchronous one, :func:`train_scheduled` over the schedule the run's chunks carry.
+A worker killed mid-micro-batch costs a micro-batch, never a wrong state. The kill points come from
+:func:`plan_kills` with the seed in the test's id; each kill's moment, pid and update are in the run's
+events (printed, so a failure shows where they landed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from game.training.engine.audit import audit  # noqa: E402
+from game.training.engine.scheduled import train_scheduled  # noqa: E402
+from game.training.engine.train import train  # noqa: E402
+from game.training.ps.cluster import PsCluster, ray_session  # noqa: E402
+from game.training.ps.driver import MODES, PsOptions, PsResult, train_ps  # noqa: E402
+from game.training.ps.faults import Kill, plan_kills  # noqa: E402
+from game.training.task.config import TaskConfig  # noqa: E402
+from game.training.transcript.reader import Transcript  # noqa: E402
+
+STEPS = 10
+
+
+def _cfg(asynchronous: bool) -> TaskConfig:
+    return TaskConfig.for_preset(
+        "mlp-digits",
+        model={"hidden": 16},
+        batch_size=8,
+        steps=STEPS,
+        accumulate=2,
+        checkpoint_interval=4,
+        max_staleness=2 if asynchronous else 0,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PsCluster]:
+    """One Ray instance and one set of actors for the module: each run assigns them its task."""
+    with ray_session(num_cpus=2):
+        kept = PsCluster()
+        yield kept
+        kept.close()
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Transcript:
+    out = tmp_path_factory.mktemp("one") / "t"
+    train(_cfg(False), "cpu-1t", out)
+    return Transcript(out)
+
+
+def _run(cluster: PsCluster, mode: str, kills: tuple[Kill, ...], out: Path) -> PsResult:
+    cfg = _cfg(MODES[mode][0])
+    opts = PsOptions(mode=mode, workers=2, kills=kills, every=3)
+    result = train_ps(cfg, "cpu-1t", out, opts, cluster=cluster)
+    for e in result.events:
+        if e.kind != "update":
+            print(f"{mode}: t={e.t:.3f}s {e.kind} at update {e.update}: {e.detail}")
+    return result
+
+
+def _check(result: PsResult, plan: tuple[Kill, ...], one_process: Transcript, tmp_path: Path) -> None:
+    t = result.transcript
+    t.verify()
+    mode = result.mode
+    assert sum(e.kind == "kill" for e in result.events) == len(plan)  # every planned kill landed
+    server_kills = sum(k.target == "server" for k in plan)
+    if MODES[mode][1] != "stateless":  # a stateful server's death is a failover; a task's, a re-run
+        assert sum(e.kind == "failover" for e in result.events) == server_kills
+    verdict = audit(t.directory, "cpu-2t")
+    assert verdict.match and verdict.first_divergent_step is None and verdict.schedule_errors == ()
+    if not MODES[mode][0]:
+        assert (t.manifest.state_root, t.manifest.log_root) == (
+            one_process.manifest.state_root,
+            one_process.manifest.log_root,
+        )
+        return
+    schedule = t.schedule()
+    listed = sorted((x.update, x.leaf) for e in schedule for x in e.lost)
+    assert listed == sorted((x.update, x.leaf) for x in result.lost)  # lost updates: in the chunks
+    ref = train_scheduled(t.config, "cpu-1t", tmp_path / "reference", schedule)
+    assert (ref.manifest.state_root, ref.manifest.log_root) == (t.manifest.state_root, t.manifest.log_root)
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_serverKilled_trainingFinishes_andAuditsBitExact(
+    cluster: PsCluster, one_process: Transcript, mode: str, kills: int, tmp_path: Path
+) -> None:
+    seed = 1000 * kills + list(MODES).index(mode)
+    plan = tuple(plan_kills(seed, kills, STEPS, target="server"))
+    print(f"{mode}: seed {seed}, kills planned: {[k.describe() for k in plan]}")
+    _check(_run(cluster, mode, plan, tmp_path / "t"), plan, one_process, tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stateless"])
+def test_workerKilled_costsAMicroBatch_notTheState(
+    cluster: PsCluster, one_process: Transcript, mode: str, tmp_path: Path
+) -> None:
+    plan = tuple(plan_kills(77, 2, STEPS, target="worker", workers=2, max_delay_s=0.01))
+    print(f"{mode}: kills planned: {[k.describe() for k in plan]}")
+    _check(_run(cluster, mode, plan, tmp_path / "t"), plan, one_process, tmp_path)
+
+
+def test_asyncMode_onASyncTask_isRefusedNamingTheKey(cluster: PsCluster, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="max_staleness"):
+        train_ps(_cfg(False), "cpu-1t", tmp_path / "t", PsOptions(mode="async"), cluster=cluster)
+
+
+def test_recoveryBench_measuresEachModesLoss_andDrawsTheFigure(cluster: PsCluster, tmp_path: Path) -> None:
+    from game.bench.recovery import RecoveryReport, draw_recovery, measure_recovery
+
+    cfg = _cfg(False)
+    report = measure_recovery(
+        cfg, ["sync", "stateless"], tmp_path / "w", kills=(0, 1), eval_every=2, seed=3, cluster=cluster
+    )
+    assert report.all_verified and [r.mode for r in report.rows] == ["sync", "stateless"]
+    for run in report.runs:
+        assert len(run.kill_times) == run.kills
+        assert run.curve and all(0.0 <= p[2] <= 1.0 for p in run.curve)  # accuracy of kept states
+    sync_row = report.rows[0]
+    assert sync_row.walls[1] > sync_row.walls[0]  # a failure costs the synchronous server time
+    again = RecoveryReport.from_dict(report.to_dict())
+    assert again == report
+    draw_recovery(again, tmp_path / "recovery.png")
+    assert (tmp_path / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_psTrain_killsWhereTold_andAuditMatches(cluster: PsCluster, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from game.cli import _register
+    from game.cli.app import app
+    from game.cli.bench_scale import PS_MODES, _modes
+
+    assert _modes("all") == list(MODES) == list(PS_MODES)  # the CLI names the driver's modes
+    _register()
+    runner = CliRunner()
+    out = tmp_path / "t"
+    task = ["--preset", "mlp-digits", "--model", "hidden=16", "--batch-size", "8", "--steps", "6"]
+    r = runner.invoke(app, ["ps", "train", "--mode", "sync-chain", *task, "--accumulate", "2",
+                            "--kill-at", "server@2", "--every", "2", "--out", str(out), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["kills"]) == 1 and len(doc["failovers"]) == 1 and doc["steps"] == 6
+    a = runner.invoke(app, ["audit", "--transcript", str(out), "--profile", "cpu-2t", "--json"])
+    assert a.exit_code == 0 and json.loads(a.stdout)["match"], a.output
+    bad = runner.invoke(app, ["ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "u")])
+    assert bad.exit_code != 0 and "max_staleness" in str(bad.exception)
+
+
+def test_poisonedWorkers_asyncRun_divergesExactlyAtTheFirstUpdateApplyingThePoison(
+    cluster: PsCluster, tmp_path: Path
+) -> None:
+    """A dishonest trainer's workers poison data step 4; its server killed once on the way. The
+    transcript is what one process records by the same schedule and poison, and the honest audit's
+    first divergent update (where a game's bisection lands) is the first that applied a poisoned
+    micro-batch."""
+    from game.training.engine.runtime import runtime_for
+
+    cfg = _cfg(True)
+    plan = tuple(plan_kills(5, 1, STEPS))
+    opts = PsOptions(mode="async", workers=2, kills=plan, every=3, poison_steps=(4,))
+    result = train_ps(cfg, "cpu-1t", tmp_path / "t", opts, cluster=cluster)
+    t = result.transcript
+    schedule = t.schedule()
+    first = min(e.update for e in schedule if any(a.micro.step == 4 for a in e.applied))
+    runtime = runtime_for(cfg)
+    poison = {4: runtime.poison(runtime.batch(4), 4)}
+    ref = train_scheduled(cfg, "cpu-1t", tmp_path / "ref", schedule, poison=poison)
+    assert ref.manifest.state_root == t.manifest.state_root
+    verdict = audit(t.directory, "cpu-2t")
+    assert not verdict.match and verdict.first_divergent_step == first

@@ -1,0 +1,344 @@
+"""The application schedule of an asynchronous task (issue 45, item 3), without Ray: its chunk
+envelope and rules, the parameter server's WorkPool, an update computed in pieces against one
+process, and the one-process audit of a schedule with stale versions and lost updates."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from game.errors import RoundingLogError
+from game.merkle import merkle_root
+from game.training.engine.audit import audit
+from game.training.engine.microbatch import merge_logs
+from game.training.engine.replay import replay_transcript_step
+from game.training.engine.scheduled import own_checkpoints, states_for, train_scheduled
+from game.training.engine.step import engine_for
+from game.training.engine.train import train
+from game.training.engine.update import UpdateEngine, weights_of
+from game.training.log.chunks import ChunkFormatError, ChunkMismatchError, chunk_hash
+from game.training.log.formats import decode_chunk, decode_scheduled
+from game.training.log.schedule import (
+    Applied,
+    LostUpdate,
+    MicroBatchId,
+    ScheduledLog,
+    ScheduleEntry,
+    ScheduleError,
+    check_schedule,
+    open_envelope,
+)
+from game.training.log.sparse import SparseStepLog
+from game.training.ps.pool import WorkPool
+from game.training.state.leaves import state_hash
+from game.training.task.config import TaskConfig
+from game.training.transcript.reader import Transcript
+from tests.training.schedules import fake_leaf, simulated_schedule
+
+SPEC = bytes(range(32))
+
+
+def _entry(u: int = 5) -> ScheduleEntry:
+    applied = (Applied(MicroBatchId(4, 1), 3), Applied(MicroBatchId(5, 0), 4))
+    return ScheduleEntry(u, applied, (LostUpdate(5, b"\x07" * 32),))
+
+
+def _async_cfg(**kw: object) -> TaskConfig:
+    base: dict[str, object] = {
+        "model": {"hidden": 16},
+        "batch_size": 8,
+        "steps": 10,
+        "accumulate": 2,
+        "max_staleness": 2,
+        "checkpoint_interval": 4,
+    }
+    return TaskConfig.for_preset("mlp-digits", **{**base, **kw})
+
+
+# ---- the envelope ---------------------------------------------------------------------------------
+
+
+def test_envelope_roundTrips_andTheInnerChunkIsTheStepsLog() -> None:
+    inner = SparseStepLog(5)
+    inner.append(0, "aten.mm.default", 12, torch.tensor([3, 7]))
+    data = ScheduledLog(_entry(), inner).encode(5, SPEC)
+    entry, step_log = decode_scheduled(data, SPEC, 5)
+    assert entry == _entry()
+    assert step_log.encode(5, SPEC) == inner.encode(5, SPEC)
+    assert decode_chunk(data, SPEC, 5).encode(5, SPEC) == inner.encode(5, SPEC)  # read_log's view
+
+
+def test_envelope_cutAnywhere_orLonger_isAFormatError() -> None:
+    data = ScheduledLog(_entry(), SparseStepLog(5)).encode(5, SPEC)
+    for cut in range(len(data)):
+        with pytest.raises(RoundingLogError):
+            decode_scheduled(data[:cut], SPEC, 5)
+    with pytest.raises(ChunkFormatError):
+        open_envelope(data + b"\0", step=5, spec_hash=SPEC)
+
+
+def test_envelope_ofAnotherStepOrTask_isAMismatch() -> None:
+    data = ScheduledLog(_entry(), SparseStepLog(5)).encode(5, SPEC)
+    with pytest.raises(ChunkMismatchError, match="reordered"):
+        decode_scheduled(data, SPEC, 6)
+    with pytest.raises(ChunkMismatchError, match="foreign"):
+        decode_scheduled(data, bytes(32), 5)
+
+
+def test_envelope_whoseInnerChunkNamesAnotherStep_isRefused() -> None:
+    inner = SparseStepLog(4).encode(4, SPEC)
+    data = _entry().envelope(SPEC, inner)
+    with pytest.raises(ChunkMismatchError):
+        decode_scheduled(data, SPEC, 5)
+
+
+# ---- the rules -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("applied", "lost", "match"),
+    [
+        (((4, 1, 3),), (), "applies 1 micro-batches"),
+        (((5, 0, 4), (4, 1, 3)), (), "fold order"),
+        (((4, 1, 3), (4, 1, 3)), (), "fold order"),
+        (((4, 1, 1), (5, 0, 4)), (), "outside the window"),
+        (((4, 1, 3), (5, 0, 5)), (), "outside the window"),
+        (((4, 2, 3), (5, 0, 4)), (), "not one of the task's"),
+        (((4, 1, 3), (11, 0, 4)), (), "not one of the task's"),
+        (((4, 1, 3), (5, 0, 4)), ((4, b"\0" * 32),), "lost update must be 5 or later"),
+    ],
+)
+def test_entry_breakingARule_isAScheduleError(applied: tuple, lost: tuple, match: str) -> None:
+    entry = ScheduleEntry(
+        5,
+        tuple(Applied(MicroBatchId(s, j), v) for s, j, v in applied),
+        tuple(LostUpdate(u, leaf) for u, leaf in lost),
+    )
+    with pytest.raises(ScheduleError, match=match):
+        entry.check(accumulate=2, steps=10, max_staleness=2)
+
+
+def test_entry_withinTheRules_passes() -> None:
+    _entry().check(accumulate=2, steps=10, max_staleness=2)
+    ScheduleEntry.sync(5, 2).check(accumulate=2, steps=10, max_staleness=0)
+
+
+def test_checkSchedule_namesAMicroBatchAppliedTwiceAndOneNever() -> None:
+    entries = [ScheduleEntry.sync(u, 2) for u in range(1, 4)]
+    entries[2] = ScheduleEntry(3, (Applied(MicroBatchId(2, 1), 2), Applied(MicroBatchId(3, 1), 2)))
+    problems = check_schedule(entries, accumulate=2, steps=3, max_staleness=1)
+    assert any("more than once, first 2.1" in p for p in problems)
+    assert any("never applied, first 3.0" in p for p in problems)
+    assert (
+        check_schedule([*entries[:2], ScheduleEntry.sync(3, 2)], accumulate=2, steps=3, max_staleness=0) == []
+    )
+
+
+def test_maxStaleness_atItsDefault_leavesEverySpecHashAsItWas() -> None:
+    cfg = TaskConfig.for_preset("mlp-digits")
+    assert "max_staleness" not in cfg.to_dict()
+    assert TaskConfig.from_dict(cfg.to_dict()).spec_hash() == cfg.spec_hash()
+    other = cfg.replace(max_staleness=3)
+    assert other.to_dict()["max_staleness"] == 3 and other.spec_hash() != cfg.spec_hash()
+    assert TaskConfig.from_dict(other.to_dict()) == other
+
+
+# ---- the pool --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pool_randomAsyncRuns_applyEveryMicroBatchOnce_withinTheWindow(seed: int) -> None:
+    rng = random.Random(seed)
+    steps, accumulate, stale = rng.randint(4, 12), rng.randint(1, 3), rng.randint(1, 3)
+    failovers = [(rng.randint(1, steps), rng.randint(0, 3)) for _ in range(rng.randint(0, 2))]
+    entries, pool, lost = simulated_schedule(
+        steps, accumulate, stale, workers=rng.randint(1, 4), seed=seed, failovers=failovers
+    )
+    assert check_schedule(entries, accumulate=accumulate, steps=steps, max_staleness=stale) == []
+    key = lambda x: (x.update, x.leaf)  # noqa: E731
+    listed = sorted((x for e in entries for x in e.lost), key=key)
+    assert listed == sorted(lost, key=key)  # every lost update is in the final lineage's entries, once
+    assert len(pool.leaves) == steps + 1 and not pool.hand and not pool.out
+
+
+def test_pool_sync_handsOutOnlyTheDueStep_andMakesTheSyncEntries() -> None:
+    entries, _, lost = simulated_schedule(5, 3, 0, workers=4, seed=1, failovers=[(2, 1)])
+    assert [x.update for x in lost] == [2]
+    assert [dataclasses.replace(e, lost=()) for e in entries] == [
+        ScheduleEntry.sync(u, 3) for u in range(1, 6)
+    ]
+    assert any(e.lost for e in entries)  # the failover lost update 2; it was applied again, the same
+
+
+def test_pool_rewind_cutsTheLineage_andHandsBackWhatWasLost() -> None:
+    pool = WorkPool(6, 1, 2)
+    pool.start(fake_leaf(0, 0))
+    for u in range(1, 4):
+        m = pool.next_micro()
+        assert m is not None
+        pool.hand_out(m)
+        assert pool.returned(m, None)
+        taken = pool.take()
+        assert taken is not None and taken[0].update == u
+        pool.confirm(fake_leaf(u, 0))
+    straggler = pool.next_micro()
+    assert straggler == MicroBatchId(4, 0)
+    pool.hand_out(straggler)  # computed on state 3, which the failover loses
+    lost = pool.rewind(1, pool.leaves[1])
+    assert [x.update for x in lost] == [2, 3] and pool.latest == 1
+    assert not pool.returned(straggler, None)  # its version left the lineage: handed back
+    assert [pool.next_micro()] == [MicroBatchId(2, 0)]
+    with pytest.raises(Exception, match="not in the lineage"):
+        pool.rewind(1, fake_leaf(1, 9))
+
+
+# ---- an update in pieces ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "overrides"),
+    [
+        ("mlp-digits", {"accumulate": 4}),
+        ("gpt-shakespeare", {"accumulate": 2, "model": {"n_layer": 1, "n_embd": 32}, "batch_size": 4}),
+        ("cnn-digits", {"accumulate": 2, "batch_size": 8}),  # BatchNorm: the last micro-batch's buffers
+        ("mlp-digits", {"accumulate": 2, "log_format": "packed", "clip_grad_norm": 0.5}),
+    ],
+)
+def test_updateInPieces_isOneProcessesStep_leafAndChunkBytes(task: str, overrides: dict) -> None:
+    cfg = TaskConfig.for_preset(task, steps=2, **overrides)
+    spec = cfg.spec_hash()
+    one = engine_for(cfg, "cpu-1t")
+    s1 = one.init_state()
+    ue = UpdateEngine(engine_for(cfg, "cpu-1t"))
+    s2, s3 = ue.engine.init_state(), ue.engine.init_state()
+    for step in (1, 2):
+        want = one.run_step(s1, step, mode="record")
+        entry = ScheduleEntry.sync(step, cfg.accumulate)
+        w2 = weights_of(s2)
+        whole, _, _ = ue.run_update(s2, [(a, w2) for a in entry.applied], mode="record")
+        w3 = weights_of(s3)
+        parts = [ue.record_micro(a, w3) for a in entry.applied]  # as the workers
+        server = ue.record_apply(s3, [p[0] for p in parts])  # as the server
+        merged = merge_logs(cfg.log_format, step, [p[1] for p in parts] + [server])
+        assert want.leaf == state_hash(s2) == state_hash(s3)
+        assert want.log is not None and whole is not None
+        assert want.log.encode(step, spec) == whole.encode(step, spec) == merged.encode(step, spec)
+
+
+# ---- training and auditing by a schedule -----------------------------------------------------------
+
+
+def test_syncSchedule_inOneProcess_isTrain(tmp_path: Path) -> None:
+    cfg = _async_cfg(max_staleness=0, steps=6)
+    ref = train(cfg, "cpu-1t", tmp_path / "train")
+    t = train_scheduled(cfg, "cpu-1t", tmp_path / "sched", [ScheduleEntry.sync(u, 2) for u in range(1, 7)])
+    assert (t.manifest.state_root, t.manifest.log_root) == (ref.state_root.hex(), ref.log_root.hex())
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[TaskConfig, list[ScheduleEntry], Path]:
+    cfg = _async_cfg()
+    entries, _, _ = simulated_schedule(cfg.steps, 2, 2, workers=3, seed=7, failovers=[(5, 2)])
+    out = tmp_path_factory.mktemp("async") / "t"
+    train_scheduled(cfg, "cpu-1t", out, entries)
+    return cfg, entries, out
+
+
+def test_asyncTranscript_carriesItsScheduleAndLostUpdates_andVerifies(async_run: tuple) -> None:
+    cfg, entries, out = async_run
+    t = Transcript(out)
+    t.verify()
+    assert t.schedule() == entries
+    assert any(v < e.update - 1 for e in entries for v in e.versions)  # stale gradients were applied
+    assert any(e.lost for e in entries)  # and the failover's lost updates are listed
+    for v in own_checkpoints(entries, cfg):  # states used across a checkpoint keep a file
+        t.load_checkpoint(v)
+
+
+@pytest.mark.parametrize("profile", ["cpu-2t", "noisy", "splitk-16"])
+def test_asyncTranscript_auditsBitExact_onAnotherProfile(async_run: tuple, profile: str) -> None:
+    _, _, out = async_run
+    result = audit(out, profile)
+    assert result.match and result.first_divergent_step is None
+    assert result.schedule_errors == () and result.rejected_log_steps == ()
+
+
+def test_asyncUpdate_replayedAlone_fromItsVersions_matchesItsLeaf(async_run: tuple) -> None:
+    cfg, entries, out = async_run
+    stale = next(e for e in entries if e.versions[0] < e.update - 1 and e.update > cfg.checkpoint_interval)
+    result = replay_transcript_step(out, stale.update, "noisy")
+    assert result.matches_transcript
+    state, found = states_for(
+        Transcript(out), engine_for(cfg, "splitk-16"), {stale.update - 1, *stale.versions}
+    )
+    assert state.step == stale.update - 1 and set(found) == {stale.update - 1, *stale.versions}
+
+
+def _rewrite(out: Path, update: int, entry: ScheduleEntry) -> None:
+    """Replace ``update``'s schedule entry and fix the hashes and the manifest's log root, so the
+    transcript verifies and only replaying shows the lie."""
+    t = Transcript(out)
+    data = t.chunk_bytes(update)
+    _, inner = open_envelope(data, step=update, spec_hash=t.spec_hash)
+    new = entry.envelope(t.spec_hash, inner)
+    t.chunk_path(update).write_bytes(new)
+    hashes = t.chunk_hashes()
+    hashes[update] = chunk_hash(new)
+    (out / "chunk_hashes.bin").write_bytes(b"".join(hashes))
+    manifest = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(manifest.replace(t.manifest.log_root or "", merkle_root(hashes).hex()))
+
+
+def test_asyncTranscript_withAnEntryThatLies_divergesAtThatUpdate(async_run: tuple, tmp_path: Path) -> None:
+    import shutil
+
+    _, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    target = next(e for e in entries if e.update >= 3 and any(a.version > e.update - 3 for a in e.applied))
+    first = target.applied[0]
+    other = first.version - 1 if first.version > target.update - 3 else first.version + 1
+    lie = dataclasses.replace(target, applied=(Applied(first.micro, other), *target.applied[1:]))
+    _rewrite(copy, target.update, lie)
+    result = audit(copy, "cpu-2t")
+    assert not result.match and result.first_divergent_step == target.update
+
+
+def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple, tmp_path: Path) -> None:
+    import shutil
+
+    _, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    u = 8
+    bad = dataclasses.replace(
+        entries[u - 1], applied=tuple(Applied(a.micro, 0) for a in entries[u - 1].applied)
+    )
+    _rewrite(copy, u, bad)
+    result = audit(copy, "cpu-2t")
+    assert result.first_divergent_step == u and not result.match
+    assert any("outside the window" in e for e in result.schedule_errors)
+
+
+def test_train_ofAnAsyncTask_inOneProcess_writesTheSyncScheduleAndAudits(tmp_path: Path) -> None:
+    cfg = _async_cfg(steps=5)
+    train(cfg, "cpu-1t", tmp_path / "t")
+    t = Transcript(tmp_path / "t")
+    assert t.schedule() == [ScheduleEntry.sync(u, 2) for u in range(1, 6)]
+    assert audit(tmp_path / "t", "noisy").match
+
+
+def test_envelopeHeader_layoutIsTheDocumented(async_run: tuple) -> None:
+    _, entries, out = async_run
+    t = Transcript(out)
+    data = t.chunk_bytes(3)
+    magic = b"vgame-sched-v1\0"
+    assert data.startswith(magic)
+    step, spec = struct.unpack_from("<Q32s", data, len(magic))
+    (count,) = struct.unpack_from("<I", data, len(magic) + 40)
+    assert (step, spec, count) == (3, t.spec_hash, len(entries[2].applied))
