@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,8 +36,18 @@ from game.agents import (
     pre_state_path,
 )
 from game.chain.client import VerificationGameClient
-from game.chain.types import Game, Phase, Task, TaskStatus, TxReceipt
+from game.chain.types import Game, Phase, Task, TaskStatus
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
+from game.evidence import (
+    ChunkEvidenceError,
+    ConfigEvidenceError,
+    Evidence,
+    EvidenceError,
+    PreStateEvidenceError,
+    Ruling,
+    TranscriptEvidenceError,
+    VersionEvidenceError,
+)
 from game.fsio import atomic_write
 from game.judgeupdate import rejected_log_hash, rerun_update, staleness_of, versions_named
 from game.merkle import InclusionProof, MerkleTree, verify_proof
@@ -65,56 +74,6 @@ STATE_NAME = "judge.json"
 
 #: A judge's fetched copy lists the archive's files here (not a transcript file: a dot-name).
 _LISTING = ".archive-names.json"
-
-
-class EvidenceError(VGameError, ValueError):
-    """Evidence for a ruling is missing or does not match what the chain committed."""
-
-
-class ConfigEvidenceError(EvidenceError):
-    """The task config does not hash to the task's spec hash."""
-
-
-class ChunkEvidenceError(EvidenceError):
-    """The log chunk of the pinned step is not leaf ``step`` of the committed log tree."""
-
-
-class PreStateEvidenceError(EvidenceError):
-    """The pre-state bytes do not hash to the game's agreed leaf (or cannot be rebuilt)."""
-
-
-class VersionEvidenceError(EvidenceError):
-    """A state an asynchronous update computes on is missing, or not proved against the state root."""
-
-
-class TranscriptEvidenceError(EvidenceError):
-    """The published transcript is unavailable or disagrees with the committed roots."""
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What a ruling is computed from; :meth:`Judge.check` verifies it against the chain."""
-
-    config: TaskConfig
-    chunk: bytes = b""  # the log chunk of the pinned step (unused at step 0)
-    chunk_proof: InclusionProof | None = None  # its proof in the log tree (None at step 0)
-    pre_state: bytes | None = None  # canonical state bytes after step - 1 (None at step 0)
-    #: an asynchronous task's update computes on older states too (its chunk's schedule names
-    #: them): each one's canonical bytes, with the proof of its leaf in the committed state tree
-    versions: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Ruling:
-    """A ruling as computed (and sent, when ``tx`` is set)."""
-
-    game_id: int
-    step: int
-    computed: bytes  # the post-state hash the judge computed
-    trainer_leaf: bytes  # the trainer's committed post-state (the game's hi leaf)
-    trainer_right: bool
-    tx: TxReceipt | None = None
-    note: str = ""  # why, when the judge did not simply replay the step (a rejected log)
 
 
 class Judge:
