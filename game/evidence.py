@@ -1,6 +1,7 @@
 """What a judge rules from, and what it rules: the evidence of a pinned step (the config, the step's
 log chunk with its proof, the pre-state and, for an asynchronous update, the older states it
-computes on, each with its proof), the errors that say which piece the chain does not vouch for,
+computes on and any earlier update's chunk that applied one of its micro-batches already, each with
+its proof), the errors that say which piece the chain does not vouch for,
 and the ruling. Apart from :mod:`game.judge` (which gathers, checks and computes) so that the
 evidence's shape is read in one place.
 """
@@ -24,7 +25,8 @@ class ConfigEvidenceError(EvidenceError):
 
 
 class ChunkEvidenceError(EvidenceError):
-    """The log chunk of the pinned step is not leaf ``step`` of the committed log tree."""
+    """The log chunk of the pinned step, or an earlier update's given as a witness, is not its leaf
+    of the committed log tree."""
 
 
 class PreStateEvidenceError(EvidenceError):
@@ -50,6 +52,9 @@ class Evidence:
     #: an asynchronous task's update computes on older states too (its chunk's schedule names
     #: them): each one's canonical bytes, with the proof of its leaf in the committed state tree
     versions: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
+    #: an asynchronous update that applies a micro-batch again: the log chunk of an earlier update
+    #: that applied it (its witness), with the chunk's proof in the committed log tree
+    earlier: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

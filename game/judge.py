@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,7 @@ from game.evidence import (
     VersionEvidenceError,
 )
 from game.fsio import atomic_write
-from game.judgeupdate import rejected_log_hash, rerun_update, staleness_of, versions_named
+from game.judgeupdate import find_witness, rejected_log_hash, rerun_update, staleness_of, versions_named
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
@@ -59,7 +60,7 @@ from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
-from game.training.transcript.layout import MANIFEST_NAME
+from game.training.transcript.layout import MANIFEST_NAME, chunk_relpath
 from game.training.transcript.reader import Transcript, step_files
 
 if TYPE_CHECKING:
@@ -270,6 +271,13 @@ class Judge:
                     f"the state given for version {v} (leaf {leaf.hex()[:16]}...) is not leaf {v} of the "
                     "committed state tree"
                 )
+        for w, (data, wproof) in ev.earlier.items():
+            if not (
+                1 <= w < step and wproof.index == w and wproof.size == task.num_leaves
+            ) or not verify_proof(task.log_root, hashlib.sha256(data).digest(), wproof):
+                raise ChunkEvidenceError(
+                    f"the chunk given as update {w}'s is not leaf {w} of the committed log tree"
+                )
         missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions]
         if missing:
             raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
@@ -291,9 +299,9 @@ class Judge:
         assert ev.pre_state is not None
         step = pinned_step(g)
         if ev.config.scheduled:
-            return rerun_update(
-                engine, ev.pre_state, {v: data for v, (data, _) in ev.versions.items()}, ev.chunk, step
-            )
+            versions = {v: data for v, (data, _) in ev.versions.items()}
+            earlier = {w: data for w, (data, _) in ev.earlier.items()}
+            return rerun_update(engine, ev.pre_state, versions, ev.chunk, step, earlier)
         try:
             return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
         except LogTamperingError as exc:
@@ -348,12 +356,29 @@ class Judge:
             for v in named:
                 data = self._left_state(t.leaf(v)) or self._rebuild(t, v, t.leaf(v))
                 versions[v] = (data, tree.proof(v))
+        earlier: dict[int, tuple[bytes, InclusionProof]] = {}
+        if t.config.scheduled and step > 1:  # a micro-batch applied again: the chunk that applied it
+            t = self._transcript(g.task_id, task, step, extra=[chunk_relpath(w) for w in range(1, step)])
+            found = find_witness(t, chunk, step)
+            if found is not None:
+                earlier[found[0]] = (found[1], MerkleTree(hashes).proof(found[0]))
         return Evidence(
-            config=t.config, chunk=chunk, chunk_proof=proof, pre_state=pre_state, versions=versions
+            config=t.config,
+            chunk=chunk,
+            chunk_proof=proof,
+            pre_state=pre_state,
+            versions=versions,
+            earlier=earlier,
         )
 
     def _transcript(
-        self, task_id: int, task: Task, step: int | None = None, *, rebuild: bool = False
+        self,
+        task_id: int,
+        task: Task,
+        step: int | None = None,
+        *,
+        rebuild: bool = False,
+        extra: Sequence[str] = (),
     ) -> Transcript:
         """The task's published transcript, its roots checked against the chain, holding the
         files that re-running ``step`` needs (:func:`~game.training.transcript.reader.step_files`).
@@ -376,10 +401,12 @@ class Judge:
             names = set(json.loads(listing.read_text("utf-8")))
         else:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
-        if names is None or any(
-            not (dest / n).is_file()
-            for n in step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
-        ):
+
+        def wanted(names: set[str]) -> list[str]:
+            files = step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
+            return files + [n for n in extra if n in names and n not in files]
+
+        if names is None or any(not (dest / n).is_file() for n in wanted(names)):
             try:
                 with SealedArchive(self.store, self.data_key, task.transcript_id) as archive:
                     if names is None:
@@ -389,7 +416,7 @@ class Judge:
                         self.state.update(fetched={**marker, str(task_id): task.transcript_id.hex()})
                     if MANIFEST_NAME in names and not (dest / MANIFEST_NAME).is_file():
                         archive.extract(MANIFEST_NAME, dest)  # first: it says how far back to reach
-                    for name in step_files(names, step, rebuild=rebuild, back=staleness_of(dest)):
+                    for name in wanted(names):
                         if not (dest / name).is_file():
                             archive.extract(name, dest)
             except StoreError as exc:

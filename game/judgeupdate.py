@@ -5,7 +5,10 @@ update ``u`` computes on its pre-state (leaf ``u - 1``, agreed in the game) and 
 chunk's schedule names (:mod:`game.training.log.schedule`); the judge takes each with the proof of
 its leaf in the committed state tree (``Evidence.versions``, checked in ``Judge.check``), re-runs
 the update from them (:func:`rerun_update`), and rules against the trainer, with the rejected-log
-hash, where the schedule breaks the task's rules or does not parse.
+hash, where the schedule breaks the task's rules or does not parse. One rule spans updates: a
+micro-batch is applied once. An update that applies one an earlier update applied is ruled against
+the trainer on the earlier update's chunk, proved against the log root (``Evidence.earlier``, found
+by :func:`find_witness`): the auditor pins the first such update, whose pre-state is agreed.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from game.errors import RoundingLogError
+from game.errors import RoundingLogError, TranscriptError
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from game.training.engine.step import StepEngine
+    from game.training.log.schedule import MicroBatchId, ScheduleEntry
+    from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +39,17 @@ def rejected_log_hash(step: int, reason: str) -> bytes:
 
 
 def rerun_update(
-    engine: StepEngine, pre_state: bytes, versions: dict[int, bytes], chunk: bytes, step: int
+    engine: StepEngine,
+    pre_state: bytes,
+    versions: dict[int, bytes],
+    chunk: bytes,
+    step: int,
+    earlier: Mapping[int, bytes] | None = None,
 ) -> tuple[bytes, str]:
     """An asynchronous task's update ``step``: re-run from the pre-state and the versions its
     schedule names, with its log. A schedule that breaks the task's rules (or does not parse),
-    like a log that breaks the bands, is ruled against the trainer with a hash no state has."""
+    or applies a micro-batch that one of the ``earlier`` updates' chunks applied, like a log that
+    breaks the bands, is ruled against the trainer with a hash no state has."""
     from game.training.engine.scheduled import replay_update
     from game.training.log.schedule import ScheduleError
     from game.training.numerics.bandcheck import LogTamperingError
@@ -45,6 +57,10 @@ def rerun_update(
 
     try:
         versions_named(engine.cfg, chunk, step, strict=True)
+        for w, data in sorted((earlier or {}).items()):
+            again = repeated_micro(engine.cfg, chunk, step, data, w)
+            if again is not None:
+                raise ScheduleError(f"update {step}: micro-batch {again} was applied by update {w} already")
         state, _, _ = replay_update(engine, pre_state, step, chunk, versions)
         return state_hash(state), ""
     except (ScheduleError, LogTamperingError) as exc:
@@ -85,4 +101,51 @@ def versions_named(cfg: TaskConfig, chunk: bytes, step: int, *, strict: bool = F
     return entry.versions
 
 
-__all__ = ["rejected_log_hash", "rerun_update", "staleness_of", "versions_named"]
+def _entry(cfg: TaskConfig, chunk: bytes, step: int) -> ScheduleEntry | None:
+    """The schedule entry of update ``step``'s chunk (None where it does not parse)."""
+    from game.training.log.schedule import open_envelope
+
+    try:
+        return open_envelope(chunk, step=step, spec_hash=cfg.spec_hash())[0]
+    except RoundingLogError:
+        return None
+
+
+def repeated_micro(cfg: TaskConfig, chunk: bytes, step: int, witness: bytes, w: int) -> MicroBatchId | None:
+    """A micro-batch that update ``step`` (its ``chunk``) applies and that an earlier update ``w``
+    (its chunk ``witness``) applied: None where there is none, or either chunk does not parse."""
+    from game.training.log.schedule import repeated_in
+
+    if not 1 <= w < step:
+        return None
+    entry, before = _entry(cfg, chunk, step), _entry(cfg, witness, w)
+    if entry is None or before is None:
+        return None
+    return repeated_in(entry, before)
+
+
+def find_witness(t: Transcript, chunk: bytes, step: int) -> tuple[int, bytes] | None:
+    """The first earlier update of transcript ``t`` whose chunk applied a micro-batch that update
+    ``step`` (its ``chunk``) applies again: what the judge shows to rule on it. Reads every earlier
+    chunk of an honest schedule, so only an asynchronous task's ruling pays for it."""
+    cfg = t.config
+    if not cfg.scheduled or _entry(cfg, chunk, step) is None:
+        return None
+    for w in range(1, step):
+        try:
+            data = t.chunk_bytes(w)
+        except (TranscriptError, RoundingLogError):
+            continue  # not a witness; the judge rules on what it can show
+        if repeated_micro(cfg, chunk, step, data, w) is not None:
+            return w, data
+    return None
+
+
+__all__ = [
+    "find_witness",
+    "rejected_log_hash",
+    "repeated_micro",
+    "rerun_update",
+    "staleness_of",
+    "versions_named",
+]

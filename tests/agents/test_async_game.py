@@ -1,7 +1,9 @@
 """A game over an asynchronous task (issue 45, item 4): a trainer whose parameter server applied
 stale gradients, one micro-batch of which it poisoned, is pinned at the first update that applies
 a poisoned micro-batch, and the judge re-runs that update from its pre-state and the older states
-its schedule names, each proved against the committed state root."""
+its schedule names, each proved against the committed state root. A trainer that trains on one
+micro-batch twice (and so leaves one out) is pinned at the update that repeats it, and the judge
+rules on the earlier update's chunk, proved against the committed log root."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from typing import Any
 import pytest
 
 from game.chain.types import EndReason, Outcome, Phase
-from game.judge import VersionEvidenceError
+from game.judge import ChunkEvidenceError, VersionEvidenceError
 from game.merkle import MerkleTree
 from game.training.engine.scheduled import train_scheduled
 from game.training.log.schedule import ScheduleEntry
 from game.training.transcript.reader import Transcript
 from tests.agents.conftest import TRAINER_PROFILE, PoisonBatch, games, run_game, small_config
-from tests.training.schedules import simulated_schedule
+from tests.training.schedules import repeating_schedule, simulated_schedule, write_unchecked
 
 POISON_DATA_STEP = 4
 
@@ -97,3 +99,47 @@ def test_asyncJudge_takesEveryNamedStateWithItsProof_andRefusesAnyOther(
         assert client.get_events("Ruled", 0, game_id=gid) == [], name
     assert [a.what for a in judge.step()] == ["rule"]
     assert client.game(gid).outcome == Outcome.AUDITOR_WON
+
+
+REPEAT_AT = 6
+
+
+@pytest.fixture
+def repeat_game(roles: dict[str, Any], post_task: Any, make_agents: Any) -> tuple[Any, int, Any, int]:
+    cfg = small_config(accumulate=2, max_staleness=2)
+    honest, _, _ = simulated_schedule(cfg.steps, 2, 2, workers=3, seed=3)
+    entries, micro, w = repeating_schedule(honest, REPEAT_AT)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    write_unchecked(cfg, TRAINER_PROFILE, agents.trainer.transcript_dir, entries)
+    return agents, task_id, micro, w
+
+
+def test_asyncGame_overAMicroBatchAppliedTwice_pinsTheRepeat_andTheAuditorWins(
+    roles: dict[str, Any], repeat_game: tuple[Any, int, Any, int]
+) -> None:
+    agents, task_id, micro, w = repeat_game
+    client = roles["client"]
+    gid = _pinned(agents, client, task_id)
+    g = client.game(gid)
+    assert (g.lo, g.hi) == (REPEAT_AT - 1, REPEAT_AT)
+    judge = agents.judge
+    good = judge.gather(gid)
+    assert sorted(good.earlier) == [w]
+    ruling = judge.evaluate(gid, good)
+    assert not ruling.trainer_right and f"micro-batch {micro} was applied by update {w}" in ruling.note
+    # the witness is what decides: without it the update, re-run alone, is what the trainer committed
+    assert judge.evaluate(gid, dataclasses.replace(good, earlier={})).trainer_right
+    data, proof = good.earlier[w]
+    hashes = Transcript(agents.trainer.transcript_dir).chunk_hashes()
+    forged = {
+        "another chunk under its proof": {w: (data + b"\0", proof)},
+        "a proof of another leaf": {w: (data, MerkleTree(hashes).proof(w + 1))},
+        "a later update's chunk": {REPEAT_AT + 1: (data, proof)},
+    }
+    for name, earlier in forged.items():
+        with pytest.raises(ChunkEvidenceError):
+            judge.rule_on(gid, dataclasses.replace(good, earlier=earlier))
+        assert client.get_events("Ruled", 0, game_id=gid) == [], name
+    run_game(agents, client, task_id)
+    assert client.game(gid).outcome == Outcome.AUDITOR_WON and client.game(gid).reason == EndReason.RULING

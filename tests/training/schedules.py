@@ -8,13 +8,16 @@ made in milliseconds and the same for the same seed: what the one-process traine
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
-from game.training.log.schedule import LostUpdate, ScheduleEntry
+from game.training.log.schedule import Applied, LostUpdate, MicroBatchId, ScheduleEntry
 from game.training.ps.pool import WorkPool
+from game.training.task.config import TaskConfig
 
 
 def fake_leaf(version: int, generation: int) -> bytes:
@@ -70,3 +73,33 @@ def simulated_schedule(
             applying = False
             applied += 1
     return [pool.applied[u] for u in range(1, steps + 1)], pool, lost
+
+
+def repeating_schedule(
+    entries: Sequence[ScheduleEntry], update: int
+) -> tuple[list[ScheduleEntry], MicroBatchId, int]:
+    """``entries`` with update ``update`` applying, in place of its last micro-batch, the first
+    micro-batch of the earliest update that has one ``update`` does not apply (same version): what a
+    trainer that trains on some data twice and skips other data commits. Every entry still keeps
+    the rules it can break on its own. Returns the entries, the repeated micro-batch and the
+    update that applied it first."""
+    entry = entries[update - 1]
+    own = {a.micro for a in entry.applied}
+    w, micro = next(
+        (e.update, a.micro) for e in entries[: update - 1] for a in e.applied if a.micro not in own
+    )
+    *keep, last = entry.applied
+    applied = tuple(sorted([*keep, Applied(micro, last.version)], key=lambda a: a.micro))
+    out = list(entries)
+    out[update - 1] = dataclasses.replace(entry, applied=applied)
+    return out, micro, w
+
+
+def write_unchecked(cfg: TaskConfig, profile: str, out: Path, entries: Sequence[ScheduleEntry]) -> None:
+    """Train by ``entries`` into ``out`` without checking the schedule: a dishonest trainer."""
+    from game.training.engine.scheduled import write_scheduled
+    from game.training.engine.step import engine_for
+    from game.training.transcript.manifest import make_transcript_dir
+
+    make_transcript_dir(out)
+    write_scheduled(engine_for(cfg, profile), profile, out, entries)

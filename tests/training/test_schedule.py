@@ -31,14 +31,16 @@ from game.training.log.schedule import (
     ScheduleEntry,
     ScheduleError,
     check_schedule,
+    first_repeats,
     open_envelope,
+    repeated_in,
 )
 from game.training.log.sparse import SparseStepLog
 from game.training.ps.pool import WorkPool
 from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript
-from tests.training.schedules import fake_leaf, simulated_schedule
+from tests.training.schedules import fake_leaf, repeating_schedule, simulated_schedule, write_unchecked
 
 SPEC = bytes(range(32))
 
@@ -323,6 +325,30 @@ def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple
     result = audit(copy, "cpu-2t")
     assert result.first_divergent_step == u and not result.match
     assert any("outside the window" in e for e in result.schedule_errors)
+
+
+def test_firstRepeats_namesEachUpdateThatAppliesAMicroBatchAgain_andTheFirstThatAppliedIt() -> None:
+    entries, _, _ = simulated_schedule(10, 2, 2, workers=3, seed=7)
+    assert first_repeats(entries) == {}
+    bad, micro, w = repeating_schedule(entries, 6)
+    assert first_repeats(bad) == {6: (micro, w)}
+    assert repeated_in(bad[5], bad[w - 1]) == micro and repeated_in(bad[5], bad[4 if w != 5 else 3]) is None
+
+
+def test_asyncTranscript_applyingAMicroBatchTwice_isPinnedAtTheRepeat(
+    async_run: tuple, tmp_path: Path
+) -> None:
+    """Every update, re-run alone, is what the trainer computed; the repeat is still its fault at the
+    update that repeats (so a game can pin it), and the micro-batch it left out needs no rule."""
+    cfg, entries, _ = async_run
+    bad, micro, w = repeating_schedule(entries, 7)
+    out = tmp_path / "t"
+    write_unchecked(cfg, "cpu-1t", out, bad)
+    Transcript(out).verify()
+    result = audit(out, "cpu-2t")
+    assert not result.match and result.first_divergent_step == 7
+    assert f"micro-batch {micro} was applied by update {w} already" in " ".join(result.schedule_errors)
+    assert result.leaves[:7] == tuple(Transcript(out).leaves()[:7])
 
 
 def test_train_ofAnAsyncTask_inOneProcess_writesTheSyncScheduleAndAudits(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ class AuditResult:
     rejected_log_steps: tuple[int, ...] = ()  # steps whose chunk did not fit the auditor's ops
     log_errors: tuple[str, ...] = ()  # why, one message per rejected step (tampering names step, op, value)
     resumed_from: int | None = None  # the step saved progress let it go on from, None for a whole replay
-    #: an asynchronous task's schedule problems: the whole run's (a micro-batch applied twice or
-    #: never), which no game can pin, and the updates whose entry breaks the rules (each pinnable)
+    #: an asynchronous task's schedule problems: the updates whose entry breaks the rules, or that
+    #: apply a micro-batch an earlier update applied (each pinnable at that update)
     schedule_errors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,9 +8,10 @@ first divergent update, and a chunk whose log does not fit the computation is th
 at that update (it is re-run without the log). An entry that breaks the task's rules on its own (a
 version outside the staleness window, the wrong number of micro-batches) is the trainer's fault too:
 the judge posts a hash no state has for it, so the auditor's own leaves from that update on are
-such hashes (:func:`rejected_schedule_leaf`), and a game pins it. What only the whole schedule
-shows (a micro-batch applied twice, or never) is reported in ``schedule_errors``: a game cannot pin
-it, since every update, re-run alone, is what the trainer committed.
+such hashes (:func:`rejected_schedule_leaf`), and a game pins it. So is the first update that
+applies a micro-batch an earlier update applied (the judge takes the earlier update's chunk as its
+witness, :mod:`game.judgeupdate`); with none applied twice, none was left out. Each such finding is
+also in ``schedule_errors``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from game.training.engine.step import engine_for
 from game.training.engine.train import ProgressFn
 from game.training.engine.update import UpdateEngine, Weights, weights_of
 from game.training.log.formats import decode_scheduled
-from game.training.log.schedule import ScheduleEntry, check_schedule, last_uses
+from game.training.log.schedule import MicroBatchId, ScheduleEntry, ScheduleError, check_schedule, last_uses
 from game.training.state.leaves import state_hash
 from game.training.transcript.reader import Transcript
 
@@ -50,12 +51,19 @@ def audit_scheduled(
     ue = UpdateEngine(engine)
     entries: list[ScheduleEntry | None] = []
     errors: list[str] = []
+    applied_by: dict[MicroBatchId, int] = {}
     for u in range(1, t.steps + 1):
         try:
             entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
             if entry is None:
                 raise RoundingLogError(f"update {u}: the chunk carries no schedule")
             check_entry(entry, cfg)
+            again = [a.micro for a in entry.applied if a.micro in applied_by]
+            if again:
+                raise ScheduleError(
+                    f"update {u}: micro-batch {again[0]} was applied by update {applied_by[again[0]]} already"
+                )
+            applied_by.update((a.micro, u) for a in entry.applied)
             entries.append(entry)
         except RoundingLogError as exc:  # a ScheduleError, or an envelope that does not parse
             errors.append(str(exc))

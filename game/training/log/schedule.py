@@ -22,8 +22,12 @@ whose batch it is cut from and its index in that batch (its example ids follow f
 fold order is the order of the micro-batch ids, so an entry lists them sorted; the chunk hash is
 ``sha256`` of the envelope's bytes, as for any chunk, so the log root binds the schedule and the
 log together. What an entry must satisfy on its own (:meth:`ScheduleEntry.check`) the judge checks
-for the one update it re-runs; what only the whole schedule shows (every micro-batch applied exactly
-once: :func:`check_schedule`) the auditor checks.
+for the one update it re-runs. Every micro-batch applied exactly once over the run
+(:func:`check_schedule`) is pinned to one update too: the first update that applies a micro-batch
+an earlier update applied (:func:`first_repeats`, :func:`repeated_in`) is the trainer's fault there,
+and the earlier update's chunk, proved against the log root, is the judge's witness. None applied
+twice means none left out: ``steps`` entries of ``accumulate`` distinct micro-batches each are the
+task's ``steps * accumulate`` micro-batches.
 """
 
 from __future__ import annotations
@@ -233,6 +237,26 @@ def check_schedule(
     return problems
 
 
+def repeated_in(entry: ScheduleEntry, earlier: ScheduleEntry) -> MicroBatchId | None:
+    """The first micro-batch (in fold order) that ``entry`` applies and ``earlier`` applied too."""
+    before = {a.micro for a in earlier.applied}
+    return next((a.micro for a in entry.applied if a.micro in before), None)
+
+
+def first_repeats(entries: Iterable[ScheduleEntry]) -> dict[int, tuple[MicroBatchId, int]]:
+    """For each update that applies a micro-batch an earlier update of ``entries`` applied: that
+    micro-batch (its first such, in fold order) and the first update that applied it."""
+    first: dict[MicroBatchId, int] = {}
+    out: dict[int, tuple[MicroBatchId, int]] = {}
+    for entry in entries:
+        for a in entry.applied:
+            if a.micro in first:
+                out.setdefault(entry.update, (a.micro, first[a.micro]))
+        for a in entry.applied:
+            first.setdefault(a.micro, entry.update)
+    return out
+
+
 def last_uses(entries: Iterable[ScheduleEntry]) -> dict[int, int]:
     """For each version a schedule computes on, the last update that needs it (a replay keeps a
     state only until then)."""
@@ -252,7 +276,9 @@ __all__ = [
     "ScheduleError",
     "ScheduledLog",
     "check_schedule",
+    "first_repeats",
     "is_envelope",
     "last_uses",
     "open_envelope",
+    "repeated_in",
 ]
