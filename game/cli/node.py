@@ -31,8 +31,10 @@ from game.cli.options import (
     checked_first_block,
 )
 from game.cli.rehearse import REHEARSALS, Rehearsal, parse_rehearsal
+from game.cli.units import parse_wei
 from game.errors import ConfigError
 from game.fsio import exclusive_directory
+from game.protocol.terms import TermsPolicy
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
@@ -58,6 +60,11 @@ ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
     "--strategy": (Role.auditor,),
     "--seed": (Role.auditor,),
     "--save-every": (Role.auditor,),
+    "--min-payment": (Role.trainer,),
+    "--max-bond": (Role.trainer,),
+    "--min-clock": (Role.trainer,),
+    "--max-challenge-window": (Role.trainer,),
+    "--allow-client-judge": (Role.trainer,),
     "--evidence-dir": (Role.auditor, Role.judge),
 }
 
@@ -117,6 +124,53 @@ def node_cmd(
             "(as in `vgame demo --help`). The node says so on stderr, in --json and in its state file.",
         ),
     ] = None,
+    min_payment: Annotated[
+        int | None,
+        typer.Option(
+            "--min-payment",
+            parser=parse_wei,
+            metavar="AMOUNT",
+            show_default="any",
+            help="Trainer: refuse a task that pays less (wei, or 0.001ether, 5gwei).",
+        ),
+    ] = None,
+    max_bond: Annotated[
+        int | None,
+        typer.Option(
+            "--max-bond",
+            parser=parse_wei,
+            metavar="AMOUNT",
+            show_default="any",
+            help="Trainer: refuse a task whose trainer's bond is larger (wei, or 0.001ether, 5gwei).",
+        ),
+    ] = None,
+    min_clock: Annotated[
+        int | None,
+        typer.Option(
+            "--min-clock",
+            min=1,
+            metavar="SECONDS",
+            show_default=str(TermsPolicy.min_clock_allowance),
+            help="Trainer: refuse a task whose clock gives each party fewer seconds a game.",
+        ),
+    ] = None,
+    max_challenge_window: Annotated[
+        int | None,
+        typer.Option(
+            "--max-challenge-window",
+            min=1,
+            metavar="SECONDS",
+            show_default="any",
+            help="Trainer: refuse a task whose challenge window (the wait for pay after the commit) is longer.",
+        ),
+    ] = None,
+    allow_client_judge: Annotated[
+        bool,
+        typer.Option(
+            "--allow-client-judge",
+            help="Trainer: work for a client that judges its own task (its ruling is trusted).",
+        ),
+    ] = False,
     strategy: Annotated[
         str | None,
         typer.Option(
@@ -167,6 +221,11 @@ def node_cmd(
             "--seed": seed is not None,
             "--save-every": save_every is not None,
             "--evidence-dir": evidence_dir is not None,
+            "--min-payment": min_payment is not None,
+            "--max-bond": max_bond is not None,
+            "--min-clock": min_clock is not None,
+            "--max-challenge-window": max_challenge_window is not None,
+            "--allow-client-judge": allow_client_judge,
         },
     )
     url = checked_chain(chain, outlives="a node shares its chain with the other roles' processes")
@@ -208,6 +267,13 @@ def node_cmd(
             rehearsal=None if rehearsal is None else rehearsal.spec,
             on_action=show,
             progress=bars,
+            policy=TermsPolicy(
+                min_clock_allowance=TermsPolicy.min_clock_allowance if min_clock is None else min_clock,
+                judge_may_be_client=allow_client_judge,
+                min_payment=min_payment or 0,
+                max_bond=max_bond,
+                max_challenge_window=max_challenge_window,
+            ),
         )
     elif auditor is not None:
         from auditor_node.agent import AuditorAgent

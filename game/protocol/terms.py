@@ -26,6 +26,13 @@ class TermsPolicy:
     #: Whether the client may be the judge: the judge's ruling is trusted, and a client judging its
     #: own task can rule an honest trainer wrong.
     judge_may_be_client: bool = False
+    #: The least payment (wei) worth the training; 0 takes any.
+    min_payment: int = 0
+    #: The most bond (wei) this trainer locks at its accept (None: any).
+    max_bond: int | None = None
+    #: The longest challenge window (seconds) this trainer waits after its commit before it can be
+    #: paid, games aside (None: any the contract allows, up to 30 days).
+    max_challenge_window: int | None = None
 
 
 def terms_problems(task: Task, key_hash: bytes, policy: TermsPolicy | None = None) -> list[str]:
@@ -46,6 +53,17 @@ def terms_problems(task: Task, key_hash: bytes, policy: TermsPolicy | None = Non
         )
     if not policy.judge_may_be_client and task.judge.lower() == task.client.lower():
         out.append("the client is its own task's judge: it could rule honest work wrong")
+    if task.payment < policy.min_payment:
+        out.append(f"the payment is {task.payment} wei, under the {policy.min_payment} wei this trainer asks")
+    if policy.max_bond is not None and task.trainer_bond > policy.max_bond:
+        out.append(
+            f"the trainer's bond is {task.trainer_bond} wei, over the {policy.max_bond} wei this trainer locks"
+        )
+    if policy.max_challenge_window is not None and task.challenge_window > policy.max_challenge_window:
+        out.append(
+            f"the challenge window is {task.challenge_window} s, longer than the "
+            f"{policy.max_challenge_window} s this trainer waits to be paid"
+        )
     return out
 
 

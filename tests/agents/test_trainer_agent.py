@@ -95,6 +95,35 @@ def test_clockTooShortForThePolicy_refusedBeforeAccepting(
     assert steps_on_disk(agents.trainer.transcript_dir) == 0
 
 
+def test_termsOutsideTheNodesPolicy_refusedBeforeAccepting_andWithinIt_accepted(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """``vgame node trainer --min-payment/--max-bond/--max-challenge-window``: a task that pays too
+    little, bonds too much or holds the pay too long is refused before anything is locked."""
+    from dataclasses import replace
+
+    from game.agents import AgentError
+    from game.protocol.terms import TermsPolicy
+
+    task_id = post_task(tiny_cfg)
+    task = roles["client"].task(task_id)
+    agents = make_agents(task_id, tiny_cfg)
+    fits = TermsPolicy(
+        min_payment=task.payment, max_bond=task.trainer_bond, max_challenge_window=task.challenge_window
+    )
+    for change, says in (
+        ({"min_payment": task.payment + 1}, "the payment is"),
+        ({"max_bond": task.trainer_bond - 1}, "the trainer's bond is"),
+        ({"max_challenge_window": task.challenge_window - 1}, "the challenge window is"),
+    ):
+        agents.trainer.policy = replace(fits, **change)
+        with pytest.raises(AgentError, match=f"not working on task {task_id}: {says}"):
+            agents.trainer.step()
+        assert roles["client"].task(task_id).status == TaskStatus.OPEN
+    agents.trainer.policy = fits
+    assert agents.trainer.step()[0].what == "accept"
+
+
 def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(
     roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -290,6 +290,18 @@ def test_termsProblems_keyAndPolicy() -> None:
     judged_by_client = replace(t, judge=t.client)
     assert "own task's judge" in terms_problems(judged_by_client, b"\x00" * 32)[0]
     assert terms_problems(judged_by_client, b"\x00" * 32, TermsPolicy(judge_may_be_client=True)) == []
+    # the trainer's own price, risk and wait: each refused past its limit, each accepted at it
+    at_limits = TermsPolicy(min_payment=10, max_bond=2, max_challenge_window=120)
+    assert terms_problems(t, b"\x00" * 32, at_limits) == []
+    assert terms_problems(t, b"\x00" * 32, replace(at_limits, min_payment=11)) == [
+        "the payment is 10 wei, under the 11 wei this trainer asks"
+    ]
+    assert terms_problems(t, b"\x00" * 32, replace(at_limits, max_bond=1)) == [
+        "the trainer's bond is 2 wei, over the 1 wei this trainer locks"
+    ]
+    assert terms_problems(t, b"\x00" * 32, replace(at_limits, max_challenge_window=119)) == [
+        "the challenge window is 120 s, longer than the 119 s this trainer waits to be paid"
+    ]
 
 
 def test_decideClaims_onlyWonUnclaimedGamesOfASettledTask() -> None:

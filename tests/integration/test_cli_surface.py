@@ -123,7 +123,8 @@ def _node(role: str, tmp_path: Path, *extra: str) -> list[str]:
 
 
 ROLE_TAKES = {
-    "trainer": "a trainer node takes --config and --rehearse",
+    "trainer": "a trainer node takes --config, --rehearse, --min-payment, --max-bond, --min-clock, "
+    "--max-challenge-window and --allow-client-judge",
     "auditor": "an auditor node takes --strategy, --seed, --save-every and --evidence-dir",
     "judge": "a judge node takes --evidence-dir",
 }
@@ -143,6 +144,11 @@ ROLE_TAKES = {
         ("judge", ["--save-every", "300"], "auditor"),
         ("judge", ["--config", "c.toml"], "trainer"),
         ("judge", ["--rehearse", "steer@1"], "trainer"),
+        ("auditor", ["--min-payment", "1ether"], "trainer"),
+        ("judge", ["--max-bond", "5"], "trainer"),
+        ("auditor", ["--min-clock", "60"], "trainer"),
+        ("judge", ["--max-challenge-window", "3600"], "trainer"),
+        ("auditor", ["--allow-client-judge"], "trainer"),
     ],
 )
 def test_node_anOptionThatDoesNothingForTheRole_isRefused_namingWhatTheRoleTakes(
@@ -162,6 +168,22 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
     config.write_text('preset = "mlp-digits"\nsteps = 4\n')
     for role, extra in (
         ("trainer", ["--config", str(config), "--rehearse", "wrong-lr@4"]),
+        (
+            "trainer",
+            [
+                "--config",
+                str(config),
+                "--min-payment",
+                "0.001ether",
+                "--max-bond",
+                "5gwei",
+                "--min-clock",
+                "60",
+                "--max-challenge-window",
+                "3600",
+                "--allow-client-judge",
+            ],
+        ),
         ("auditor", ["--strategy", "lying", "--seed", "3", "--save-every", "5", "--evidence-dir", "e"]),
         ("judge", ["--evidence-dir", "e"]),
     ):
