@@ -58,6 +58,7 @@ WHATS = (
     "restore",
     "damaged",
     "idle",
+    "done",  # a node's last JSON line: its work on the task is over (``detail``: how the task ended)
 )
 
 

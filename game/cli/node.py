@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from game.cli.app import app, err_console, interrupts
 from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_argv
-from game.cli.nodeloop import ProgressBars, printer, run
+from game.cli.nodeloop import ProgressBars, ended_action, printer, run
 from game.cli.options import (
     DataKeyOpt,
     FromBlockOpt,
@@ -314,6 +314,8 @@ def node_cmd(
             if not as_json:
                 err_console.print(f"{role.value} node for task {task} as {client.me} on {rpc.describe()}")
             run(agent, rpc, poll=poll, as_json=as_json, label=f"{role.value} node: task {task}")
+            if as_json:  # a script reading the lines knows the end from a crash
+                show(ended_action(role.value, task, client.task(task)))
     except KeyboardInterrupt:  # what the node has done is on chain and in --workdir
         if bars is not None:
             bars.close()

@@ -25,6 +25,7 @@ from game.errors import ChainError, ContractGone
 if TYPE_CHECKING:
     from game.agents import AgentAction
     from game.chain.rpc import RpcChain
+    from game.chain.types import Task
 
 #: an idle node warns once when the chain's latest block is older than this (seconds)
 STALE_BLOCK_S = 60
@@ -87,6 +88,16 @@ class ProgressBars:
             self.bars.stop()
             self.bars = None
             self.tasks.clear()
+
+
+def ended_action(actor: str, task_id: int, task: Task) -> AgentAction:
+    """A node's last action (``--json``): its work on the task is over, and how the task ended."""
+    from game.agents import AgentAction
+
+    how = task.status.name.lower()
+    if task.trainer_lost:
+        how += f", the trainer lost ({task.auditor_wins} game(s) won by auditors)"
+    return AgentAction(actor, "done", task_id, detail=f"task {task_id} {how}")
 
 
 def printer(as_json: bool, rehearsal: str | None = None) -> Callable[[AgentAction], None]:

@@ -4,6 +4,7 @@ node goes away and comes back, and when it is stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -347,6 +348,10 @@ def test_node_printsTheDataKeyNowhere_givenAsHexOrAsAFile(anvil_chain: Any, tmp_
     for out, as_json, _ in runs:
         assert as_json != ("is done" in out.read_text()), out.read_text()
         assert_key_absent(out.read_bytes(), key, out.name)
+        if as_json:  # its last line says the work is over, and how the task ended
+            last = json.loads(out.read_text().strip().splitlines()[-1])
+            assert (last["actor"], last["what"], last["task_id"]) == ("judge", "done", task)
+            assert last["detail"] == f"task {task} cancelled"
 
 
 def test_progressBars_showWhileWorkRuns_andGoWhenItEnds() -> None:
