@@ -37,7 +37,12 @@ MODES_HELP = (
 
 @ps_app.command("train")
 def ps_train(
-    out: Annotated[Path, typer.Option("--out", help="Transcript directory (a new one).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Transcript directory: a new one, or one whose run died (the run goes on from it)."
+        ),
+    ],
     mode: Annotated[str, typer.Option("--mode", help=MODES_HELP)] = "sync",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Worker actors.")] = 2,
     preset: PresetOpt = None,
@@ -128,6 +133,8 @@ def ps_train(
         emit_json(doc)
         return
     console.print(f"[bold green]trained[/] {cfg.preset}: {cfg.steps} updates, {mode}, {workers} workers")
+    if result.resumed_from is not None:
+        console.print(f"  went on from update {result.resumed_from}, where the run that died had got to")
     for e in result.events:
         if e.kind != "update":
             console.print(f"  {e.t:8.3f} s  {e.kind:<11} {e.detail}")

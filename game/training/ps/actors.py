@@ -206,7 +206,7 @@ class Server:
         """Keep the state (which must be ``version``) as this server's checkpoint; older ones go."""
         if self.state.step != version:
             raise RuntimeError(f"asked to keep state {version}, holding {self.state.step}")
-        atomic_write(self.home / f"server-state-{version:09d}.bin", encode_state(self.state))
+        seed_server(self.home, version, encode_state(self.state))
         for path in sorted(self.home.glob(CHECKPOINT_GLOB))[:-1]:
             path.unlink()
 
@@ -223,6 +223,13 @@ class Server:
         self.state = decode_state(bytes(data), self.ue.cfg)
         if rest:
             rest[0].receive.remote(version, ray.put(bytes(data)), rest[1:])  # no wait: relaxed
+
+
+def seed_server(home: Path, version: int, data: bytes) -> None:
+    """Leave state ``version`` (its canonical bytes) in a server's ``home`` as its checkpoint, so
+    that it starts there: a run whose driver died goes on from its newest state."""
+    home.mkdir(parents=True, exist_ok=True)
+    atomic_write(home / f"server-state-{version:09d}.bin", data)
 
 
 def assign(path: Path, config: dict[str, Any], profile: str, **more: Any) -> None:
@@ -271,5 +278,6 @@ __all__ = [
     "Worker",
     "apply_outs",
     "assign",
+    "seed_server",
     "stateless_apply",
 ]

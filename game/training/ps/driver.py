@@ -28,20 +28,22 @@ from typing import Any
 
 import ray
 
-from game.errors import ConfigError, TrainingError, TranscriptError
+from game.errors import ConfigError, TrainingError
 from game.training.engine.scheduled import next_checkpoint
 from game.training.engine.step import engine_for
 from game.training.log.chunks import EncodedChunk
 from game.training.log.formats import new_step_log
 from game.training.log.schedule import LostUpdate, ScheduleEntry
-from game.training.ps.actors import ServerBehind, stateless_apply
+from game.training.ps.actors import ServerBehind, seed_server, stateless_apply
 from game.training.ps.cluster import DIED, PsCluster, until_up
 from game.training.ps.faults import Kill
 from game.training.ps.options import MODES, PsEvent, PsOptions, PsResult
 from game.training.ps.pool import WorkPool
+from game.training.ps.resume import drop_pending, keep_pending, resume
 from game.training.state.canonical import encode_state
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import is_checkpoint_step, make_transcript_dir
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
@@ -52,9 +54,10 @@ log = logging.getLogger(__name__)
 def train_ps(
     cfg: TaskConfig, profile: str, out_dir: Path | str, opts: PsOptions, *, cluster: PsCluster | None = None
 ) -> PsResult:
-    """Train ``cfg`` with a parameter server on Ray (``opts.mode``) into a new transcript at
-    ``out_dir``; Ray must be up (:func:`~.cluster.ray_session`). ``cluster``: actors kept for
-    several runs (:class:`~.cluster.PsCluster`); None starts them for this run alone."""
+    """Train ``cfg`` with a parameter server on Ray (``opts.mode``) into a transcript at ``out_dir``
+    (a new one, or one a run whose driver died left unfinished: :mod:`.resume`); Ray must be up
+    (:func:`~.cluster.ray_session`). ``cluster``: actors kept for several runs
+    (:class:`~.cluster.PsCluster`); None starts them for this run alone."""
     if opts.mode not in MODES:
         raise ConfigError(f"--ps {opts.mode!r} is not one of {', '.join(MODES)}")
     if MODES[opts.mode][0] and not cfg.scheduled:
@@ -65,8 +68,6 @@ def train_ps(
     if opts.workers < 1 or (opts.mode.endswith("chain") and opts.chain < 2):
         raise ConfigError("a run needs a worker at least, and a chain two servers")
     out = Path(out_dir)
-    if (out / "manifest.json").exists():
-        raise TranscriptError(f"{out} already holds a transcript; choose another --out")
     make_transcript_dir(out)
     own = cluster is None
     cluster = cluster or PsCluster()
@@ -97,6 +98,7 @@ class _Run:
         self.kills = list(opts.kills)
         self.fire_at: float | None = None
         self.applied_total = 0
+        self.resumed_from: int | None = None
         self.applying = False
         self.down = False  # the serving server was killed and has not recovered yet
         self.t0 = time.monotonic()
@@ -111,15 +113,37 @@ class _Run:
 
     # ---- start ---------------------------------------------------------------------------------
 
+    def _open(self) -> tuple[int, bytes]:
+        """The transcript, new or gone on with (:mod:`.resume`), and the lineage so far; returns
+        the newest state's index and bytes."""
+        cfg = self.cfg
+        engine = engine_for(cfg, self.profile)
+        if (self.out / MANIFEST_NAME).exists():
+            self.writer, back = resume(self.out, cfg, self.profile, self.home, engine)
+            if back.step >= 0:
+                self.pool.restore(back.leaves, back.entries, back.lost)
+                self.resumed_from = self.applied_total = back.step
+                gone = [k for k in self.kills if k.after <= back.step]  # the run that died had them
+                if gone:
+                    log.info(
+                        "ps: going on from update %d, kills planned before it dropped: %d",
+                        back.step,
+                        len(gone),
+                    )
+                self.kills = [k for k in self.kills if k.after > back.step]
+                return back.step, back.state
+        else:
+            self.writer = TranscriptWriter.create(self.out, cfg, self.profile)
+        data0 = encode_state(engine.init_state())
+        self.writer.append_step(0, leaf_of(data0), new_step_log(cfg.log_format, 0), data0)
+        self.pool.start(leaf_of(data0))
+        return 0, data0
+
     def go(self, cluster: PsCluster) -> PsResult:
         cfg, opts = self.cfg, self.opts
-        state0 = engine_for(cfg, self.profile).init_state()
-        data0 = encode_state(state0)
-        leaf0 = leaf_of(data0)
-        self.writer = TranscriptWriter.create(self.out, cfg, self.profile)
-        self.writer.append_step(0, leaf0, new_step_log(cfg.log_format, 0), data0)
-        self.pool.start(leaf0)
-        self.versions[0] = ray.put(data0)
+        top, top_data = self._open()
+        top_leaf = leaf_of(top_data)
+        self.versions[top] = ray.put(top_data)
         config = cfg.to_dict()
         shutil.rmtree(self.home, ignore_errors=True)  # a run cut short before left its servers' files
         self.home.mkdir(parents=True)
@@ -127,6 +151,10 @@ class _Run:
             "checkpoint": [self.home / "server"],
             "chain": [self.home / f"chain-{i}" for i in range(opts.chain)],
         }
+        if self.pool.lost:  # a failover's lost updates still to be listed: kept over another death
+            keep_pending(self.home, top, self.pool.lost)
+        for home in homes.get(self.recovery, []) if top else []:
+            seed_server(home, top, top_data)  # the servers start from the lineage's newest state
         self.workers, self.chain = cluster.assign(
             config,
             self.profile,
@@ -140,18 +168,19 @@ class _Run:
             )
             self.pid_file = self.home / "stateless-apply.pid"
         for s in self.chain:
-            if tuple(ray.get(s.hello.remote())) != (0, leaf0):
-                raise TrainingError("a server started at another state than the task's step 0")
+            if tuple(ray.get(s.hello.remote())) != (top, top_leaf):
+                raise TrainingError(f"a server started at another state than the run's state {top}")
         self.config = config
         # every process up and warm before the clock starts
-        pids = ray.get([w.warm.remote(self.versions[0]) for w in self.workers])
+        pids = ray.get([w.warm.remote(self.versions[top]) for w in self.workers])
         self.pids = dict(enumerate(pids))
         if self.chain:
             self.pids[-1] = ray.get([s.warm.remote() for s in self.chain])[0]
         else:
             # two processes warm, at once: a killed update is run again in the other, not in a new one
             warm = [
-                self.apply_task.remote(config, self.profile, "", None, self.versions[0])[0] for _ in range(2)
+                self.apply_task.remote(config, self.profile, "", None, self.versions[top])[0]
+                for _ in range(2)
             ]
             ray.get(warm)
         self.t0 = time.monotonic()
@@ -175,8 +204,16 @@ class _Run:
             self.inflight.clear()
         for k in self.kills:
             log.warning("ps %s: kill of %s never fired (the run ended first)", opts.mode, k.describe())
+        drop_pending(self.home)
         return PsResult(
-            Transcript(self.out), opts.mode, opts.workers, self.now(), self.events, self.lost, self.kept
+            Transcript(self.out),
+            opts.mode,
+            opts.workers,
+            self.now(),
+            self.events,
+            self.lost,
+            self.kept,
+            resumed_from=self.resumed_from,
         )
 
     # ---- handing out and applying ---------------------------------------------------------------
@@ -277,6 +314,9 @@ class _Run:
                 writer.add_checkpoint(v, ray.get(self.versions[v]))
         checkpoint = ray.get(data) if writer.wants_checkpoint(u) else None
         writer.append_step(u, meta.leaf, EncodedChunk(u, meta.chunk, cfg.log_format), checkpoint)
+        if entry.lost:  # the failover's lost updates are listed on disk now: nothing pending
+            writer.flush()
+            drop_pending(self.home)
         self.event("update", u, f"{len(entry.applied)} micro-batches on {list(entry.versions)}", meta.loss)
         if self.opts.keep_every and u % self.opts.keep_every == 0:
             self.kept.append((self.now(), u, ray.get(data)))
@@ -305,6 +345,7 @@ class _Run:
         self.pids.pop(-1, None)
         lost = self.pool.rewind(version, leaf)
         self.lost += lost
+        keep_pending(self.home, version, self.pool.lost)  # before the cut: a death in between keeps them
         self.writer.close()
         self.writer = TranscriptWriter.resume(self.out, self.cfg, keep=version + 1)
         for v in [v for v in self.versions if v > version]:

@@ -56,6 +56,7 @@ class PsResult:
     events: list[PsEvent] = field(default_factory=list)
     lost: list[LostUpdate] = field(default_factory=list)
     kept: list[tuple[float, int, bytes]] = field(default_factory=list)  # (t, update, state bytes)
+    resumed_from: int | None = None  # the update a run whose driver died had reached; None: a new run
 
     def to_dict(self) -> dict[str, Any]:
         m = self.transcript.manifest
@@ -67,6 +68,7 @@ class PsResult:
             "state_root": m.state_root,
             "log_root": m.log_root,
             "wall_s": round(self.wall_s, 3),
+            "resumed_from": self.resumed_from,
             "kills": [e.__dict__ for e in self.events if e.kind == "kill"],
             "failovers": [e.__dict__ for e in self.events if e.kind == "failover"],
             "lost_updates": [{"update": x.update, "leaf": x.leaf.hex()} for x in self.lost],

@@ -195,6 +195,20 @@ class WorkPool:
             raise TrainingError("the lineage has started already")
         self.leaves.append(leaf0)
 
+    def restore(self, leaves: list[bytes], entries: list[ScheduleEntry], lost: list[LostUpdate]) -> None:
+        """Go on from a lineage a transcript kept (its driver died): ``leaves`` of states ``0..k``,
+        the ``entries`` of updates ``1..k``; the micro-batches they applied are not handed out
+        again, and the next update lists ``lost``."""
+        if self.leaves:
+            raise TrainingError("the lineage has started already")
+        if len(entries) != len(leaves) - 1 or [e.update for e in entries] != list(range(1, len(leaves))):
+            raise TrainingError("a lineage of k + 1 states needs the entries of updates 1..k")
+        self.leaves = list(leaves)
+        self.applied = {e.update: e for e in entries}
+        done = {a.micro for e in entries for a in e.applied}
+        self._stream = deque(m for m in self._stream if m not in done)
+        self.lost = list(lost)
+
     def rewind(self, version: int, leaf: bytes) -> list[LostUpdate]:
         """A failover to state ``version`` (``leaf``, which must be the lineage's): the updates
         after it are lost, their micro-batches and every gradient on a lost state handed back."""
