@@ -58,6 +58,11 @@ class UnsupportedOpError(TrainingError):
         self.fix = fix
 
 
+class TaskCodeError(TrainingError):
+    """The task's own code (its model's forward, its loss) raised: a bug of the task, said in one
+    line that names the exception; ``VGAME_DEBUG=1`` shows the traceback."""
+
+
 class RoundingLogError(TrainingError):
     """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
 

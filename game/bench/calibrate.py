@@ -256,12 +256,14 @@ class Calibration:
             "ops": list(self.ops),
         }
 
-    def to_toml(self) -> str:
+    def to_toml(self, task_source: str | None = None) -> str:
+        """The bands file; ``task_source``: how the command was given the task (``--config
+        task.toml``), where not ``--preset NAME``, so that its header is the command that ran."""
         sizes = ",".join(f"{k}={v}" for k, v in self.model.items())
         comment = (
-            f"Divergence bands calibrated by `vgame calibrate --preset {self.preset} --profiles "
+            f"Divergence bands calibrated by `vgame calibrate {task_source or '--preset ' + self.preset} --profiles "
             f"{','.join(self.profiles)} --steps {self.steps} --margin {self.margin}`,\n"
-            f"at model sizes {sizes} and batch size {self.batch_size}.\n"
+            f"for task {self.preset} at model sizes {sizes} and batch size {self.batch_size}.\n"
             "Per op: [rel, abs] exponents: |x_a - x_b| <= 2**rel * 2**e(x) + 2**abs * 2**e(max |tensor|),\n"
             f"margin {self.margin}x included. Part of the task config (and so of its spec hash)."
         )

@@ -45,6 +45,8 @@ def main() -> None:
         app()
     except VGameError as exc:
         err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}")  # messages may hold [brackets]
+        if os.environ.get("VGAME_DEBUG"):
+            raise
         raise SystemExit(2) from None
     except OSError as exc:  # a path it cannot write or read (--out under a missing directory)
         why = (

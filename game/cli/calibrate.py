@@ -67,7 +67,7 @@ def calibrate_cmd(
                 cfg, names, steps=steps, margin=margin, random_inputs=random_inputs, progress=status.update
             )
     if out is not None:
-        atomic_write(out, result.to_toml().encode("utf-8"))
+        atomic_write(out, result.to_toml(None if config is None else f"--config {config}").encode("utf-8"))
     if as_json:
         doc = result.to_dict()
         doc["out"] = str(out) if out is not None else None

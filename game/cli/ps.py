@@ -68,7 +68,8 @@ def ps_train(
         list[str] | None,
         typer.Option(
             "--kill-at",
-            help="SIGKILL a process: [server|workerK@]N[+MS], after update N, MS ms later (repeatable).",
+            help="SIGKILL a process after update N (MS ms later with +MS): server@N, workerK@N (worker K), "
+            "or N, the server (repeatable).",
         ),
     ] = None,
     kills: Annotated[
@@ -118,10 +119,14 @@ def ps_train(
         plan += plan_kills(kill_seed, kills, cfg.steps, target=kill_target, workers=workers)  # type: ignore[arg-type]
     plan.sort(key=lambda k: k.after)
 
-    from game.training.ps.cluster import ray_session
-    from game.training.ps.driver import PsOptions, train_ps
+    from game.training.ps.options import PsOptions, check_run
 
     opts = PsOptions(mode=mode, workers=workers, kills=tuple(plan), every=every, chain=servers)
+    check_run(cfg, opts, out)  # before Ray's start-up: a wrong mode or --out is one line at once
+
+    from game.training.ps.cluster import ray_session
+    from game.training.ps.driver import train_ps
+
     with ray_session():
         if as_json:
             result = train_ps(cfg, profile, out, opts)

@@ -257,3 +257,27 @@ def test_errorLines_ofTheTaskCommands_startWithWords_notAPythonRepr(anvil_chain:
             "error: there is no task 99 in this game contract (is this the contract it was posted to?) "
             "[TaskNotFound(task_id=99)]"
         ), (args, r.stderr)
+
+
+def test_psTrain_aModeOrAnOutItCannotUse_isOneLine_beforeRayStarts(runner: CliRunner, tmp_path: Path) -> None:
+    """Ray's start-up takes seconds and prints its own notices: a run that cannot be says so first."""
+    ray = pytest.importorskip("ray")
+    from game.errors import TranscriptError
+    from game.training.engine.train import train
+    from game.training.task.config import TaskConfig
+
+    task = ["--preset", "mlp-digits", "--model", "hidden=16", "--steps", "2"]
+    bad = runner.invoke(app, ["ps", "train", "--mode", "asink", *task, "--out", str(tmp_path / "a")])
+    assert isinstance(bad.exception, ConfigError), bad.output
+    assert str(bad.exception).startswith(
+        "parameter-server mode 'asink' is not one of sync, async, sync-chain"
+    )
+    bad = runner.invoke(app, ["ps", "train", "--mode", "async", *task, "--out", str(tmp_path / "b")])
+    assert "mode 'async': the task is synchronous (max_staleness 0)" in str(bad.exception)
+    done = tmp_path / "done"
+    train(TaskConfig.for_preset("mlp-digits", model={"hidden": 16}, steps=2), "cpu-1t", done)
+    bad = runner.invoke(app, ["ps", "train", *task, "--out", str(done)])
+    assert isinstance(bad.exception, TranscriptError) and "already holds a finished transcript" in str(
+        bad.exception
+    )
+    assert not ray.is_initialized()

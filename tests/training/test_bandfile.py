@@ -175,6 +175,13 @@ def test_calibrate_measuresEveryOpWithinTheNoiseBound() -> None:
         result.table,
         BandsOrigin(preset="mlp-digits", model={"hidden": 16}, batch_size=8),
     )
+    # its header is the command that ran: a task given by its config is named by it
+    assert result.to_toml().startswith(
+        "# Divergence bands calibrated by `vgame calibrate --preset mlp-digits --"
+    )
+    assert result.to_toml("--config task.toml").startswith(
+        "# Divergence bands calibrated by `vgame calibrate --config task.toml --profiles cpu-1t,noisy,splitk-16"
+    )
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,22 @@ def test_aTaskThatCannotLoad_isOneLine_fromTheCli(plugin: tuple[Path, str]) -> N
     assert "Traceback" not in out.stderr
 
 
+def test_aBugInTheTasksModel_isOneLineNamingIt_andExitCode2_fromTheCli(tmp_path: Path) -> None:
+    """A model whose forward fails (here: a width its heads do not divide) is the task's bug: one
+    line naming the exception, not a traceback, and not exit code 1 (an audit's mismatch)."""
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        return self.b(torch.tanh(self.a(x))).view(-1, 7)",
+    )
+    make_plugin(tmp_path, body)
+    out = _vgame(tmp_path, "train", "--config", str(tmp_path / "task.toml"), "--out", str(tmp_path / "t"))
+    assert out.returncode == 2, out.stderr
+    line = "error: the task's loss (its model's forward) raised RuntimeError: shape '[-1, 7]' is invalid"
+    said = " ".join(out.stderr.split())  # as the terminal wraps it
+    assert said.startswith(line), out.stderr
+    assert "Traceback" not in said and said.endswith("(run with VGAME_DEBUG=1 for the traceback)")
+
+
 def test_aModuleInsteadOfAFactory_isRefused_withTheFix(plugin: tuple[Path, str]) -> None:
     from game.api import Task
 
@@ -371,3 +387,17 @@ def test_aModelFromAnUndeclaredLibrary_isRefusedAtStepZero(tmp_path: Path) -> No
         ConfigError, match=r"Layer of otherlib_vg.*add libraries=\('otherlib_vg',\) to the Task"
     ):
         fresh_state(cfg)
+
+
+def test_overrides_aKeyNoTaskHas_isOneErrorListingTheKeys_andParamsMayBeADict(
+    plugin: tuple[Path, str],
+) -> None:
+    root, _ = plugin
+    from game.api import config
+
+    with pytest.raises(
+        ConfigError, match=r"no config key 'warmpu': the keys are accumulate, .*declares warmup, init"
+    ):
+        config(root / "task.toml", warmpu=3)
+    assert config(root / "task.toml", params={"warmup": 3}).params.warmup == 3  # type: ignore[attr-defined]
+    assert config(root / "task.toml", warmup=3) == config(root / "task.toml", params={"warmup": 3})

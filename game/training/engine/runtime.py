@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from game.errors import ConfigError
+from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch.initmode import init_module
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
@@ -172,8 +172,17 @@ class TaskRuntime:
         return [Batch(d, batch.example_ids[j * each : (j + 1) * each]) for j, d in enumerate(datas)]
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The task's loss on one micro-batch: a float64 scalar."""
-        loss = self.task.loss(model, batch.data)
+        """The task's loss on one micro-batch: a float64 scalar. An exception of the task's own
+        code (not one of vgame's, such as a refused op) is a :class:`TaskCodeError`."""
+        try:
+            loss = self.task.loss(model, batch.data)
+        except VGameError:
+            raise
+        except Exception as exc:
+            raise TaskCodeError(
+                f"the task's loss (its model's forward) raised {type(exc).__name__}: {exc} "
+                "(run with VGAME_DEBUG=1 for the traceback)"
+            ) from exc
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise ConfigError(f"Task.loss: expected a scalar tensor, got {_describe(loss)}")
         return loss

@@ -28,7 +28,7 @@ from typing import Any
 
 import ray
 
-from game.errors import ConfigError, TrainingError
+from game.errors import TrainingError
 from game.training.engine.scheduled import next_checkpoint
 from game.training.engine.step import engine_for
 from game.training.log.chunks import EncodedChunk
@@ -37,7 +37,7 @@ from game.training.log.schedule import LostUpdate, ScheduleEntry
 from game.training.ps.actors import ServerBehind, seed_server, stateless_apply
 from game.training.ps.cluster import DIED, PsCluster, until_up
 from game.training.ps.faults import Kill
-from game.training.ps.options import MODES, PsEvent, PsOptions, PsResult
+from game.training.ps.options import MODES, PsEvent, PsOptions, PsResult, check_run
 from game.training.ps.pool import WorkPool
 from game.training.ps.resume import drop_pending, keep_pending, resume
 from game.training.state.canonical import encode_state
@@ -58,16 +58,8 @@ def train_ps(
     (a new one, or one a run whose driver died left unfinished: :mod:`.resume`); Ray must be up
     (:func:`~.cluster.ray_session`). ``cluster``: actors kept for several runs
     (:class:`~.cluster.PsCluster`); None starts them for this run alone."""
-    if opts.mode not in MODES:
-        raise ConfigError(f"--ps {opts.mode!r} is not one of {', '.join(MODES)}")
-    if MODES[opts.mode][0] and not cfg.scheduled:
-        raise ConfigError(
-            f"--ps {opts.mode}: the task is synchronous (max_staleness 0); an asynchronous server needs a "
-            "task that allows stale gradients: set max_staleness (e.g. --max-staleness 4)"
-        )
-    if opts.workers < 1 or (opts.mode.endswith("chain") and opts.chain < 2):
-        raise ConfigError("a run needs a worker at least, and a chain two servers")
     out = Path(out_dir)
+    check_run(cfg, opts, out)
     make_transcript_dir(out)
     own = cluster is None
     cluster = cluster or PsCluster()

@@ -5,10 +5,15 @@ the command line read them without the driver's Ray calls in the way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from game.errors import ConfigError, TranscriptError
 from game.training.log.schedule import LostUpdate
 from game.training.ps.faults import Kill
+from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
+from game.training.transcript.manifest import read_manifest
 from game.training.transcript.reader import Transcript
 
 #: mode -> (asynchronous, recovery)
@@ -75,4 +80,20 @@ class PsResult:
         }
 
 
-__all__ = ["MODES", "PsEvent", "PsOptions", "PsResult"]
+def check_run(cfg: TaskConfig, opts: PsOptions, out: Path) -> None:
+    """Refuse a run that cannot be (a mode that is none, an asynchronous mode on a synchronous task,
+    a finished transcript at ``out``): one line, before any process is started."""
+    if opts.mode not in MODES:
+        raise ConfigError(f"parameter-server mode {opts.mode!r} is not one of {', '.join(MODES)}")
+    if MODES[opts.mode][0] and not cfg.scheduled:
+        raise ConfigError(
+            f"parameter-server mode {opts.mode!r}: the task is synchronous (max_staleness 0); an asynchronous "
+            "server needs a task that allows stale gradients: set max_staleness (e.g. --max-staleness 4)"
+        )
+    if opts.workers < 1 or (opts.mode.endswith("chain") and opts.chain < 2):
+        raise ConfigError("a run needs a worker at least, and a chain two servers")
+    if (out / MANIFEST_NAME).is_file() and read_manifest(out).complete:
+        raise TranscriptError(f"{out} already holds a finished transcript; choose another --out")
+
+
+__all__ = ["MODES", "PsEvent", "PsOptions", "PsResult", "check_run"]

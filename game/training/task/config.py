@@ -354,7 +354,16 @@ class TaskConfig:
         """A copy with ``changes`` (validated): general keys, the task's own keys (into ``params``),
         and ``model`` as a dict of size changes."""
         decl = declaration_of(self.task)
+        fields = {f.name for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        unknown = sorted(k for k in changes if k not in fields and k not in decl.params)
+        if unknown:
+            own_keys = f"; task {self.task!r} declares {', '.join(decl.params)}" if decl.params else ""
+            raise ConfigError(
+                f"no config key {', '.join(map(repr, unknown))}: the keys are {', '.join(sorted(fields))}{own_keys}"
+            )
         own = {k: changes.pop(k) for k in list(changes) if k in decl.params}
+        if isinstance(changes.get("params"), Mapping) and not isinstance(changes["params"], Table):
+            own = {**dict(changes.pop("params")), **own}  # a dict of the task's own keys, as ``model``
         if own:
             changes["params"] = decl.table("params", {**dict(self.params), **own}, partial=True)
         if (
@@ -389,7 +398,8 @@ class TaskConfig:
             sizes = ",".join(f"{k}={v}" for k, v in shape_dict(self.model).items())
             log.warning(
                 "%s was calibrated on %s; this task is %s at %s, batch size %d. Divergence grows "
-                "with sizes: calibrate at the task's (`vgame calibrate --model %s --batch-size %d`)",
+                "with sizes: calibrate at the task's (`vgame calibrate --config TASK.toml --model %s "
+                "--batch-size %d --out FILE`)",
                 where,
                 origin.describe(),
                 self.task,

@@ -32,6 +32,8 @@ def load(source: Mapping[str, Any] | str | Path) -> dict[str, Tensor]:
         out = dict(source)
     else:
         p = Path(source)
+        if not p.is_file():
+            raise ConfigError(f"init_weights {p}: no such file")
         try:
             if p.suffix == ".safetensors":
                 from safetensors.torch import load_file
