@@ -392,7 +392,14 @@ class TrainerAgent(TaskAgent):
             return
         paid = any(getattr(e, "trainer_paid", False) for e in rec.events_named("TaskFinalized"))
         self._emit(
-            out, action_from_receipt(ACTOR, "finalize", self.task_id, rec, detail="the trainer is paid" if paid else "the trainer is not paid")
+            out,
+            action_from_receipt(
+                ACTOR,
+                "finalize",
+                self.task_id,
+                rec,
+                detail="the trainer is paid" if paid else "the trainer is not paid",
+            ),
         )
 
     def _withdraw(self, out: list[AgentAction]) -> None:
