@@ -13,6 +13,8 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -102,6 +104,21 @@ def progress_bar(out: Console = err_console) -> Progress:
         TimeRemainingColumn(),
     )
     return Progress(*columns, console=out, transient=True)
+
+
+@contextmanager
+def bar_progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr for people, fed ``(done, total)``; nothing when ``quiet`` (``--json``)."""
+    if quiet:
+        yield None
+        return
+    with progress_bar() as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
 
 
 def emit_json(obj: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from game.cli.app import app, console, emit_json
+from game.cli.app import app, bar_progress, console, emit_json
 from game.cli.options import (
     AccumulateOpt,
     BatchSizeOpt,
@@ -127,12 +127,11 @@ def ps_train(
     from game.training.ps.cluster import ray_session
     from game.training.ps.driver import train_ps
 
-    with ray_session():
-        if as_json:
-            result = train_ps(cfg, profile, out, opts)
-        else:
-            with console.status(f"{mode} parameter server, {workers} workers: {cfg.preset}"):
-                result = train_ps(cfg, profile, out, opts)
+    with (
+        ray_session(),
+        bar_progress(f"{mode} parameter server, {workers} workers: {cfg.preset}", as_json) as bar,
+    ):
+        result = train_ps(cfg, profile, out, opts, progress=bar)
     doc: dict[str, Any] = {**result.to_dict(), "spec_hash": result.transcript.spec_hash.hex()}
     if as_json:
         emit_json(doc)

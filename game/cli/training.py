@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from game.cli.app import app, console, emit_json, interrupts, progress_bar
+from game.cli.app import app, bar_progress, console, emit_json, interrupts, progress_bar
 from game.cli.options import (
     AccumulateOpt,
     BandsOpt,
@@ -40,21 +40,6 @@ if TYPE_CHECKING:
     from game.training.engine.divergence import DivergenceResult
 
 ProgressFn = Callable[[int, int], None]
-
-
-@contextmanager
-def _progress(label: str, quiet: bool) -> Iterator[ProgressFn | None]:
-    """A rich progress bar on stderr for people; nothing when ``quiet`` (``--json``)."""
-    if quiet:
-        yield None
-        return
-    with progress_bar() as bar:
-        task = bar.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,7 +343,7 @@ def _audit_with_progress(
     from game.training.engine.audit import audit
 
     replayed = [0, 0]  # steps done, of how many: for the message if it is interrupted
-    with _progress(f"audit on {profile}", as_json) as update:
+    with bar_progress(f"audit on {profile}", as_json) as update:
 
         def track(done: int, total: int) -> None:
             replayed[:] = [done, total]
@@ -434,7 +419,7 @@ def divergence_cmd(
     out.mkdir(parents=True, exist_ok=True)  # before the training, which may take minutes
     from game.training.engine.divergence import divergence
 
-    with _progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:
+    with bar_progress(f"divergence {trainer_profile} vs {auditor_profile}", as_json) as update:
         result = divergence(cfg, steps, trainer_profile, auditor_profile, progress=update)
     doc = result.to_dict()
     (out / "divergence.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from game.errors import RoundingLogError
+from game.errors import RoundingLogError, TranscriptError
 from game.merkle import merkle_root
 from game.training.engine.audit import audit
 from game.training.engine.microbatch import merge_logs
@@ -39,7 +39,7 @@ from game.training.log.sparse import SparseStepLog
 from game.training.ps.pool import WorkPool
 from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
-from game.training.transcript.reader import Transcript
+from game.training.transcript.reader import Transcript, steps_on_disk
 from tests.training.schedules import fake_leaf, repeating_schedule, simulated_schedule, write_unchecked
 
 SPEC = bytes(range(32))
@@ -357,6 +357,30 @@ def test_train_ofAnAsyncTask_inOneProcess_writesTheSyncScheduleAndAudits(tmp_pat
     t = Transcript(tmp_path / "t")
     assert t.schedule() == [ScheduleEntry.sync(u, 2) for u in range(1, 6)]
     assert audit(tmp_path / "t", "noisy").match
+
+
+def test_train_ofAnAsyncTask_stoppedMidway_goesOnFromItsLastUpdate_toTheSameRoots(tmp_path: Path) -> None:
+    cfg = _async_cfg(steps=9)
+    whole = train(cfg, "cpu-1t", tmp_path / "whole")
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_6(done: int, total: int) -> None:
+        if done == 6:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, "cpu-1t", tmp_path / "t", progress=stop_at_6)
+    assert steps_on_disk(tmp_path / "t") == 7
+    again = train(cfg, "cpu-1t", tmp_path / "t")
+    assert again.resumed_from == 6 and again.steps_run == 3
+    assert (again.state_root, again.log_root) == (whole.state_root, whole.log_root)
+    with pytest.raises(TranscriptError, match="not 'cpu-2t'"):  # a run goes on where it started
+        (tmp_path / "t" / "manifest.json").write_text(
+            (tmp_path / "t" / "manifest.json").read_text().replace('"complete": true', '"complete": false')
+        )
+        train(cfg, "cpu-2t", tmp_path / "t")
 
 
 def test_envelopeHeader_layoutIsTheDocumented(async_run: tuple) -> None:

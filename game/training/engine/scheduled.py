@@ -28,6 +28,7 @@ from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
+from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import is_checkpoint_step, make_transcript_dir
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
@@ -106,17 +107,25 @@ def write_scheduled(
     poison: Mapping[int, Batch] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Transcript:
-    """:func:`train_scheduled` in a directory the caller holds (a checked schedule)."""
+    """:func:`train_scheduled` in a directory the caller holds (a checked schedule). A transcript
+    there that a run left unfinished is gone on with from its last complete update, whose entries
+    must be ``schedule``'s."""
     cfg = engine.cfg
     ue = UpdateEngine(engine, dict(poison or {}))
     uses = last_uses(schedule)
-    writer = TranscriptWriter.create(out, cfg, profile)
+    resuming = (out / MANIFEST_NAME).exists()
+    writer = TranscriptWriter.resume(out, cfg) if resuming else TranscriptWriter.create(out, cfg, profile)
     writer.extra_checkpoints = own_checkpoints(schedule, cfg)
     with writer:
-        state = engine.init_state()
-        writer.append_step(0, state_hash(state), _empty(cfg, 0), encode_state(state))
-        kept: dict[int, Weights] = {0: weights_of(state)}
-        for entry in schedule:
+        done = writer.num_done - 1
+        if done < 0:
+            state = engine.init_state()
+            writer.append_step(0, state_hash(state), _empty(cfg, 0), encode_state(state))
+            kept: dict[int, Weights] = {0: weights_of(state)}
+            done = 0
+        else:
+            state, kept = _went_to(engine, out, schedule, done)
+        for entry in schedule[done:]:
             u = entry.update
             step_log, _, _ = ue.run_update(
                 state, [(a, kept[a.version]) for a in entry.applied], mode="record"
@@ -133,6 +142,24 @@ def write_scheduled(
                 progress(u, cfg.steps)
         writer.finish()
     return Transcript(out)
+
+
+def _went_to(
+    engine: StepEngine, out: Path, schedule: Sequence[ScheduleEntry], done: int
+) -> tuple[TrainState, dict[int, Weights]]:
+    """Where an unfinished transcript's run got to: state ``done`` and the weights of every state up
+    to it that the rest of ``schedule`` computes on (rebuilt from checkpoints and the log)."""
+    t = Transcript(out)
+    for u in range(1, done + 1):
+        entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
+        if entry != schedule[u - 1]:
+            raise TranscriptError(
+                f"{out} holds a run whose update {u} applied another schedule; delete it and train again"
+            )
+    needed = {v for e in schedule[done:] for v in e.versions if v <= done} | {done}
+    state, found = states_for(t, engine, needed)
+    log.info("going on from update %d of %s", done, out)
+    return state, {v: weights_from_bytes(found[v]) for v in needed}
 
 
 def _empty(cfg: TaskConfig, step: int) -> ChunkLog:

@@ -34,7 +34,7 @@ from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import CHECKPOINT_DIR_NAME, LOG_DIR_NAME, MANIFEST_NAME
 from game.training.transcript.manifest import make_transcript_dir, read_manifest
-from game.training.transcript.reader import Transcript
+from game.training.transcript.reader import Transcript, steps_on_disk
 from game.training.transcript.writer import TranscriptWriter
 
 log = logging.getLogger(__name__)
@@ -219,16 +219,13 @@ def _train_alone(
             log.info("transcript at %s is already complete; nothing to do", out)
             run.ready(None, cfg.steps + 1)
             return _result(Transcript(out), existing.profile, steps_run=0, resumed_from=cfg.steps, loss=None)
-        if cfg.scheduled:
-            raise TranscriptError(
-                f"{out} holds an unfinished transcript of an asynchronous task, which a run does not go on "
-                "from: delete it and train again"
-            )
         if existing.profile != profile:  # its manifest names one profile, and says what ran the steps
             raise TranscriptError(
                 f"{out} was started on profile {existing.profile!r}, not {profile!r}: go on with "
                 f"--profile {existing.profile}, or train afresh in another --out"
             )
+        if cfg.scheduled:  # the synchronous schedule, from its last complete update
+            return _train_by_schedule(engine, profile, out, dev, progress)
         writer = TranscriptWriter.resume(out, cfg)
         if writer.num_done > 0:
             resumed_from = writer.num_done - 1
@@ -274,8 +271,10 @@ def _train_by_schedule(
         raise ConfigError("an asynchronous task trains with a deviation that poisons batches only")
     poison = {s: b for s in range(1, cfg.steps + 1) if (b := dev.batch(s)) is not None}
     schedule = [ScheduleEntry.sync(u, cfg.accumulate) for u in range(1, cfg.steps + 1)]
+    before = steps_on_disk(out) - 1 if (out / MANIFEST_NAME).exists() else -1  # a run that stopped
     t = write_scheduled(engine, profile, out, schedule, poison=poison, progress=progress)
-    return _result(t, profile, steps_run=cfg.steps, resumed_from=None, loss=None)
+    resumed = before if before >= 0 else None
+    return _result(t, profile, steps_run=cfg.steps - max(before, 0), resumed_from=resumed, loss=None)
 
 
 def checkpoints_after(step: int, cfg: TaskConfig) -> int:

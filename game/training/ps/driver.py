@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +53,26 @@ log = logging.getLogger(__name__)
 
 
 def train_ps(
-    cfg: TaskConfig, profile: str, out_dir: Path | str, opts: PsOptions, *, cluster: PsCluster | None = None
+    cfg: TaskConfig,
+    profile: str,
+    out_dir: Path | str,
+    opts: PsOptions,
+    *,
+    cluster: PsCluster | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PsResult:
     """Train ``cfg`` with a parameter server on Ray (``opts.mode``) into a transcript at ``out_dir``
     (a new one, or one a run whose driver died left unfinished: :mod:`.resume`); Ray must be up
     (:func:`~.cluster.ray_session`). ``cluster``: actors kept for several runs
-    (:class:`~.cluster.PsCluster`); None starts them for this run alone."""
+    (:class:`~.cluster.PsCluster`); None starts them for this run alone. ``progress(update, steps)``
+    after each update (and back to the state a failover returns to)."""
     out = Path(out_dir)
     check_run(cfg, opts, out)
     make_transcript_dir(out)
     own = cluster is None
     cluster = cluster or PsCluster()
     try:
-        return _Run(cfg, profile, out, opts).go(cluster)
+        return _Run(cfg, profile, out, opts, progress).go(cluster)
     finally:
         if own:
             cluster.close()
@@ -73,8 +81,16 @@ def train_ps(
 class _Run:
     """One run's state (see the module docstring)."""
 
-    def __init__(self, cfg: TaskConfig, profile: str, out: Path, opts: PsOptions) -> None:
+    def __init__(
+        self,
+        cfg: TaskConfig,
+        profile: str,
+        out: Path,
+        opts: PsOptions,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
         self.cfg, self.profile, self.out, self.opts = cfg, profile, out, opts
+        self.progress = progress or (lambda done, total: None)
         self.asynchronous, self.recovery = MODES[opts.mode]
         self.every = opts.every or cfg.checkpoint_interval
         self.home = out.parent / f"{out.name}.ps"
@@ -176,6 +192,7 @@ class _Run:
             ]
             ray.get(warm)
         self.t0 = time.monotonic()
+        self.progress(top, cfg.steps)
         try:
             with self.writer:
                 while not self.pool.done:
@@ -310,6 +327,7 @@ class _Run:
             writer.flush()
             drop_pending(self.home)
         self.event("update", u, f"{len(entry.applied)} micro-batches on {list(entry.versions)}", meta.loss)
+        self.progress(u, cfg.steps)
         if self.opts.keep_every and u % self.opts.keep_every == 0:
             self.kept.append((self.now(), u, ray.get(data)))
         window = u - 1 - cfg.max_staleness
@@ -347,6 +365,7 @@ class _Run:
         if self.opts.keep_every:  # the model went back to this state now: a curve shows the drop
             self.kept.append((self.now(), version, ray.get(self.versions[version])))
         self.down = False
+        self.progress(version, self.cfg.steps)
         how = (
             "restarted from its checkpoint"
             if self.recovery == "checkpoint"
