@@ -124,7 +124,7 @@ def test_saver_savesOnlyWhenItsIntervalHasPassed_andKeepsOneState(tmp_path: Path
     saver.save(progress, state)
     saver.save(progress, state)
     assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "audit-state-000000001.bin"]
-    assert saver.load(b"\x01" * 32, "noisy", True) == (progress, state)
+    assert saver.load(b"\x01" * 32, "noisy", True) == (progress, state, {})
     assert saver.load(b"\x01" * 32, "noisy", False) is None  # the same transcript without the log
     saver.clear()
     assert list(tmp_path.iterdir()) == []
@@ -143,3 +143,41 @@ def test_audit_ofAStateTooLargeForOneBuffer_savesAndGoesOnAlike(
     again = audit(tampered, "splitk-16", keep_progress=keep, save_every_s=0.0)
     assert again.resumed_from == 4
     _same(again, whole)
+
+
+@pytest.mark.parametrize("poisoned", [False, True])  # a poisoned update diverges: the later run alone
+def test_asyncAudit_killedAndRunAgain_goesOnFromItsLastSave_withTheVersionsItNeeds(
+    tmp_path: Path, poisoned: bool
+) -> None:
+    """An asynchronous task's replay keeps older states' weights for its later updates: a save
+    keeps them too (the auditor's own, past a divergence), and the audit run again from it ends
+    as a whole run does."""
+    from game.training.engine.runtime import Batch
+    from game.training.engine.scheduled import train_scheduled
+    from game.training.engine.step import engine_for
+    from tests.training.schedules import simulated_schedule
+
+    cfg = TaskConfig.for_preset(
+        "mlp-digits", model={"hidden": 16}, batch_size=8, steps=10, accumulate=2, max_staleness=2,
+        checkpoint_interval=4,
+    )  # fmt: skip
+    entries, _, _ = simulated_schedule(cfg.steps, 2, 2, workers=3, seed=7)
+    assert any(v < e.update - 1 for e in entries for v in e.versions)  # stale versions are kept
+    poison: dict[int, Batch] = {}
+    if poisoned:
+        engine = engine_for(cfg, "cpu-1t")
+        poison = {3: engine.runtime.poison(engine.batch(3), 3)}
+    out = tmp_path / "t"
+    train_scheduled(cfg, "cpu-1t", out, entries, poison=poison)
+    whole = audit(out, "splitk-16")
+    assert whole.match != poisoned
+    keep = tmp_path / "progress"
+    for killed_at in (2, 6, 9):
+        with pytest.raises(Stop):
+            audit(out, "splitk-16", keep_progress=keep, save_every_s=0.0, progress=_stop_after(killed_at))
+        assert any(p.suffix == ".versions" for p in keep.iterdir())
+        again = audit(out, "splitk-16", keep_progress=keep, save_every_s=3600.0)
+        assert again.resumed_from == killed_at
+        _same(again, whole)
+        assert again.schedule_errors == whole.schedule_errors
+        assert not (keep / RECORD_NAME).exists()  # an audit that ended leaves no progress behind

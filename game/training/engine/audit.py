@@ -52,7 +52,14 @@ def audit(
     t = Transcript(transcript_dir)
     t.verify()
     if t.config.scheduled:  # an asynchronous task: replayed by its schedule
-        return audit_scheduled(t, profile, use_log=use_log, progress=progress)
+        return audit_scheduled(
+            t,
+            profile,
+            use_log=use_log,
+            progress=progress,
+            keep_progress=keep_progress,
+            save_every_s=save_every_s,
+        )
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
     engine = engine_for(t.config, profile)
@@ -67,7 +74,7 @@ def audit(
         log_errors: list[str] = []
         resumed_from = None
     else:
-        done, state_bytes = saved
+        done, state_bytes, _ = saved
         state = decode_state(state_bytes, t.config)
         leaves = list(done.leaves)
         first_div = done.first_divergent_step

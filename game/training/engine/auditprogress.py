@@ -16,12 +16,18 @@ warning and the audit starts from step 0, which is never wrong, only slower.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import pickle
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from game.fsio import atomic_write, fsync_dir, is_temp_name
 from game.training.state.leafhash import leaf_of
@@ -105,20 +111,37 @@ class ProgressSaver:
         """Whether ``every_s`` has passed since the start or the last save."""
         return time.monotonic() - self._last >= self.every_s
 
-    def save(self, progress: AuditProgress, state_bytes: bytes | memoryview) -> None:
-        """Keep ``progress`` and the canonical bytes of the state after its step."""
+    def save(
+        self,
+        progress: AuditProgress,
+        state_bytes: bytes | memoryview,
+        versions: Mapping[int, Mapping[str, Tensor]] | None = None,
+    ) -> None:
+        """Keep ``progress`` and the canonical bytes of the state after its step; ``versions``: an
+        asynchronous task's replay also keeps the parameters and buffers of the older states its
+        later updates compute on (the auditor's own, which no transcript holds after a divergence)."""
         name = f"{STATE_PREFIX}{progress.step:09d}.bin"
         atomic_write(self.directory / name, state_bytes)
-        atomic_write(self.record, json.dumps(progress.to_dict(name), indent=1).encode())
-        self._remove_states(keep=name)
+        kept = {name}
+        doc = progress.to_dict(name)
+        if versions is not None:
+            vname = f"{STATE_PREFIX}{progress.step:09d}.versions"
+            buf = io.BytesIO()
+            torch.save({int(v): dict(w) for v, w in versions.items()}, buf)
+            atomic_write(self.directory / vname, buf.getvalue())
+            kept.add(vname)
+            doc["versions_file"] = vname
+        atomic_write(self.record, json.dumps(doc, indent=1).encode())
+        self._remove_states(keep=kept)
         self._last = time.monotonic()
         log.debug("audit progress saved at step %d in %s", progress.step, self.directory)
 
     def load(
         self, trainer_state_root: bytes, profile: str, use_log: bool
-    ) -> tuple[AuditProgress, bytes] | None:
+    ) -> tuple[AuditProgress, bytes, dict[int, dict[str, Tensor]]] | None:
         """The progress saved for this transcript, profile and use of the log, with the state's
-        bytes; None when there is none, or none that checks out (said in a warning)."""
+        bytes and the versions kept beside it (none for a synchronous task); None when there is
+        none, or none that checks out (said in a warning)."""
         if not self.record.is_file():
             return None
         try:
@@ -130,7 +153,15 @@ class ProgressSaver:
             if "/" in state_file or "\\" in state_file or not state_file.startswith(STATE_PREFIX):
                 raise ValueError(f"it names {state_file!r} as its state file")
             state = (self.directory / state_file).read_bytes()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            versions: dict[int, dict[str, Tensor]] = {}
+            if doc.get("versions_file") is not None:
+                vfile = str(doc["versions_file"])
+                if "/" in vfile or "\\" in vfile or not vfile.startswith(STATE_PREFIX):
+                    raise ValueError(f"it names {vfile!r} as its versions file")
+                versions = torch.load(self.directory / vfile, map_location="cpu", weights_only=True)
+                if not isinstance(versions, dict):
+                    raise ValueError("its versions file holds no table of versions")
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as exc:
             log.warning("audit progress in %s is unusable (%s): replaying from step 0", self.directory, exc)
             return None
         same = (progress.trainer_state_root, progress.profile, progress.use_log) == (
@@ -155,17 +186,19 @@ class ProgressSaver:
                 progress.step,
             )
             return None
-        return progress, state
+        return progress, state, versions
 
     def clear(self) -> None:
         """Remove the saved progress (the audit it served has finished)."""
         self.record.unlink(missing_ok=True)
         self._remove_states(keep=None)
 
-    def _remove_states(self, keep: str | None) -> None:
+    def _remove_states(self, keep: set[str] | None) -> None:
         removed = False
         for path in self.directory.glob(f"*{STATE_PREFIX}*"):
-            if path.name != keep and (path.name.startswith(STATE_PREFIX) or is_temp_name(path.name)):
+            if path.name not in (keep or set()) and (
+                path.name.startswith(STATE_PREFIX) or is_temp_name(path.name)
+            ):
                 path.unlink(missing_ok=True)
                 removed = True
         if removed:

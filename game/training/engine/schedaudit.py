@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from pathlib import Path
 
 from game.errors import RoundingLogError
 from game.merkle import merkle_root
+from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.auditresult import AuditResult
 from game.training.engine.scheduled import check_entry, replay_update, states_for
+from game.training.engine.states import decode_state
 from game.training.engine.step import engine_for
 from game.training.engine.train import ProgressFn
 from game.training.engine.update import UpdateEngine, Weights, weights_of
 from game.training.log.formats import decode_scheduled
 from game.training.log.schedule import MicroBatchId, ScheduleEntry, ScheduleError, check_schedule, last_uses
+from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
 from game.training.transcript.reader import Transcript
 
@@ -41,9 +45,17 @@ def rejected_schedule_leaf(update: int) -> bytes:
 
 
 def audit_scheduled(
-    t: Transcript, profile: str, *, use_log: bool = True, progress: ProgressFn | None = None
+    t: Transcript,
+    profile: str,
+    *,
+    use_log: bool = True,
+    progress: ProgressFn | None = None,
+    keep_progress: Path | str | None = None,
+    save_every_s: float = DEFAULT_EVERY_S,
 ) -> AuditResult:
-    """Replay the verified transcript ``t`` of an asynchronous task on ``profile`` (see the module)."""
+    """Replay the verified transcript ``t`` of an asynchronous task on ``profile`` (see the module).
+    ``keep_progress``: as :func:`~.audit.audit`'s; a save keeps, beside the state, the weights of
+    every older state the later updates compute on."""
     cfg = t.config
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
@@ -74,14 +86,27 @@ def audit_scheduled(
             good, accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness
         )
     uses = last_uses(good)
-    state = engine.init_state()
-    leaves = [state_hash(state)]
-    first_div: int | None = None if leaves[0] == t.leaf(0) else 0
-    kept: dict[int, Weights] = {0: weights_of(state)}
-    corrections = 0
-    rejected: list[int] = []
-    log_errors: list[str] = []
+    saver = None if keep_progress is None else ProgressSaver(Path(keep_progress), save_every_s)
+    saved = None if saver is None else saver.load(trainer_root, profile, use_log)
+    resumed_from: int | None = None
+    if saved is None:
+        state = engine.init_state()
+        leaves = [state_hash(state)]
+        first_div: int | None = None if leaves[0] == t.leaf(0) else 0
+        kept: dict[int, Weights] = {0: weights_of(state)}
+        corrections = 0
+        rejected: list[int] = []
+        log_errors: list[str] = []
+    else:
+        done, state_bytes, kept = saved
+        state = decode_state(state_bytes, cfg)
+        leaves, first_div, corrections = list(done.leaves), done.first_divergent_step, done.corrections
+        rejected, log_errors = list(done.rejected_log_steps), list(done.log_errors)
+        resumed_from = done.step
+        log.info("audit: going on from update %d, saved in %s", done.step, keep_progress)
     for u, entry in enumerate(entries, start=1):
+        if u < len(leaves):  # replayed before the save it goes on from
+            continue
         if entry is None:  # the trainer's fault here, and nothing after it can be computed
             log.warning("update %d: its schedule entry breaks the task's rules; the replay stops", u)
             leaves += [rejected_schedule_leaf(v) for v in range(u, t.steps + 1)]
@@ -107,8 +132,16 @@ def audit_scheduled(
             kept[u] = weights_of(state)
         for v in [v for v in kept if uses.get(v, 0) <= u]:
             del kept[v]
+        if saver is not None and saver.due() and u < t.steps:
+            done_so_far = AuditProgress(
+                trainer_root, profile, use_log, tuple(leaves), corrections, first_div,
+                tuple(rejected), tuple(log_errors),
+            )  # fmt: skip
+            saver.save(done_so_far, encode_state(state), kept)
         if progress is not None:
             progress(u, t.steps)
+    if saver is not None:
+        saver.clear()
     root = merkle_root(leaves)
     return AuditResult(
         match=root == trainer_root,
@@ -122,6 +155,7 @@ def audit_scheduled(
         rejected_log_steps=tuple(rejected),
         log_errors=tuple(log_errors),
         schedule_errors=tuple(errors),
+        resumed_from=resumed_from,
     )
 
 
