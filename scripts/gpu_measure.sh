@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
 #
-# Stages (default: all, in this order): env, overhead, audits, hf, tests, leafcheck, profile. Each writes into
+# Stages (default: all, in this order): env, tests, overhead, groups, audits, hf, leafcheck, profile. Each writes into
 # OUT_DIR as it goes (JSON, one object a line in the .jsonl files), so a run cut short still leaves
 # what it finished. Each stage has its own time limit; a failed stage is logged and the next runs.
 # Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
@@ -15,7 +15,7 @@ out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env overhead audits hf tests leafcheck profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead groups audits hf leafcheck profile)
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VGAME_FRONT=0
 vgame=("$py" -m game.cli)
@@ -64,10 +64,12 @@ for stage in "${stages[@]}"; do
         } >"$out/env.txt" 2>&1
         ;;
     tests)
-        # the kernels on the GPU itself (without one these tests run in Triton's interpreter)
+        # the kernels on the GPU itself (without one these tests run in Triton's interpreter); the
+        # group kernels first: compiled for a GPU for the first time
         run 150 "$py" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" \
-            tests/training/test_cuda_kernels.py tests/training/test_cuda_leaf.py tests/training/test_cuda_rng.py \
-            tests/training/test_cross_profile.py -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng"
+            tests/training/test_cuda_groups.py tests/training/test_cuda_kernels.py tests/training/test_cuda_leaf.py \
+            tests/training/test_cuda_rng.py tests/training/test_cross_profile.py \
+            -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng or roup"
         ;;
     leafcheck)
         run 120 env GB=1 REPS=5 "$py" scripts/gpu_leaf_check.py
@@ -86,14 +88,24 @@ for stage in "${stages[@]}"; do
             --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
         json 45 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --steps 20 --repeats 2 --json
         ;;
+    groups)
+        # the same benches with a foreach op's tensors rounded one kernel call each (VGAME_GROUPS=0),
+        # to set beside the overhead stage's: what the group kernels took off a step
+        f=$out/groups-off.jsonl
+        json 90 "$f" env VGAME_GROUPS=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+            --steps 20 --repeats 2 --json
+        json 150 "$f" env VGAME_GROUPS=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+            --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        ;;
     audits)
         # CPU <-> CUDA, both ways: every leaf must match (docs/benchmarks.md, "CPU against a GPU")
         f=$out/audits.jsonl
         runs=$(mktemp -d)
         for preset in gpt-shakespeare cnn-digits; do
+            # 120 s where CUDA runs: the first CUDA run of a process compiles the Triton kernels
             run 60 "${vgame[@]}" train --preset "$preset" --steps 20 --profile cpu-1t --out "$runs/cpu-$preset"
-            json 60 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-$preset" --profile cuda --json
-            run 60 "${vgame[@]}" train --preset "$preset" --steps 20 --profile cuda --out "$runs/gpu-$preset"
+            json 120 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-$preset" --profile cuda --json
+            run 120 "${vgame[@]}" train --preset "$preset" --steps 20 --profile cuda --out "$runs/gpu-$preset"
             json 60 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-$preset" --profile cpu-1t --json
         done
         rm -rf "$runs"
@@ -114,7 +126,7 @@ for stage in "${stages[@]}"; do
         rm -rf "$runs"
         ;;
     *)
-        note "unknown stage $stage (env, overhead, audits, hf, tests, leafcheck, profile)"
+        note "unknown stage $stage (env, tests, overhead, groups, audits, hf, leafcheck, profile)"
         ;;
     esac
 done

@@ -29,6 +29,7 @@ from game.training.dispatch import front
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
 from game.training.dispatch.optable import OpClass, _conditional_class, _plan, _touched, refusal
+from game.training.dispatch.roles import RoleKernels
 
 
 class RoundingMode(FrontMode):
@@ -52,6 +53,12 @@ class RoundingMode(FrontMode):
             front.enter(row_for, self._front_op, self._front_kernels())
             self._front = self.via_front = True
             return self
+        cls = type(self)
+        self._groups = (
+            self._defer is not None
+            and cls._round_exact is RoleKernels._round_exact
+            and cls._round_inexact is RoleKernels._round_inexact
+        )
         super().__enter__()
         return self
 
@@ -100,12 +107,19 @@ class RoundingMode(FrontMode):
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if self.role.rounds:
-                for t in _touched(plan, args, kwargs, out):
-                    if t.dtype == torch.float64:
-                        self._round_exact(t, name)
+                ts = [t for t in _touched(plan, args, kwargs, out) if t.dtype == torch.float64]
+                if len(ts) > 1 and self._groups and self._round_exact_group(ts, name):
+                    return out  # a foreach op's tensors in one deferred launch
+                for t in ts:
+                    self._round_exact(t, name)
             return out
         out = self.profile.compute(func, args, kwargs)
-        for t in _touched(plan, args, kwargs, out):
+        touched = _touched(plan, args, kwargs, out)
+        if len(touched) > 1 and self._groups:  # no noise where the step defers
+            ts = [t for t in touched if t.dtype == torch.float64]
+            if len(ts) > 1 and self.role.round_inexact_group(self, ts, name):
+                return out
+        for t in touched:
             if t.dtype == torch.float64:
                 self._round_inexact(t, name)
             elif t.dtype == torch.float32 and self._noise is not None:

@@ -119,6 +119,9 @@ class ModeState(TorchDispatchMode):
         self._defer: Deferred | None = None
         if defer:
             self._defer = self._deferred_checks(profile, log)
+        # a foreach op's tensors in one deferred launch (set on entering, where no subclass rounds
+        # its own way: see RoundingMode.__enter__)
+        self._groups = False
         # deferred: the log's records in op order, each with its positions or a Deferred ticket
         self._pending: list[tuple[int, str, int, Tensor | int]] = []
         self._immediate = immediate  # ordinals of kernel calls not to defer (they failed before)
@@ -159,6 +162,7 @@ class ModeState(TorchDispatchMode):
         if self.mode == "replay":  # every entry of the chunk on the device in one copy
             entries = log.entries()
             host = [e.positions.to(dtype=torch.int64) for e in entries]
+            self._host_positions = host
             self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
             flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
             self._device_positions = flat.to(deferred.device)
@@ -191,6 +195,21 @@ class ModeState(TorchDispatchMode):
         ordinal = self._calls
         self._calls += 1
         return ordinal not in self._immediate
+
+    def _group_calls(self, count: int) -> range | None:
+        """The ordinals the next ``count`` kernel calls would have, done one by one, when none of
+        them failed in an earlier step (a group is deferred whole or not at all); nothing counted
+        yet (:meth:`_deferred_group` does)."""
+        calls = range(self._calls, self._calls + count)
+        if self._immediate and any(c in self._immediate for c in calls):
+            return None
+        return calls
+
+    def _deferred_group(self, calls: range) -> None:
+        """Note a group's calls as launched deferred, as :meth:`_may_defer` and :meth:`_deferred`
+        note them one at a time."""
+        self._calls = calls.stop
+        self._deferred_calls.extend(calls)
 
     def _deferred(self, launched: bool) -> bool:
         """Note a call that launched its kernels deferred (``launched``); pass it on."""

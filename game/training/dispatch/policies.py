@@ -51,11 +51,14 @@ class ModeHooks(Protocol):
     _entry: SparseRecord | None
     _offsets: list[int]  # replay with deferral: each entry's start in ``_device_positions``
     _device_positions: Tensor
+    _host_positions: list[Tensor]  # replay with deferral: each entry's positions on the host
 
     def _round_direct(self, t: Tensor, index: int, name: str) -> bool: ...
     def _band_params(self, name: str) -> bindings.BandParams: ...
     def _may_defer(self) -> bool: ...
     def _deferred(self, launched: bool) -> bool: ...
+    def _group_calls(self, count: int) -> range | None: ...
+    def _deferred_group(self, calls: range) -> None: ...
     def _record(
         self, t: Tensor, index: int, name: str, band: Band, top: float | None, where: str
     ) -> Tensor: ...
@@ -82,6 +85,12 @@ class Role:
 
     def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         raise NotImplementedError
+
+    def round_inexact_group(self, m: ModeHooks, ts: list[Tensor], name: str) -> bool:
+        """A foreach op's float64 tensors at once, as :meth:`round_inexact` does each in turn (the
+        same op indices, log records and counts), where the step defers them all; False (nothing
+        done) leaves them to it."""
+        return False
 
 
 class Plain(Role):
@@ -139,6 +148,20 @@ class Logged(Role):
             t.copy_(r)
         m._logged[name] += 1
 
+    def round_inexact_group(self, m: ModeHooks, ts: list[Tensor], name: str) -> bool:
+        calls = m._group_calls(len(ts)) if m._defer is not None else None
+        if calls is None or not self.deferred_group(m, ts, m.op_index, name):
+            return False
+        m._deferred_group(calls)
+        m.op_index += len(ts)
+        m._logged[name] += len(ts)
+        return True
+
+    def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
+        """Launch the deferred group kernels for ``ts`` (op indices from ``index``): whether they
+        took them all (if not, nothing is launched or taken from the log)."""
+        raise NotImplementedError
+
     def direct(self, m: ModeHooks, t: Tensor, index: int, name: str) -> bool:
         """The C kernel on a contiguous CPU tensor, in place (see the mode's ``_round_direct``)."""
         raise NotImplementedError
@@ -186,6 +209,16 @@ class Record(Logged):
     ) -> Tensor:  # fmt: skip
         return m._record(t, index, name, band, None, where)
 
+    def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
+        assert m._defer is not None
+        tickets = m._defer.round_and_band_group(ts, m._band_params(name))
+        if tickets is None:
+            return False
+        m._pending.extend(
+            (index + i, name, t.numel(), k) for i, (t, k) in enumerate(zip(ts, tickets, strict=True))
+        )
+        return True
+
 
 class Replay(Logged):
     """The auditor and the judge: round with the trainer's log, after the band checks."""
@@ -213,6 +246,22 @@ class Replay(Logged):
         i = m._cursor.position - 1
         listed = m._device_positions[m._offsets[i] : m._offsets[i + 1]]
         return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed)), entry
+
+    def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
+        defer, cursor = m._defer, m._cursor
+        assert defer is not None and cursor is not None
+        first = cursor.position
+        host = m._host_positions[first : first + len(ts)]
+        # every check that could refuse comes before the log is read: then the entries are taken
+        # (a mismatch raises as it would one tensor at a time) and the launch cannot refuse
+        if len(host) != len(ts) or not defer.takes_group(ts, host):
+            return False
+        for i, t in enumerate(ts):
+            cursor.take(index + i, name, t.numel())  # LogSequenceError on mismatch
+        counts = [int(h.numel()) for h in host]
+        starts = m._offsets[first : first + len(ts)]
+        defer.round_with_entries_group(ts, m._band_params(name), counts, m._device_positions, starts)
+        return True
 
     def torch_kernels(
         self, m: ModeHooks, t: Tensor, index: int, name: str, band: Band, where: str,

@@ -36,6 +36,17 @@ class RoleKernels(ModeState):
             rounding.round_(t, self.bits)
         self._rounded[name] += 1
 
+    def _round_exact_group(self, ts: list[Tensor], name: str) -> bool:
+        """A foreach op's float64 tensors, exact: rounded as :meth:`_round_exact` rounds each, in one
+        deferred launch; False (nothing done) where the step does not defer them all."""
+        defer, g = self._defer, self._grid
+        calls = self._group_calls(len(ts)) if defer is not None else None
+        if calls is None or defer is None or not defer.round_inplace_group(ts, g.k0, g.max_finite):
+            return False
+        self._deferred_group(calls)
+        self._rounded[name] += len(ts)
+        return True
+
     def _round_inexact(self, t: Tensor, name: str) -> None:
         """An inexact op's float64 tensor: the profile's noise, then what the role does with it
         (:class:`~game.training.dispatch.policies.Role`)."""

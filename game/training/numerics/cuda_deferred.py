@@ -8,12 +8,14 @@ calls named so that the step engine runs the step again without deferral.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from game.training.native.bindings import BandParams
+from game.training.numerics import cuda_groups
 from game.training.numerics.cuda_kernels import (
     _LANES,
     BLOCK,
@@ -59,6 +61,7 @@ class Deferred:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._kernels = _kernels()  # the switches are read once a step, not once a tensor
+        self._groups = cuda_groups.kernels() if self._kernels is not None else None
         self._anywhere = os.environ.get("TRITON_INTERPRET") == "1"
         self._buffers: list[Tensor] = []
         self._free_rows: list[Tensor] = []  # views of the last buffer's unused rows, last first
@@ -117,6 +120,63 @@ class Deferred:
             return False
         x = xf.view(torch.int64).view(-1)
         k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)
+        return True
+
+    # ---- a group: a foreach op's tensors, one launch a pass (:mod:`cuda_groups`) ---------------
+
+    def takes_group(self, xs: Sequence[Tensor], entries: Sequence[Tensor] | None = None) -> bool:
+        """Whether the group kernels take every tensor of ``xs`` (each as :meth:`_takes` would) and,
+        for the auditor, each one's host ``entries`` (none, or ascending within its lanes; else the
+        torch path words the error)."""
+        if self._groups is None or not all(self._takes(x) is not None for x in xs):
+            return False
+        return entries is None or all(
+            e.numel() == 0 or _ordered_in_range(e, x.numel()) for x, e in zip(xs, entries, strict=True)
+        )
+
+    def _rows_for(self, count: int) -> tuple[int, list[Tensor]]:
+        first = self._rows
+        return first, [self._row() for _ in range(count)]
+
+    def round_and_band_group(self, xs: Sequence[Tensor], p: BandParams) -> list[int] | None:
+        """Trainer: :meth:`round_and_band` of every tensor of ``xs`` in one launch a pass; a ticket
+        per tensor, or None (nothing launched) unless :meth:`takes_group`."""
+        k = self._groups
+        if k is None or not self.takes_group(xs):
+            return None
+        sizes = [x.numel() for x in xs]
+        flags = torch.empty(sum(sizes), dtype=torch.int8, device=xs[0].device).split(sizes)
+        first, rows = self._rows_for(len(xs))
+        cuda_groups.round_and_band(k, xs, flags, rows, p)
+        tickets = list(range(len(self._tickets), len(self._tickets) + len(xs)))
+        self._tickets.extend(zip(range(first, first + len(xs)), flags, strict=True))
+        return tickets
+
+    def round_with_entries_group(
+        self,
+        xs: Sequence[Tensor],
+        p: BandParams,
+        counts: Sequence[int],
+        on_device: Tensor,
+        starts: Sequence[int],
+    ) -> None:
+        """Auditor: :meth:`round_with_entries` of every tensor of ``xs`` in one launch a pass. The
+        caller has checked :meth:`takes_group` with the tensors' entries (``counts[i]`` values of
+        ``on_device`` from ``starts[i]``)."""
+        k = self._groups
+        assert k is not None
+        first, rows = self._rows_for(len(xs))
+        cuda_groups.round_with_entries(k, xs, counts, on_device, starts, rows, p)
+        self._replays.extend(range(first, first + len(xs)))
+
+    def round_inplace_group(self, xs: Sequence[Tensor], k0: int, max_finite: int) -> bool:
+        """:meth:`round_inplace` of every tensor of ``xs`` in one launch; False (nothing launched)
+        unless :meth:`takes_group`."""
+        k = self._groups
+        if k is None or not self.takes_group(xs):
+            return False
+        _, rows = self._rows_for(len(xs))
+        cuda_groups.round_inplace(k, xs, rows, k0, max_finite)
         return True
 
     def settle(self) -> Settled:

@@ -1,0 +1,128 @@
+"""Launching the group kernels (:mod:`triton_groups`): all of a foreach op's tensors in one launch a
+pass, with a counter row per tensor, for :class:`~game.training.numerics.cuda_deferred.Deferred`.
+
+Apart from :mod:`cuda_kernels` (one tensor a call) because the group's work is a table: each
+tensor's addresses and counts are written on the host and copied to the device once a group (from
+pinned memory, without waiting), and every pass reads its tensor's row. Nothing here reads back:
+the rows are settled with the step's others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from game.training.native.bindings import BandParams
+from game.training.numerics import cuda_kernels
+from game.training.numerics.cuda_kernels import BLOCK
+from game.training.numerics.triton_groups import GROUP_KERNELS
+
+#: Lanes (or entries) per program in the chunked layout: a program loops over its chunk block by
+#: block, so that a group of large tensors is some thousands of programs, not a hundred thousand.
+CHUNK = 16 * BLOCK
+
+_INT64 = 8  # bytes a lane or an entry
+
+
+#: Set to 0 to round a foreach op's tensors one kernel call each (to compare, or to fall back).
+SWITCH = "VGAME_GROUPS"
+
+
+def kernels() -> dict[str, Any] | None:
+    """The group kernels, or None where they are switched off (:data:`SWITCH`) or the per-tensor
+    ones are (no Triton, ``VGAME_NATIVE=0``)."""
+    if os.environ.get(SWITCH, "1") == "0" or cuda_kernels._kernels() is None:
+        return None
+    return GROUP_KERNELS
+
+
+def _table(rows: list[int], device: torch.device) -> Tensor:
+    """The group's table on ``device``: on a GPU copied from pinned memory without waiting (torch's
+    pinned allocator keeps the host block until the copy has run); elsewhere (Triton's interpreter,
+    tests) the host tensor itself."""
+    host = torch.tensor(rows, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _one_program(sizes: Sequence[int]) -> bool:
+    return max(sizes) <= cuda_kernels.ONE_PROGRAM_MAX
+
+
+def _grid(most: int, tensors: int) -> tuple[int, int]:
+    return ((most + CHUNK - 1) // CHUNK, tensors)
+
+
+def round_and_band(
+    k: dict[str, Any], xs: Sequence[Tensor], flags: Sequence[Tensor], stats: Sequence[Tensor], p: BandParams
+) -> None:
+    """The trainer's passes over the contiguous float64 tensors ``xs``: round in place, flag into
+    ``flags`` (int8, one per tensor), count into the counter rows ``stats``."""
+    rows: list[int] = []  # triton_groups.ROW values a tensor
+    for x, f, s in zip(xs, flags, stats, strict=True):
+        rows += (x.data_ptr(), x.numel(), f.data_ptr(), 0, 0, 0, s.data_ptr(), 0)
+    table = _table(rows, xs[0].device)
+    sizes = [x.numel() for x in xs]
+    if _one_program(sizes):
+        k["round_and_band_one"][(len(xs),)](table, p.k0, p.rel, p.abs, p.max_finite, BLOCK=BLOCK)
+        return
+    grid = _grid(max(sizes), len(xs))
+    k["scan"][grid](table, p.max_finite, CHUNK=CHUNK, BLOCK=BLOCK)
+    k["round_and_band"][grid](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
+
+
+def round_with_entries(
+    k: dict[str, Any],
+    xs: Sequence[Tensor],
+    counts: Sequence[int],
+    positions: Tensor,
+    starts: Sequence[int],
+    stats: Sequence[Tensor],
+    p: BandParams,
+) -> None:
+    """The auditor's passes over ``xs`` with their entries: tensor ``i``'s are ``counts[i]`` values
+    of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``."""
+    total = sum(counts)
+    scratch = torch.empty(2 * total, dtype=torch.int64, device=xs[0].device) if total else None
+    rows: list[int] = []
+    taken = 0
+    for x, npos, start, s in zip(xs, counts, starts, stats, strict=True):
+        if npos:
+            assert scratch is not None
+            near = scratch.data_ptr() + _INT64 * taken
+            pos = positions.data_ptr() + _INT64 * start
+            rows += (x.data_ptr(), x.numel(), pos, npos, near, near + _INT64 * total, s.data_ptr(), 0)
+        else:  # no entries: the lanes stand in for the addresses, never read
+            rows += (x.data_ptr(), x.numel(), x.data_ptr(), 0, x.data_ptr(), x.data_ptr(), s.data_ptr(), 0)
+        taken += npos
+    table = _table(rows, xs[0].device)
+    sizes = [x.numel() for x in xs]
+    if _one_program(sizes) and max(counts) <= cuda_kernels.ONE_PROGRAM_MAX:
+        k["round_with_entries_one"][(len(xs),)](table, p.k0, p.rel, p.abs, p.max_finite, BLOCK=BLOCK)
+        return
+    grid = _grid(max(sizes), len(xs))
+    k["scan"][grid](table, p.max_finite, CHUNK=CHUNK, BLOCK=BLOCK)
+    if total:
+        k["check_entries"][_grid(max(counts), len(xs))](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
+    k["round_with_band"][grid](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
+    if total:
+        k["write_listed"][_grid(max(counts), len(xs))](table, CHUNK=CHUNK, BLOCK=BLOCK)
+
+
+def round_inplace(
+    k: dict[str, Any], xs: Sequence[Tensor], stats: Sequence[Tensor], k0: int, max_finite: int
+) -> None:
+    """Round ``xs`` in place to nearest, a rare lane flagged in its tensor's counter row."""
+    rows: list[int] = []
+    for x, s in zip(xs, stats, strict=True):
+        rows += (x.data_ptr(), x.numel(), 0, 0, 0, 0, s.data_ptr(), 0)
+    grid = _grid(max(x.numel() for x in xs), len(xs))
+    k["round_inplace"][grid](_table(rows, xs[0].device), k0, max_finite, CHUNK=CHUNK, BLOCK=BLOCK)
+
+
+__all__ = ["CHUNK", "SWITCH", "kernels", "round_and_band", "round_inplace", "round_with_entries"]
