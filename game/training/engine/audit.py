@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 
 from game.errors import RoundingLogError
-from game.merkle import merkle_root
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.auditresult import AuditResult
 from game.training.engine.memory import trimmed
@@ -154,18 +153,15 @@ def audit(
             settle(pending)
     if saver is not None:
         saver.clear()
-    root = merkle_root(leaves)
-    return AuditResult(
-        match=root == trainer_root,
-        trainer_state_root=trainer_root,
-        auditor_state_root=root,
+    return AuditResult.of_leaves(
+        trainer_root,
+        leaves,
         first_divergent_step=first_div,
         steps=t.steps,
         corrections=corrections,
         profile=profile,
-        leaves=tuple(leaves),
-        rejected_log_steps=tuple(rejected),
-        log_errors=tuple(log_errors),
+        rejected_log_steps=rejected,
+        log_errors=log_errors,
         resumed_from=resumed_from,
     )
 

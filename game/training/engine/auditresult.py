@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from game.merkle import merkle_root
+
 
 @dataclass(frozen=True)
 class AuditResult:
@@ -25,6 +27,38 @@ class AuditResult:
     #: an asynchronous task's schedule problems: the updates whose entry breaks the rules, or that
     #: apply a micro-batch an earlier update applied (each pinnable at that update)
     schedule_errors: tuple[str, ...] = ()
+
+    @classmethod
+    def of_leaves(
+        cls,
+        trainer_root: bytes,
+        leaves: list[bytes],
+        *,
+        first_divergent_step: int | None,
+        steps: int,
+        corrections: int,
+        profile: str,
+        rejected_log_steps: list[int],
+        log_errors: list[str],
+        resumed_from: int | None,
+        schedule_errors: tuple[str, ...] = (),
+    ) -> AuditResult:
+        """The result of a replay that computed ``leaves``: their root against the trainer's."""
+        root = merkle_root(leaves)
+        return cls(
+            match=root == trainer_root,
+            trainer_state_root=trainer_root,
+            auditor_state_root=root,
+            first_divergent_step=first_divergent_step,
+            steps=steps,
+            corrections=corrections,
+            profile=profile,
+            leaves=tuple(leaves),
+            rejected_log_steps=tuple(rejected_log_steps),
+            log_errors=tuple(log_errors),
+            resumed_from=resumed_from,
+            schedule_errors=schedule_errors,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

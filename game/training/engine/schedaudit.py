@@ -21,7 +21,6 @@ import logging
 from pathlib import Path
 
 from game.errors import RoundingLogError
-from game.merkle import merkle_root
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.auditresult import AuditResult
 from game.training.engine.scheduled import check_entry, replay_update, states_for
@@ -142,20 +141,17 @@ def audit_scheduled(
             progress(u, t.steps)
     if saver is not None:
         saver.clear()
-    root = merkle_root(leaves)
-    return AuditResult(
-        match=root == trainer_root,
-        trainer_state_root=trainer_root,
-        auditor_state_root=root,
+    return AuditResult.of_leaves(
+        trainer_root,
+        leaves,
         first_divergent_step=first_div,
         steps=t.steps,
         corrections=corrections,
         profile=profile,
-        leaves=tuple(leaves),
-        rejected_log_steps=tuple(rejected),
-        log_errors=tuple(log_errors),
-        schedule_errors=tuple(errors),
+        rejected_log_steps=rejected,
+        log_errors=log_errors,
         resumed_from=resumed_from,
+        schedule_errors=tuple(errors),
     )
 
 
