@@ -254,6 +254,34 @@ def test_names_coverParamsBuffersAndOptimizer() -> None:
     assert not any("causal" in n for n in tensors)  # non-persistent constant, not state
 
 
+@pytest.mark.parametrize("name", ["cnn-digits", "gpt-shakespeare"])
+def test_snapshot_restoresEveryTensor_afterAStepChangedThem(name: str) -> None:
+    """The copy a deferred step keeps (one foreach copy per device and dtype): taken, then a step
+    changes parameters, BatchNorm buffers and optimizer state (SGD's momentum; AdamW's moments and
+    float32 step counters), and restoring it gives back the state's bytes, the model's own tensors."""
+    cfg, state = trained(name, steps=1)
+    engine = StepEngine(cfg, get_profile("cpu-1t"))
+    before = encode_state(state)
+    params = list(state.model.parameters())
+    restore = tensors_mod.snapshot(state)
+    engine.run_step(state, 2, mode="record")
+    assert encode_state(state) != before
+    restore()
+    state.step = 1
+    assert encode_state(state) == before
+    assert all(a is b for a, b in zip(params, state.model.parameters(), strict=True))
+
+
+def test_copies_areDistinct_andKeepDtypeDeviceAndBits() -> None:
+    src = [torch.tensor([-0.0, 1.5], dtype=torch.float64), torch.tensor(3.0), torch.arange(4).view(2, 2).t()]
+    out = tensors_mod.copies(src)
+    for s, o in zip(src, out, strict=True):
+        assert (o.dtype, o.device, o.shape) == (s.dtype, s.device, s.shape)
+        assert torch.equal(o.reshape(-1).view(torch.uint8), s.reshape(-1).view(torch.uint8))
+        assert o.data_ptr() != s.data_ptr()
+    assert torch.signbit(out[0][0])
+
+
 def test_hash_isStable_andChangesWithOneUlp() -> None:
     _, state = trained("mlp-digits", steps=1)
     h = state_hash(state)
