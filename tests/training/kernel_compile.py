@@ -1,0 +1,106 @@
+"""Compile every Triton kernel of vgame for real GPUs, on a machine without one (run by
+``test_kernel_compile.py`` in a process of its own: Triton's interpreter switch, which the kernel
+tests set, would hand back interpreted functions).
+
+Triton lowers a kernel to PTX and assembles it with the ``ptxas`` its wheel carries, so no driver
+and no device are needed: what the interpreter cannot show (a type the compiler refuses, an integer
+cast to a pointer, a called kernel inlined) fails here as it would on the first launch on a GPU.
+The signatures are those the launch sites give (ints that fit in 32 bits arrive as ``i32``).
+
+    python -m tests.training.kernel_compile 80 90   # compute capabilities; prints JSON
+    python -m tests.training.kernel_compile --broken  # a kernel that must fail (the harness's own check)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+#: Types of the kernels' parameters by name, as the launches pass them.
+_TYPES = {
+    "table": "*i64",
+    "x_ptr": "*i64",
+    "flag_ptr": "*i8",
+    "pos_ptr": "*i64",
+    "near_ptr": "*i64",
+    "odd_ptr": "*i64",
+    "stats_ptr": "*i64",
+    "ids_ptr": "*i64",
+    "out_ptr": "*i64",
+    "src_ptr": "*i32",
+    "dst_ptr": "*i32",
+    "k_ptr": "*i32",
+    "max_finite": "i64",
+    "first_block": "i64",
+}
+
+
+def _kernels() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Every kernel with the constexpr values it is launched with."""
+    from game.training.numerics import cuda_groups, cuda_kernels, cuda_rng
+    from game.training.numerics.triton_groups import GROUP_KERNELS
+    from game.training.numerics.triton_kernels import KERNELS
+    from game.training.state import sha256_kernel
+
+    block = {"BLOCK": cuda_kernels.BLOCK}
+    out: dict[str, tuple[Any, dict[str, Any]]] = {f"tensor {n}": (k, block) for n, k in KERNELS.items()}
+    chunked = {**block, "CHUNK": cuda_groups.CHUNK}
+    for name, kernel in GROUP_KERNELS.items():
+        params = {p.name for p in kernel.params}
+        out[f"group {name}"] = (kernel, chunked if "CHUNK" in params else block)
+    for has_ids in (True, False):
+        out[f"rng ids={has_ids}"] = (
+            cuda_rng._philox_stream_kernel,
+            {"HAS_IDS": has_ids, "BLOCK": cuda_rng.BLOCK},
+        )
+    out["sha256 chunks"] = (
+        sha256_kernel._sha256_chunks,
+        {"CHUNK": sha256_kernel._CHUNK, "BLOCK": sha256_kernel.BLOCK},
+    )
+    return out
+
+
+def _broken() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """A kernel the compiler refuses (a block of 3 lanes: Triton's blocks are powers of two), to show
+    that a failure is reported, not swallowed."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def broken(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), 0)
+
+    return {"broken": (broken, {"BLOCK": 3})}
+
+
+def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]:
+    """Compile each kernel for each capability: its cubin's size, or the error."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    result: dict[str, Any] = {}
+    for name, (kernel, constexprs) in (_broken() if broken else _kernels()).items():
+        signature = {
+            p.name: "constexpr" if p.name in constexprs else _TYPES.get(p.name, "i32") for p in kernel.params
+        }
+        for cc in capabilities:
+            key = f"{name} sm_{cc}"
+            t0 = time.perf_counter()
+            try:
+                src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+                compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32))
+                result[key] = {
+                    "cubin_bytes": len(compiled.asm["cubin"]),
+                    "s": round(time.perf_counter() - t0, 2),
+                }
+            except Exception as exc:  # reported: the caller fails on it
+                result[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    return result
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    print(json.dumps(compile_all([int(a) for a in args if a.isdigit()] or [90], broken="--broken" in args)))

@@ -1,0 +1,67 @@
+"""Every Triton kernel compiles for real GPUs (compute capabilities 8.0 and 9.0: A100, H100 and
+H200), here without one: Triton's interpreter, which the kernel tests run on CPU, does not compile
+anything, so a kernel it runs may still fail on its first launch on a GPU.
+
+The compile runs in a process of its own (``kernel_compile.py``): the kernel tests set Triton's
+interpreter switch for the whole test process, and a kernel defined under it is not compilable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ptxas() -> bool:
+    """Whether Triton, its NVIDIA backend and its bundled assembler are installed (Linux wheels).
+    Looked up without importing Triton: imported here, before the kernel tests set the interpreter
+    switch, it would not interpret their kernels."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+pytestmark = pytest.mark.skipif(not _ptxas(), reason="Triton or its NVIDIA backend (ptxas) is not installed")
+
+
+def _compile(*args: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.training.kernel_compile", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def test_everyKernel_compilesForA100AndH100() -> None:
+    result = _compile("80", "90")
+    failed = {k: v["error"] for k, v in result.items() if "error" in v}
+    assert not failed, failed
+    names = {k.rsplit(" ", 1)[0] for k in result}
+    # the per-tensor rounding kernels, the group kernels, the RNG's two variants, SHA-256
+    assert (
+        sum(n.startswith("tensor ") for n in names) == 8 and sum(n.startswith("group ") for n in names) == 8
+    )
+    assert {"rng ids=True", "rng ids=False", "sha256 chunks"} <= names
+    assert all(v["cubin_bytes"] > 0 for v in result.values())
+
+
+def test_aKernelTheCompilerRefuses_isReported() -> None:
+    result = _compile("90", "--broken")
+    assert list(result) == ["broken sm_90"] and "error" in result["broken sm_90"]
