@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from game.training.engine.step import StepEngine
 from game.training.numerics import rounding
@@ -117,7 +119,7 @@ def test_auditorGroup_equalsOneCallATensor(layout: str, failing: str) -> None:
     def calls(d: cuda_deferred.Deferred, grouped: bool) -> None:
         b = bufs[grouped] = [_copy(x) for x, _ in cases]
         if grouped:
-            assert d.takes_group(b, positions)
+            assert d.takes_group(b, cuda_deferred.entries_fit(positions, [x.numel() for x in b]))
             counts = [int(p.numel()) for p in positions]
             d.round_with_entries_group(b, _params(32, BAND), counts, flat, starts)
         else:
@@ -158,10 +160,29 @@ def test_groupNotTheKernels_launchesNothing() -> None:
     for bad in odd:
         assert d.round_and_band_group([x, bad], _params(32, BAND)) is None
         assert not d.round_inplace_group([x, bad], *_params(32, BAND)[:2])
-    assert not d.takes_group([x, x], [torch.tensor([1, 2]), torch.tensor([5, 3])])
-    assert not d.takes_group([x, x], [torch.tensor([1, 2]), torch.tensor([2, 99999])])
+    for bad in ([5, 3], [2, 99999]):
+        fits = cuda_deferred.entries_fit([torch.tensor([1, 2]), torch.tensor(bad)], [x.numel()] * 2)
+        assert fits == [True, False] and not d.takes_group([x, x], fits)
     assert torch.equal(_bits(x), _bits(_values(1, 32, "none", 1.0)))
     assert d.settle() == cuda_deferred.Settled([], 0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lists=st.lists(
+        st.tuples(st.lists(st.integers(-3, 40), max_size=6), st.integers(0, 40)),
+        max_size=6,
+    )
+)
+def test_entriesFit_saysWhatTheOneAtATimeCheckSays(lists: list[tuple[list[int], int]]) -> None:
+    """The chunk-wide check of the auditor's entries against the per-tensor one: every list alone,
+    whatever its neighbours (a list that starts below where the last one ended is still in order)."""
+    positions = [torch.tensor(p, dtype=torch.int64) for p, _ in lists]
+    counts = [c for _, c in lists]
+    want = [
+        p.numel() == 0 or cuda_kernels._ordered_in_range(p, c) for p, c in zip(positions, counts, strict=True)
+    ]
+    assert cuda_deferred.entries_fit(positions, counts) == want
 
 
 # ---- whole steps ------------------------------------------------------------------------------

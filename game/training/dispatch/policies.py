@@ -52,6 +52,7 @@ class ModeHooks(Protocol):
     _offsets: list[int]  # replay with deferral: each entry's start in ``_device_positions``
     _device_positions: Tensor
     _host_positions: list[Tensor]  # replay with deferral: each entry's positions on the host
+    _fits: list[bool]  # replay with deferral: whether each entry's positions are the kernels'
 
     def _round_direct(self, t: Tensor, index: int, name: str) -> bool: ...
     def _band_params(self, name: str) -> bindings.BandParams: ...
@@ -245,7 +246,8 @@ class Replay(Logged):
         entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
         i = m._cursor.position - 1
         listed = m._device_positions[m._offsets[i] : m._offsets[i + 1]]
-        return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed)), entry
+        fit = m._fits[i]
+        return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed, fit)), entry
 
     def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
         defer, cursor = m._defer, m._cursor
@@ -254,7 +256,7 @@ class Replay(Logged):
         host = m._host_positions[first : first + len(ts)]
         # every check that could refuse comes before the log is read: then the entries are taken
         # (a mismatch raises as it would one tensor at a time) and the launch cannot refuse
-        if len(host) != len(ts) or not defer.takes_group(ts, host):
+        if len(host) != len(ts) or not defer.takes_group(ts, m._fits[first : first + len(ts)]):
             return False
         for i, t in enumerate(ts):
             cursor.take(index + i, name, t.numel())  # LogSequenceError on mismatch

@@ -102,15 +102,20 @@ class Deferred:
         self._tickets.append((self._rows - 1, flags))
         return len(self._tickets) - 1
 
-    def round_with_entries(self, xf: Tensor, p: BandParams, positions: Tensor, on_device: Tensor) -> bool:
+    def round_with_entries(
+        self, xf: Tensor, p: BandParams, positions: Tensor, on_device: Tensor, fit: bool | None = None
+    ) -> bool:
         """Auditor: check the entries and round ``xf`` in place; False (nothing launched) when the
         tensor is not the kernels' or the entries are out of order or range (checked on the host
-        copy ``positions``; ``on_device`` is the same on the tensor's device)."""
+        copy ``positions``, unless ``fit`` says already, :func:`entries_fit`; ``on_device`` is the
+        same on the tensor's device)."""
         k = self._takes(xf)
         if k is None:
             return False
         x = xf.view(torch.int64).view(-1)
-        if positions.numel() and not _ordered_in_range(positions, x.numel()):
+        if fit is None:
+            fit = positions.numel() == 0 or _ordered_in_range(positions, x.numel())
+        if not fit:
             return False
         _launch_round_with_entries(k, x, on_device, p, self._row())
         self._replays.append(self._rows - 1)
@@ -127,15 +132,12 @@ class Deferred:
 
     # ---- a group: a foreach op's tensors, one launch a pass (:mod:`cuda_groups`) ---------------
 
-    def takes_group(self, xs: Sequence[Tensor], entries: Sequence[Tensor] | None = None) -> bool:
+    def takes_group(self, xs: Sequence[Tensor], fits: Sequence[bool] = ()) -> bool:
         """Whether the group kernels take every tensor of ``xs`` (each as :meth:`_takes` would) and,
-        for the auditor, each one's host ``entries`` (none, or ascending within its lanes; else the
-        torch path words the error)."""
-        if self._groups is None or not all(self._takes(x) is not None for x in xs):
+        for the auditor, whether every tensor's entries fit (``fits``, from :func:`entries_fit`)."""
+        if self._groups is None or not all(fits):
             return False
-        return entries is None or all(
-            e.numel() == 0 or _ordered_in_range(e, x.numel()) for x, e in zip(xs, entries, strict=True)
-        )
+        return all(self._takes(x) is not None for x in xs)
 
     def _rows_for(self, count: int) -> tuple[int, list[Tensor]]:
         first = self._rows
@@ -211,4 +213,23 @@ class Deferred:
         return Settled(positions, corrections, free)
 
 
-__all__ = ["DEFER_MAX", "Deferred", "Settled"]
+def entries_fit(positions: Sequence[Tensor], counts: Sequence[int]) -> list[bool]:
+    """For each auditor entry list (host, int64), whether the kernels may take it: none, or strictly
+    ascending within ``[0, count)`` (else the torch path words the error). What
+    :func:`~game.training.numerics.cuda_kernels._ordered_in_range` says of each, for a whole chunk in
+    a few vectorised passes: asked a tensor at a time, it was the auditor's largest own cost on the
+    host (some 15 us a tensor)."""
+    sizes = torch.tensor([int(p.numel()) for p in positions], dtype=torch.int64)
+    fit = torch.ones(len(positions), dtype=torch.bool)
+    if not int(sizes.sum()):
+        return fit.tolist()
+    flat = torch.cat([p.to(torch.int64) for p in positions])
+    owner = torch.repeat_interleave(torch.arange(len(positions)), sizes)
+    limit = torch.tensor([int(c) for c in counts], dtype=torch.int64)[owner]
+    fit[owner[(flat < 0) | (flat >= limit)]] = False
+    same = owner[1:] == owner[:-1]  # neighbouring entries of one list
+    fit[owner[1:][same & (flat[1:] <= flat[:-1])]] = False
+    return fit.tolist()
+
+
+__all__ = ["DEFER_MAX", "Deferred", "Settled", "entries_fit"]
