@@ -107,11 +107,14 @@ class RoundingMode(FrontMode):
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if self.role.rounds:
-                ts = [t for t in _touched(plan, args, kwargs, out) if t.dtype == torch.float64]
-                if len(ts) > 1 and self._groups and self._round_exact_group(ts, name):
-                    return out  # a foreach op's tensors in one deferred launch
-                for t in ts:
-                    self._round_exact(t, name)
+                touched = _touched(plan, args, kwargs, out)
+                if len(touched) > 1 and self._groups:  # a foreach op's tensors in one deferred launch
+                    ts = [t for t in touched if t.dtype == torch.float64]
+                    if len(ts) > 1 and self._round_exact_group(ts, name):
+                        return out
+                for t in touched:
+                    if t.dtype == torch.float64:
+                        self._round_exact(t, name)
             return out
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)

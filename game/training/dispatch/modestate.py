@@ -162,7 +162,6 @@ class ModeState(TorchDispatchMode):
         if self.mode == "replay":  # every entry of the chunk on the device in one copy
             entries = log.entries()
             host = [e.positions.to(dtype=torch.int64) for e in entries]
-            self._host_positions = host
             self._fits = cuda_deferred.entries_fit(host, [e.record.count for e in entries])
             self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
             flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)

@@ -51,7 +51,6 @@ class ModeHooks(Protocol):
     _entry: SparseRecord | None
     _offsets: list[int]  # replay with deferral: each entry's start in ``_device_positions``
     _device_positions: Tensor
-    _host_positions: list[Tensor]  # replay with deferral: each entry's positions on the host
     _fits: list[bool]  # replay with deferral: whether each entry's positions are the kernels'
 
     def _round_direct(self, t: Tensor, index: int, name: str) -> bool: ...
@@ -252,16 +251,15 @@ class Replay(Logged):
     def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
         defer, cursor = m._defer, m._cursor
         assert defer is not None and cursor is not None
-        first = cursor.position
-        host = m._host_positions[first : first + len(ts)]
+        first, end = cursor.position, cursor.position + len(ts)
         # every check that could refuse comes before the log is read: then the entries are taken
         # (a mismatch raises as it would one tensor at a time) and the launch cannot refuse
-        if len(host) != len(ts) or not defer.takes_group(ts, m._fits[first : first + len(ts)]):
+        if end > len(m._fits) or not defer.takes_group(ts, m._fits[first:end]):
             return False
         for i, t in enumerate(ts):
             cursor.take(index + i, name, t.numel())  # LogSequenceError on mismatch
-        counts = [int(h.numel()) for h in host]
-        starts = m._offsets[first : first + len(ts)]
+        starts = m._offsets[first:end]
+        counts = [b - a for a, b in zip(starts, m._offsets[first + 1 : end + 1], strict=True)]
         defer.round_with_entries_group(ts, m._band_params(name), counts, m._device_positions, starts)
         return True
 
