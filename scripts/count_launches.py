@@ -113,4 +113,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from game.errors import VGameError
+
+    try:
+        main()
+    except VGameError as exc:  # a bad preset, model or size: one line, as the CLI says it
+        sys.exit(f"error: {exc}")
