@@ -3,21 +3,21 @@
 #
 #   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
 #
-# Stages (default: all, in this order): env, tests, overhead, groups, audits, hf, leafcheck, profile. Each writes into
+# Stages (default: all, in this order): env, tests, overhead, front, groups, audits, hf, leafcheck, profile. Each writes into
 # OUT_DIR as it goes (JSON, one object a line in the .jsonl files), so a run cut short still leaves
 # what it finished. Each stage has its own time limit; a failed stage is logged and the next runs.
 # Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
-# installed. The C++ dispatch front is not built (a minute of a short lease): CPU parties on the
-# GPU machine run the Python mode, which gives the same bits.
+# installed. The env stage builds the C++ dispatch front (half a minute; ninja and a compiler are
+# there): every later stage runs through it, on the GPU as on CPU, unless it says VGAME_FRONT=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead groups audits hf leafcheck profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead front groups audits hf leafcheck profile)
 py=${PYTHON:-python3}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VGAME_FRONT=0
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 vgame=("$py" -m game.cli)
 log=$out/run.log
 GPT2=n_layer=12,n_head=12,n_embd=768,block_size=64
@@ -62,14 +62,15 @@ for stage in "${stages[@]}"; do
             "$py" -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())'
             nproc
         } >"$out/env.txt" 2>&1
+        run 150 "$py" -m game.training.native.front  # says where it is built, or that the mode will run
         ;;
     tests)
         # the kernels on the GPU itself (without one these tests run in Triton's interpreter); the
-        # group kernels first: compiled for a GPU for the first time
-        run 150 "$py" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" \
-            tests/training/test_cuda_groups.py tests/training/test_cuda_kernels.py tests/training/test_cuda_leaf.py \
-            tests/training/test_cuda_rng.py tests/training/test_cross_profile.py \
-            -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng or roup"
+        # group kernels and the front's shared session first: new on a GPU
+        run 180 "$py" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" \
+            tests/training/test_cuda_groups.py tests/training/test_front_shared.py tests/training/test_cuda_kernels.py \
+            tests/training/test_cuda_leaf.py tests/training/test_cuda_rng.py tests/training/test_cross_profile.py \
+            -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng or roup or hared"
         ;;
     leafcheck)
         run 120 env GB=1 REPS=5 "$py" scripts/gpu_leaf_check.py
@@ -87,6 +88,15 @@ for stage in "${stages[@]}"; do
         json 150 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --model "$RESNET" \
             --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
         json 45 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --steps 20 --repeats 2 --json
+        ;;
+    front)
+        # the same benches through the Python dispatch mode (VGAME_FRONT=0), to set beside the
+        # overhead stage's: what the C++ front took off a GPU step
+        f=$out/front-off.jsonl
+        json 90 "$f" env VGAME_FRONT=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+            --steps 20 --repeats 2 --json
+        json 150 "$f" env VGAME_FRONT=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+            --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
         ;;
     groups)
         # the same benches with a foreach op's tensors rounded one kernel call each (VGAME_GROUPS=0),
@@ -126,7 +136,7 @@ for stage in "${stages[@]}"; do
         rm -rf "$runs"
         ;;
     *)
-        note "unknown stage $stage (env, tests, overhead, groups, audits, hf, leafcheck, profile)"
+        note "unknown stage $stage (env, tests, overhead, front, groups, audits, hf, leafcheck, profile)"
         ;;
     esac
 done

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from game.training.engine.step import StepEngine
+from game.training.native import front, library
 from game.training.numerics import rounding
 from game.training.task.profiles import get_profile
 
@@ -31,6 +32,9 @@ if not torch.cuda.is_available():  # as test_cuda_kernels, whichever module is c
 from game.training.numerics import cuda_deferred, cuda_groups, cuda_kernels  # after the switch
 
 pytestmark = pytest.mark.skipif(not cuda_kernels.available(), reason="Triton is not installed")
+
+#: What meets a step's ops: the C++ front where it is built, and the Python mode.
+INTERCEPTORS = ["front", "python"] if library.available() and front.available() else ["python"]
 
 #: Both layouts of a group: one program per tensor, or programs over chunks (here of two blocks, so
 #: that tensors of a few thousand lanes span several chunks and end inside one).
@@ -208,13 +212,15 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return count
 
 
+@pytest.mark.parametrize("interceptor", INTERCEPTORS)
 @pytest.mark.parametrize("preset", ["mlp-digits", "gpt-shakespeare"])
 def test_groupedSteps_equalImmediateOnes_inFewerLaunches(
-    preset: str, launches: Counter[str], monkeypatch: pytest.MonkeyPatch
+    preset: str, interceptor: str, launches: Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Trainer and auditor steps with the groups equal the immediate steps (leaves, log bytes,
     corrections) and the deferred steps without groups, and launch fewer kernels: the optimizer's
-    foreach ops (SGD with momentum; AdamW) are a launch or two each, not one a parameter."""
+    foreach ops (SGD with momentum; AdamW) are a launch or two each, not one a parameter. Through
+    the C++ front (where it is built: the default) and through the Python mode alike."""
     deferring, immediate = _engines(preset)
     noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     s_noisy = noisy.init_state()
@@ -232,10 +238,14 @@ def test_groupedSteps_equalImmediateOnes_inFewerLaunches(
         return got
 
     runs: dict[str, Any] = {}
-    for groups in ("1", "0"):
-        monkeypatch.setenv(cuda_groups.SWITCH, groups)
-        launches.clear()
-        runs[groups] = run(deferring), Counter(launches)
+    with front.disabled() if interceptor == "python" else contextlib.nullcontext():
+        for groups in ("1", "0"):
+            monkeypatch.setenv(cuda_groups.SWITCH, groups)
+            launches.clear()
+            runs[groups] = run(deferring), Counter(launches)
+            assert deferring.last_mode is not None and deferring.last_mode.via_front is (
+                interceptor == "front"
+            )
     want = run(immediate)
     assert runs["0"][0] == want, "deferred without groups"
     assert runs["1"][0] == want, "deferred with groups"

@@ -43,10 +43,11 @@ def test_roundingKernels_sayWhichRun() -> None:
 
 
 def test_interceptor_saysWhereTheFrontStandsIn() -> None:
-    """The C++ front on CPU profiles that emulate nothing, where it is built; the mode elsewhere."""
+    """The C++ front on profiles that emulate nothing (CPU or GPU), where it is built; the mode on
+    the emulating ones."""
     front_here = "front" if front.available() else "python"
-    assert {get_profile(n).interceptor() for n in ("cpu-1t", "cpu-2t")} == {front_here}
-    assert {get_profile(n).interceptor() for n in ("noisy", "splitk-16", "splitk-64", "cuda")} == {"python"}
+    assert {get_profile(n).interceptor() for n in ("cpu-1t", "cpu-2t", "cuda")} == {front_here}
+    assert {get_profile(n).interceptor() for n in ("noisy", "splitk-16", "splitk-64")} == {"python"}
     with front.disabled():
         assert get_profile("cpu-1t").interceptor() == "python"
 

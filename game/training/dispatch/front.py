@@ -88,17 +88,23 @@ def enter(
     plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str]],
     on_op: Callable[..., tuple[int, int]],
     kernels: Kernels,
+    *,
+    shared: bool = False,
 ) -> None:
     """Switch the front on for this thread. ``plan_for`` gives an op's row the first time the front
     meets it; ``on_op(row, class, tensors, op index, cursor, records)`` rounds the float64 tensors
     the kernels did not take, after logging ``records`` (the front's, since its last call) and
-    taking the op index and replay cursor from it, and returns them as they are after."""
+    taking the op index and replay cursor from it, and returns them as they are after.
+
+    ``shared``: also serve a thread that has the front's key and no session of its own, as
+    autograd's device thread does a GPU step's backward pass (one shared session at a time, and
+    never two threads at once: ``front.cpp`` raises rather than guess)."""
     k = kernels
     compiled().enter(
         plan_for, on_op, (k.round_inplace, k.record, k.replay, k.trits_record, k.trits_replay, k.round_nearest), k.k0,
         k.max_finite, k.threshold, k.count_free, k.band_for,
         k.bands if k.bands is not None else _NO_BANDS,
-        k.entries if isinstance(k.entries, SparseEntries) else list(k.entries),
+        k.entries if isinstance(k.entries, SparseEntries) else list(k.entries), shared,
     )  # fmt: skip
 
 

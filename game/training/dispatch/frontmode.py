@@ -20,7 +20,7 @@ from game.training.dispatch.roles import RoleKernels
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
 from game.training.native import library
-from game.training.numerics import logtrits, rounding
+from game.training.numerics import logtrits
 
 
 class FrontMode(RoleKernels):
@@ -69,6 +69,8 @@ class FrontMode(RoleKernels):
         cls, base = type(self), FrontMode
         own = cls._front_op is base._front_op
         g = self._grid
+        if self._defer is not None:  # a deferring step orders its records itself: Python takes all
+            return front.Kernels(k0=g.k0, max_finite=g.max_finite)
         exact = library.address("vg_round_inplace") if own else 0
         plain = front.Kernels(round_inplace=exact, k0=g.k0, max_finite=g.max_finite)
         if not (own and cls._round_inexact is base._round_inexact):
@@ -147,16 +149,18 @@ class FrontMode(RoleKernels):
         records: front.Records,
     ) -> tuple[int, int]:
         """The front's call for an op that rounds: its float64 tensors the kernels did not take, as
-        :meth:`__torch_dispatch__` rounds them (the front ran the op; a front run has no deferral,
-        no noise, no split-K), after the front's own work since its last call (:meth:`_front_sync`).
-        Returns the op index and the replay cursor for the front to go on from."""
+        :meth:`__torch_dispatch__` rounds them (the front ran the op; a front run has no noise and
+        no split-K; a deferring step's kernels take nothing, so a foreach op's tensors all come
+        here, to be grouped), after the front's own work since its last call
+        (:meth:`_front_sync`). Returns the op index and the replay cursor for the front to go on
+        from."""
         self._front_sync(op_index, cursor, records)
         name = front.rows[row].name
-        if kind == front.EXACT:
+        exact = kind == front.EXACT
+        if not self._round_group(exact, tensors, name):
             for t in tensors:
-                rounding.round_(t, self.bits)
-                self._rounded[name] += 1
-        else:
-            for t in tensors:
-                self._round_inexact(t, name)
+                if exact:
+                    self._round_exact(t, name)
+                else:
+                    self._round_inexact(t, name)
         return self.op_index, self._cursor.position if self._cursor is not None else 0

@@ -12,8 +12,8 @@ profile's emulation (split-K order, noise) is applied to inexact ops before roun
 What each role does with a tensor is in :mod:`~game.training.dispatch.roles`, this step's state in
 :mod:`~game.training.dispatch.modestate`.
 
-On CPU, with a profile that emulates nothing, the C++ front (``native/front.cpp``) stands in for
-``__torch_dispatch__``: ops that round nothing skip Python, the rest come to
+With a profile that emulates nothing, the C++ front (``native/front.cpp``) stands in for
+``__torch_dispatch__``, on CPU and on a GPU: ops that round nothing skip Python, the rest come to
 :meth:`RoundingMode._front_op` (see :meth:`RoundingMode.__enter__` and
 :mod:`~game.training.dispatch.frontmode`).
 """
@@ -39,26 +39,28 @@ class RoundingMode(FrontMode):
     """
 
     def __enter__(self) -> RoundingMode:
-        """Push the mode; or, on CPU with a profile that emulates nothing (``compute`` is the op
-        itself, no noise) and where the C++ front loads, switch the front on instead: the same
-        classes, rounding and log, without a Python call per op. A subclass that changes
-        ``__torch_dispatch__`` keeps the mode."""
-        if (
-            self.role.rounds
-            and self._defer is None
-            and type(self).__torch_dispatch__ is RoundingMode.__torch_dispatch__
-            and self.profile.interceptor() == "front"
-        ):
-            row_for = functools.partial(front.row_for, where=f"step {self.step}: ")
-            front.enter(row_for, self._front_op, self._front_kernels())
-            self._front = self.via_front = True
-            return self
+        """Push the mode; or, with a profile that emulates nothing (``compute`` is the op itself, no
+        noise) and where the C++ front loads, switch the front on instead: the same classes,
+        rounding and log, without a Python call for an op that rounds nothing. A subclass that
+        changes ``__torch_dispatch__`` keeps the mode. A step on a device, or one that defers its
+        checks, shares its session with autograd's device thread, which runs a GPU step's backward
+        pass (``front.cpp`` says how)."""
         cls = type(self)
         self._groups = (
             self._defer is not None
             and cls._round_exact is RoleKernels._round_exact
             and cls._round_inexact is RoleKernels._round_inexact
         )
+        if (
+            self.role.rounds
+            and cls.__torch_dispatch__ is RoundingMode.__torch_dispatch__
+            and self.profile.interceptor() == "front"
+        ):
+            row_for = functools.partial(front.row_for, where=f"step {self.step}: ")
+            shared = self._defer is not None or torch.device(self.profile.device).type != "cpu"
+            front.enter(row_for, self._front_op, self._front_kernels(), shared=shared)
+            self._front = self.via_front = True
+            return self
         super().__enter__()
         return self
 
@@ -108,20 +110,16 @@ class RoundingMode(FrontMode):
             out = func(*args, **kwargs)
             if self.role.rounds:
                 touched = _touched(plan, args, kwargs, out)
-                if len(touched) > 1 and self._groups:  # a foreach op's tensors in one deferred launch
-                    ts = [t for t in touched if t.dtype == torch.float64]
-                    if len(ts) > 1 and self._round_exact_group(ts, name):
-                        return out
+                if self._round_group(True, touched, name):  # a foreach op's, in one deferred launch
+                    return out
                 for t in touched:
                     if t.dtype == torch.float64:
                         self._round_exact(t, name)
             return out
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)
-        if len(touched) > 1 and self._groups:  # no noise where the step defers
-            ts = [t for t in touched if t.dtype == torch.float64]
-            if len(ts) > 1 and self.role.round_inexact_group(self, ts, name):
-                return out
+        if self._round_group(False, touched, name):  # no noise where the step defers
+            return out
         for t in touched:
             if t.dtype == torch.float64:
                 self._round_inexact(t, name)

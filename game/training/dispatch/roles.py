@@ -10,6 +10,7 @@ fast paths (the C kernels on a CPU tensor, the deferred CUDA kernels) and the to
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from game.training.dispatch.modestate import ModeState
@@ -46,6 +47,20 @@ class RoleKernels(ModeState):
         self._deferred_group(calls)
         self._rounded[name] += len(ts)
         return True
+
+    def _round_group(self, exact: bool, ts: list[Tensor], name: str) -> bool:
+        """An op's float64 tensors among ``ts`` (``exact``: an exact op's) in one deferred launch a
+        pass, where the step groups them (:attr:`_groups`) and there are two or more, as a foreach
+        op makes; False, nothing done, where not: each tensor is then rounded on its own. The
+        Python mode and the front's call both come here."""
+        if not self._groups or len(ts) < 2:
+            return False
+        ts = [t for t in ts if t.dtype == torch.float64]
+        if len(ts) < 2:
+            return False
+        if exact:
+            return self._round_exact_group(ts, name)
+        return self.role.round_inexact_group(self, ts, name)
 
     def _round_inexact(self, t: Tensor, name: str) -> None:
         """An inexact op's float64 tensor: the profile's noise, then what the role does with it

@@ -1,5 +1,5 @@
 // The dispatch front: a C++ boxed fallback, below autograd, that stands in for RoundingMode's
-// Python __torch_dispatch__ on CPU (front.py says when).
+// Python __torch_dispatch__ on CPU and on a GPU (front.py says when).
 //
 // Why: a TorchDispatchMode costs some 9 us of Python for every ATen op a step runs, and half the
 // ops of a step round nothing (views, copies, indexing). Here those ops run with no Python at all,
@@ -17,6 +17,14 @@
 // (every key the Python API exposes there already holds a fallback). It is switched on for one
 // thread by including the key in that thread's local dispatch key set; autograd's engine carries
 // that set to the backward pass.
+//
+// On CPU autograd runs the backward pass on the thread that called it, which holds the session.
+// On a GPU it runs it on a device thread of its own, which gets the key but not the thread-local
+// session. A session entered as shared (a step on a device, or one that defers its checks) is
+// also listed process-wide, and a thread with the key and no session of its own takes the one
+// listed; with two listed it cannot tell whose op it has, and raises. One session is never used
+// by two threads at once (the caller waits while autograd's device thread runs): if it were, the
+// op order, and so the log, would depend on the threads' timing, and the front raises instead.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -25,6 +33,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -129,10 +138,42 @@ struct Session {
   std::vector<char> seen;        // by plan id: whether first_calls has the op
   std::vector<std::pair<int, int>> first_calls;  // (plan id, class of its first call), in call order
   bool prior_included = false;
+  bool shared = false;             // listed for other threads (see the top of the file)
+  std::atomic<bool> busy{false};   // a thread is in fallback() with it
   Direct direct;
 };
 
 thread_local Session session;
+// The shared sessions open now, in any thread.
+std::mutex shared_lock;
+std::vector<Session*> shared_sessions;
+
+// The session for an op on this thread: its own, else the one shared session; null for none.
+Session* session_here() {
+  if (session.active) return &session;
+  std::lock_guard<std::mutex> guard(shared_lock);
+  if (shared_sessions.empty()) return nullptr;
+  if (shared_sessions.size() > 1)
+    throw std::runtime_error(
+        "the dispatch front: an op on a thread without a session (autograd's device thread) while two "
+        "shared sessions are open: run each rounding step on a device in a process of its own, or set "
+        "VGAME_FRONT=0");
+  return shared_sessions.front();
+}
+
+// Holds a session for one op; raises if another thread holds it.
+struct Held {
+  Session& s;
+  explicit Held(Session& held) : s(held) {
+    if (s.busy.exchange(true))
+      throw std::runtime_error(
+          "the dispatch front: two threads ran ops of one rounding step at once, so their order (and "
+          "the log) would depend on timing: keep a step's model and data on one device, or set VGAME_FRONT=0");
+  }
+  ~Held() { s.busy.store(false); }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+};
 // The record kernel needs room for n positions (it writes m <= n). Up to kScratchMax of them this
 // thread's buffer, reused; a larger tensor gets a fresh allocation whose untouched pages cost
 // nothing (a buffer kept at the largest size would hold tens of MB at the paper shapes).
@@ -364,11 +405,13 @@ void note(Session& s, int id, int cls) {
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
   c10::impl::ExcludeDispatchKeyGuard off(kKey);  // the op's own inner calls and our Python are not seen
-  Session& s = session;
-  if (!s.active) {  // the key reached a thread with no session: pass through
+  Session* here = session_here();
+  if (here == nullptr) {  // the key reached a thread with no session and none is shared: pass through
     op.redispatchBoxed(below, stack);
     return;
   }
+  Session& s = *here;
+  const Held held(s);
   const Plan& plan = plan_of(op, s);
   const size_t nargs = op.schema().arguments().size();
   const size_t base = stack->size() - nargs;
@@ -471,7 +514,7 @@ void set_direct(Direct& d, py::tuple kernels, int64_t k0, int64_t max_finite, in
 }
 
 void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0, int64_t max_finite, int64_t threshold,
-           bool count_free, py::object band_for, const at::Tensor& bands, py::object entries) {
+           bool count_free, py::object band_for, const at::Tensor& bands, py::object entries, bool shared) {
   Session& s = session;
   if (s.active) throw std::runtime_error("the dispatch front is already on in this thread");
   set_direct(s.direct, kernels, k0, max_finite, threshold, count_free, std::move(band_for), bands, entries);
@@ -480,6 +523,11 @@ void enter(py::object plan_for, py::object on_op, py::tuple kernels, int64_t k0,
   s.seen.clear();
   s.first_calls.clear();
   s.prior_included = c10::impl::tls_is_dispatch_key_included(kKey);
+  s.shared = shared;
+  if (shared) {
+    std::lock_guard<std::mutex> guard(shared_lock);
+    shared_sessions.push_back(&s);
+  }
   s.active = true;
   c10::impl::tls_set_dispatch_key_included(kKey, true);
 }
@@ -491,6 +539,11 @@ py::tuple leave() {
   Session& s = session;
   if (!s.active) throw std::runtime_error("the dispatch front is not on in this thread");
   c10::impl::tls_set_dispatch_key_included(kKey, s.prior_included);
+  if (s.shared) {
+    std::lock_guard<std::mutex> guard(shared_lock);
+    shared_sessions.erase(std::remove(shared_sessions.begin(), shared_sessions.end(), &s), shared_sessions.end());
+    s.shared = false;
+  }
   s.active = false;
   Py_CLEAR(s.plan_for);
   Py_CLEAR(s.on_op);
@@ -507,6 +560,12 @@ py::tuple leave() {
 }
 
 bool active() { return session.active; }
+
+// How many shared sessions are open, in every thread.
+int64_t shared_open() {
+  std::lock_guard<std::mutex> guard(shared_lock);
+  return static_cast<int64_t>(shared_sessions.size());
+}
 
 // Set whether this thread's ops reach the front; the setting before. Code that runs with the
 // dispatch modes suspended (the RNG's integer words) suspends the front as well.
@@ -543,6 +602,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("enter", &enter, "Switch the front on for this thread, with the kernels it may call.");
   m.def("leave", &leave, "Switch it off; what the session did that Python has not seen.");
   m.def("active", &active, "Whether the front is on in this thread.");
+  m.def("shared_open", &shared_open, "How many shared sessions are open, in every thread.");
   m.def("set_included", &set_included, "Set whether this thread's ops reach the front; the setting before.");
   m.def("layouts", &layouts, "Each tensor's data pointer, dtype, device, contiguity and shape, as bytes.");
 }

@@ -10,11 +10,13 @@ log records, counters and errors are the Python code's in :mod:`game.training.di
 step gives the same bits, log and counters either way (tests/training/test_front.py holds them to
 it).
 
-The mode uses the front on CPU profiles that emulate nothing (:meth:`Profile.interceptor`), in
-every rounding mode and log format, unless a subclass changes ``__torch_dispatch__``. It is
-compiled with torch's C++ extension builder (a C++ compiler and ``ninja``) the first time it is
-needed, into the kernels' cache directory, keyed by the source, torch and Python; ``python -m
-game.training.native.front`` builds it ahead (``make setup`` does). Where it cannot be built, with
+The mode uses the front on profiles that emulate nothing (:meth:`Profile.interceptor`), on CPU
+and on a GPU, in every rounding mode and log format, unless a subclass changes
+``__torch_dispatch__``. A GPU step's session is shared with autograd's device thread, which runs
+its backward pass (``front.cpp`` says how). It is compiled with torch's C++ extension builder (a
+C++ compiler and ``ninja``) the first time it is needed, into the kernels' cache directory, keyed
+by the source, torch and Python; ``python -m game.training.native.front`` builds it ahead (``make
+setup`` does). Where it cannot be built, with
 ``VGAME_NATIVE=0`` or ``VGAME_FRONT=0``, or inside :func:`disabled`, the Python mode runs instead.
 
 The module also reads tensors' layouts for the state's buffer plan (:func:`layouts`), one call where
@@ -162,8 +164,9 @@ def active() -> bool:
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
-    """Ops inside do not reach the front (what ``_disable_current_modes`` does for the Python mode)."""
-    if _module is None or not _module.active():
+    """Ops inside do not reach the front (what ``_disable_current_modes`` does for the Python mode),
+    on any thread that has its key: autograd's device thread has it without a session of its own."""
+    if _module is None:
         yield
         return
     before = _module.set_included(False)

@@ -75,12 +75,11 @@ class Profile:
         return "c" if library.available() else "torch"
 
     def interceptor(self) -> str:
-        """What meets this profile's ops: ``front`` (the C++ dispatch front: CPU, a profile that
-        emulates nothing, the front built here) or ``python`` (the ``TorchDispatchMode``)."""
+        """What meets this profile's ops: ``front`` (the C++ dispatch front: a profile that emulates
+        nothing, on any device, the front built here) or ``python`` (the ``TorchDispatchMode``)."""
         from game.training.native import front
 
-        cpu = torch.device(self.device).type == "cpu"
-        return "front" if cpu and not self.emulates and front.available() else "python"
+        return "front" if not self.emulates and front.available() else "python"
 
     @property
     def emulates(self) -> bool:
