@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from game.training.dispatch import front as session
+from game.training.dispatch.mode import RoundingMode
 from game.training.engine.step import StepEngine
 from game.training.native import front, library
 from game.training.numerics import rounding
@@ -184,3 +185,28 @@ def test_sharedSession_twoThreadsAtOnce_raises() -> None:
     (raised,) = seen
     assert isinstance(raised, RuntimeError) and "two threads" in str(raised)
     assert front.compiled().shared_open() == 0
+
+
+class _Boom(Exception):
+    pass
+
+
+def test_sharedSession_anErrorOnTheBackwardThread_reachesTheCaller(
+    backward_elsewhere: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error raised in the front's Python call on the backward pass's thread reaches the step's
+    caller as itself, and the step's shared session is closed after it."""
+    owner = threading.get_ident()
+    real = RoundingMode._front_op
+
+    def fails_elsewhere(self: RoundingMode, *args: Any) -> tuple[int, int]:
+        if threading.get_ident() != owner:
+            raise _Boom("on the backward thread")
+        return real(self, *args)
+
+    monkeypatch.setattr(RoundingMode, "_front_op", fails_elsewhere)
+    deferring, _ = _engines("mlp-digits")
+    with pytest.raises(_Boom, match="on the backward thread"):
+        deferring.run_step(deferring.init_state(), 1, mode="record")
+    assert backward_elsewhere == [True]
+    assert not front.active() and front.compiled().shared_open() == 0
