@@ -53,6 +53,16 @@ json() {
     rm -f "$tmp"
 }
 
+# switched_off NAME=0 FILE: the gpt-shakespeare and GPT-2-shape overhead benches with one switch
+# set, into FILE, to set beside the overhead stage's
+switched_off() {
+    local switch=$1 f=$2
+    json 90 "$f" env "$switch" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+        --steps 20 --repeats 2 --json
+    json 150 "$f" env "$switch" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
+        --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+}
+
 for stage in "${stages[@]}"; do
     case $stage in
     env)
@@ -90,22 +100,12 @@ for stage in "${stages[@]}"; do
         json 45 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --steps 20 --repeats 2 --json
         ;;
     front)
-        # the same benches through the Python dispatch mode (VGAME_FRONT=0), to set beside the
-        # overhead stage's: what the C++ front took off a GPU step
-        f=$out/front-off.jsonl
-        json 90 "$f" env VGAME_FRONT=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
-            --steps 20 --repeats 2 --json
-        json 150 "$f" env VGAME_FRONT=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
-            --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        # through the Python dispatch mode: what the C++ front took off a GPU step
+        switched_off VGAME_FRONT=0 "$out/front-off.jsonl"
         ;;
     groups)
-        # the same benches with a foreach op's tensors rounded one kernel call each (VGAME_GROUPS=0),
-        # to set beside the overhead stage's: what the group kernels took off a step
-        f=$out/groups-off.jsonl
-        json 90 "$f" env VGAME_GROUPS=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
-            --steps 20 --repeats 2 --json
-        json 150 "$f" env VGAME_GROUPS=0 "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
-            --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        # a foreach op's tensors rounded one kernel call each: what the group kernels took off a step
+        switched_off VGAME_GROUPS=0 "$out/groups-off.jsonl"
         ;;
     audits)
         # CPU <-> CUDA, both ways: every leaf must match (docs/benchmarks.md, "CPU against a GPU")

@@ -111,6 +111,9 @@ class OverheadReport:
     #: threads of the process (the module docstring)
     thread_cpu: dict[str, list[float]]
     other_cpu: dict[str, list[float]]
+    #: what met the rounding variants' ops (:meth:`~game.training.task.profiles.Profile.interceptor`):
+    #: ``front`` or ``python``, so that a run on other hardware says which ran
+    interceptor: str = ""
 
     @property
     def cpu(self) -> dict[str, dict[str, float]]:
@@ -163,6 +166,7 @@ class OverheadReport:
         return {
             "preset": self.preset,
             "profile": self.profile,
+            "interceptor": self.interceptor,
             "steps": self.steps,
             "warmup": self.warmup,
             "repeats": self.repeats,
@@ -327,6 +331,7 @@ def measure_overhead(
         config=cfg.to_dict(),
         thread_cpu=thread_cpu,
         other_cpu=other_cpu,
+        interceptor=prof.interceptor(),
     )
 
 

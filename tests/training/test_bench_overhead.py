@@ -20,6 +20,7 @@ from game.bench.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variant
 from game.errors import ConfigError, TrainingError
 from game.training.log.packed import StepLog
 from game.training.log.trits import BLOCK_BYTES, BLOCK_TRITS, packed_size
+from game.training.native import front
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
@@ -132,7 +133,7 @@ def test_bench_overhead_json_has_the_documented_keys() -> None:
     r = vgame("bench", "overhead", "--preset", "mlp-digits", "--steps", "2", "--repeats", "1", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) >= {"preset", "profile", "steps", "warmup", "repeats", "median_seconds", "samples",
+    assert set(doc) >= {"preset", "profile", "interceptor", "steps", "warmup", "repeats", "median_seconds", "samples",
                         "median_cpu_seconds", "ratios", "paper", "targets", "config"}  # fmt: skip
     assert doc["profile"] == "cpu-1t" and doc["preset"] == "mlp-digits"
     assert set(doc["ratios"]) >= {"trainer_over_fp64", "auditor_over_fp64", "trainer_over_fp32"}
@@ -157,6 +158,16 @@ def test_bench_overhead_split_json_has_its_ratios() -> None:
 def test_overhead_onAnotherProfile_reportsIt() -> None:
     report = measure_overhead(tiny("mlp-digits"), steps=1, repeats=1, warmup=0, profile="cpu-2t")
     assert report.to_dict()["profile"] == "cpu-2t"
+
+
+def test_overhead_reportsWhatMetTheOps() -> None:
+    """The report says whether the C++ front or the Python mode ran (a GPU run's figures mean
+    little without it)."""
+    here = "front" if front.available() else "python"
+    assert measure_overhead(tiny("mlp-digits"), steps=1, repeats=1, warmup=0).to_dict()["interceptor"] == here
+    with front.disabled():
+        report = measure_overhead(tiny("mlp-digits"), steps=1, repeats=1, warmup=0)
+    assert report.to_dict()["interceptor"] == "python"
 
 
 @pytest.mark.parametrize("profile", ["noisy", "splitk-16"])
