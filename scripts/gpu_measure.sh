@@ -3,9 +3,11 @@
 #
 #   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
 #
-# Stages (default: all, in this order): env, tests, overhead, front, groups, audits, hf, leafcheck, profile. Each writes into
-# OUT_DIR as it goes (JSON, one object a line in the .jsonl files), so a run cut short still leaves
-# what it finished. Each stage has its own time limit; a failed stage is logged and the next runs.
+# Stages (default: all, in this order): env, tests, overhead, front, groups, audits, hf, leafcheck,
+# profile, graphs. All of them take longer than one 10-minute command of a lease: name the ones a
+# lease has time for (`env` first: it builds the front). Each writes into OUT_DIR as it goes (JSON,
+# one object a line in the .jsonl files), so a run cut short still leaves what it finished. Each
+# stage has its own time limit; a failed stage is logged and the next runs.
 # Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
 # installed. The env stage builds the C++ dispatch front (half a minute; ninja and a compiler are
 # there): every later stage runs through it, on the GPU as on CPU, unless it says VGAME_FRONT=0.
@@ -15,7 +17,7 @@ out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead front groups audits hf leafcheck profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead front groups audits hf leafcheck profile graphs)
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 vgame=("$py" -m game.cli)
@@ -135,8 +137,15 @@ for stage in "${stages[@]}"; do
         )
         rm -rf "$runs"
         ;;
+    graphs)
+        # what a captured CUDA graph of the forward and backward pass would take off a step (a probe:
+        # the step itself is not captured yet)
+        run 120 "$py" scripts/gpu_graph_probe.py --preset gpt-shakespeare --out "$out/graph-gpt.json"
+        run 150 "$py" scripts/gpu_graph_probe.py --preset gpt-shakespeare --model "$GPT2" --batch-size 8 \
+            --steps 5 --out "$out/graph-gpt2.json"
+        ;;
     *)
-        note "unknown stage $stage (env, tests, overhead, front, groups, audits, hf, leafcheck, profile)"
+        note "unknown stage $stage (env, tests, overhead, front, groups, audits, hf, leafcheck, profile, graphs)"
         ;;
     esac
 done
