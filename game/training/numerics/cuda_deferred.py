@@ -50,11 +50,14 @@ class Deferred:
     gpt-shakespeare record step made some 750 of them. Here every call gets a row of one counter
     buffer and launches its kernels without waiting; :meth:`settle` reads all rows in one
     synchronisation (and the trainer's listed positions in one more). The catch: a call that meets a
-    rare lane (or, for the auditor, a bad entry) has written nothing, and the ops after it have used
-    its unrounded values, so :meth:`settle` names the failed calls and the caller runs the whole
+    rare lane (or, for the auditor, a bad entry) has not rounded its tensor, and the ops after it
+    have used those values, so :meth:`settle` names the failed calls and the caller runs the whole
     step again with the synchronous functions, from a copy of the state taken before, which also
     words any error (:class:`game.training.engine.step.StepEngine`; it then leaves those calls undeferred
     in later steps: at the ResNet-50 shape some tensors hold values below 2**-126 every step).
+    Since nothing a failed step computed is kept, an auditor's call may write its listed lanes in
+    its check pass, before it knows it is refused: one launch fewer for a large tensor
+    (``listed_first``).
     """
 
     ROWS = 512  # counter rows per buffer (a buffer is zeroed in one launch)
@@ -118,7 +121,7 @@ class Deferred:
             fit = positions.numel() == 0 or _ordered_in_range(positions, x.numel())
         if not fit:
             return False
-        _launch_round_with_entries(k, x, on_device, p, self._row())
+        _launch_round_with_entries(k, x, on_device, p, self._row(), listed_first=True)
         self._replays.append(self._rows - 1)
         return True
 

@@ -86,32 +86,37 @@ def round_with_entries(
     p: BandParams,
 ) -> None:
     """The auditor's passes over ``xs`` with their entries: tensor ``i``'s are ``counts[i]`` values
-    of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``."""
+    of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``. In
+    chunks, the check pass writes the listed lanes itself (``listed_first`` of
+    :func:`~game.training.numerics.cuda_kernels._launch_round_with_entries`: a group is a deferred
+    step's), so only one program per tensor needs the scratch for their neighbours."""
+    sizes = [x.numel() for x in xs]
+    one = _one_program(sizes)
     total = sum(counts)
-    scratch = torch.empty(2 * total, dtype=torch.int64, device=xs[0].device) if total else None
+    scratch = torch.empty(2 * total, dtype=torch.int64, device=xs[0].device) if total and one else None
     rows: list[int] = []
     taken = 0
     for x, npos, start, s in zip(xs, counts, starts, stats, strict=True):
         if npos:
-            assert scratch is not None
-            near = scratch.data_ptr() + _INT64 * taken
             pos = positions.data_ptr() + _INT64 * start
-            rows += (x.data_ptr(), x.numel(), pos, npos, near, near + _INT64 * total, s.data_ptr(), 0)
+            # in chunks the lanes stand in for the scratch, never read
+            near = scratch.data_ptr() + _INT64 * taken if scratch is not None else x.data_ptr()
+            odd = near + _INT64 * total if scratch is not None else x.data_ptr()
+            rows += (x.data_ptr(), x.numel(), pos, npos, near, odd, s.data_ptr(), 0)
         else:  # no entries: the lanes stand in for the addresses, never read
             rows += (x.data_ptr(), x.numel(), x.data_ptr(), 0, x.data_ptr(), x.data_ptr(), s.data_ptr(), 0)
         taken += npos
     table = _table(rows, xs[0].device)
-    sizes = [x.numel() for x in xs]
-    if _one_program(sizes) and max(counts) <= cuda_kernels.ONE_PROGRAM_MAX:
+    if one:  # every count is at most its tensor's size
         k["round_with_entries_one"][(len(xs),)](table, p.k0, p.rel, p.abs, p.max_finite, BLOCK=BLOCK)
         return
     grid = _grid(max(sizes), len(xs))
     k["scan"][grid](table, p.max_finite, CHUNK=CHUNK, BLOCK=BLOCK)
     if total:
-        k["check_entries"][_grid(max(counts), len(xs))](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
+        k["check_and_write_listed"][_grid(max(counts), len(xs))](
+            table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK
+        )
     k["round_with_band"][grid](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
-    if total:
-        k["write_listed"][_grid(max(counts), len(xs))](table, CHUNK=CHUNK, BLOCK=BLOCK)
 
 
 def round_inplace(

@@ -104,11 +104,20 @@ def _launch_round_and_band(k: dict[str, Any], x: Tensor, flags: Tensor, p: BandP
 
 
 def _launch_round_with_entries(
-    k: dict[str, Any], x: Tensor, pos: Tensor, p: BandParams, stats: Tensor
+    k: dict[str, Any], x: Tensor, pos: Tensor, p: BandParams, stats: Tensor, *, listed_first: bool = False
 ) -> None:
     """The auditor's kernels on the flat int64 view ``x`` with the entries ``pos`` (on its device,
-    in order and range), counters into ``stats``."""
+    in order and range), counters into ``stats``. ``listed_first`` (a deferred step's call): a
+    large tensor's check pass also writes its listed lanes, one launch fewer than a write pass
+    after the round pass, but a refused call has then written them (the deferred step runs again
+    from a copy; a call read back at once must leave a refused tensor as it was)."""
     n, npos = x.numel(), pos.numel()
+    if n > ONE_PROGRAM_MAX and listed_first:
+        k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
+        if npos:
+            k["check_and_write_listed"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+        k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+        return
     # the listed lanes' neighbours, taken before the round pass overwrites them (x stands in when
     # there are none: never read then)
     near = torch.empty(npos, dtype=torch.int64, device=x.device) if npos else x

@@ -29,7 +29,7 @@ if triton is not None:
     import triton.language as tl
 
     from game.training.numerics.triton_kernels import (
-        _check_entries_block,
+        _check_and_write_block,
         _nearest,
         _rare,
         _round_and_band_one,
@@ -38,7 +38,6 @@ if triton is not None:
         _round_with_entries_one,
         _scan_block,
         _top_of,
-        _write_listed_block,
     )
 
     @triton.jit
@@ -117,23 +116,31 @@ if triton is not None:
             tl.atomic_add(stats_ptr + 4, tl.sum(listed, axis=0))
 
     @triton.jit
-    def _group_check_entries(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _group_check_and_write_listed(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        # the entries checked and the listed lanes written at once (a group is a deferred step's:
+        # a refused call's values are never kept), so no write pass follows the round pass
         j = tl.program_id(1)
         x_ptr, _n = _lanes(table, j)
-        pos, npos, near, odd = _entries(table, j)
+        pos, npos, _near, _odd = _entries(table, j)
         start = tl.program_id(0) * CHUNK
         if start < npos:
             stats_ptr = _counters(table, j)
             top = _top_of(stats_ptr)
             outside = tl.zeros([BLOCK], tl.int64)
             zero = tl.zeros([BLOCK], tl.int64)
+            moved = tl.zeros([BLOCK], tl.int64)
+            free = tl.zeros([BLOCK], tl.int64)
             for i in range(0, CHUNK, BLOCK):
                 e = start + i + tl.arange(0, BLOCK)
-                o, z = _check_entries_block(x_ptr, pos, e, npos, k0, rel, abs_, top, near, odd)
+                o, z, mv, fr = _check_and_write_block(x_ptr, pos, e, npos, k0, rel, abs_, top)
                 outside = tl.maximum(outside, o)
                 zero = zero | z
+                moved += mv
+                free += fr
             tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
             tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
+            tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
+            tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
 
     @triton.jit
     def _group_round_with_band(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -151,19 +158,6 @@ if triton is not None:
                 free += fr
             tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
             tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
-
-    @triton.jit
-    def _group_write_listed(table, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        j = tl.program_id(1)
-        x_ptr, _n = _lanes(table, j)
-        pos, npos, near, odd = _entries(table, j)
-        stats_ptr = _counters(table, j)
-        start = tl.program_id(0) * CHUNK
-        if (start < npos) & _accepted(stats_ptr):
-            delta = tl.zeros([BLOCK], tl.int64)
-            for i in range(0, CHUNK, BLOCK):
-                delta += _write_listed_block(x_ptr, pos, start + i + tl.arange(0, BLOCK), npos, near, odd)
-            tl.atomic_add(stats_ptr + 4, tl.sum(delta, axis=0))
 
     @triton.jit
     def _group_round_inplace(table, k0, max_finite, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -191,9 +185,8 @@ GROUP_KERNELS: dict[str, Any] = (
         "round_with_entries_one": _group_round_with_entries_one,
         "scan": _group_scan,
         "round_and_band": _group_round_and_band,
-        "check_entries": _group_check_entries,
+        "check_and_write_listed": _group_check_and_write_listed,
         "round_with_band": _group_round_with_band,
-        "write_listed": _group_write_listed,
         "round_inplace": _group_round_inplace,
     }
 )

@@ -1,9 +1,9 @@
 """The sparse log's Triton programs (JIT-compiled on first launch); launched by :mod:`cuda_kernels`.
 
 Apart from the launching code so that each module stays one thing: these are the device programs,
-pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries,
-round with the band, write the listed lanes, round in place), and for small tensors the same passes
-in one program. Their formulas are the C kernels' (``native/kernels.c``), bit for bit. Without
+pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries
+(a deferred step's check also writes its listed lanes), round with the band, write the listed
+lanes, round in place), and for small tensors the same passes in one program. Their formulas are the C kernels' (``native/kernels.c``), bit for bit. Without
 Triton (a CPU-only install) ``triton`` is None and :data:`KERNELS` is empty.
 """
 
@@ -66,20 +66,49 @@ if triton is not None:
         return listed.to(tl.int64)
 
     @triton.jit
+    def _entry(v, k0, rel, abs_, top):
+        # a listed lane's value v: whether it lies within 16 bands of its midpoint (an entry outside
+        # is refused), whether it is off the grid, its nearest and its odd neighbour (where the
+        # trainer's log sends it)
+        step = (tl.zeros_like(v) + 1) << k0
+        low = v & (step - 1)
+        band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
+        inside = tl.abs(low - (step >> 1)) <= (band << 4)
+        lo = v - low
+        return inside, low != 0, _nearest(v, k0), tl.where((lo & step) != 0, lo, lo + step)
+
+    @triton.jit
     def _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr):
         # auditor, read-only: for entries j, (npos - j where outside 16 bands, else 0) and whether
         # the lane is zero; their nearest and odd neighbours kept for the last pass
         m = j < npos
         p = tl.load(pos_ptr + j, mask=m, other=0)
         v = tl.load(x_ptr + p, mask=m, other=0)
-        step = (tl.zeros_like(v) + 1) << k0
-        a = v & 0x7FFFFFFFFFFFFFFF
-        band = _band_of(a, k0, rel, 52 + abs_ + top)
-        outside = m & (tl.abs((v & (step - 1)) - (step >> 1)) > (band << 4))
-        lo = v - (v & (step - 1))
-        tl.store(near_ptr + j, _nearest(v, k0), mask=m)
-        tl.store(odd_ptr + j, tl.where((lo & step) != 0, lo, lo + step), mask=m)
-        return tl.where(outside, npos - j.to(tl.int64), 0), (m & (a == 0)).to(tl.int64)
+        inside, _off, near, odd = _entry(v, k0, rel, abs_, top)
+        tl.store(near_ptr + j, near, mask=m)
+        tl.store(odd_ptr + j, odd, mask=m)
+        zero = (v & 0x7FFFFFFFFFFFFFFF) == 0
+        return tl.where(m & ~inside, npos - j.to(tl.int64), 0), (m & zero).to(tl.int64)
+
+    @triton.jit
+    def _check_and_write_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top):
+        # auditor, deferred: _check_entries_block's checks, and each listed lane written to its odd
+        # neighbour at once, counted as the round pass and the write pass would count it (moved off
+        # its nearest; free: within 16 bands and not on the grid). The round pass after it leaves
+        # the lane as it is (a value on the grid is its own nearest), so no pass has to write it
+        # after. A refused call has written these lanes too, which is why only a deferred step
+        # does this: it never keeps a refused call's values, it runs again from a copy.
+        m = j < npos
+        p = tl.load(pos_ptr + j, mask=m, other=0)
+        v = tl.load(x_ptr + p, mask=m, other=0)
+        inside, off, near, odd = _entry(v, k0, rel, abs_, top)
+        tl.store(x_ptr + p, odd, mask=m)
+        return (
+            tl.where(m & ~inside, npos - j.to(tl.int64), 0),
+            (m & ((v & 0x7FFFFFFFFFFFFFFF) == 0)).to(tl.int64),
+            (m & (odd != near)).to(tl.int64),
+            (m & inside & off).to(tl.int64),
+        )
 
     @triton.jit
     def _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, top):
@@ -146,6 +175,18 @@ if triton is not None:
         # the first entry outside, as npos - j (0: none), so that a zeroed row starts the maximum
         tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
         tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
+
+    @triton.jit
+    def _check_and_write_listed_kernel(x_ptr, pos_ptr, npos, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
+        # a deferred auditor's check pass, which also writes the listed lanes (no write pass after)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        outside, zero, moved, free = _check_and_write_block(
+            x_ptr, pos_ptr, j, npos, k0, rel, abs_, _top_of(stats_ptr)
+        )
+        tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
+        tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
+        tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
+        tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
 
     @triton.jit
     def _round_with_band_kernel(x_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
@@ -241,6 +282,7 @@ KERNELS: dict[str, Any] = (
         "scan": _scan_kernel,
         "round_and_band": _round_and_band_kernel,
         "check_entries": _check_entries_kernel,
+        "check_and_write_listed": _check_and_write_listed_kernel,
         "round_with_band": _round_with_band_kernel,
         "write_listed": _write_listed_kernel,
         "round_inplace": _round_inplace_kernel,
