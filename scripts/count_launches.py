@@ -24,15 +24,12 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors are the kernels' (they never run here)
+import cuda_on_cpu  # first: it sets Triton's interpreter switch
 
 
 def main() -> None:
@@ -44,36 +41,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from game.cli.options import parse_model_overrides, task_config
     from game.training.dispatch.mode import RoundingMode
     from game.training.dispatch.modestate import Mode
-    from game.training.engine.step import StepEngine
-    from game.training.numerics import cuda_kernels
-    from game.training.task.profiles import get_profile
-
-    try:  # absent before the group kernels (to measure an older tree with this script)
-        from game.training.numerics import cuda_groups
-
-        tables = {"tensor": cuda_kernels.KERNELS, "group": cuda_groups.GROUP_KERNELS}
-        switch = cuda_groups.SWITCH
-    except ImportError:
-        tables, switch = {"tensor": cuda_kernels.KERNELS}, "VGAME_GROUPS"
-
     from game.training.native import front
 
     count: Counter[str] = Counter()
-
-    class Counted:
-        def __init__(self, kind: str) -> None:
-            self.kind = kind
-
-        def __getitem__(self, grid: Any) -> Any:
-            count[self.kind] += 1
-            return lambda *a, **k: None
-
-    for kind, table in tables.items():
-        for name in table:
-            table[name] = Counted(kind)
+    switch = cuda_on_cpu.stub_kernels(lambda table, *_: count.update([table]))
     real_dispatch, real_front_op = RoundingMode.__torch_dispatch__, RoundingMode._front_op
 
     def counted_dispatch(
@@ -86,14 +59,7 @@ def main() -> None:
         count["python_calls"] += 1
         return real_front_op(self, *a)
 
-    cfg = task_config(args.preset, model=parse_model_overrides(args.model), batch_size=args.batch_size)
-    cfg = cfg.replace(steps=args.steps + 2)
-    engine = StepEngine(cfg, get_profile("cpu-1t"))
-    engine.defer_anywhere = True
-    # the trainer's logs, to replay (recorded here: their entries are what the auditor's host reads)
-    reference = StepEngine(cfg, get_profile("cpu-1t"))
-    ref_state = reference.init_state()
-    logs = {s: reference.run_step(ref_state, s, mode="record").log for s in range(1, args.steps + 2)}
+    engine, logs = cuda_on_cpu.engines(args.preset, args.model, args.batch_size, args.steps + 1)
     interceptors = ("front", "python") if front.available() else ("python",)
     ways = [(g, i) for g in ("1", "0") for i in interceptors]
 
@@ -144,9 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from game.errors import VGameError
-
-    try:
-        main()
-    except VGameError as exc:  # a bad preset, model or size: one line, as the CLI says it
-        sys.exit(f"error: {exc}")
+    cuda_on_cpu.run(main)

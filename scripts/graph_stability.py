@@ -4,8 +4,8 @@ graph of a step would need changed first.
 A CUDA graph replays the launches it captured with the arguments they had then; only the contents
 of the tensors it reads may change between replays. So a step can be captured only where each
 step makes the same launches with the same non-tensor arguments. This script runs steps down the
-CUDA path on CPU tensors (``defer_anywhere``, the Triton kernels recorded, not run, as
-``scripts/count_launches.py`` does), through the Python dispatch mode so that every ATen op is seen,
+CUDA path on CPU tensors with the Triton kernels recorded, not run (``cuda_on_cpu.py``, as
+``count_launches.py`` does), through the Python dispatch mode so that every ATen op is seen,
 and compares two consecutive steps: each rounding-kernel launch (grid, scalar arguments, tensors'
 shapes and dtypes) and each ATen op (its non-tensor arguments, tensors' shapes and dtypes). It
 prints one JSON object: per mode, the count of launches and ops a step and those that differ, by
@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors are the kernels' (they never run here)
+import cuda_on_cpu  # first: it sets Triton's interpreter switch
 
 SHOWN = 5  # differing entries printed a mode
 
@@ -59,28 +55,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None)
     args = ap.parse_args()
 
-    from game.cli.options import parse_model_overrides, task_config
     from game.training.dispatch.mode import RoundingMode
-    from game.training.engine.step import StepEngine
     from game.training.native import front
-    from game.training.numerics import cuda_groups, cuda_kernels
-    from game.training.task.profiles import get_profile
 
     trace: list[tuple[Any, ...]] = []
-
-    class Recorded:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def __getitem__(self, grid: Any) -> Any:
-            def launch(*a: Any, **k: Any) -> None:
-                trace.append(("launch", self.name, _shape(grid), _shape(a), _shape(k)))
-
-            return launch
-
-    for table in (cuda_kernels.KERNELS, cuda_groups.GROUP_KERNELS):
-        for name in table:
-            table[name] = Recorded(name)
+    cuda_on_cpu.stub_kernels(
+        lambda _table, name, grid, a, k: trace.append(("launch", name, _shape(grid), _shape(a), _shape(k)))
+    )
     real = RoundingMode.__torch_dispatch__
 
     def recorded(self: RoundingMode, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
@@ -88,13 +69,7 @@ def main() -> None:
         return real(self, func, types, a, k)
 
     RoundingMode.__torch_dispatch__ = recorded  # type: ignore[method-assign,assignment]
-    cfg = task_config(args.preset, model=parse_model_overrides(args.model), batch_size=args.batch_size)
-    cfg = cfg.replace(steps=4)
-    engine = StepEngine(cfg, get_profile("cpu-1t"))
-    engine.defer_anywhere = True
-    reference = StepEngine(cfg, get_profile("cpu-1t"))
-    ref_state = reference.init_state()
-    logs = {s: reference.run_step(ref_state, s, mode="record").log for s in range(1, 4)}
+    engine, logs = cuda_on_cpu.engines(args.preset, args.model, args.batch_size, 3)
     result: dict[str, Any] = {"preset": args.preset, "model": args.model, "batch_size": args.batch_size}
     modes: tuple[Any, ...] = ("record", "replay")
     for mode in modes:
@@ -122,9 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from game.errors import VGameError
-
-    try:
-        main()
-    except VGameError as exc:  # a bad preset, model or size: one line, as the CLI says it
-        sys.exit(f"error: {exc}")
+    cuda_on_cpu.run(main)
