@@ -112,27 +112,25 @@ def _launch_round_with_entries(
     after the round pass, but a refused call has then written them (the deferred step runs again
     from a copy; a call read back at once must leave a refused tensor as it was)."""
     n, npos = x.numel(), pos.numel()
-    if n > ONE_PROGRAM_MAX and listed_first:
-        k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-        if npos:
-            k["check_and_write_listed"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-        k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-        return
-    # the listed lanes' neighbours, taken before the round pass overwrites them (x stands in when
-    # there are none: never read then)
-    near = torch.empty(npos, dtype=torch.int64, device=x.device) if npos else x
-    odd = torch.empty_like(near) if npos else x
+    one = n <= ONE_PROGRAM_MAX
+    # the listed lanes' neighbours, taken before the round pass overwrites them, where a pass after
+    # it writes them (x stands in when there are none: never read then)
+    kept = npos and (one or not listed_first)
+    near = torch.empty(npos, dtype=torch.int64, device=x.device) if kept else x
+    odd = torch.empty_like(near) if kept else x
     pos = pos if npos else x
-    if n <= ONE_PROGRAM_MAX:
+    if one:
         k["round_with_entries_one"][(1,)](
             x, pos, npos, n, p.k0, p.rel, p.abs, p.max_finite, near, odd, stats, BLOCK=BLOCK
         )
         return
     k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-    if npos:
+    if npos and listed_first:
+        k["check_and_write_listed"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+    elif npos:
         k["check_entries"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, near, odd, stats, BLOCK=BLOCK)
     k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-    if npos:
+    if npos and not listed_first:
         k["write_listed"][_grid(npos)](x, pos, npos, near, odd, stats, BLOCK=BLOCK)
 
 
