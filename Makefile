@@ -15,16 +15,19 @@ demo: setup
 test: setup contracts-check slither lint typecheck imports pytest
 
 lint: setup
-	$(VENV)/ruff check game trainer_node auditor_node tests
-	$(VENV)/ruff format --check game trainer_node auditor_node tests
+	$(VENV)/ruff check game trainer_node auditor_node tests scripts
+	$(VENV)/ruff format --check game trainer_node auditor_node tests scripts
 
 # What `lint` checks, fixed in place (import order, formatting); run it before a commit.
 format: setup
-	$(VENV)/ruff check --fix game trainer_node auditor_node tests
-	$(VENV)/ruff format game trainer_node auditor_node tests
+	$(VENV)/ruff check --fix game trainer_node auditor_node tests scripts
+	$(VENV)/ruff format game trainer_node auditor_node tests scripts
 
+# The package (pyproject's [tool.mypy]), then the measurement scripts, which import each other
+# (cuda_on_cpu.py) as top-level modules.
 typecheck: setup
 	$(VENV)/mypy
+	MYPYPATH=scripts $(VENV)/mypy scripts
 
 # The layers of docs/architecture.md ("Layers"): the import-linter contracts in pyproject.toml.
 imports: setup

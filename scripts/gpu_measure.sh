@@ -85,7 +85,7 @@ for stage in "${stages[@]}"; do
             -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng or roup or hared"
         ;;
     leafcheck)
-        run 120 env GB=1 REPS=5 "$py" scripts/gpu_leaf_check.py
+        run 120 "$py" scripts/gpu_leaf_check.py --gb 1 --reps 5
         ;;
     profile)
         run 150 "$py" scripts/gpu_profile.py --preset gpt-shakespeare --model "$GPT2" --batch-size 8 --steps 2 \

@@ -29,7 +29,7 @@ def _top(prof: cProfile.Profile, key: str, n: int) -> list[dict[str, Any]]:
     stats.sort_stats(key)
     rows = []
     for func in stats.fcn_list[:n]:  # type: ignore[attr-defined]
-        cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
+        _, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
         rows.append({"func": f"{func[0]}:{func[1]}({func[2]})", "calls": nc, "own_s": tt, "cum_s": ct})
     return rows
 
@@ -90,21 +90,25 @@ def main() -> None:
                 writer.flush()
                 sync()
             events = tp.key_averages()
+            launches = ("cudaLaunchKernel", "cuLaunchKernel")
+            syncs = (
+                "cudaStreamSynchronize",
+                "cudaDeviceSynchronize",
+                "cudaMemcpyAsync",
+                "cudaEventSynchronize",
+            )
             result["trainer_torch_ops"] = [
                 {
                     "name": e.key,
                     "count": e.count,
                     "cpu_total_ms": e.cpu_time_total / 1e3,
-                    "device_total_ms": getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3,
+                    "device_total_ms": getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
+                    * 1e-3,
                 }
                 for e in sorted(events, key=lambda e: -e.cpu_time_total)[:40]
             ]
-            result["trainer_launches"] = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
-            result["trainer_syncs"] = sum(
-                e.count
-                for e in events
-                if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
-            )
+            result["trainer_launches"] = sum(e.count for e in events if e.key in launches)
+            result["trainer_syncs"] = sum(e.count for e in events if e.key in syncs)
         # the auditor: replay the same steps from the transcript, leaves hashed beside the next step
         t = Transcript(out)
         astate = engine.init_state()
