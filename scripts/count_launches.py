@@ -16,6 +16,17 @@ Prints one JSON object: per way (``groups``, ``one_tensor_a_call``), interceptor
 and the host milliseconds a step (the best of ``--repeats`` blocks of ``--steps`` steps; each
 round times every way one block after another, so the ways share the machine's moods), with
 plain float64's beside them. Without a built front only the ``python`` rows are there.
+
+``--parts`` (with the front) also times a record step with its parts taken away one after another
+(each the best of ``--repeats`` blocks), so that the differences say what each part costs the host: the rounding calls'
+Python (the front's calls return at once: nothing rounded, logged or launched), the copy of the
+state a deferred step keeps for a rerun, and dropout's keep masks (all ones, not drawn). What is
+left over plain float64 is the front's dispatch of every op and the rest of the step's own work.
+
+    python3 scripts/count_launches.py --preset gpt-shakespeare --model n_layer=12,n_head=12,n_embd=24,block_size=4 --batch-size 1 --parts
+
+(the GPT-2-small layer count at a width where the arithmetic costs next to nothing: a step's host
+work alone).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--parts", action="store_true", help="a record step's host ms with its parts taken away")
     args = ap.parse_args()
 
     from game.training.dispatch.mode import RoundingMode
@@ -106,7 +118,45 @@ def main() -> None:
         for (groups, interceptor), ms in zip(ways, host_ms(mode, ways), strict=True):
             rows[f"{'groups' if groups == '1' else 'one_tensor_a_call'} {interceptor}"][mode]["host_ms"] = ms
     result.update(rows)
+    if args.parts:
+        if not front.available():
+            raise SystemExit("error: --parts needs the C++ front (scripts/bootstrap.sh builds it)")
+        with way("1", "front"):
+            result["record_parts_ms"] = parts(lambda which: host_ms("record", which)[0])
     print(json.dumps(result))
+
+
+def parts(record_ms: Any) -> dict[str, float]:
+    """Host ms of a record step (``record_ms([way])``) as is, then with each part taken away on top of
+    the ones before (module docstring); the step's results mean nothing once the first is gone."""
+    import torch
+
+    from game.training.dispatch.draws import Draws
+    from game.training.dispatch.frontmode import FrontMode
+    from game.training.engine import step as step_module
+
+    def no_rounding(
+        self: FrontMode, row: int, kind: int, tensors: Any, op_index: int, cursor: int, records: Any
+    ) -> Any:
+        self._front_sync(op_index, cursor, records)
+        return self.op_index, self._cursor.position if self._cursor is not None else 0
+
+    def no_snapshot(state: Any) -> Any:
+        return lambda: None
+
+    def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any) -> Any:
+        return torch.ones(tuple(shape), dtype=torch.bool, device=device)
+
+    out = {"step": record_ms([("1", "front")])}
+    with contextlib.ExitStack() as stack:
+        for name, target, attr, stand_in in (
+            ("without_rounding_calls", FrontMode, "_front_op", no_rounding),
+            ("and_without_state_copy", step_module, "snapshot", no_snapshot),
+            ("and_without_dropout_masks", Draws, "mask", ones),
+        ):
+            stack.enter_context(mock.patch.object(target, attr, stand_in))
+            out[name] = record_ms([("1", "front")])
+    return out
 
 
 if __name__ == "__main__":

@@ -60,8 +60,11 @@ def test_graph_stability_a_trainer_step_is_the_same_launches_every_step(preset: 
 
 
 def test_count_launches_groups_and_front() -> None:
+    from game.training.native.front import available as front_built
+
+    parts = ["--parts"] if front_built() else []  # the parts are timed through the front
     got = last_json(
-        run_script("count_launches.py", "--preset", "mlp-digits", "--steps", "1", "--repeats", "1")
+        run_script("count_launches.py", "--preset", "mlp-digits", "--steps", "1", "--repeats", "1", *parts)
     )
     assert got["plain_fp64_ms"] > 0
     interceptors = ["python"] + (["front"] if "groups front" in got else [])
@@ -75,6 +78,15 @@ def test_count_launches_groups_and_front() -> None:
             front, python = got["groups front"][mode], got["groups python"][mode]
             assert front["python_calls"] < python["python_calls"]
             assert (front["tensor"], front["group"]) == (python["tensor"], python["group"])
+    if parts:
+        timed = got["record_parts_ms"]
+        assert list(timed) == [
+            "step",
+            "without_rounding_calls",
+            "and_without_state_copy",
+            "and_without_dropout_masks",
+        ]
+        assert all(ms > 0 for ms in timed.values())
 
 
 @pytest.mark.slow
