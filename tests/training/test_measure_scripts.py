@@ -113,6 +113,12 @@ def test_gpu_profile_runs_on_a_cpu_profile(tmp_path: Path) -> None:
     for key in ("trainer_s_per_step", "auditor_s_per_step", "fp64_s_per_step"):
         assert got[key] > 0, key
     assert got["trainer_own"] and all(row["calls"] > 0 for row in got["trainer_own"])
+    profiled = got["torch_profile"]
+    assert sorted(profiled) == ["auditor", "plain", "trainer"]
+    for kind, step in profiled.items():
+        assert step["wall_ms"] > 0 and step["ops"], kind
+        # a CPU profile runs nothing on a device: no kernel time, no launch
+        assert (step["device_ms"], step["device_share"], step["launches"]) == (0, 0, 0), kind
 
 
 @pytest.mark.slow
