@@ -18,10 +18,11 @@ round times every way one block after another, so the ways share the machine's m
 plain float64's beside them. Without a built front only the ``python`` rows are there.
 
 ``--parts`` (with the front) also times a record step with its parts taken away one after another
-(each the best of ``--repeats`` blocks), so that the differences say what each part costs the host: the rounding calls'
-Python (the front's calls return at once: nothing rounded, logged or launched), the copy of the
-state a deferred step keeps for a rerun, and dropout's keep masks (all ones, not drawn). What is
-left over plain float64 is the front's dispatch of every op and the rest of the step's own work.
+(each the best of ``--repeats`` blocks), so that the differences say what each part costs the
+host: the rounding calls' Python (the front's calls return at once: nothing rounded, logged or
+launched), the copy of the state a deferred step keeps for a rerun, and dropout's keep masks (all
+ones, not drawn). What is left over plain float64 is the front's dispatch of every op and the
+rest of the step's own work.
 
     python3 scripts/count_launches.py --preset gpt-shakespeare --model n_layer=12,n_head=12,n_embd=24,block_size=4 --batch-size 1 --parts
 
@@ -37,6 +38,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -121,14 +123,14 @@ def main() -> None:
     if args.parts:
         if not front.available():
             raise SystemExit("error: --parts needs the C++ front (scripts/bootstrap.sh builds it)")
-        with way("1", "front"):
-            result["record_parts_ms"] = parts(lambda which: host_ms("record", which)[0])
+        result["record_parts_ms"] = parts(lambda: host_ms("record", [("1", "front")])[0])
     print(json.dumps(result))
 
 
-def parts(record_ms: Any) -> dict[str, float]:
-    """Host ms of a record step (``record_ms([way])``) as is, then with each part taken away on top of
-    the ones before (module docstring); the step's results mean nothing once the first is gone."""
+def parts(record_ms: Callable[[], float]) -> dict[str, float]:
+    """Host ms of a record step (``record_ms()``, through the front, with the groups) as is, then
+    with each part taken away on top of the ones before (module docstring); the step's results mean
+    nothing once the first is gone."""
     import torch
 
     from game.training.dispatch.draws import Draws
@@ -147,7 +149,7 @@ def parts(record_ms: Any) -> dict[str, float]:
     def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any) -> Any:
         return torch.ones(tuple(shape), dtype=torch.bool, device=device)
 
-    out = {"step": record_ms([("1", "front")])}
+    out = {"step": record_ms()}
     with contextlib.ExitStack() as stack:
         for name, target, attr, stand_in in (
             ("without_rounding_calls", FrontMode, "_front_op", no_rounding),
@@ -155,7 +157,7 @@ def parts(record_ms: Any) -> dict[str, float]:
             ("and_without_dropout_masks", Draws, "mask", ones),
         ):
             stack.enter_context(mock.patch.object(target, attr, stand_in))
-            out[name] = record_ms([("1", "front")])
+            out[name] = record_ms()
     return out
 
 

@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
+all=(env tests overhead front groups audits hf leafcheck profile graphs)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env tests overhead front groups audits hf leafcheck profile graphs)
+[ ${#stages[@]} -eq 0 ] && stages=("${all[@]}")
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 vgame=("$py" -m game.cli)
@@ -145,7 +146,7 @@ for stage in "${stages[@]}"; do
             --steps 5 --out "$out/graph-gpt2.json"
         ;;
     *)
-        note "unknown stage $stage (env, tests, overhead, front, groups, audits, hf, leafcheck, profile, graphs)"
+        note "unknown stage $stage (known: ${all[*]})"
         ;;
     esac
 done

@@ -115,7 +115,7 @@ def _launch_round_with_entries(
     one = n <= ONE_PROGRAM_MAX
     # the listed lanes' neighbours, taken before the round pass overwrites them, where a pass after
     # it writes them (x stands in when there are none: never read then)
-    kept = npos and (one or not listed_first)
+    kept = npos > 0 and (one or not listed_first)
     near = torch.empty(npos, dtype=torch.int64, device=x.device) if kept else x
     odd = torch.empty_like(near) if kept else x
     pos = pos if npos else x

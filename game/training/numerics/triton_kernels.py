@@ -3,8 +3,9 @@
 Apart from the launching code so that each module stays one thing: these are the device programs,
 pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries
 (a deferred step's check also writes its listed lanes), round with the band, write the listed
-lanes, round in place), and for small tensors the same passes in one program. Their formulas are the C kernels' (``native/kernels.c``), bit for bit. Without
-Triton (a CPU-only install) ``triton`` is None and :data:`KERNELS` is empty.
+lanes, round in place), and for small tensors the same passes in one program. Their formulas are
+the C kernels' (``native/kernels.c``), bit for bit. Without Triton (a CPU-only install)
+``triton`` is None and :data:`KERNELS` is empty.
 """
 
 from __future__ import annotations
