@@ -11,7 +11,8 @@ like:
   for the transcript's writer, which hashes the state, encodes the chunk and syncs chunk, chunk
   hash, checkpoint (every ``checkpoint_interval`` steps) and leaf to disk on its own thread;
 * ``auditor``: what ``vgame audit`` does a step: the trainer's chunk read, checked against its
-  hash and decoded, the step replayed with it (``replay``), the state's canonical bytes, hashed
+  hash and decoded (on a thread while the step before runs; a block's first step reads its own),
+  the step replayed with it (``replay``), the state's canonical bytes, hashed
   on a thread while the next step runs and compared with the trainer's leaf (a block ends when
   its last step's leaf is compared).
 
@@ -68,6 +69,7 @@ from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
 from game.training.task.profiles import Profile, get_profile
 from game.training.transcript.pipeline import StepJob
+from game.training.transcript.readahead import ReadAhead
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
 
@@ -240,14 +242,15 @@ class _Variants:
                 # as LeafHasher.submit: a GPU state's hash is launched there, a large CPU state's done here
                 if device_leaf(state) is None and state_buffer(state) is None:
                     hash_streamed(state)
-        elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs
-            t = self.transcript
+        elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs,
+            # and the next step's chunk read
             pending: PendingLeaf | None = None
-            for step in range(first, last + 1):
-                engine.run_step(state, step, mode="replay", log=t.read_log(step), hash_state=False)
-                if pending is not None:
-                    self._check(pending)
-                pending = self.hasher.submit(state)
+            with ReadAhead(self.transcript, last) as logs:
+                for step in range(first, last + 1):
+                    engine.run_step(state, step, mode="replay", log=logs.read_log(step), hash_state=False)
+                    if pending is not None:
+                        self._check(pending)
+                    pending = self.hasher.submit(state)
             if pending is not None:
                 self._check(pending)
         else:

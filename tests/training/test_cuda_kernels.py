@@ -214,7 +214,7 @@ def _deferred_equalsTheImmediateKernels() -> None:
     with library.disabled():
         for x, b, t in zip(trainer, bufs, tickets, strict=True):
             want_r, want_p = bandcheck.round_and_band(x, 32, BAND)
-            assert t is not None and torch.equal(settled.positions[t], want_p)
+            assert t is not None and torch.equal(settled.positions(t), want_p)
             assert torch.equal(_bits(b), _bits(want_r))
         assert torch.equal(_bits(exact), _bits(rounding.rnd(_values(4, 32, "zero", -5.0), 32)))
         wants = [bandcheck.round_with_entries(x, 32, BAND, p, count_free=True) for x, p in auditor]
@@ -222,7 +222,8 @@ def _deferred_equalsTheImmediateKernels() -> None:
         assert torch.equal(_bits(b), _bits(want.rounded))
     assert settled.corrections == sum(w.corrections for w in wants) > 0
     assert settled.free == sum(w.free for w in wants)
-    assert sum(int(p.numel()) for p in settled.positions) > 0  # the split across tickets was exercised
+    # the split across tickets was exercised: listed lanes in more than one ticket
+    assert sum(settled.size(t) > 0 for t in range(len(tickets))) > 1
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -259,7 +260,8 @@ def test_deferred_entriesOutOfOrder_launchNothing() -> None:
         pos = torch.tensor(bad)
         assert not deferred.round_with_entries(buf, _params(32, BAND), pos, pos.to(DEV))
     assert torch.equal(_bits(buf), _bits(x))
-    assert deferred.settle() == cuda_deferred.Settled([], 0, 0)
+    settled = deferred.settle()
+    assert settled.listed.size == 0 and settled.bounds == [0] and settled[2:] == (0, 0, ())
 
 
 # ---- deferred checks in whole steps -------------------------------------------------------------
@@ -298,8 +300,8 @@ def test_deferredSteps_equalImmediateOnes(settles: list[int]) -> None:
     deferring, immediate = _engines("mlp-digits")
     noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     spec = deferring.cfg.spec_hash()
-    s_rec, s_imm, s_noisy, s_aud, s_aud_imm = (
-        e.init_state() for e in (deferring, immediate, noisy, deferring, immediate)
+    s_rec, s_imm, s_noisy, s_aud, s_built, s_aud_imm = (
+        e.init_state() for e in (deferring, immediate, noisy, deferring, deferring, immediate)
     )
     corrections = 0
     for step in (1, 2):
@@ -309,11 +311,18 @@ def test_deferredSteps_equalImmediateOnes(settles: list[int]) -> None:
         assert rec.log is not None and imm.log is not None
         assert rec.log.encode(step, spec) == imm.log.encode(step, spec)
         chunk = noisy.run_step(s_noisy, step, mode="record").log
-        aud = deferring.run_step(s_aud, step, mode="replay", log=chunk)
+        assert chunk is not None and isinstance(rec.log, SparseStepLog)
+        assert rec.log.decoded_rows() is None  # a record step's log is built, not read
+        # as read from a transcript (its entries taken as decoded), and as built by a trainer
+        read = SparseStepLog.decode(chunk.encode(step, spec), step=step, spec_hash=spec)
+        assert read.decoded_rows() is not None
+        aud = deferring.run_step(s_aud, step, mode="replay", log=read)
+        built = deferring.run_step(s_built, step, mode="replay", log=chunk)
         aud_imm = immediate.run_step(s_aud_imm, step, mode="replay", log=chunk)
-        assert aud.leaf == aud_imm.leaf and aud.corrections == aud_imm.corrections
+        assert aud.leaf == built.leaf == aud_imm.leaf
+        assert aud.corrections == built.corrections == aud_imm.corrections
         corrections += aud.corrections
-    assert corrections > 0 and len(settles) == 4 and min(settles) > 0
+    assert corrections > 0 and len(settles) == 6 and min(settles) > 0
 
 
 def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(
@@ -327,7 +336,7 @@ def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(
 
     def failing_at_step_2(self: cuda_deferred.Deferred) -> cuda_deferred.Settled:
         got = real(self)
-        return cuda_deferred.Settled([], 0, 0, (0,)) if step == 2 else got
+        return cuda_deferred.Settled(got.listed[:0], [0], 0, 0, (0,)) if step == 2 else got
 
     monkeypatch.setattr(cuda_deferred.Deferred, "settle", failing_at_step_2)
     spec = deferring.cfg.spec_hash()
@@ -345,11 +354,12 @@ def test_deferredSteps_afterRepeatedFailures_stopDeferring(
 ) -> None:
     deferring, _ = _engines("mlp-digits")
     real = cuda_deferred.Deferred.settle
-    monkeypatch.setattr(
-        cuda_deferred.Deferred,
-        "settle",
-        lambda self: real(self)._replace(positions=[], failed=(len(settles),)),
-    )
+
+    def failing(self: cuda_deferred.Deferred) -> cuda_deferred.Settled:
+        got = real(self)
+        return got._replace(listed=got.listed[:0], bounds=[0], failed=(len(settles),))
+
+    monkeypatch.setattr(cuda_deferred.Deferred, "settle", failing)
     state = deferring.init_state()
     for step in range(1, step_mod.MAX_DEFER_FAILURES + 3):
         deferring.run_step(state, step, mode="record")

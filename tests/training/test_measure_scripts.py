@@ -159,3 +159,35 @@ def test_gpu_measure_names_its_stages_in_one_list(tmp_path: Path) -> None:
     unknown = re.search(r"unknown stage nosuch \(known: ([a-z ]+)\)", log)
     assert unknown and unknown.group(1).split() == stages
     assert log.rstrip().endswith("done")
+
+
+def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
+    # the trainer's side turns each chunk's listed lanes, left as a deferring step's kernels leave
+    # them, into the same chunk bytes again: what it times is a step's real read-back
+    out = tmp_path / "run"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "game.cli",
+            "train",
+            "--preset",
+            "mlp-digits",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    got = last_json(
+        run_script("log_host_ms.py", "--transcript", str(out), "--repeats", "1", "--step-ms", "50")
+    )
+    assert got["transcript_steps"] == 2 and set(got["steps"]) == {"1", "2"}
+    for step in got["steps"].values():
+        assert step["same_chunk"] is True and step["listed"] > 0
+        parts = ("auditor_read_ms", "auditor_setup_ms", "auditor_wait_ms", "trainer_host_ms")
+        assert min(step[k] for k in parts) >= 0

@@ -14,6 +14,7 @@ import itertools
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -31,7 +32,7 @@ from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
 from game.training.task.profiles import NoiseSource, Profile
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
-    from game.training.numerics.cuda_deferred import Deferred
+    from game.training.numerics.cuda_deferred import Deferred, Settled
 
 Mode = Literal["record", "replay", "round", "plain"]
 MODES: tuple[str, ...] = ("record", "replay", "round", "plain")
@@ -160,11 +161,18 @@ class ModeState(TorchDispatchMode):
             raise ConfigError("deferred checks are for a sparse log's record or replay on CUDA")
         deferred = cuda_deferred.Deferred(torch.device(profile.device))
         if self.mode == "replay":  # every entry of the chunk on the device in one copy
-            entries = log.entries()
-            host = [e.positions.to(dtype=torch.int64) for e in entries]
-            self._fits = cuda_deferred.entries_fit(host, [e.record.count for e in entries])
-            self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
-            flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
+            rows = log.decoded_rows()
+            if rows is not None:  # a chunk as read: its entries in one array, each list fits
+                sizes = rows.table[:, 3]
+                self._fits = [True] * len(sizes)
+                self._offsets = [0, *np.cumsum(sizes).tolist()]
+                flat = torch.from_numpy(rows.positions)
+            else:  # a log built or changed here: checked list by list, gathered into one array
+                entries = log.entries()
+                host = [e.positions.to(dtype=torch.int64) for e in entries]
+                self._fits = cuda_deferred.entries_fit(host, [e.record.count for e in entries])
+                self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
+                flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
             self._device_positions = flat.to(deferred.device)
         return deferred
 
@@ -176,15 +184,30 @@ class ModeState(TorchDispatchMode):
             if settled.failed:
                 self.failed_calls = frozenset(self._deferred_calls[row] for row in settled.failed)
             else:
-                assert isinstance(self.log, SparseStepLog)  # deferral is for sparse logs
-                for index, name, count, pos in self._pending:  # record mode only
-                    positions = settled.positions[pos] if isinstance(pos, int) else pos
-                    self.log.append(index, name, count, positions)
+                self._log_pending(settled)  # record mode only
                 self.corrections += settled.corrections
                 if self.count_free:
                     self.free += settled.free
             self._pending = []
         return bool(self.failed_calls)
+
+    def _log_pending(self, settled: Settled) -> None:
+        """Log a deferred step's records, in op order: as columns when every one is a ticket (the
+        listed positions stay the one array :meth:`Deferred.settle` made), else one by one."""
+        pending = self._pending
+        assert isinstance(self.log, SparseStepLog)  # deferral is for sparse logs
+        if pending and all(isinstance(p[3], int) for p in pending):
+            names: dict[str, int] = {}
+            table = np.empty((len(pending), 4), dtype=np.int64)
+            table[:, 0] = [p[0] for p in pending]
+            table[:, 1] = [names.setdefault(p[1], len(names)) for p in pending]
+            table[:, 2] = [p[2] for p in pending]
+            table[:, 3] = [settled.size(p[3]) for p in pending]  # type: ignore[arg-type]  # tickets
+            self.log.add_rows(table, settled.listed, list(names))
+            return
+        for index, name, count, pos in pending:
+            positions = settled.positions(pos) if isinstance(pos, int) else pos
+            self.log.append(index, name, count, positions)
 
     def _may_defer(self) -> bool:
         """Whether the next kernel call may defer its checks: deferral is on and the call did not

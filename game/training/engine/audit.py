@@ -1,7 +1,9 @@
 """The auditor's loop (Algorithm 3): re-train on its own profile with the trainer's log, compare roots.
 
 Every step the auditor reaches is hashed one step late on a thread of its own
-(:class:`~game.training.state.leaves.LeafHasher`) and compared with the trainer's leaf; the log is
+(:class:`~game.training.state.leaves.LeafHasher`) and compared with the trainer's leaf, and the
+next step's log chunk is read on another while a step runs
+(:class:`~game.training.transcript.readahead.ReadAhead`); the log is
 applied up to the first divergent step, and a chunk that does not fit the computation is the
 trainer's fault. Progress is saved while it runs (:mod:`.auditprogress`), so a crashed audit goes
 on from its last save.
@@ -23,6 +25,7 @@ from game.training.engine.step import StepResult, engine_for
 from game.training.engine.train import ProgressFn
 from game.training.state.canonical import encode_streamed
 from game.training.state.leaves import LeafHasher, PendingLeaf, state_hash
+from game.training.transcript.readahead import ReadAhead
 from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
@@ -98,7 +101,7 @@ def audit(
         )
         return True
 
-    with LeafHasher() as hasher:
+    with LeafHasher() as hasher, ReadAhead(t, t.steps) as logs:
         for step in range(len(leaves), t.steps + 1):
             if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
                 settle(pending)
@@ -111,7 +114,7 @@ def audit(
                     state,
                     step,
                     mode="replay" if with_log else "round",
-                    log=t.read_log(step) if with_log else None,
+                    log=logs.read_log(step) if with_log else None,
                     hash_state=False,
                 )
             except Exception as exc:

@@ -98,6 +98,7 @@ class SparseStepLog:
         self._parts: list[SparseRecord | RecordRows] = []  # in op order
         self._count = 0  # records in all the parts
         self._has_rows = False  # whether a part is a RecordRows
+        self._decoded: RecordRows | None = None  # the chunk's records as decoded, until changed
 
     @classmethod
     def empty(cls, step: int | None = None) -> SparseStepLog:
@@ -113,6 +114,7 @@ class SparseStepLog:
             )
         if positions.requires_grad:  # else no detach: it makes a new tensor, some 200 times a step
             positions = positions.detach()
+        self._decoded = None
         self._parts.append(SparseRecord(LogRecord(op_index, op_name, int(count)), positions))
         self._count += 1
 
@@ -137,6 +139,7 @@ class SparseStepLog:
             raise RoundingLogError(f"{step_label(self.step)}: op index {bad} does not fit uint32")
         if row_lo < 0 or row_hi >= len(names):
             raise RoundingLogError(f"{step_label(self.step)}: a record's row has no op name")
+        self._decoded = None
         self._parts.append(RecordRows(table, positions, names))
         self._count += len(table)
         self._has_rows = True
@@ -145,6 +148,7 @@ class SparseStepLog:
         """Remove and return the last record (for a tool that rewrites the op just logged)."""
         record = self._records().pop()
         self._count -= 1
+        self._decoded = None
         return record
 
     def _records(self) -> list[SparseRecord]:
@@ -165,6 +169,13 @@ class SparseStepLog:
         return self._parts  # type: ignore[return-value]  # every part is a SparseRecord now
 
     # ---- inspection ----------------------------------------------------------------------------
+
+    def decoded_rows(self) -> RecordRows | None:
+        """The records as their chunk decoded them, while nothing has changed them: one table, and
+        every record's positions in one array, each record's strictly ascending and below its value
+        count (:meth:`decode` refuses a chunk otherwise), so that a reader may take them as they
+        are. None for a log built here or changed since."""
+        return self._decoded
 
     @property
     def records(self) -> tuple[LogRecord, ...]:
@@ -188,14 +199,16 @@ class SparseStepLog:
     def columns(self) -> tuple[np.ndarray, list[str], np.ndarray]:
         """The records as columns: a (k, 4) int64 table of (op index, name id, value count, entry
         count) per record, the names by id (in order of first use, as a chunk lists them), and every
-        record's positions one after another (int64, on the CPU)."""
+        record's positions one after another (int64, on the CPU; for a log of one part of columns,
+        that part's own array: read it, do not change it)."""
         names: dict[str, int] = {}  # name -> id
         if len(self._parts) == 1 and isinstance(part := self._parts[0], RecordRows):
             # one part as columns (a step of the C++ front's, a decoded chunk): only the name ids
             # change, in a few calls (the general way below takes some twenty)
             table = part.table.astype(np.int64)  # a copy
             table[:, 1] = [names.setdefault(part.names[row], len(names)) for row in table[:, 1].tolist()]
-            return table, list(names), part.positions.astype(np.int64)
+            # the part's own positions, not a copy: some ten million a step at the GPT-2-small shape
+            return table, list(names), np.ascontiguousarray(part.positions, dtype=np.int64)
         columns = _columns(self._parts)
         table = np.empty((self._count, 4), dtype=np.int64)
         table[:, 0] = columns.ops
@@ -246,6 +259,7 @@ class SparseStepLog:
             raise ChunkFormatError(f"{where}: corrupt sparse log: {exc}") from None
         out = cls(own_step, codec=codec)
         out._parts, out._count, out._has_rows = [rows], len(rows.table), True
+        out._decoded = rows
         return out
 
     def cursor(self) -> SparseCursor:

@@ -31,10 +31,24 @@ from game.training.numerics.cuda_kernels import (
 class Settled(NamedTuple):
     """What a step's deferred calls came to, once read back."""
 
-    positions: list[Tensor]  # per trainer ticket: its listed positions (int64, ascending, on the host)
+    #: Every trainer ticket's listed positions, ticket after ticket (int64, on the host; each
+    #: ticket's ascending): one array, so that the log takes them as columns, not a tensor a ticket.
+    listed: np.ndarray
+    bounds: list[int]  # ticket ``t``'s positions are ``listed[bounds[t] : bounds[t + 1]]``
     corrections: int  # auditor calls: lanes not at their nearest, summed
     free: int  # auditor calls: lanes within 16 bands, summed (counted by the kernel either way)
     failed: tuple[int, ...] = ()  # calls (in launch order) that need the torch path; then nothing else
+
+    def positions(self, ticket: int) -> Tensor:
+        """Ticket ``ticket``'s listed positions (a view of :attr:`listed`)."""
+        return torch.from_numpy(self.listed[self.bounds[ticket] : self.bounds[ticket + 1]])
+
+    def size(self, ticket: int) -> int:
+        """How many positions ticket ``ticket`` listed."""
+        return self.bounds[ticket + 1] - self.bounds[ticket]
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 #: Tensors above this many lanes are not deferred (their calls read back at once, as without
@@ -193,28 +207,34 @@ class Deferred:
         (a rare lane, a bad entry), only ``failed`` is filled: the step must run again without
         deferral."""
         if not self._rows:
-            return Settled([], 0, 0)
+            return Settled(_NONE, [0], 0, 0)
         stats = torch.cat(self._buffers)[: self._rows].cpu()
         bad = stats[:, 1:4].any(dim=1)
         if bool(bad.any()):
-            return Settled([], 0, 0, tuple(bad.nonzero().squeeze(1).tolist()))
+            return Settled(_NONE, [0], 0, 0, tuple(bad.nonzero().squeeze(1).tolist()))
         listed = stats[:, 4]
         replays = torch.tensor(self._replays, dtype=torch.int64)
         corrections = int(listed[replays].sum()) if self._replays else 0
         free = int(stats[replays, 5].sum()) if self._replays else 0
-        none = torch.empty(0, dtype=torch.int64)
-        positions = [none] * len(self._tickets)
         counts = listed.tolist()  # one conversion, not one ``int`` of a tensor element a ticket
-        some = [(t, flags) for t, (row, flags) in enumerate(self._tickets) if counts[row]]
-        if some:  # every listed lane of the step in one nonzero, then split per ticket on the host
-            flat = torch.cat([flags for _, flags in some]).nonzero().squeeze(1).cpu()
-            sizes = torch.tensor([0] + [flags.numel() for _, flags in some]).cumsum(0)
-            ends = torch.searchsorted(flat, sizes[1:])
-            start = 0
-            for (t, _), end, offset in zip(some, ends.tolist(), sizes[:-1].tolist(), strict=True):
-                positions[t] = flat[start:end] - offset
-                start = end
-        return Settled(positions, corrections, free)
+        some = [flags for row, flags in self._tickets if counts[row]]
+        if not some:
+            return Settled(_NONE, [0] * (len(self._tickets) + 1), corrections, free)
+        # every listed lane of the step in one nonzero; each ticket's run of it made relative to its
+        # flags in place (at the GPT-2-small shape some ten million lanes a step: no copy a ticket)
+        flat = torch.cat(some).nonzero().squeeze(1).cpu().numpy()
+        starts = np.cumsum([0] + [flags.numel() for flags in some])
+        ends = np.searchsorted(flat, starts[1:]).tolist()
+        bounds = [0]
+        j = 0
+        for row, _ in self._tickets:
+            if counts[row]:
+                flat[bounds[-1] : ends[j]] -= starts[j]
+                bounds.append(ends[j])
+                j += 1
+            else:
+                bounds.append(bounds[-1])
+        return Settled(flat, bounds, corrections, free)
 
 
 def entries_fit(positions: Sequence[Tensor], counts: Sequence[int]) -> list[bool]:

@@ -1,0 +1,174 @@
+"""What a step's rounding log costs the host on a deferring (CUDA) step, on any machine (issue 46).
+
+At the GPT-2-small shape a step lists some ten million in-band values, so a step's log is large:
+the trainer's thread turns the positions read back from the GPU into the log and builds the
+chunk's payload, and the auditor's thread reads, checks and decodes the chunk and gathers its
+entries for one copy to the GPU. On a GPU that work waits for nothing but the host. This script
+times it on a transcript's own chunks, through the code a step runs:
+
+* auditor: ``Transcript.read_log`` (read, hash check, decompress, decode), then the set-up of a
+  deferring replay interceptor (the chunk's entries checked and gathered for the device); and
+  how long the auditor's thread waits for each chunk where ``vgame audit`` reads it, on a thread
+  while a step runs (``ReadAhead``), with ``--step-ms`` of Python (which holds the GIL, as a GPU
+  step's host work does) standing in for each step (``auditor_wait_ms``; the first step reads
+  its own);
+* trainer: ``Deferred.settle`` with each record's flags as the kernels would leave them, the
+  interceptor's read-back into its log (``deferred_failed``), and ``prepare`` (the payload).
+  The flags' join and ``nonzero`` are device work on a GPU: they are timed apart
+  (``trainer_device_work_ms``), and ``trainer_host_ms`` is timed with their result handed over.
+
+    python3 scripts/log_host_ms.py --transcript DIR [--steps 1,2,3] [--repeats 3]
+
+Prints one JSON object: per step its listed values, the best of ``--repeats`` host ms of each
+part, and whether the trainer's side rebuilt the step's chunk byte for byte (``same_chunk``). Runs the Triton kernels nowhere: the steps' tensors are CPU tensors down the CUDA path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import cuda_on_cpu  # first: it sets Triton's interpreter switch
+
+
+def best_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """The best of ``repeats`` timings of ``fn()`` in ms, and its last result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1e3, 2), out
+
+
+def device_work(mode: Any) -> Any:
+    """What a deferring record step's read-back does on the device: the flags of every call with
+    listed lanes joined, and their ``nonzero``."""
+    import torch
+
+    d = mode._defer
+    counts = torch.cat(d._buffers)[: d._rows, 4].tolist()
+    return torch.cat([flags for row, flags in d._tickets if counts[row]]).nonzero()
+
+
+@contextlib.contextmanager
+def read_back(listed: Any) -> Iterator[None]:
+    """``Deferred.settle``'s join of the flags (int8) stands in for its device work: its
+    ``nonzero`` is ``listed``, computed before the clock started."""
+    import torch
+
+    real = torch.cat
+
+    class Joined:
+        def nonzero(self) -> Any:
+            return listed
+
+    def cat(tensors: Any, *a: Any, **k: Any) -> Any:
+        if tensors and tensors[0].dtype == torch.int8:
+            return Joined()
+        return real(tensors, *a, **k)
+
+    with mock.patch.object(torch, "cat", cat):
+        yield
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--transcript", required=True)
+    ap.add_argument("--steps", default=None, help="comma-separated steps (default: every step)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--step-ms", type=float, default=300.0, help="the stand-in step of auditor_wait_ms")
+    args = ap.parse_args()
+
+    from game.training.engine.step import StepEngine
+    from game.training.task.profiles import get_profile
+    from game.training.transcript.reader import Transcript
+
+    cuda_on_cpu.stub_kernels(lambda *_: None)
+    t = Transcript(args.transcript)
+    engine = StepEngine(t.config, get_profile("cpu-1t"))
+    engine.defer_anywhere = True
+    steps = [int(s) for s in args.steps.split(",")] if args.steps else list(range(1, t.steps + 1))
+    out: dict[str, Any] = {"transcript_steps": t.steps, "steps": {}}
+    for step in steps:
+        out["steps"][step] = measure(t, engine, step, args.repeats)
+    for step, ms in waits(t, steps, args.step_ms).items():
+        out["steps"][step]["auditor_wait_ms"] = ms
+    print(json.dumps(out))
+
+
+def waits(t: Any, steps: list[int], step_ms: float) -> dict[int, float]:
+    """The ms the auditor's thread waits for each step's chunk through ``ReadAhead``, with
+    ``step_ms`` of Python between two reads."""
+    from game.training.transcript.readahead import ReadAhead
+
+    out = {}
+    with ReadAhead(t, steps[-1]) as logs:
+        for step in steps:
+            t0 = time.perf_counter()
+            logs.read_log(step)
+            out[step] = round((time.perf_counter() - t0) * 1e3, 2)
+            end = time.perf_counter() + step_ms / 1e3
+            while time.perf_counter() < end:  # Python, holding the GIL but for its switch interval
+                pass
+    return out
+
+
+def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
+    """The host ms of ``step``'s log on each side (module docstring), the best of ``repeats``."""
+    import torch
+
+    from game.training.log.formats import new_step_log
+    from game.training.numerics.cuda_deferred import Deferred
+
+    read_ms, log = best_ms(lambda: t.read_log(step), repeats)
+    setup_ms, _ = best_ms(lambda: engine.interceptor(step, "replay", log, defer=True), repeats)
+    records = [(e.record, e.positions) for e in log.entries()]
+
+    def deferred_step() -> Any:
+        """A record interceptor whose deferred calls left ``records``' flags and counters."""
+        mode = engine.interceptor(step, "record", new_step_log(t.config.log_format, step), defer=True)
+        d = mode._defer
+        assert isinstance(d, Deferred)
+        for ticket, (record, positions) in enumerate(records):
+            flags = torch.zeros(record.count, dtype=torch.int8)
+            flags[positions] = 1
+            row = d._row()
+            row[4] = positions.numel()
+            d._tickets.append((d._rows - 1, flags))
+            mode._pending.append((record.op_index, record.op_name, record.count, ticket))
+        return mode
+
+    def settle(mode: Any) -> Any:
+        mode.deferred_failed()
+        return mode.log.prepare(step, t.spec_hash)
+
+    chunks: list[bytes] = []
+
+    def once() -> tuple[float, float]:
+        mode = deferred_step()
+        device_ms, listed = best_ms(lambda: device_work(mode), 1)
+        with read_back(listed):
+            host_ms, prepared = best_ms(lambda: settle(mode), 1)
+        chunks.append(prepared.encode(step, t.spec_hash))
+        return host_ms, device_ms
+
+    host, device = (min(ms) for ms in zip(*(once() for _ in range(repeats)), strict=True))
+    return {
+        "listed": sum(int(p.numel()) for _, p in records),
+        "auditor_read_ms": read_ms,
+        "auditor_setup_ms": setup_ms,
+        "trainer_host_ms": host,
+        "trainer_device_work_ms": device,
+        # the trainer's side rebuilt the step's chunk byte for byte: the work timed is the real one
+        "same_chunk": all(c == t.chunk_bytes(step) for c in chunks),
+    }
+
+
+if __name__ == "__main__":
+    cuda_on_cpu.run(main)
