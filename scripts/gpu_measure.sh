@@ -4,7 +4,7 @@
 #   bash scripts/gpu_measure.sh OUT_DIR [STAGE ...]
 #
 # Stages (default: all, in this order): env, tests, overhead, front, groups, audits, hf, leafcheck,
-# profile, graphs. All of them take longer than one 10-minute command of a lease: name the ones a
+# profile, logs, graphs. All of them take longer than one 10-minute command of a lease: name the ones a
 # lease has time for (`env` first: it builds the front). Each writes into OUT_DIR as it goes (JSON,
 # one object a line in the .jsonl files), so a run cut short still leaves what it finished. Each
 # stage has its own time limit; a failed stage is logged and the next runs.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_measure.sh OUT_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
-all=(env tests overhead front groups audits hf leafcheck profile graphs)
+all=(env tests overhead front groups audits hf leafcheck profile logs graphs)
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=("${all[@]}")
 py=${PYTHON:-python3}
@@ -136,6 +136,15 @@ for stage in "${stages[@]}"; do
             run 120 "${vgame[@]}" train --config gpt2.toml --steps 10 --profile cpu-1t --out "$runs/cpu-hf"
             json 120 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-hf" --profile cuda --json
         )
+        rm -rf "$runs"
+        ;;
+    logs)
+        # the host's work on a GPT-2-shape step's rounding log (millions of listed values), on this
+        # machine's host: set beside the same command's figures on the 2-core CPU machine
+        runs=$(mktemp -d)
+        run 120 "${vgame[@]}" train --preset gpt-shakespeare --model "$GPT2" --batch-size 8 --steps 3 \
+            --profile cuda --out "$runs/g2"
+        json 150 "$out/logs.jsonl" "$py" scripts/log_host_ms.py --transcript "$runs/g2" --repeats 3
         rm -rf "$runs"
         ;;
     graphs)
