@@ -183,7 +183,7 @@ def test_replacementFees_raiseBothFieldsByMoreThanTenPercent_andMeetTheMarket() 
 @pytest.mark.anvil
 @pytest.mark.parametrize("spiked", ["before", "after"])  # refused at once, or taken and left unmined
 def test_send_underpricedByABaseFeeSpike_isReplacedAtTheSameNonce_andRunsOnce(
-    anvil_chain: Any, spiked: str
+    anvil_chain: Any, spiked: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A base fee that rises past the offered fee holds a transaction unmined for as long as it
     stays up: re-broadcasting the same bytes never lands it (a party would lose on its clock)."""
@@ -194,9 +194,22 @@ def test_send_underpricedByABaseFeeSpike_isReplacedAtTheSameNonce_andRunsOnce(
     before, nonce = chain.balance(to), chain.nonce(payer.address)
     spike = 50 * int(chain.w3.eth.get_block("latest")["baseFeePerGas"]) + 10**10
     chain._rpc("evm_setAutomine", [False])
-    stop = threading.Event()
+    sender = TxSender(chain, GasPolicy(receipt_timeout=1.5, poll=0.05))
+    quoted, stop = threading.Event(), threading.Event()
+    real_broadcast = sender._broadcast
+
+    def broadcast(raw: bytes) -> None:  # the first offer is priced before any spike, always
+        if spiked == "before" and not quoted.is_set():
+            chain._rpc("anvil_setNextBlockBaseFeePerGas", [hex(spike)])
+            chain._rpc("anvil_mine", ["0x1"])  # the fee rises between the quote and the send
+        quoted.set()
+        real_broadcast(raw)
+
+    monkeypatch.setattr(sender, "_broadcast", broadcast)
 
     def congested_blocks() -> None:  # every block's base fee far above what the first offer allows
+        while not quoted.is_set() and not stop.is_set():
+            stop.wait(0.02)
         while spiked == "after" and chain.nonce(payer.address) == nonce and not stop.is_set():
             stop.wait(0.02)  # until the first version is in the node's pool
         while not stop.is_set():
@@ -207,7 +220,7 @@ def test_send_underpricedByABaseFeeSpike_isReplacedAtTheSameNonce_andRunsOnce(
     miner = threading.Thread(target=congested_blocks, daemon=True)
     miner.start()
     try:
-        sent = TxSender(chain, GasPolicy(receipt_timeout=1.5, poll=0.05)).transfer(payer, to, 4242)
+        sent = sender.transfer(payer, to, 4242)
     finally:
         stop.set()
         miner.join()
