@@ -15,7 +15,10 @@ times it on a transcript's own chunks, through the code a step runs:
 * trainer: ``Deferred.settle`` with each record's flags as the kernels would leave them, the
   interceptor's read-back into its log (``deferred_failed``), and ``prepare`` (the payload).
   The flags' join and ``nonzero`` are device work on a GPU: they are timed apart
-  (``trainer_device_work_ms``), and ``trainer_host_ms`` is timed with their result handed over.
+  (``trainer_device_work_ms``), and ``trainer_host_ms`` is timed with their result handed over;
+* writer: the chunk's payload compressed as the writer's thread compresses it (``writer.c`` where it
+  is used), on one thread, two, and ``compress_threads()``, beside zlib's one piece at the same level,
+  the way before a large payload was cut into blocks (``writer``).
 
     python3 scripts/log_host_ms.py --transcript DIR [--steps 1,2,3] [--repeats 3]
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -149,6 +153,7 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
         return mode.log.prepare(step, t.spec_hash)
 
     chunks: list[bytes] = []
+    payloads: list[bytes] = []
 
     def once() -> tuple[float, float]:
         mode = deferred_step()
@@ -156,6 +161,7 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
         with read_back(listed):
             host_ms, prepared = best_ms(lambda: settle(mode), 1)
         chunks.append(prepared.encode(step, t.spec_hash))
+        payloads.append(prepared.compressible.payload)
         return host_ms, device_ms
 
     host, device = (min(ms) for ms in zip(*(once() for _ in range(repeats)), strict=True))
@@ -167,6 +173,44 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
         "trainer_device_work_ms": device,
         # the trainer's side rebuilt the step's chunk byte for byte: the work timed is the real one
         "same_chunk": all(c == t.chunk_bytes(step) for c in chunks),
+        "writer": writer_ms(payloads[-1], repeats),
+    }
+
+
+def writer_ms(payload: bytes, repeats: int) -> dict[str, Any]:
+    """The writer's zlib of ``payload``: its bytes and best ms on one thread and on the threads the
+    writer uses, beside zlib's one piece at the same level; every way's bytes decode to the payload."""
+    import zlib
+
+    from game.training.log.codec import compress_threads, zlib_block, zlib_blocks, zlib_level
+    from game.training.transcript import stepwriter
+
+    size = len(payload)
+    level, block = zlib_level(size), zlib_block(size)
+    c_call = stepwriter.available()
+
+    def ours(threads: int) -> bytes:
+        if c_call:
+            got = stepwriter.compress(payload, "zlib", threads=threads)
+            assert got is not None
+            return got
+        return zlib_blocks(payload, level, block, threads) if block else zlib.compress(payload, level)
+
+    one_ms, one = best_ms(lambda: zlib.compress(payload, level), repeats)
+    by_threads = {}
+    for threads in sorted({1, 2, compress_threads()}):
+        ms, got = best_ms(functools.partial(ours, threads), repeats)
+        assert zlib.decompress(got) == payload
+        by_threads[threads] = {"ms": ms, "bytes": len(got)}
+    assert zlib.decompress(one) == payload
+    return {
+        "payload_bytes": size,
+        "level": level,
+        "block": block,
+        "by": "c" if c_call else "python",
+        "ms_by_threads": by_threads,
+        "one_piece_ms": one_ms,
+        "one_piece_bytes": len(one),
     }
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from hypothesis import strategies as st
 
 from game.fsio import atomic_write
 from game.training.log.chunks import chunk_hash
@@ -13,6 +14,15 @@ from game.training.log.formats import ChunkLog
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
 from game.training.transcript.layout import chunk_file_name
+
+#: A payload, a block, a level and a thread count for zlib in blocks (``codec.zlib_blocks``): many
+#: blocks and few, a short last block, a block larger than the payload.
+ZLIB_BLOCK_CASES = st.tuples(
+    st.binary(min_size=0, max_size=12000),
+    st.integers(min_value=1, max_value=5000),
+    st.sampled_from([1, 6, 9]),
+    st.integers(min_value=1, max_value=6),
+)
 
 
 def random_trits(n: int, seed: int) -> torch.Tensor:

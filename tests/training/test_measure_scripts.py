@@ -189,5 +189,8 @@ def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
     assert got["transcript_steps"] == 2 and set(got["steps"]) == {"1", "2"}
     for step in got["steps"].values():
         assert step["same_chunk"] is True and step["listed"] > 0
+        writer = step["writer"]
+        assert writer["payload_bytes"] > 0 and writer["block"] == 0  # a small payload: one piece
+        assert all(w["bytes"] == writer["one_piece_bytes"] for w in writer["ms_by_threads"].values())
         parts = ("auditor_read_ms", "auditor_setup_ms", "auditor_wait_ms", "trainer_host_ms")
         assert min(step[k] for k in parts) >= 0

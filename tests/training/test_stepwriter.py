@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from game.training.engine.train import train
 from game.training.log import codec as chunkcodec
-from game.training.log.codec import CODECS, LZMA_AUTO_MAX
+from game.training.log.codec import CODECS, LZMA_AUTO_MAX, ZLIB_BEST_MAX, ZLIB_BLOCK
 from game.training.log.sparse import SparseStepLog
 from game.training.native import library, writerlib
 from game.training.state import leafhash, leafnative
@@ -28,7 +28,7 @@ from game.training.task.config import TaskConfig
 from game.training.transcript import stepwriter
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
-from tests.training.helpers import file_tree, random_sparse_log
+from tests.training.helpers import ZLIB_BLOCK_CASES, file_tree, random_sparse_log
 
 SPEC = bytes(range(32))
 
@@ -56,6 +56,25 @@ def _log(step: int, codec: str, records: int, seed: int = 0) -> SparseStepLog:
 @given(payload=st.binary(min_size=0, max_size=6000), codec=st.sampled_from(["zlib", "lzma"]))
 def test_theCCodecs_giveTheBytesOfPythons(payload: bytes, codec: str) -> None:
     assert stepwriter.compress(payload, codec) == chunkcodec.compress_with(payload, codec)
+
+
+@needs_writer
+@settings(max_examples=60, deadline=None)
+@given(case=ZLIB_BLOCK_CASES)
+def test_theCZlibInBlocks_givesTheBytesOfPythons_onAnyThreads(case: tuple[bytes, int, int, int]) -> None:
+    payload, block, level, threads = case
+    got = stepwriter.compress(payload, "zlib", level=level, block=block, threads=threads)
+    assert got == chunkcodec.zlib_blocks(payload, level, block)
+
+
+@needs_writer
+def test_aLargePayload_theCZlibIsPythons_onOneThreadOrMany() -> None:
+    rng = np.random.default_rng(7)
+    payload = rng.geometric(0.3, size=ZLIB_BEST_MAX + 3 * ZLIB_BLOCK + 11).astype(np.uint8).tobytes()
+    want = chunkcodec.compress_with(payload, "zlib")
+    assert want == chunkcodec.zlib_blocks(payload, 1, ZLIB_BLOCK)
+    for threads in (1, 3, 64):
+        assert stepwriter.compress(payload, "zlib", threads=threads) == want
 
 
 @needs_writer
@@ -161,8 +180,9 @@ def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
         (np.random.default_rng(2).bytes(3000), ("stored",)),
         (np.random.default_rng(3).bytes(LZMA_AUTO_MAX + 1), ("stored",)),
         (bytes(LZMA_AUTO_MAX + 1), ("zlib",)),
+        (np.random.default_rng(4).geometric(0.3, ZLIB_BEST_MAX + 99).astype(np.uint8).tobytes(), ("zlib",)),
     ],
-    ids=["compressible", "incompressible", "incompressible-large", "compressible-large"],
+    ids=["compressible", "incompressible", "incompressible-large", "compressible-large", "zlib-in-blocks"],
 )
 def test_theCCall_keepsTheSmallestCodec_asPythonDoes(
     tmp_path: Path, payload: bytes, codecs: tuple[str, ...]
@@ -291,6 +311,21 @@ def test_whereTheCCodecsWouldGiveOtherBytes_theWriterStaysInPython(
     assert stepwriter.finish_step(_log(0, "auto", 3).prepare(0, SPEC).compressible, b"s", _no_paths()) is None
     if "unavailable" not in caplog.text:  # the library built: the probe turned it down
         assert "gives other bytes than Python's" in caplog.text
+
+
+def test_whereTheCZlibInBlocksWouldGiveOtherBytes_theWriterStaysInPython(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The probe covers the blocks too: a large payload's chunk would otherwise differ by writer."""
+    if not library.available():
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.setattr(writerlib, "_lib", None)
+    monkeypatch.setattr(writerlib, "_tried", False)
+    monkeypatch.setattr(stepwriter, "zlib_blocks", lambda payload, level, block: b"other bytes")
+    with caplog.at_level(logging.INFO, logger=writerlib.__name__):
+        assert not stepwriter.available()
+    if "unavailable" not in caplog.text:
+        assert "its zlib in blocks gives other bytes" in caplog.text
 
 
 def test_switchedOff_theWriterStaysInPython(monkeypatch: pytest.MonkeyPatch) -> None:

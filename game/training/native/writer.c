@@ -62,8 +62,91 @@ static lzma_stream *thread_stream(void) {
     return s;
 }
 
-/* As zlib.compress(payload, level): deflate's defaults (15 window bits, memory level 8). */
-static int64_t with_zlib(const uint8_t *in, int64_t n, int64_t level, uint8_t *out, int64_t cap) {
+/* One block as codec.py's zlib_blocks deflates it: raw deflate (no header), 15 window bits, memory
+ * level 8, the input in with Z_NO_FLUSH, then Z_SYNC_FLUSH (Z_FINISH for the last block), as Python's
+ * compressobj feeds it. Returns its length, or -1. */
+static int64_t deflate_block(const uint8_t *in, int64_t n, int level, int last, uint8_t *out, int64_t cap) {
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    if (deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK) return -1;
+    s.next_in = (Bytef *)in;
+    s.avail_in = (uInt)n;
+    s.next_out = out;
+    s.avail_out = (uInt)cap;
+    int ok = deflate(&s, Z_NO_FLUSH) == Z_OK && s.avail_in == 0;
+    if (ok) {
+        int r = deflate(&s, last ? Z_FINISH : Z_SYNC_FLUSH);
+        ok = last ? r == Z_STREAM_END : r == Z_OK && s.avail_out > 0;
+    }
+    int64_t len = ok ? cap - (int64_t)s.avail_out : -1;
+    deflateEnd(&s);
+    return len;
+}
+
+typedef struct {
+    const uint8_t *in;
+    int64_t n, block, blocks, cap, level;
+    uint8_t *scratch; /* block i's output at i * cap */
+    int64_t *lens;
+    int64_t next; /* the next block to take, by any thread */
+} blocks_job;
+
+static void *deflate_blocks(void *arg) {
+    blocks_job *b = arg;
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (i >= b->blocks) return NULL;
+        int64_t start = i * b->block, k = b->n - start < b->block ? b->n - start : b->block;
+        uint8_t *out = b->scratch + i * b->cap;
+        b->lens[i] = deflate_block(b->in + start, k, (int)b->level, i == b->blocks - 1, out, b->cap);
+    }
+}
+
+/* codec.py's zlib_blocks: zlib's header, the blocks deflated apart on up to ``threads`` threads (this
+ * one among them; the number changes the time, never the bytes), then the whole payload's Adler-32. */
+static int64_t with_zlib_blocks(const uint8_t *in, int64_t n, int64_t level, int64_t block, int64_t threads,
+                                uint8_t *out, int64_t cap) {
+    int64_t blocks = n > 0 ? (n + block - 1) / block : 1;
+    blocks_job b = {in, n, block, blocks, block + block / 8 + 1024, level, NULL, NULL, 0};
+    int64_t len = -1, started = 0;
+    if (threads > blocks) threads = blocks;
+    if (threads > 64) threads = 64;
+    pthread_t helpers[64];
+    b.scratch = malloc((size_t)(blocks * b.cap));
+    b.lens = malloc((size_t)blocks * sizeof *b.lens);
+    if (b.scratch == NULL || b.lens == NULL) goto done;
+    while (started < threads - 1 && pthread_create(&helpers[started], NULL, deflate_blocks, &b) == 0) started++;
+    deflate_blocks(&b);
+    for (int64_t t = 0; t < started; t++) pthread_join(helpers[t], NULL);
+    int flevel = level < 2 ? 0 : level < 6 ? 1 : level == 6 ? 2 : 3;
+    int flg = flevel << 6;
+    flg += 31 - (0x78 * 256 + flg) % 31;
+    if (cap < 6) goto done;
+    out[0] = 0x78;
+    out[1] = (uint8_t)flg;
+    len = 2;
+    for (int64_t i = 0; i < blocks; i++) {
+        if (b.lens[i] < 0 || len + b.lens[i] + 4 > cap) {
+            len = -1;
+            goto done;
+        }
+        memcpy(out + len, b.scratch + i * b.cap, (size_t)b.lens[i]);
+        len += b.lens[i];
+    }
+    uLong sum = adler32(0L, Z_NULL, 0);
+    for (int64_t at = 0; at < n; at += block) sum = adler32(sum, in + at, (uInt)(n - at < block ? n - at : block));
+    for (int k = 3; k >= 0; k--) out[len++] = (uint8_t)(sum >> (8 * k));
+done:
+    free(b.scratch);
+    free(b.lens);
+    return len;
+}
+
+/* As codec.py's compress_with for zlib: zlib.compress(payload, level) (deflate's defaults, 15 window
+ * bits, memory level 8) when ``block`` is 0, else zlib_blocks(payload, level, block, threads). */
+static int64_t with_zlib(const uint8_t *in, int64_t n, int64_t level, int64_t block, int64_t threads, uint8_t *out,
+                         int64_t cap) {
+    if (block > 0) return with_zlib_blocks(in, n, level, block, threads, out, cap);
     uLongf len = (uLongf)cap;
     if (compress2(out, &len, in, (uLong)n, (int)level) != Z_OK) return -1;
     return (int64_t)len;
@@ -92,11 +175,12 @@ static int64_t with_lzma(const uint8_t *in, int64_t n, int64_t dict_size, uint8_
     return cap - (int64_t)s->avail_out;
 }
 
-/* ``in`` compressed with codec ZLIB (at ``level``) or LZMA (with ``dict_size``) into out; the
- * length, or -1 (out too small, or the library failed). */
-int64_t vg_compress(int64_t codec, const uint8_t *in, int64_t n, int64_t level, int64_t dict_size, uint8_t *out,
-                    int64_t cap) {
-    if (codec == ZLIB) return with_zlib(in, n, level, out, cap);
+/* ``in`` compressed with codec ZLIB (at ``level``, in blocks of ``block`` bytes on ``threads`` threads
+ * unless it is 0) or LZMA (with ``dict_size``) into out; the length, or -1 (out too small, or the
+ * library failed). */
+int64_t vg_compress(int64_t codec, const uint8_t *in, int64_t n, int64_t level, int64_t block, int64_t threads,
+                    int64_t dict_size, uint8_t *out, int64_t cap) {
+    if (codec == ZLIB) return with_zlib(in, n, level, block, threads, out, cap);
     if (codec == LZMA) return with_lzma(in, n, dict_size, out, cap);
     return -1;
 }
@@ -166,16 +250,18 @@ static int64_t room(int64_t n) { return n + n / 8 + 1024; }
 
 /* A step of the transcript: the chunk is ``head`` (codec byte at ``codec_at``, overwritten) and the
  * payload compressed with the smallest of the codecs whose bits are set in ``tries`` (1 << id; a
- * tie goes to the first of zlib, lzma, stored, as log/codec.py's compress picks); the leaf is
+ * tie goes to the first of zlib, lzma, stored, as log/codec.py's compress picks; zlib at ``level``
+ * in blocks of ``block`` bytes on ``threads`` threads, or in one piece when it is 0); the leaf is
  * vg_leaf of ``state``, written to leaf_out; ``state`` is the checkpoint too when ``checkpoint``.
  * Then the files as vg_write_step writes them. Returns vg_write_step's errno and ``failed`` (the
  * file), 0 when done, or -1 with nothing written (no memory, a codec or the hash failed): the
  * caller writes the step its own way. */
 int64_t vg_finish_step(const uint8_t *head, int64_t head_len, int64_t codec_at, const uint8_t *payload, int64_t n,
-                       int64_t tries, int64_t level, int64_t dict_size, const uint8_t *state, int64_t state_len,
-                       int64_t checkpoint, const char *chunk_path, const char *chunk_tmp, const char *log_dir,
-                       const char *hashes_path, const char *ckpt_path, const char *ckpt_tmp, const char *ckpt_dir,
-                       const char *leaves_path, uint8_t *leaf_out, int64_t *failed, void *write_step) {
+                       int64_t tries, int64_t level, int64_t block, int64_t threads, int64_t dict_size,
+                       const uint8_t *state, int64_t state_len, int64_t checkpoint, const char *chunk_path,
+                       const char *chunk_tmp, const char *log_dir, const char *hashes_path, const char *ckpt_path,
+                       const char *ckpt_tmp, const char *ckpt_dir, const char *leaves_path, uint8_t *leaf_out,
+                       int64_t *failed, void *write_step) {
     *failed = 0;
     if (codec_at < 0 || codec_at >= head_len || (tries & 7) == 0 || write_step == NULL) return -1;
     int64_t cap = room(n);
@@ -187,7 +273,7 @@ int64_t vg_finish_step(const uint8_t *head, int64_t head_len, int64_t codec_at, 
     int64_t len = -1;
     int codec = STORED;
     if (tries & (1 << ZLIB)) {
-        if ((len = with_zlib(payload, n, level, body, cap)) < 0) goto done;
+        if ((len = with_zlib(payload, n, level, block, threads, body, cap)) < 0) goto done;
         codec = ZLIB;
     }
     if (tries & (1 << LZMA)) {
@@ -231,7 +317,7 @@ done:
 
 typedef struct {
     const uint8_t *head, *payload, *state;
-    int64_t head_len, codec_at, n, tries, level, dict_size, state_len, checkpoint;
+    int64_t head_len, codec_at, n, tries, level, block, threads, dict_size, state_len, checkpoint;
     const char *paths[8]; /* chunk, its temporary name, log dir, hashes, checkpoint, its temporary name, its dir,
                              leaves */
     uint8_t leaf[32];
@@ -264,9 +350,9 @@ static void *ring_main(void *arg) {
             j->err = -2;
         else
             j->err = vg_finish_step(j->head, j->head_len, j->codec_at, j->payload, j->n, j->tries, j->level,
-                                    j->dict_size, j->state, j->state_len, j->checkpoint, j->paths[0], j->paths[1],
-                                    j->paths[2], j->paths[3], j->paths[4], j->paths[5], j->paths[6], j->paths[7],
-                                    j->leaf, &j->failed, r->write_step);
+                                    j->block, j->threads, j->dict_size, j->state, j->state_len, j->checkpoint,
+                                    j->paths[0], j->paths[1], j->paths[2], j->paths[3], j->paths[4], j->paths[5],
+                                    j->paths[6], j->paths[7], j->leaf, &j->failed, r->write_step);
         pthread_mutex_lock(&r->mu);
         if (j->err != 0) r->broken = 1;
         r->done++;
@@ -293,10 +379,10 @@ fail:
 /* Queue a step (vg_finish_step's arguments, the paths in its order); returns its index, or -1 when
  * RING_CAP steps are in flight (nothing queued). Never waits for the thread's work. */
 int64_t vg_ring_push(void *ring, const uint8_t *head, int64_t head_len, int64_t codec_at, const uint8_t *payload,
-                     int64_t n, int64_t tries, int64_t level, int64_t dict_size, const uint8_t *state,
-                     int64_t state_len, int64_t checkpoint, const char *chunk_path, const char *chunk_tmp,
-                     const char *log_dir, const char *hashes_path, const char *ckpt_path, const char *ckpt_tmp,
-                     const char *ckpt_dir, const char *leaves_path) {
+                     int64_t n, int64_t tries, int64_t level, int64_t block, int64_t threads, int64_t dict_size,
+                     const uint8_t *state, int64_t state_len, int64_t checkpoint, const char *chunk_path,
+                     const char *chunk_tmp, const char *log_dir, const char *hashes_path, const char *ckpt_path,
+                     const char *ckpt_tmp, const char *ckpt_dir, const char *leaves_path) {
     ring_t *r = ring;
     pthread_mutex_lock(&r->mu);
     if (r->pushed - r->done >= RING_CAP) {
@@ -311,6 +397,8 @@ int64_t vg_ring_push(void *ring, const uint8_t *head, int64_t head_len, int64_t 
     j->n = n;
     j->tries = tries;
     j->level = level;
+    j->block = block;
+    j->threads = threads;
     j->dict_size = dict_size;
     j->state = state;
     j->state_len = state_len;

@@ -72,7 +72,7 @@ def library_path() -> Path:
 def _open() -> ctypes.CDLL:
     lib = library.open_library(_source(), library_path(), name="writer.c", libs=LIBS)
     lib.vg_compress.restype = _I64
-    lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _PTR, _I64]
+    lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _I64]
     lib.vg_sha256.restype = _I64
     lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
     lib.vg_leaf.restype = _I64
@@ -80,7 +80,7 @@ def _open() -> ctypes.CDLL:
     lib.vg_finish_step.restype = _I64
     lib.vg_finish_step.argtypes = [
         *(_PTR, _I64, _I64, _PTR, _I64),  # head, codec byte, payload
-        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
+        *(_I64,) * 5,  # the codecs tried; zlib's level, block and threads; lzma's dictionary
         *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
         *(_PATH, _PATH, _PATH, _PATH),  # the chunk, its temporary name, the log directory, the hashes
         *(_PATH, _PATH, _PATH, _PATH),  # the checkpoint, its temporary name, its directory, the leaves
@@ -100,7 +100,7 @@ def _open_held(lib: ctypes.CDLL) -> ctypes.PyDLL:
     held.vg_ring_push.restype = _I64
     held.vg_ring_push.argtypes = [
         *(_PTR, _PATH, _I64, _I64, _PATH, _I64),  # the ring, head, codec byte, payload
-        *(_I64, _I64, _I64),  # the codecs tried, zlib's level, lzma's dictionary
+        *(_I64,) * 5,  # the codecs tried; zlib's level, block and threads; lzma's dictionary
         *(_PTR, _I64, _I64),  # the state, whether it is the checkpoint too
         *(_PATH,) * 8,  # the paths, as vg_finish_step takes them
     ]

@@ -26,9 +26,12 @@ from game.training.log.codec import (
     CODECS,
     MAX_PAYLOAD,
     Compressible,
+    compress_threads,
     compress_with,
     lzma_dict_size,
     tried_codecs,
+    zlib_block,
+    zlib_blocks,
     zlib_level,
 )
 from game.training.native import bindings, library, writerlib
@@ -58,6 +61,11 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
             got = compress(part, codec, lib)
             if got != compress_with(part, codec):
                 return f"its {codec} gives other bytes than Python's (zlib {zlib.ZLIB_RUNTIME_VERSION} there)"
+    # A large payload's blocks (codec.ZLIB_BLOCK), here at a probe's size: several, the last short.
+    block = len(payload) // 3 - 7
+    got = compress(payload, "zlib", lib, level=1, block=block, threads=2)
+    if got != zlib_blocks(payload, 1, block):
+        return f"its zlib in blocks gives other bytes than Python's (zlib {zlib.ZLIB_RUNTIME_VERSION} there)"
     digest = np.empty(32, dtype=np.uint8)
     buf = np.frombuffer(payload, dtype=np.uint8)
     if lib.vg_sha256(buf.ctypes.data, buf.size, digest.ctypes.data) != 0:
@@ -67,10 +75,19 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
     return None
 
 
-def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> bytes | None:
+def compress(
+    payload: bytes,
+    codec: str,
+    lib: ctypes.CDLL | None = None,
+    *,
+    level: int | None = None,
+    block: int | None = None,
+    threads: int | None = None,
+) -> bytes | None:
     """``payload`` compressed by ``writer.c`` with "zlib" or "lzma" at the writer's settings
-    (:func:`~game.training.log.codec.zlib_level`, :func:`~game.training.log.codec.lzma_dict_size`);
-    None where the library is not used."""
+    (:func:`~game.training.log.codec.zlib_level`, :func:`~game.training.log.codec.zlib_block`,
+    :func:`~game.training.log.codec.compress_threads`, :func:`~game.training.log.codec.lzma_dict_size`)
+    unless ``level``, ``block`` or ``threads`` are given; None where the library is not used."""
     lib = lib or writerlib.running()
     if lib is None:
         return None
@@ -78,8 +95,11 @@ def compress(payload: bytes, codec: str, lib: ctypes.CDLL | None = None) -> byte
     cap = len(payload) + len(payload) // 8 + 1024
     out = np.empty(cap, dtype=np.uint8)
     n = lib.vg_compress(
-        CODECS[codec], buf.ctypes.data, buf.size, zlib_level(buf.size), lzma_dict_size(buf.size),
-        out.ctypes.data, cap,
+        CODECS[codec], buf.ctypes.data, buf.size,
+        zlib_level(buf.size) if level is None else level,
+        zlib_block(buf.size) if block is None else block,
+        compress_threads() if threads is None else threads,
+        lzma_dict_size(buf.size), out.ctypes.data, cap,
     )  # fmt: skip
     return None if n < 0 else out[:n].tobytes()
 
@@ -125,12 +145,13 @@ def finish_step(chunk: Compressible, state: bytes | memoryview, paths: StepPaths
     return leaf.tobytes()
 
 
-def _codec_args(chunk: Compressible) -> tuple[int, int, int]:
+def _codec_args(chunk: Compressible) -> tuple[int, int, int, int, int]:
     """How the C call compresses ``chunk``'s payload: the codecs to try (a bit ``1 << id`` each),
-    zlib's level and lzma's dictionary, as :func:`~game.training.log.codec.compress` would."""
+    zlib's level, block and threads, and lzma's dictionary, as
+    :func:`~game.training.log.codec.compress` would."""
     size = len(chunk.payload)
     tries = sum(1 << CODECS[c] for c in tried_codecs(chunk.codec, size))
-    return tries, zlib_level(size), lzma_dict_size(size)
+    return tries, zlib_level(size), zlib_block(size), compress_threads(), lzma_dict_size(size)
 
 
 def _file_error(err: int, which: int, paths: StepPaths) -> OSError:
