@@ -38,8 +38,8 @@ ZLIB_BEST_MAX = 1 << 20
 #: compressed on as many threads as there are cores. The blocks joined, with zlib's header and the
 #: whole payload's Adler-32, are one ordinary zlib stream: any inflate decodes it, so this too is the
 #: writer's choice alone. Why: at the GPT-2-small shape a step's 7-16 MB payload took one core
-#: 105-280 ms at level 1, about a GPU step's time, so one thread could set a GPU trainer's pace
-#: (issue 46); the blocks' restarted Huffman tables made those chunks 0.02-0.13% smaller, not larger.
+#: 100-285 ms at level 1, about a GPU step's time, so one thread could set a GPU trainer's pace
+#: (issue 46); the blocks' restarted Huffman tables made those chunks 0.002-0.17% smaller, not larger.
 ZLIB_BLOCK = 1 << 19
 DEFAULT_CODEC = "auto"
 #: A payload larger than this is refused before decompressing (a chunk is one step's log).
@@ -85,7 +85,8 @@ def zlib_block(size: int) -> int:
 def compress_threads() -> int:
     """How many threads deflate a large payload's blocks: the cores this process may run on, less one
     for the trainer's own thread (at least one). It changes the time, never the bytes."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def zlib_blocks(payload: bytes, level: int, block: int, threads: int = 1) -> bytes:
