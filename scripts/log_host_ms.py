@@ -183,7 +183,7 @@ def writer_ms(payload: bytes, repeats: int) -> dict[str, Any]:
     writer uses, beside zlib's one piece at the same level; every way's bytes decode to the payload."""
     import zlib
 
-    from game.training.log.codec import compress_threads, zlib_block, zlib_blocks, zlib_level
+    from game.training.log.codec import compress_threads, compress_with, zlib_block, zlib_level
     from game.training.transcript import stepwriter
 
     size = len(payload)
@@ -191,11 +191,8 @@ def writer_ms(payload: bytes, repeats: int) -> dict[str, Any]:
     c_call = stepwriter.available()
 
     def ours(threads: int) -> bytes:
-        if c_call:
-            got = stepwriter.compress(payload, "zlib", threads=threads)
-            assert got is not None
-            return got
-        return zlib_blocks(payload, level, block, threads) if block else zlib.compress(payload, level)
+        got = stepwriter.compress(payload, "zlib", threads=threads) if c_call else None
+        return got if got is not None else compress_with(payload, "zlib", threads=threads)
 
     one_ms, one = best_ms(lambda: zlib.compress(payload, level), repeats)
     by_threads = {}

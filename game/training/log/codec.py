@@ -140,12 +140,13 @@ def compress(payload: bytes, codec: str) -> tuple[bytes, str]:
     return min(((compress_with(payload, c), c) for c in tried), key=lambda b: len(b[0]))
 
 
-def compress_with(payload: bytes, codec: str) -> bytes:
-    """``payload`` compressed with one codec (a name in :data:`CODECS`), at the writer's settings."""
+def compress_with(payload: bytes, codec: str, *, threads: int | None = None) -> bytes:
+    """``payload`` compressed with one codec (a name in :data:`CODECS`), at the writer's settings;
+    a large payload's zlib blocks on ``threads`` threads (:func:`compress_threads` by default)."""
     if codec == "zlib":
         level, block = zlib_level(len(payload)), zlib_block(len(payload))
         if block:
-            return zlib_blocks(payload, level, block, compress_threads())
+            return zlib_blocks(payload, level, block, compress_threads() if threads is None else threads)
         return zlib.compress(payload, level)
     if codec == "lzma":
         filters = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": lzma_dict_size(len(payload))}]
