@@ -69,7 +69,7 @@ from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
 from game.training.task.profiles import Profile, get_profile
 from game.training.transcript.pipeline import StepJob
-from game.training.transcript.readahead import ReadAhead
+from game.training.transcript.readahead import ReadAhead, read_log
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
 
@@ -223,7 +223,8 @@ class _Variants:
             self.transcript = Transcript(self.out)
         elif variant == "replay":
             t = Transcript(self.out)
-            self.logs = {step: t.read_log(step) for step in range(first, last + 1)}
+            pin = self.engine.pins_logs
+            self.logs = {step: read_log(t, step, pin=pin) for step in range(first, last + 1)}
 
     def run(self, variant: str, first: int, last: int) -> None:
         """Steps ``first..last`` of ``variant``; the trainer's are on disk when it returns."""
@@ -245,7 +246,7 @@ class _Variants:
         elif variant == "auditor":  # as audit(): a step's leaf is hashed while the next one runs,
             # and the next step's chunk read
             pending: PendingLeaf | None = None
-            with ReadAhead(self.transcript, last) as logs:
+            with ReadAhead(self.transcript, last, pin=engine.pins_logs) as logs:
                 for step in range(first, last + 1):
                     engine.run_step(state, step, mode="replay", log=logs.read_log(step), hash_state=False)
                     if pending is not None:

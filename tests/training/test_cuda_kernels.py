@@ -388,3 +388,60 @@ def test_cpuEngine_neverDefers_evenUnderTheInterpreter() -> None:
     assert not engine._defers("record", SparseStepLog(1))
     engine.defer_anywhere = True  # the tests' switch; a CPU device still needs the interpreter
     assert engine._defers("record", SparseStepLog(1)) == (not ON_GPU)
+
+
+def test_onlyACudaEngineThatDefers_pinsTheChunksItReplays() -> None:
+    assert not StepEngine(small_cfg("mlp-digits"), get_profile("cpu-1t")).pins_logs
+    if ON_GPU:
+        engine = StepEngine(small_cfg("mlp-digits"), get_profile("cuda"))
+        assert engine.pins_logs
+        engine.defer = False  # checked at every tensor: no one copy of the chunk's entries
+        assert not engine.pins_logs
+
+
+def test_deferredReplay_ofAPinnedChunk_copiesItsEntriesFromThePinnedCopy_withoutWaiting(
+    settles: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the read-ahead hands a GPU auditor (:meth:`SparseStepLog.pin`): the same leaves and
+    corrections as the chunk unpinned, its entries copied to the device from the page-locked array
+    without blocking. Without a GPU a copy stands in for page-locked memory."""
+    if not ON_GPU:
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
+    deferring, _ = _engines("mlp-digits")
+    noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
+    spec = deferring.cfg.spec_hash()
+    s_noisy, s_plain, s_pinned = noisy.init_state(), deferring.init_state(), deferring.init_state()
+    copies: list[tuple[int, bool]] = []  # (address, non_blocking) of each int64 tensor sent with .to
+    real_to = torch.Tensor.to
+
+    def to(self: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+        if self.dtype == torch.int64 and self.dim() == 1:
+            copies.append((self.data_ptr(), bool(k.get("non_blocking", False))))
+        return real_to(self, *a, **k)  # type: ignore[arg-type]
+
+    corrections = 0
+    for step in (1, 2):
+        chunk = noisy.run_step(s_noisy, step, mode="record").log
+        assert chunk is not None
+        data = chunk.encode(step, spec)
+        plain = SparseStepLog.decode(data, step=step, spec_hash=spec)
+        pinned = SparseStepLog.decode(data, step=step, spec_hash=spec)
+        pinned.pin()
+        page_locked = pinned.pinned_positions()
+        assert page_locked is not None
+        a = deferring.run_step(s_plain, step, mode="replay", log=plain)
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "to", to)
+            b = deferring.run_step(s_pinned, step, mode="replay", log=pinned)
+        assert (a.leaf, a.corrections) == (b.leaf, b.corrections)
+        assert (page_locked.data_ptr(), True) in copies
+        corrections += b.corrections
+    assert corrections > 0 and len(settles) == 4
+
+
+@pytest.mark.skipif(not ON_GPU, reason="page-locked memory needs a GPU")
+def test_hostArray_ofAGpuTensor_isPageLocked_withItsValues() -> None:
+    t = torch.arange(1000, dtype=torch.int64, device="cuda") * 7
+    host = cuda_deferred.host_array(t)
+    assert host.tolist() == t.cpu().tolist()
+    assert torch.from_numpy(host).is_pinned()

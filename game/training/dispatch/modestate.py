@@ -166,14 +166,18 @@ class ModeState(TorchDispatchMode):
                 sizes = rows.table[:, 3]
                 self._fits = [True] * len(sizes)
                 self._offsets = [0, *np.cumsum(sizes).tolist()]
-                flat = torch.from_numpy(rows.positions)
-            else:  # a log built or changed here: checked list by list, gathered into one array
+                pinned = log.pinned_positions()
+                flat = torch.from_numpy(rows.positions) if pinned is None else pinned
+            else:
+                pinned = None  # a log built or changed here: checked list by list, gathered into one array
                 entries = log.entries()
                 host = [e.positions.to(dtype=torch.int64) for e in entries]
                 self._fits = cuda_deferred.entries_fit(host, [e.record.count for e in entries])
                 self._offsets = [0, *itertools.accumulate(int(h.numel()) for h in host)]
                 flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
-            self._device_positions = flat.to(deferred.device)
+            # from page-locked memory (the read-ahead pinned it) the copy runs without the host
+            # waiting, ahead of the kernels that read it on the same stream
+            self._device_positions = flat.to(deferred.device, non_blocking=pinned is not None)
         return deferred
 
     def deferred_failed(self) -> bool:

@@ -101,7 +101,7 @@ def audit(
         )
         return True
 
-    with LeafHasher() as hasher, ReadAhead(t, t.steps) as logs:
+    with LeafHasher() as hasher, ReadAhead(t, t.steps, pin=engine.pins_logs) as logs:
         for step in range(len(leaves), t.steps + 1):
             if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
                 settle(pending)

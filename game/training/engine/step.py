@@ -203,10 +203,21 @@ class StepEngine:
 
     # ---- helpers ------------------------------------------------------------------------------
 
+    @property
+    def pins_logs(self) -> bool:
+        """Whether the chunks this engine replays are best read into page-locked memory
+        (:meth:`SparseStepLog.pin`): its replay defers on a CUDA device, where a step's entries go
+        to the GPU in one copy (``ReadAhead(..., pin=engine.pins_logs)``)."""
+        return self.profile.device.startswith("cuda") and self._deferring("replay")
+
     def _defers(self, mode: Mode, log: ChunkLog | None) -> bool:
         """Whether this step's CUDA kernels leave their checks to its end (sparse record and replay
         with the Triton kernels): one synchronisation a step instead of one a tensor."""
-        if not (self.defer and mode in ("record", "replay") and isinstance(log, SparseStepLog)):
+        return isinstance(log, SparseStepLog) and self._deferring(mode)
+
+    def _deferring(self, mode: Mode) -> bool:
+        """:meth:`_defers`, for a sparse log."""
+        if not (self.defer and mode in ("record", "replay")):
             return False
         if self._defer_failures >= MAX_DEFER_FAILURES:  # the failures move around: not worth it
             return False
