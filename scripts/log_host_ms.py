@@ -13,8 +13,10 @@ times it on a transcript's own chunks, through the code a step runs:
   step's host work does) standing in for each step (``auditor_wait_ms``; the first step reads
   its own);
 * trainer: ``Deferred.settle`` with each record's flags as the kernels would leave them, the
-  interceptor's read-back into its log (``deferred_failed``), and ``prepare`` (the payload).
-  The flags' join and ``nonzero`` are device work on a GPU: they are timed apart
+  interceptor's read-back into its log (``deferred_failed``), and ``prepare`` (the payload, but
+  for a log of ``BUILD_LATER_MIN`` entries or more, whose payload the writer's thread builds:
+  ``writer_build_ms``). The flags' join, ``nonzero`` and the lanes made relative to their calls'
+  flags (``listed_lanes``) are device work on a GPU: they are timed apart
   (``trainer_device_work_ms``), and ``trainer_host_ms`` is timed with their result handed over;
 * writer: the chunk's payload compressed as the writer's thread compresses it (``writer.c`` where it
   is used), on one thread, two, and ``compress_threads()``, beside zlib's one piece at the same level,
@@ -51,33 +53,25 @@ def best_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def device_work(mode: Any) -> Any:
-    """What a deferring record step's read-back does on the device: the flags of every call with
-    listed lanes joined, and their ``nonzero``."""
+    """What a deferring record step's read-back does on the device (``listed_lanes``): the flags
+    of every call with listed lanes joined, their ``nonzero``, each lane made relative to its call's
+    flags, and each call's count."""
     import torch
+
+    from game.training.numerics.cuda_deferred import listed_lanes
 
     d = mode._defer
     counts = torch.cat(d._buffers)[: d._rows, 4].tolist()
-    return torch.cat([flags for row, flags in d._tickets if counts[row]]).nonzero()
+    return listed_lanes([flags for row, flags in d._tickets if counts[row]])
 
 
 @contextlib.contextmanager
 def read_back(listed: Any) -> Iterator[None]:
-    """``Deferred.settle``'s join of the flags (int8) stands in for its device work: its
-    ``nonzero`` is ``listed``, computed before the clock started."""
-    import torch
+    """``Deferred.settle``'s device work (``listed_lanes``) stands in by its result ``listed``,
+    computed before the clock started."""
+    from game.training.numerics import cuda_deferred
 
-    real = torch.cat
-
-    class Joined:
-        def nonzero(self) -> Any:
-            return listed
-
-    def cat(tensors: Any, *a: Any, **k: Any) -> Any:
-        if tensors and tensors[0].dtype == torch.int8:
-            return Joined()
-        return real(tensors, *a, **k)
-
-    with mock.patch.object(torch, "cat", cat):
+    with mock.patch.object(cuda_deferred, "listed_lanes", lambda flags: listed):
         yield
 
 
@@ -155,23 +149,26 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
     chunks: list[bytes] = []
     payloads: list[bytes] = []
 
-    def once() -> tuple[float, float]:
+    def once() -> tuple[float, float, float]:
         mode = deferred_step()
         device_ms, listed = best_ms(lambda: device_work(mode), 1)
         with read_back(listed):
             host_ms, prepared = best_ms(lambda: settle(mode), 1)
+        # what is left of the payload to build, on the writer's thread (a large log's, BUILD_LATER_MIN)
+        build_ms, compressible = best_ms(lambda: prepared.compressible, 1)
         chunks.append(prepared.encode(step, t.spec_hash))
-        if prepared.compressible is not None:  # a sparse chunk: its payload is what the writer compresses
-            payloads.append(prepared.compressible.payload)
-        return host_ms, device_ms
+        if compressible is not None:  # a sparse chunk: its payload is what the writer compresses
+            payloads.append(compressible.payload)
+        return host_ms, device_ms, build_ms
 
-    host, device = (min(ms) for ms in zip(*(once() for _ in range(repeats)), strict=True))
+    host, device, build = (min(ms) for ms in zip(*(once() for _ in range(repeats)), strict=True))
     return {
         "listed": sum(int(p.numel()) for _, p in records),
         "auditor_read_ms": read_ms,
         "auditor_setup_ms": setup_ms,
         "trainer_host_ms": host,
         "trainer_device_work_ms": device,
+        "writer_build_ms": build,
         # the trainer's side rebuilt the step's chunk byte for byte: the work timed is the real one
         "same_chunk": all(c == t.chunk_bytes(step) for c in chunks),
         "writer": writer_ms(payloads[-1], repeats) if payloads else None,

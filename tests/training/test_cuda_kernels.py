@@ -445,3 +445,25 @@ def test_hostArray_ofAGpuTensor_isPageLocked_withItsValues() -> None:
     host = cuda_deferred.host_array(t)
     assert host.tolist() == t.cpu().tolist()
     assert torch.from_numpy(host).is_pinned()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 300), st.floats(0.0, 1.0), st.integers(0, 2**16)), min_size=1, max_size=8
+    )
+)
+def test_listedLanes_areEachFlagsOwnNonzero_andTheirCounts(shapes: list[tuple[int, float, int]]) -> None:
+    """The read-back's device work: every call's listed lanes relative to its own flags, one call
+    after another, and each call's count, as ``nonzero`` of each call's flags gives them (a call
+    counted as listing lanes whose flags hold none included)."""
+    flags = []
+    for n, share, seed in shapes:
+        g = torch.Generator().manual_seed(seed)
+        flags.append((torch.rand(n, generator=g) < share).to(torch.int8).to(DEV))
+    lanes, sizes = cuda_deferred.listed_lanes(flags)
+    want = [f.nonzero().squeeze(1).cpu() for f in flags]
+    assert sizes.cpu().tolist() == [w.numel() for w in want]
+    assert lanes.cpu().tolist() == torch.cat(want).tolist()
+    host = cuda_deferred.host_array(lanes)
+    assert host.tolist() == lanes.cpu().tolist()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from game.errors import RoundingLogError
 from game.training.log import codec as codec_mod
 from game.training.log import sparse as sparse_mod
-from game.training.log.chunks import ChunkFormatError, ChunkMismatchError, LogSequenceError
+from game.training.log.chunks import BuildLater, ChunkFormatError, ChunkMismatchError, LogSequenceError
 from game.training.log.codec import CODECS, Malformed, uvarint_decode, uvarint_encode
 from game.training.log.formats import decode_chunk
 from game.training.log.sparse import SparseStepLog
@@ -453,12 +453,19 @@ def test_cEncoder_refusesWhatTheNumpyEncoderRefuses(bad: str) -> None:
     assert bindings.sparse_body(table, positions) is None
 
 
-def test_preparedChunk_holdsThePayloadBuiltWhenPrepared_andItsStep() -> None:
-    # the trainer's thread builds the payload; the writer's thread finishes it later: records the
-    # log gains in between are not in it, and it is refused as another step or task's chunk
+@pytest.mark.parametrize("later", [False, True], ids=["built when prepared", "built when asked"])
+def test_preparedChunk_holdsThePayloadBuiltWhenPrepared_andItsStep(
+    later: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the trainer's thread builds the payload, or for a large log leaves its columns to the writer's
+    # thread to build it from; that thread finishes it later: records the log gains in between are
+    # not in it, and it is refused as another step or task's chunk
     log = _log(step=3)
+    if later:
+        monkeypatch.setattr(sparse_mod, "BUILD_LATER_MIN", 1)
     expected = log.encode(3, SPEC)
     chunk = log.prepare(3, SPEC)
+    assert isinstance(chunk._finish, BuildLater) == later
     log.append(50, NAMES[0], 10, torch.tensor([1, 2], dtype=torch.int64))
     assert log.encode(3, SPEC) != expected
     assert chunk.encode(3, SPEC) == expected
@@ -466,3 +473,32 @@ def test_preparedChunk_holdsThePayloadBuiltWhenPrepared_andItsStep() -> None:
         chunk.encode(4, SPEC)
     with pytest.raises(RoundingLogError, match="prepared for step 3"):
         chunk.encode(3, bytes(32))
+
+
+def test_aLargeLog_leavesItsPayloadToTheThreadThatAsks_toTheSameBytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A log of ``BUILD_LATER_MIN`` entries or more is built by whoever first asks for its payload
+    (the writer's thread), once, to the bytes built at once; one whose payload could pass the size
+    limit is built at once, so that the limit's error is the caller's."""
+    log = _log(step=4, records=20)
+    entries = log.total_entries
+    eager = log.prepare(4, SPEC)
+    assert isinstance(eager.compressible, codec_mod.Compressible)
+    monkeypatch.setattr(sparse_mod, "BUILD_LATER_MIN", entries + 1)
+    assert not isinstance(log.prepare(4, SPEC)._finish, BuildLater)  # below the threshold
+    monkeypatch.setattr(sparse_mod, "BUILD_LATER_MIN", entries)
+    built: list[int] = []
+    real = SparseStepLog._compressible
+
+    def counted(self: SparseStepLog, *a: object) -> codec_mod.Compressible:
+        built.append(1)
+        return real(self, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SparseStepLog, "_compressible", counted)
+    later = log.prepare(4, SPEC)
+    assert built == []  # nothing built on the caller's thread
+    assert later.compressible == eager.compressible and built == [1]
+    assert later.encode(4, SPEC) == eager.encode(4, SPEC) and built == [1]  # built once
+    monkeypatch.setattr(sparse_mod, "MAX_PAYLOAD", len(eager.compressible.payload))  # type: ignore[union-attr]
+    assert not isinstance(log.prepare(4, SPEC)._finish, BuildLater)  # 9 bytes an entry could pass it

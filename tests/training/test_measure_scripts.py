@@ -192,5 +192,11 @@ def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
         writer = step["writer"]
         assert writer["payload_bytes"] > 0 and writer["block"] == 0  # a small payload: one piece
         assert all(w["bytes"] == writer["one_piece_bytes"] for w in writer["ms_by_threads"].values())
-        parts = ("auditor_read_ms", "auditor_setup_ms", "auditor_wait_ms", "trainer_host_ms")
+        parts = (
+            "auditor_read_ms",
+            "auditor_setup_ms",
+            "auditor_wait_ms",
+            "trainer_host_ms",
+            "writer_build_ms",
+        )
         assert min(step[k] for k in parts) >= 0

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from game.errors import TranscriptError
+from game.training.log import sparse as sparse_mod
 from game.training.log.formats import new_step_log
+from game.training.log.sparse import SparseStepLog
 from game.training.native import library
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
@@ -25,7 +27,7 @@ from game.training.transcript.layout import CHUNK_HASHES_NAME, LEAVES_NAME
 from game.training.transcript.pipeline import WRITE_AHEAD
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
-from tests.training.helpers import file_tree
+from tests.training.helpers import file_tree, random_sparse_log
 
 
 def _cfg() -> TaskConfig:
@@ -349,6 +351,47 @@ def test_appendPending_waitsOnTheThread_andWritesWhatAppendStateWrites(tmp_path:
     assert [p.asked for p in pendings] == [
         ["leaf", "bytes"] if writer.wants_checkpoint(step) else ["leaf"] for step in range(cfg.steps + 1)
     ]
+
+
+@pytest.mark.parametrize("way", ["pending", "state"])
+def test_aLargeLogsPayload_isBuiltOnTheWritersThread_whenItsStateWasHashedOnItsDevice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    """A GPU trainer's step (``append_pending``) leaves a large log's payload to the writer's
+    thread (``BUILD_LATER_MIN``); a step queued with its state's bytes builds it where the C
+    library's thread can take the step whole. Either way the transcript is the one of logs built
+    at once."""
+    cfg = _cfg()
+    logs = {s: random_sparse_log(s, records=8, seed=s) for s in range(cfg.steps + 1)}
+    built: dict[int, str] = {}
+    real = SparseStepLog._compressible
+
+    def spied(self: SparseStepLog, step: int, *a: Any) -> Any:
+        built[step] = threading.current_thread().name
+        return real(self, step, *a)
+
+    trees = []
+    for later in (False, True):
+        if later:
+            monkeypatch.setattr(sparse_mod, "BUILD_LATER_MIN", 1)
+            monkeypatch.setattr(SparseStepLog, "_compressible", spied)
+        out = tmp_path / f"{way}-{later}"
+        writer = TranscriptWriter.create(out, cfg, "cpu-1t")
+        for step, log in logs.items():
+            if way == "pending":
+                writer.append_pending(step, _OnDevice(step), log)
+            else:
+                writer.append_state(step, memoryview(_state(step)[1]), log)
+        writer.finish()
+        Transcript(out).verify()
+        trees.append(file_tree(out))
+    assert trees[0] == trees[1]
+    caller = threading.current_thread().name
+    if way == "pending":
+        assert set(built.values()) == {"vgame-transcript"}
+    elif stepwriter.available():  # the C library's thread takes the step with its payload
+        assert set(built.values()) == {caller}
+    assert sorted(built) == sorted(logs)
 
 
 def test_appendPending_checkpointBytesThatDoNotHashToItsLeaf_areRefused(tmp_path: Path) -> None:

@@ -67,6 +67,15 @@ def chunk_hash(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+@dataclass(frozen=True, slots=True)
+class BuildLater:
+    """A :class:`Compressible` chunk whose payload is built by whoever first asks for it
+    (:attr:`PreparedChunk.compressible`): a large sparse log's, which the writer's thread builds
+    (:meth:`SparseStepLog.prepare <game.training.log.sparse.SparseStepLog.prepare>` says when)."""
+
+    build: Callable[[], Compressible]
+
+
 class PreparedChunk:
     """A step's chunk as far as :meth:`StepLog.prepare` or :meth:`SparseStepLog.prepare` built it on
     the caller's thread; :meth:`encode` finishes it (the transcript writer's thread compresses it and
@@ -74,24 +83,35 @@ class PreparedChunk:
     microseconds of its Python made the trainer's thread wait for the GIL several times a step,
     where the same work costs the trainer's thread 40 to 70 us done there at once
     (docs/benchmarks.md). ``finish`` is what is left to do, or a :class:`Compressible` chunk (a
-    sparse one), which the writer's C call can finish without Python (:attr:`compressible`)."""
+    sparse one), which the writer's C call can finish without Python (:attr:`compressible`), or
+    one to build first (:class:`BuildLater`: a payload of millions of entries, whose building
+    would hold the caller's thread for milliseconds while the GIL is free beside it)."""
 
     __slots__ = ("_finish", "spec_hash", "step")
 
-    def __init__(self, step: int, spec_hash: bytes, finish: Callable[[], bytes] | Compressible) -> None:
+    def __init__(
+        self, step: int, spec_hash: bytes, finish: Callable[[], bytes] | Compressible | BuildLater
+    ) -> None:
         self.step = step
         self.spec_hash = bytes(spec_hash)
         self._finish = finish
 
     @property
     def compressible(self) -> Compressible | None:
-        """The chunk as a head and a payload to compress, when it is one."""
+        """The chunk as a head and a payload to compress, when it is one (built now if it was
+        left to build, on the thread that asks)."""
+        if isinstance(self._finish, BuildLater):
+            self._finish = self._finish.build()
         return self._finish if isinstance(self._finish, Compressible) else None
 
     def encode(self, step: int, spec_hash: bytes) -> bytes:
         """The chunk bytes; ``step`` and ``spec_hash`` must be the ones it was prepared for."""
         self.check_for(step, spec_hash)
-        return self._finish.finish() if isinstance(self._finish, Compressible) else self._finish()
+        compressible = self.compressible
+        if compressible is not None:
+            return compressible.finish()
+        assert callable(self._finish)
+        return self._finish()
 
     def check_for(self, step: int, spec_hash: bytes) -> None:
         """Refuse a step or a task other than the ones the chunk was prepared for."""

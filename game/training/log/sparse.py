@@ -29,6 +29,7 @@ hash and the log root are the same as for packed chunks.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -39,6 +40,7 @@ import torch
 from game.errors import RoundingLogError
 from game.training.log.chunks import (
     HASH_SIZE,
+    BuildLater,
     ChunkFormatError,
     LogRecord,
     PreparedChunk,
@@ -48,6 +50,7 @@ from game.training.log.chunks import (
 )
 from game.training.log.codec import (
     DEFAULT_CODEC,
+    MAX_PAYLOAD,
     Compressible,
     Malformed,
     check_codec,
@@ -64,6 +67,11 @@ from game.training.native import bindings
 MAGIC = b"vgame-slog-v1\0"
 _HEADER = struct.Struct("<Q32sIBI")  # step, spec hash, record count, codec, payload size
 _CODEC_AT = len(MAGIC) + struct.calcsize("<Q32sI")  # the codec byte's offset in a chunk
+#: A log listing this many entries or more has its payload built by the writer's thread
+#: (:meth:`SparseStepLog.prepare`): the encoder takes a millisecond or two a million entries, and a
+#: GPT-2-small step lists 6.5-16 million. Below it, a step's log is built where it was made, as the
+#: writer's Python would cost the trainer's thread more in waits for the GIL.
+BUILD_LATER_MIN = 1 << 20
 
 
 class SparseRecord(NamedTuple):
@@ -249,12 +257,33 @@ class SparseStepLog:
 
     def prepare(self, step: int, spec_hash: bytes) -> PreparedChunk:
         """The chunk's payload, built now; compression and the header wait for the writer's thread
-        (:class:`~game.training.log.chunks.PreparedChunk` says why). Raises what :meth:`encode` does."""
+        (:class:`~game.training.log.chunks.PreparedChunk` says why). Raises what :meth:`encode` does.
+
+        A log of :data:`BUILD_LATER_MIN` entries or more, whose payload cannot pass the size limit,
+        leaves its payload to build too (:class:`~game.training.log.chunks.BuildLater`), from its
+        columns as they are now: at the GPT-2-small shape that is 9-20 ms of a step's own thread
+        on the 2-core machine, and the encoder holds no GIL on the writer's. Records appended
+        after are not in it (as in one built now), but the positions' array may be the log's own
+        (:meth:`columns`): it must not be changed in place (the log is the writer's from then, as
+        :meth:`TranscriptWriter.append_step
+        <game.training.transcript.writer.TranscriptWriter.append_step>` says). A value the encoder
+        refuses (positions out of order) then fails the writer's step, not this call."""
         if not 0 <= step < 2**64:
             raise RoundingLogError(f"step {step} does not fit uint64")
         if len(spec_hash) != HASH_SIZE:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
         table, names, positions = self.columns()
+        build = functools.partial(self._compressible, step, bytes(spec_hash), table, names, positions)
+        # an uvarint of a value below 2^63 takes 9 bytes at most
+        most = len(encode_names(names)) + 9 * (table.size + positions.size)
+        if positions.size >= BUILD_LATER_MIN and most <= MAX_PAYLOAD:
+            return PreparedChunk(step, spec_hash, BuildLater(build))
+        return PreparedChunk(step, spec_hash, build())
+
+    def _compressible(
+        self, step: int, spec_hash: bytes, table: np.ndarray, names: list[str], positions: np.ndarray
+    ) -> Compressible:
+        """The chunk as a head and its payload (:meth:`prepare`)."""
         body = bindings.sparse_body(table, positions)
         if body is None:
             head = table.copy()
@@ -262,8 +291,8 @@ class SparseStepLog:
             body = uvarint_encode(head.ravel()) + uvarint_encode(_gaps(positions, table[:, 3]))
         payload = encode_names(names) + body
         check_payload_size(len(payload))
-        chunk_head = MAGIC + _HEADER.pack(step, bytes(spec_hash), self._count, 0, len(payload))
-        return PreparedChunk(step, spec_hash, Compressible(chunk_head, _CODEC_AT, payload, self.codec))
+        chunk_head = MAGIC + _HEADER.pack(step, spec_hash, len(table), 0, len(payload))
+        return Compressible(chunk_head, _CODEC_AT, payload, self.codec)
 
     @classmethod
     def decode(cls, data: bytes, *, step: int | None, spec_hash: bytes) -> SparseStepLog:
@@ -414,4 +443,4 @@ def _gaps(flat: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return flat - prev - 1
 
 
-__all__ = ["MAGIC", "RecordRows", "SparseCursor", "SparseRecord", "SparseStepLog"]
+__all__ = ["BUILD_LATER_MIN", "MAGIC", "RecordRows", "SparseCursor", "SparseRecord", "SparseStepLog"]

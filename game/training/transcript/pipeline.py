@@ -79,10 +79,10 @@ class StepJob:
         """Whether the C library can finish this step on its own: a sparse chunk and the state's
         bytes, which are the checkpoint too where one is due (as :meth:`~game.training.transcript.
         writer.TranscriptWriter.append_state` queues them)."""
-        return (
-            self.chunk.compressible is not None
-            and self.state is not None
+        return (  # the chunk asked last: a payload left to build is built by whoever asks
+            self.state is not None
             and (self.checkpoint is None or self.checkpoint is self.state)
+            and self.chunk.compressible is not None
         )
 
 
