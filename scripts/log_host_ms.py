@@ -6,7 +6,9 @@ chunk's payload, and the auditor's thread reads, checks and decodes the chunk an
 entries for one copy to the GPU. On a GPU that work waits for nothing but the host. This script
 times it on a transcript's own chunks, through the code a step runs:
 
-* auditor: ``Transcript.read_log`` (read, hash check, decompress, decode), then the set-up of a
+* auditor: ``Transcript.read_log`` (read, hash check, decompress, decode), alone and with a thread
+  of Python beside it (``auditor_read_busy_ms``: each time the read lets the GIL go, it waits to
+  take it back, as beside a GPU step's host work), then the set-up of a
   deferring replay interceptor (the chunk's entries checked and gathered for the device); and
   how long the auditor's thread waits for each chunk where ``vgame audit`` reads it, on a thread
   while a step runs (``ReadAhead``), with ``--step-ms`` of Python (which holds the GIL, as a GPU
@@ -63,6 +65,27 @@ def device_work(mode: Any) -> Any:
     d = mode._defer
     counts = torch.cat(d._buffers)[: d._rows, 4].tolist()
     return listed_lanes([flags for row, flags in d._tickets if counts[row]])
+
+
+@contextlib.contextmanager
+def python_beside() -> Iterator[None]:
+    """A thread running Python while the block runs: it holds the GIL but for its switch interval,
+    as a GPU step's host work does, so each time the block lets the GIL go it waits to take it back."""
+    import threading
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin, name="python-beside")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -125,6 +148,8 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
     from game.training.numerics.cuda_deferred import Deferred
 
     read_ms, log = best_ms(lambda: t.read_log(step), repeats)
+    with python_beside():
+        read_busy_ms, _ = best_ms(lambda: t.read_log(step), repeats)
     setup_ms, _ = best_ms(lambda: engine.interceptor(step, "replay", log, defer=True), repeats)
     records = [(e.record, e.positions) for e in log.entries()]
 
@@ -165,6 +190,7 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
     return {
         "listed": sum(int(p.numel()) for _, p in records),
         "auditor_read_ms": read_ms,
+        "auditor_read_busy_ms": read_busy_ms,
         "auditor_setup_ms": setup_ms,
         "trainer_host_ms": host,
         "trainer_device_work_ms": device,

@@ -194,6 +194,7 @@ def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
         assert all(w["bytes"] == writer["one_piece_bytes"] for w in writer["ms_by_threads"].values())
         parts = (
             "auditor_read_ms",
+            "auditor_read_busy_ms",
             "auditor_setup_ms",
             "auditor_wait_ms",
             "trainer_host_ms",

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from game.errors import RoundingLogError
+from game.training.log.inflate import Refused, inflate
 from game.training.native import bindings
 
 CODECS = {"stored": 0, "zlib": 1, "lzma": 2}
@@ -179,25 +180,33 @@ def decompress(body: bytes, codec: str, size: int) -> bytes:
     try:
         if codec == "stored":
             out, rest = body, b""
-        elif codec == "zlib":
-            z = zlib.decompressobj()
-            out = z.decompress(body, size + 1)
-            if not z.eof:
-                raise Malformed("payload truncated or larger than its stated size")
-            rest = z.unused_data
+        elif codec == "zlib":  # in one C call without the GIL where it can (log/inflate.py)
+            got = inflate(body, size + 1)
+            if isinstance(got, Refused):
+                raise Malformed(_refusal(got))
+            out, rest = got, b""
         else:
             dz = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
             out = dz.decompress(body, size + 1)
             if not dz.eof:
-                raise Malformed("payload truncated or larger than its stated size")
+                raise Malformed(_refusal(Refused("unfinished")))
             rest = dz.unused_data
     except (zlib.error, lzma.LZMAError) as exc:
         raise Malformed(f"corrupt compressed payload: {exc}") from None
     if rest:
-        raise Malformed(f"{len(rest)} trailing bytes after the compressed payload")
+        raise Malformed(_refusal(Refused("trailing", len(rest))))
     if len(out) != size:
         raise Malformed(f"payload is {len(out)} bytes, the header says {size}")
     return out
+
+
+def _refusal(refused: Refused) -> str:
+    """Why a compressed payload is refused, in words (either codec, either way it was inflated)."""
+    if refused.why == "unfinished":
+        return "payload truncated or larger than its stated size"
+    if refused.why == "trailing":
+        return f"{refused.count} trailing bytes after the compressed payload"
+    return f"corrupt compressed payload: {refused.message}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,12 +12,15 @@
  * modules wrap; where their headers are missing it does not build and the writer stays in Python.
  * The Python side (stepwriter.py) compresses a probe with both before using it: where the two
  * would give other bytes (other library versions), it stays in Python too, so a chunk's bytes never
- * depend on which side wrote them. */
+ * depend on which side wrote them. One call serves the reader: vg_inflate, a chunk's zlib payload
+ * inflated without the GIL (log/inflate.py, which probes it against Python's zlib in the same way). */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <lzma.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -183,6 +186,50 @@ int64_t vg_compress(int64_t codec, const uint8_t *in, int64_t n, int64_t level, 
     if (codec == ZLIB) return with_zlib(in, n, level, block, threads, out, cap);
     if (codec == LZMA) return with_lzma(in, n, dict_size, out, cap);
     return -1;
+}
+
+/* As log/inflate.py's Python inflate (zlib's decompressobj().decompress(in, cap), then its eof and
+ * unused data), in one call that holds no GIL: Python's lets the GIL go and takes it back once for
+ * every block of output it grows, some eight times for a GPT-2-shape chunk. Inflates the zlib stream
+ * ``in`` (n bytes) into out, at most ``cap`` bytes. Returns the bytes written once the stream ended
+ * with nothing after it; else -1: it did not end within ``in`` and ``cap`` bytes (truncated, or
+ * longer than that); -2: bytes after its end (how many in *detail); -3: zlib refused it (its code in
+ * *detail, its message in msg, which has room for 256 bytes: the stream's, else the one CPython's
+ * zlib module gives that code, else empty); -4: the library failed, or a size past zlib's 32-bit
+ * counts (Python's way then). */
+int64_t vg_inflate(const uint8_t *in, int64_t n, uint8_t *out, int64_t cap, int64_t *detail, char *msg) {
+    msg[0] = 0;
+    if (n < 0 || cap < 0 || (uint64_t)n > UINT_MAX || (uint64_t)cap > UINT_MAX) return -4;
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    if (inflateInit(&s) != Z_OK) return -4;
+    s.next_in = (Bytef *)in;
+    s.avail_in = (uInt)n;
+    s.next_out = out;
+    s.avail_out = (uInt)cap;
+    int r;
+    do { /* one call takes it all; again only while one made progress and both sides have room */
+        uInt before_in = s.avail_in, before_out = s.avail_out;
+        r = inflate(&s, Z_SYNC_FLUSH);
+        if (r != Z_OK || (s.avail_in == before_in && s.avail_out == before_out)) break;
+    } while (s.avail_in > 0 && s.avail_out > 0);
+    int64_t got;
+    if (r == Z_STREAM_END) {
+        *detail = (int64_t)s.avail_in;
+        got = s.avail_in > 0 ? -2 : cap - (int64_t)s.avail_out;
+    } else if (r == Z_OK || r == Z_BUF_ERROR) {
+        got = -1;
+    } else if (r == Z_MEM_ERROR) {
+        got = -4;
+    } else {
+        const char *m = s.msg;
+        if (m == NULL) m = r == Z_STREAM_ERROR ? "inconsistent stream state" : r == Z_DATA_ERROR ? "invalid input data" : "";
+        snprintf(msg, 256, "%.200s", m);
+        *detail = r;
+        got = -3;
+    }
+    inflateEnd(&s);
+    return got;
 }
 
 /* SHA-256 of ``in`` into out (32 bytes); 0, or -1 when the library failed. */

@@ -6,7 +6,8 @@ writing lets the GIL go and takes it back five times (zlib, lzma's two calls, th
 files), and each time the writer's thread takes it back, the trainer's thread waits for it between
 two torch ops: on cnn-digits that cost the trainer some 0.05-0.1x of a plain float64 step
 (docs/benchmarks.md). Its calls are made by :mod:`game.training.transcript.stepwriter` (a step in one
-call, or on the library's own thread) and :mod:`game.training.state.leafnative` (a state's leaf).
+call, or on the library's own thread), :mod:`game.training.state.leafnative` (a state's leaf) and,
+on the reader's side, :mod:`game.training.log.inflate` (a chunk's zlib payload inflated).
 
 ``writer.c`` links zlib, liblzma and OpenSSL's libcrypto. It is compiled like the C kernels, into
 their cache directory, the first time a caller needs it. It is not used where it cannot be built (no
@@ -77,6 +78,8 @@ def _open() -> ctypes.CDLL:
     lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
     lib.vg_leaf.restype = _I64
     lib.vg_leaf.argtypes = [_PTR, _I64, _PTR]
+    lib.vg_inflate.restype = _I64
+    lib.vg_inflate.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, ctypes.c_char_p]
     lib.vg_finish_step.restype = _I64
     lib.vg_finish_step.argtypes = [
         *(_PTR, _I64, _I64, _PTR, _I64),  # head, codec byte, payload
