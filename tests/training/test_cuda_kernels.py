@@ -456,12 +456,17 @@ def test_hostArray_ofAGpuTensor_isPageLocked_withItsValues() -> None:
 def test_listedLanes_areEachFlagsOwnNonzero_andTheirCounts(shapes: list[tuple[int, float, int]]) -> None:
     """The read-back's device work: every call's listed lanes relative to its own flags, one call
     after another, and each call's count, as ``nonzero`` of each call's flags gives them (a call
-    counted as listing lanes whose flags hold none included)."""
+    counted as listing lanes whose flags hold none included), under torch's deterministic mode."""
     flags = []
     for n, share, seed in shapes:
         g = torch.Generator().manual_seed(seed)
         flags.append((torch.rand(n, generator=g) < share).to(torch.int8).to(DEV))
-    lanes, sizes = cuda_deferred.listed_lanes(flags)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # a user's training may ask for it: no op here is refused
+    try:
+        lanes, sizes = cuda_deferred.listed_lanes(flags)
+    finally:
+        torch.use_deterministic_algorithms(was)
     want = [f.nonzero().squeeze(1).cpu() for f in flags]
     assert sizes.cpu().tolist() == [w.numel() for w in want]
     assert lanes.cpu().tolist() == torch.cat(want).tolist()

@@ -261,7 +261,7 @@ class SparseStepLog:
 
         A log of :data:`BUILD_LATER_MIN` entries or more, whose payload cannot pass the size limit,
         leaves its payload to build too (:class:`~game.training.log.chunks.BuildLater`), from its
-        columns as they are now: at the GPT-2-small shape that is 9-20 ms of a step's own thread
+        columns as they are now: at the GPT-2-small shape that is 9-22 ms of a step's own thread
         on the 2-core machine, and the encoder holds no GIL on the writer's. Records appended
         after are not in it (as in one built now), but the positions' array may be the log's own
         (:meth:`columns`): it must not be changed in place (the log is the writer's from then, as
