@@ -168,8 +168,8 @@ class ModeState(TorchDispatchMode):
                 self._offsets = [0, *np.cumsum(sizes).tolist()]
                 pinned = log.pinned_positions()
                 flat = torch.from_numpy(rows.positions) if pinned is None else pinned
-            else:
-                pinned = None  # a log built or changed here: checked list by list, gathered into one array
+            else:  # a log built or changed here: checked list by list, gathered into one array
+                pinned = None
                 entries = log.entries()
                 host = [e.positions.to(dtype=torch.int64) for e in entries]
                 self._fits = cuda_deferred.entries_fit(host, [e.record.count for e in entries])
