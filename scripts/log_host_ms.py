@@ -12,8 +12,9 @@ times it on a transcript's own chunks, through the code a step runs:
   deferring replay interceptor (the chunk's entries checked and gathered for the device); and
   how long the auditor's thread waits for each chunk where ``vgame audit`` reads it, on a thread
   while a step runs (``ReadAhead``), with ``--step-ms`` of Python (which holds the GIL, as a GPU
-  step's host work does) standing in for each step (``auditor_wait_ms``; the first step reads
-  its own);
+  step's host work does; ``--step-sleeps``: a sleep, as a step waiting for its GPU) standing in
+  for each step (``auditor_wait_ms``; the first step reads its own), reading one chunk ahead and
+  as a GPU auditor reads them (``auditor_wait_ms_by_depth``, ``GPU_DEPTH`` side by side);
 * trainer: ``Deferred.settle`` with each record's flags as the kernels would leave them, the
   interceptor's read-back into its log (``deferred_failed``), and ``prepare`` (the payload, but
   for a log of ``BUILD_LATER_MIN`` entries or more, whose payload the writer's thread builds:
@@ -24,7 +25,7 @@ times it on a transcript's own chunks, through the code a step runs:
   is used), on one thread, two, and ``compress_threads()``, beside zlib's one piece at the same level,
   the way before a large payload was cut into blocks (``writer``).
 
-    python3 scripts/log_host_ms.py --transcript DIR [--steps 1,2,3] [--repeats 3]
+    python3 scripts/log_host_ms.py --transcript DIR [--steps 1,2,3] [--repeats 3] [--step-ms MS] [--step-sleeps]
 
 Prints one JSON object: per step its listed values, the best of ``--repeats`` host ms of each
 part, and whether the trainer's side rebuilt the step's chunk byte for byte (``same_chunk``). Runs the Triton kernels nowhere: the steps' tensors are CPU tensors down the CUDA path.
@@ -104,10 +105,12 @@ def main() -> None:
     ap.add_argument("--steps", default=None, help="comma-separated steps (default: every step)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=300.0, help="the stand-in step of auditor_wait_ms")
+    ap.add_argument("--step-sleeps", action="store_true", help="the stand-in step sleeps (waits for its GPU)")
     args = ap.parse_args()
 
     from game.training.engine.step import StepEngine
     from game.training.task.profiles import get_profile
+    from game.training.transcript.readahead import GPU_DEPTH
     from game.training.transcript.reader import Transcript
 
     cuda_on_cpu.stub_kernels(lambda *_: None)
@@ -118,22 +121,28 @@ def main() -> None:
     out: dict[str, Any] = {"transcript_steps": t.steps, "steps": {}}
     for step in steps:
         out["steps"][step] = measure(t, engine, step, args.repeats)
-    for step, ms in waits(t, steps, args.step_ms).items():
-        out["steps"][step]["auditor_wait_ms"] = ms
+    for depth in sorted({1, GPU_DEPTH}):
+        for step, ms in waits(t, steps, args.step_ms, depth, args.step_sleeps).items():
+            if depth == 1:
+                out["steps"][step]["auditor_wait_ms"] = ms
+            out["steps"][step].setdefault("auditor_wait_ms_by_depth", {})[depth] = ms
     print(json.dumps(out))
 
 
-def waits(t: Any, steps: list[int], step_ms: float) -> dict[int, float]:
-    """The ms the auditor's thread waits for each step's chunk through ``ReadAhead``, with
-    ``step_ms`` of Python between two reads."""
+def waits(t: Any, steps: list[int], step_ms: float, depth: int, sleeps: bool) -> dict[int, float]:
+    """The ms the auditor's thread waits for each step's chunk through a ``ReadAhead`` of ``depth``,
+    with a stand-in step of ``step_ms`` between two reads: Python, or a sleep (``sleeps``)."""
     from game.training.transcript.readahead import ReadAhead
 
     out = {}
-    with ReadAhead(t, steps[-1]) as logs:
+    with ReadAhead(t, steps[-1], depth=depth) as logs:
         for step in steps:
             t0 = time.perf_counter()
             logs.read_log(step)
             out[step] = round((time.perf_counter() - t0) * 1e3, 2)
+            if sleeps:  # a step that waits for its GPU, without the GIL
+                time.sleep(step_ms / 1e3)
+                continue
             end = time.perf_counter() + step_ms / 1e3
             while time.perf_counter() < end:  # Python, holding the GIL but for its switch interval
                 pass

@@ -201,3 +201,4 @@ def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
             "writer_build_ms",
         )
         assert min(step[k] for k in parts) >= 0
+        assert set(step["auditor_wait_ms_by_depth"]) == {"1", "2"}  # one ahead, and a GPU auditor's

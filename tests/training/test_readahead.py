@@ -13,7 +13,8 @@ import torch
 from game.errors import TranscriptError
 from game.training.log.formats import ChunkLog
 from game.training.log.sparse import SparseStepLog
-from game.training.transcript.readahead import ReadAhead
+from game.training.transcript import readahead
+from game.training.transcript.readahead import ReadAhead, depth_for
 from game.training.transcript.reader import Transcript
 from game.training.transcript.writer import TranscriptWriter
 
@@ -47,25 +48,39 @@ def _chunk(t: Transcript, log: ChunkLog, step: int) -> bytes:
     return log.encode(step, t.spec_hash)
 
 
-def test_logsInOrder_areTheTranscripts_theNextReadOnItsThread_noneReadPastLast(
-    transcript: Transcript, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_logsInOrder_areTheTranscripts_theNextOnesReadOnThreads_noneReadPastLast(
+    transcript: Transcript, monkeypatch: pytest.MonkeyPatch, depth: int
 ) -> None:
     want = {s: _chunk(transcript, transcript.read_log(s), s) for s in range(1, STEPS + 1)}
     calls = _reads(transcript, monkeypatch)
-    with ReadAhead(transcript, last=STEPS - 1) as logs:
-        got = {s: _chunk(transcript, logs.read_log(s), s) for s in range(1, STEPS)}
+    got = {}
+    with ReadAhead(transcript, last=STEPS - 1, depth=depth) as logs:
+        for s in range(1, STEPS):
+            got[s] = _chunk(transcript, logs.read_log(s), s)
+            # the ``depth`` steps after it asked for, and none beyond (nor past ``last``)
+            assert [step for step, _ in logs._ahead] == list(range(s + 1, min(s + depth, STEPS - 1) + 1))
+            assert max(step for step, _ in calls) <= min(s + depth, STEPS - 1)
     assert got == {s: want[s] for s in range(1, STEPS)}
-    # step 1 on the caller's thread, each later one read ahead, each once, none past ``last``
+    # step 1 on the caller's thread, each later one read ahead, each once
     ahead = {s: name for s, name in calls if s > 1}
     assert len(calls) == STEPS - 1 and (1, threading.current_thread().name) in calls
     assert sorted(ahead) == list(range(2, STEPS))
     assert all(name.startswith("vgame-read-ahead") for name in ahead.values())
 
 
-def test_aReadAheadsError_isRaisedWhenItsStepIsAsked_notBefore(transcript: Transcript) -> None:
+def test_aGpuAuditor_readsTwoAhead_whereTheHostHasTheCores(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cores_less_one, want in ((1, 1), (2, 2), (15, 2)):
+        monkeypatch.setattr(readahead, "compress_threads", lambda n=cores_less_one: n)
+        assert depth_for(pin=True) == want
+        assert depth_for(pin=False) == 1  # a CPU step takes far longer than a read
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_aReadAheadsError_isRaisedWhenItsStepIsAsked_notBefore(transcript: Transcript, depth: int) -> None:
     chunk = transcript.chunk_path(3)
     chunk.write_bytes(chunk.read_bytes() + b"x")  # no longer the chunk its hash records
-    with ReadAhead(transcript, last=STEPS) as logs:
+    with ReadAhead(transcript, last=STEPS, depth=depth) as logs:
         logs.read_log(1)
         logs.read_log(2)  # step 3's read fails on the thread meanwhile
         with pytest.raises(TranscriptError, match="step 3"):
@@ -73,16 +88,19 @@ def test_aReadAheadsError_isRaisedWhenItsStepIsAsked_notBefore(transcript: Trans
         assert logs.read_log(4).step == 4  # and the reads go on after it
 
 
-def test_aStepAskedOutOfOrder_isReadThen_andTheOneAheadDropped(
-    transcript: Transcript, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("depth", [1, 2])
+def test_aStepAskedOutOfOrder_isReadThen_andTheOnesAheadDropped(
+    transcript: Transcript, monkeypatch: pytest.MonkeyPatch, depth: int
 ) -> None:
-    want = _chunk(transcript, transcript.read_log(4), 4)
+    want = {s: _chunk(transcript, transcript.read_log(s), s) for s in (4, 5)}
     calls = _reads(transcript, monkeypatch)
     main = threading.current_thread().name
-    with ReadAhead(transcript, last=STEPS) as logs:
+    with ReadAhead(transcript, last=STEPS, depth=depth) as logs:
         logs.read_log(1)
-        assert _chunk(transcript, logs.read_log(4), 4) == want
-    assert (4, main) in calls  # step 2, read ahead, was not the one asked for
+        assert _chunk(transcript, logs.read_log(4), 4) == want[4]
+        assert _chunk(transcript, logs.read_log(5), 5) == want[5]
+    assert (4, main) in calls  # the steps read ahead (2, 3) were not the one asked for
+    assert (5, main) not in calls  # read ahead of step 4, as asked for next
 
 
 # ---- pinned chunks (a GPU auditor's): page-locked memory needs a GPU, so a stand-in copies ----
