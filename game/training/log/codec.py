@@ -191,7 +191,7 @@ def decompress(body: bytes, codec: str, size: int) -> bytes:
             if not dz.eof:
                 raise Malformed(_refusal(Refused("unfinished")))
             rest = dz.unused_data
-    except (zlib.error, lzma.LZMAError) as exc:
+    except lzma.LZMAError as exc:  # zlib's refusals come back as Refused (log/inflate.py)
         raise Malformed(f"corrupt compressed payload: {exc}") from None
     if rest:
         raise Malformed(_refusal(Refused("trailing", len(rest))))

@@ -274,9 +274,9 @@ class SparseStepLog:
             raise RoundingLogError(f"step {step}: spec hash must be {HASH_SIZE} bytes, got {len(spec_hash)}")
         table, names, positions = self.columns()
         build = functools.partial(self._compressible, step, bytes(spec_hash), table, names, positions)
-        # an uvarint of a value below 2^63 takes 9 bytes at most
-        most = len(encode_names(names)) + 9 * (table.size + positions.size)
-        if positions.size >= BUILD_LATER_MIN and most <= MAX_PAYLOAD:
+        # the bound (an uvarint below 2^63 takes 9 bytes at most) asked only of a large log
+        large = positions.size >= BUILD_LATER_MIN
+        if large and len(encode_names(names)) + 9 * (table.size + positions.size) <= MAX_PAYLOAD:
             return PreparedChunk(step, spec_hash, BuildLater(build))
         return PreparedChunk(step, spec_hash, build())
 
