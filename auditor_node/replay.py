@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditor_node.availability import TranscriptUnusable
 from game import clock
@@ -27,6 +30,9 @@ from game.store.archive import fetch_directory
 from game.store.blobs import BlobNotFound
 from game.store.sealing import StoreError
 from game.training.transcript.reader import Transcript
+
+if TYPE_CHECKING:
+    from game.training.state.tensors import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -165,21 +171,22 @@ class TranscriptReplay:
         return states_for(t, engine, wanted, check_leaves=False)[1]
 
     def state_after(self, t: Transcript, step: int) -> bytes:
-        """Own canonical state after ``step``, replayed on own profile with the trainer's log."""
+        """Own canonical state after ``step``, replayed on own profile with the trainer's log (a
+        step whose chunk does not decode or fit without it, as the audit ran it)."""
+        from game.training.engine.replay import replayed
         from game.training.engine.states import decode_state
         from game.training.engine.step import StepEngine
         from game.training.state.canonical import encode_state
         from game.training.task.profiles import get_profile
 
         engine = StepEngine(t.config, get_profile(self.agent.profile))
+        start: Callable[[], TrainState]
         try:
-            start = t.nearest_checkpoint(step)
-            state = decode_state(t.load_checkpoint(start), t.config)
+            data = t.load_checkpoint(t.nearest_checkpoint(step))
+            start = partial(decode_state, data, t.config)
         except TranscriptError:
-            start, state = 0, engine.init_state()
-        for s in range(start + 1, step + 1):
-            engine.run_step(state, s, mode="replay", log=t.read_log(s), hash_state=False)
-        return encode_state(state)
+            start = engine.init_state
+        return encode_state(replayed(t, engine, start, step, check_leaves=False))
 
 
 class _Pace:

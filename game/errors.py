@@ -67,6 +67,16 @@ class RoundingLogError(TrainingError):
     """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
 
 
+class UnfitChunkError(RoundingLogError):
+    """Step ``step``'s chunk decoded but did not fit the step's computation, which raised part way
+    and left its state half-updated: who rebuilds a state through that step starts again and runs
+    it without the log (:func:`~game.training.engine.replay.state_after`)."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class TranscriptError(TrainingError):
     """A transcript directory is missing files, inconsistent or does not match its manifest."""
 

@@ -285,9 +285,13 @@ def _rewrite(out: Path, update: int, entry: ScheduleEntry) -> None:
     """Replace ``update``'s schedule entry and fix the hashes and the manifest's log root, so the
     transcript verifies and only replaying shows the lie."""
     t = Transcript(out)
-    data = t.chunk_bytes(update)
-    _, inner = open_envelope(data, step=update, spec_hash=t.spec_hash)
-    new = entry.envelope(t.spec_hash, inner)
+    _, inner = open_envelope(t.chunk_bytes(update), step=update, spec_hash=t.spec_hash)
+    _replace_chunk(out, update, entry.envelope(t.spec_hash, inner))
+
+
+def _replace_chunk(out: Path, update: int, new: bytes) -> None:
+    """Put ``new`` in place of ``update``'s chunk, with the chunk hashes and the log root to match."""
+    t = Transcript(out)
     t.chunk_path(update).write_bytes(new)
     hashes = t.chunk_hashes()
     hashes[update] = chunk_hash(new)
@@ -325,6 +329,66 @@ def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple
     result = audit(copy, "cpu-2t")
     assert result.first_divergent_step == u and not result.match
     assert any("outside the window" in e for e in result.schedule_errors)
+
+
+def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_asTheJudgeRules(
+    async_run: tuple, tmp_path: Path
+) -> None:
+    """An update whose entry keeps the rules but whose inner log does not decode (here, the inner
+    chunk of another update) is re-run without the log, as the judge re-runs it: the auditor's leaf
+    there is the judge's, not the rejected-schedule hash, which would lose it a game the judge
+    rules on a state."""
+    import shutil
+
+    from game.judgeupdate import rerun_update
+
+    cfg, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    u = 6
+    t = Transcript(copy)
+    _, other = open_envelope(t.chunk_bytes(u - 1), step=u - 1, spec_hash=t.spec_hash)
+    _replace_chunk(copy, u, entries[u - 1].envelope(t.spec_hash, other))
+    t = Transcript(copy)
+    t.verify()
+
+    engine = engine_for(cfg, "cpu-1t")
+    _, found = states_for(t, engine, {u - 1, *entries[u - 1].versions})
+    judged, why = rerun_update(engine, found[u - 1], found, t.chunk_bytes(u), u)
+    assert "replayed without it" in why
+    result = audit(copy, "cpu-1t")
+    assert result.rejected_log_steps == (u,) and result.schedule_errors == ()
+    assert result.leaves[u] == judged
+    assert result.leaves[:u] == tuple(t.leaves()[:u])
+
+
+def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
+    async_run: tuple, tmp_path: Path
+) -> None:
+    """Update 5's log decodes but does not fit (its last record gone: the update raises part way)
+    and update 6's does not decode, both of true states: the audit runs each without its log, and a
+    rebuild from checkpoint 4 goes through both (the rejection at 6 rebuilds state 5, starting again
+    once for update 5's log)."""
+    import shutil
+
+    cfg, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    t = Transcript(copy)
+    _, inner = open_envelope(t.chunk_bytes(5), step=5, spec_hash=t.spec_hash)
+    short = SparseStepLog.decode(inner, step=5, spec_hash=t.spec_hash)
+    short.pop()
+    _replace_chunk(copy, 5, entries[4].envelope(t.spec_hash, short.encode(5, t.spec_hash)))
+    _, other = open_envelope(t.chunk_bytes(4), step=4, spec_hash=t.spec_hash)
+    _replace_chunk(copy, 6, entries[5].envelope(t.spec_hash, other))
+    t = Transcript(copy)
+    t.verify()
+
+    result = audit(copy, "cpu-1t")
+    assert result.rejected_log_steps == (5, 6) and result.schedule_errors == ()
+    assert result.match
+    state, found = states_for(t, engine_for(cfg, "cpu-1t"), [5, 7])  # every leaf checked on the way
+    assert state.step == 7 and set(found) == {5, 7}
 
 
 def test_firstRepeats_namesEachUpdateThatAppliesAMicroBatchAgain_andTheFirstThatAppliedIt() -> None:

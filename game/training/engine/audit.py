@@ -106,6 +106,7 @@ def audit(
             if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
                 settle(pending)
                 pending = None
+            before = pending  # the state this step starts from, its bytes kept (None: not kept)
             with_log = use_log and first_div is None
             result: StepResult | None = None
             failed: Exception | None = None  # raised by a step run with the log, not yet judged
@@ -136,7 +137,12 @@ def audit(
                 log.warning("step %d: the trainer's log chunk is rejected: %s", step, failed)
                 rejected.append(step)
                 log_errors.append(str(failed))
-                state = state_after(t, engine, step - 1)  # the trainer's state up to here
+                # The trainer's state up to here: the auditor's own, whose leaf matched, where its
+                # bytes were kept, else rebuilt from the trainer's checkpoint.
+                if before is not None:
+                    state = decode_state(before.state_bytes(), t.config)
+                else:
+                    state = state_after(t, engine, step - 1)
                 result = engine.run_step(state, step, mode="round", hash_state=False)
             assert result is not None
             corrections += result.corrections

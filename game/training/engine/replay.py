@@ -10,11 +10,13 @@ and ``vgame replay-step`` (:func:`replay_transcript_step`).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from game.errors import TranscriptError
+from game.errors import RoundingLogError, TranscriptError, UnfitChunkError
 from game.training.engine.memory import trimmed
 from game.training.engine.scheduled import replay_update, states_for
 from game.training.engine.states import decode_state
@@ -23,6 +25,8 @@ from game.training.log.formats import ChunkLog, decode_chunk
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import TrainState
 from game.training.transcript.reader import Transcript
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,36 @@ def replay_step(
 
 
 def replay_forward(
-    t: Transcript, engine: StepEngine, state: TrainState, first: int, last: int, *, check_leaves: bool = True
+    t: Transcript,
+    engine: StepEngine,
+    state: TrainState,
+    first: int,
+    last: int,
+    *,
+    check_leaves: bool = True,
+    without: Collection[int] = (),
 ) -> None:
     """Run steps ``first..last`` on ``state`` with the transcript's log chunks, checking every leaf on
-    the way (unless ``check_leaves`` is False: the caller checks the last state itself)."""
+    the way (unless ``check_leaves`` is False: the caller checks the last state itself).
+
+    A step whose chunk does not decode, or is in ``without``, runs without the log, as the auditor
+    and the judge run a step whose chunk is the trainer's fault; its leaf is checked all the same
+    (a trainer may commit a true state with a log that does not fit it). A chunk that decodes but
+    does not fit raises :class:`UnfitChunkError` naming its step: the state is then half-updated,
+    and :func:`replayed` starts again with that step in ``without``."""
     for step in range(first, last + 1):
-        result = replay_step(engine, state, step, t.read_log(step), hash_state=check_leaves)
+        chunk: ChunkLog | None = None
+        if step not in without:
+            try:
+                chunk = t.read_log(step)
+            except RoundingLogError as exc:  # nothing ran: the step runs without it at once
+                log.info("step %d: the log chunk does not decode (%s); replayed without it", step, exc)
+        try:
+            result = replay_step(engine, state, step, chunk, hash_state=check_leaves)
+        except RoundingLogError as exc:
+            if chunk is None:
+                raise
+            raise UnfitChunkError(f"step {step}: {exc}", step) from exc
         if check_leaves and result.state_hash != t.leaf(step):
             raise TranscriptError(
                 f"replaying step {step} with its own log chunk does not reproduce leaf {step}: "
@@ -80,15 +108,37 @@ def replay_forward(
             )
 
 
+def replayed(
+    t: Transcript,
+    engine: StepEngine,
+    start: Callable[[], TrainState],
+    last: int,
+    *,
+    check_leaves: bool = True,
+) -> TrainState:
+    """The state after ``last``: ``start()`` (a state at some step before it), replayed forward by
+    :func:`replay_forward`, from ``start()`` again without the log of each step whose chunk did not
+    fit (once a step, so at most as many starts as such chunks)."""
+    without: set[int] = set()
+    while True:
+        state = start()
+        first = state.step + 1
+        try:
+            replay_forward(t, engine, state, first, last, check_leaves=check_leaves, without=without)
+            return state
+        except UnfitChunkError as exc:
+            log.info("%s; replaying again from step %d, that step without the log", exc, first)
+            without.add(exc.step)
+
+
 def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: bool = True) -> TrainState:
     """State after ``step``: the nearest checkpoint (verified against its leaf), replayed forward
-    (an asynchronous task's by its schedule: :func:`~.scheduled.states_for`)."""
+    (:func:`replayed`; an asynchronous task's by its schedule: :func:`~.scheduled.states_for`)."""
     if t.config.scheduled:
         return states_for(t, engine, [step], check_leaves=check_leaves)[0]
     ckpt = t.nearest_checkpoint(step)
-    state = decode_state(t.load_checkpoint(ckpt), t.config)
-    replay_forward(t, engine, state, ckpt + 1, step, check_leaves=check_leaves)
-    return state
+    data = t.load_checkpoint(ckpt)
+    return replayed(t, engine, lambda: decode_state(data, t.config), step, check_leaves=check_leaves)
 
 
 @trimmed()
@@ -112,4 +162,11 @@ def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) 
     return ReplayResult(step=step, state_hash=result.leaf, matches_transcript=result.leaf == t.leaf(step))
 
 
-__all__ = ["ReplayResult", "replay_forward", "replay_step", "replay_transcript_step", "state_after"]
+__all__ = [
+    "ReplayResult",
+    "replay_forward",
+    "replay_step",
+    "replay_transcript_step",
+    "replayed",
+    "state_after",
+]

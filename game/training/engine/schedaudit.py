@@ -3,15 +3,16 @@
 Update ``u`` is re-run as its chunk's entry says: each listed micro-batch's gradients on the state
 of its version, folded in the entry's order, applied to state ``u - 1``, with the chunk's log. The
 replay keeps each version's weights until the last update that names it
-(:func:`~game.training.log.schedule.last_uses`). As in :mod:`.audit`, the log is applied up to the
-first divergent update, and a chunk whose log does not fit the computation is the trainer's fault
-at that update (it is re-run without the log). An entry that breaks the task's rules on its own (a
-version outside the staleness window, the wrong number of micro-batches) is the trainer's fault too:
-the judge posts a hash no state has for it, so the auditor's own leaves from that update on are
-such hashes (:func:`rejected_schedule_leaf`), and a game pins it. So is the first update that
-applies a micro-batch an earlier update applied (the judge takes the earlier update's chunk as its
-witness, :mod:`game.judgeupdate`); with none applied twice, none was left out. Each such finding is
-also in ``schedule_errors``.
+(:func:`~game.training.log.schedule.last_uses`). As in :mod:`.audit`, the next updates' logs are
+read on threads while an update runs, the log is applied up to the first divergent update, and a
+chunk whose log does not decode or does not fit the computation is the trainer's fault at that
+update (it is re-run without the log, as the judge re-runs it). An entry that breaks the task's
+rules on its own (a version outside the staleness window, the wrong number of micro-batches) is the
+trainer's fault too: the judge posts a hash no state has for it, so the auditor's own leaves from
+that update on are such hashes (:func:`rejected_schedule_leaf`), and a game pins it. So is the
+first update that applies a micro-batch an earlier update applied (the judge takes the earlier
+update's chunk as its witness, :mod:`game.judgeupdate`); with none applied twice, none was left
+out. Each such finding is also in ``schedule_errors``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from pathlib import Path
 from game.errors import RoundingLogError
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.auditresult import AuditResult
-from game.training.engine.scheduled import check_entry, replay_update, states_for
+from game.training.engine.scheduled import check_entry, run_entry, states_for
 from game.training.engine.states import decode_state
 from game.training.engine.step import engine_for
 from game.training.engine.train import ProgressFn
 from game.training.engine.update import UpdateEngine, Weights, weights_of
-from game.training.log.formats import decode_scheduled
 from game.training.log.schedule import MicroBatchId, ScheduleEntry, ScheduleError, check_schedule, last_uses
 from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
+from game.training.transcript.readahead import ReadAhead
 from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def audit_scheduled(
     applied_by: dict[MicroBatchId, int] = {}
     for u in range(1, t.steps + 1):
         try:
-            entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
+            entry = t.update_entry(u)  # the log is decoded when the update is replayed
             if entry is None:
                 raise RoundingLogError(f"update {u}: the chunk carries no schedule")
             check_entry(entry, cfg)
@@ -103,42 +104,42 @@ def audit_scheduled(
         rejected, log_errors = list(done.rejected_log_steps), list(done.log_errors)
         resumed_from = done.step
         log.info("audit: going on from update %d, saved in %s", done.step, keep_progress)
-    for u, entry in enumerate(entries, start=1):
-        if u < len(leaves):  # replayed before the save it goes on from
-            continue
-        if entry is None:  # the trainer's fault here, and nothing after it can be computed
-            log.warning("update %d: its schedule entry breaks the task's rules; the replay stops", u)
-            leaves += [rejected_schedule_leaf(v) for v in range(u, t.steps + 1)]
-            first_div = u if first_div is None else first_div
-            break
-        chunk = t.chunk_bytes(u)
-        with_log = use_log and first_div is None
-        try:
-            corrections += replay_update(ue, state, u, chunk, kept, use_log=with_log)[2]
-        except RoundingLogError as exc:
-            if not with_log:
-                raise
-            log.warning("update %d: the trainer's log chunk is rejected: %s", u, exc)
-            rejected.append(u)
-            log_errors.append(str(exc))
-            state = states_for(t, engine, [u - 1])[0]  # the trainer's state up to here
-            replay_update(ue, state, u, chunk, kept, use_log=False)
-        leaves.append(state_hash(state))
-        if first_div is None and leaves[-1] != t.leaf(u):
-            first_div = u
-            log.info("audit: first divergent update %d", u)
-        if uses.get(u, 0) > u:
-            kept[u] = weights_of(state)
-        for v in [v for v in kept if uses.get(v, 0) <= u]:
-            del kept[v]
-        if saver is not None and saver.due() and u < t.steps:
-            done_so_far = AuditProgress(
-                trainer_root, profile, use_log, tuple(leaves), corrections, first_div,
-                tuple(rejected), tuple(log_errors),
-            )  # fmt: skip
-            saver.save(done_so_far, encode_state(state), kept)
-        if progress is not None:
-            progress(u, t.steps)
+    with ReadAhead(t, t.steps, pin=engine.pins_logs) as logs:
+        for u, entry in enumerate(entries, start=1):
+            if u < len(leaves):  # replayed before the save it goes on from
+                continue
+            if entry is None:  # the trainer's fault here, and nothing after it can be computed
+                log.warning("update %d: its schedule entry breaks the task's rules; the replay stops", u)
+                leaves += [rejected_schedule_leaf(v) for v in range(u, t.steps + 1)]
+                first_div = u if first_div is None else first_div
+                break
+            with_log = use_log and first_div is None
+            try:  # a log read here that does not decode is rejected as one that does not fit
+                corrections += run_entry(ue, state, entry, logs.read_log(u) if with_log else None, kept)
+            except RoundingLogError as exc:
+                if not with_log:
+                    raise
+                log.warning("update %d: the trainer's log chunk is rejected: %s", u, exc)
+                rejected.append(u)
+                log_errors.append(str(exc))
+                state = states_for(t, engine, [u - 1])[0]  # the trainer's state up to here
+                run_entry(ue, state, entry, None, kept)
+            leaves.append(state_hash(state))
+            if first_div is None and leaves[-1] != t.leaf(u):
+                first_div = u
+                log.info("audit: first divergent update %d", u)
+            if uses.get(u, 0) > u:
+                kept[u] = weights_of(state)
+            for v in [v for v in kept if uses.get(v, 0) <= u]:
+                del kept[v]
+            if saver is not None and saver.due() and u < t.steps:
+                done_so_far = AuditProgress(
+                    trainer_root, profile, use_log, tuple(leaves), corrections, first_div,
+                    tuple(rejected), tuple(log_errors),
+                )  # fmt: skip
+                saver.save(done_so_far, encode_state(state), kept)
+            if progress is not None:
+                progress(u, t.steps)
     if saver is not None:
         saver.clear()
     return AuditResult.of_leaves(

@@ -15,14 +15,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from game.errors import ConfigError, TranscriptError
+from game.errors import ConfigError, RoundingLogError, TranscriptError, UnfitChunkError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.runtime import Batch
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, engine_for
 from game.training.engine.update import UpdateEngine, Weights, weights_from_bytes, weights_of
-from game.training.log.formats import ChunkLog, decode_scheduled
+from game.training.log.formats import ChunkLog, decode_scheduled, schedule_entry
 from game.training.log.schedule import ScheduledLog, ScheduleEntry, ScheduleError, check_schedule, last_uses
 from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
@@ -151,8 +151,7 @@ def _went_to(
     to it that the rest of ``schedule`` computes on (rebuilt from checkpoints and the log)."""
     t = Transcript(out)
     for u in range(1, done + 1):
-        entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
-        if entry != schedule[u - 1]:
+        if t.update_entry(u) != schedule[u - 1]:
             raise TranscriptError(
                 f"{out} holds a run whose update {u} applied another schedule; delete it and train again"
             )
@@ -180,31 +179,56 @@ def replay_update(
     """Re-run update ``step`` from state ``step - 1`` (``pre_state``) and the states its schedule
     names (``versions``, by leaf index: weights or canonical bytes), with the committed chunk: the
     judge's primitive for an asynchronous task. A synchronous task's plain chunk needs no
-    versions. ``use_log`` False runs it without the chunk's log (a log that does not fit). Raises
+    versions. ``use_log`` False runs it without the chunk's log (a log that does not fit), which is
+    then not decoded: a log that does not decode is run without as one that does not fit is. Raises
     :class:`ScheduleError` for an entry that breaks the task's rules. Returns the state after the
     update (``pre_state`` itself when given as a state), the entry and the corrections applied."""
     ue = engine if isinstance(engine, UpdateEngine) else UpdateEngine(engine)
-    cfg = ue.cfg
-    state = pre_state if isinstance(pre_state, TrainState) else decode_state(pre_state, cfg)
-    entry, step_log = decode_scheduled(chunk, cfg.spec_hash(), step)
+    state = pre_state if isinstance(pre_state, TrainState) else decode_state(pre_state, ue.cfg)
+    spec_hash = ue.cfg.spec_hash()
+    if use_log:
+        entry, step_log = decode_scheduled(chunk, spec_hash, step)
+    else:
+        entry, step_log = schedule_entry(chunk, spec_hash, step), None
+    entry = entry_for(entry, step, ue.cfg)
+    have: dict[int, Weights] = {
+        v: weights_from_bytes(w) if isinstance(w, bytes | bytearray) else w
+        for v, w in (versions or {}).items()
+    }
+    return state, entry, run_entry(ue, state, entry, step_log, have)
+
+
+def entry_for(entry: ScheduleEntry | None, step: int, cfg: TaskConfig) -> ScheduleEntry:
+    """The entry update ``step`` runs by: its chunk's (``entry``; None for a plain chunk, which only
+    a synchronous task's may be, whose entry is then the sync one), checked against the task's
+    rules (:class:`ScheduleError` where it breaks them)."""
     if entry is None:
         if cfg.scheduled:
             raise ScheduleError(f"update {step}: the task is asynchronous but the chunk carries no schedule")
         entry = ScheduleEntry.sync(step, cfg.accumulate)
     check_entry(entry, cfg)
-    own = weights_of(state)
-    have: dict[int, Weights] = {step - 1: own}
-    for v, w in (versions or {}).items():
-        have[v] = weights_from_bytes(w) if isinstance(w, bytes | bytearray) else w
+    return entry
+
+
+def run_entry(
+    ue: UpdateEngine,
+    state: TrainState,
+    entry: ScheduleEntry,
+    step_log: ChunkLog | None,
+    versions: Mapping[int, Weights],
+) -> int:
+    """Run update ``entry.update`` on ``state`` (state ``update - 1``, in place) from the weights of
+    the states it names (``versions``, which may include the state's own), with ``step_log`` (None: without
+    a log, rounding to nearest). Returns the corrections applied."""
+    step = entry.update
+    have = {step - 1: weights_of(state), **versions}
     missing = [v for v in entry.versions if v not in have]
     if missing:
         raise TranscriptError(f"update {step} computes on states {missing}, which were not given")
     work = [(a, have[a.version]) for a in entry.applied]
-    if use_log:
-        _, _, corrections = ue.run_update(state, work, mode="replay", log=step_log)
-    else:
-        _, _, corrections = ue.run_update(state, work, mode="round")
-    return state, entry, corrections
+    if step_log is not None:
+        return ue.run_update(state, work, mode="replay", log=step_log)[2]
+    return ue.run_update(state, work, mode="round")[2]
 
 
 def states_for(
@@ -212,18 +236,21 @@ def states_for(
 ) -> tuple[TrainState, dict[int, bytes]]:
     """The state after ``max(wanted)`` and the canonical bytes of every state in ``wanted``, replayed
     from the latest checkpoint that needs nothing before it but states with checkpoints of their own.
-    Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False)."""
+    Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False).
+    An update whose log does not decode runs without it, as the auditor and the judge run it; one
+    whose log decodes but does not fit leaves the state half-updated, so the replay starts again
+    with that update run without its log (once an update)."""
     wanted = sorted(set(wanted))
     last = wanted[-1]
-    entries: dict[int, ScheduleEntry] = {}
+    raw: dict[int, ScheduleEntry | None] = {}
 
     def between(lo: int, hi: int) -> list[ScheduleEntry]:
-        """The entries of updates ``lo + 1 .. hi``, read once each (a judge holds only those chunks)."""
+        """The entries of updates ``lo + 1 .. hi``, read once each (a judge holds only those chunks;
+        a plain chunk's is the sync one here, which :func:`entry_for` refuses an asynchronous task)."""
         for u in range(lo + 1, hi + 1):
-            if u not in entries:
-                entry, _ = decode_scheduled(t.chunk_bytes(u), t.spec_hash, u)
-                entries[u] = entry if entry is not None else ScheduleEntry.sync(u, t.config.accumulate)
-        return [entries[u] for u in range(lo + 1, hi + 1)]
+            if u not in raw:
+                raw[u] = t.update_entry(u)
+        return [raw[u] or ScheduleEntry.sync(u, t.config.accumulate) for u in range(lo + 1, hi + 1)]
 
     files = set(t.checkpoint_steps())
     start = t.nearest_checkpoint(wanted[0])
@@ -233,32 +260,68 @@ def states_for(
         if not missing:
             break
         start = t.nearest_checkpoint(missing[0])
-    state = decode_state(t.load_checkpoint(start), t.config)
-    kept: dict[int, Weights] = {v: weights_from_bytes(t.load_checkpoint(v)) for v in before}
-    kept[start] = weights_of(state)
-    found: dict[int, bytes] = {}
-    if start in wanted:
-        found[start] = encode_state(state)
     uses = last_uses(between(start, last))
     ue = UpdateEngine(engine)
-    for u in range(start + 1, last + 1):
-        replay_update(ue, state, u, t.chunk_bytes(u), kept)
-        if check_leaves and state_hash(state) != t.leaf(u):
-            raise TranscriptError(f"replaying update {u} with its own chunk does not reproduce leaf {u}")
-        if uses.get(u, 0) > u:
-            kept[u] = weights_of(state)
-        for v in [v for v in kept if uses.get(v, 0) <= u]:
-            del kept[v]
-        if u in wanted:
-            found[u] = encode_state(state)
-    return state, found
+    without: set[int] = set()
+    while True:
+        state = decode_state(t.load_checkpoint(start), t.config)
+        kept: dict[int, Weights] = {v: weights_from_bytes(t.load_checkpoint(v)) for v in before}
+        kept[start] = weights_of(state)
+        found: dict[int, bytes] = {}
+        if start in wanted:
+            found[start] = encode_state(state)
+        try:
+            for u in range(start + 1, last + 1):
+                _rerun(ue, state, u, entry_for(raw[u], u, t.config), t, kept, u in without)
+                if check_leaves and state_hash(state) != t.leaf(u):
+                    raise TranscriptError(
+                        f"replaying update {u} with its own chunk does not reproduce leaf {u}"
+                    )
+                if uses.get(u, 0) > u:
+                    kept[u] = weights_of(state)
+                for v in [v for v in kept if uses.get(v, 0) <= u]:
+                    del kept[v]
+                if u in wanted:
+                    found[u] = encode_state(state)
+            return state, found
+        except UnfitChunkError as exc:
+            log.info("%s; replaying again from update %d, that update without its log", exc, start)
+            without.add(exc.step)
+
+
+def _rerun(
+    ue: UpdateEngine,
+    state: TrainState,
+    u: int,
+    entry: ScheduleEntry,
+    t: Transcript,
+    kept: Mapping[int, Weights],
+    without_log: bool,
+) -> None:
+    """Update ``u`` run on ``state`` for :func:`states_for`: with its log, unless ``without_log`` or
+    the log does not decode (nothing ran then); :class:`UnfitChunkError` where it decodes and does
+    not fit."""
+    step_log: ChunkLog | None = None
+    if not without_log:
+        try:
+            step_log = t.read_log(u)
+        except RoundingLogError as exc:
+            log.info("update %d: the log does not decode (%s); replayed without it", u, exc)
+    try:
+        run_entry(ue, state, entry, step_log, kept)
+    except RoundingLogError as exc:
+        if step_log is None or isinstance(exc, ScheduleError):
+            raise
+        raise UnfitChunkError(f"update {u}: {exc}", u) from exc
 
 
 __all__ = [
     "check_entry",
+    "entry_for",
     "next_checkpoint",
     "own_checkpoints",
     "replay_update",
+    "run_entry",
     "states_for",
     "train_scheduled",
     "write_scheduled",

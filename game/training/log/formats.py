@@ -46,6 +46,17 @@ def decode_scheduled(
     return None, _decode_plain(data, spec_hash, step)
 
 
+def schedule_entry(data: bytes, spec_hash: bytes, step: int | None = None) -> ScheduleEntry | None:
+    """A chunk's schedule entry (None for a plain chunk), its envelope checked as
+    :func:`decode_scheduled` checks it, and the log inside left undecoded: who needs only the
+    schedule (a replay without the log, a pass over every update's entry) neither pays for the
+    log's decoding nor fails on a log that does not decode, which is the trainer's fault at that
+    update alone."""
+    if is_envelope(data):
+        return open_envelope(bytes(data), step=step, spec_hash=spec_hash)[0]
+    return None
+
+
 def _decode_plain(data: bytes, spec_hash: bytes, step: int | None) -> ChunkLog:
     if bytes(data[: len(SPARSE_MAGIC)]) == SPARSE_MAGIC:
         return SparseStepLog.decode(data, step=step, spec_hash=spec_hash)

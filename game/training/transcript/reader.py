@@ -16,8 +16,8 @@ from pathlib import Path
 from game.errors import RoundingLogError, TranscriptError
 from game.merkle import HASH_SIZE, merkle_root
 from game.training.log.chunks import chunk_hash
-from game.training.log.formats import ChunkLog, decode_chunk, decode_scheduled
-from game.training.log.schedule import ScheduleEntry, is_envelope, open_envelope
+from game.training.log.formats import ChunkLog, decode_chunk, decode_scheduled, schedule_entry
+from game.training.log.schedule import ScheduleEntry
 from game.training.state import leafnative
 from game.training.transcript.files import LogReader, read_hashes
 from game.training.transcript.layout import (
@@ -132,6 +132,13 @@ class Transcript:
         """The schedule entry of ``step`` (None in a synchronous task's plain chunk) and its log."""
         return decode_scheduled(self.chunk_bytes(step), self.spec_hash, step)
 
+    def update_entry(self, step: int) -> ScheduleEntry | None:
+        """The schedule entry that ``step``'s chunk carries (None for a plain chunk), its envelope
+        checked and the log inside it left undecoded: a log that does not decode is the trainer's
+        fault at that update, which the replay finds (and runs the update without it), where a
+        schedule that does not parse stops the replay."""
+        return schedule_entry(self.chunk_bytes(step), self.spec_hash, step)
+
     def schedule(self) -> list[ScheduleEntry]:
         """Every update's schedule entry, in order (a synchronous task's are the sync ones, which
         its chunks do not carry)."""
@@ -139,13 +146,13 @@ class Transcript:
             return [ScheduleEntry.sync(u, self.config.accumulate) for u in range(1, self.steps + 1)]
         out = []
         for step in range(1, self.steps + 1):
-            data = self.chunk_bytes(step)
-            if not is_envelope(data):
+            entry = self.update_entry(step)
+            if entry is None:
                 raise RoundingLogError(
                     f"step {step}: the task is asynchronous (max_staleness {self.config.max_staleness}) "
                     "but its chunk carries no schedule"
                 )
-            out.append(open_envelope(data, step=step, spec_hash=self.spec_hash)[0])
+            out.append(entry)
         return out
 
     def chunk_bytes(self, step: int) -> bytes:

@@ -1,0 +1,121 @@
+"""A trainer's true states committed with log chunks that do not fit them: the auditor runs those
+steps without the log (as the judge does, ``game.judge``), and every rebuild of a state through
+them (an auditor's after a rejected chunk, its evidence for the judge, the judge's own) runs them
+the same way, so a later step's cheat is still found.
+
+Two kinds of chunk: one that does not decode (another step's chunk: nothing of the step ran) and
+one that decodes but does not fit (its last record taken away: the step raises part way, its
+state half-updated, so a rebuild starts again from the checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from game.merkle import merkle_root
+from game.strategies.trainers import Poison
+from game.training.engine.audit import audit
+from game.training.engine.replay import replayed, state_after
+from game.training.engine.states import decode_state
+from game.training.engine.step import engine_for
+from game.training.engine.train import train
+from game.training.log.chunks import chunk_hash
+from game.training.log.sparse import SparseStepLog
+from game.training.state.leaves import state_hash
+from game.training.state.tensors import TrainState
+from game.training.task.config import TaskConfig
+from game.training.transcript.reader import Transcript
+
+STEPS = 6
+NOT_DECODING, NOT_FITTING, CHEAT = 2, 3, 5
+
+
+def replace_chunks(out: Path, chunks: dict[int, bytes]) -> None:
+    """Put each of ``chunks`` in place of its step's chunk, with the chunk hashes and the log root
+    to match: the transcript verifies, and only a replay meets the chunks."""
+    t = Transcript(out)
+    hashes = t.chunk_hashes()
+    for step, data in chunks.items():
+        t.chunk_path(step).write_bytes(data)
+        hashes[step] = chunk_hash(data)
+    (out / "chunk_hashes.bin").write_bytes(b"".join(hashes))
+    manifest = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(manifest.replace(t.manifest.log_root or "", merkle_root(hashes).hex()))
+    Transcript(out).verify()
+
+
+def short_of_its_last_record(data: bytes, spec_hash: bytes, step: int) -> bytes:
+    """Step ``step``'s sparse chunk ``data`` with its last record taken away."""
+    step_log = SparseStepLog.decode(data, step=step, spec_hash=spec_hash)
+    step_log.pop()
+    return step_log.encode(step, spec_hash)
+
+
+@pytest.fixture(scope="module")
+def unfit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run with one checkpoint before its last step (step 0), chunks 2 and 3 that do not fit
+    their true states, and a poisoned step 5."""
+    cfg = TaskConfig.for_preset(
+        "mlp-digits", steps=STEPS, batch_size=8, checkpoint_interval=STEPS, model={"hidden": 16}
+    )
+    out = tmp_path_factory.mktemp("unfit") / "t"
+    train(cfg, "cpu-1t", out, deviation=Poison(cfg, CHEAT))
+    t = Transcript(out)
+    assert t.checkpoint_steps() == [0, STEPS]
+    replace_chunks(
+        out,
+        {
+            NOT_DECODING: t.chunk_bytes(NOT_DECODING - 1),
+            NOT_FITTING: short_of_its_last_record(t.chunk_bytes(NOT_FITTING), t.spec_hash, NOT_FITTING),
+        },
+    )
+    return out
+
+
+def test_audit_runsEveryUnfitChunksStepWithoutIt_andStillFindsTheLaterCheat(unfit: Path) -> None:
+    """Before, the second rejected chunk's rebuild of the trainer's state replayed the first one
+    with its log and raised: the audit stopped short of step 5's cheat."""
+    result = audit(unfit, "cpu-1t")
+    assert result.rejected_log_steps == (NOT_DECODING, NOT_FITTING)
+    assert "reordered" in result.log_errors[0]
+    assert result.first_divergent_step == CHEAT
+    assert result.leaves[:CHEAT] == tuple(Transcript(unfit).leaves()[:CHEAT])
+
+
+def test_stateAfter_goesThroughUnfitChunks_toTheCommittedLeaf(unfit: Path) -> None:
+    t = Transcript(unfit)
+    engine = engine_for(t.config, "cpu-1t")
+    state = state_after(t, engine, CHEAT - 1)  # checks every leaf on the way
+    assert state.step == CHEAT - 1 and state_hash(state) == t.leaf(CHEAT - 1)
+
+
+def test_replayed_startsAgain_onceForTheChunkThatDoesNotFit(unfit: Path) -> None:
+    t = Transcript(unfit)
+    engine = engine_for(t.config, "cpu-1t")
+    starts = []
+
+    def start() -> TrainState:
+        starts.append(1)
+        return decode_state(t.load_checkpoint(0), t.config)
+
+    state = replayed(t, engine, start, CHEAT - 1)
+    assert state_hash(state) == t.leaf(CHEAT - 1)
+    assert len(starts) == 2  # the chunk that does not decode costs no start; the one that does not fit, one
+
+
+def test_audit_afterARejectedChunk_goesOnFromItsOwnKeptState(
+    unfit: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state a rejected step starts from is the auditor's own (its leaf matched), whose bytes
+    the leaf hasher kept: no replay from the trainer's checkpoint, which would cost each rejected
+    chunk up to a checkpoint interval of steps."""
+    from game.training.engine import audit as audit_module
+
+    def no_rebuild(*_: object, **__: object) -> None:
+        raise AssertionError("rebuilt from the checkpoint")
+
+    monkeypatch.setattr(audit_module, "state_after", no_rebuild)
+    result = audit(unfit, "cpu-1t")
+    assert result.rejected_log_steps == (NOT_DECODING, NOT_FITTING)
+    assert result.first_divergent_step == CHEAT
