@@ -28,6 +28,10 @@ rest of the step's own work.
 
 (the GPT-2-small layer count at a width where the arithmetic costs next to nothing: a step's host
 work alone).
+
+``--by-call`` (with the groups, through the front) also times each of ``Deferred``'s launching
+calls over a block of record steps and one of replay steps: per call, how many a step, the
+tensors a call (a group's) and the host milliseconds a step they took (``by_call``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parts", action="store_true", help="a record step's host ms with its parts taken away")
+    ap.add_argument("--by-call", action="store_true", help="host ms a step of each Deferred launching call")
     args = ap.parse_args()
 
     from game.training.dispatch.mode import RoundingMode
@@ -99,6 +104,18 @@ def main() -> None:
                     best[i] = min(best[i], (time.perf_counter() - t0) / args.steps * 1e3)
         return [round(b, 2) for b in best]
 
+    def first_step(mode: Mode) -> Callable[[], int]:
+        """Step 1 of a fresh state run now (it makes the optimizer's lazy state), and what runs
+        steps ``2 ..`` of it then (returning how many)."""
+        state = engine.init_state()
+        run(state, range(1, 2), mode)
+
+        def rest() -> int:
+            run(state, range(2, args.steps + 2), mode)
+            return args.steps
+
+        return rest
+
     result: dict[str, Any] = {"preset": args.preset, "model": args.model, "batch_size": args.batch_size}
     result["plain_fp64_ms"] = host_ms("plain", [("1", "python")])[0]
     rows: dict[str, dict[str, Any]] = {}
@@ -124,7 +141,56 @@ def main() -> None:
         if not front.available():
             raise SystemExit("error: --parts needs the C++ front (scripts/bootstrap.sh builds it)")
         result["record_parts_ms"] = parts(lambda: host_ms("record", [("1", "front")])[0])
+    if args.by_call:
+        with way("1", "front"):
+            result["by_call"] = {mode: by_call(first_step(mode)) for mode in modes}
     print(json.dumps(result))
+
+
+#: ``Deferred``'s calls that launch kernels: one tensor's, or a group's.
+CALLS = (
+    "round_and_band",
+    "round_with_entries",
+    "round_inplace",
+    "round_and_band_group",
+    "round_with_entries_group",
+    "round_inplace_group",
+)
+
+
+def by_call(run_block: Callable[[], int]) -> dict[str, dict[str, float]]:
+    """Each of :data:`CALLS`' count a step, tensors a call and host ms a step while ``run_block()``
+    runs (it returns how many steps it ran)."""
+    from game.training.numerics.cuda_deferred import Deferred
+
+    seconds: dict[str, float] = dict.fromkeys(CALLS, 0.0)
+    calls: Counter[str] = Counter()
+    tensors: Counter[str] = Counter()
+
+    def timed(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: Deferred, *a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            out = real(self, *a, **k)
+            seconds[name] += time.perf_counter() - t0
+            calls[name] += 1
+            tensors[name] += len(a[0]) if name.endswith("_group") else 1
+            return out
+
+        return call
+
+    with contextlib.ExitStack() as stack:
+        for name in CALLS:
+            stack.enter_context(mock.patch.object(Deferred, name, timed(name, getattr(Deferred, name))))
+        steps = run_block()
+    return {
+        name: {
+            "calls": calls[name] / steps,
+            "tensors_a_call": round(tensors[name] / calls[name], 1),
+            "host_ms": round(seconds[name] / steps * 1e3, 2),
+        }
+        for name in CALLS
+        if calls[name]
+    }
 
 
 def parts(record_ms: Callable[[], float]) -> dict[str, float]:

@@ -64,8 +64,8 @@ def device_work(mode: Any) -> Any:
     from game.training.numerics.cuda_deferred import listed_lanes
 
     d = mode._defer
-    counts = torch.cat(d._buffers)[: d._rows, 4].tolist()
-    return listed_lanes([flags for row, flags in d._tickets if counts[row]])
+    pieces, lanes_of, _ = d.listed_pieces(torch.cat(d._buffers)[: d._rows, 4].tolist())
+    return listed_lanes(pieces, lanes_of)
 
 
 @contextlib.contextmanager
@@ -95,7 +95,7 @@ def read_back(listed: Any) -> Iterator[None]:
     computed before the clock started."""
     from game.training.numerics import cuda_deferred
 
-    with mock.patch.object(cuda_deferred, "listed_lanes", lambda flags: listed):
+    with mock.patch.object(cuda_deferred, "listed_lanes", lambda *_: listed):
         yield
 
 
@@ -172,7 +172,8 @@ def measure(t: Any, engine: Any, step: int, repeats: int) -> dict[str, Any]:
             flags[positions] = 1
             row = d._row()
             row[4] = positions.numel()
-            d._tickets.append((d._rows - 1, flags))
+            d._tickets.append((d._rows - 1, len(d._pieces), record.count))
+            d._pieces.append(flags)
             mode._pending.append((record.op_index, record.op_name, record.count, ticket))
         return mode
 

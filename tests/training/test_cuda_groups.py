@@ -101,6 +101,37 @@ def test_trainerGroup_equalsOneCallATensor(layout: str, rare: bool) -> None:
     assert group.listed.size > 0 and group.bounds[-1] == group.listed.size
 
 
+@pytest.mark.parametrize("rare", [False, True])
+def test_groupsRowsGoOnIntoANewBuffer_eachCallKeepingItsRow(
+    rare: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counter buffers of three rows: a call, a group of five (its rows in the first buffer's last
+    two and the next's three), a call. The same positions per tensor as one call a tensor, and a
+    rare lane fails the call it is in (the step names its failed calls by their rows)."""
+    monkeypatch.setattr(cuda_deferred.Deferred, "ROWS", 3)
+    xs = [_values(20, 32, "none", 1.0), *_trainer_values(rare), _values(21, 32, "none", 2.0)]
+    tickets: dict[bool, list[int | None]] = {}
+
+    def calls(d: cuda_deferred.Deferred, grouped: bool) -> None:
+        b = [_copy(x) for x in xs]
+        if grouped:
+            first = d.round_and_band(b[0], _params(32, BAND))
+            group = d.round_and_band_group(b[1:-1], _params(32, BAND))
+            assert group is not None
+            tickets[grouped] = [first, *group, d.round_and_band(b[-1], _params(32, BAND))]
+        else:
+            tickets[grouped] = [d.round_and_band(x, _params(32, BAND)) for x in b]
+        assert len(d._buffers) == 3
+
+    one, group = _settle_both(calls)
+    assert one.failed == group.failed == ((len(xs) - 2,) if rare else ())
+    if rare:
+        return
+    for ta, tb in zip(tickets[False], tickets[True], strict=True):
+        assert ta is not None and tb is not None and torch.equal(one.positions(ta), group.positions(tb))
+    assert group.listed.size > 0
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("failing", ["none", "entry outside", "listed zero", "rare lane"])
 def test_auditorGroup_equalsOneCallATensor(layout: str, failing: str) -> None:

@@ -470,5 +470,9 @@ def test_listedLanes_areEachFlagsOwnNonzero_andTheirCounts(shapes: list[tuple[in
     want = [f.nonzero().squeeze(1).cpu() for f in flags]
     assert sizes.cpu().tolist() == [w.numel() for w in want]
     assert lanes.cpu().tolist() == torch.cat(want).tolist()
+    # a group's calls share one piece of flags: cut in twos, the same lanes and counts
+    pieces = [torch.cat(flags[i : i + 2]) for i in range(0, len(flags), 2)]
+    joined, counts = cuda_deferred.listed_lanes(pieces, [f.numel() for f in flags])
+    assert torch.equal(joined.cpu(), lanes.cpu()) and torch.equal(counts.cpu(), sizes.cpu())
     host = cuda_deferred.host_array(lanes)
     assert host.tolist() == lanes.cpu().tolist()

@@ -62,7 +62,7 @@ def test_graph_stability_a_trainer_step_is_the_same_launches_every_step(preset: 
 def test_count_launches_groups_and_front() -> None:
     from game.training.native.front import available as front_built
 
-    parts = ["--parts"] if front_built() else []  # the parts are timed through the front
+    parts = ["--parts", "--by-call"] if front_built() else []  # both go through the front
     got = last_json(
         run_script("count_launches.py", "--preset", "mlp-digits", "--steps", "1", "--repeats", "1", *parts)
     )
@@ -87,6 +87,10 @@ def test_count_launches_groups_and_front() -> None:
             "and_without_dropout_masks",
         ]
         assert all(ms > 0 for ms in timed.values())
+        for mode, group in (("record", "round_and_band_group"), ("replay", "round_with_entries_group")):
+            calls = got["by_call"][mode]
+            assert calls[group]["tensors_a_call"] >= 2 and calls[group]["host_ms"] > 0
+            assert calls["round_inplace_group"]["calls"] > 0
 
 
 @pytest.mark.slow

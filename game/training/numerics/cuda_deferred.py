@@ -49,6 +49,8 @@ class Settled(NamedTuple):
 
 
 _NONE = np.zeros(0, dtype=np.int64)
+_ROW = 6  # int64 counters a call's row holds
+_ROW_BYTES = 8 * _ROW
 
 
 #: Tensors above this many lanes are not deferred (their calls read back at once, as without
@@ -83,18 +85,45 @@ class Deferred:
         self._groups = cuda_groups.kernels() if self._kernels is not None else None
         self._anywhere = os.environ.get("TRITON_INTERPRET") == "1"
         self._buffers: list[Tensor] = []
-        self._free_rows: list[Tensor] = []  # views of the last buffer's unused rows, last first
-        self._rows = 0
-        self._tickets: list[tuple[int, Tensor]] = []  # trainer calls: (row, flags)
+        self._views: tuple[Tensor, ...] | None = None  # the last buffer's rows, once a call asks for one
+        self._left = 0  # rows of the last buffer not handed out
+        self._rows = 0  # rows handed out, every buffer's: row i is the i-th call's
+        self._pieces: list[Tensor] = []  # the trainer calls' flags: one a call, or one a group's calls
+        self._tickets: list[tuple[int, int, int]] = []  # trainer calls: (row, piece, lanes)
         self._replays: list[int] = []  # auditor calls' rows
 
+    def _buffer(self) -> Tensor:
+        """A new counter buffer, zeroed in one launch, once the last one's rows are all handed out."""
+        buf = torch.zeros(self.ROWS, _ROW, dtype=torch.int64, device=self.device)
+        self._buffers.append(buf)
+        self._views, self._left = None, self.ROWS
+        return buf
+
     def _row(self) -> Tensor:
-        if not self._free_rows:
-            buf = torch.zeros(self.ROWS, 6, dtype=torch.int64, device=self.device)
-            self._buffers.append(buf)
-            self._free_rows = list(reversed(buf.unbind(0)))  # one call for every row's view
+        """The next counter row, for a call of one tensor."""
+        buf = self._buffers[-1] if self._left else self._buffer()
+        if self._views is None:
+            self._views = buf.unbind(0)  # one call for every row's view
+        row = self._views[self.ROWS - self._left]
+        self._left -= 1
         self._rows += 1
-        return self._free_rows.pop()
+        return row
+
+    def _block(self, count: int) -> tuple[int, list[int]]:
+        """The next ``count`` counter rows, for a group: the first's index and every row's address.
+        Addresses, not views: a group's table holds only those, and a view a row cost a group of
+        148 tensors some 100 us of the host's time. Row ``i`` is the ``i``-th call's, so a group
+        may go on into a new buffer (:meth:`settle` names failed calls by their rows)."""
+        first, addresses = self._rows, list[int]()
+        while count:
+            buf = self._buffers[-1] if self._left else self._buffer()
+            take = min(count, self._left)
+            at = buf.data_ptr() + _ROW_BYTES * (self.ROWS - self._left)
+            addresses += range(at, at + _ROW_BYTES * take, _ROW_BYTES)
+            self._left -= take
+            self._rows += take
+            count -= take
+        return first, addresses
 
     def _takes(self, xf: Tensor) -> dict[str, Any] | None:
         """The kernels when ``xf`` is theirs (:func:`usable`, with this step's switches) and small
@@ -117,7 +146,8 @@ class Deferred:
         n = x.numel()
         flags = torch.empty(n, dtype=torch.int8, device=x.device)
         _launch_round_and_band(k, x, flags, p, self._row())
-        self._tickets.append((self._rows - 1, flags))
+        self._tickets.append((self._rows - 1, len(self._pieces), n))
+        self._pieces.append(flags)
         return len(self._tickets) - 1
 
     def round_with_entries(
@@ -153,27 +183,33 @@ class Deferred:
     def takes_group(self, xs: Sequence[Tensor], fits: Sequence[bool] = ()) -> bool:
         """Whether the group kernels take every tensor of ``xs`` (each as :meth:`_takes` would) and,
         for the auditor, whether every tensor's entries fit (``fits``, from :func:`entries_fit`)."""
-        if self._groups is None or not all(fits):
-            return False
-        return all(self._takes(x) is not None for x in xs)
+        return self._group_sizes(xs, fits) is not None
 
-    def _rows_for(self, count: int) -> tuple[int, list[Tensor]]:
-        first = self._rows
-        return first, [self._row() for _ in range(count)]
+    def _group_sizes(self, xs: Sequence[Tensor], fits: Sequence[bool] = ()) -> list[int] | None:
+        """Each tensor's lanes where :meth:`takes_group`, else None."""
+        if self._groups is None or not all(fits):
+            return None
+        sizes = []
+        for x in xs:
+            if self._takes(x) is None:
+                return None
+            sizes.append(x.numel())
+        return sizes
 
     def round_and_band_group(self, xs: Sequence[Tensor], p: BandParams) -> list[int] | None:
         """Trainer: :meth:`round_and_band` of every tensor of ``xs`` in one launch a pass; a ticket
-        per tensor, or None (nothing launched) unless :meth:`takes_group`."""
-        k = self._groups
-        if k is None or not self.takes_group(xs):
+        per tensor, or None (nothing launched) unless :meth:`takes_group`. The tensors' flags are
+        one piece, read back whole."""
+        k, sizes = self._groups, self._group_sizes(xs)
+        if k is None or sizes is None:
             return None
-        sizes = [x.numel() for x in xs]
-        flags = torch.empty(sum(sizes), dtype=torch.int8, device=xs[0].device).split(sizes)
-        first, rows = self._rows_for(len(xs))
-        cuda_groups.round_and_band(k, xs, flags, rows, p)
-        tickets = list(range(len(self._tickets), len(self._tickets) + len(xs)))
-        self._tickets.extend(zip(range(first, first + len(xs)), flags, strict=True))
-        return tickets
+        flags = torch.empty(sum(sizes), dtype=torch.int8, device=xs[0].device)
+        first, stats = self._block(len(xs))
+        cuda_groups.round_and_band(k, xs, sizes, flags, stats, p)
+        piece, start = len(self._pieces), len(self._tickets)
+        self._pieces.append(flags)
+        self._tickets.extend((first + i, piece, n) for i, n in enumerate(sizes))
+        return list(range(start, start + len(xs)))
 
     def round_with_entries_group(
         self,
@@ -188,19 +224,29 @@ class Deferred:
         ``on_device`` from ``starts[i]``)."""
         k = self._groups
         assert k is not None
-        first, rows = self._rows_for(len(xs))
-        cuda_groups.round_with_entries(k, xs, counts, on_device, starts, rows, p)
+        first, stats = self._block(len(xs))
+        cuda_groups.round_with_entries(k, xs, counts, on_device, starts, stats, p)
         self._replays.extend(range(first, first + len(xs)))
 
     def round_inplace_group(self, xs: Sequence[Tensor], k0: int, max_finite: int) -> bool:
         """:meth:`round_inplace` of every tensor of ``xs`` in one launch; False (nothing launched)
         unless :meth:`takes_group`."""
-        k = self._groups
-        if k is None or not self.takes_group(xs):
+        k, sizes = self._groups, self._group_sizes(xs)
+        if k is None or sizes is None:
             return False
-        _, rows = self._rows_for(len(xs))
-        cuda_groups.round_inplace(k, xs, rows, k0, max_finite)
+        cuda_groups.round_inplace(k, xs, sizes, self._block(len(xs))[1], k0, max_finite)
         return True
+
+    def listed_pieces(self, counts: Sequence[int]) -> tuple[list[Tensor], list[int], list[bool]]:
+        """What the read-back joins, given every row's listed count: the pieces of flags that hold
+        listed lanes (a call's own, or a group's whole: its calls that list none add none), each
+        call's lanes within them in order, and which pieces those are."""
+        took = [False] * len(self._pieces)
+        for row, piece, _ in self._tickets:
+            if counts[row]:
+                took[piece] = True
+        pieces = [flags for flags, t in zip(self._pieces, took, strict=True) if t]
+        return pieces, [n for _, piece, n in self._tickets if took[piece]], took
 
     def settle(self) -> Settled:
         """Read every call's counters back (one synchronisation). When a call needed the torch path
@@ -217,27 +263,29 @@ class Deferred:
         corrections = int(listed[replays].sum()) if self._replays else 0
         free = int(stats[replays, 5].sum()) if self._replays else 0
         counts = listed.tolist()  # one conversion, not one ``int`` of a tensor element a ticket
-        some = [flags for row, flags in self._tickets if counts[row]]
-        if not some:
+        pieces, lanes_of, took = self.listed_pieces(counts)
+        if not pieces:
             return Settled(_NONE, [0] * (len(self._tickets) + 1), corrections, free)
-        lanes, sizes = listed_lanes(some)
+        lanes, sizes = listed_lanes(pieces, lanes_of)
         flat, per = host_array(lanes), iter(sizes.tolist())
         bounds = [0]
-        for row, _ in self._tickets:
-            bounds.append(bounds[-1] + (next(per) if counts[row] else 0))
+        for _, piece, _ in self._tickets:
+            bounds.append(bounds[-1] + (next(per) if took[piece] else 0))
         return Settled(flat, bounds, corrections, free)
 
 
-def listed_lanes(flags: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """The read-back's work on the device: the listed lanes of every ``flags`` (int8, those of the
-    calls that listed some) in one ``nonzero``, each made relative to its own flags, and how many
-    each has. At the GPT-2-small shape that is 6.5-16 million lanes a step: done here, the host
-    gets them in one copy, ready to log, where it took 8 ms on the 2-core machine to subtract each
-    call's offset. (A ``bincount`` of the lanes' calls would count them too, but with atomics that
-    torch's deterministic mode refuses on CUDA.)"""
-    numels = torch.tensor([f.numel() for f in flags], dtype=torch.int64, device=flags[0].device)
+def listed_lanes(flags: Sequence[Tensor], lanes_of: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+    """The read-back's work on the device: the listed lanes of calls' flags (int8) in one
+    ``nonzero``, each made relative to its own call's flags, and how many each call has. ``flags``
+    are pieces that hold the calls' flags one after another (a group's calls share one piece),
+    ``lanes_of`` each call's lanes (by default a call a piece). At the GPT-2-small shape that is
+    6.5-16 million lanes a step: done here, the host gets them in one copy, ready to log, where it
+    took 8 ms on the 2-core machine to subtract each call's offset. (A ``bincount`` of the lanes'
+    calls would count them too, but with atomics that torch's deterministic mode refuses on CUDA.)"""
+    sizes = [f.numel() for f in flags] if lanes_of is None else lanes_of
+    numels = torch.tensor(sizes, dtype=torch.int64, device=flags[0].device)
     ends = numels.cumsum(0)
-    lanes = torch.cat(list(flags)).nonzero().squeeze(1)
+    lanes = (flags[0] if len(flags) == 1 else torch.cat(list(flags))).nonzero().squeeze(1)
     before_end = torch.searchsorted(lanes, ends)  # lanes before each call's flags end
     owner = torch.searchsorted(ends, lanes, right=True)  # the call each lane is in
     lanes -= (ends - numels)[owner]
