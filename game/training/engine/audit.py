@@ -146,6 +146,7 @@ def audit(
                 result = engine.run_step(state, step, mode="round", hash_state=False)
             assert result is not None
             corrections += result.corrections
+            before = None  # its bytes go before the next state's are taken (a GPU holds both else)
             pending = hasher.submit(state)
             if saver is not None and saver.due() and step < t.steps:
                 settle(pending)  # the leaf now, not a step late: the saved state is one already judged
