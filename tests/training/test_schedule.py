@@ -363,13 +363,18 @@ def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_asTheJudgeRul
 
 
 def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
-    async_run: tuple, tmp_path: Path
+    async_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Update 5's log decodes but does not fit (its last record gone: the update raises part way)
-    and update 6's does not decode, both of true states: the audit runs each without its log, and a
-    rebuild from checkpoint 4 goes through both (the rejection at 6 rebuilds state 5, starting again
-    once for update 5's log)."""
+    and update 6's does not decode, both of true states: the audit runs each without its log, from
+    its own kept state before it (no rebuild from a checkpoint), and a rebuild from checkpoint 4
+    goes through both (starting again once, for update 5's log)."""
     import shutil
+
+    from game.training.engine import schedaudit
+
+    def no_rebuild(*_: object, **__: object) -> None:
+        raise AssertionError("rebuilt from a checkpoint")
 
     cfg, entries, out = async_run
     copy = tmp_path / "copy"
@@ -384,7 +389,9 @@ def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
     t = Transcript(copy)
     t.verify()
 
-    result = audit(copy, "cpu-1t")
+    with monkeypatch.context() as patched:
+        patched.setattr(schedaudit, "states_for", no_rebuild)
+        result = audit(copy, "cpu-1t")
     assert result.rejected_log_steps == (5, 6) and result.schedule_errors == ()
     assert result.match
     state, found = states_for(t, engine_for(cfg, "cpu-1t"), [5, 7])  # every leaf checked on the way

@@ -31,7 +31,7 @@ from game.training.engine.train import ProgressFn
 from game.training.engine.update import UpdateEngine, Weights, weights_of
 from game.training.log.schedule import MicroBatchId, ScheduleEntry, ScheduleError, check_schedule, last_uses
 from game.training.state.canonical import encode_state
-from game.training.state.leaves import state_hash
+from game.training.state.leaves import LeafHasher, PendingLeaf, state_hash
 from game.training.transcript.readahead import ReadAhead
 from game.training.transcript.reader import Transcript
 
@@ -104,7 +104,8 @@ def audit_scheduled(
         rejected, log_errors = list(done.rejected_log_steps), list(done.log_errors)
         resumed_from = done.step
         log.info("audit: going on from update %d, saved in %s", done.step, keep_progress)
-    with ReadAhead(t, t.steps, pin=engine.pins_logs) as logs:
+    before: PendingLeaf | None = None  # the state the update starts from, its bytes kept
+    with LeafHasher() as hasher, ReadAhead(t, t.steps, pin=engine.pins_logs) as logs:
         for u, entry in enumerate(entries, start=1):
             if u < len(leaves):  # replayed before the save it goes on from
                 continue
@@ -122,9 +123,16 @@ def audit_scheduled(
                 log.warning("update %d: the trainer's log chunk is rejected: %s", u, exc)
                 rejected.append(u)
                 log_errors.append(str(exc))
-                state = states_for(t, engine, [u - 1])[0]  # the trainer's state up to here
+                # The trainer's state up to here: the auditor's own, whose leaf matched, where its
+                # bytes were kept, else rebuilt from the trainer's checkpoint.
+                if before is not None and before.keeps_bytes:
+                    state = decode_state(before.state_bytes(), cfg)
+                else:
+                    state = states_for(t, engine, [u - 1])[0]
                 run_entry(ue, state, entry, None, kept)
-            leaves.append(state_hash(state))
+            before = None  # let go before the next bytes are taken (a GPU would hold both)
+            before = hasher.submit(state)
+            leaves.append(before.leaf())
             if first_div is None and leaves[-1] != t.leaf(u):
                 first_div = u
                 log.info("audit: first divergent update %d", u)

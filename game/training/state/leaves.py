@@ -88,6 +88,11 @@ class PendingLeaf:
                 self._leaf = self._future.result()
         return self._leaf
 
+    @property
+    def keeps_bytes(self) -> bool:
+        """Whether :meth:`state_bytes` has the state's bytes (not for a state hashed piece by piece)."""
+        return self.device is not None or self.buffer is not None
+
     def state_bytes(self) -> bytes:
         """The canonical bytes the leaf is of, as kept (the engine decodes them into a state)."""
         if self.device is not None:
