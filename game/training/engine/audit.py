@@ -106,7 +106,7 @@ def audit(
             if pending is not None and pending.ready:  # hashed at once: no state kept to go back to
                 settle(pending)
                 pending = None
-            before = pending  # the state this step starts from, its bytes kept (None: not kept)
+            before = pending  # the state this step starts from, as the hasher took it
             with_log = use_log and first_div is None
             result: StepResult | None = None
             failed: Exception | None = None  # raised by a step run with the log, not yet judged
@@ -139,7 +139,7 @@ def audit(
                 log_errors.append(str(failed))
                 # The trainer's state up to here: the auditor's own, whose leaf matched, where its
                 # bytes were kept, else rebuilt from the trainer's checkpoint.
-                if before is not None:
+                if before is not None and before.keeps_bytes:
                     state = decode_state(before.state_bytes(), t.config)
                 else:
                     state = state_after(t, engine, step - 1)
