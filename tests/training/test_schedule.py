@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from game.errors import RoundingLogError, TranscriptError
-from game.merkle import merkle_root
 from game.training.engine.audit import audit
 from game.training.engine.microbatch import merge_logs
 from game.training.engine.replay import replay_transcript_step
@@ -21,7 +20,7 @@ from game.training.engine.scheduled import own_checkpoints, states_for, train_sc
 from game.training.engine.step import engine_for
 from game.training.engine.train import train
 from game.training.engine.update import UpdateEngine, weights_of
-from game.training.log.chunks import ChunkFormatError, ChunkMismatchError, chunk_hash
+from game.training.log.chunks import ChunkFormatError, ChunkMismatchError
 from game.training.log.formats import decode_chunk, decode_scheduled
 from game.training.log.schedule import (
     Applied,
@@ -41,6 +40,7 @@ from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript, steps_on_disk
 from tests.training.schedules import fake_leaf, repeating_schedule, simulated_schedule, write_unchecked
+from tests.training.test_unfit_chunks import replace_chunks
 
 SPEC = bytes(range(32))
 
@@ -286,18 +286,7 @@ def _rewrite(out: Path, update: int, entry: ScheduleEntry) -> None:
     transcript verifies and only replaying shows the lie."""
     t = Transcript(out)
     _, inner = open_envelope(t.chunk_bytes(update), step=update, spec_hash=t.spec_hash)
-    _replace_chunk(out, update, entry.envelope(t.spec_hash, inner))
-
-
-def _replace_chunk(out: Path, update: int, new: bytes) -> None:
-    """Put ``new`` in place of ``update``'s chunk, with the chunk hashes and the log root to match."""
-    t = Transcript(out)
-    t.chunk_path(update).write_bytes(new)
-    hashes = t.chunk_hashes()
-    hashes[update] = chunk_hash(new)
-    (out / "chunk_hashes.bin").write_bytes(b"".join(hashes))
-    manifest = (out / "manifest.json").read_text()
-    (out / "manifest.json").write_text(manifest.replace(t.manifest.log_root or "", merkle_root(hashes).hex()))
+    replace_chunks(out, {update: entry.envelope(t.spec_hash, inner)})
 
 
 def test_asyncTranscript_withAnEntryThatLies_divergesAtThatUpdate(async_run: tuple, tmp_path: Path) -> None:
@@ -348,7 +337,7 @@ def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_asTheJudgeRul
     u = 6
     t = Transcript(copy)
     _, other = open_envelope(t.chunk_bytes(u - 1), step=u - 1, spec_hash=t.spec_hash)
-    _replace_chunk(copy, u, entries[u - 1].envelope(t.spec_hash, other))
+    replace_chunks(copy, {u: entries[u - 1].envelope(t.spec_hash, other)})
     t = Transcript(copy)
     t.verify()
 
@@ -383,9 +372,14 @@ def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
     _, inner = open_envelope(t.chunk_bytes(5), step=5, spec_hash=t.spec_hash)
     short = SparseStepLog.decode(inner, step=5, spec_hash=t.spec_hash)
     short.pop()
-    _replace_chunk(copy, 5, entries[4].envelope(t.spec_hash, short.encode(5, t.spec_hash)))
     _, other = open_envelope(t.chunk_bytes(4), step=4, spec_hash=t.spec_hash)
-    _replace_chunk(copy, 6, entries[5].envelope(t.spec_hash, other))
+    replace_chunks(
+        copy,
+        {
+            5: entries[4].envelope(t.spec_hash, short.encode(5, t.spec_hash)),
+            6: entries[5].envelope(t.spec_hash, other),
+        },
+    )
     t = Transcript(copy)
     t.verify()
 
