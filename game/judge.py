@@ -50,7 +50,7 @@ from game.evidence import (
     VersionEvidenceError,
 )
 from game.fsio import atomic_write
-from game.judgeupdate import find_witness, rejected_log_hash, rerun_update, staleness_of, versions_named
+from game.judgeupdate import find_witness, rerun_step, rerun_update, staleness_of, versions_named
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
@@ -289,8 +289,6 @@ class Judge:
         return engine_for(cfg, self.profile)
 
     def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
-        from game.training.engine.replay import replay_step
-        from game.training.numerics.bandcheck import LogTamperingError
         from game.training.state.leaves import state_hash
 
         engine = self._engine(ev.config)
@@ -302,25 +300,8 @@ class Judge:
             versions = {v: data for v, (data, _) in ev.versions.items()}
             earlier = {w: data for w, (data, _) in ev.earlier.items()}
             return rerun_update(engine, ev.pre_state, versions, ev.chunk, step, earlier)
-        try:
-            return replay_step(engine, ev.pre_state, step, ev.chunk).leaf, ""
-        except LogTamperingError as exc:
-            # The committed log breaks the band rules (a direction outside its op's band, or a
-            # position out of range): the trainer steered its rounding. Never a ruling for the
-            # trainer, whatever the steered step computes: post a hash no state can have.
-            log.info(
-                "step %d: the committed log is tampered with (%s); ruling against the trainer", step, exc
-            )
-            return rejected_log_hash(step, str(exc)), f"log rejected: {exc}"
-        except RoundingLogError as exc:
-            # The committed chunk does not fit the step's computation: the trainer's own fault. The
-            # step is run without corrections, which no honest trainer's leaf can be told from.
-            log.info(
-                "step %d: the committed log chunk does not fit (%s); running it without the log", step, exc
-            )
-            return replay_step(
-                engine, ev.pre_state, step, None
-            ).leaf, f"log does not fit, replayed without it: {exc}"
+        # a chunk that breaks the bands, does not decode or does not fit is never ruled for
+        return rerun_step(engine, ev.pre_state, ev.chunk, step)
 
     # ------------------------------------------------------------------------ gathering
     def gather(self, game_id: int) -> Evidence:

@@ -1,14 +1,23 @@
-"""The judge's part for an asynchronous task's update: the states its schedule names, and its re-run.
+"""The judge's re-run of a pinned step (:func:`rerun_step`) or of an asynchronous task's update
+(:func:`rerun_update`), and the states and chunks an update's ruling needs.
 
-Why apart from :mod:`game.judge`: a synchronous task's ruling needs none of it. An asynchronous
-update ``u`` computes on its pre-state (leaf ``u - 1``, agreed in the game) and on older states its
-chunk's schedule names (:mod:`game.training.log.schedule`); the judge takes each with the proof of
-its leaf in the committed state tree (``Evidence.versions``, checked in ``Judge.check``), re-runs
-the update from them (:func:`rerun_update`), and rules against the trainer, with the rejected-log
-hash, where the schedule breaks the task's rules or does not parse. One rule spans updates: a
-micro-batch is applied once. An update that applies one an earlier update applied is ruled against
-the trainer on the earlier update's chunk, proved against the log root (``Evidence.earlier``, found
-by :func:`find_witness`): the auditor pins the first such update, whose pre-state is agreed.
+One rule for every chunk: the judge never rules for a log chunk that does not decode, does not fit
+the step's computation, or breaks the bands. It posts :func:`rejected_log_hash`, which no state
+has, whatever the step would compute without the log. A run without the log rounds each value to
+its nearest neighbour, and a value near a midpoint rounds so differently on different hardware
+(that is what the log is for): had the judge ruled on that run, an honest auditor on other
+hardware than the judge's could dispute such a step and lose. An honest trainer's chunk always
+fits, so the rule costs no honest trainer anything.
+
+Why apart from :mod:`game.judge`: the rulings are pure functions of inputs the chain vouches for.
+An asynchronous update ``u`` computes on its pre-state (leaf ``u - 1``, agreed in the game) and on
+older states its chunk's schedule names (:mod:`game.training.log.schedule`); the judge takes each
+with the proof of its leaf in the committed state tree (``Evidence.versions``, checked in
+``Judge.check``), re-runs the update from them, and rules against the trainer where the schedule
+breaks the task's rules or does not parse. One rule spans updates: a micro-batch is applied once.
+An update that applies one an earlier update applied is ruled against the trainer on the earlier
+update's chunk, proved against the log root (``Evidence.earlier``, found by :func:`find_witness`):
+the auditor pins the first such update, whose pre-state is agreed.
 """
 
 from __future__ import annotations
@@ -38,6 +47,18 @@ def rejected_log_hash(step: int, reason: str) -> bytes:
     return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
 
 
+def rerun_step(engine: StepEngine, pre_state: bytes, chunk: bytes, step: int) -> tuple[bytes, str]:
+    """A synchronous task's step ``step``, re-run from its pre-state with its log chunk: the leaf of
+    the state it reaches, or the rejected-log hash for a chunk that breaks the bands, does not
+    decode or does not fit; with a note saying which."""
+    from game.training.engine.replay import replay_step
+
+    try:
+        return replay_step(engine, pre_state, step, chunk).leaf, ""
+    except RoundingLogError as exc:
+        return _rejected(step, exc)
+
+
 def rerun_update(
     engine: StepEngine,
     pre_state: bytes,
@@ -48,12 +69,11 @@ def rerun_update(
 ) -> tuple[bytes, str]:
     """An asynchronous task's update ``step``: re-run from the pre-state and the versions its
     schedule names, with its log. A schedule that breaks the task's rules (or does not parse),
-    or applies a micro-batch that one of the ``earlier`` updates' chunks applied, like a log that
-    breaks the bands, is ruled against the trainer with a hash no state has."""
+    or applies a micro-batch that one of the ``earlier`` updates' chunks applied, is ruled against
+    the trainer with a hash no state has, as a log that breaks the bands, does not decode or does
+    not fit is."""
     from game.training.engine.scheduled import replay_update
     from game.training.log.schedule import ScheduleError
-    from game.training.numerics.bandcheck import LogTamperingError
-    from game.training.state.leaves import state_hash
 
     try:
         versions_named(engine.cfg, chunk, step, strict=True)
@@ -62,14 +82,25 @@ def rerun_update(
             if again is not None:
                 raise ScheduleError(f"update {step}: micro-batch {again} was applied by update {w} already")
         state, _, _ = replay_update(engine, pre_state, step, chunk, versions)
-        return state_hash(state), ""
-    except (ScheduleError, LogTamperingError) as exc:
+    except ScheduleError as exc:
         log.info("update %d: ruled against the trainer: %s", step, exc)
-        return rejected_log_hash(step, str(exc)), f"schedule or log rejected: {exc}"
+        return rejected_log_hash(step, str(exc)), f"schedule rejected: {exc}"
     except RoundingLogError as exc:
-        log.info("update %d: the committed log does not fit (%s); running it without the log", step, exc)
-        state, _, _ = replay_update(engine, pre_state, step, chunk, versions, use_log=False)
-        return state_hash(state), f"log does not fit, replayed without it: {exc}"
+        return _rejected(step, exc)
+    from game.training.state.leaves import state_hash
+
+    return state_hash(state), ""
+
+
+def _rejected(step: int, exc: RoundingLogError) -> tuple[bytes, str]:
+    """The ruling on step ``step``'s chunk that ``exc`` rejects, and its note: never for the
+    trainer, whatever the step computes without the log (the module's docstring says why)."""
+    from game.training.numerics.bandcheck import LogTamperingError
+
+    # a direction outside its band: the trainer steered its rounding
+    what = "log rejected" if isinstance(exc, LogTamperingError) else "log does not decode or fit"
+    log.info("step %d: %s (%s); ruling against the trainer", step, what, exc)
+    return rejected_log_hash(step, str(exc)), f"{what}: {exc}"
 
 
 def staleness_of(dest: Path) -> int:
@@ -145,6 +176,7 @@ __all__ = [
     "find_witness",
     "rejected_log_hash",
     "repeated_micro",
+    "rerun_step",
     "rerun_update",
     "staleness_of",
     "versions_named",

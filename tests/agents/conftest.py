@@ -72,6 +72,22 @@ class TamperInit(Deviation):
             next(iter(state.model.parameters())).data.zero_()
 
 
+class ShortChunk(Deviation):
+    """Computes every step honestly but publishes step ``step``'s sparse log chunk without its last
+    record: a chunk that decodes and does not fit the step's computation, with the true state."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def tamper_log(self, step: int, step_log: Any) -> Any:
+        from game.training.log.sparse import SparseStepLog
+
+        if step == self.step:
+            assert isinstance(step_log, SparseStepLog) and len(step_log) > 0
+            step_log.pop()
+        return step_log
+
+
 @pytest.fixture
 def tiny_cfg() -> TaskConfig:
     return small_config()

@@ -113,6 +113,29 @@ def test_deviations_whose_chunk_does_not_fit_are_pinned(
     assert agents.auditor.leaves[:step] == [tree.leaf(i) for i in range(step)]
 
 
+def test_trueStateWithAChunkThatDoesNotFit_isPinnedThere_andTheHonestAuditorWins(
+    roles: dict[str, Any], post_task: Any, make_agents: Any
+) -> None:
+    """The trainer computes every step honestly and publishes step 4's chunk short of its last
+    record. The auditor (the noisy profile) runs step 4 without the log and lands elsewhere; the
+    judge (splitk-16), run without the log, lands on the trainer's leaf, as the trainer's own
+    profile does. The judge used to rule on that run, so the honest auditor lost its bond over a
+    log that does not fit; now it rules against such a chunk on every profile."""
+    from tests.agents.conftest import ShortChunk
+
+    cfg = small_config()
+    step = 4
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=ShortChunk(step))
+    actions = run_game(agents, roles["client"], task_id)
+    (g,) = games(roles["client"], task_id)
+    assert g.pinned_step == step and g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+    (ruled,) = [a for a in actions if a.what == "rule"]
+    assert "log does not decode or fit" in ruled.detail
+    tree = agents.trainer.tree()
+    assert agents.auditor.leaves[:step] == [tree.leaf(i) for i in range(step)]
+
+
 def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
     roles: dict[str, Any], post_task: Any, make_agents: Any, store: Any, data_key: bytes, tmp_path: Any
 ) -> None:

@@ -320,16 +320,18 @@ def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple
     assert any("outside the window" in e for e in result.schedule_errors)
 
 
-def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_asTheJudgeRules(
+def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_andTheJudgeRulesAgainstIt(
     async_run: tuple, tmp_path: Path
 ) -> None:
     """An update whose entry keeps the rules but whose inner log does not decode (here, the inner
-    chunk of another update) is re-run without the log, as the judge re-runs it: the auditor's leaf
-    there is the judge's, not the rejected-schedule hash, which would lose it a game the judge
-    rules on a state."""
+    chunk of another update) is no broken schedule: the auditor re-runs it without the log and its
+    leaves go on (not the rejected-schedule hash from there on). The judge never rules for such a
+    log: it posts a hash no state has, not what the update computes without the log, which other
+    hardware computes otherwise."""
     import shutil
 
     from game.judgeupdate import rerun_update
+    from game.training.engine.schedaudit import rejected_schedule_leaf
 
     cfg, entries, out = async_run
     copy = tmp_path / "copy"
@@ -342,13 +344,15 @@ def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_asTheJudgeRul
     t.verify()
 
     engine = engine_for(cfg, "cpu-1t")
-    _, found = states_for(t, engine, {u - 1, *entries[u - 1].versions})
+    _, found = states_for(t, engine, {u - 2, u - 1, *entries[u - 2].versions, *entries[u - 1].versions})
     judged, why = rerun_update(engine, found[u - 1], found, t.chunk_bytes(u), u)
-    assert "replayed without it" in why
+    assert why.startswith("log does not decode or fit")
     result = audit(copy, "cpu-1t")
     assert result.rejected_log_steps == (u,) and result.schedule_errors == ()
-    assert result.leaves[u] == judged
-    assert result.leaves[:u] == tuple(t.leaves()[:u])
+    assert result.match and result.leaves[u] == t.leaf(u) != judged
+    assert rejected_schedule_leaf(u) not in result.leaves
+    honest, _ = rerun_update(engine, found[u - 2], found, t.chunk_bytes(u - 1), u - 1)
+    assert honest == t.leaf(u - 1)
 
 
 def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(

@@ -1,7 +1,7 @@
 """A trainer's true states committed with log chunks that do not fit them: the auditor runs those
-steps without the log (as the judge does, ``game.judge``), and every rebuild of a state through
-them (an auditor's after a rejected chunk, its evidence for the judge, the judge's own) runs them
-the same way, so a later step's cheat is still found.
+steps without the log, and every rebuild of a state through them (an auditor's after a rejected
+chunk, its evidence for the judge, the judge's own) runs them the same way, so a later step's cheat
+is still found. The judge never rules for such a chunk (``game.judgeupdate.rerun_step``).
 
 Two kinds of chunk: one that does not decode (another step's chunk: nothing of the step ran) and
 one that decodes but does not fit (its last record taken away: the step raises part way, its
@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from game.judgeupdate import rerun_step
 from game.merkle import merkle_root
 from game.strategies.trainers import Poison
 from game.training.engine.audit import audit
-from game.training.engine.replay import replayed, state_after
+from game.training.engine.replay import replay_step, replayed, state_after
 from game.training.engine.states import decode_state
 from game.training.engine.step import engine_for
 from game.training.engine.train import train
 from game.training.log.chunks import chunk_hash
 from game.training.log.sparse import SparseStepLog
+from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
@@ -119,3 +121,26 @@ def test_audit_afterARejectedChunk_goesOnFromItsOwnKeptState(
     result = audit(unfit, "cpu-1t")
     assert result.rejected_log_steps == (NOT_DECODING, NOT_FITTING)
     assert result.first_divergent_step == CHEAT
+
+
+@pytest.mark.parametrize("step", [NOT_DECODING, NOT_FITTING])
+def test_judge_rulesAgainstAChunkThatDoesNotDecodeOrFit_onEveryProfile(unfit: Path, step: int) -> None:
+    """Run without the log, such a step reaches the trainer's leaf on the trainer's own profile and
+    another leaf on the noisy one (values near a midpoint round otherwise there). The judge used to
+    rule on that run: a judge on the trainer's hardware found for the trainer against an honest
+    auditor on the noisy profile, whose leaf differed. Now the ruling is the same hash on every
+    profile, and no state's; an honest chunk before it still gives the trainer's leaf."""
+    t = Transcript(unfit)
+    pre = encode_state(state_after(t, engine_for(t.config, "cpu-1t"), step - 1))
+    without = {p: replay_step(engine_for(t.config, p), pre, step, None).leaf for p in ("cpu-1t", "noisy")}
+    assert without["cpu-1t"] == t.leaf(step) != without["noisy"]  # what the old ruling hung on
+
+    rulings = {p: rerun_step(engine_for(t.config, p), pre, t.chunk_bytes(step), step) for p in without}
+    assert len(set(rulings.values())) == 1
+    (leaf, note), *_ = rulings.values()
+    assert leaf not in (t.leaf(step), *without.values())
+    assert note.startswith("log does not decode or fit")
+
+    before = encode_state(state_after(t, engine_for(t.config, "cpu-1t"), 0))
+    for p in without:
+        assert rerun_step(engine_for(t.config, p), before, t.chunk_bytes(1), 1) == (t.leaf(1), "")
