@@ -15,9 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from game.judgeupdate import judged_step
 from game.training.engine.audit import AuditResult
 from game.training.engine.audit import audit as _audit
-from game.training.engine.replay import ReplayResult, replay_transcript_step
+from game.training.engine.replay import ReplayResult
 from game.training.engine.train import TrainResult
 from game.training.engine.train import train as _train
 from game.training.task.config import TaskConfig, load_config
@@ -66,8 +67,10 @@ def audit(transcript: str | Path, profile: str, *, use_log: bool = True) -> Audi
 
 
 def replay_step(transcript: str | Path, step: int, profile: str) -> ReplayResult:
-    """Re-run one step of a transcript as the judge does, from the state before it and its log."""
-    return replay_transcript_step(transcript, step, profile)
+    """Re-run one step of a transcript as the judge does, from the state before it and its log:
+    ``.state_hash`` is what the judge would post (for a chunk it rules against, the rejected-log
+    hash, with ``.rejected`` saying why)."""
+    return judged_step(transcript, step, profile)
 
 
 __all__ = [

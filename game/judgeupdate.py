@@ -1,5 +1,6 @@
 """The judge's re-run of a pinned step (:func:`rerun_step`) or of an asynchronous task's update
-(:func:`rerun_update`), and the states and chunks an update's ruling needs.
+(:func:`rerun_update`), the same re-run of a transcript's step for anyone (:func:`judged_step`,
+``vgame replay-step``), and the states and chunks an update's ruling needs.
 
 One rule for every chunk: the judge never rules for a log chunk that does not decode, does not fit
 the step's computation, or breaks the bands. It posts :func:`rejected_log_hash`, which no state
@@ -34,8 +35,10 @@ from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 
 if TYPE_CHECKING:
+    from game.training.engine.replay import ReplayResult
     from game.training.engine.step import StepEngine
     from game.training.log.schedule import MicroBatchId, ScheduleEntry
+    from game.training.state.tensors import TrainState
     from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,33 @@ def rejected_log_hash(step: int, reason: str) -> bytes:
     return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
 
 
-def rerun_step(engine: StepEngine, pre_state: bytes, chunk: bytes, step: int) -> tuple[bytes, str]:
+def judged_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
+    """What a judge on ``profile`` posts for step ``step`` of a transcript (``vgame replay-step``):
+    the step re-run from the states before it, rebuilt through the transcript, by the ruling's own
+    rules (:func:`rerun_step`, :func:`rerun_update`), so a chunk the judge rules against gives the
+    rejected-log hash and says why instead of raising."""
+    from game.training.engine.replay import ReplayResult, check_replayable, state_after
+    from game.training.engine.scheduled import states_for
+    from game.training.engine.step import engine_for
+    from game.training.transcript.reader import Transcript
+
+    t = Transcript(transcript_dir)
+    check_replayable(t, step)
+    engine = engine_for(t.config, profile)
+    chunk = t.chunk_bytes(step)
+    if t.config.scheduled:
+        _, found = states_for(t, engine, {step - 1, *versions_named(t.config, chunk, step)})
+        witness = find_witness(t, chunk, step)
+        earlier = dict([witness]) if witness is not None else {}
+        leaf, note = rerun_update(engine, found[step - 1], found, chunk, step, earlier)
+    else:
+        leaf, note = rerun_step(engine, state_after(t, engine, step - 1), chunk, step)
+    return ReplayResult(step=step, state_hash=leaf, matches_transcript=leaf == t.leaf(step), rejected=note)
+
+
+def rerun_step(
+    engine: StepEngine, pre_state: TrainState | bytes, chunk: bytes, step: int
+) -> tuple[bytes, str]:
     """A synchronous task's step ``step``, re-run from its pre-state with its log chunk: the leaf of
     the state it reaches, or the rejected-log hash for a chunk that breaks the bands, does not
     decode or does not fit; with a note saying which."""
@@ -174,6 +203,7 @@ def find_witness(t: Transcript, chunk: bytes, step: int) -> tuple[int, bytes] | 
 
 __all__ = [
     "find_witness",
+    "judged_step",
     "rejected_log_hash",
     "repeated_micro",
     "rerun_step",

@@ -379,17 +379,22 @@ def replay_step_cmd(
     profile: Annotated[str, typer.Option("--profile", help="Hardware profile to re-run it on.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Re-run one step with its log chunk (the judge's primitive) and compare with the trainer's leaf."""
-    check_profile(profile)
-    from game.training.engine.replay import replay_transcript_step
+    """Re-run one step with its log chunk as the judge does, and compare with the trainer's leaf.
 
-    result = replay_transcript_step(transcript, step, profile)
+    A chunk the judge rules against (it breaks the bands, does not decode or does not fit) gives
+    the hash the judge posts for it, and the reason."""
+    check_profile(profile)
+    from game.judgeupdate import judged_step
+
+    result = judged_step(transcript, step, profile)
     doc = result.to_dict()
     if as_json:
         emit_json(doc)
         return
     verdict = "[bold green]matches[/]" if result.matches_transcript else "[bold red]differs from[/]"
     console.print(f"step {result.step}: state hash {doc['state_hash']}", soft_wrap=True)
+    if result.rejected:
+        console.print(f"  the judge rules against the trainer's chunk: {result.rejected}", soft_wrap=True)
     console.print(f"  {verdict} the transcript's leaf {result.step}")
 
 

@@ -83,6 +83,7 @@ def test_replay_step_json(trained: Path) -> None:
         "step": 4,
         "state_hash": json.loads(r.stdout)["state_hash"],
         "matches_transcript": True,
+        "rejected": "",
     }
 
 
@@ -305,7 +306,7 @@ def test_interrupted_commandWithNothingKept_saysInterrupted() -> None:
     """A Ctrl-C in any other command is one word, not silence (typer exits 130 before main sees it)."""
     args = ["replay-step", "--transcript", "t", "--step", "2", "--profile", "cpu-1t"]
     r = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED, "game.training.engine.replay:replay_transcript_step", *args],
+        [sys.executable, "-c", _INTERRUPTED, "game.judgeupdate:judged_step", *args],
         capture_output=True,
         text=True,
     )

@@ -144,3 +144,29 @@ def test_judge_rulesAgainstAChunkThatDoesNotDecodeOrFit_onEveryProfile(unfit: Pa
     before = encode_state(state_after(t, engine_for(t.config, "cpu-1t"), 0))
     for p in without:
         assert rerun_step(engine_for(t.config, p), before, t.chunk_bytes(1), 1) == (t.leaf(1), "")
+
+
+def test_replayStep_givesWhatTheJudgePosts_forAChunkItRulesAgainst_andSaysWhy(unfit: Path) -> None:
+    """``vgame replay-step`` is the judge's primitive: on a chunk that does not fit it used to raise
+    (``error:``), where the judge posts the rejected-log hash; now it gives that hash and the reason,
+    and a step with an honest chunk still its leaf."""
+    import subprocess
+    import sys
+
+    from game.api import replay_step
+
+    t = Transcript(unfit)
+    pre = state_after(t, engine_for(t.config, "splitk-16"), NOT_FITTING - 1)
+    judged = rerun_step(engine_for(t.config, "splitk-16"), pre, t.chunk_bytes(NOT_FITTING), NOT_FITTING)
+    result = replay_step(unfit, NOT_FITTING, "splitk-16")
+    assert (result.state_hash, result.rejected) == judged and not result.matches_transcript
+    honest = replay_step(unfit, 1, "splitk-16")
+    assert honest.matches_transcript and honest.rejected == ""
+
+    args = ["replay-step", "--transcript", str(unfit), "--step", str(NOT_FITTING), "--profile", "splitk-16"]
+    r = subprocess.run([sys.executable, "-m", "game.cli", *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert f"state hash {judged[0].hex()}" in said
+    assert "the judge rules against the trainer's chunk: log does not decode or fit" in said
+    assert f"differs from the transcript's leaf {NOT_FITTING}" in said

@@ -5,7 +5,7 @@ canonical bytes are a checkpoint or evidence left under their hash) and its roun
 leaf of the log tree). :func:`replay_step` runs the step from those; every re-run of a committed
 step goes through it: the judge's ruling (``game.judge``), a trainer resuming from its last
 checkpoint (:func:`replay_forward`), an auditor rebuilding the trainer's state (:func:`state_after`),
-and ``vgame replay-step`` (:func:`replay_transcript_step`).
+and ``vgame replay-step`` (``game.judgeupdate.judged_step``, on :func:`state_after`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,16 @@ class ReplayResult:
     step: int
     state_hash: bytes
     matches_transcript: bool
+    #: why the judge rules against the step's chunk, where it does (``state_hash`` is then the
+    #: rejected-log hash: ``game.judgeupdate.judged_step``); empty where the step ran with its log
+    rejected: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "state_hash": self.state_hash.hex(),
             "matches_transcript": self.matches_transcript,
+            "rejected": self.rejected,
         }
 
 
@@ -142,14 +146,20 @@ def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: b
 
 
 @trimmed()
+def check_replayable(t: Transcript, step: int) -> None:
+    """Refuse a step that transcript ``t`` cannot re-run alone: step 0 (no step made it), or one
+    past its last leaf."""
+    available = min(t.steps, len(t.leaves()) - 1)
+    if not 1 <= step <= available:
+        raise TranscriptError(f"step {step} is out of range: replay-step takes a step in 1..{available}")
+
+
 def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
-    """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``."""
+    """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``.
+    A chunk that does not decode or fit raises, as the step does: what the judge posts for it is
+    ``game.judgeupdate.judged_step``'s."""
     t = Transcript(transcript_dir)
-    available = len(t.leaves()) - 1
-    if not 1 <= step <= min(t.steps, available):
-        raise TranscriptError(
-            f"step {step} is out of range: replay-step takes a step in 1..{min(t.steps, available)}"
-        )
+    check_replayable(t, step)
     engine = engine_for(t.config, profile)
     if t.config.scheduled:
         entry = t.schedule()[step - 1]
@@ -164,6 +174,7 @@ def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) 
 
 __all__ = [
     "ReplayResult",
+    "check_replayable",
     "replay_forward",
     "replay_step",
     "replay_transcript_step",
