@@ -332,6 +332,8 @@ def _parse_payload(payload: bytes, n_records: int) -> RecordRows:
     """The payload's records as columns (no object per record: the auditor's C++ front reads them so)."""
     buf = np.frombuffer(payload, dtype=np.uint8)
     names, pos = decode_names(buf, 0, n_records)
+    if 4 * n_records > buf.size - pos:  # before any array of that size: a header's count is anyone's
+        raise Malformed(f"{n_records} records in the {buf.size - pos} bytes after the name table")
     fast = bindings.sparse_rows(buf, pos, n_records, len(names))  # one C call for what follows
     if fast is not None:
         return RecordRows(fast[0], fast[1], names)
