@@ -155,19 +155,22 @@ class AuditorAgent(TaskAgent):
         """The auditor's own leaves (empty before the replay)."""
         return [bytes.fromhex(h) for h in self.state.get("leaves", [])]
 
-    def _answers(self) -> list[bytes]:
-        """The leaves the auditor answers a bisection by: its own, except that for an asynchronous
-        task every leaf from its first divergent one on is one no state has, so the game pins that
-        update. Why: an update there computes on older states (its schedule names them), which the
-        judge takes from the trainer's tree; at the first divergent update all of them are honest,
-        where at a later pair whose pre-state agrees again some need not be."""
-        leaves = self.leaves
+    def _first_divergent(self) -> int | None:
+        """The auditor's first divergent step: from it on it disagrees with every leaf the trainer
+        reveals, so a game pins that step (:func:`~game.protocol.solver.decide_response`)."""
         first = self.state.get("first_divergent_step")
-        if not self.state.get("scheduled") or first is None:
-            return leaves
+        return None if first is None else int(first)
+
+    def _final_is_state(self) -> bool:
+        """Whether the auditor's own final leaf is a state's: not where an asynchronous task's
+        schedule broke, and every leaf from there on is the rejected-schedule mark, which a trainer
+        can commit as well (:func:`~game.protocol.solver.decide_challenge`)."""
+        leaves = self.leaves
+        if not self.state.get("scheduled") or not leaves:
+            return True
         from game.training.engine.schedaudit import rejected_schedule_leaf
 
-        return leaves[:first] + [rejected_schedule_leaf(i) for i in range(first, len(leaves))]
+        return leaves[-1] != rejected_schedule_leaf(len(leaves) - 1)
 
     # ------------------------------------------------------------------------------- step
     def step(self) -> list[AgentAction]:
@@ -252,8 +255,13 @@ class AuditorAgent(TaskAgent):
     def _wants_challenge(self, task: Task) -> bool:
         if self.verdict not in ("match", "mismatch"):
             return False  # nothing replayed: nothing to bisect (an availability challenge instead)
-        leaves = self.leaves
-        decision = decide_challenge(task.first_leaf, task.last_leaf, task.num_leaves, leaves)
+        decision = decide_challenge(
+            task.first_leaf,
+            task.last_leaf,
+            task.num_leaves,
+            self.leaves,
+            final_is_state=self._final_is_state(),
+        )
         return self.strategy.challenges(decision.challenge)
 
     def _dispute_init(self, task: Task) -> bool:
@@ -304,7 +312,9 @@ class AuditorAgent(TaskAgent):
         g = self.client.game(gid)
         if g.phase == Phase.ENDED:
             return
-        move = auditor_move(g, self.client.chain.now(), self.client.deadline(gid), self._answers())
+        move = auditor_move(
+            g, self.client.chain.now(), self.client.deadline(gid), self.leaves, self._first_divergent()
+        )
         silent = self.strategy.silent_once_challenged
         if g.phase == Phase.PINNED and not silent:
             self._leave_evidence(gid, g, out)

@@ -123,20 +123,28 @@ class Withdraw:
 
 # ------------------------------------------------------------------------------ the auditor
 def decide_challenge(
-    first_leaf: bytes, last_leaf: bytes, num_leaves: int, own_leaves: Sequence[bytes]
+    first_leaf: bytes,
+    last_leaf: bytes,
+    num_leaves: int,
+    own_leaves: Sequence[bytes],
+    *,
+    final_is_state: bool = True,
 ) -> Challenge:
     """An honest auditor's opening move from the committed endpoints and its own replay.
 
     It challenges only when the committed final state differs from its own (a trainer whose final
     state is right but whose path is not cannot be pinned by bisection and has harmed no one), or
-    when the initial state differs (then the dispute is the initialisation itself).
+    when the initial state differs (then the dispute is the initialisation itself). Where its own
+    final leaf is no state (``final_is_state`` False: its replay could not go on, an asynchronous
+    task's broken schedule), a trainer's equal to it says nothing but that the trainer knows how
+    the auditor marks such leaves: it challenges.
     """
     if len(own_leaves) != num_leaves:
         raise ProtocolError(f"own replay has {len(own_leaves)} leaves, the commitment has {num_leaves}")
     single = num_leaves == 1
     if own_leaves[0] != first_leaf:
         return Challenge(True, True, 0)
-    if own_leaves[-1] == last_leaf:
+    if own_leaves[-1] == last_leaf and final_is_state:
         return Challenge(False, single, None)
     return Challenge(True, single, None)
 
@@ -180,22 +188,31 @@ def challenge_in_time(task: Task, now: int) -> bool:
     return task.status == TaskStatus.COMMITTED and clock.challenge_in_time(now, task.window_ends)
 
 
-def decide_response(game: Game, own_leaves: Sequence[bytes]) -> bool:
-    """An honest auditor agrees with the revealed leaf exactly when it equals its own."""
+def decide_response(game: Game, own_leaves: Sequence[bytes], first_divergent: int | None = None) -> bool:
+    """An honest auditor agrees with the revealed leaf exactly when it equals its own and comes
+    before its first divergent one (``first_divergent``), so the game pins exactly that step.
+
+    Why not later ones: after its first divergent step an auditor runs without the trainer's log,
+    and its states can meet the trainer's again (a trainer that lies about one leaf and goes on
+    computing honestly), until a value the log rounds one way rounds the other way. Agreeing where
+    they met would move the game past the step it wins and pin that later one, whose log is valid:
+    the judge would find for the trainer."""
     if game.phase != Phase.AWAITING_RESPONSE:
         raise ProtocolError(f"the auditor has no move in phase {game.phase.name}")
+    if first_divergent is not None and game.mid >= first_divergent:
+        return False
     return own_leaves[game.mid] == game.mid_leaf
 
 
 def auditor_move(
-    game: Game, now: int, deadline: int, own_leaves: Sequence[bytes]
+    game: Game, now: int, deadline: int, own_leaves: Sequence[bytes], first_divergent: int | None = None
 ) -> Respond | ClaimTimeout | None:
-    """An honest auditor's move in a game: its answer while its clock runs, a timeout once the
-    trainer's clock (or the judge's window) ran out, else nothing."""
+    """An honest auditor's move in a game: its answer while its clock runs (:func:`decide_response`),
+    a timeout once the trainer's clock (or the judge's window) ran out, else nothing."""
     if game.phase == Phase.AWAITING_RESPONSE:
         if not clock.move_in_time(now, deadline):
             return None  # our clock ran out: the trainer will time us out
-        return Respond(game.mid, decide_response(game, own_leaves))
+        return Respond(game.mid, decide_response(game, own_leaves, first_divergent))
     if game.phase in (Phase.AWAITING_REVEAL, Phase.AWAITING_DATA) and clock.clock_ran_out(now, deadline):
         return ClaimTimeout("trainer")
     if game.phase == Phase.PINNED and clock.clock_ran_out(now, deadline):

@@ -136,6 +136,45 @@ def test_trueStateWithAChunkThatDoesNotFit_isPinnedThere_andTheHonestAuditorWins
     assert agents.auditor.leaves[:step] == [tree.leaf(i) for i in range(step)]
 
 
+def test_trainerLyingAboutOneLeaf_isPinnedThere_thoughTheAuditorsLeavesMeetItsAgain(
+    roles: dict[str, Any], post_task: Any, make_agents: Any
+) -> None:
+    """The trainer commits a false leaf 1 and computes every step from its true state, step 6 on
+    hardware that rounds otherwise (the noisy profile; its log is valid). The auditor (cpu-2t)
+    diverges first at step 1 and runs on without the trainer's log: its leaves meet the trainer's
+    again at 2..5 and part at 6. It used to agree where they met, so the game pinned step 6 and the
+    judge, re-running it with its valid log, found for the trainer. It disagrees from step 1 on."""
+    from game.merkle import merkle_root
+    from game.training.engine.step import engine_for
+    from game.training.engine.train import Deviation, train
+    from game.training.transcript.reader import Transcript
+
+    cfg = small_config()
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    agents.auditor.profile = "cpu-2t"
+
+    class OtherHardwareAt6(Deviation):
+        def engine(self, step: int, honest: Any) -> Any:
+            return engine_for(cfg, "noisy") if step == 6 else honest
+
+    out = agents.trainer.transcript_dir
+    train(cfg, "cpu-1t", out, deviation=OtherHardwareAt6())
+    t = Transcript(out)
+    leaves = t.leaves()
+    leaves[1] = bytes(31) + b"\x01"
+    (out / "leaves.bin").write_bytes(b"".join(leaves))
+    manifest = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(manifest.replace(t.manifest.state_root, merkle_root(leaves).hex()))
+    Transcript(out).verify()
+
+    run_game(agents, roles["client"], task_id)
+    own = agents.auditor.leaves
+    assert [own[i] == leaves[i] for i in range(len(leaves))] == [i not in (1, 6, 7, 8) for i in range(9)]
+    (g,) = games(roles["client"], task_id)
+    assert g.pinned_step == 1 and g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+
+
 def test_transcriptNotInTheStoreYet_isWaitedFor_notAFailure(
     roles: dict[str, Any], post_task: Any, make_agents: Any, store: Any, data_key: bytes, tmp_path: Any
 ) -> None:

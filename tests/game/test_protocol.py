@@ -126,6 +126,39 @@ def test_honest_auditor_pins_exactly_the_first_deviating_step(n: int, data: st.D
 
 
 @settings(max_examples=200, deadline=None)
+@given(n=st.integers(4, 600), data=st.data())
+def test_honestAuditor_pinsItsFirstDivergentStep_thoughItsLeavesMeetTheTrainersAgainLater(
+    n: int, data: st.DataObject
+) -> None:
+    """A trainer lies about leaf ``s`` alone and goes on computing from its true state. After ``s``
+    the auditor runs without the trainer's log, so its leaves meet the trainer's again until step
+    ``k``, where a value the log rounds one way rounds the other. An auditor that agreed where they
+    met could see the game pin ``k``, whose log is valid: the judge would find for the trainer. It
+    disagrees from ``s`` on, so the game pins ``s``."""
+    s = data.draw(st.integers(1, n - 3))
+    k = data.draw(st.integers(s + 2, n - 1))
+    honest = run(n, None)
+    trainer = [*honest[:s], hashlib.sha256(b"a lie").digest(), *honest[s + 1 :]]
+    auditor = honest[:k] + [hashlib.sha256(b"own rounding" + bytes([i % 256])).digest() for i in range(k, n)]
+    assert decide_challenge(trainer[0], trainer[-1], n, auditor).challenge
+    g, rounds = play(trainer, lambda g: decide_response(g, auditor, first_divergent=s))
+    assert (g.lo, g.hi) == (s - 1, s) and rounds <= moves_needed(n)
+    assert not judge_says_trainer_right(g)
+    met = [i for i in range(s + 1, k) if trainer[i] == auditor[i]]
+    assert met == list(range(s + 1, k))  # where the old answer agreed
+
+
+def test_decideChallenge_whereOwnFinalLeafIsNoState_challengesATrainerThatCommittedTheSameMark() -> None:
+    """An asynchronous task's broken schedule: the auditor's leaves from it on are a public mark, which
+    a trainer can commit too. Equal final leaves then say nothing: it challenges."""
+    leaves = run(9, None)
+    mark = hashlib.sha256(b"mark").digest()
+    own = [*leaves[:5], *[mark] * 4]
+    assert not decide_challenge(own[0], own[-1], 9, own).challenge
+    assert decide_challenge(own[0], own[-1], 9, own, final_is_state=False).challenge
+
+
+@settings(max_examples=200, deadline=None)
 @given(n=st.integers(2, 600), seed=st.integers(0, 2**32))
 def test_honest_trainer_wins_whatever_path_a_lying_auditor_takes(n: int, seed: int) -> None:
     trainer = run(n, deviate_at=None)
@@ -171,6 +204,8 @@ def test_auditorMove_answersWithItsOwnLeaf_andTimesOutASilentTrainerOrJudge() ->
     assert auditor_move(g, now=99, deadline=100, own_leaves=ours) == Respond(4, True)
     bad = replace(g, lo=4, mid_leaf=theirs[6])
     assert auditor_move(bad, now=99, deadline=100, own_leaves=ours) == Respond(6, False)
+    assert auditor_move(g, now=99, deadline=100, own_leaves=ours, first_divergent=4) == Respond(4, False)
+    assert auditor_move(g, now=99, deadline=100, own_leaves=ours, first_divergent=5) == Respond(4, True)
     assert auditor_move(g, now=100, deadline=100, own_leaves=ours) is None
     reveal = replace(g, phase=Phase.AWAITING_REVEAL)
     assert auditor_move(reveal, now=99, deadline=100, own_leaves=ours) is None

@@ -320,6 +320,37 @@ def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple
     assert any("outside the window" in e for e in result.schedule_errors)
 
 
+def test_asyncTranscript_withAnEntryOutOfTheRules_andTheAuditorsMarksCommitted_isNoMatch(
+    async_run: tuple, tmp_path: Path
+) -> None:
+    """From a broken schedule on, the auditor's leaves are a public mark (``rejected_schedule_leaf``).
+    A trainer that commits those marks as its leaves had its root equal the auditor's: "match", no
+    challenge, and the trainer paid for a final leaf no model hashes to."""
+    import shutil
+
+    from game.merkle import merkle_root
+    from game.training.engine.schedaudit import rejected_schedule_leaf
+
+    _, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    u = 8
+    bad = dataclasses.replace(
+        entries[u - 1], applied=tuple(Applied(a.micro, 0) for a in entries[u - 1].applied)
+    )
+    _rewrite(copy, u, bad)
+    t = Transcript(copy)
+    leaves = [*t.leaves()[:u], *(rejected_schedule_leaf(v) for v in range(u, t.steps + 1))]
+    (copy / "leaves.bin").write_bytes(b"".join(leaves))
+    manifest = (copy / "manifest.json").read_text()
+    (copy / "manifest.json").write_text(manifest.replace(t.manifest.state_root, merkle_root(leaves).hex()))
+    Transcript(copy).verify()
+
+    result = audit(copy, "cpu-2t")
+    assert result.auditor_state_root == result.trainer_state_root  # the marks, committed
+    assert not result.match and result.first_divergent_step == u and result.schedule_errors
+
+
 def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_andTheJudgeRulesAgainstIt(
     async_run: tuple, tmp_path: Path
 ) -> None:

@@ -43,10 +43,12 @@ class AuditResult:
         resumed_from: int | None,
         schedule_errors: tuple[str, ...] = (),
     ) -> AuditResult:
-        """The result of a replay that computed ``leaves``: their root against the trainer's."""
+        """The result of a replay that computed ``leaves``: their root against the trainer's. A
+        broken schedule is never a match: the auditor's leaves from it on mark no state, and a
+        trainer can commit the same marks."""
         root = merkle_root(leaves)
         return cls(
-            match=root == trainer_root,
+            match=root == trainer_root and not schedule_errors,
             trainer_state_root=trainer_root,
             auditor_state_root=root,
             first_divergent_step=first_divergent_step,
