@@ -15,10 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from auditor_node.availability import TranscriptUnusable
 from game import clock
@@ -30,9 +27,6 @@ from game.store.archive import fetch_directory
 from game.store.blobs import BlobNotFound
 from game.store.sealing import StoreError
 from game.training.transcript.reader import Transcript
-
-if TYPE_CHECKING:
-    from game.training.state.tensors import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +157,10 @@ class TranscriptReplay:
         from game.training.engine.step import StepEngine
         from game.training.task.profiles import get_profile
 
-        try:
-            wanted = {lo, *t.schedule()[hi - 1].versions}
-        except RoundingLogError:  # a schedule that does not parse: the judge needs the pre-state only
+        try:  # the pinned update's entry alone: another update's, broken, is no matter here
+            entry = t.update_entry(hi)
+            wanted = {lo, *(entry.versions if entry is not None else ())}
+        except RoundingLogError:  # its schedule does not parse: the judge needs the pre-state only
             wanted = {lo}
         engine = StepEngine(t.config, get_profile(self.agent.profile))
         return states_for(t, engine, wanted, check_leaves=False)[1]
@@ -173,20 +168,13 @@ class TranscriptReplay:
     def state_after(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log (a
         step whose chunk does not decode or fit without it, as the audit ran it)."""
-        from game.training.engine.replay import replayed
-        from game.training.engine.states import decode_state
+        from game.training.engine.replay import own_start, replayed
         from game.training.engine.step import StepEngine
         from game.training.state.canonical import encode_state
         from game.training.task.profiles import get_profile
 
         engine = StepEngine(t.config, get_profile(self.agent.profile))
-        start: Callable[[], TrainState]
-        try:
-            data = t.load_checkpoint(t.nearest_checkpoint(step))
-            start = partial(decode_state, data, t.config)
-        except TranscriptError:
-            start = engine.init_state
-        return encode_state(replayed(t, engine, start, step, check_leaves=False))
+        return encode_state(replayed(t, engine, own_start(t, engine, step), step, check_leaves=False))
 
 
 class _Pace:

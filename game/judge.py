@@ -334,8 +334,13 @@ class Judge:
         named = [v for v in versions_named(t.config, chunk, step) if v != g.lo]
         if named:
             tree = MerkleTree(t.leaves())
+            left_states = {v: self._left_state(t.leaf(v)) for v in named}
+            if left is not None and None in left_states.values():
+                # the pre-state was left and the files to rebuild from not fetched: fetch them now
+                # (anyone may leave states, a liar the pre-state alone)
+                t = self._transcript(g.task_id, task, step, rebuild=True)
             for v in named:
-                data = self._left_state(t.leaf(v)) or self._rebuild(t, v, t.leaf(v))
+                data = left_states[v] or self._rebuild(t, v, t.leaf(v))
                 versions[v] = (data, tree.proof(v))
         earlier: dict[int, tuple[bytes, InclusionProof]] = {}
         if t.config.scheduled and step > 1:  # a micro-batch applied again: the chunk that applied it

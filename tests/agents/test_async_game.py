@@ -143,3 +143,71 @@ def test_asyncGame_overAMicroBatchAppliedTwice_pinsTheRepeat_andTheAuditorWins(
         assert client.get_events("Ruled", 0, game_id=gid) == [], name
     run_game(agents, client, task_id)
     assert client.game(gid).outcome == Outcome.AUDITOR_WON and client.game(gid).reason == EndReason.RULING
+
+
+def test_asyncGame_withALaterUpdatesScheduleThatDoesNotParse_stillGivesTheJudgeTheNamedStates(
+    async_game: tuple[Any, int, int, list], roles: dict[str, Any]
+) -> None:
+    """The auditor found the states the pinned update names by parsing every update's entry: one
+    that does not parse, anywhere (here the last update's chunk is another update's), left it the
+    pre-state alone. The judge, given the pre-state, fetched no checkpoint to rebuild the others
+    from, never ruled, and the game went void: the poisoning trainer was paid."""
+    from tests.training.test_unfit_chunks import replace_chunks
+
+    agents, task_id, first, _ = async_game
+    out = agents.trainer.transcript_dir
+    cfg = Transcript(out).config
+    replace_chunks(out, {cfg.steps: Transcript(out).chunk_bytes(cfg.steps - 1)})
+    _pinned(agents, roles["client"], task_id)
+    agents.auditor.step()  # leaves its evidence before the judge first looks
+    run_game(agents, roles["client"], task_id)
+    (g,) = games(roles["client"], task_id)
+    assert g.pinned_step == first and g.outcome == Outcome.AUDITOR_WON and g.reason == EndReason.RULING
+
+
+@dataclasses.dataclass(frozen=True)
+class _AgreeAll:
+    """A lying auditor that challenges and agrees with every leaf: the game pins the last update."""
+
+    name: str = "agree-all"
+    silent_once_challenged: bool = False
+
+    def challenges(self, honest: bool) -> bool:
+        return True
+
+    def answer(self, game: Any, game_id: int, honest: bool) -> bool:
+        return True
+
+
+def test_asyncGame_whereALiarLeavesThePreStateAlone_theJudgeRebuildsTheRest_andTheTrainerWins(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, evidence_dir: Any
+) -> None:
+    """Anyone may leave states for the judge. Given the pre-state alone, the judge fetched no
+    checkpoint, could not rebuild the older state the update names, and never ruled: the liar had
+    its bond back (invariant 3: the honest trainer wins). It now fetches what it rebuilds from."""
+    from game.agents import pre_state_path
+
+    cfg = small_config(accumulate=2, max_staleness=2)
+    for seed in range(200):
+        entries, _, _ = simulated_schedule(cfg.steps, 2, 2, workers=3, seed=seed)
+        if entries[-1].versions[0] < cfg.steps - 1:
+            break
+    else:
+        raise AssertionError("no seed gives a last update that computes on an older state")
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    agents.auditor.strategy = _AgreeAll()
+    train_scheduled(cfg, TRAINER_PROFILE, agents.trainer.transcript_dir, entries)
+    client = roles["client"]
+    _pinned(agents, client, task_id)
+    agents.auditor.step()  # leaves its evidence
+    (g,) = games(client, task_id)
+    assert g.pinned_step == cfg.steps
+    keep = pre_state_path(evidence_dir, g.lo_leaf)
+    for path in evidence_dir.iterdir():
+        if path != keep:
+            path.unlink()
+    assert [p.name for p in evidence_dir.iterdir()] == [keep.name]
+    run_game(agents, client, task_id)
+    (g,) = games(client, task_id)
+    assert g.outcome == Outcome.TRAINER_WON and g.reason == EndReason.RULING

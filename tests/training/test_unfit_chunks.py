@@ -117,7 +117,7 @@ def test_audit_afterARejectedChunk_goesOnFromItsOwnKeptState(
     def no_rebuild(*_: object, **__: object) -> None:
         raise AssertionError("rebuilt from the checkpoint")
 
-    monkeypatch.setattr(audit_module, "state_after", no_rebuild)
+    monkeypatch.setattr(audit_module, "replayed", no_rebuild)
     result = audit(unfit, "cpu-1t")
     assert result.rejected_log_steps == (NOT_DECODING, NOT_FITTING)
     assert result.first_divergent_step == CHEAT
@@ -170,3 +170,28 @@ def test_replayStep_givesWhatTheJudgePosts_forAChunkItRulesAgainst_andSaysWhy(un
     assert f"state hash {judged[0].hex()}" in said
     assert "the judge rules against the trainer's chunk: log does not decode or fit" in said
     assert f"differs from the transcript's leaf {NOT_FITTING}" in said
+
+
+@pytest.mark.parametrize("checkpoint", ["missing", "altered"])
+def test_audit_ofAChunkThatDoesNotFitAtStep1_withoutAUsableCheckpoint0_startsFromItsOwnInitialState(
+    unfit: Path, tmp_path: Path, checkpoint: str
+) -> None:
+    """Step 1's pre-state has no kept bytes, so the audit rebuilds it. It rebuilt it from the
+    trainer's checkpoint 0, which nothing made the trainer publish (or publish intact): the audit
+    raised, a node restarted raised again, and the cheat at step 5 went unchallenged. The state a
+    party whose leaves matched rebuilds from is now the latest checkpoint that loads, else its own
+    initial state."""
+    import shutil
+
+    out = tmp_path / "t"
+    shutil.copytree(unfit, out)
+    t = Transcript(out)
+    replace_chunks(out, {1: short_of_its_last_record(t.chunk_bytes(1), t.spec_hash, 1)})
+    if checkpoint == "missing":
+        t.paths.checkpoint(0).unlink()
+    else:
+        t.paths.checkpoint(0).write_bytes(b"not the state")
+    result = audit(out, "cpu-1t")
+    assert result.rejected_log_steps == (1, NOT_DECODING, NOT_FITTING)
+    assert result.first_divergent_step == CHEAT
+    assert result.leaves[:CHEAT] == tuple(Transcript(out).leaves()[:CHEAT])

@@ -18,7 +18,7 @@ from game.errors import RoundingLogError
 from game.training.engine.auditprogress import DEFAULT_EVERY_S, AuditProgress, ProgressSaver
 from game.training.engine.auditresult import AuditResult
 from game.training.engine.memory import trimmed
-from game.training.engine.replay import state_after
+from game.training.engine.replay import own_start, replayed
 from game.training.engine.schedaudit import audit_scheduled
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepResult, engine_for
@@ -138,11 +138,11 @@ def audit(
                 rejected.append(step)
                 log_errors.append(str(failed))
                 # The trainer's state up to here: the auditor's own, whose leaf matched, where its
-                # bytes were kept, else rebuilt from the trainer's checkpoint.
+                # bytes were kept, else rebuilt from a checkpoint of the trainer's (or the start).
                 if before is not None and before.keeps_bytes:
                     state = decode_state(before.state_bytes(), t.config)
                 else:
-                    state = state_after(t, engine, step - 1)
+                    state = replayed(t, engine, own_start(t, engine, step - 1), step - 1)
                 result = engine.run_step(state, step, mode="round", hash_state=False)
             assert result is not None
             corrections += result.corrections

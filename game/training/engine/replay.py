@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,22 @@ def replayed(
             without.add(exc.step)
 
 
+def own_start(t: Transcript, engine: StepEngine, step: int) -> Callable[[], TrainState]:
+    """Where a party that checked every leaf up to ``step`` against its own replay starts a rebuild
+    of the trainer's state after ``step`` (:func:`replayed`): the latest checkpoint at or before it
+    that is there and hashes to its leaf, else the task's initial state, ``engine``'s own. The
+    trainer publishes its checkpoints, so one missing or altered costs that party time, never the
+    audit."""
+    for ckpt in reversed([s for s in t.checkpoint_steps() if s <= step]):
+        try:
+            data = t.load_checkpoint(ckpt)
+        except TranscriptError as exc:
+            log.warning("%s; starting the rebuild of step %d from an earlier state", exc, step)
+            continue
+        return partial(decode_state, data, t.config)
+    return engine.init_state
+
+
 def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: bool = True) -> TrainState:
     """State after ``step``: the nearest checkpoint (verified against its leaf), replayed forward
     (:func:`replayed`; an asynchronous task's by its schedule: :func:`~.scheduled.states_for`)."""
@@ -175,6 +192,7 @@ def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) 
 __all__ = [
     "ReplayResult",
     "check_replayable",
+    "own_start",
     "replay_forward",
     "replay_step",
     "replay_transcript_step",
