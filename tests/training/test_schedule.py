@@ -427,6 +427,36 @@ def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
     assert state.step == 7 and set(found) == {5, 7}
 
 
+@pytest.mark.parametrize("checkpoint", ["missing", "altered"])
+def test_asyncAudit_ofALogThatDoesNotFitAtUpdate1_withoutAUsableCheckpoint0_goesOn(
+    async_run: tuple, tmp_path: Path, checkpoint: str
+) -> None:
+    """Update 1's pre-state has no kept bytes, so the audit rebuilds it (``states_for``), which
+    loaded the trainer's checkpoint 0: missing or altered (nothing checks the checkpoints before a
+    replay), the audit raised. The task's initial state stands in for it now, and a later
+    checkpoint that does not load is passed over for an earlier one."""
+    import shutil
+
+    cfg, entries, out = async_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    t = Transcript(copy)
+    _, inner = open_envelope(t.chunk_bytes(1), step=1, spec_hash=t.spec_hash)
+    short = SparseStepLog.decode(inner, step=1, spec_hash=t.spec_hash)
+    short.pop()
+    replace_chunks(copy, {1: entries[0].envelope(t.spec_hash, short.encode(1, t.spec_hash))})
+    later = max(t.checkpoint_steps())
+    for ckpt in (0, later):
+        if checkpoint == "missing":
+            t.paths.checkpoint(ckpt).unlink()
+        else:
+            t.paths.checkpoint(ckpt).write_bytes(b"not the state")
+    result = audit(copy, "cpu-1t")
+    assert result.rejected_log_steps == (1,) and result.match
+    state, found = states_for(Transcript(copy), engine_for(cfg, "cpu-1t"), [later])  # every leaf checked
+    assert state.step == later and set(found) == {later}
+
+
 def test_firstRepeats_namesEachUpdateThatAppliesAMicroBatchAgain_andTheFirstThatAppliedIt() -> None:
     entries, _, _ = simulated_schedule(10, 2, 2, workers=3, seed=7)
     assert first_repeats(entries) == {}

@@ -239,7 +239,9 @@ def states_for(
     Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False).
     An update whose log does not decode runs without it, as the auditor and the judge run it; one
     whose log decodes but does not fit leaves the state half-updated, so the replay starts again
-    with that update run without its log (once an update)."""
+    with that update run without its log (once an update). A checkpoint that is missing or does not
+    hash to its leaf is passed over, and the task's initial state stands in for checkpoint 0: the
+    trainer publishes its checkpoints, and ``Transcript.verify`` checks none."""
     wanted = sorted(set(wanted))
     last = wanted[-1]
     raw: dict[int, ScheduleEntry | None] = {}
@@ -252,20 +254,60 @@ def states_for(
                 raw[u] = t.update_entry(u)
         return [raw[u] or ScheduleEntry.sync(u, t.config.accumulate) for u in range(lo + 1, hi + 1)]
 
-    files = set(t.checkpoint_steps())
-    start = t.nearest_checkpoint(wanted[0])
+    def load(v: int) -> bytes:
+        try:
+            return t.load_checkpoint(v)
+        except TranscriptError as exc:
+            if v == 0:  # the task's own initial state, the same on every machine
+                log.warning("%s; starting from the task's initial state", exc)
+                return encode_state(engine.init_state())
+            raise _PassedOver(v) from exc
+
+    passed_over: set[int] = set()
     while True:
-        before = {v for e in between(start, last) for v in e.versions if v < start}
-        missing = sorted(before - files)
-        if not missing:
-            break
-        start = t.nearest_checkpoint(missing[0])
-    uses = last_uses(between(start, last))
+        files = {0, *t.checkpoint_steps()} - passed_over
+        start = max(f for f in files if f <= wanted[0])
+        while True:
+            before = {v for e in between(start, last) for v in e.versions if v < start}
+            missing = sorted(before - files)
+            if not missing:
+                break
+            start = max(f for f in files if f <= missing[0])
+        try:
+            return _replay_from(t, engine, start, before, wanted, raw, load, check_leaves)
+        except _PassedOver as exc:
+            log.warning("checkpoint %d is missing or altered; starting from an earlier one", exc.step)
+            passed_over.add(exc.step)
+
+
+class _PassedOver(TranscriptError):
+    """Checkpoint ``step`` could not be loaded: :func:`states_for` plans again without it."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+def _replay_from(
+    t: Transcript,
+    engine: StepEngine,
+    start: int,
+    before: set[int],
+    wanted: list[int],
+    raw: Mapping[int, ScheduleEntry | None],
+    load: Callable[[int], bytes],
+    check_leaves: bool,
+) -> tuple[TrainState, dict[int, bytes]]:
+    """:func:`states_for`'s replay from checkpoint ``start`` (and the checkpoints of ``before``)."""
+    last = wanted[-1]
+    uses = last_uses(
+        [raw[u] or ScheduleEntry.sync(u, t.config.accumulate) for u in range(start + 1, last + 1)]
+    )
     ue = UpdateEngine(engine)
     without: set[int] = set()
     while True:
-        state = decode_state(t.load_checkpoint(start), t.config)
-        kept: dict[int, Weights] = {v: weights_from_bytes(t.load_checkpoint(v)) for v in before}
+        state = decode_state(load(start), t.config)
+        kept: dict[int, Weights] = {v: weights_from_bytes(load(v)) for v in before}
         kept[start] = weights_of(state)
         found: dict[int, bytes] = {}
         if start in wanted:
