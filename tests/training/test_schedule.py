@@ -40,7 +40,7 @@ from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript, steps_on_disk
 from tests.training.schedules import fake_leaf, repeating_schedule, simulated_schedule, write_unchecked
-from tests.training.test_unfit_chunks import replace_chunks
+from tests.training.test_unfit_chunks import replace_chunks, short_of_its_last_record
 
 SPEC = bytes(range(32))
 
@@ -304,18 +304,24 @@ def test_asyncTranscript_withAnEntryThatLies_divergesAtThatUpdate(async_run: tup
     assert not result.match and result.first_divergent_step == target.update
 
 
-def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple, tmp_path: Path) -> None:
+def _out_of_the_rules(async_run: tuple, tmp_path: Path, u: int) -> Path:
+    """A copy of the run whose update ``u`` applies every micro-batch from version 0 (outside the
+    staleness window)."""
     import shutil
 
     _, entries, out = async_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    u = 8
     bad = dataclasses.replace(
         entries[u - 1], applied=tuple(Applied(a.micro, 0) for a in entries[u - 1].applied)
     )
     _rewrite(copy, u, bad)
-    result = audit(copy, "cpu-2t")
+    return copy
+
+
+def test_asyncTranscript_withAnEntryOutOfTheRules_isPinnedThere(async_run: tuple, tmp_path: Path) -> None:
+    u = 8
+    result = audit(_out_of_the_rules(async_run, tmp_path, u), "cpu-2t")
     assert result.first_divergent_step == u and not result.match
     assert any("outside the window" in e for e in result.schedule_errors)
 
@@ -326,19 +332,11 @@ def test_asyncTranscript_withAnEntryOutOfTheRules_andTheAuditorsMarksCommitted_i
     """From a broken schedule on, the auditor's leaves are a public mark (``rejected_schedule_leaf``).
     A trainer that commits those marks as its leaves had its root equal the auditor's: "match", no
     challenge, and the trainer paid for a final leaf no model hashes to."""
-    import shutil
-
     from game.merkle import merkle_root
     from game.training.engine.schedaudit import rejected_schedule_leaf
 
-    _, entries, out = async_run
-    copy = tmp_path / "copy"
-    shutil.copytree(out, copy)
     u = 8
-    bad = dataclasses.replace(
-        entries[u - 1], applied=tuple(Applied(a.micro, 0) for a in entries[u - 1].applied)
-    )
-    _rewrite(copy, u, bad)
+    copy = _out_of_the_rules(async_run, tmp_path, u)
     t = Transcript(copy)
     leaves = [*t.leaves()[:u], *(rejected_schedule_leaf(v) for v in range(u, t.steps + 1))]
     (copy / "leaves.bin").write_bytes(b"".join(leaves))
@@ -386,6 +384,13 @@ def test_asyncTranscript_whoseLogDoesNotDecode_isReplayedWithoutIt_andTheJudgeRu
     assert honest == t.leaf(u - 1)
 
 
+def _short_update(t: Transcript, entries: list[ScheduleEntry], u: int) -> bytes:
+    """Update ``u``'s chunk with its inner log short of its last record: it decodes, and the update
+    raises part way."""
+    _, inner = open_envelope(t.chunk_bytes(u), step=u, spec_hash=t.spec_hash)
+    return entries[u - 1].envelope(t.spec_hash, short_of_its_last_record(inner, t.spec_hash, u))
+
+
 def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
     async_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -404,14 +409,11 @@ def test_asyncTranscript_withLogsThatDoNotFit_auditsAndRebuildsThroughThem(
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     t = Transcript(copy)
-    _, inner = open_envelope(t.chunk_bytes(5), step=5, spec_hash=t.spec_hash)
-    short = SparseStepLog.decode(inner, step=5, spec_hash=t.spec_hash)
-    short.pop()
     _, other = open_envelope(t.chunk_bytes(4), step=4, spec_hash=t.spec_hash)
     replace_chunks(
         copy,
         {
-            5: entries[4].envelope(t.spec_hash, short.encode(5, t.spec_hash)),
+            5: _short_update(t, entries, 5),
             6: entries[5].envelope(t.spec_hash, other),
         },
     )
@@ -441,10 +443,7 @@ def test_asyncAudit_ofALogThatDoesNotFitAtUpdate1_withoutAUsableCheckpoint0_goes
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     t = Transcript(copy)
-    _, inner = open_envelope(t.chunk_bytes(1), step=1, spec_hash=t.spec_hash)
-    short = SparseStepLog.decode(inner, step=1, spec_hash=t.spec_hash)
-    short.pop()
-    replace_chunks(copy, {1: entries[0].envelope(t.spec_hash, short.encode(1, t.spec_hash))})
+    replace_chunks(copy, {1: _short_update(t, entries, 1)})
     later = max(t.checkpoint_steps())
     for ckpt in (0, later):
         if checkpoint == "missing":

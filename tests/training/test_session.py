@@ -229,6 +229,36 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path: Path) -> None:
     assert Transcript(out).manifest.state_root == Transcript(ref).manifest.state_root
 
 
+@pytest.mark.parametrize("checkpoint", ["missing", "altered"])
+def test_train_resumed_withoutAUsableCheckpoint_startsFromTheInitialState_andEndsAsAnUnbrokenRun(
+    tmp_path: Path, checkpoint: str
+) -> None:
+    """A run stopped after step 2 has checkpoint 0 alone. Without it (or with it altered) a resumed
+    run said "delete and retrain"; the initial state is its own, so it replays from there."""
+    cfg = TaskConfig.for_preset(
+        "mlp-digits", steps=STEPS, batch_size=4, checkpoint_interval=4, model={"hidden": 16}
+    )
+    train(cfg, "cpu-1t", tmp_path / "ref")
+
+    class Stop(Deviation):
+        def after_step(self, step: int, state: TrainState) -> None:
+            if step == 3:
+                raise KeyboardInterrupt
+
+    out = tmp_path / "t"
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, "cpu-1t", out, deviation=Stop())
+    ckpt = out / CHECKPOINT_DIR_NAME / "state-000000000.bin"
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [ckpt.name]
+    if checkpoint == "missing":
+        ckpt.unlink()
+    else:
+        ckpt.write_bytes(b"not the state")
+    result = train(cfg, "cpu-1t", out)
+    assert result.state_root.hex() == Transcript(tmp_path / "ref").manifest.state_root
+    assert Transcript(out).leaves() == Transcript(tmp_path / "ref").leaves()
+
+
 def test_altered_checkpoint_is_refused_naming_it(transcript: Path, tmp_path: Path) -> None:
     copy = tmp_path / "t"
     shutil.copytree(transcript, copy)

@@ -137,11 +137,11 @@ def replayed(
 
 
 def own_start(t: Transcript, engine: StepEngine, step: int) -> Callable[[], TrainState]:
-    """Where a party that checked every leaf up to ``step`` against its own replay starts a rebuild
-    of the trainer's state after ``step`` (:func:`replayed`): the latest checkpoint at or before it
-    that is there and hashes to its leaf, else the task's initial state, ``engine``'s own. The
-    trainer publishes its checkpoints, so one missing or altered costs that party time, never the
-    audit."""
+    """Where a party that checked every leaf up to ``step`` against its own replay (an auditor, a
+    trainer resuming its own run) starts a rebuild of the state after ``step`` (:func:`replayed`):
+    the latest checkpoint at or before it that is there and hashes to its leaf, else the task's
+    initial state, ``engine``'s own. A checkpoint missing or altered (nothing checks them before a
+    replay) costs time, never the audit or the run."""
     for ckpt in reversed([s for s in t.checkpoint_steps() if s <= step]):
         try:
             data = t.load_checkpoint(ckpt)

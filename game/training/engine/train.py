@@ -21,9 +21,8 @@ from rich import filesize
 from game.errors import ConfigError, NonFiniteError, TranscriptError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
-from game.training.engine.replay import replay_forward
+from game.training.engine.replay import own_start, replay_forward
 from game.training.engine.scheduled import write_scheduled
-from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine, engine_for
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.schedule import ScheduleEntry
@@ -32,7 +31,7 @@ from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import device_leaf
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
-from game.training.transcript.layout import CHECKPOINT_DIR_NAME, LOG_DIR_NAME, MANIFEST_NAME
+from game.training.transcript.layout import LOG_DIR_NAME, MANIFEST_NAME
 from game.training.transcript.manifest import make_transcript_dir, read_manifest
 from game.training.transcript.reader import Transcript, steps_on_disk
 from game.training.transcript.writer import TranscriptWriter
@@ -379,20 +378,14 @@ def _result(
 
 
 def _rebuild_state(out: Path, cfg: TaskConfig, engine: StepEngine, leaves: list[bytes]) -> TrainState:
-    """State after the last complete step: the newest good checkpoint, then replay with own log."""
+    """State after the last complete step: the newest good checkpoint (else the initial state),
+    then replay with own log, every leaf checked."""
     t = Transcript(out)
     last = len(leaves) - 1
-    for ckpt in reversed([s for s in t.checkpoint_steps() if s <= last]):
-        try:
-            data = t.load_checkpoint(ckpt)
-        except TranscriptError as exc:
-            log.warning("skipping checkpoint %d: %s", ckpt, exc)
-            continue
-        state = decode_state(data, cfg)
-        replay_forward(t, engine, state, ckpt + 1, last)
-        log.info("rebuilt state at step %d from checkpoint %d", last, ckpt)
-        return state
-    raise TranscriptError(f"{out / CHECKPOINT_DIR_NAME} holds no usable checkpoint; delete {out} and retrain")
+    state = own_start(t, engine, last)()
+    replay_forward(t, engine, state, state.step + 1, last)
+    log.info("rebuilt state at step %d from step %d", last, state.step)
+    return state
 
 
 __all__ = [
