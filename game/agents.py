@@ -276,9 +276,16 @@ def config_path(evidence_dir: Path, spec_hash: bytes) -> Path:
 
 
 def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
-    """Leave state bytes for the judge under their state hash (their leaf); returns the path."""
+    """Leave state bytes for the judge under their state hash (their leaf); returns the path. A
+    file already there is kept only where it holds these bytes: anyone may write into the
+    directory, and a file under a leaf's name that does not hash to it (left by a trainer before
+    the pin) kept the auditor's state from the judge."""
     path = pre_state_path(evidence_dir, leaf_of(data))
-    if not path.is_file():
+    try:
+        same = path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        same = False
+    if not same:
         atomic_write(path, data)
     return path
 

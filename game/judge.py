@@ -38,7 +38,14 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
-from game.errors import RoundingLogError, TranscriptError, VerificationGameError, VGameError
+from game.errors import (
+    ConfigError,
+    RoundingLogError,
+    TrainingError,
+    TranscriptError,
+    VerificationGameError,
+    VGameError,
+)
 from game.evidence import (
     ChunkEvidenceError,
     ConfigEvidenceError,
@@ -102,7 +109,7 @@ class Judge:
         self.task_id = task_id  # only this task (a node started with --task); None: every task
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.state = StateFile(self.workdir / STATE_NAME)
-        self.last_errors: dict[int, EvidenceError] = {}
+        self.last_errors: dict[int, VGameError] = {}  # why a game got no ruling
         self._key_checked = False  # this key is the task's judge (asked once, at the first step)
         #: Pins of games other judges rule on, by (game, task, transaction): a rescan asks the chain
         #: about each once (a pin a reorganisation moved to another game or task is asked again).
@@ -133,6 +140,13 @@ class Judge:
             except EvidenceError as exc:
                 self.last_errors[gid] = exc
                 log.warning("game %d: no ruling: %s", gid, exc)
+                continue
+            except (ConfigError, TrainingError) as exc:
+                # the trainer's transcript or task, not this judge, failed (a manifest naming a task
+                # module this machine lacks, a file the reader refuses): no ruling on this game, and
+                # every other pinned game, of any task, is still ruled on
+                self.last_errors[gid] = exc
+                log.warning("game %d: no ruling: the task or its transcript failed: %s", gid, exc)
                 continue
             except VerificationGameError as exc:
                 log.warning("game %d: ruling refused: %s", gid, exc)
@@ -410,7 +424,7 @@ class Judge:
         try:
             t = Transcript(dest)
             leaves, hashes = t.leaves(), t.chunk_hashes()
-        except TranscriptError as exc:
+        except (VGameError, ValueError) as exc:  # its manifest's config too (a task module not here)
             raise TranscriptEvidenceError(f"the transcript of task {task_id} is unreadable: {exc}") from exc
         if len(leaves) != task.num_leaves or MerkleTree(leaves).root != task.state_root:
             raise TranscriptEvidenceError(
@@ -443,7 +457,11 @@ class Judge:
         if self.evidence_dir is not None:
             path = pre_state_path(self.evidence_dir, leaf)
             if path.is_file():
-                data = path.read_bytes()
+                try:
+                    data = path.read_bytes()
+                except (OSError, MemoryError) as exc:  # anyone's file: a judge of every task goes on
+                    log.warning("evidence %s cannot be read (%s); ignored", path.name, exc)
+                    return None
                 if leaf_of(data) == leaf:
                     return data
                 log.warning("evidence %s does not hash to its name; ignored", path.name)

@@ -286,3 +286,55 @@ def test_judge_withAnotherDataKey_saysItIsItsOwn_andDoesNotRule(
     with pytest.raises(TranscriptEvidenceError, match=f"this judge's data key is not task {task_id}'s"):
         stranger.gather(gid)
     _no_ruling(roles["client"], gid)
+
+
+def test_judge_whoseTaskOrTranscriptFails_givesThatGameNoRuling_andGoesOn(
+    roles: dict[str, Any], pinned: tuple[Any, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's manifest naming a task module the judge's machine lacks raised a ConfigError out
+    of ``step``: a judge of every task stopped, and every other pinned game went void with it."""
+    from game.judge import Judge
+    from game.training.task.plugins import PluginError
+
+    agents, _task_id, gid = pinned
+    judge, client = agents.judge, roles["client"]
+
+    def plugin_missing(self: Judge, game_id: int) -> Evidence:
+        raise PluginError("task 'no_such_module:task': no module named 'no_such_module'")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Judge, "gather", plugin_missing)
+        assert judge.step() == []
+    assert isinstance(judge.last_errors[gid], PluginError)
+    _no_ruling(client, gid)
+    (ruled,) = judge.step()  # the cause gone, the game is ruled on
+    assert ruled.what == "rule" and client.game(gid).outcome == Outcome.AUDITOR_WON
+
+
+def test_evidence_underALeafsNameThatDoesNotHashToIt_isReplacedByTheAuditor_andAnUnreadableOneIgnored(
+    pinned: tuple[Any, int, int], evidence_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone may write into the evidence directory. A file left under the pre-state's leaf before
+    the pin (junk, by the trainer) kept the auditor from writing its state there; and a file too
+    large to read (a sparse 1 TiB one) raised MemoryError out of the judge."""
+    from game.agents import write_pre_state
+    from game.training.state.leafhash import leaf_of
+
+    agents, _task_id, gid = pinned
+    judge = agents.judge
+    good = judge.gather(gid)
+    assert good.pre_state is not None
+    path = pre_state_path(evidence_dir, leaf_of(good.pre_state))
+    path.write_bytes(b"junk")
+    assert write_pre_state(evidence_dir, good.pre_state) == path
+    assert path.read_bytes() == good.pre_state
+
+    real = Path.read_bytes
+
+    def too_large(self: Path) -> bytes:
+        if self == path:
+            raise MemoryError("Unable to allocate 1.00 TiB")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", too_large)
+    assert judge._left_state(leaf_of(good.pre_state)) is None  # ignored: the judge rebuilds instead
