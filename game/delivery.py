@@ -16,6 +16,7 @@ Whether the model is beyond dispute is the task's status, not the files': it is 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from game import clock
 from game.chain.client import VerificationGameClient
 from game.chain.types import Task, TaskStatus
-from game.errors import DeliveryError, TranscriptError
+from game.errors import DeliveryError, RoundingLogError, TranscriptError
 from game.fsio import atomic_write
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
@@ -32,6 +33,8 @@ from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,14 +100,15 @@ def _committed(client: VerificationGameClient, task_id: int) -> Task:
     return task
 
 
-def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tuple[TaskConfig, bytes]:
-    """The config and the final state's bytes, each held to the chain."""
+def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tuple[TaskConfig, bytes | None]:
+    """The config and the final state's bytes, each held to the chain; no bytes where the final
+    checkpoint is missing or does not hash to the last leaf (:func:`_rebuilt` replays it)."""
     final = task.num_leaves - 1
     manifest_name, ckpt = model_files(final)
     try:
         with SealedArchive(store, key, task.transcript_id) as archive:
             manifest_bytes = archive.read(manifest_name)
-            state_bytes = archive.read(ckpt)
+            state_bytes: bytes | None = archive.read(ckpt) if ckpt in archive.names() else None
     except StoreError as exc:
         raise DeliveryError(f"cannot read the transcript of task {task_id}: {exc}") from exc
     try:
@@ -116,18 +120,73 @@ def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tup
             f"the transcript's config hashes to {cfg.spec_hash().hex()[:16]}..., task {task_id}'s spec "
             f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
         )
-    if leaf_of(state_bytes) != task.last_leaf:
-        raise DeliveryError(
-            f"the transcript's final checkpoint (step {final}) does not hash to the last leaf committed "
-            f"for task {task_id}"
+    if state_bytes is None or leaf_of(state_bytes) != task.last_leaf:
+        log.warning(
+            "task %d: the transcript's final checkpoint (step %d) is %s; the model is rebuilt by "
+            "replaying the transcript",
+            task_id,
+            final,
+            "missing" if state_bytes is None else "not the last leaf committed",
         )
+        return cfg, None
     return cfg, state_bytes
 
 
+def _rebuilt(
+    store: BlobStore, key: bytes, task: Task, task_id: int, cfg: TaskConfig, profile: str, beside: Path
+) -> bytes:
+    """The final state, replayed from the transcript with its log on ``profile``, every leaf checked
+    on the way. Why: a trainer publishes its checkpoints and nothing on the chain checks them; one
+    that leaves the last one out (or alters it) is paid all the same, since every auditor replays
+    from the log. The log and an earlier checkpoint (or the initial state) still give the model,
+    bit for bit on any machine. The transcript is unpacked in a directory ``beside`` the output
+    (it can be gigabytes), removed after."""
+    import tempfile
+
+    from game.store.archive import fetch_directory
+    from game.training.engine.replay import own_start, replayed
+    from game.training.engine.scheduled import states_for
+    from game.training.engine.step import engine_for
+    from game.training.state.canonical import encode_state
+    from game.training.transcript.reader import Transcript
+
+    final = task.num_leaves - 1
+    beside.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".vgame-model-", dir=beside) as tmp:
+        try:
+            t = Transcript(fetch_directory(store, key, task.transcript_id, Path(tmp) / "t"))
+            if t.manifest.state_root != task.state_root.hex() or t.manifest.log_root != task.log_root.hex():
+                raise DeliveryError(f"the transcript of task {task_id} is not the one its roots commit to")
+            t.verify()
+            engine = engine_for(cfg, profile)
+            if cfg.scheduled:
+                data = states_for(t, engine, [final])[1][final]
+            else:
+                data = encode_state(replayed(t, engine, own_start(t, engine, final), final))
+        except (StoreError, TranscriptError, RoundingLogError) as exc:
+            raise DeliveryError(
+                f"cannot rebuild the model of task {task_id} from its transcript: {exc}"
+            ) from exc
+    if leaf_of(data) != task.last_leaf:
+        raise DeliveryError(
+            f"the final state rebuilt from the transcript does not hash to the last leaf committed for "
+            f"task {task_id}"
+        )
+    return data
+
+
 def fetch_model(
-    client: VerificationGameClient, task_id: int, store: BlobStore, key: bytes, out: Path
+    client: VerificationGameClient,
+    task_id: int,
+    store: BlobStore,
+    key: bytes,
+    out: Path,
+    *,
+    profile: str = "cpu-1t",
 ) -> DeliveredModel:
-    """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all)."""
+    """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all).
+    Where the final checkpoint is missing or altered, the model is replayed on ``profile`` from the
+    transcript (:func:`_rebuilt`)."""
     import torch  # only once there is a model to write
 
     from game.training.engine.memory import trimmed
@@ -137,7 +196,10 @@ def fetch_model(
         raise DeliveryError(f"{out} is a directory: name the file to write (e.g. {Path(out) / 'model.pt'})")
     task = _committed(client, task_id)
     with trimmed():  # a client script may run on: the state's memory goes back
-        cfg, state_bytes = _read_checked(store, key, task, task_id)
+        cfg, read = _read_checked(store, key, task, task_id)
+        state_bytes = (
+            read if read is not None else _rebuilt(store, key, task, task_id, cfg, profile, Path(out).parent)
+        )
         state = decode_state(state_bytes, cfg)
         del state_bytes
         weights = {

@@ -30,6 +30,7 @@ from game.cli.options import (
     FromBlockOpt,
     JsonOpt,
     RunningChainOpt,
+    check_profile,
     checked_chain,
     checked_first_block,
 )
@@ -347,6 +348,14 @@ def model_cmd(
             "the exit code is 1.",
         ),
     ] = False,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="Hardware profile to replay the transcript on where its final checkpoint is missing "
+            "or altered (the model is then rebuilt from the log, every leaf checked).",
+        ),
+    ] = "cpu-1t",
     as_json: JsonOpt = False,
 ) -> None:
     """Take the trained model: the committed final state, checked against the chain, written as a
@@ -356,12 +365,13 @@ def model_cmd(
     from game.delivery import fetch_model
     from game.store.blobs import BlobStore
 
+    check_profile(profile)
     dkey = given_data_key(data_key)
     warn_data_key_in_argv(data_key, chain)
     with _client(chain, None, _required_contract(contract), reads_only=True) as c:
         # decrypting and decoding the final state takes seconds at paper size (18 s at GPT-2 small)
         with err_console.status(f"taking the model of task {task_id} from {store}"):
-            got = fetch_model(c, task_id, BlobStore(store), dkey, out)
+            got = fetch_model(c, task_id, BlobStore(store), dkey, out, profile=profile)
         now = c.chain.now()
     if as_json:
         emit_json(got.to_dict(now))

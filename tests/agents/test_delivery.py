@@ -97,3 +97,48 @@ def test_noCommitment_aWrongKey_orFilesTheChainDoesNotVouchFor_writeNothing(
     client.cancel(cancelled)
     with pytest.raises(DeliveryError, match="was cancelled"):
         fetch_model(client, cancelled, store, data_key, out)
+
+
+@pytest.mark.parametrize("how", ["missing", "altered"])
+def test_aTranscriptPublishedWithoutItsFinalCheckpoint_stillGivesTheModel_replayedFromTheLog(
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    store: Any,
+    data_key: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """Auditors replay from the log and read no checkpoint, so a trainer that published its
+    transcript without its final checkpoint (or with it altered) was paid, and the client's
+    ``fetch_model`` refused: it had paid for a model it could not take. The model is now replayed
+    from the transcript, every leaf checked, and is the committed final state bit for bit."""
+    import shutil
+
+    import trainer_node.agent as trainer_module
+    from game.training.transcript.layout import checkpoint_relpath
+
+    cfg = small_config(steps=4)
+    real = trainer_module.publish_directory
+
+    def publish(st: Any, key: bytes, src: Path, *a: Any, **kw: Any) -> bytes:
+        copy = tmp_path / "published"
+        shutil.copytree(src, copy)
+        final = copy / checkpoint_relpath(cfg.steps)
+        if how == "missing":
+            final.unlink()
+        else:
+            final.write_bytes(b"not the state")
+        return real(st, key, copy, *a, **kw)
+
+    monkeypatch.setattr(trainer_module, "publish_directory", publish)
+    task_id, agents = _committed(roles, post_task, make_agents, cfg)
+    got = fetch_model(roles["client"], task_id, store, data_key, tmp_path / "out" / "model.pt")
+    t = Transcript(agents.trainer.transcript_dir)  # the trainer's own copy, whole
+    state = decode_state(t.load_checkpoint(cfg.steps), cfg)
+    weights = torch.load(got.path)
+    assert weights.keys() == state.model.state_dict().keys()
+    for name, value in state.model.state_dict().items():
+        assert torch.equal(weights[name], value.to(weights[name].dtype))
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["model.pt"]  # the unpacked copy went
