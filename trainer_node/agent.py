@@ -102,7 +102,7 @@ class TrainerAgent(TaskAgent):
         self.policy = policy or TermsPolicy()
         self._tree: MerkleTree | None = None
         self._log_tree: MerkleTree | None = None
-        self.games = TrainerGames(self, self.transcript_dir, self.tree, self.log_tree)
+        self.games = TrainerGames(self, self.transcript_dir, self.tree, self.log_tree, self._restore)
 
     @property
     def transcript_dir(self) -> Path:
@@ -312,6 +312,12 @@ class TrainerAgent(TaskAgent):
                 rec,
                 detail=f"{tree.size} leaves, root {tree.root.hex()[:16]}...{self._marked()}",
             ),
+        )
+
+    def _restore(self) -> str | None:
+        """The committed transcript put back from the store: None, or why it could not be."""
+        return restore_from_store(
+            self.store, self.data_key, self.client.task(self.task_id), self.transcript_dir
         )
 
     def _mend(self, task: Task, out: list[AgentAction]) -> str | None:

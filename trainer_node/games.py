@@ -17,7 +17,7 @@ from pathlib import Path
 
 from game.agents import AgentAction, TaskAgent, action_from_receipt, games_of_task
 from game.chain.types import Game, Phase
-from game.errors import VerificationGameError
+from game.errors import RoundingLogError, TranscriptError, VerificationGameError
 from game.merkle import MerkleTree
 from game.protocol.solver import ClaimTimeout, ProvideData, Reveal, trainer_move
 from game.training.transcript.reader import Transcript
@@ -34,11 +34,13 @@ class TrainerGames:
         transcript_dir: Path,
         tree: Callable[[], MerkleTree],
         log_tree: Callable[[], MerkleTree],
+        restore: Callable[[], str | None],
     ) -> None:
         self.agent = agent
         self.transcript_dir = transcript_dir
         self.tree = tree  # the state tree the trainer committed to (reveals are proved against it)
         self.log_tree = log_tree  # its log-chunk hashes' tree (a demanded chunk is proved against it)
+        self.restore = restore  # the committed transcript back from the store: None, or why not
 
     def game_ids(self) -> list[int]:
         """Every game of this task (scanned from events; the scan position is kept on disk)."""
@@ -91,7 +93,9 @@ class TrainerGames:
         """Post the demanded log chunk on-chain (an availability challenge: an auditor could not get
         or open the transcript)."""
         agent = self.agent
-        chunk = Transcript(self.transcript_dir).chunk_bytes(move.index)
+        chunk = self._chunk(move.index)
+        if chunk is None:
+            return
         try:
             rec = agent.client.provide_data(gid, chunk, move.proof)
         except VerificationGameError as exc:
@@ -109,6 +113,24 @@ class TrainerGames:
                 detail=f"log chunk of step {move.index} posted on-chain ({len(chunk):,} bytes)",
             ),
         )
+
+    def _chunk(self, index: int) -> bytes | None:
+        """Log chunk ``index`` from the transcript on disk, or, where it is missing or damaged there
+        (a disk can lose what was written to it), from the transcript restored from the store: a
+        demand left unanswered loses the task, and a chunk that raised here stopped the node on
+        every restart. None (said in the log) where neither has it."""
+        try:
+            return Transcript(self.transcript_dir).chunk_bytes(index)
+        except (TranscriptError, RoundingLogError, OSError) as exc:
+            log.warning("log chunk %d on disk is unusable (%s); restoring the transcript", index, exc)
+        failed = self.restore()
+        if failed is None:
+            try:
+                return Transcript(self.transcript_dir).chunk_bytes(index)
+            except (TranscriptError, RoundingLogError, OSError) as exc:
+                failed = str(exc)
+        log.error("cannot post log chunk %d: %s", index, failed)
+        return None
 
     def _timeout(self, gid: int, move: ClaimTimeout, out: list[AgentAction]) -> None:
         agent = self.agent

@@ -130,3 +130,29 @@ def test_transcriptDamaged_notInTheStore_withAGameInPlay_stopsWithTheFix_andTheF
     (game,) = games(roles["client"], task_id)
     assert game.outcome == Outcome.TRAINER_WON
     assert _trainer_paid(roles["client"], task_id)
+
+
+@pytest.mark.parametrize("how", ["lost", "damaged"])
+def test_aDemandedChunkLostFromTheTrainersDisk_isRestoredFromTheStore_andPosted(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, how: str
+) -> None:
+    """The node held its transcript to the committed leaves only: a log chunk lost (or damaged) on
+    its disk after the commit raised out of every step once an auditor demanded it, on every
+    restart, until the trainer lost the task on its clock. The store has the chunk."""
+    from game.training.transcript.layout import chunk_relpath
+
+    client = roles["client"]
+    task_id = post_task(tiny_cfg)
+    agents = make_agents(task_id, tiny_cfg)
+    commit(agents, client, task_id)
+    chunk = agents.trainer.transcript_dir / chunk_relpath(3)
+    if how == "lost":
+        chunk.unlink()
+    else:
+        chunk.write_bytes(b"not the chunk")
+    roles["auditor"].challenge_data(task_id, 3)
+    agents = make_agents(task_id, tiny_cfg)  # a node started after the loss
+    assert [a.what for a in agents.trainer.step()] == ["provide"]
+    (g,) = games(client, task_id)
+    assert g.outcome == Outcome.ANSWERED and not client.task(task_id).trainer_lost
+    assert Transcript(agents.trainer.transcript_dir).chunk_bytes(3)  # whole again
