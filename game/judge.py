@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from game import untrusted
 from game.agents import (
     ACTION_LOG,
     ActionSink,
@@ -443,8 +444,8 @@ class Judge:
             path = config_path(self.evidence_dir, task.spec_hash)
             if path.is_file():
                 try:
-                    return TaskConfig.from_dict(json.loads(path.read_text("utf-8")))
-                except (VGameError, ValueError) as exc:
+                    return TaskConfig.from_dict(untrusted.loads(path.read_bytes()))
+                except (VGameError, ValueError) as exc:  # anyone may leave one
                     raise ConfigEvidenceError(f"the config left at {path.name} is invalid: {exc}") from exc
         raise ConfigEvidenceError("no task config: the transcript is unavailable and no config was left")
 

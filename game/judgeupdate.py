@@ -24,12 +24,12 @@ the auditor pins the first such update, whose pre-state is agreed.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from game import untrusted
 from game.errors import RoundingLogError, TranscriptError
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
@@ -136,7 +136,7 @@ def staleness_of(dest: Path) -> int:
     """The ``max_staleness`` of the task whose transcript files are in ``dest`` (0 until its
     manifest is there, or where it does not say)."""
     try:
-        config = json.loads((dest / MANIFEST_NAME).read_bytes())["config"]
+        config = untrusted.loads((dest / MANIFEST_NAME).read_bytes())["config"]
         return int(config.get("max_staleness", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return 0

@@ -338,3 +338,18 @@ def test_evidence_underALeafsNameThatDoesNotHashToIt_isReplacedByTheAuditor_andA
 
     monkeypatch.setattr(Path, "read_bytes", too_large)
     assert judge._left_state(leaf_of(good.pre_state)) is None  # ignored: the judge rebuilds instead
+
+
+def test_aConfigLeftForTheJudge_nestedTooDeepToParse_isInvalidEvidence_notACrash(
+    roles: dict[str, Any], pinned: tuple[Any, int, int], evidence_dir: Path
+) -> None:
+    """Anyone may leave a config for a step-0 dispute. JSON nested 200,000 deep ran the C decoder
+    off its stack (the chain libraries raise the recursion limit to 100,000): the judge died of a
+    segmentation fault, and again on every restart."""
+    from game.agents import config_path
+
+    agents, task_id, _gid = pinned
+    task = roles["client"].task(task_id)
+    config_path(evidence_dir, task.spec_hash).write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ConfigEvidenceError, match="is invalid"):
+        agents.judge._config(task, None)

@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from game import untrusted
 from game.errors import ConfigError, TranscriptError
 from game.training.task.config import TaskConfig
 from game.training.task.inputs import Inputs
@@ -84,7 +85,7 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes, where: Path) -> Manifest:
         try:
-            doc = json.loads(data)
+            doc = untrusted.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TranscriptError(f"{where} is not valid JSON ({exc}); the transcript is damaged") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
