@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from game import untrusted
 from game.errors import RoundingLogError, TranscriptError
+from game.training.engine.memory import trimmed
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 
@@ -50,6 +51,7 @@ def rejected_log_hash(step: int, reason: str) -> bytes:
     return hashlib.sha256(b"vgame-rejected-log-v1\0" + step.to_bytes(8, "little") + reason.encode()).digest()
 
 
+@trimmed()
 def judged_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
     """What a judge on ``profile`` posts for step ``step`` of a transcript (``vgame replay-step``):
     the step re-run from the states before it, rebuilt through the transcript, by the ruling's own

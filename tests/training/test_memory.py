@@ -74,6 +74,7 @@ def test_trainAuditAndReplayStep_leaveNothingToGiveBack() -> None:
         from game.training.engine.audit import audit
         from game.training.engine.replay import replay_transcript_step
         from game.training.engine.train import train
+        from game.judgeupdate import judged_step
         libc = ctypes.CDLL(None)
         cfg = TaskConfig.for_preset("gpt-shakespeare", steps=1)
         cfg = dataclasses.replace(
@@ -86,6 +87,7 @@ def test_trainAuditAndReplayStep_leaveNothingToGiveBack() -> None:
                 ("train", lambda: train(cfg, "cpu-1t", out)),
                 ("audit", lambda: audit(out, "cpu-2t")),
                 ("replay_step", lambda: replay_transcript_step(out, 1, "splitk-16")),
+                ("judged_step", lambda: judged_step(out, 1, "splitk-16")),  # vgame replay-step's
             ):
                 work()
                 before = rss_mib()

@@ -162,7 +162,6 @@ def state_after(t: Transcript, engine: StepEngine, step: int, *, check_leaves: b
     return replayed(t, engine, lambda: decode_state(data, t.config), step, check_leaves=check_leaves)
 
 
-@trimmed()
 def check_replayable(t: Transcript, step: int) -> None:
     """Refuse a step that transcript ``t`` cannot re-run alone: step 0 (no step made it), or one
     past its last leaf."""
@@ -171,6 +170,7 @@ def check_replayable(t: Transcript, step: int) -> None:
         raise TranscriptError(f"step {step} is out of range: replay-step takes a step in 1..{available}")
 
 
+@trimmed()
 def replay_transcript_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayResult:
     """Re-run ``step`` from the state at ``step - 1`` with chunk ``step``; compare with leaf ``step``.
     A chunk that does not decode or fit raises, as the step does: what the judge posts for it is
