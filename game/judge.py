@@ -69,7 +69,7 @@ from game.training.engine.memory import trimmed
 from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME, chunk_relpath
-from game.training.transcript.reader import Transcript, step_files
+from game.training.transcript.reader import Transcript, files_up_to, step_files
 
 if TYPE_CHECKING:
     from game.training.engine.step import StepEngine
@@ -344,7 +344,7 @@ class Judge:
         except (TranscriptError, RoundingLogError) as exc:
             raise ChunkEvidenceError(f"the transcript's chunk of step {step} is unusable: {exc}") from exc
         proof = MerkleTree(hashes).proof(step)
-        pre_state = left if left is not None else self._rebuild(t, g.lo, g.lo_leaf)
+        pre_state = left if left is not None else self._rebuild(g, task, t, g.lo, g.lo_leaf)
         versions: dict[int, tuple[bytes, InclusionProof]] = {}
         named = [v for v in versions_named(t.config, chunk, step) if v != g.lo]
         if named:
@@ -355,7 +355,7 @@ class Judge:
                 # (anyone may leave states, a liar the pre-state alone)
                 t = self._transcript(g.task_id, task, step, rebuild=True)
             for v in named:
-                data = left_states[v] or self._rebuild(t, v, t.leaf(v))
+                data = left_states[v] or self._rebuild(g, task, t, v, t.leaf(v))
                 versions[v] = (data, tree.proof(v))
         earlier: dict[int, tuple[bytes, InclusionProof]] = {}
         if t.config.scheduled and step > 1:  # a micro-batch applied again: the chunk that applied it
@@ -380,6 +380,7 @@ class Judge:
         *,
         rebuild: bool = False,
         extra: Sequence[str] = (),
+        whole: bool = False,
     ) -> Transcript:
         """The task's published transcript, its roots checked against the chain, holding the
         files that re-running ``step`` needs (:func:`~game.training.transcript.reader.step_files`).
@@ -404,7 +405,10 @@ class Judge:
             shutil.rmtree(dest, ignore_errors=True)  # none yet, or one a crash cut short
 
         def wanted(names: set[str]) -> list[str]:
-            files = step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
+            if whole and step is not None:  # every file up to the step: a rebuild from any start
+                files = files_up_to(names, step)
+            else:
+                files = step_files(names, step, rebuild=rebuild, back=staleness_of(dest))
             return files + [n for n in extra if n in names and n not in files]
 
         if names is None or any(not (dest / n).is_file() for n in wanted(names)):
@@ -468,21 +472,35 @@ class Judge:
                 log.warning("evidence %s does not hash to its name; ignored", path.name)
         return None
 
-    def _rebuild(self, t: Transcript, step: int, want: bytes) -> bytes:
-        from game.training.engine.replay import state_after
+    def _rebuild(self, g: Game, task: Task, t: Transcript, step: int, want: bytes) -> bytes:
+        """State bytes after ``step`` that hash to ``want``, replayed through the trainer's chunks
+        from its nearest checkpoint; where that fails (a checkpoint missing or altered: nothing on
+        the chain checks them, and without evidence the game went void), again with every file up
+        to ``step`` fetched, from the latest checkpoint that loads or else the initial state. The
+        state reached is held to ``want`` whatever it started from."""
+        try:
+            return self._replayed(t, step, want, whole=False)
+        except PreStateEvidenceError as exc:
+            log.warning("%s; fetching every file up to step %d to rebuild it from further back", exc, step)
+        t = self._transcript(g.task_id, task, step, whole=True)
+        return self._replayed(t, step, want, whole=True)
+
+    def _replayed(self, t: Transcript, step: int, want: bytes, *, whole: bool) -> bytes:
+        from game.training.engine.replay import own_start, replayed, state_after
         from game.training.state.canonical import encode_state
 
+        engine = self._engine(t.config)
         try:
-            # the checkpoint is checked against its leaf; the state reached, against ``want`` below
-            state: TrainState = state_after(t, self._engine(t.config), step, check_leaves=False)
+            state: TrainState
+            if whole and not t.config.scheduled:  # (an asynchronous task's passes over bad ones itself)
+                state = replayed(t, engine, own_start(t, engine, step), step, check_leaves=False)
+            else:  # the checkpoint is checked against its leaf; the state reached, against ``want``
+                state = state_after(t, engine, step, check_leaves=False)
         except (TranscriptError, RoundingLogError) as exc:
             raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
         data = encode_state(state)
         if leaf_of(data) != want:
-            raise PreStateEvidenceError(
-                f"replaying the transcript from checkpoint {t.nearest_checkpoint(step)} does not "
-                f"reproduce the agreed leaf {step}"
-            )
+            raise PreStateEvidenceError(f"replaying the transcript does not reproduce the agreed leaf {step}")
         return data
 
 

@@ -353,3 +353,44 @@ def test_aConfigLeftForTheJudge_nestedTooDeepToParse_isInvalidEvidence_notACrash
     config_path(evidence_dir, task.spec_hash).write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(ConfigEvidenceError, match="is invalid"):
         agents.judge._config(task, None)
+
+
+@pytest.mark.parametrize("how", ["missing", "altered"])
+def test_judgeWithoutEvidence_rebuildsPastACheckpointTheTrainerLeftOutOrAltered(
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """A judge that cannot read the auditor's evidence rebuilds the agreed state from the nearest
+    checkpoint. Nothing checks the checkpoints a trainer publishes: with that one altered the judge
+    never ruled, the game went void, and the poisoning trainer was paid (one left out was passed
+    over already: the archive does not list it). It now fetches every file up to the step and
+    replays from further back."""
+    import shutil
+
+    import trainer_node.agent as trainer_module
+    from game.training.transcript.layout import checkpoint_relpath
+
+    cfg = small_config()  # 8 steps, checkpoints 0, 4 and 8
+    real = trainer_module.publish_directory
+
+    def publish(st: Any, key: bytes, src: Path, *a: Any, **kw: Any) -> bytes:
+        copy = tmp_path / "published"
+        shutil.copytree(src, copy)
+        ckpt = copy / checkpoint_relpath(4)
+        if how == "missing":
+            ckpt.unlink()
+        else:
+            ckpt.write_bytes(b"not the state")
+        return real(st, key, copy, *a, **kw)
+
+    monkeypatch.setattr(trainer_module, "publish_directory", publish)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, 6), use_evidence=False)
+    gid = _pin(agents, roles["client"], task_id)
+    assert roles["client"].game(gid).lo == 5
+    (ruled,) = agents.judge.step()
+    assert ruled.what == "rule" and roles["client"].game(gid).outcome == Outcome.AUDITOR_WON

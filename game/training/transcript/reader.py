@@ -23,11 +23,13 @@ from game.training.transcript.files import LogReader, read_hashes
 from game.training.transcript.layout import (
     CHUNK_HASHES_NAME,
     LEAVES_NAME,
+    LOG_DIR_NAME,
     MANIFEST_NAME,
     TranscriptPaths,
     checkpoint_file_step,
     checkpoint_relpath,
     checkpoint_step,
+    chunk_file_step,
     chunk_relpath,
 )
 from game.training.transcript.manifest import config_of, read_manifest
@@ -61,6 +63,21 @@ def step_files(
             start = max([c for c in ckpts if c <= step - 1 - back] or [min(ckpts)])
             out += [checkpoint_relpath(c) for c in sorted(ckpts) if start - back <= c]
             out += [chunk_relpath(s) for s in range(start + 1, step)]
+    return [n for n in out if n in names]
+
+
+def files_up_to(names: Collection[str], step: int) -> list[str]:
+    """The files of a published transcript (its archive's ``names``) that rebuilding the state
+    after ``step`` from any start needs: every checkpoint at or before it and every chunk up to it,
+    with the three files every fetch takes. For a rebuild that cannot start at the nearest
+    checkpoint (one missing or altered: nothing on the chain checks them)."""
+    out = [MANIFEST_NAME, LEAVES_NAME, CHUNK_HASHES_NAME]
+    for name in sorted(names):
+        ckpt = checkpoint_step(name)
+        folder, _, base = name.rpartition("/")
+        chunk = chunk_file_step(base) if folder == LOG_DIR_NAME else None
+        if (ckpt is not None and ckpt <= step) or (chunk is not None and 1 <= chunk <= step):
+            out.append(name)
     return [n for n in out if n in names]
 
 
