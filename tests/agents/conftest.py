@@ -88,6 +88,29 @@ class ShortChunk(Deviation):
         return step_log
 
 
+def publish_without_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: int, how: str) -> None:
+    """Have the trainer node publish its transcript with checkpoint ``step`` left out (``how`` is
+    "missing") or altered: nothing on the chain checks the checkpoints a trainer publishes."""
+    import shutil
+
+    import trainer_node.agent as trainer_module
+    from game.training.transcript.layout import checkpoint_relpath
+
+    real = trainer_module.publish_directory
+
+    def publish(st: Any, key: bytes, src: Path, *a: Any, **kw: Any) -> bytes:
+        copy = tmp_path / "published"
+        shutil.copytree(src, copy)
+        ckpt = copy / checkpoint_relpath(step)
+        if how == "missing":
+            ckpt.unlink()
+        else:
+            ckpt.write_bytes(b"not the state")
+        return real(st, key, copy, *a, **kw)
+
+    monkeypatch.setattr(trainer_module, "publish_directory", publish)
+
+
 @pytest.fixture
 def tiny_cfg() -> TaskConfig:
     return small_config()

@@ -114,25 +114,10 @@ def test_aTranscriptPublishedWithoutItsFinalCheckpoint_stillGivesTheModel_replay
     transcript without its final checkpoint (or with it altered) was paid, and the client's
     ``fetch_model`` refused: it had paid for a model it could not take. The model is now replayed
     from the transcript, every leaf checked, and is the committed final state bit for bit."""
-    import shutil
-
-    import trainer_node.agent as trainer_module
-    from game.training.transcript.layout import checkpoint_relpath
+    from tests.agents.conftest import publish_without_checkpoint
 
     cfg = small_config(steps=4)
-    real = trainer_module.publish_directory
-
-    def publish(st: Any, key: bytes, src: Path, *a: Any, **kw: Any) -> bytes:
-        copy = tmp_path / "published"
-        shutil.copytree(src, copy)
-        final = copy / checkpoint_relpath(cfg.steps)
-        if how == "missing":
-            final.unlink()
-        else:
-            final.write_bytes(b"not the state")
-        return real(st, key, copy, *a, **kw)
-
-    monkeypatch.setattr(trainer_module, "publish_directory", publish)
+    publish_without_checkpoint(monkeypatch, tmp_path, cfg.steps, how)
     task_id, agents = _committed(roles, post_task, make_agents, cfg)
     got = fetch_model(roles["client"], task_id, store, data_key, tmp_path / "out" / "model.pt")
     t = Transcript(agents.trainer.transcript_dir)  # the trainer's own copy, whole

@@ -369,25 +369,10 @@ def test_judgeWithoutEvidence_rebuildsPastACheckpointTheTrainerLeftOutOrAltered(
     never ruled, the game went void, and the poisoning trainer was paid (one left out was passed
     over already: the archive does not list it). It now fetches every file up to the step and
     replays from further back."""
-    import shutil
-
-    import trainer_node.agent as trainer_module
-    from game.training.transcript.layout import checkpoint_relpath
+    from tests.agents.conftest import publish_without_checkpoint
 
     cfg = small_config()  # 8 steps, checkpoints 0, 4 and 8
-    real = trainer_module.publish_directory
-
-    def publish(st: Any, key: bytes, src: Path, *a: Any, **kw: Any) -> bytes:
-        copy = tmp_path / "published"
-        shutil.copytree(src, copy)
-        ckpt = copy / checkpoint_relpath(4)
-        if how == "missing":
-            ckpt.unlink()
-        else:
-            ckpt.write_bytes(b"not the state")
-        return real(st, key, copy, *a, **kw)
-
-    monkeypatch.setattr(trainer_module, "publish_directory", publish)
+    publish_without_checkpoint(monkeypatch, tmp_path, 4, how)
     task_id = post_task(cfg)
     agents = make_agents(task_id, cfg, deviation=PoisonBatch(cfg, 6), use_evidence=False)
     gid = _pin(agents, roles["client"], task_id)
