@@ -290,6 +290,24 @@ def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
     return path
 
 
+def left_state(evidence_dir: Path, leaf: bytes) -> bytes | None:
+    """State bytes hashing to ``leaf`` that someone left in ``evidence_dir`` (what
+    :func:`write_pre_state` writes), or None. Anyone may write there: a file that does not hash to
+    its name, or cannot be read (a sparse terabyte raised MemoryError), is ignored."""
+    path = pre_state_path(evidence_dir, leaf)
+    if not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+    except (OSError, MemoryError) as exc:
+        log.warning("evidence %s cannot be read (%s); ignored", path.name, exc)
+        return None
+    if leaf_of(data) == leaf:
+        return data
+    log.warning("evidence %s does not hash to its name; ignored", path.name)
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
 # Shared helpers of the agents
 # ------------------------------------------------------------------------------------------------
@@ -427,6 +445,7 @@ __all__ = [
     "drive",
     "format_wei",
     "games_of_task",
+    "left_state",
     "next_due_time",
     "next_scan_from",
     "pre_state_path",

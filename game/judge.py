@@ -34,8 +34,8 @@ from game.agents import (
     action_from_receipt,
     check_key,
     config_path,
+    left_state,
     next_scan_from,
-    pre_state_path,
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
@@ -58,7 +58,14 @@ from game.evidence import (
     VersionEvidenceError,
 )
 from game.fsio import atomic_write
-from game.judgeupdate import find_witness, rerun_step, rerun_update, staleness_of, versions_named
+from game.judgeupdate import (
+    find_witness,
+    rebuilt_state,
+    rerun_step,
+    rerun_update,
+    staleness_of,
+    versions_named,
+)
 from game.merkle import InclusionProof, MerkleTree, verify_proof
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
@@ -73,7 +80,6 @@ from game.training.transcript.reader import Transcript, files_up_to, step_files
 
 if TYPE_CHECKING:
     from game.training.engine.step import StepEngine
-    from game.training.state.tensors import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +330,7 @@ class Judge:
         g = self.client.game(game_id)
         task = self.client.task(g.task_id)
         config_only = initial_state_disputed(g)
-        left = None if config_only else self._left_pre_state(g)
+        left = None if config_only else self._left_state(g.lo_leaf)
         t: Transcript | None
         try:
             t = self._transcript(
@@ -453,24 +459,9 @@ class Judge:
                     raise ConfigEvidenceError(f"the config left at {path.name} is invalid: {exc}") from exc
         raise ConfigEvidenceError("no task config: the transcript is unavailable and no config was left")
 
-    def _left_pre_state(self, g: Game) -> bytes | None:
-        """State bytes hashing to the agreed leaf that someone left in the evidence directory."""
-        return self._left_state(g.lo_leaf)
-
     def _left_state(self, leaf: bytes) -> bytes | None:
         """State bytes hashing to ``leaf`` that someone left in the evidence directory."""
-        if self.evidence_dir is not None:
-            path = pre_state_path(self.evidence_dir, leaf)
-            if path.is_file():
-                try:
-                    data = path.read_bytes()
-                except (OSError, MemoryError) as exc:  # anyone's file: a judge of every task goes on
-                    log.warning("evidence %s cannot be read (%s); ignored", path.name, exc)
-                    return None
-                if leaf_of(data) == leaf:
-                    return data
-                log.warning("evidence %s does not hash to its name; ignored", path.name)
-        return None
+        return None if self.evidence_dir is None else left_state(self.evidence_dir, leaf)
 
     def _rebuild(self, g: Game, task: Task, t: Transcript, step: int, want: bytes) -> bytes:
         """State bytes after ``step`` that hash to ``want``, replayed through the trainer's chunks
@@ -479,29 +470,11 @@ class Judge:
         to ``step`` fetched, from the latest checkpoint that loads or else the initial state. The
         state reached is held to ``want`` whatever it started from."""
         try:
-            return self._replayed(t, step, want, whole=False)
+            return rebuilt_state(t, self._engine(t.config), step, want)
         except PreStateEvidenceError as exc:
             log.warning("%s; fetching every file up to step %d to rebuild it from further back", exc, step)
         t = self._transcript(g.task_id, task, step, whole=True)
-        return self._replayed(t, step, want, whole=True)
-
-    def _replayed(self, t: Transcript, step: int, want: bytes, *, whole: bool) -> bytes:
-        from game.training.engine.replay import own_start, replayed, state_after
-        from game.training.state.canonical import encode_state
-
-        engine = self._engine(t.config)
-        try:
-            state: TrainState
-            if whole and not t.config.scheduled:  # (an asynchronous task's passes over bad ones itself)
-                state = replayed(t, engine, own_start(t, engine, step), step, check_leaves=False)
-            else:  # the checkpoint is checked against its leaf; the state reached, against ``want``
-                state = state_after(t, engine, step, check_leaves=False)
-        except (TranscriptError, RoundingLogError) as exc:
-            raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
-        data = encode_state(state)
-        if leaf_of(data) != want:
-            raise PreStateEvidenceError(f"replaying the transcript does not reproduce the agreed leaf {step}")
-        return data
+        return rebuilt_state(t, self._engine(t.config), step, want)
 
 
 __all__ = [

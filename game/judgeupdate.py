@@ -134,6 +134,30 @@ def _rejected(step: int, exc: RoundingLogError) -> tuple[bytes, str]:
     return rejected_log_hash(step, str(exc)), f"{what}: {exc}"
 
 
+def rebuilt_state(t: Transcript, engine: StepEngine, step: int, want: bytes) -> bytes:
+    """The judge's rebuild: state bytes after ``step`` that hash to ``want`` (the agreed leaf, or a
+    named version's), replayed through the trainer's chunks from the latest checkpoint the judge's
+    copy holds that loads, else the initial state (an asynchronous task's ``states_for`` passes over
+    a bad one itself). Leaves on the way are not checked: the state reached is held to ``want``
+    whatever it started from. :class:`~game.evidence.PreStateEvidenceError` where it cannot be."""
+    from game.evidence import PreStateEvidenceError
+    from game.training.engine.replay import own_start, replayed, state_after
+    from game.training.state.canonical import encode_state
+    from game.training.state.leafhash import leaf_of
+
+    try:
+        if t.config.scheduled:
+            state = state_after(t, engine, step, check_leaves=False)
+        else:
+            state = replayed(t, engine, own_start(t, engine, step), step, check_leaves=False)
+    except (TranscriptError, RoundingLogError) as exc:
+        raise PreStateEvidenceError(f"cannot rebuild the state after step {step}: {exc}") from exc
+    data = encode_state(state)
+    if leaf_of(data) != want:
+        raise PreStateEvidenceError(f"replaying the transcript does not reproduce the agreed leaf {step}")
+    return data
+
+
 def staleness_of(dest: Path) -> int:
     """The ``max_staleness`` of the task whose transcript files are in ``dest`` (0 until its
     manifest is there, or where it does not say)."""
@@ -206,6 +230,7 @@ def find_witness(t: Transcript, chunk: bytes, step: int) -> tuple[int, bytes] | 
 __all__ = [
     "find_witness",
     "judged_step",
+    "rebuilt_state",
     "rejected_log_hash",
     "repeated_micro",
     "rerun_step",
