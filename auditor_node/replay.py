@@ -162,7 +162,7 @@ class TranscriptReplay:
             wanted = {lo, *(entry.versions if entry is not None else ())}
         except RoundingLogError:  # its schedule does not parse: the judge needs the pre-state only
             wanted = {lo}
-        engine = StepEngine(t.config, get_profile(self.agent.profile))
+        engine = StepEngine(t.config, get_profile(self.agent.profile), checks="audit")  # as the audit ran
         return states_for(t, engine, wanted, check_leaves=False)[1]
 
     def state_after(self, t: Transcript, step: int) -> bytes:
@@ -173,7 +173,7 @@ class TranscriptReplay:
         from game.training.state.canonical import encode_state
         from game.training.task.profiles import get_profile
 
-        engine = StepEngine(t.config, get_profile(self.agent.profile))
+        engine = StepEngine(t.config, get_profile(self.agent.profile), checks="audit")  # as the audit ran
         return encode_state(replayed(t, engine, own_start(t, engine, step), step, check_leaves=False))
 
 

@@ -158,7 +158,7 @@ def _rebuilt(
             if t.manifest.state_root != task.state_root.hex() or t.manifest.log_root != task.log_root.hex():
                 raise DeliveryError(f"the transcript of task {task_id} is not the one its roots commit to")
             t.verify()
-            engine = engine_for(cfg, profile)
+            engine = engine_for(cfg, profile, checks="rebuild")
             if cfg.scheduled:
                 data = states_for(t, engine, [final])[1][final]
             else:

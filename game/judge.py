@@ -307,7 +307,8 @@ class Judge:
     def _engine(self, cfg: TaskConfig) -> StepEngine:
         from game.training.engine.step import engine_for
 
-        return engine_for(cfg, self.profile)
+        # it rebuilds agreed states; the ruling's own step checks by the rule (judgeupdate.rerun_step)
+        return engine_for(cfg, self.profile, checks="rebuild")
 
     def _compute(self, g: Game, ev: Evidence) -> tuple[bytes, str]:
         from game.training.state.leaves import state_hash

@@ -64,7 +64,7 @@ def judged_step(transcript_dir: Path | str, step: int, profile: str) -> ReplayRe
 
     t = Transcript(transcript_dir)
     check_replayable(t, step)
-    engine = engine_for(t.config, profile)
+    engine = engine_for(t.config, profile, checks="rebuild")  # the states before: agreed, rebuilt
     chunk = t.chunk_bytes(step)
     if t.config.scheduled:
         _, found = states_for(t, engine, {step - 1, *versions_named(t.config, chunk, step)})
@@ -85,7 +85,8 @@ def rerun_step(
     from game.training.engine.replay import replay_step
 
     try:
-        return replay_step(engine, pre_state, step, chunk).leaf, ""
+        with engine.checking("judge"):
+            return replay_step(engine, pre_state, step, chunk).leaf, ""
     except RoundingLogError as exc:
         return _rejected(step, exc)
 
@@ -112,7 +113,8 @@ def rerun_update(
             again = repeated_micro(engine.cfg, chunk, step, data, w)
             if again is not None:
                 raise ScheduleError(f"update {step}: micro-batch {again} was applied by update {w} already")
-        state, _, _ = replay_update(engine, pre_state, step, chunk, versions)
+        with engine.checking("judge"):
+            state, _, _ = replay_update(engine, pre_state, step, chunk, versions)
     except ScheduleError as exc:
         log.info("update %d: ruled against the trainer: %s", step, exc)
         return rejected_log_hash(step, str(exc)), f"schedule rejected: {exc}"
@@ -138,7 +140,8 @@ def rebuilt_state(t: Transcript, engine: StepEngine, step: int, want: bytes) -> 
     """The judge's rebuild: state bytes after ``step`` that hash to ``want`` (the agreed leaf, or a
     named version's), replayed through the trainer's chunks from the latest checkpoint the judge's
     copy holds that loads, else the initial state (an asynchronous task's ``states_for`` passes over
-    a bad one itself). Leaves on the way are not checked: the state reached is held to ``want``
+    a bad one itself). ``engine`` checks as a rebuild (``checks`` ``rebuild``), so the leaves on the
+    way say which steps an auditor ran without their log; the state reached is held to ``want``
     whatever it started from. :class:`~game.evidence.PreStateEvidenceError` where it cannot be."""
     from game.evidence import PreStateEvidenceError
     from game.training.engine.replay import own_start, replayed, state_after

@@ -165,7 +165,8 @@ class TamperedLog(Deviation):
 
 class SteeredLog(Deviation):
     """In step ``step``, round up to ``per_tensor`` values of every rounded tensor the other way although
-    they lie far outside their op's band (more than 16 bands from a midpoint), and log those directions.
+    they lie far outside their op's band (farther from a midpoint than any auditor accepts: some 33
+    bands, ``numerics.reach``), and log those directions.
 
     The trainer's leaf ``step`` is the steered state and its log replays it exactly, so only the band
     check tells it from an honest log: the auditor rejects the chunk (tampering, naming step, op and
@@ -246,10 +247,12 @@ def _steer(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Ban
     from game.training.log.packed import StepLog
     from game.training.log.sparse import SparseStepLog
     from game.training.numerics import bandcheck, logtrits, rounding
+    from game.training.numerics.reach import reach
 
     xf = rounding._int_view(x.detach()).reshape(-1)
     geo = bandcheck.geometry(xf, bits, band)
-    far = geo.off & (geo.distance > (geo.band << 4))
+    # past what any auditor accepts (numerics.reach), so that every auditor disputes the step
+    far = geo.off & (geo.distance > reach(geo.band, 4, "audit"))
     flat = r.view(-1)
     if isinstance(step_log, SparseStepLog):
         cand = far.nonzero().squeeze(1)

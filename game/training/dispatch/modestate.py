@@ -29,6 +29,7 @@ from game.training.log.sparse import SparseRecord, SparseStepLog
 from game.training.native import bindings, library
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
+from game.training.numerics.reach import Checks
 from game.training.task.profiles import NoiseSource, Profile
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
@@ -83,6 +84,7 @@ class ModeState(TorchDispatchMode):
         bands: BandTable | None = None,
         log_format: str | None = None,
         count_free: bool = False,
+        checks: Checks = "judge",
         defer: bool = False,
         immediate: frozenset[int] = frozenset(),
     ) -> None:
@@ -111,6 +113,7 @@ class ModeState(TorchDispatchMode):
         self.op_index = 0  # logged tensors so far in this step
         self.corrections = 0  # rev moves applied (replay)
         self.count_free = count_free  # replay of a sparse log: count the values a trainer could choose
+        self.checks: Checks = checks  # replay: how far from a midpoint an entry is accepted (numerics.reach)
         self.free = 0  # off-grid values within 16 bands of a midpoint (sparse replay, when counted)
         self._classes: dict[str, OpClass] = {}  # see :attr:`classes`
         self._logged: Counter[str] = Counter()  # see :attr:`logged`

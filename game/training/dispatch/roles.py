@@ -136,12 +136,13 @@ class RoleKernels(ModeState):
                 top=top,
                 in_place=self.round_in_place,
                 where=where,
+                checks=self.checks,
             )
             self.free += max(free, 0)
         else:
             trits = self._cursor.take(index, name, t.numel())
             r, n = bandcheck.round_with_trits(
-                t, self.bits, band, trits, in_place=self.round_in_place, where=where
+                t, self.bits, band, trits, in_place=self.round_in_place, where=where, checks=self.checks
             )
         self.corrections += n
         return r

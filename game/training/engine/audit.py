@@ -64,7 +64,7 @@ def audit(
         )
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
-    engine = engine_for(t.config, profile)
+    engine = engine_for(t.config, profile, checks="audit")
     saver = None if keep_progress is None else ProgressSaver(Path(keep_progress), save_every_s)
     saved = None if saver is None else saver.load(trainer_root, profile, use_log)
     if saved is None:

@@ -86,13 +86,19 @@ def replay_forward(
     without: Collection[int] = (),
 ) -> None:
     """Run steps ``first..last`` on ``state`` with the transcript's log chunks, checking every leaf on
-    the way (unless ``check_leaves`` is False: the caller checks the last state itself).
+    the way (unless ``check_leaves`` is False and ``engine`` does not rebuild: the caller checks the
+    last state itself).
 
     A step whose chunk does not decode, or is in ``without``, runs without the log, as the auditor
     and the judge run a step whose chunk is the trainer's fault; its leaf is checked all the same
     (a trainer may commit a true state with a log that does not fit it). A chunk that decodes but
     does not fit raises :class:`UnfitChunkError` naming its step: the state is then half-updated,
-    and :func:`replayed` starts again with that step in ``without``."""
+    and :func:`replayed` starts again with that step in ``without``. So does, for an engine that
+    rebuilds agreed states (``checks`` ``rebuild``), a step whose state with its log misses its
+    leaf: it accepts entries further out than the auditor who agreed did, which leaves the leaf to
+    say where that auditor refused the chunk and ran the step without it
+    (:mod:`~game.training.numerics.reach`)."""
+    rebuilds = engine.checks == "rebuild"
     for step in range(first, last + 1):
         chunk: ChunkLog | None = None
         if step not in without:
@@ -101,12 +107,14 @@ def replay_forward(
             except RoundingLogError as exc:  # nothing ran: the step runs without it at once
                 log.info("step %d: the log chunk does not decode (%s); replayed without it", step, exc)
         try:
-            result = replay_step(engine, state, step, chunk, hash_state=check_leaves)
+            result = replay_step(engine, state, step, chunk, hash_state=check_leaves or rebuilds)
         except RoundingLogError as exc:
             if chunk is None:
                 raise
             raise UnfitChunkError(f"step {step}: {exc}", step) from exc
-        if check_leaves and result.state_hash != t.leaf(step):
+        if (check_leaves or rebuilds) and result.state_hash != t.leaf(step):
+            if rebuilds and chunk is not None:
+                raise UnfitChunkError(f"step {step}: with its log the state is not leaf {step}", step)
             raise TranscriptError(
                 f"replaying step {step} with its own log chunk does not reproduce leaf {step}: "
                 "the transcript and its checkpoints disagree"

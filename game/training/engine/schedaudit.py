@@ -59,7 +59,7 @@ def audit_scheduled(
     cfg = t.config
     assert t.manifest.state_root is not None
     trainer_root = bytes.fromhex(t.manifest.state_root)
-    engine = engine_for(cfg, profile)
+    engine = engine_for(cfg, profile, checks="audit")
     ue = UpdateEngine(engine)
     entries: list[ScheduleEntry | None] = []
     errors: list[str] = []

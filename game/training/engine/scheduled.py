@@ -236,7 +236,9 @@ def states_for(
 ) -> tuple[TrainState, dict[int, bytes]]:
     """The state after ``max(wanted)`` and the canonical bytes of every state in ``wanted``, replayed
     from the latest checkpoint that needs nothing before it but states with checkpoints of their own.
-    Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False).
+    Every leaf on the way is checked against the transcript's (unless ``check_leaves`` is False and
+    ``engine`` does not rebuild: an update whose state with its log misses its leaf then runs
+    again without the log, as :func:`~.replay.replay_forward` says).
     An update whose log does not decode runs without it, as the auditor and the judge run it; one
     whose log decodes but does not fit leaves the state half-updated, so the replay starts again
     with that update run without its log (once an update). A checkpoint that is missing or does not
@@ -305,6 +307,7 @@ def _replay_from(
     )
     ue = UpdateEngine(engine)
     without: set[int] = set()
+    rebuilds = engine.checks == "rebuild"  # as replay.replay_forward: the leaves say where a log was not used
     while True:
         state = decode_state(load(start), t.config)
         kept: dict[int, Weights] = {v: weights_from_bytes(load(v)) for v in before}
@@ -315,7 +318,9 @@ def _replay_from(
         try:
             for u in range(start + 1, last + 1):
                 _rerun(ue, state, u, entry_for(raw[u], u, t.config), t, kept, u in without)
-                if check_leaves and state_hash(state) != t.leaf(u):
+                if (check_leaves or rebuilds) and state_hash(state) != t.leaf(u):
+                    if rebuilds and u not in without:
+                        raise UnfitChunkError(f"update {u}: with its log the state is not leaf {u}", u)
                     raise TranscriptError(
                         f"replaying update {u} with its own chunk does not reproduce leaf {u}"
                     )

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +45,7 @@ from game.training.engine.states import fresh_state
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
+from game.training.numerics.reach import CHECKS, Checks
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import (
     Precision,
@@ -98,7 +101,11 @@ class StepEngine:
     #: Triton's interpreter.
     defer_anywhere: bool = False
 
-    def __init__(self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False) -> None:
+    def __init__(
+        self, cfg: TaskConfig, profile: Profile, *, check_grid: bool = False, checks: Checks = "judge"
+    ) -> None:
+        if checks not in CHECKS:
+            raise ConfigError(f"checks: {checks!r} is not one of {', '.join(CHECKS)}")
         if not profile.available():  # before a caller writes anything (a transcript directory)
             raise ConfigError(f"profile {profile.name!r} is not available on this machine")
         self.cfg = cfg
@@ -107,11 +114,25 @@ class StepEngine:
         self.check_grid = check_grid  # assert every float of the state is on the grid after each step
         self.last_mode: RoundingMode | None = None  # the interceptor of the latest step (coverage tests)
         self.count_free = False  # replay: count the values a trainer could have rounded either way
+        #: replay: who checks the log's entries, and so how far from a midpoint one is accepted
+        #: (:mod:`~game.training.numerics.reach`); a rebuild also lets the leaves say where a step's
+        #: agreed state was computed without its log (:func:`~.replay.replay_forward`)
+        self.checks: Checks = checks
         # CUDA: the kernels' checks are read back at the end of a step (False, or VGAME_DEFER=0: at
         # every tensor, as on CPU)
         self.defer = os.environ.get(DEFER_SWITCH, "1") != "0"
         self._immediate_calls: set[int] = set()  # deferred calls that failed: checked at once since
         self._defer_failures = 0  # steps run twice; after MAX_DEFER_FAILURES deferral stops
+
+    @contextmanager
+    def checking(self, checks: Checks) -> Iterator[None]:
+        """Steps run inside check the log's entries as ``checks`` (the judge's ruling on the one step
+        it re-runs, with an engine that rebuilt the states before it)."""
+        before, self.checks = self.checks, checks
+        try:
+            yield
+        finally:
+            self.checks = before
 
     def init_state(self, *, precision: Precision = "fp64") -> TrainState:
         """Step 0: the model built deterministically on CPU, on the grid, moved to the profile's device."""
@@ -278,6 +299,7 @@ class StepEngine:
             bands=self.cfg.band_table,
             log_format=self.cfg.log_format,
             count_free=self.count_free,
+            checks=self.checks,
             defer=defer,
             immediate=frozenset(self._immediate_calls),
         )
@@ -355,9 +377,10 @@ class StepEngine:
             move_state(state, self.profile.device)
 
 
-def engine_for(cfg: TaskConfig, profile: str) -> StepEngine:
-    """A step engine for ``cfg`` on the profile named ``profile`` (ConfigError for an unknown one)."""
-    return StepEngine(cfg, get_profile(profile))
+def engine_for(cfg: TaskConfig, profile: str, *, checks: Checks = "judge") -> StepEngine:
+    """A step engine for ``cfg`` on the profile named ``profile`` (ConfigError for an unknown one),
+    checking a log's entries as ``checks`` does (:mod:`~game.training.numerics.reach`)."""
+    return StepEngine(cfg, get_profile(profile), checks=checks)
 
 
 __all__ = ["StepEngine", "StepResult", "engine_for"]

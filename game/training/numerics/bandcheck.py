@@ -10,7 +10,8 @@ one party and just off it for the other must round to that grid point on both si
 The sparse log's rule, for an off-grid value (both parties use their own ``d`` and ``B``):
 
 * ``d <= B``: round to the **even** neighbour of the bracketing pair, unless the log lists the value;
-* listed in the log: round to the **odd** neighbour (accepted only where ``d <= 16 B``);
+* listed in the log: round to the **odd** neighbour (accepted only where ``d <= 16 B``, by the
+  judge's rule; an auditor and a rebuild accept a little further: :mod:`.reach`);
 * otherwise: round to nearest (ties to even: the plain rounding).
 
 So an honest trainer (round to nearest, ties to even) lists exactly the values with ``d <= 4 B`` that
@@ -24,7 +25,9 @@ auditor puts in its even zone has ``d_T <= 2.25 B_T``, so the trainer listed it 
 outside that zone has ``d_A > B_A >= 8 delta``, so both values lie on the same side of the midpoint
 and round to the same nearest neighbour; a listed value has ``d_A <= 4.25 B_T + delta <= 16 B_A``.
 
-What a trainer can still choose: the side of values within ``16 B`` of a midpoint, and nothing else.
+What a trainer can still choose: the side of values within ``16 B`` of a midpoint, and nothing else
+(out to some ``33 B`` undisputed: no auditor disputes an entry a judge elsewhere could accept,
+:mod:`.reach`).
 An entry further out is log tampering (:class:`LogTamperingError`); an odd rounding without an
 entry is not a log error but a wrong state, which every honest replay (and the judge) disagrees with.
 
@@ -46,6 +49,7 @@ from game.errors import RoundingLogError
 from game.training.native import bindings, library
 from game.training.numerics import logtrits, rounding
 from game.training.numerics.bandfile import Band
+from game.training.numerics.reach import Checks, reach
 
 _MANT = 52
 _ABS_MASK = (1 << 63) - 1
@@ -324,10 +328,12 @@ def _max_finite(g: rounding._Grid) -> float:
 
 
 def check_entries(
-    xf: Tensor, bits: int, band: Band, positions: Tensor, *, widen: int, top_biased: int
-) -> None:
+    xf: Tensor, bits: int, band: Band, positions: Tensor, *, widen: int, top_biased: int,
+    checks: Checks = "judge",
+) -> None:  # fmt: skip
     """Raise :class:`BandViolation` when an entry is out of range or farther than ``B << widen`` from a
-    midpoint (4 for the sparse log's 16 B, 2 for a packed log's corrections)."""
+    midpoint (4 for the sparse log's 16 B, 2 for a packed log's corrections), or as far as
+    :func:`~.reach.reach` lets ``checks`` accept."""
     n = xf.numel()
     if positions.numel() == 0:
         return
@@ -336,7 +342,7 @@ def check_entries(
         bad = lo if lo < 0 else hi
         raise BandViolation("position", bad, f"entry for value {bad}, but the op has {n} values")
     geo = geometry(xf.index_select(0, positions), bits, band, top_biased)
-    wide = geo.band << widen
+    wide = reach(geo.band, widen, checks)
     outside = geo.distance > wide
     if bool(outside.any()):
         i = int(outside.nonzero()[0, 0])
@@ -366,13 +372,16 @@ def round_with_entries(
     top: float | None = None,
     in_place: bool = False,
     where: str | None = None,
+    checks: Checks = "judge",
 ) -> Replayed:
     """Auditor kernel of the sparse log: check the entries, then round by the rule of the module docstring.
 
-    Raises :class:`BandViolation` on an entry out of range, out of order or outside ``16 B``.
-    ``count_free`` also counts the values a dishonest trainer could have sent either way (for the
-    docs' "bits of freedom"; one more pass). ``top``, ``in_place``, ``where``: as
-    :func:`round_and_band`; on CPU the C kernel does it in two passes, on CUDA the Triton ones.
+    Raises :class:`BandViolation` on an entry out of range, out of order or outside ``16 B`` (as far
+    as :func:`~.reach.reach` lets ``checks`` accept: the fused kernels refuse at ``16 B``, and the
+    torch path takes what they refused). ``count_free`` also counts the values a dishonest trainer
+    could have sent either way (for the docs' "bits of freedom"; one more pass). ``top``,
+    ``in_place``, ``where``: as :func:`round_and_band`; on CPU the C kernel does it in two passes,
+    on CUDA the Triton ones.
     """
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place, cuda=True)
@@ -389,7 +398,7 @@ def round_with_entries(
     xf = rounding._int_view(x).reshape(-1)
     top_mag, top = _top(x, top, where)
     in_range = top_mag <= _max_finite(g)
-    check_entries(xf, bits, band, pos, widen=4, top_biased=top)
+    check_entries(xf, bits, band, pos, widen=4, top_biased=top, checks=checks)
     free = int(within(xf, bits, band, 4, top, in_range=in_range)[0].numel()) if count_free else -1
     out = rounding.rnd(x, bits, top=top_mag)
     flat = out.view(-1)
@@ -424,11 +433,13 @@ def round_and_trits(
 
 
 def round_with_trits(
-    x: Tensor, bits: int, band: Band, trits: Tensor, *, in_place: bool = False, where: str | None = None
-) -> tuple[Tensor, int]:
+    x: Tensor, bits: int, band: Band, trits: Tensor, *, in_place: bool = False, where: str | None = None,
+    checks: Checks = "judge",
+) -> tuple[Tensor, int]:  # fmt: skip
     """Auditor kernel of the packed log: ``(rev(x, bits, trits), values moved)`` after
-    :func:`check_corrections`; on CPU the C kernel does both (the torch kernels word every error).
-    ``where``: the op; the kernel then raises on inf and NaN, naming it."""
+    :func:`check_corrections`; on CPU the C kernel does both (the torch kernels word every error,
+    and take what the C kernel refused within ``checks``' reach). ``where``: the op; the kernel then
+    raises on inf and NaN, naming it."""
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place)
     if buf is not None:
@@ -440,12 +451,13 @@ def round_with_trits(
     if where is not None:
         rounding.check_finite(x, where)
     rounded, changed = logtrits.round_with_log_changes(x, bits, trits.reshape(x.shape))
-    check_corrections(x, bits, band, changed)
+    check_corrections(x, bits, band, changed, checks=checks)
     return rounded, int(changed.count_nonzero())
 
 
-def check_corrections(x: Tensor, bits: int, band: Band, changed: Tensor) -> None:
-    """Packed log: every value the log moved must lie within ``4 B`` of a midpoint (``changed``: flat mask).
+def check_corrections(x: Tensor, bits: int, band: Band, changed: Tensor, *, checks: Checks = "judge") -> None:
+    """Packed log: every value the log moved must lie within ``4 B`` of a midpoint (``changed``: flat
+    mask; further for an auditor and a rebuild: :mod:`.reach`).
 
     A packed log gives a trit for every value; only the ones that override the checker's own rounding
     are checked (an honest packed log also holds directions far outside the band, which agree).
@@ -453,7 +465,8 @@ def check_corrections(x: Tensor, bits: int, band: Band, changed: Tensor) -> None
     if not bool(changed.any()):
         return
     xf = rounding._int_view(x).reshape(-1)
-    check_entries(xf, bits, band, changed.nonzero().squeeze(1), widen=2, top_biased=top_binade(xf))
+    positions = changed.nonzero().squeeze(1)
+    check_entries(xf, bits, band, positions, widen=2, top_biased=top_binade(xf), checks=checks)
 
 
 __all__ = [
