@@ -129,3 +129,44 @@ def test_aRebuild_runsAStepWithoutItsLog_whereTheLeafSaysTheStateWasComputedSo(r
     from game.training.state.leaves import state_hash
 
     assert state_hash(state) == t.leaf(STEPS)
+
+
+def test_anAsynchronousRebuild_runsAnUpdateWithoutItsLog_whereTheLeafSaysTheStateWasComputedSo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scheduled.states_for`` as ``replay.replay_forward``: an update whose state with its log
+    misses its leaf (here made so after the update ran) runs again without the log in a rebuild;
+    the judge's rule, checking leaves, says the transcript disagrees."""
+    from game.errors import TranscriptError
+    from game.training.engine import scheduled
+    from game.training.state.leaves import state_hash
+    from tests.training.schedules import simulated_schedule
+
+    cfg = TaskConfig.for_preset(
+        "mlp-digits", model={"hidden": 16}, batch_size=8, steps=6, accumulate=2, max_staleness=2,
+        checkpoint_interval=6,
+    )  # fmt: skip
+    entries, _, _ = simulated_schedule(cfg.steps, 2, 2, workers=3, seed=7)
+    scheduled.train_scheduled(cfg, TRAINER, tmp_path / "t", entries)
+    t = Transcript(tmp_path / "t")
+    honest_run = scheduled.run_entry
+    runs: list[tuple[int, bool]] = []
+
+    def other_state_with_the_log(
+        ue: Any, state: TrainState, entry: Any, step_log: Any, versions: Any
+    ) -> None:
+        honest_run(ue, state, entry, step_log, versions)
+        runs.append((entry.update, step_log is not None))
+        if entry.update == STEERED and step_log is not None:
+            with torch.no_grad():
+                next(state.model.parameters()).view(-1)[0] *= 2  # still on the grid
+
+    monkeypatch.setattr(scheduled, "run_entry", other_state_with_the_log)
+    state, found = scheduled.states_for(
+        t, engine_for(cfg, AUDITOR, checks="rebuild"), [5], check_leaves=False
+    )
+    assert state_hash(state) == t.leaf(5) and leaf_of(found[5]) == t.leaf(5)
+    again = [(1, True), (STEERED, False)]  # from checkpoint 0 again, update 2 without its log
+    assert runs == [(1, True), (STEERED, True), *again, *[(u, True) for u in range(STEERED + 1, 6)]]
+    with pytest.raises(TranscriptError, match=f"does not reproduce leaf {STEERED}"):
+        scheduled.states_for(t, engine_for(cfg, AUDITOR), [5])
