@@ -46,7 +46,7 @@ from game.store.archive import SealedArchive, publish_directory
 from game.store.blobs import BlobStore
 from game.store.keys import key_hash
 from game.store.sealing import StoreError
-from game.training.engine.train import Deviation, train
+from game.training.engine.train import Deviation, step_seconds, train
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import read_manifest
@@ -100,6 +100,7 @@ class TrainerAgent(TaskAgent):
         self.deviation = deviation
         self.rehearsal = rehearsal
         self.policy = policy or TermsPolicy()
+        self._training_s: float | None = None  # the training's estimated seconds (before the accept)
         self._tree: MerkleTree | None = None
         self._log_tree: MerkleTree | None = None
         self.games = TrainerGames(self, self.transcript_dir, self.tree, self.log_tree, self._restore)
@@ -131,7 +132,9 @@ class TrainerAgent(TaskAgent):
         self._check_rehearsal()
         damage: str | None = None
         if task.status in (TaskStatus.OPEN, TaskStatus.ACCEPTED):
-            problems = terms_problems(task, key_hash(self.data_key), self.policy)
+            problems = terms_problems(
+                task, key_hash(self.data_key), self.policy, training_s=self._training_estimate(task)
+            )
             if problems:
                 # before the accept (its bond) and before any training: nothing is lost yet
                 raise AgentError(f"not working on task {self.task_id}: " + "; ".join(problems))
@@ -161,6 +164,22 @@ class TrainerAgent(TaskAgent):
         return status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED) and self.client.credit() == 0
 
     # ------------------------------------------------------------------------ before commit
+    def _training_estimate(self, task: Task) -> float | None:
+        """Seconds this node would train the task for: a step timed here (``step_seconds``) times
+        its steps. Only for a task still open: once its bond is posted, the trainer trains whatever
+        the window, and a restart does not time a step again."""
+        if task.status != TaskStatus.OPEN or self.policy.commit_margin <= 0:
+            return None
+        if self._training_s is None:
+            self._training_s = step_seconds(self.cfg, self.profile) * self.cfg.steps
+            log.info(
+                "task %d: training its %d steps takes about %.0f s here",
+                self.task_id,
+                self.cfg.steps,
+                self._training_s,
+            )
+        return self._training_s
+
     def _accept(self, out: list[AgentAction]) -> None:
         """Lock the task and post the bond: from now on the client cannot cancel until the commit
         window has passed, so a commit of work done cannot be front-run by a cancel."""

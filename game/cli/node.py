@@ -64,6 +64,7 @@ ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
     "--max-bond": (Role.trainer,),
     "--min-clock": (Role.trainer,),
     "--max-challenge-window": (Role.trainer,),
+    "--commit-margin": (Role.trainer,),
     "--allow-client-judge": (Role.trainer,),
     "--evidence-dir": (Role.auditor, Role.judge),
 }
@@ -164,6 +165,17 @@ def node_cmd(
             help="Trainer: refuse a task whose challenge window (the wait for pay after the commit) is longer.",
         ),
     ] = None,
+    commit_margin: Annotated[
+        float | None,
+        typer.Option(
+            "--commit-margin",
+            min=0.0,
+            metavar="TIMES",
+            show_default=f"{TermsPolicy.commit_margin:g}",
+            help="Trainer: refuse a task whose commit window holds fewer times the training's time, "
+            "estimated from a step timed here before it accepts (0: no estimate).",
+        ),
+    ] = None,
     allow_client_judge: Annotated[
         bool,
         typer.Option(
@@ -225,6 +237,7 @@ def node_cmd(
             "--max-bond": max_bond is not None,
             "--min-clock": min_clock is not None,
             "--max-challenge-window": max_challenge_window is not None,
+            "--commit-margin": commit_margin is not None,
             "--allow-client-judge": allow_client_judge,
         },
     )
@@ -273,6 +286,7 @@ def node_cmd(
                 min_payment=min_payment or 0,
                 max_bond=max_bond,
                 max_challenge_window=max_challenge_window,
+                commit_margin=TermsPolicy.commit_margin if commit_margin is None else commit_margin,
             ),
         )
     elif auditor is not None:

@@ -3,7 +3,8 @@
 Why its own module: the contract checks what every task must satisfy (bonds of at least 1 wei,
 every clock and window 1 s to 30 days, 2 to 2^48 leaves); a trainer has its own reasons to refuse
 work that the contract cannot know of: a data key that is not the task's, a clock too short for it
-to answer every game under congestion, a client judging its own task. The trainer node accepts a
+to answer every game under congestion, a client judging its own task, a commit window too short
+for its own hardware to train the task in. The trainer node accepts a
 task (and locks its bond) only when :func:`terms_problems` finds nothing.
 """
 
@@ -33,12 +34,19 @@ class TermsPolicy:
     #: The longest challenge window (seconds) this trainer waits after its commit before it can be
     #: paid, games aside (None: any the contract allows, up to 30 days).
     max_challenge_window: int | None = None
+    #: The commit window must hold the training's estimated time this many times over (0: no
+    #: estimate): a trainer that cannot commit in time loses its bond to the client, however
+    #: honest its work. The estimate is the node's own, from a step timed before the accept.
+    commit_margin: float = 2.0
 
 
-def terms_problems(task: Task, key_hash: bytes, policy: TermsPolicy | None = None) -> list[str]:
+def terms_problems(
+    task: Task, key_hash: bytes, policy: TermsPolicy | None = None, *, training_s: float | None = None
+) -> list[str]:
     """Why a trainer should not work on ``task`` (empty when it may): its data key is not the
     task's (its transcript would be sealed under a key nobody else holds), or the terms are
-    outside ``policy``."""
+    outside ``policy``. ``training_s``: how long the training would take this trainer (its
+    estimate, None: not weighed), which the commit window must hold ``commit_margin`` times."""
     policy = policy or TermsPolicy()
     out = []
     if task.key_hash != key_hash:
@@ -63,6 +71,16 @@ def terms_problems(task: Task, key_hash: bytes, policy: TermsPolicy | None = Non
         out.append(
             f"the challenge window is {task.challenge_window} s, longer than the "
             f"{policy.max_challenge_window} s this trainer waits to be paid"
+        )
+    if (
+        training_s is not None
+        and policy.commit_margin > 0
+        and task.commit_window < policy.commit_margin * training_s
+    ):
+        out.append(
+            f"the commit window is {task.commit_window} s, and training the task takes this trainer "
+            f"about {training_s:.0f} s: it asks for {policy.commit_margin:g}x that, so as not to lose "
+            "its bond to a late commit"
         )
     return out
 

@@ -124,6 +124,59 @@ def test_termsOutsideTheNodesPolicy_refusedBeforeAccepting_andWithinIt_accepted(
     assert agents.trainer.step()[0].what == "accept"
 
 
+def test_commitWindowTooShortForTheTraining_refusedBeforeAccepting_atTheMarginItAsks(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """A trainer that cannot commit within the window loses its bond to the client, however honest
+    its work: it times a step first, and takes the task only where the window holds ``commit_margin``
+    times its steps' time."""
+    from dataclasses import replace
+
+    from game.agents import AgentError
+
+    task_id = post_task(tiny_cfg, commit_window=60)
+    agents = make_agents(task_id, tiny_cfg)
+    trainer = agents.trainer
+    trainer.policy = replace(trainer.policy, commit_margin=10**9)
+    with pytest.raises(
+        AgentError, match=f"not working on task {task_id}: the commit window is 60 s, and training"
+    ):
+        trainer.step()
+    estimate = trainer._training_s
+    assert estimate is not None and 0 < estimate < 60
+    trainer.policy = replace(trainer.policy, commit_margin=60 / estimate * 1.01)
+    with pytest.raises(AgentError, match="the commit window is 60 s"):
+        trainer.step()
+    assert roles["client"].task(task_id).status == TaskStatus.OPEN
+    assert steps_on_disk(trainer.transcript_dir) == 0
+    trainer.policy = replace(trainer.policy, commit_margin=60 / estimate * 0.99)
+    assert trainer.step()[0].what == "accept"
+    assert trainer._training_s == estimate  # timed once
+
+
+def test_slowHardware_refusesAWindowTheDefaultMarginDoesNotHold_andOnceBondedTrainsWhateverTheWindow(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainer_node.agent as trainer_module
+    from game.agents import AgentError
+
+    task_id = post_task(tiny_cfg, commit_window=60)
+    agents = make_agents(task_id, tiny_cfg)
+    timed: list[str] = []
+
+    def slow(cfg: Any, profile: str) -> float:
+        timed.append(profile)
+        return 4.0  # 8 steps: 32 s, and the default margin asks for 64
+
+    monkeypatch.setattr(trainer_module, "step_seconds", slow)
+    with pytest.raises(AgentError, match="training the task takes this trainer about 32 s: it asks for 2x"):
+        agents.trainer.step()
+    assert timed == [agents.trainer.profile]
+    roles["trainer"].accept(task_id)  # bonded (another process of this trainer accepted it)
+    assert [a.what for a in agents.trainer.step()] == ["train", "publish", "commit"]
+    assert timed == [agents.trainer.profile]  # not weighed again: the bond is posted
+
+
 def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(
     roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

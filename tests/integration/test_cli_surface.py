@@ -124,7 +124,7 @@ def _node(role: str, tmp_path: Path, *extra: str) -> list[str]:
 
 ROLE_TAKES = {
     "trainer": "a trainer node takes --config, --rehearse, --min-payment, --max-bond, --min-clock, "
-    "--max-challenge-window and --allow-client-judge",
+    "--max-challenge-window, --commit-margin and --allow-client-judge",
     "auditor": "an auditor node takes --strategy, --seed, --save-every and --evidence-dir",
     "judge": "a judge node takes --evidence-dir",
 }
@@ -148,6 +148,7 @@ ROLE_TAKES = {
         ("judge", ["--max-bond", "5"], "trainer"),
         ("auditor", ["--min-clock", "60"], "trainer"),
         ("judge", ["--max-challenge-window", "3600"], "trainer"),
+        ("judge", ["--commit-margin", "3"], "trainer"),
         ("auditor", ["--allow-client-judge"], "trainer"),
     ],
 )
@@ -181,6 +182,8 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
                 "60",
                 "--max-challenge-window",
                 "3600",
+                "--commit-margin",
+                "3",
                 "--allow-client-judge",
             ],
         ),

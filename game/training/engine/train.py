@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,6 +277,20 @@ def _train_by_schedule(
     return _result(t, profile, steps_run=cfg.steps - max(before, 0), resumed_from=resumed, loss=None)
 
 
+def step_seconds(cfg: TaskConfig, profile: str) -> float:
+    """Wall seconds of one recorded step of ``cfg`` on ``profile``, its state hashed: the second of
+    two run from the initial state (the first pays for what a process does once: imports, kernels
+    built and loaded). A trainer node weighs a task's commit window by it before it accepts."""
+    engine = engine_for(cfg, profile)
+    state = engine.init_state()
+    timed = []
+    for step in range(1, min(cfg.steps, 2) + 1):
+        start = time.perf_counter()
+        engine.run_step(state, step, mode="record")
+        timed.append(time.perf_counter() - start)
+    return timed[-1]
+
+
 def checkpoints_after(step: int, cfg: TaskConfig) -> int:
     """How many checkpoints a run keeps in steps ``step + 1 .. cfg.steps``."""
     k, last = cfg.checkpoint_interval, cfg.steps
@@ -397,6 +412,7 @@ __all__ = [
     "checkpoints_after",
     "initial_step",
     "queue_step",
+    "step_seconds",
     "train",
     "train_step",
 ]
