@@ -182,12 +182,16 @@ class SteeredLog(Deviation):
         self.steered = 0  # values rounded against the rules (set when step ``step`` runs)
         self._engines: dict[int, StepEngine] = {}
 
+    def steer(self, step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band) -> None:
+        """Round some values of ``r`` (the rounding of ``x``) the other way and log it."""
+        _steer_values(step_log, x, r, bits, band, self)
+
     def engine(self, step: int, honest: StepEngine) -> StepEngine:
         if step != self.step:
             return honest
         eng = self._engines.get(id(honest))
         if eng is None:
-            eng = self._engines[id(honest)] = _mode_engine(honest, _steer_values, self)
+            eng = self._engines[id(honest)] = _mode_engine(honest, _steer_by, self)
         return eng
 
 
@@ -235,6 +239,10 @@ def _flip_zone(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band:
         torch.cat([keep, flipped_in]).sort().values,
     )
     dev.flipped += int(zone.numel())
+
+
+def _steer_by(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:
+    dev.steer(step_log, x, r, bits, band)
 
 
 def _steer_values(step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any) -> None:

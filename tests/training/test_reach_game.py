@@ -21,11 +21,11 @@ from torch import Tensor
 
 from game.evidence import PreStateEvidenceError
 from game.judgeupdate import judged_step, rebuilt_state
-from game.strategies.trainers import SteeredLog, _mode_engine
+from game.strategies.trainers import SteeredLog
 from game.training.engine.audit import audit
 from game.training.engine.replay import replayed
 from game.training.engine.states import decode_state
-from game.training.engine.step import StepEngine, engine_for
+from game.training.engine.step import engine_for
 from game.training.engine.train import train
 from game.training.log.formats import ChunkLog
 from game.training.log.sparse import SparseStepLog
@@ -42,37 +42,28 @@ STEPS, STEERED = 4, 2
 TRAINER, AUDITOR = "cpu-1t", "splitk-16"
 
 
-def _steer_past_the_rule(
-    step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band, dev: Any
-) -> None:
-    """List up to ``dev.per_tensor`` values between 16 and 32 bands from their midpoints whose
-    nearest neighbour is even: they go to the odd one, in the state and in the log."""
-    assert isinstance(step_log, SparseStepLog)
-    xf = rounding._int_view(x.detach()).reshape(-1)
-    geo = bandcheck.geometry(xf, bits, band)
-    between = geo.off & (geo.distance > reach(geo.band, 4, "judge")) & (geo.distance <= geo.band << 5)
-    cand = between.nonzero().squeeze(1)
-    even, odd = bandcheck._neighbours(xf, cand, bits)
-    flat = r.view(-1)
-    at_even = flat.index_select(0, cand).view(torch.int64) == even.view(torch.int64)
-    pick = cand[at_even][: dev.per_tensor]
-    if pick.numel() == 0:
-        return
-    flat.index_copy_(0, pick, odd[at_even][: dev.per_tensor])
-    last = step_log.pop()
-    positions = torch.cat([last.positions, pick.to(last.positions.device)]).unique()
-    step_log.append(last.record.op_index, last.record.op_name, last.record.count, positions)
-    dev.steered += int(pick.numel())
-
-
 class SteeredPastTheRule(SteeredLog):
-    def engine(self, step: int, honest: StepEngine) -> StepEngine:
-        if step != self.step:
-            return honest
-        eng = self._engines.get(id(honest))
-        if eng is None:
-            eng = self._engines[id(honest)] = _mode_engine(honest, _steer_past_the_rule, self)
-        return eng
+    """:class:`SteeredLog`, its values between 16 and 32 bands from their midpoints."""
+
+    def steer(self, step_log: ChunkLog | None, x: Tensor, r: Tensor, bits: int, band: Band) -> None:
+        """List up to ``per_tensor`` such values whose nearest neighbour is even: they go to the odd
+        one, in the state and in the log."""
+        assert isinstance(step_log, SparseStepLog)
+        xf = rounding._int_view(x.detach()).reshape(-1)
+        geo = bandcheck.geometry(xf, bits, band)
+        between = geo.off & (geo.distance > reach(geo.band, 4, "judge")) & (geo.distance <= geo.band << 5)
+        cand = between.nonzero().squeeze(1)
+        even, odd = bandcheck._neighbours(xf, cand, bits)
+        flat = r.view(-1)
+        at_even = flat.index_select(0, cand).view(torch.int64) == even.view(torch.int64)
+        pick = cand[at_even][: self.per_tensor]
+        if pick.numel() == 0:
+            return
+        flat.index_copy_(0, pick, odd[at_even][: self.per_tensor])
+        last = step_log.pop()
+        positions = torch.cat([last.positions, pick.to(last.positions.device)]).unique()
+        step_log.append(last.record.op_index, last.record.op_name, last.record.count, positions)
+        self.steered += int(pick.numel())
 
 
 @pytest.fixture(scope="module")
