@@ -41,12 +41,12 @@ from game.chain.types import Task, TaskStatus
 from game.errors import ContractGone, VerificationGameError, VGameError
 from game.merkle import MerkleTree
 from game.protocol.solver import decide_accept, decide_finalize, decide_withdraw
-from game.protocol.terms import TermsPolicy, terms_problems
+from game.protocol.terms import Estimate, TermsPolicy, terms_problems
 from game.store.archive import SealedArchive, publish_directory
 from game.store.blobs import BlobStore
 from game.store.keys import key_hash
 from game.store.sealing import StoreError
-from game.training.engine.train import Deviation, step_seconds, train
+from game.training.engine.train import Deviation, probe_steps, train
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.manifest import read_manifest
@@ -100,7 +100,7 @@ class TrainerAgent(TaskAgent):
         self.deviation = deviation
         self.rehearsal = rehearsal
         self.policy = policy or TermsPolicy()
-        self._training_s: float | None = None  # the training's estimated seconds (before the accept)
+        self._estimate: Estimate | None = None  # what it measured of the task (before the accept)
         self._tree: MerkleTree | None = None
         self._log_tree: MerkleTree | None = None
         self.games = TrainerGames(self, self.transcript_dir, self.tree, self.log_tree, self._restore)
@@ -133,7 +133,7 @@ class TrainerAgent(TaskAgent):
         damage: str | None = None
         if task.status in (TaskStatus.OPEN, TaskStatus.ACCEPTED):
             problems = terms_problems(
-                task, key_hash(self.data_key), self.policy, training_s=self._training_estimate(task)
+                task, key_hash(self.data_key), self.policy, estimate=self._measure(task)
             )
             if problems:
                 # before the accept (its bond) and before any training: nothing is lost yet
@@ -164,21 +164,23 @@ class TrainerAgent(TaskAgent):
         return status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED) and self.client.credit() == 0
 
     # ------------------------------------------------------------------------ before commit
-    def _training_estimate(self, task: Task) -> float | None:
-        """Seconds this node would train the task for: a step timed here (``step_seconds``) times
-        its steps. Only for a task still open: once its bond is posted, the trainer trains whatever
-        the window, and a restart does not time a step again."""
-        if task.status != TaskStatus.OPEN or self.policy.commit_margin <= 0:
+    def _measure(self, task: Task) -> Estimate | None:
+        """How long this node would train the task for (a step timed here, ``probe_steps``, times
+        its steps) and how large its log chunks are. Only for a task still open: once its bond is
+        posted, the trainer trains whatever the terms, and a restart measures nothing again."""
+        if task.status != TaskStatus.OPEN:
             return None
-        if self._training_s is None:
-            self._training_s = step_seconds(self.cfg, self.profile) * self.cfg.steps
+        if self._estimate is None:
+            probe = probe_steps(self.cfg, self.profile)
+            self._estimate = Estimate(probe.seconds * self.cfg.steps, probe.chunk_bytes)
             log.info(
-                "task %d: training its %d steps takes about %.0f s here",
+                "task %d: training its %d steps takes about %.0f s here; a log chunk is about %d bytes",
                 self.task_id,
                 self.cfg.steps,
-                self._training_s,
+                self._estimate.training_s,
+                self._estimate.chunk_bytes,
             )
-        return self._training_s
+        return self._estimate
 
     def _accept(self, out: list[AgentAction]) -> None:
         """Lock the task and post the bond: from now on the client cannot cancel until the commit

@@ -65,6 +65,7 @@ ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
     "--min-clock": (Role.trainer,),
     "--max-challenge-window": (Role.trainer,),
     "--commit-margin": (Role.trainer,),
+    "--max-chunk-bytes": (Role.trainer,),
     "--allow-client-judge": (Role.trainer,),
     "--evidence-dir": (Role.auditor, Role.judge),
 }
@@ -176,6 +177,17 @@ def node_cmd(
             "estimated from a step timed here before it accepts (0: no estimate).",
         ),
     ] = None,
+    max_chunk_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-chunk-bytes",
+            min=1,
+            metavar="BYTES",
+            show_default=str(TermsPolicy.max_chunk_bytes),
+            help="Trainer: refuse a task whose log chunks, measured on its first steps here, are larger "
+            "(an availability demand is answered with one chunk in one transaction).",
+        ),
+    ] = None,
     allow_client_judge: Annotated[
         bool,
         typer.Option(
@@ -238,6 +250,7 @@ def node_cmd(
             "--min-clock": min_clock is not None,
             "--max-challenge-window": max_challenge_window is not None,
             "--commit-margin": commit_margin is not None,
+            "--max-chunk-bytes": max_chunk_bytes is not None,
             "--allow-client-judge": allow_client_judge,
         },
     )
@@ -287,6 +300,7 @@ def node_cmd(
                 max_bond=max_bond,
                 max_challenge_window=max_challenge_window,
                 commit_margin=TermsPolicy.commit_margin if commit_margin is None else commit_margin,
+                max_chunk_bytes=TermsPolicy.max_chunk_bytes if max_chunk_bytes is None else max_chunk_bytes,
             ),
         )
     elif auditor is not None:

@@ -4,7 +4,7 @@ Why its own module: the contract checks what every task must satisfy (bonds of a
 every clock and window 1 s to 30 days, 2 to 2^48 leaves); a trainer has its own reasons to refuse
 work that the contract cannot know of: a data key that is not the task's, a clock too short for it
 to answer every game under congestion, a client judging its own task, a commit window too short
-for its own hardware to train the task in. The trainer node accepts a
+for its own hardware to train the task in, log chunks too large to post when an auditor demands one. The trainer node accepts a
 task (and locks its bond) only when :func:`terms_problems` finds nothing.
 """
 
@@ -38,15 +38,29 @@ class TermsPolicy:
     #: estimate): a trainer that cannot commit in time loses its bond to the client, however
     #: honest its work. The estimate is the node's own, from a step timed before the accept.
     commit_margin: float = 2.0
+    #: The largest log chunk this trainer can post on-chain when an auditor demands it
+    #: (``provideData``; None: any). Geth's pool takes transactions of up to 128 KiB; the
+    #: proof and the call's encoding take a little of it. A task whose chunks are larger could not
+    #: be defended: any auditor's demand would go unanswered and take the bond.
+    max_chunk_bytes: int | None = 120 * 1024
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a trainer measured of a task before accepting it (``train.probe_steps``)."""
+
+    training_s: float  # the whole training's wall seconds
+    chunk_bytes: int  # a log chunk's size
 
 
 def terms_problems(
-    task: Task, key_hash: bytes, policy: TermsPolicy | None = None, *, training_s: float | None = None
+    task: Task, key_hash: bytes, policy: TermsPolicy | None = None, *, estimate: Estimate | None = None
 ) -> list[str]:
     """Why a trainer should not work on ``task`` (empty when it may): its data key is not the
     task's (its transcript would be sealed under a key nobody else holds), or the terms are
-    outside ``policy``. ``training_s``: how long the training would take this trainer (its
-    estimate, None: not weighed), which the commit window must hold ``commit_margin`` times."""
+    outside ``policy``. ``estimate``: this trainer's measure of the task (None: not weighed), whose
+    training the commit window must hold ``commit_margin`` times, and whose chunks it must be able
+    to post."""
     policy = policy or TermsPolicy()
     out = []
     if task.key_hash != key_hash:
@@ -72,17 +86,26 @@ def terms_problems(
             f"the challenge window is {task.challenge_window} s, longer than the "
             f"{policy.max_challenge_window} s this trainer waits to be paid"
         )
-    if (
-        training_s is not None
-        and policy.commit_margin > 0
-        and task.commit_window < policy.commit_margin * training_s
-    ):
+    if estimate is not None:
+        out += _estimate_problems(task, policy, estimate)
+    return out
+
+
+def _estimate_problems(task: Task, policy: TermsPolicy, estimate: Estimate) -> list[str]:
+    out = []
+    if policy.commit_margin > 0 and task.commit_window < policy.commit_margin * estimate.training_s:
         out.append(
             f"the commit window is {task.commit_window} s, and training the task takes this trainer "
-            f"about {training_s:.0f} s: it asks for {policy.commit_margin:g}x that, so as not to lose "
-            "its bond to a late commit"
+            f"about {estimate.training_s:.0f} s: it asks for {policy.commit_margin:g}x that, so as not "
+            "to lose its bond to a late commit"
+        )
+    if policy.max_chunk_bytes is not None and estimate.chunk_bytes > policy.max_chunk_bytes:
+        out.append(
+            f"a log chunk of the task is about {estimate.chunk_bytes} bytes, over the "
+            f"{policy.max_chunk_bytes} bytes this trainer can post on-chain: an auditor's demand for "
+            "one would go unanswered and take its bond"
         )
     return out
 
 
-__all__ = ["TermsPolicy", "terms_problems"]
+__all__ = ["Estimate", "TermsPolicy", "terms_problems"]

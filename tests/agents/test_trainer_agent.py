@@ -142,8 +142,9 @@ def test_commitWindowTooShortForTheTraining_refusedBeforeAccepting_atTheMarginIt
         AgentError, match=f"not working on task {task_id}: the commit window is 60 s, and training"
     ):
         trainer.step()
-    estimate = trainer._training_s
-    assert estimate is not None and 0 < estimate < 60
+    assert trainer._estimate is not None
+    estimate = trainer._estimate.training_s
+    assert 0 < estimate < 60
     trainer.policy = replace(trainer.policy, commit_margin=60 / estimate * 1.01)
     with pytest.raises(AgentError, match="the commit window is 60 s"):
         trainer.step()
@@ -151,7 +152,7 @@ def test_commitWindowTooShortForTheTraining_refusedBeforeAccepting_atTheMarginIt
     assert steps_on_disk(trainer.transcript_dir) == 0
     trainer.policy = replace(trainer.policy, commit_margin=60 / estimate * 0.99)
     assert trainer.step()[0].what == "accept"
-    assert trainer._training_s == estimate  # timed once
+    assert trainer._estimate.training_s == estimate  # timed once
 
 
 def test_slowHardware_refusesAWindowTheDefaultMarginDoesNotHold_andOnceBondedTrainsWhateverTheWindow(
@@ -159,22 +160,49 @@ def test_slowHardware_refusesAWindowTheDefaultMarginDoesNotHold_andOnceBondedTra
 ) -> None:
     import trainer_node.agent as trainer_module
     from game.agents import AgentError
+    from game.training.engine.train import StepProbe
 
     task_id = post_task(tiny_cfg, commit_window=60)
     agents = make_agents(task_id, tiny_cfg)
     timed: list[str] = []
 
-    def slow(cfg: Any, profile: str) -> float:
+    def slow(cfg: Any, profile: str) -> StepProbe:
         timed.append(profile)
-        return 4.0  # 8 steps: 32 s, and the default margin asks for 64
+        return StepProbe(4.0, 100)  # 8 steps: 32 s, and the default margin asks for 64
 
-    monkeypatch.setattr(trainer_module, "step_seconds", slow)
+    monkeypatch.setattr(trainer_module, "probe_steps", slow)
     with pytest.raises(AgentError, match="training the task takes this trainer about 32 s: it asks for 2x"):
         agents.trainer.step()
     assert timed == [agents.trainer.profile]
     roles["trainer"].accept(task_id)  # bonded (another process of this trainer accepted it)
     assert [a.what for a in agents.trainer.step()] == ["train", "publish", "commit"]
     assert timed == [agents.trainer.profile]  # not weighed again: the bond is posted
+
+
+def test_chunksTooLargeToPostOnChain_refusedBeforeAccepting_asMeasuredOnTheTasksOwnSteps(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
+) -> None:
+    """An availability demand is answered with one log chunk in one transaction: a trainer whose
+    chunks are too large for one could not answer, and any auditor's demand would take its bond."""
+    from dataclasses import replace
+
+    from game.agents import AgentError
+    from game.training.transcript.reader import Transcript
+
+    task_id = post_task(tiny_cfg)
+    trainer = make_agents(task_id, tiny_cfg).trainer
+    trainer.policy = replace(trainer.policy, max_chunk_bytes=1)
+    with pytest.raises(AgentError, match=r"a log chunk of the task is about \d+ bytes, over the 1 bytes"):
+        trainer.step()
+    assert trainer._estimate is not None
+    size = trainer._estimate.chunk_bytes
+    trainer.policy = replace(trainer.policy, max_chunk_bytes=size - 1)
+    with pytest.raises(AgentError, match=f"about {size} bytes"):
+        trainer.step()
+    trainer.policy = replace(trainer.policy, max_chunk_bytes=size)
+    assert [a.what for a in trainer.step()][:2] == ["accept", "train"]
+    t = Transcript(trainer.transcript_dir)
+    assert size == max(len(t.chunk_bytes(1)), len(t.chunk_bytes(2)))  # what the training then wrote
 
 
 def test_chainResetWhileTraining_stopsTheTraining_withTheOneError(

@@ -124,7 +124,7 @@ def _node(role: str, tmp_path: Path, *extra: str) -> list[str]:
 
 ROLE_TAKES = {
     "trainer": "a trainer node takes --config, --rehearse, --min-payment, --max-bond, --min-clock, "
-    "--max-challenge-window, --commit-margin and --allow-client-judge",
+    "--max-challenge-window, --commit-margin, --max-chunk-bytes and --allow-client-judge",
     "auditor": "an auditor node takes --strategy, --seed, --save-every and --evidence-dir",
     "judge": "a judge node takes --evidence-dir",
 }
@@ -149,6 +149,7 @@ ROLE_TAKES = {
         ("auditor", ["--min-clock", "60"], "trainer"),
         ("judge", ["--max-challenge-window", "3600"], "trainer"),
         ("judge", ["--commit-margin", "3"], "trainer"),
+        ("auditor", ["--max-chunk-bytes", "4096"], "trainer"),
         ("auditor", ["--allow-client-judge"], "trainer"),
     ],
 )
@@ -184,6 +185,8 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
                 "3600",
                 "--commit-margin",
                 "3",
+                "--max-chunk-bytes",
+                "4096",
                 "--allow-client-judge",
             ],
         ),

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich import filesize
 
@@ -277,18 +277,28 @@ def _train_by_schedule(
     return _result(t, profile, steps_run=cfg.steps - max(before, 0), resumed_from=resumed, loss=None)
 
 
-def step_seconds(cfg: TaskConfig, profile: str) -> float:
-    """Wall seconds of one recorded step of ``cfg`` on ``profile``, its state hashed: the second of
-    two run from the initial state (the first pays for what a process does once: imports, kernels
-    built and loaded). A trainer node weighs a task's commit window by it before it accepts."""
+class StepProbe(NamedTuple):
+    """What :func:`probe_steps` measured."""
+
+    seconds: float  # wall seconds of a step, its state hashed (the second one where there are two)
+    chunk_bytes: int  # the larger of the steps' encoded log chunks
+
+
+def probe_steps(cfg: TaskConfig, profile: str) -> StepProbe:
+    """The first two recorded steps of ``cfg`` on ``profile``, from the initial state: how long a
+    step takes (the second: the first pays for what a process does once, imports and kernels
+    loaded) and how large a chunk is. A trainer node weighs a task's commit window and the chunks it
+    may have to post on-chain by them before it accepts (``game.protocol.terms``)."""
     engine = engine_for(cfg, profile)
     state = engine.init_state()
-    timed = []
+    seconds, size = 0.0, 0
     for step in range(1, min(cfg.steps, 2) + 1):
         start = time.perf_counter()
-        engine.run_step(state, step, mode="record")
-        timed.append(time.perf_counter() - start)
-    return timed[-1]
+        result = engine.run_step(state, step, mode="record")
+        seconds = time.perf_counter() - start
+        assert result.log is not None
+        size = max(size, len(result.log.encode(step, cfg.spec_hash())))
+    return StepProbe(seconds, size)
 
 
 def checkpoints_after(step: int, cfg: TaskConfig) -> int:
@@ -407,12 +417,13 @@ __all__ = [
     "Deviation",
     "ObserveFn",
     "ProgressFn",
+    "StepProbe",
     "StepRunner",
     "TrainResult",
     "checkpoints_after",
     "initial_step",
+    "probe_steps",
     "queue_step",
-    "step_seconds",
     "train",
     "train_step",
 ]
