@@ -160,3 +160,28 @@ def test_provideData_reverts(env: Env) -> None:
         "NotYourTurn",
         (data_game, AWAITING_DATA),
     )
+
+
+def test_theLargestChunkATrainerNodeTakesATaskFor_isPostedInOneTransactionThatAPoolAccepts(env: Env) -> None:
+    """A trainer node refuses a task whose chunks exceed ``TermsPolicy.max_chunk_bytes``: a chunk that
+    large (incompressible bytes, the worst case for gas) is one ``provideData`` whose signed
+    transaction stays under geth's 128 KiB pool limit and well inside a block."""
+    import os
+
+    from game.protocol.terms import TermsPolicy
+
+    size = TermsPolicy.max_chunk_bytes
+    assert size is not None
+    held = chunks(N)
+    held[4] = os.urandom(size)
+    task = env.create_task(N)
+    env.commit(task, MerkleTree(leaves(N)), log_root=log_tree(held).root)
+    game_id = env.challenge_data(task, env.auditors[0], 4)
+    fn = env.provide_data_fn(game_id, held)
+    calldata = bytes.fromhex(fn._encode_transaction_data()[2:])
+    assert (
+        len(calldata) + 256 <= 128 * 1024
+    )  # 256: nonce, fees, gas, address, value and signature, generously
+    receipt = env.provide_data(game_id, held)
+    assert env.event(receipt, "DataProvided")["data"] == held[4]
+    assert int(receipt["gasUsed"]) < 6_000_000, receipt["gasUsed"]
