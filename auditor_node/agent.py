@@ -11,8 +11,8 @@ from ``Challenged`` events, so nothing is sent twice after a crash.
 A data key that is not the task's (its hash is on-chain) is the auditor's own mistake: it stops
 before fetching anything. A transcript that cannot be had with the right key (not in the store
 past a grace, not opening under the key, not what the chain committed to) is the trainer's: the
-auditor demands a log chunk on-chain (an availability challenge, :mod:`auditor_node.availability`),
-which the trainer must post within its clock or lose the task. Once a task it won a game of is
+auditor demands a piece of a log chunk on-chain (an availability challenge,
+:mod:`auditor_node.availability`), which the trainer must post within its clock or lose the task. Once a task it won a game of is
 settled, the auditor claims its share of the trainer's bond (:mod:`auditor_node.rewards`). The
 fetch and the replay are :mod:`auditor_node.replay`'s; this module decides what is due and plays.
 

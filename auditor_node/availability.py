@@ -1,13 +1,14 @@
-"""An auditor's availability challenges: demanding a log chunk on-chain when the transcript cannot be had.
+"""An auditor's availability challenges: a log chunk's piece demanded when the transcript cannot be had.
 
 Why: an auditor that cannot get or open the transcript cannot replay, and before issue 44 it stopped
-without a word while the trainer was paid. Now it demands one log chunk on-chain (``challengeData``),
-chosen by :func:`game.protocol.solver.data_probe_index`: a trainer that cannot post it within its
-clock loses the game and with it the task; one that posts it holds its data, and the auditor keeps
-waiting for the store. When to demand is the solver's (:func:`~game.protocol.solver.decide_data_demand`);
-this module only sends what it decides and reads the outcome back from the chain. It is handed the
-agent as the shared :class:`~game.agents.TaskAgent` and the auditor's games as a callable, so it
-never imports :mod:`auditor_node.agent`, which holds it.
+without a word while the trainer was paid. Now it demands one piece of one log chunk on-chain
+(``challengeData``; one transaction carries a piece, not a large chunk: :mod:`game.chunkleaf`), chosen
+by :func:`game.protocol.solver.data_probe_index` and :func:`~game.protocol.solver.data_probe_piece`: a
+trainer that cannot post it within its clock loses the game and with it the task; one that posts it
+holds its data, and the auditor keeps waiting for the store. When to demand is the solver's
+(:func:`~game.protocol.solver.decide_data_demand`); this module only sends what it decides and reads
+the outcome back from the chain. It is handed the agent as the shared :class:`~game.agents.TaskAgent`
+and the auditor's games as a callable, so it never imports :mod:`auditor_node.agent`, which holds it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class DataDemands:
         if move is None:
             return
         try:
-            rec = agent.client.challenge_data(agent.task_id, move.index)
+            rec = agent.client.challenge_data(agent.task_id, move.index, move.piece)
         except VerificationGameError as exc:  # the chunk was posted already (another auditor's demand)
             log.warning("availability challenge of task %d refused: %s", agent.task_id, exc)
             return
@@ -78,7 +79,8 @@ class DataDemands:
                 rec,
                 game_id=gid,
                 leaf_index=move.index,
-                detail=f"the transcript is {why}: the trainer must post the log chunk of step {move.index}",
+                detail=f"the transcript is {why}: the trainer must post piece {move.piece} (reduced by the chunk's "
+                f"piece count) of the log chunk of step {move.index}",
             ),
         )
 

@@ -9,7 +9,8 @@ import {MerkleProof} from "./MerkleProof.sol";
 ///         commits the Merkle root of its per-step state hashes; any auditor may challenge within a
 ///         window; each challenge is a game that bisects [lo, hi] down to one step with a chess clock
 ///         per party, and the task's judge re-runs that step and rules. An auditor that cannot get
-///         the transcript may instead demand one log chunk, which the trainer must post on-chain.
+///         the transcript may instead demand one piece of a log chunk, which the trainer must post
+///         on-chain.
 /// @dev    Interface and money rules: docs/contract.md. No owner, no admin function: every role and
 ///         parameter is fixed at task creation. Pull payments only. Every loop is bounded.
 contract VerificationGame {
@@ -99,6 +100,7 @@ contract VerificationGame {
         uint64 taskId;
         bool disputeInit;
         bool availability;
+        uint32 piece;
         Outcome outcome;
         EndReason reason;
         bool rewardClaimed;
@@ -121,10 +123,11 @@ contract VerificationGame {
         // slot 1
         address auditor;
         bool disputeInit;
-        bool availability; // an availability challenge: the trainer must post log chunk lo
+        bool availability; // an availability challenge: the trainer must post a piece of log chunk lo
         Outcome outcome;
         EndReason reason;
         bool rewardClaimed; // an AuditorWon game's share of the trainer's bond was credited
+        uint32 piece; // availability: the piece of chunk lo demanded (once answered: the piece posted)
         // slots 2-4
         bytes32 loLeaf;
         bytes32 hiLeaf;
@@ -159,8 +162,10 @@ contract VerificationGame {
     error InvalidLeafCount(uint64 numLeaves);
     /// @notice Thrown when a commitment's leaf count is not the one the task fixed at creation.
     error LeafCountMismatch(uint64 expected, uint64 given);
-    /// @notice Thrown when a leaf (or a log chunk's hash) does not verify against its committed root.
+    /// @notice Thrown when a leaf (or a log chunk's leaf) does not verify against its committed root.
     error InvalidProof(uint64 index, bytes32 leaf);
+    /// @notice Thrown when a posted piece's hash is not piece `piece` of the chunk's piece tree.
+    error InvalidPieceProof(uint64 index, uint32 piece, bytes32 pieceHash);
     /// @notice Thrown when the trainer commits after the commit window it accepted.
     error CommitWindowClosed(uint256 taskId, uint64 commitBy);
     /// @notice Thrown when the client cancels an accepted task while the trainer may still commit.
@@ -173,8 +178,9 @@ contract VerificationGame {
     error GamesLive(uint256 taskId, uint32 liveGames);
     /// @notice Thrown when an availability challenge names a log chunk the task does not have.
     error DataIndexOutOfRange(uint64 index, uint64 numLeaves);
-    /// @notice Thrown when an availability challenge names a chunk the trainer has already posted.
-    error DataAlreadyProvided(uint256 taskId, uint64 index);
+    /// @notice Thrown when an availability challenge names a piece of a chunk the trainer has already
+    ///         posted (`piece` reduced by the chunk's piece count).
+    error DataAlreadyProvided(uint256 taskId, uint64 index, uint32 piece);
     /// @notice Thrown when a move, ruling or timeout targets a game that has ended.
     error GameOver(uint256 gameId, Outcome outcome);
     /// @notice Thrown when the game's phase does not accept this move.
@@ -230,14 +236,18 @@ contract VerificationGame {
         uint64 windowEnds
     );
     /// @notice An auditor opened game `gameId` over `[lo, hi]` (an availability challenge: lo = hi =
-    ///         the chunk demanded, followed by DataRequested).
+    ///         the chunk a piece of which is demanded, followed by DataRequested).
     event Challenged(
         uint256 indexed taskId, uint256 indexed gameId, address indexed auditor, bool disputeInit, uint64 lo, uint64 hi
     );
-    /// @notice Game `gameId` demands log chunk `index`; the trainer must post it by `deadline`.
-    event DataRequested(uint256 indexed gameId, uint256 indexed taskId, uint64 index, uint64 deadline);
-    /// @notice The trainer posted log chunk `index` (verified against the log root).
-    event DataProvided(uint256 indexed gameId, uint256 indexed taskId, uint64 index, bytes data);
+    /// @notice Game `gameId` demands piece `piece` of log chunk `index` (reduced by the chunk's piece
+    ///         count once that is known; else the answer reduces it); the trainer must post it by `deadline`.
+    event DataRequested(uint256 indexed gameId, uint256 indexed taskId, uint64 index, uint32 piece, uint64 deadline);
+    /// @notice The trainer posted `data`, piece `piece` of log chunk `index`, a chunk of `chunkLength`
+    ///         bytes (verified against the piece tree and the log root).
+    event DataProvided(
+        uint256 indexed gameId, uint256 indexed taskId, uint64 index, uint32 piece, uint64 chunkLength, bytes data
+    );
     /// @notice The trainer revealed leaf `index`; the auditor's clock runs.
     event LeafRevealed(uint256 indexed gameId, uint64 index, bytes32 leaf, uint32 trainerClockLeft);
     /// @notice The auditor answered; the interval is now `[lo, hi]`.
@@ -280,6 +290,10 @@ contract VerificationGame {
     /// @notice The longest clock allowance, challenge window, judge window or commit window: a silent
     ///         party can hold a task's money for at most about five such spans (docs/contract.md).
     uint32 public constant MAX_DURATION = 30 days;
+    /// @notice The bytes of a log chunk's piece (the last piece may be shorter): an availability
+    ///         demand is answered one piece at a time, so one provideData stays under a node's 128 KiB
+    ///         transaction limit whatever the chunk's size (game/chunkleaf.py).
+    uint256 public constant PIECE_BYTES = 122_880;
 
     // Bit offsets of GameSlots slot 0 as solc packs it (first member in the lowest bits); reveal
     // reads and writes that slot by hand. tests/contracts check every field through game().
@@ -304,8 +318,11 @@ contract VerificationGame {
     mapping(uint256 taskId => Task) internal _tasks;
     mapping(uint256 gameId => GameSlots) internal _games;
     mapping(address account => uint256) internal _credit;
-    /// @dev Log chunks a trainer has posted in answer to an availability challenge, per task.
-    mapping(uint256 taskId => mapping(uint64 index => bool)) internal _provided;
+    /// @dev Pieces of log chunks a trainer has posted in answer to an availability challenge, per
+    ///      task, keyed by `_pieceKey(index, piece)`.
+    mapping(uint256 taskId => mapping(uint256 key => bool)) internal _provided;
+    /// @dev A log chunk's piece count, per task, once an answer has shown the chunk's length (0: unknown).
+    mapping(uint256 taskId => mapping(uint64 index => uint64)) internal _pieceCount;
     /// @dev Wei locked in this contract for good: the burnt half of forfeited trainer bonds.
     uint256 internal _burnt;
 
@@ -424,7 +441,8 @@ contract VerificationGame {
     /// @dev Verifying leaf 0 and leaf N-1 here fixes the bisection's endpoints for every game.
     /// @param taskId The task.
     /// @param stateRoot Root of the tree of per-step state hashes (leaf i = state after step i).
-    /// @param logRoot Root of the tree of rounding-log chunk hashes (leaf i = sha256 of step i's chunk).
+    /// @param logRoot Root of the tree of rounding-log chunk leaves (leaf i = sha256(uint64 length ||
+    ///        piece root) of step i's chunk: see provideData).
     /// @param numLeaves N, the number of state leaves (steps + 1): must be the task's own.
     /// @param transcriptId The sealed transcript's blob id (sha256 of its sealed bytes).
     /// @param firstLeaf Leaf 0, the initial state hash.
@@ -539,19 +557,24 @@ contract VerificationGame {
         if (pinned) emit StepPinned(gameId, taskId, hi, preLeaf, postLeaf, uint64(block.timestamp) + t.judgeWindow);
     }
 
-    /// @notice Availability challenge: demand log chunk `index` of the committed log tree, for an
-    ///         auditor that cannot get or open the transcript. The trainer must post the chunk with
-    ///         `provideData` within its clock, or it loses the game (and with it the task).
+    /// @notice Availability challenge: demand piece `piece` of log chunk `index` of the committed log
+    ///         tree, for an auditor that cannot get or open the transcript. The trainer must post the
+    ///         piece with `provideData` within its clock, or it loses the game (and with it the task).
+    /// @dev    An auditor that has never seen the chunk cannot know its piece count: any number is
+    ///         accepted, and reduced modulo the count once an answer has made it known (here if it
+    ///         is known already, else in `provideData`).
     /// @param taskId The committed task.
     /// @param index The step whose rounding-log chunk is demanded (0 to N-1).
+    /// @param piece The piece of the chunk demanded (PIECE_BYTES each; reduced modulo their count).
     /// @return gameId The new game's id.
-    function challengeData(uint256 taskId, uint64 index) external payable returns (uint256 gameId) {
+    function challengeData(uint256 taskId, uint64 index, uint32 piece) external payable returns (uint256 gameId) {
         Task storage t = _task(taskId);
         _checkChallenger(taskId, t);
         // INVARIANT: the chunk demanded is a leaf of the log tree.
         if (index >= t.numLeaves) revert DataIndexOutOfRange(index, t.numLeaves);
-        // INVARIANT: a chunk posted once is public for good; nobody can make the trainer post it again.
-        if (_provided[taskId][index]) revert DataAlreadyProvided(taskId, index);
+        piece = _reduced(taskId, index, piece);
+        // INVARIANT: a piece posted once is public for good; nobody can make the trainer post it again.
+        if (_provided[taskId][_pieceKey(index, piece)]) revert DataAlreadyProvided(taskId, index, piece);
 
         gameId = ++_gameCount;
         ++t.liveGames;
@@ -567,8 +590,9 @@ contract VerificationGame {
         g.taskId = uint48(taskId);
         g.auditor = msg.sender;
         g.availability = true;
+        g.piece = piece;
         emit Challenged(taskId, gameId, msg.sender, false, index, index);
-        emit DataRequested(gameId, taskId, index, uint64(block.timestamp) + clock);
+        emit DataRequested(gameId, taskId, index, piece, uint64(block.timestamp) + clock);
     }
 
     /// @notice Trainer's move: reveal leaf mid = (lo + hi) / 2 with its proof against the state root.
@@ -655,32 +679,44 @@ contract VerificationGame {
         _end(gameId, g, t, trainerWon ? Outcome.TrainerWon : Outcome.AuditorWon, EndReason.Ruling);
     }
 
-    /// @notice The trainer's answer to an availability challenge: log chunk `lo` of the game, whose
-    ///         sha256 must be leaf `lo` of the committed log tree. The chunk is emitted in
-    ///         `DataProvided` for anyone to read; the auditor's bond goes back (nobody was shown wrong).
+    /// @notice The trainer's answer to an availability challenge: the demanded piece of log chunk
+    ///         `lo` of the game. The chunk's leaf in the committed log tree is
+    ///         sha256(uint64 chunkLength || pieceRoot), where pieceRoot is the root of the tree over
+    ///         the sha256 of its pieces (PIECE_BYTES each, the last shorter; an empty chunk is one
+    ///         empty piece). The length fixes the piece count, so a piece cannot pass for another in a
+    ///         tree of another size. The piece is emitted in `DataProvided` for anyone to read; the
+    ///         auditor's bond goes back (nobody was shown wrong).
     /// @param gameId The availability game.
-    /// @param data The chunk's bytes.
-    /// @param proof Inclusion proof of sha256(data) at index lo in the log tree of N leaves.
-    function provideData(uint256 gameId, bytes calldata data, bytes32[] calldata proof) external {
+    /// @param chunkLength The chunk's length in bytes.
+    /// @param pieceRoot The root of the chunk's piece tree.
+    /// @param data The piece's bytes: piece `piece % count` of the chunk, count = its piece count.
+    /// @param pieceProof Inclusion proof of sha256(data) at that index in the piece tree of count leaves.
+    /// @param proof Inclusion proof of the chunk's leaf at index lo in the log tree of N leaves.
+    function provideData(
+        uint256 gameId,
+        uint64 chunkLength,
+        bytes32 pieceRoot,
+        bytes calldata data,
+        bytes32[] calldata pieceProof,
+        bytes32[] calldata proof
+    ) external {
         GameSlots storage g = _game(gameId);
-        uint256 taskId = g.taskId;
-        Task storage t = _tasks[taskId];
+        Task storage t = _tasks[g.taskId];
         // INVARIANT: only the trainer answers, and only an open availability challenge.
         _checkTurn(gameId, g.phase, Phase.AwaitingData, t.trainer);
         // INVARIANT: the trainer's clock has time left.
         _spend(gameId, g.lastMoveAt, g.trainerClock);
-        uint64 index = g.lo;
-        bytes32 chunkHash = sha256(data);
-        // INVARIANT: the data is the committed chunk.
-        if (!MerkleProof.verify(t.logRoot, index, t.numLeaves, chunkHash, proof)) revert InvalidProof(index, chunkHash);
-        _provided[taskId][index] = true;
-        emit DataProvided(gameId, taskId, index, data);
+        // INVARIANT: the length and piece root are the committed chunk's (its leaf lo in the log tree).
+        _checkChunkLeaf(t, g.lo, chunkLength, pieceRoot, proof);
+        // INVARIANT: the data is the demanded piece of that chunk (reduced by its piece count).
+        uint32 piece = _takePiece(g, chunkLength, pieceRoot, data, pieceProof);
+        emit DataProvided(gameId, g.taskId, g.lo, piece, chunkLength, data);
         _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
     }
 
     /// @notice End a game whose mover's clock ran out (the mover loses), whose judge deadline passed
-    ///         (the game is void), or whose demanded chunk was not posted in time (the trainer loses,
-    ///         unless another game of the task got the same chunk meanwhile). Anyone may call it.
+    ///         (the game is void), or whose demanded piece was not posted in time (the trainer loses,
+    ///         unless another game of the task got the same piece meanwhile). Anyone may call it.
     /// @param gameId The game.
     function timeout(uint256 gameId) external {
         GameSlots storage g = _game(gameId);
@@ -698,9 +734,15 @@ contract VerificationGame {
         } else if (phase == Phase.AwaitingResponse) {
             _end(gameId, g, t, Outcome.TrainerWon, EndReason.Timeout);
         } else if (phase == Phase.AwaitingData) {
-            // The demand is met when the chunk was posted in another game of the task.
-            if (_provided[taskId][uint64(g.lo)]) _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
-            else _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
+            // The demand is met when its piece (reduced by the count an answer made known, if any)
+            // was posted in another game of the task.
+            uint64 index = g.lo;
+            uint32 piece = _reduced(taskId, index, g.piece);
+            if (_provided[taskId][_pieceKey(index, piece)]) {
+                _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
+            } else {
+                _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
+            }
         } else {
             _end(gameId, g, t, Outcome.Void, EndReason.JudgeTimeout);
         }
@@ -765,6 +807,7 @@ contract VerificationGame {
             taskId: g.taskId,
             disputeInit: g.disputeInit,
             availability: g.availability,
+            piece: g.piece,
             outcome: g.outcome,
             reason: g.reason,
             rewardClaimed: g.rewardClaimed,
@@ -875,6 +918,64 @@ contract VerificationGame {
         if (msg.sender == t.trainer || msg.sender == t.judge) revert ChallengerNotAllowed(msg.sender);
         // INVARIANT: the auditor posts exactly its bond.
         if (msg.value != t.auditorBond) revert WrongBond(msg.value, t.auditorBond);
+    }
+
+    /// @dev The piece count of a chunk of `length` bytes: ceil(length / PIECE_BYTES), and 1 for an
+    ///      empty chunk (one empty piece).
+    function _pieces(uint64 length) internal pure returns (uint64) {
+        if (length == 0) return 1;
+        return uint64((uint256(length) + PIECE_BYTES - 1) / PIECE_BYTES);
+    }
+
+    /// @dev The piece a demand for `piece` of chunk `index` names: reduced modulo the chunk's piece
+    ///      count once an answer has made it known, as demanded before.
+    function _reduced(uint256 taskId, uint64 index, uint32 piece) internal view returns (uint32) {
+        uint64 count = _pieceCount[taskId][index];
+        // piece % count <= piece, so it fits 32 bits.
+        return count == 0 ? piece : uint32(piece % count);
+    }
+
+    /// @dev The key of piece `piece` of chunk `index` in `_provided`.
+    function _pieceKey(uint64 index, uint32 piece) internal pure returns (uint256) {
+        return (uint256(index) << 32) | piece;
+    }
+
+    /// @dev Reverts InvalidProof unless sha256(length || pieceRoot) is leaf `index` of the log tree.
+    function _checkChunkLeaf(
+        Task storage t,
+        uint64 index,
+        uint64 length,
+        bytes32 pieceRoot,
+        bytes32[] calldata proof
+    ) internal view {
+        bytes32 leaf = sha256(abi.encodePacked(length, pieceRoot));
+        if (!MerkleProof.verify(t.logRoot, index, t.numLeaves, leaf, proof)) revert InvalidProof(index, leaf);
+    }
+
+    /// @dev Checks that `data` is the piece game `g` demands of its chunk (`length` bytes, piece
+    ///      tree root `pieceRoot`, already checked against the log root) and records it posted:
+    ///      the chunk's piece count, the piece, and the piece answered in the game.
+    /// @return piece The demanded piece reduced modulo the chunk's piece count.
+    function _takePiece(
+        GameSlots storage g,
+        uint64 length,
+        bytes32 pieceRoot,
+        bytes calldata data,
+        bytes32[] calldata pieceProof
+    ) internal returns (uint32 piece) {
+        uint64 count = _pieces(length);
+        // g.piece % count <= g.piece, so it fits 32 bits.
+        piece = uint32(g.piece % count);
+        uint64 index = g.lo;
+        bytes32 pieceHash = sha256(data);
+        if (!MerkleProof.verify(pieceRoot, piece, count, pieceHash, pieceProof)) {
+            revert InvalidPieceProof(index, piece, pieceHash);
+        }
+        uint256 taskId = g.taskId;
+        mapping(uint64 => uint64) storage counts = _pieceCount[taskId];
+        if (counts[index] == 0) counts[index] = count;
+        _provided[taskId][_pieceKey(index, piece)] = true;
+        g.piece = piece;
     }
 
     function _validDuration(uint32 seconds_) internal pure returns (bool) {

@@ -17,7 +17,6 @@ checked against the committed state tree, by replaying with the trainer's log.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -39,6 +38,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
+from game.chunkleaf import chunk_leaf
 from game.errors import (
     ConfigError,
     RoundingLogError,
@@ -262,7 +262,7 @@ class Judge:
         if initial_state_disputed(g):
             return
         step = pinned_step(g)
-        chunk_hash = hashlib.sha256(ev.chunk).digest()
+        chunk_hash = chunk_leaf(ev.chunk)
         proof = ev.chunk_proof
         if (
             proof is None
@@ -295,7 +295,7 @@ class Judge:
         for w, (data, wproof) in ev.earlier.items():
             if not (
                 1 <= w < step and wproof.index == w and wproof.size == task.num_leaves
-            ) or not verify_proof(task.log_root, hashlib.sha256(data).digest(), wproof):
+            ) or not verify_proof(task.log_root, chunk_leaf(data), wproof):
                 raise ChunkEvidenceError(
                     f"the chunk given as update {w}'s is not leaf {w} of the committed log tree"
                 )

@@ -133,6 +133,7 @@ def describe_task(client: VerificationGameClient, task_id: int) -> dict[str, Any
                 "hi": g.hi,
                 "dispute_init": g.dispute_init,
                 "data_index": g.data_index,
+                "data_piece": g.piece if g.availability else None,
                 "pinned_step": g.pinned_step,
                 "outcome": g.outcome.name.lower(),
                 "reason": g.reason.name.lower(),

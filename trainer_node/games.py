@@ -17,6 +17,7 @@ from pathlib import Path
 
 from game.agents import AgentAction, TaskAgent, action_from_receipt, games_of_task
 from game.chain.types import Game, Phase
+from game.chunkleaf import piece_count, piece_of
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError
 from game.merkle import MerkleTree
 from game.protocol.solver import ClaimTimeout, ProvideData, Reveal, trainer_move
@@ -90,12 +91,13 @@ class TrainerGames:
         )
 
     def _provide(self, gid: int, move: ProvideData, out: list[AgentAction]) -> None:
-        """Post the demanded log chunk on-chain (an availability challenge: an auditor could not get
-        or open the transcript)."""
+        """Post the demanded piece of a log chunk on-chain (an availability challenge: an auditor
+        could not get or open the transcript); the client cuts the piece the game names."""
         agent = self.agent
         chunk = self._chunk(move.index)
         if chunk is None:
             return
+        g_piece = agent.client.game(gid).piece
         try:
             rec = agent.client.provide_data(gid, chunk, move.proof)
         except VerificationGameError as exc:
@@ -110,7 +112,8 @@ class TrainerGames:
                 rec,
                 game_id=gid,
                 leaf_index=move.index,
-                detail=f"log chunk of step {move.index} posted on-chain ({len(chunk):,} bytes)",
+                detail=f"piece {piece_of(g_piece, len(chunk))} of {piece_count(len(chunk))} of the log chunk of "
+                f"step {move.index} posted on-chain (a {len(chunk):,}-byte chunk)",
             ),
         )
 

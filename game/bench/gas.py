@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from game import chunkleaf
 from game.chain.base import Chain
 from game.chain.client import VerificationGameClient
 from game.chain.deploy import deploy_contract
@@ -258,7 +259,7 @@ def measure_size(chain: Chain, log2_leaves: int, progress: Callable[[str], None]
     say("cancel, availability, timeout, finalize, reward, withdraw")
     small = MerkleTree(synthetic_leaves(3))
     chunks = bench_chunks(small.size)
-    log_tree = MerkleTree([hashlib.sha256(c).digest() for c in chunks])
+    log_tree = MerkleTree([chunkleaf.chunk_leaf(c) for c in chunks])
     record(p.client.cancel(new_task(small.size, accept=False)))
     task_c = new_task(small.size)
     record(commit_bench_tree(p, task_c, small, log_tree.root))

@@ -23,7 +23,7 @@ from typing import Any
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from game import clock
+from game import chunkleaf, clock
 from game.chain import errors as E
 from game.chain.address import checked_address
 from game.chain.base import Chain
@@ -225,11 +225,15 @@ class VerificationGameClient(GameViews):
             "challenge", [task_id, dispute_init], value, check, result=("Challenged", "game_id")
         )
 
-    def challenge_data(self, task_id: int, index: int, *, bond: int | None = None) -> TxReceipt:
-        """Auditor: an availability challenge demanding log chunk ``index``, which the trainer must
-        post on-chain within its clock (:meth:`provide_data`) or lose; ``receipt.result`` is the game
-        id. A chunk posted already is refused by the contract (``DataAlreadyProvided``: the gas
-        estimate says so, for free)."""
+    def challenge_data(
+        self, task_id: int, index: int, piece: int = 0, *, bond: int | None = None
+    ) -> TxReceipt:
+        """Auditor: an availability challenge demanding piece ``piece`` of log chunk ``index``
+        (:data:`game.chunkleaf.PIECE_BYTES` bytes each), which the trainer must post on-chain within
+        its clock (:meth:`provide_data`) or lose; ``receipt.result`` is the game id. Any piece
+        number is accepted: the contract reduces it modulo the chunk's piece count (once an answer
+        has made the count known; else the answer does). A piece posted already is refused by the
+        contract (``DataAlreadyProvided``: the gas estimate says so, for free)."""
         task = self.task(task_id) if bond is None or self.options.prechecks else None
         value = bond if bond is not None else task.auditor_bond  # type: ignore[union-attr]
 
@@ -240,7 +244,7 @@ class VerificationGameClient(GameViews):
                 raise E.DataIndexOutOfRange(index, task.num_leaves)
 
         return self._transact(
-            "challengeData", [task_id, index], value, check, result=("Challenged", "game_id")
+            "challengeData", [task_id, index, piece], value, check, result=("Challenged", "game_id")
         )
 
     def reveal(self, game_id: int, leaf: bytes, proof: ProofLike) -> TxReceipt:
@@ -278,21 +282,31 @@ class VerificationGameClient(GameViews):
 
         return self._transact("rule", [game_id, computed_post_state], 0, check)
 
-    def provide_data(self, game_id: int, data: bytes, proof: ProofLike) -> TxReceipt:
-        """Trainer: answer an availability challenge with the demanded log chunk and its proof in
-        the log tree (leaf data: the chunk's sha256)."""
+    def provide_data(self, game_id: int, chunk: bytes, proof: ProofLike) -> TxReceipt:
+        """Trainer: answer an availability challenge from the whole demanded log chunk and the proof
+        of its leaf in the log tree (leaf data: :func:`game.chunkleaf.chunk_leaf`). Only the piece
+        the game demands is posted (:func:`game.chunkleaf.answer`: the chunk's length and piece
+        root, the piece, and its proof in the chunk's piece tree), so a chunk of any size is
+        answered in one transaction a pool accepts."""
         siblings = _siblings(proof)
+        g = self.game(game_id)  # the piece demanded, read whether or not the call is pre-checked
+        answer = chunkleaf.answer(chunk, g.piece)
+        piece_siblings = _siblings(answer.proof)
 
         def check() -> None:
-            g = self.game(game_id)
             t = self.task(g.task_id)
             self._check_turn(game_id, g, Phase.AWAITING_DATA, t.trainer)
             self._check_clock(game_id, clock.deadline_of(g.last_move_at, g.trainer_clock))
-            chunk_hash = hashlib.sha256(data).digest()
-            if not _proof_ok(t.log_root, g.lo, t.num_leaves, chunk_hash, siblings):
-                raise E.InvalidProof(g.lo, chunk_hash)
+            leaf = chunkleaf.leaf_of_parts(answer.length, answer.piece_root)
+            if not _proof_ok(t.log_root, g.lo, t.num_leaves, leaf, siblings):
+                raise E.InvalidProof(g.lo, leaf)
+            piece_hash = hashlib.sha256(answer.data).digest()
+            count = chunkleaf.piece_count(answer.length)
+            if not _proof_ok(answer.piece_root, answer.piece, count, piece_hash, piece_siblings):
+                raise E.InvalidPieceProof(g.lo, answer.piece, piece_hash)
 
-        return self._transact("provideData", [game_id, data, siblings], 0, check)
+        args = [game_id, answer.length, answer.piece_root, answer.data, piece_siblings, siblings]
+        return self._transact("provideData", args, 0, check)
 
     def timeout(self, game_id: int) -> TxReceipt:
         """Anyone: end a game whose mover (or judge) ran out of time."""

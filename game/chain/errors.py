@@ -225,6 +225,13 @@ class InvalidProof(ContractError, ValueError):
     explain = "the Merkle proof of leaf {index} does not lead to the committed root"
 
 
+class InvalidPieceProof(ContractError, ValueError):
+    """A posted piece is not the demanded piece of the chunk's piece tree."""
+
+    params = ("index", "piece", "piece_hash")
+    explain = "the data posted is not piece {piece} of log chunk {index}: its proof does not lead to the chunk's piece root"
+
+
 class CommitWindowClosed(ContractError, TimeoutError):
     """The trainer commits after the commit window it accepted."""
 
@@ -270,10 +277,14 @@ class DataIndexOutOfRange(ContractError, ValueError):
 
 
 class DataAlreadyProvided(ContractError):
-    """An availability challenge names a chunk the trainer has already posted (it is public)."""
+    """An availability challenge names a piece of a chunk the trainer has already posted (it is
+    public); ``piece`` is the demanded one reduced by the chunk's piece count."""
 
-    params = ("task_id", "index")
-    explain = "the trainer of task {task_id} has already posted log chunk {index}: read it from its DataProvided event"
+    params = ("task_id", "index", "piece")
+    explain = (
+        "the trainer of task {task_id} has already posted piece {piece} of log chunk {index}: "
+        "read it from its DataProvided event"
+    )
 
 
 class GameOver(ContractError):
@@ -375,6 +386,7 @@ ERROR_CLASSES: dict[str, type[ContractError]] = {
         InvalidLeafCount,
         LeafCountMismatch,
         InvalidProof,
+        InvalidPieceProof,
         CommitWindowClosed,
         CommitWindowOpen,
         WindowClosed,

@@ -89,6 +89,7 @@ class DataRequested(ContractEvent):
     game_id: int
     task_id: int
     index: int
+    piece: int  # the piece of chunk ``index`` demanded (reduced by its piece count if known yet)
     deadline: int
     indexed: ClassVar[tuple[str, ...]] = ("game_id", "task_id")
 
@@ -98,7 +99,9 @@ class DataProvided(ContractEvent):
     game_id: int
     task_id: int
     index: int
-    data: bytes  # the log chunk of step ``index``, verified against the log root
+    piece: int  # the piece of chunk ``index`` posted (the demanded one, reduced by the piece count)
+    chunk_length: int  # the whole chunk's length in bytes (its leaf binds it)
+    data: bytes  # piece ``piece`` of the log chunk of step ``index``, verified against the log root
     indexed: ClassVar[tuple[str, ...]] = ("game_id", "task_id")
 
 

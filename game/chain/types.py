@@ -145,7 +145,8 @@ class Game:
     auditor: str
     task_id: int
     dispute_init: bool
-    availability: bool  # an availability challenge: the trainer must post log chunk ``lo``
+    availability: bool  # an availability challenge: the trainer must post a piece of log chunk ``lo``
+    piece: int  # availability: the piece of chunk ``lo`` demanded; once answered, the piece posted
     outcome: Outcome
     reason: EndReason
     reward_claimed: bool  # an AuditorWon game's share of the trainer's bond was credited
@@ -165,7 +166,9 @@ class Game:
 
     @property
     def data_index(self) -> int | None:
-        """The log chunk an availability challenge demands (None for a bisection game)."""
+        """The log chunk an availability challenge demands a piece of (None for a bisection game);
+        the piece is :attr:`piece` (reduced modulo the chunk's piece count when the trainer answers,
+        :func:`game.chunkleaf.piece_of`)."""
         return self.lo if self.availability else None
 
     @property

@@ -183,9 +183,10 @@ def node_cmd(
             "--max-chunk-bytes",
             min=1,
             metavar="BYTES",
-            show_default=str(TermsPolicy.max_chunk_bytes),
+            show_default="no cap",
             help="Trainer: refuse a task whose log chunks, measured on its first steps here, are larger "
-            "(an availability demand is answered with one chunk in one transaction).",
+            "(an availability demand is answered one 120 KiB piece at a time, so this only bounds how "
+            "many pieces there are to demand).",
         ),
     ] = None,
     allow_client_judge: Annotated[

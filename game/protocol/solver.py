@@ -83,15 +83,18 @@ class Rule:
 
 @dataclass(frozen=True)
 class DemandData:
-    """The auditor's availability challenge: log chunk ``index`` must be posted on-chain."""
+    """The auditor's availability challenge: piece ``piece`` of log chunk ``index`` must be posted
+    on-chain (the contract reduces ``piece`` by the chunk's piece count: :mod:`game.chunkleaf`)."""
 
     index: int
+    piece: int = 0
 
 
 @dataclass(frozen=True)
 class ProvideData:
     """The trainer's answer to an availability challenge: chunk ``index`` with its proof in the log
-    tree (the agent reads the chunk's bytes from its transcript)."""
+    tree (the agent reads the chunk's bytes from its transcript; the client posts the piece the game
+    demands, with its proof in the chunk's piece tree)."""
 
     index: int
     proof: tuple[bytes, ...]
@@ -149,12 +152,24 @@ def decide_challenge(
     return Challenge(True, single, None)
 
 
+def _probe_seed(task_id: int, auditor: str) -> bytes:
+    return hashlib.sha256(
+        task_id.to_bytes(32, "big") + bytes.fromhex(auditor.lower().removeprefix("0x"))
+    ).digest()
+
+
 def data_probe_index(task_id: int, auditor: str, num_leaves: int) -> int:
     """The training step whose log chunk an auditor demands when it cannot get the transcript: one
     step of ``1..N-1`` fixed by the task and the auditor's address, so that a node restarted demands
     the same one, and different auditors probe different steps."""
-    seed = hashlib.sha256(task_id.to_bytes(32, "big") + bytes.fromhex(auditor.lower().removeprefix("0x")))
-    return 1 + int.from_bytes(seed.digest(), "big") % (num_leaves - 1)
+    return 1 + int.from_bytes(_probe_seed(task_id, auditor), "big") % (num_leaves - 1)
+
+
+def data_probe_piece(task_id: int, auditor: str) -> int:
+    """The piece of that chunk it demands: a 32-bit number fixed as the step is, which the contract
+    reduces by the chunk's piece count, so that auditors who never saw the chunk probe its pieces
+    alike (a trainer keeping back one piece of a large chunk is caught as often as one piece is drawn)."""
+    return int.from_bytes(hashlib.sha256(b"piece" + _probe_seed(task_id, auditor)).digest()[:4], "big")
 
 
 def decide_data_demand(
@@ -180,7 +195,7 @@ def decide_data_demand(
         committed_at = task.window_ends - task.challenge_window
         if now < committed_at + task.challenge_window // MISSING_GRACE_FRACTION:
             return None
-    return DemandData(data_probe_index(task_id, auditor, task.num_leaves))
+    return DemandData(data_probe_index(task_id, auditor, task.num_leaves), data_probe_piece(task_id, auditor))
 
 
 def challenge_in_time(task: Task, now: int) -> bool:
@@ -326,6 +341,7 @@ __all__ = [
     "auditor_move",
     "challenge_in_time",
     "data_probe_index",
+    "data_probe_piece",
     "decide_accept",
     "decide_challenge",
     "decide_claims",

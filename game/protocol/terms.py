@@ -38,11 +38,11 @@ class TermsPolicy:
     #: estimate): a trainer that cannot commit in time loses its bond to the client, however
     #: honest its work. The estimate is the node's own, from a step timed before the accept.
     commit_margin: float = 2.0
-    #: The largest log chunk this trainer can post on-chain when an auditor demands it
-    #: (``provideData``; None: any). Geth's pool takes transactions of up to 128 KiB; the
-    #: proof and the call's encoding take a little of it. A task whose chunks are larger could not
-    #: be defended: any auditor's demand would go unanswered and take the bond.
-    max_chunk_bytes: int | None = 120 * 1024
+    #: The largest log chunk this trainer takes a task for (None: any). No chunk is too large to
+    #: defend: an availability demand is answered with one piece of it, at most 120 KiB, in one
+    #: ``provideData`` (:mod:`game.chunkleaf`). A cap bounds how many pieces there are to demand,
+    #: each of which costs this trainer a transaction's gas to post once.
+    max_chunk_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ def _estimate_problems(task: Task, policy: TermsPolicy, estimate: Estimate) -> l
     if policy.max_chunk_bytes is not None and estimate.chunk_bytes > policy.max_chunk_bytes:
         out.append(
             f"a log chunk of the task is about {estimate.chunk_bytes} bytes, over the "
-            f"{policy.max_chunk_bytes} bytes this trainer can post on-chain: an auditor's demand for "
-            "one would go unanswered and take its bond"
+            f"{policy.max_chunk_bytes} bytes this trainer takes: each of its pieces is one more "
+            "availability demand it may have to answer on-chain"
         )
     return out
 

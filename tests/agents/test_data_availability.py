@@ -7,8 +7,9 @@ task carries the key's hash, so
 * the trainer node refuses a key that is not the task's before it accepts or trains, and opens its
   own blob before committing;
 * an auditor that cannot open the blob (with the task's key: its own mistake is refused first)
-  demands a log chunk on-chain; a trainer that does not post it loses the task, and one that does
-  holds its data (the chunk is public in ``DataProvided``).
+  demands a piece of a log chunk on-chain; a trainer that does not post it loses the task, and one
+  that does holds its data (the piece is public in ``DataProvided``). A chunk larger than one
+  transaction takes is answered a piece at a time (``game.chunkleaf``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 
 from game.agents import AgentError, drive
 from game.chain.types import EndReason, Outcome, TaskStatus
+from game.chunkleaf import PIECE_BYTES, piece_count
 from game.store.keys import new_key
 from game.training.transcript.reader import Transcript, steps_on_disk
-from tests.agents.conftest import commit, games, reward, withdrawn
+from tests.agents.conftest import commit, games, reward, small_config, withdrawn
 
 
 def _trainer(roles: dict[str, Any], task_id: int, cfg: Any, store: Any, key: bytes, workdir: Path) -> Any:
@@ -122,7 +124,8 @@ def test_unopenableTranscript_trainerPostsTheChunk_itHoldsItsData(
     (g,) = games(client, task_id)
     assert (g.availability, g.outcome, g.reason) == (True, Outcome.ANSWERED, EndReason.DATA_PROVIDED)
     (provided,) = client.get_events("DataProvided", task_id=task_id)
-    assert provided.data == Transcript(agents.trainer.transcript_dir).chunk_bytes(g.lo)  # type: ignore[attr-defined]
+    chunk = Transcript(agents.trainer.transcript_dir).chunk_bytes(g.lo)
+    assert piece_count(len(chunk)) == 1 and provided.data == chunk  # type: ignore[attr-defined]
     assert [a.what for a in actions if a.actor == "auditor"][:2] == ["replay", "demand"]
     assert any(a.what == "provide" and a.leaf_index == g.lo for a in actions)
     task = client.task(task_id)
@@ -183,3 +186,40 @@ def test_transcriptMissingFromTheStore_demandedAfterTheGrace_unansweredLoses(
     task = client.task(task_id)
     assert task.status == TaskStatus.FINALIZED and auditor.verdict == "unavailable" and auditor.done
     assert withdrawn(client, roles["auditor"].me) == task.auditor_bond + reward(task)
+
+
+def test_unopenableTranscript_aChunkOfSeveralPieces_theTrainerPostsTheDemandedPieceInOneSmallTransaction(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed log of a wider model: each step's chunk is some 330 KB, three pieces, larger than a
+    node's pool takes in one transaction (128 KiB). A trainer node used to post a demanded chunk
+    whole (and refused such tasks, not to lose its bond). Now the auditor's demand names a piece
+    (here 7, which the contract reduces to 1 of 3) and the trainer posts that piece alone."""
+    import game.protocol.solver as solver
+
+    monkeypatch.setattr(solver, "data_probe_piece", lambda *_a: 7)
+    cfg = small_config(
+        log_format="packed", batch_size=512, model={"hidden": 512}, steps=2, checkpoint_interval=2
+    )
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, cfg, monkeypatch)
+    actions = drive(agents.all(), client, [task_id])
+    (g,) = games(client, task_id)
+    chunk = Transcript(agents.trainer.transcript_dir).chunk_bytes(g.lo)
+    assert piece_count(len(chunk)) == 3, f"the chunk of step {g.lo} is {len(chunk)} bytes"
+    assert (g.availability, g.outcome, g.reason, g.piece) == (
+        True,
+        Outcome.ANSWERED,
+        EndReason.DATA_PROVIDED,
+        1,
+    )
+    (provided,) = client.get_events("DataProvided", task_id=task_id)
+    assert (provided.index, provided.piece, provided.chunk_length) == (g.lo, 1, len(chunk))  # type: ignore[attr-defined]
+    assert provided.data == chunk[PIECE_BYTES : 2 * PIECE_BYTES]  # type: ignore[attr-defined]
+    (posted,) = [a for a in actions if a.what == "provide"]
+    assert "piece 1 of 3" in posted.detail
+    tx = client.chain.w3.eth.get_transaction(posted.tx_hash)
+    assert len(bytes(tx["input"])) < 128 * 1024  # what geth's pool takes
+    task = client.task(task_id)
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond  # nobody was shown wrong
+    assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond

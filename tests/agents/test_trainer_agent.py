@@ -179,11 +179,11 @@ def test_slowHardware_refusesAWindowTheDefaultMarginDoesNotHold_andOnceBondedTra
     assert timed == [agents.trainer.profile]  # not weighed again: the bond is posted
 
 
-def test_chunksTooLargeToPostOnChain_refusedBeforeAccepting_asMeasuredOnTheTasksOwnSteps(
+def test_chunksOverTheTrainersCap_refusedBeforeAccepting_asMeasuredOnTheTasksOwnSteps(
     roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any
 ) -> None:
-    """An availability demand is answered with one log chunk in one transaction: a trainer whose
-    chunks are too large for one could not answer, and any auditor's demand would take its bond."""
+    """A trainer may cap the chunks it takes a task for (each piece of one is a demand it may have
+    to answer on-chain): the cap is weighed against the task's own first steps, before the bond."""
     from dataclasses import replace
 
     from game.agents import AgentError
@@ -191,6 +191,7 @@ def test_chunksTooLargeToPostOnChain_refusedBeforeAccepting_asMeasuredOnTheTasks
 
     task_id = post_task(tiny_cfg)
     trainer = make_agents(task_id, tiny_cfg).trainer
+    assert trainer.policy.max_chunk_bytes is None  # no cap unless asked: any chunk can be answered
     trainer.policy = replace(trainer.policy, max_chunk_bytes=1)
     with pytest.raises(AgentError, match=r"a log chunk of the task is about \d+ bytes, over the 1 bytes"):
         trainer.step()

@@ -21,8 +21,10 @@ from web3.contract import Contract
 from web3.exceptions import ContractLogicError, Web3RPCError
 from web3.logs import DISCARD
 
+from game import chunkleaf
 from game.chain.base import Chain
 from game.chain.errors import Reverted, revert_data_of
+from game.chunkleaf import chunk_leaf
 from game.merkle import MerkleTree
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "game" / "chain" / "artifacts"
@@ -48,13 +50,14 @@ KEY_HASH = hashlib.sha256(DATA_KEY).digest()
 
 
 def chunks(n: int, tag: str = "log") -> list[bytes]:
-    """``n`` log chunks of a few bytes each (their sha256s are the log tree's leaves)."""
+    """``n`` log chunks of a few bytes each (their :func:`~game.chunkleaf.chunk_leaf` values are the
+    log tree's leaves)."""
     return [f"{tag} chunk of step {i}".encode() * (1 + i % 3) for i in range(n)]
 
 
 def log_tree(chunk_list: Sequence[bytes]) -> MerkleTree:
-    """The log tree over the chunks' sha256s (the contract's logRoot)."""
-    return MerkleTree([hashlib.sha256(c).digest() for c in chunk_list])
+    """The log tree over the chunks' leaves (:func:`~game.chunkleaf.chunk_leaf`: the contract's logRoot)."""
+    return MerkleTree([chunk_leaf(c) for c in chunk_list])
 
 
 def artifact(name: str) -> dict[str, Any]:
@@ -324,16 +327,26 @@ class Env:
         receipt = self.send(self.game.functions.challenge(task_id, dispute_init), auditor, bond)
         return int(self.event(receipt, "Challenged")["gameId"])
 
-    def challenge_data(self, task_id: int, auditor: str, index: int, bond: int = AUDITOR_BOND) -> int:
-        receipt = self.send(self.game.functions.challengeData(task_id, index), auditor, bond)
+    def challenge_data(
+        self, task_id: int, auditor: str, index: int, bond: int = AUDITOR_BOND, piece: int = 0
+    ) -> int:
+        receipt = self.send(self.game.functions.challengeData(task_id, index, piece), auditor, bond)
         return int(self.event(receipt, "Challenged")["gameId"])
 
     def provide_data_fn(self, game_id: int, chunk_list: Sequence[bytes], data: bytes | None = None) -> Any:
-        """The trainer's answer to availability game ``game_id`` from its chunks (``data`` overrides
-        the chunk sent, with the proof of the real one)."""
-        index = self.game_state(game_id).lo
-        proof = list(log_tree(chunk_list).proof(index).siblings)
-        return self.game.functions.provideData(game_id, chunk_list[index] if data is None else data, proof)
+        """The trainer's answer to availability game ``game_id`` from its chunks: the demanded piece
+        of chunk ``lo`` with its proofs (``data`` overrides the piece sent, with the proofs of the
+        real one)."""
+        g = self.game_state(game_id)
+        answer = chunkleaf.answer(chunk_list[g.lo], g.piece)
+        return self.game.functions.provideData(
+            game_id,
+            answer.length,
+            answer.piece_root,
+            answer.data if data is None else data,
+            list(answer.proof.siblings),
+            list(log_tree(chunk_list).proof(g.lo).siblings),
+        )
 
     def provide_data(self, game_id: int, chunk_list: Sequence[bytes]) -> Any:
         return self.send(self.provide_data_fn(game_id, chunk_list), self.trainer)

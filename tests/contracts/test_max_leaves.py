@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from game import chunkleaf
+from game.chunkleaf import chunk_leaf
 from game.merkle import MerkleTree, leaf_hash, node_hash
 from tests.contracts.driver import (
     ANSWERED,
@@ -201,12 +203,12 @@ def test_maxLeaves_lastChunkDemanded_andPosted(env: Env) -> None:
     with a 48-sibling proof into the log tree; chunk 2^48 does not exist."""
     state = RunTree([(GOOD, MAX_LEAVES)])
     chunk = b"the rounding log of the last step"
-    log_tree = RunTree(
-        [(hashlib.sha256(b"an earlier chunk").digest(), MAX_LEAVES - 1), (hashlib.sha256(chunk).digest(), 1)]
-    )
+    log_tree = RunTree([(chunk_leaf(b"an earlier chunk"), MAX_LEAVES - 1), (chunk_leaf(chunk), 1)])
     task = env.create_task(MAX_LEAVES)
     env.send(_commit_fn(env, task, state, MAX_LEAVES, log_tree.root), env.trainer)
-    assert env.reverts(env.game.functions.challengeData(task, MAX_LEAVES), env.auditors[0], AUDITOR_BOND) == (
+    assert env.reverts(
+        env.game.functions.challengeData(task, MAX_LEAVES, 0), env.auditors[0], AUDITOR_BOND
+    ) == (
         "DataIndexOutOfRange",
         (MAX_LEAVES, MAX_LEAVES),
     )
@@ -214,8 +216,42 @@ def test_maxLeaves_lastChunkDemanded_andPosted(env: Env) -> None:
     assert env.game_state(game_id).lo == MAX_LEAVES - 1
     proof = log_tree.siblings(MAX_LEAVES - 1)
     assert len(proof) == 48
-    ev = env.event(
-        env.send(env.game.functions.provideData(game_id, chunk, proof), env.trainer), "DataProvided"
-    )
-    assert (ev["index"], ev["data"]) == (MAX_LEAVES - 1, chunk)
+    answer = chunkleaf.answer(chunk, 0)
+    fn = env.game.functions.provideData(game_id, len(chunk), answer.piece_root, chunk, [], proof)
+    ev = env.event(env.send(fn, env.trainer), "DataProvided")
+    assert (ev["index"], ev["piece"], ev["chunkLength"], ev["data"]) == (MAX_LEAVES - 1, 0, len(chunk), chunk)
     assert env.game_state(game_id).outcome == ANSWERED and env.credit(env.auditors[0]) == AUDITOR_BOND
+
+
+def test_maxLeaves_longestChunk_aFullPieceWithTwo48SiblingProofs_isAnswered(env: Env) -> None:
+    """The largest answer the contract can be asked for: a full piece of the longest chunk whose
+    length fits 64 bits (about 1.5e14 pieces, all equal here: a 48-sibling piece proof), chunk
+    2^48 - 1 of the largest task (a 48-sibling log proof). Its calldata stays under geth's 128 KiB
+    pool limit, and the demand's piece number, below the piece count, is not reduced."""
+    import random
+
+    piece = random.Random(0).randbytes(chunkleaf.PIECE_BYTES)  # incompressible: the worst case for gas
+    count = (2**64 - 1) // chunkleaf.PIECE_BYTES
+    length = count * chunkleaf.PIECE_BYTES
+    pieces = RunTree([(hashlib.sha256(piece).digest(), count)])
+    leaf = chunkleaf.leaf_of_parts(length, pieces.root)
+    log = RunTree([(chunk_leaf(b"an earlier chunk"), MAX_LEAVES - 1), (leaf, 1)])
+    task = env.create_task(MAX_LEAVES)
+    env.send(_commit_fn(env, task, RunTree([(GOOD, MAX_LEAVES)]), MAX_LEAVES, log.root), env.trainer)
+    demanded = 2**32 - 1
+    game_id = env.challenge_data(task, env.auditors[0], MAX_LEAVES - 1, piece=demanded)
+    piece_proof, log_proof = pieces.siblings(demanded), log.siblings(MAX_LEAVES - 1)
+    assert (len(piece_proof), len(log_proof)) == (48, 48)
+    fn = env.game.functions.provideData(game_id, length, pieces.root, piece, piece_proof, log_proof)
+    calldata = bytes.fromhex(fn._encode_transaction_data()[2:])
+    assert len(calldata) == 126_244 and len(calldata) + 256 <= 128 * 1024
+    receipt = env.send(fn, env.trainer)
+    ev = env.event(receipt, "DataProvided")
+    assert (ev["index"], ev["piece"], ev["chunkLength"], ev["data"]) == (
+        MAX_LEAVES - 1,
+        demanded,
+        length,
+        piece,
+    )
+    assert int(receipt["gasUsed"]) < 6_000_000, receipt["gasUsed"]
+    print(f"provideData, longest proofs: {len(calldata)} bytes of calldata, {receipt['gasUsed']} gas")

@@ -201,16 +201,17 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             else:  # AuditorWon, Void, Answered: the auditor's bond goes back
                 self._credit(g.auditor, AUDITOR_BOND)
 
-        def _open(self, auditor: str, kind: str, data: bool, index: int) -> None:
+        def _open(self, auditor: str, kind: str, data: bool, index: int, piece: int = 0) -> None:
             if data:
                 if index in self.provided:
-                    fn = env.game.functions.challengeData(self.task, index)
+                    # every chunk here is one piece: once posted, any piece number names it
+                    fn = env.game.functions.challengeData(self.task, index, piece)
                     assert env.reverts(fn, auditor, AUDITOR_BOND) == (
                         "DataAlreadyProvided",
-                        (self.task, index),
+                        (self.task, index, 0),
                     )
                     return
-                game_id = env.challenge_data(self.task, auditor, index)
+                game_id = env.challenge_data(self.task, auditor, index, piece=piece)
             else:
                 game_id = env.challenge(self.task, auditor)
             self.games.append(GameModel(game_id, auditor, kind, data))
@@ -228,16 +229,17 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
                 return
             kind = data.draw(st.sampled_from(KINDS))
             index = data.draw(st.integers(0, self.n - 1))
+            piece = data.draw(st.integers(0, 2))  # of a one-piece chunk: reduced to 0
             if kind == "honest":
                 if self.data != "available":  # it cannot open the transcript: it demands a chunk
-                    self._open(env.auditors[0], kind, True, index)
+                    self._open(env.auditors[0], kind, True, index, piece)
                 elif self.trainer_lies:
                     self._open(env.auditors[0], kind, False, index)
             elif kind == "sybil":
                 if self.trainer_lies:
                     self._open(data.draw(st.sampled_from(self.sybils)), kind, False, index)
             else:
-                self._open(env.auditors[1], kind, data.draw(st.booleans()), index)
+                self._open(env.auditors[1], kind, data.draw(st.booleans()), index, piece)
 
         @precondition(lambda self: any(not g.ended for g in self.games))
         @rule(data=st.data())
@@ -263,7 +265,7 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             if not self.trainer_answers_data:
                 index = env.game_state(g.game_id).lo
                 garbled = env.provide_data_fn(g.game_id, self.chunks, data=b"garbled" + self.chunks[index])
-                assert env.reverts(garbled, env.trainer)[0] == "InvalidProof"
+                assert env.reverts(garbled, env.trainer)[0] == "InvalidPieceProof"
                 return
             receipt = env.provide_data(g.game_id, self.chunks)
             index = env.game_state(g.game_id).lo

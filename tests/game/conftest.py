@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from game.chunkleaf import chunk_leaf
 from game.merkle import MerkleTree
 
 ETHER = 10**18
@@ -25,12 +26,12 @@ KEY_HASH = hashlib.sha256(DATA_KEY).digest()
 
 
 def log_chunks(n: int) -> list[bytes]:
-    """A toy run's log chunks (their sha256s are the log tree's leaves)."""
+    """A toy run's log chunks (their ``chunk_leaf`` values are the log tree's leaves)."""
     return [b"chunk %d " % i * (1 + i % 4) for i in range(n)]
 
 
 def log_root(n: int) -> bytes:
-    return MerkleTree([hashlib.sha256(c).digest() for c in log_chunks(n)]).root
+    return MerkleTree([chunk_leaf(c) for c in log_chunks(n)]).root
 
 
 def chain_leaves(n: int, deviate_at: int | None = None, salt: bytes = b"") -> list[bytes]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import random
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, fields
 from typing import Any
@@ -18,6 +18,7 @@ from game.chain.client import GameHandle
 from game.chain.deploy import deploy_contract
 from game.chain.events import EVENT_CLASSES, GameEnded, StepPinned
 from game.chain.types import ContractEvent, EndReason, Game, Outcome, Phase, Task, TaskStatus, snake
+from game.chunkleaf import PIECE_BYTES, chunk_leaf, pieces
 from game.merkle import MerkleTree
 from game.protocol.solver import decide_reveal
 from tests.game.conftest import (
@@ -300,6 +301,39 @@ def test_aReplyThatDoesNotDecode_isTheSameError_sayingSomethingElseIsThere(
     assert not caught.value.no_code and "the game contract is gone from" in str(caught.value)
 
 
+def test_bigChunk_answeredOnePieceAtATime_throughTheClient(
+    open_task: Setup, game_client: Callable[..., Any]
+) -> None:
+    """A chunk of 2.5 pieces: the trainer's client takes the whole chunk and its proof in the log
+    tree and posts only the demanded piece (7, reduced modulo the 3 pieces: 1) with its proof in the
+    chunk's piece tree; that piece cannot be demanded again; another chunk's bytes are refused
+    before anything is sent."""
+    n = 9
+    chunks = log_chunks(n)
+    chunks[4] = random.Random(4).randbytes(PIECE_BYTES * 5 // 2)
+    log_tree = MerkleTree([chunk_leaf(c) for c in chunks])
+    s = open_task.accepted(n)
+    s.trainer.commit_tree(s.task_id, MerkleTree(chain_leaves(n)), log_tree.root, b"\x02" * 32)
+    gid = s.auditor.challenge_data(s.task_id, 4, 7).result
+    assert s.auditor.game(gid).piece == 7
+    provided = s.trainer.provide_data(gid, chunks[4], log_tree.proof(4)).event("DataProvided")
+    assert (provided.piece, provided.chunk_length, provided.data) == (  # type: ignore[attr-defined]
+        1,
+        len(chunks[4]),
+        pieces(chunks[4])[1],
+    )
+    assert s.auditor.game(gid).piece == 1
+    with pytest.raises(E.DataAlreadyProvided) as info:
+        game_client("auditor2").challenge_data(s.task_id, 4, 4)
+    assert info.value == E.DataAlreadyProvided(s.task_id, 4, 1)
+    other = s.auditor.challenge_data(s.task_id, 4, 2).result
+    with pytest.raises(E.InvalidProof) as refused:
+        s.trainer.provide_data(other, chunks[3], log_tree.proof(4))
+    assert refused.value == E.InvalidProof(4, chunk_leaf(chunks[3]))
+    last = s.trainer.provide_data(other, chunks[4], log_tree.proof(4)).event("DataProvided")
+    assert last.data == pieces(chunks[4])[2]  # type: ignore[attr-defined]
+
+
 def test_availabilityAndReward_throughTheClient_eventsDecoded(
     committed_task: Callable[[int], Setup], game_client: Callable[..., Any], chain: Any
 ) -> None:
@@ -308,17 +342,23 @@ def test_availabilityAndReward_throughTheClient_eventsDecoded(
     client, each event a dataclass with typed fields."""
     s = committed_task(9)
     chunks = log_chunks(9)
-    log_tree = MerkleTree([hashlib.sha256(c).digest() for c in chunks])
+    log_tree = MerkleTree([chunk_leaf(c) for c in chunks])
     asked = s.auditor.challenge_data(s.task_id, 4)
     (req,) = asked.events_named("DataRequested")
-    assert (req.index, req.task_id, req.game_id) == (4, s.task_id, asked.result)  # type: ignore[attr-defined]
+    assert (req.index, req.piece, req.task_id, req.game_id) == (4, 0, s.task_id, asked.result)  # type: ignore[attr-defined]
     answer = s.trainer.provide_data(asked.result, chunks[4], log_tree.proof(4))  # type: ignore[arg-type]
     provided = answer.event("DataProvided")
-    assert (provided.index, provided.data) == (4, chunks[4])  # type: ignore[attr-defined]
+    assert (provided.index, provided.piece, provided.chunk_length, provided.data) == (  # type: ignore[attr-defined]
+        4,
+        0,
+        len(chunks[4]),
+        chunks[4],
+    )
     g = s.auditor.game(asked.result)  # type: ignore[arg-type]
-    assert (g.availability, g.data_index, g.outcome, g.reason) == (
+    assert (g.availability, g.data_index, g.piece, g.outcome, g.reason) == (
         True,
         4,
+        0,
         Outcome.ANSWERED,
         EndReason.DATA_PROVIDED,
     )

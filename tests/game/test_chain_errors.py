@@ -277,12 +277,11 @@ def _commit(s: Setup, n: int) -> None:
 
 
 def _log_proof(n: int, index: int) -> tuple[bytes, Any]:
-    import hashlib
-
+    from game.chunkleaf import chunk_leaf
     from game.merkle import MerkleTree
 
     chunks = log_chunks(n)
-    return chunks[index], MerkleTree([hashlib.sha256(c).digest() for c in chunks]).proof(index)
+    return chunks[index], MerkleTree([chunk_leaf(c) for c in chunks]).proof(index)
 
 
 def demand_out_of_range(s: Setup, gc: Any, chain: Any) -> Any:
@@ -297,17 +296,27 @@ def demand_posted_chunk(s: Setup, gc: Any, chain: Any) -> Any:
     gid = s.auditor.challenge_data(s.task_id, 4).result
     s.trainer.provide_data(gid, *_log_proof(9, 4))
     other = gc("auditor2")
-    return other, lambda c: c.challenge_data(s.task_id, 4), E.DataAlreadyProvided(s.task_id, 4)
+    return other, lambda c: c.challenge_data(s.task_id, 4), E.DataAlreadyProvided(s.task_id, 4, 0)
+
+
+def demand_posted_piece_by_another_number(s: Setup, gc: Any, chain: Any) -> Any:
+    """Once a chunk's piece count is known (here one piece), a demand's piece number is reduced by
+    it: piece 5 of a one-piece chunk is piece 0, posted already."""
+    _commit(s, 9)
+    gid = s.auditor.challenge_data(s.task_id, 4, 3).result
+    s.trainer.provide_data(gid, *_log_proof(9, 4))
+    other = gc("auditor2")
+    return other, lambda c: c.challenge_data(s.task_id, 4, 5), E.DataAlreadyProvided(s.task_id, 4, 0)
 
 
 def provide_wrong_chunk(s: Setup, gc: Any, chain: Any) -> Any:
-    import hashlib
+    from game.chunkleaf import chunk_leaf
 
     _commit(s, 9)
     gid = s.auditor.challenge_data(s.task_id, 4).result
     chunk, proof = _log_proof(9, 3)  # step 3's chunk, with its own valid proof
     act = lambda c: c.provide_data(gid, chunk, proof)  # noqa: E731
-    return s.trainer, act, E.InvalidProof(4, hashlib.sha256(chunk).digest())
+    return s.trainer, act, E.InvalidProof(4, chunk_leaf(chunk))
 
 
 def provide_in_bisection(s: Setup, gc: Any, chain: Any) -> Any:
@@ -477,6 +486,7 @@ SCENARIOS: list[Scenario] = [
     finalize_with_live_game,
     demand_out_of_range,
     demand_posted_chunk,
+    demand_posted_piece_by_another_number,
     provide_wrong_chunk,
     provide_in_bisection,
     claim_live_game,

@@ -33,6 +33,7 @@ from game.protocol.solver import (
     Withdraw,
     auditor_move,
     data_probe_index,
+    data_probe_piece,
     decide_accept,
     decide_challenge,
     decide_claims,
@@ -81,7 +82,7 @@ def run(n_leaves: int, deviate_at: int | None) -> list[bytes]:
 def new_game(n: int, first: bytes, last: bytes) -> Game:
     return Game(
         lo=0, hi=n - 1, last_move_at=0, trainer_clock=60, auditor_clock=60, phase=Phase.AWAITING_REVEAL,
-        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, availability=False, outcome=Outcome.NONE,
+        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, availability=False, piece=0, outcome=Outcome.NONE,
         reason=EndReason.NONE, reward_claimed=False, lo_leaf=first, hi_leaf=last, mid_leaf=b"\x00" * 32,
     )  # fmt: skip
 
@@ -296,18 +297,21 @@ def test_decideDataDemand_unreadableAtOnce_missingAfterTheGrace_oncePerAuditor()
     me = "0x" + "0a" * 20
     t = replace(_task(TaskStatus.COMMITTED, window_ends=1_120), challenge_window=1_000)  # committed at 120
     grace = 120 + 1_000 // MISSING_GRACE_FRACTION
-    probe = data_probe_index(1, me, t.num_leaves)
-    assert 1 <= probe <= t.num_leaves - 1
+    probe = DemandData(data_probe_index(1, me, t.num_leaves), data_probe_piece(1, me))
+    assert 1 <= probe.index <= t.num_leaves - 1 and 0 <= probe.piece < 2**32
     demand = {"task_id": 1, "auditor": me, "demanded": False}
-    assert decide_data_demand(t, 200, "unreadable", **demand) == DemandData(probe)
+    assert decide_data_demand(t, 200, "unreadable", **demand) == probe
     assert decide_data_demand(t, 200, "ok", **demand) is None
     assert decide_data_demand(t, grace - 1, "missing", **demand) is None  # a synced store may lag
-    assert decide_data_demand(t, grace, "missing", **demand) == DemandData(probe)
+    assert decide_data_demand(t, grace, "missing", **demand) == probe
     assert decide_data_demand(t, 200, "unreadable", task_id=1, auditor=me, demanded=True) is None
     assert decide_data_demand(t, 1_119, "unreadable", **demand) is None  # would land after the window
     # another auditor probes (most likely) another step; the same one always the same
     others = {data_probe_index(1, "0x" + (bytes([i]) * 20).hex(), 9) for i in range(40)}
-    assert len(others) > 1 and data_probe_index(1, me, 9) == probe
+    assert len(others) > 1 and data_probe_index(1, me, 9) == probe.index
+    # and another piece of a large chunk: over 40 auditors, a 3-piece chunk's every piece is drawn
+    pieces = {data_probe_piece(1, "0x" + (bytes([i]) * 20).hex()) % 3 for i in range(40)}
+    assert pieces == {0, 1, 2} and data_probe_piece(1, me) == probe.piece
 
 
 def test_decideAccept_onlyAnOpenTask() -> None:

@@ -4,7 +4,6 @@ writer, for every codec, and it steps aside where its libraries would give other
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from game.chunkleaf import PIECE_BYTES, chunk_leaf
 from game.training.engine.train import train
 from game.training.log import codec as chunkcodec
 from game.training.log.codec import CODECS, LZMA_AUTO_MAX, ZLIB_BEST_MAX, ZLIB_BLOCK
@@ -181,14 +181,23 @@ def test_aStepWrittenByTheCCall_isTheOneThePythonWriterWrites(
         (np.random.default_rng(3).bytes(LZMA_AUTO_MAX + 1), ("stored",)),
         (bytes(LZMA_AUTO_MAX + 1), ("zlib",)),
         (np.random.default_rng(4).geometric(0.3, ZLIB_BEST_MAX + 99).astype(np.uint8).tobytes(), ("zlib",)),
+        (np.random.default_rng(5).bytes(3 * PIECE_BYTES + 7), ("stored",)),
     ],
-    ids=["compressible", "incompressible", "incompressible-large", "compressible-large", "zlib-in-blocks"],
+    ids=[
+        "compressible",
+        "incompressible",
+        "incompressible-large",
+        "compressible-large",
+        "zlib-in-blocks",
+        "four-pieces",
+    ],
 )
 def test_theCCall_keepsTheSmallestCodec_asPythonDoes(
     tmp_path: Path, payload: bytes, codecs: tuple[str, ...]
 ) -> None:
     """``auto`` keeps the fewest bytes (lzma only up to ``LZMA_AUTO_MAX``, no compression when
-    nothing is gained); the chunk's codec byte says which, and the chunk is Python's, byte for byte."""
+    nothing is gained); the chunk's codec byte says which, and the chunk is Python's, byte for byte.
+    Its log-tree leaf is :mod:`game.chunkleaf`'s, a chunk of several pieces too."""
     head = b"head" + bytes(8)
     chunk = chunkcodec.Compressible(head, 6, payload, "auto")
     paths = stepwriter.StepPaths(
@@ -201,7 +210,7 @@ def test_theCCall_keepsTheSmallestCodec_asPythonDoes(
     assert written == chunk.finish()
     assert written[6] in {CODECS[c] for c in codecs}
     assert leaf == leaf_of(b"the state") == (tmp_path / "leaves").read_bytes()
-    assert (tmp_path / "hashes").read_bytes() == hashlib.sha256(written).digest()
+    assert (tmp_path / "hashes").read_bytes() == chunk_leaf(written)
 
 
 @needs_writer

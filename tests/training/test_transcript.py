@@ -4,7 +4,6 @@ failure never leaves a later step's leaf behind a missing one (the crash-resume 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import shutil
 import signal
 import threading
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from game.chunkleaf import chunk_leaf
 from game.errors import TranscriptError
 from game.training.log import sparse as sparse_mod
 from game.training.log.formats import new_step_log
@@ -477,7 +477,7 @@ def test_aFileThatCannotBeWritten_failsTheStepNamingIt_andNothingAfterItLands(
         assert _on_disk(out, CHUNK_HASHES_NAME) == hashes
     if broken == LEAVES_NAME:  # everything before the leaf landed
         chunk = (out / "log" / f"step-{bad:09d}.bin").read_bytes()
-        assert _on_disk(out, CHUNK_HASHES_NAME) == [*hashes, hashlib.sha256(chunk).digest()]
+        assert _on_disk(out, CHUNK_HASHES_NAME) == [*hashes, chunk_leaf(chunk)]
     checkpoint = out / "checkpoints" / f"state-{bad:09d}.bin"
     assert checkpoint.exists() == (broken == LEAVES_NAME)
     assert [p.name for p in out.rglob("*.tmp")] == []

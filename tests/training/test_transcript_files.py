@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from game.chunkleaf import chunk_leaf
 from game.errors import RoundingLogError
 from game.merkle import MerkleTree
 from game.training.log.chunks import ChunkMismatchError
@@ -38,7 +39,7 @@ def test_writerReader_roundTrip(tmp_path: Path) -> None:
     ]
     for step, step_log in enumerate(logs):
         assert reader.chunk_hash(step) == hashes[step]
-        assert hashes[step] == hashlib.sha256(reader.chunk_path(step).read_bytes()).digest()
+        assert hashes[step] == chunk_leaf(reader.chunk_path(step).read_bytes())
         back = reader.read(step)
         assert back.records == step_log.records
     assert log_root(hashes) == MerkleTree(hashes).root

@@ -4,17 +4,17 @@ a chunk prepared for the writer's thread and the cursor that hands records to a 
 Why a module of its own: the packed format (:mod:`~game.training.log.packed`) and the sparse one
 (:mod:`~game.training.log.sparse`) both build on these, and neither needs the other. A chunk names
 its step and its task (the spec hash), so a reordered or foreign chunk is caught when decoded
-(:func:`check_chunk_identity`); ``chunk_hash = sha256(chunk bytes)`` is the leaf data of the log
-tree whichever the format.
+(:func:`check_chunk_identity`); ``chunk_hash`` is the leaf data of the log tree whichever the
+format (:mod:`game.chunkleaf`: the root of the chunk's pieces' tree, bound to its length).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from game.chunkleaf import chunk_leaf
 from game.errors import RoundingLogError
 from game.training.log.codec import Compressible
 
@@ -63,8 +63,9 @@ def check_chunk_identity(own_step: int, own_spec: bytes, step: int | None, spec_
 
 
 def chunk_hash(data: bytes) -> bytes:
-    """``sha256(chunk bytes)``: the leaf data of the log tree."""
-    return hashlib.sha256(data).digest()
+    """The chunk's leaf data in the log tree: the root of its pieces' tree bound to its length
+    (:func:`game.chunkleaf.chunk_leaf`), so that an availability demand is answered a piece at a time."""
+    return chunk_leaf(data)
 
 
 @dataclass(frozen=True, slots=True)

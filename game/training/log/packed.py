@@ -20,7 +20,7 @@ A record costs some 3 bytes instead of 14 plus its name. Chunks of the first lay
 (``vgame-log-v1``: fixed width records with the name in each, every trit 5 per byte) still decode;
 ``encode(version=1)`` writes one.
 
-``chunk_hash = sha256(chunk bytes)``; the log root is the Merkle root over the chunk hashes of steps
+``chunk_hash`` (:mod:`game.chunkleaf`); the log root is the Merkle root over the chunk hashes of steps
 ``0..S`` (:mod:`~game.training.log.formats`). Unlike the paper's code (ANCHORS.md) a length mismatch
 is an error, padding never decodes as data, and a chunk names its step and task, so a reordered or
 foreign chunk is caught when decoded.

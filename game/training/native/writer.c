@@ -238,6 +238,39 @@ int64_t vg_sha256(const uint8_t *in, int64_t n, uint8_t *out) {
     return EVP_Digest(in, (size_t)n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
 }
 
+/* A log chunk's leaf in the log tree (game/chunkleaf.py, the contract's provideData): the project's
+ * Merkle tree (game/merkle.py) over the SHA-256 of each PIECE_BYTES-byte piece of ``in`` (the last may
+ * be shorter; an empty chunk is one empty piece), then SHA-256 of n as uint64 big-endian and that
+ * root, into out (32 bytes). Level by level the tree pairs nodes left to right and promotes a lone
+ * last node, which is RFC 6962's shape. 0, or -1 (no memory, or the library failed). */
+#define PIECE_BYTES 122880
+int64_t vg_chunk_leaf(const uint8_t *in, int64_t n, uint8_t *out) {
+    if (n < 0) return -1;
+    int64_t count = n == 0 ? 1 : (n + PIECE_BYTES - 1) / PIECE_BYTES, err = -1;
+    uint8_t *nodes = malloc((size_t)(32 * count)), buf[65], sized[40];
+    if (nodes == NULL) return -1;
+    for (int64_t k = 0; k < count; k++) {
+        int64_t at = k * PIECE_BYTES, take = n - at < PIECE_BYTES ? n - at : PIECE_BYTES;
+        buf[0] = 0x00; /* the leaf node: sha256(0x00 || sha256(piece)) */
+        if (vg_sha256(in + at, take, buf + 1) != 0 || vg_sha256(buf, 33, nodes + 32 * k) != 0) goto done;
+    }
+    for (int64_t width = count; width > 1; width = (width + 1) / 2) {
+        for (int64_t i = 0; i + 1 < width; i += 2) {
+            buf[0] = 0x01;
+            memcpy(buf + 1, nodes + 32 * i, 32);
+            memcpy(buf + 33, nodes + 32 * (i + 1), 32);
+            if (vg_sha256(buf, 65, nodes + 32 * (i / 2)) != 0) goto done;
+        }
+        if (width % 2 == 1) memmove(nodes + 32 * (width / 2), nodes + 32 * (width - 1), 32);
+    }
+    for (int i = 0; i < 8; i++) sized[i] = (uint8_t)((uint64_t)n >> (8 * (7 - i)));
+    memcpy(sized + 8, nodes, 32);
+    err = vg_sha256(sized, 40, out);
+done:
+    free(nodes);
+    return err;
+}
+
 /* The leaf (leafhash.py, format vgame-leaf-v2): as LEAF_FORMAT, CHUNK and DIGEST there. */
 static const uint8_t LEAF_FORMAT[] = "vgame-leaf-v2"; /* with its NUL: 14 bytes, as Python's tag */
 #define LEAF_CHUNK 4096
@@ -340,7 +373,7 @@ int64_t vg_finish_step(const uint8_t *head, int64_t head_len, int64_t codec_at, 
     memcpy(chunk, head, (size_t)head_len);
     chunk[codec_at] = (uint8_t)codec;
     uint8_t chunk_hash[32];
-    if (vg_sha256(chunk, head_len + len, chunk_hash) != 0 || vg_leaf(state, state_len, leaf_out) != 0) goto done;
+    if (vg_chunk_leaf(chunk, head_len + len, chunk_hash) != 0 || vg_leaf(state, state_len, leaf_out) != 0) goto done;
     err = ((write_step_fn)write_step)(chunk_path, chunk_tmp, log_dir, chunk, head_len + len, hashes_path, chunk_hash,
                                       checkpoint ? ckpt_path : NULL, ckpt_tmp, ckpt_dir, checkpoint ? state : NULL,
                                       checkpoint ? state_len : 0, leaves_path, leaf_out, failed);

@@ -76,6 +76,8 @@ def _open() -> ctypes.CDLL:
     lib.vg_compress.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _I64]
     lib.vg_sha256.restype = _I64
     lib.vg_sha256.argtypes = [_PTR, _I64, _PTR]
+    lib.vg_chunk_leaf.restype = _I64
+    lib.vg_chunk_leaf.argtypes = [_PTR, _I64, _PTR]
     lib.vg_leaf.restype = _I64
     lib.vg_leaf.argtypes = [_PTR, _I64, _PTR]
     lib.vg_inflate.restype = _I64

@@ -1,10 +1,11 @@
 """A transcript directory's layout: the one module that knows its file names.
 
-Layout of a transcript directory (format ``vgame-transcript-v1``)::
+Layout of a transcript directory (format ``vgame-transcript-v2``: v1's chunk hashes were the chunks'
+SHA-256, v2's are their log-tree leaves, :mod:`game.chunkleaf`)::
 
     manifest.json                      task config, spec hash, versions, profile, roots, ``complete``
     leaves.bin                         32-byte state hashes; leaf i = state after step i (leaf 0 = init)
-    chunk_hashes.bin                   32-byte hashes of the log chunks of steps 0..S, same order
+    chunk_hashes.bin                   32-byte log-tree leaves of the chunks of steps 0..S, same order
     log/step-<step:09d>.bin            one rounding-log chunk per step
     checkpoints/state-<step:09d>.bin   canonical state bytes at step 0, every k steps and the last
 
@@ -20,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT = "vgame-transcript-v1"
+FORMAT = "vgame-transcript-v2"
 MANIFEST_NAME = "manifest.json"
 LEAVES_NAME = "leaves.bin"
 CHUNK_HASHES_NAME = "chunk_hashes.bin"

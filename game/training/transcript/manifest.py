@@ -90,7 +90,9 @@ class Manifest:
             raise TranscriptError(f"{where} is not valid JSON ({exc}); the transcript is damaged") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else None
-            raise TranscriptError(f"{where} has format {found!r}, expected {FORMAT!r}")
+            older = " (an older vgame's, whose log-tree leaves this one does not commit to: train it again)"
+            hint = older if found == "vgame-transcript-v1" else ""
+            raise TranscriptError(f"{where} has format {found!r}, expected {FORMAT!r}{hint}")
         try:
             manifest = cls(
                 config=dict(doc["config"]),

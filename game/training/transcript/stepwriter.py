@@ -5,7 +5,7 @@ held; or on that library's own thread (:class:`Ring`), which never takes the GIL
 Why: the trainer's thread runs beside the writer's, and a step written in Python lets the GIL go and
 takes it back five times (:mod:`~game.training.native.writerlib` says what that cost). Where the
 library is not used (:func:`available`: not built, switched off, inside :func:`disabled`, or where a
-probe turned it down: its codecs and SHA-256 here, its leaf in :mod:`~game.training.state.leafnative`),
+probe turned it down: its codecs, SHA-256 and chunk leaf here, its leaf in :mod:`~game.training.state.leafnative`),
 :func:`finish_step` returns None and the writer writes the step in Python, to the same files
 (tests/training/test_stepwriter.py holds both ways to it).
 """
@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from game.chunkleaf import PIECE_BYTES, chunk_leaf
 from game.training.log.codec import (
     CODECS,
     MAX_PAYLOAD,
@@ -72,6 +73,14 @@ def _agrees(lib: ctypes.CDLL) -> str | None:
         return "its SHA-256 failed"
     if digest.tobytes() != hashlib.sha256(payload).digest():
         return "its SHA-256 differs from hashlib's"
+    # A chunk's leaf (game.chunkleaf): empty, one piece, at and past a piece's edge, an odd count.
+    for size in (0, 1, PIECE_BYTES, PIECE_BYTES + 1, 3 * PIECE_BYTES + 5):
+        chunk = (payload * (size // len(payload) + 1))[:size]
+        buf = np.frombuffer(chunk, dtype=np.uint8) if size else np.zeros(1, dtype=np.uint8)
+        if lib.vg_chunk_leaf(buf.ctypes.data, size, digest.ctypes.data) != 0:
+            return "its chunk leaf failed"
+        if digest.tobytes() != chunk_leaf(chunk):
+            return f"its leaf of a {size}-byte chunk differs from game.chunkleaf's"
     return None
 
 
