@@ -12,7 +12,9 @@ A data key that is not the task's (its hash is on-chain) is the auditor's own mi
 before fetching anything. A transcript that cannot be had with the right key (not in the store
 past a grace, not opening under the key, not what the chain committed to) is the trainer's: the
 auditor demands a piece of a log chunk on-chain (an availability challenge,
-:mod:`auditor_node.availability`), which the trainer must post within its clock or lose the task. Once a task it won a game of is
+:mod:`auditor_node.availability`), which the trainer must post within its clock or lose the task;
+a trainer that posts it but still withholds the transcript has its whole log demanded and
+replayed from the chain (:mod:`auditor_node.chainlog`). Once a task it won a game of is
 settled, the auditor claims its share of the trainer's bond (:mod:`auditor_node.rewards`). The
 fetch and the replay are :mod:`auditor_node.replay`'s; this module decides what is due and plays.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from auditor_node.availability import DataDemands, TranscriptUnusable
+from auditor_node.chainlog import ChainLog
 from auditor_node.replay import TranscriptReplay
 from auditor_node.rewards import Rewards
 from game import clock
@@ -63,6 +66,7 @@ from game.store.blobs import BlobStore
 from game.store.keys import key_hash
 from game.training.engine.auditprogress import DEFAULT_EVERY_S
 from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
 from game.training.transcript.reader import Transcript
 
 log = logging.getLogger(__name__)
@@ -127,6 +131,7 @@ class AuditorAgent(TaskAgent):
         on_action: ActionSink | None = None,
         progress: ProgressSink | None = None,
         save_every_s: float = DEFAULT_EVERY_S,
+        config: TaskConfig | None = None,
     ) -> None:
         super().__init__(
             client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
@@ -138,6 +143,8 @@ class AuditorAgent(TaskAgent):
         self.replay = TranscriptReplay(self)
         self.demands = DataDemands(self, self.game_ids)
         self.rewards = Rewards(self, self.game_ids)
+        # the task's config, for a log read off the chain where the transcript is withheld
+        self.chain_log = ChainLog(self, config, self.evidence_dir, self.game_ids)
 
     @property
     def transcript_dir(self) -> Path:
@@ -192,6 +199,8 @@ class AuditorAgent(TaskAgent):
             if task.status == TaskStatus.COMMITTED:
                 if self.verdict == "unavailable":
                     self.demands.maybe_demand(task, "unreadable", out)
+                if self.verdict in (None, "unavailable"):
+                    self.chain_log.maybe_read(task, out)
                 self._maybe_challenge(task, out)
                 for gid in self.game_ids():
                     self._play(gid, out)
@@ -357,6 +366,17 @@ class AuditorAgent(TaskAgent):
     def _leave_evidence(self, gid: int, g: Game, out: list[AgentAction]) -> None:
         """Hand the judge the pre-state of the pinned step (or the config for step 0), once."""
         if self.evidence_dir is None or gid in self.state.get("evidence_for", []):
+            return
+        if self.chain_log.read:  # no transcript: the config and the state from the log on-chain
+            left = self.chain_log.evidence(self.client.task(self.task_id), g)
+            self.state.update(evidence_for=[*self.state.get("evidence_for", []), gid])
+            if left is None:
+                log.warning("game %d: no evidence from the log on-chain (own state not the agreed leaf)", gid)
+                return
+            path, detail = left
+            self._emit(
+                out, AgentAction(ACTOR, "evidence", self.task_id, game_id=gid, leaf_index=g.lo, detail=detail)
+            )
             return
         t = Transcript(self.transcript_dir)
         if g.dispute_init:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from game.agents import AgentAction, AgentError, TaskAgent, action_from_receipt
 from game.chain.types import Outcome, Task
 from game.errors import VerificationGameError
-from game.protocol.solver import TranscriptState, decide_data_demand
+from game.protocol.solver import DemandData, TranscriptState, decide_data_demand
 
 log = logging.getLogger(__name__)
 
@@ -61,28 +61,39 @@ class DataDemands:
         )
         if move is None:
             return
-        try:
-            rec = agent.client.challenge_data(agent.task_id, move.index, move.piece)
-        except VerificationGameError as exc:  # the chunk was posted already (another auditor's demand)
-            log.warning("availability challenge of task %d refused: %s", agent.task_id, exc)
-            return
-        gid = rec.result
-        if gid is not None:
-            agent.state.update(games=[*agent.state.get("games", []), gid])
         why = "not in the store" if transcript == "missing" else "not openable with the task's key"
-        agent._emit(
+        send_demand(
+            agent,
+            move,
+            f"the transcript is {why}: the trainer must post piece {move.piece} (reduced by the chunk's "
+            f"piece count) of the log chunk of step {move.index}",
             out,
-            action_from_receipt(
-                agent.ACTOR,
-                "demand",
-                agent.task_id,
-                rec,
-                game_id=gid,
-                leaf_index=move.index,
-                detail=f"the transcript is {why}: the trainer must post piece {move.piece} (reduced by the chunk's "
-                f"piece count) of the log chunk of step {move.index}",
-            ),
         )
 
 
-__all__ = ["DataDemands", "TranscriptUnusable"]
+def send_demand(agent: TaskAgent, move: DemandData, detail: str, out: list[AgentAction]) -> None:
+    """Open the availability challenge ``move`` and keep its game; a refusal (the piece was posted
+    meanwhile, for another auditor's demand) is said in the log."""
+    try:
+        rec = agent.client.challenge_data(agent.task_id, move.index, move.piece)
+    except VerificationGameError as exc:
+        log.warning(
+            "demand of piece %d of chunk %d of task %d refused: %s",
+            move.piece,
+            move.index,
+            agent.task_id,
+            exc,
+        )
+        return
+    gid = rec.result
+    if gid is not None:
+        agent.state.update(games=[*agent.state.get("games", []), gid])
+    agent._emit(
+        out,
+        action_from_receipt(
+            agent.ACTOR, "demand", agent.task_id, rec, game_id=gid, leaf_index=move.index, detail=detail
+        ),
+    )
+
+
+__all__ = ["DataDemands", "TranscriptUnusable", "send_demand"]

@@ -38,6 +38,7 @@ from game.agents import (
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
+from game.chainevidence import evidence_on_chain
 from game.chunkleaf import chunk_leaf
 from game.errors import (
     ConfigError,
@@ -337,9 +338,9 @@ class Judge:
             t = self._transcript(
                 g.task_id, task, None if config_only else pinned_step(g), rebuild=left is None
             )
-        except TranscriptEvidenceError:
+        except TranscriptEvidenceError as exc:
             if not config_only:
-                raise
+                return self._from_chain(g, task, left, exc)
             t = None
         if config_only:
             return Evidence(config=self._config(task, t))
@@ -447,6 +448,13 @@ class Judge:
                 f"the transcript's chunk hashes are not the committed log tree of task {task_id}"
             )
         return t
+
+    def _from_chain(self, g: Game, task: Task, left: bytes | None, why: TranscriptEvidenceError) -> Evidence:
+        """The evidence from the log on-chain where the transcript cannot be had (``why``, raised
+        where the log is not whole there: :func:`game.chainevidence.evidence_on_chain`)."""
+        return evidence_on_chain(
+            self.client, g, task, lambda: self._config(task, None), left, self.profile, why
+        )
 
     def _config(self, task: Task, t: Transcript | None) -> TaskConfig:
         if t is not None:

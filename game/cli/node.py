@@ -55,7 +55,7 @@ class Role(StrEnum):
 #: The options that only some roles use, and which: any other role refuses them, naming what it
 #: takes instead (an option that does nothing must not look as if it did something).
 ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
-    "--config": (Role.trainer,),
+    "--config": (Role.trainer, Role.auditor),
     "--rehearse": (Role.trainer,),
     "--strategy": (Role.auditor,),
     "--seed": (Role.auditor,),
@@ -114,7 +114,9 @@ def node_cmd(
     config: Annotated[
         Path | None,
         typer.Option(
-            "--config", help="Trainer (required): the task's config TOML, which hashes to its spec hash."
+            "--config",
+            help="Trainer (required): the task's config TOML, which hashes to its spec hash. Auditor: "
+            "the same, to replay the log a trainer posts on-chain when it withholds its transcript.",
         ),
     ] = None,
     rehearse: Annotated[
@@ -267,6 +269,11 @@ def node_cmd(
             raise ConfigError("a trainer node needs the task config: pass --config FILE.toml")
         task_cfg = load_config(config)
         rehearsal = None if rehearse is None else parse_rehearsal(rehearse, task_cfg)
+    auditor_cfg: TaskConfig | None = None
+    if role == Role.auditor and config is not None:
+        from game.training.task.config import load_config
+
+        auditor_cfg = load_config(config)
     auditor = _auditor_strategy(strategy, seed) if role == Role.auditor else None
     warn_key_in_argv(key, url)
     warn_data_key_in_argv(data_key, url)
@@ -319,6 +326,7 @@ def node_cmd(
             on_action=show,
             progress=bars,
             save_every_s=DEFAULT_EVERY_S if save_every is None else save_every,
+            config=auditor_cfg,
         )
     else:
         from game.judge import Judge

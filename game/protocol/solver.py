@@ -198,6 +198,25 @@ def decide_data_demand(
     return DemandData(data_probe_index(task_id, auditor, task.num_leaves), data_probe_piece(task_id, auditor))
 
 
+def decide_log_demands(
+    task: Task,
+    now: int,
+    missing: Sequence[tuple[int, int]],
+    open_demands: Sequence[tuple[int, int]],
+    *,
+    max_open: int,
+) -> list[DemandData]:
+    """An auditor's next demands while it reads a withheld log off the chain: the (chunk, piece)
+    pairs ``missing`` (:meth:`game.onchainlog.OnChainLog.missing`) that none of its open demands
+    names, in order, so that no more than ``max_open`` are open at once (each holds a bond). None
+    once no challenge can land (docs/contract.md "Availability")."""
+    if not challenge_in_time(task, now):
+        return []
+    room = max(max_open - len(open_demands), 0)
+    asked = set(open_demands)
+    return [DemandData(i, k) for i, k in missing if (i, k) not in asked][:room]
+
+
 def challenge_in_time(task: Task, now: int) -> bool:
     """Whether a challenge sent now can still open a game against ``task``."""
     return task.status == TaskStatus.COMMITTED and clock.challenge_in_time(now, task.window_ends)
@@ -347,6 +366,7 @@ __all__ = [
     "decide_claims",
     "decide_data_demand",
     "decide_finalize",
+    "decide_log_demands",
     "decide_provide",
     "decide_response",
     "decide_reveal",

@@ -186,6 +186,7 @@ def make_agents(
         actions: list[AgentAction] | None = None,
         base: Path | None = None,
         auditor_save_every_s: float = DEFAULT_EVERY_S,
+        auditor_config: bool = True,
     ) -> Agents:
         from auditor_node.agent import AuditorAgent
         from game.judge import Judge
@@ -225,6 +226,7 @@ def make_agents(
             on_action=sink,
             progress=progress,
             save_every_s=auditor_save_every_s,
+            config=cfg if auditor_config else None,
         )
         judge = Judge(
             roles["judge"],

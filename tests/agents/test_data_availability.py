@@ -71,7 +71,12 @@ def test_blobNotOpeningUnderTheKey_trainerRefusesToCommit(
 
 
 def _sealed_elsewhere(
-    roles: dict[str, Any], post_task: Any, make_agents: Any, cfg: Any, monkeypatch: pytest.MonkeyPatch
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    cfg: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    **agent_options: Any,
 ) -> tuple[int, Any]:
     """A task whose trainer published its transcript under another key and skipped its node's check
     (a trainer that means it, or a node of an older version): committed, the blob unopenable."""
@@ -83,7 +88,7 @@ def _sealed_elsewhere(
     )
     monkeypatch.setattr(trainer_module.TrainerAgent, "_check_opens", lambda *_a: None)
     task_id = post_task(cfg)
-    agents = make_agents(task_id, cfg)
+    agents = make_agents(task_id, cfg, **agent_options)
     commit(agents, roles["client"], task_id)
     return task_id, agents
 
@@ -119,7 +124,10 @@ def test_unopenableTranscript_trainerPostsTheChunk_itHoldsItsData(
     trainer that trained honestly and sealed the model under another key on purpose) is in
     docs/contract.md "Trust assumptions"."""
     client = roles["client"]
-    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, tiny_cfg, monkeypatch)
+    # an auditor with no config at hand: it cannot read the rest of the log off the chain (below)
+    task_id, agents = _sealed_elsewhere(
+        roles, post_task, make_agents, tiny_cfg, monkeypatch, auditor_config=False
+    )
     actions = drive(agents.all(), client, [task_id])
     (g,) = games(client, task_id)
     assert (g.availability, g.outcome, g.reason) == (True, Outcome.ANSWERED, EndReason.DATA_PROVIDED)
@@ -202,7 +210,8 @@ def test_unopenableTranscript_aChunkOfSeveralPieces_theTrainerPostsTheDemandedPi
         log_format="packed", batch_size=512, model={"hidden": 512}, steps=2, checkpoint_interval=2
     )
     client = roles["client"]
-    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, cfg, monkeypatch)
+    # the one demand alone (an auditor with the config would go on to read the whole log)
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, cfg, monkeypatch, auditor_config=False)
     actions = drive(agents.all(), client, [task_id])
     (g,) = games(client, task_id)
     chunk = Transcript(agents.trainer.transcript_dir).chunk_bytes(g.lo)
@@ -223,3 +232,71 @@ def test_unopenableTranscript_aChunkOfSeveralPieces_theTrainerPostsTheDemandedPi
     task = client.task(task_id)
     assert withdrawn(client, roles["auditor"].me) == task.auditor_bond  # nobody was shown wrong
     assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond
+
+
+def test_withheldTranscript_aPoisonedRun_theAuditorReadsTheLogOffTheChain_andWinsAtThePoisonedStep(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hole left by a single demand: a trainer that trained step 4 on poisoned examples kept its
+    transcript back and answered the demand, and the auditor, having nothing to replay, let it be
+    paid. Now the auditor demands every piece of the log, replays the task from the chain, bisects
+    to step 4, and the judge (which cannot open the transcript either) rules from the chunk on-chain."""
+    from tests.agents.conftest import PoisonBatch
+
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(
+        roles, post_task, make_agents, tiny_cfg, monkeypatch, deviation=PoisonBatch(tiny_cfg, 4)
+    )
+    actions = drive(agents.all(), client, [task_id])
+    task = client.task(task_id)
+    posted = client.get_events("DataProvided", task_id=task_id)
+    assert sorted(e.index for e in posted) == list(range(task.num_leaves))  # type: ignore[attr-defined]
+    bisections = [g for g in games(client, task_id) if not g.availability]
+    assert [(g.pinned_step, g.outcome, g.reason) for g in bisections] == [
+        (4, Outcome.AUDITOR_WON, EndReason.RULING)
+    ], [(a.actor, a.what, a.detail) for a in actions]
+    assert any(a.what == "replay" and "from the log posted on-chain" in a.detail for a in actions)
+    assert all(g.outcome == Outcome.ANSWERED for g in games(client, task_id) if g.availability)
+    assert agents.auditor.verdict == "mismatch" and task.status == TaskStatus.FINALIZED
+    assert withdrawn(client, roles["trainer"].me) == 0
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond * len(
+        posted
+    ) + task.auditor_bond + reward(task)
+
+
+def test_withheldTranscript_anHonestRun_theLogReadOffTheChainMatches_andTheTrainerIsPaid(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same withholding by a trainer that trained honestly: the log read off the chain replays
+    to its root on the auditor's other profile, nobody bisects, every bond goes back, and the
+    trainer is paid (having paid a transaction for each piece it withheld)."""
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, tiny_cfg, monkeypatch)
+    actions = drive(agents.all(), client, [task_id])
+    task = client.task(task_id)
+    posted = client.get_events("DataProvided", task_id=task_id)
+    assert len(posted) == task.num_leaves
+    assert agents.auditor.verdict == "match", [(a.actor, a.what, a.detail) for a in actions]
+    assert all(g.availability and g.outcome == Outcome.ANSWERED for g in games(client, task_id))
+    assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond
+    assert withdrawn(client, roles["auditor"].me) == task.auditor_bond * len(posted)
+
+
+def test_withheldTranscript_noConfigAtHand_theAuditorCannotReadTheLog_andSaysSo(
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    tiny_cfg: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without the task's config (no --config, none left) nothing can be replayed: the auditor
+    demands no more than its one piece and says why."""
+    client = roles["client"]
+    task_id, agents = _sealed_elsewhere(
+        roles, post_task, make_agents, tiny_cfg, monkeypatch, auditor_config=False
+    )
+    with caplog.at_level("WARNING"):
+        drive(agents.all(), client, [task_id])
+    assert len(client.get_events("DataProvided", task_id=task_id)) == 1
+    assert "no task config is at hand" in caplog.text

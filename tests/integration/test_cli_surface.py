@@ -125,7 +125,7 @@ def _node(role: str, tmp_path: Path, *extra: str) -> list[str]:
 ROLE_TAKES = {
     "trainer": "a trainer node takes --config, --rehearse, --min-payment, --max-bond, --min-clock, "
     "--max-challenge-window, --commit-margin, --max-chunk-bytes and --allow-client-judge",
-    "auditor": "an auditor node takes --strategy, --seed, --save-every and --evidence-dir",
+    "auditor": "an auditor node takes --config, --strategy, --seed, --save-every and --evidence-dir",
     "judge": "a judge node takes --evidence-dir",
 }
 
@@ -137,12 +137,11 @@ ROLE_TAKES = {
         ("trainer", ["--seed", "3"], "auditor"),
         ("trainer", ["--save-every", "5"], "auditor"),
         ("trainer", ["--evidence-dir", "e"], "auditor and the judge"),
-        ("auditor", ["--config", "c.toml"], "trainer"),
         ("auditor", ["--rehearse", "poison@2"], "trainer"),
         ("judge", ["--strategy", "honest"], "auditor"),  # the default, given: it still does nothing here
         ("judge", ["--seed", "0"], "auditor"),
         ("judge", ["--save-every", "300"], "auditor"),
-        ("judge", ["--config", "c.toml"], "trainer"),
+        ("judge", ["--config", "c.toml"], "trainer and the auditor"),
         ("judge", ["--rehearse", "steer@1"], "trainer"),
         ("auditor", ["--min-payment", "1ether"], "trainer"),
         ("judge", ["--max-bond", "5"], "trainer"),
@@ -190,7 +189,21 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
                 "--allow-client-judge",
             ],
         ),
-        ("auditor", ["--strategy", "lying", "--seed", "3", "--save-every", "5", "--evidence-dir", "e"]),
+        (
+            "auditor",
+            [
+                "--config",
+                str(config),
+                "--strategy",
+                "lying",
+                "--seed",
+                "3",
+                "--save-every",
+                "5",
+                "--evidence-dir",
+                "e",
+            ],
+        ),
         ("judge", ["--evidence-dir", "e"]),
     ):
         res = runner.invoke(app, _node(role, tmp_path, *extra))

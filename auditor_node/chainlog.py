@@ -1,0 +1,178 @@
+"""An auditor reads a withheld log off the chain, piece by piece, and replays from it.
+
+Why: a trainer that keeps its transcript back but answers the availability demand holds its data,
+and before this the auditor could only wait for the store: a trainer that trained wrong and
+withheld its transcript was paid. Once that first demand is answered and the transcript still
+cannot be had, the auditor demands every piece of the log not yet on-chain (each piece once, a
+bond each, at most :data:`MAX_OPEN` open at a time), then replays the task from its config and
+those chunks (:func:`~game.training.engine.chunkaudit.audit_chunks`) and plays on with its own
+leaves as after any replay: a bisection, evidence for the judge, who takes the pinned chunk from
+the chain too. The trainer pays a transaction a piece for what it withheld; a log of more than
+:data:`MAX_PIECES` pieces is not read (the auditor says so), nor an asynchronous task's.
+
+The auditor needs the task's config, which the transcript would have carried: the node's own
+(``vgame node auditor --config``), or one left in the evidence directory (a client may leave it),
+in either case held to the task's spec hash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from auditor_node.availability import send_demand
+from game import untrusted
+from game.agents import AgentAction, TaskAgent, atomic_write, config_path
+from game.chain.types import Game, Outcome, Phase, Task
+from game.chunkleaf import piece_count
+from game.errors import VGameError
+from game.onchainlog import OnChainLog
+from game.protocol.solver import decide_log_demands
+from game.training.state.leafhash import leaf_of
+from game.training.task.config import TaskConfig
+
+log = logging.getLogger(__name__)
+
+#: Demands open at once while reading a log: each holds an auditor bond until it is answered.
+MAX_OPEN = 16
+#: The most pieces of a log an auditor demands (a transaction of the trainer's each).
+MAX_PIECES = 512
+
+
+class ChainLog:
+    """One auditor's reading of its task's log off the chain (found again from the chain after a
+    restart: the pieces posted, the auditor's open demands)."""
+
+    def __init__(
+        self,
+        agent: TaskAgent,
+        config: TaskConfig | None,
+        evidence_dir: Path | None,
+        game_ids: Callable[[], list[int]],
+    ) -> None:
+        self.agent = agent
+        self.config = config
+        self.evidence_dir = evidence_dir
+        self.game_ids = game_ids  # the auditor's games on the task (scanned from events)
+        self._said: set[str] = set()
+
+    def _once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning("task %d: %s", self.agent.task_id, message)
+
+    @property
+    def read(self) -> bool:
+        """Whether this auditor's leaves come from a log it read off the chain."""
+        return bool(self.agent.state.get("from_chain"))
+
+    def task_config(self, task: Task) -> TaskConfig | None:
+        """The task's config: the node's own or one left in the evidence directory, either held to
+        the task's spec hash; None (said once) where neither is."""
+        found, where = self.config, "--config"
+        if found is None and self.evidence_dir is not None:
+            path = config_path(self.evidence_dir, task.spec_hash)
+            if path.is_file():
+                try:
+                    found, where = TaskConfig.from_dict(untrusted.loads(path.read_bytes())), path.name
+                except (VGameError, ValueError) as exc:
+                    self._once("bad", f"the config left at {path.name} is invalid: {exc}")
+        if found is None:
+            self._once("none", "the transcript is withheld and no task config is at hand to replay its "
+                       "log from the chain (pass --config)")  # fmt: skip
+            return None
+        if found.spec_hash() != task.spec_hash:
+            self._once("foreign", f"the config of {where} is not the task's: its spec hash differs")
+            return None
+        return found
+
+    def maybe_read(self, task: Task, out: list[AgentAction]) -> None:
+        """Once the trainer has answered a demand (it holds its data) and the transcript still
+        cannot be had: demand the pieces of the log not on-chain yet, or, once all are, replay."""
+        agent, client = self.agent, self.agent.client
+        demands = [(gid, g) for gid in self.game_ids() if (g := client.game(gid)).availability]
+        outcomes = {g.outcome for _, g in demands}
+        if Outcome.ANSWERED not in outcomes or Outcome.AUDITOR_WON in outcomes:
+            return  # nothing shown held yet, or a demand went unanswered: the trainer lost the task
+        cfg = self.task_config(task)
+        if cfg is None:
+            return
+        if cfg.scheduled:
+            self._once(
+                "async", "an asynchronous task's log is not replayed from the chain: only its transcript"
+            )
+            return
+        onchain = OnChainLog.read(client, agent.task_id, task.num_leaves)
+        chunks = onchain.chunks(task.log_root)
+        if chunks is not None:
+            self._replay(task, cfg, chunks, len(onchain.pieces), out)
+            return
+        widest = max((piece_count(n) for n in onchain.lengths.values()), default=1)
+        if onchain.total_pieces(widest) > MAX_PIECES:
+            self._once("large", f"the log has about {onchain.total_pieces(widest)} pieces, over the "
+                       f"{MAX_PIECES} an auditor demands one by one: not read from the chain")  # fmt: skip
+            return
+        open_now = [(g.lo, g.piece) for _, g in demands if g.phase != Phase.ENDED]
+        for move in decide_log_demands(
+            task, client.chain.now(), onchain.missing(), open_now, max_open=MAX_OPEN
+        ):
+            send_demand(
+                agent,
+                move,
+                f"the transcript is withheld: reading its log off the chain, piece {move.piece} of step {move.index}",
+                out,
+            )
+
+    def _replay(
+        self, task: Task, cfg: TaskConfig, chunks: list[bytes], pieces: int, out: list[AgentAction]
+    ) -> None:
+        from game.training.engine.chunkaudit import audit_chunks
+
+        agent = self.agent
+        progress = agent.progress
+
+        def tick(done: int, total: int) -> None:
+            if progress is not None:
+                progress("replay", done, total)
+
+        result = audit_chunks(cfg, agent.profile, chunks, task.state_root, progress=tick)
+        verdict = "match" if result.match else "mismatch"
+        agent.state.update(
+            leaves=[h.hex() for h in result.leaves],
+            verdict=verdict,
+            first_divergent_step=None,
+            scheduled=False,
+            from_chain=True,
+        )
+        detail = f"{verdict} on {agent.profile}, from the log posted on-chain ({pieces} pieces), {result.corrections} corrections"
+        if result.rejected_log_steps:
+            detail += f"; log rejected at step {result.rejected_log_steps[0]}: {result.log_errors[0]}"
+        agent._emit(out, AgentAction(agent.ACTOR, "replay", agent.task_id, detail=detail))
+
+    def evidence(self, task: Task, g: Game) -> tuple[Path, str] | None:
+        """Leave the judge the config and the pinned step's pre-state, from the log on-chain (the
+        judge has no transcript either); None where the own state is not the agreed leaf."""
+        from game.agents import write_pre_state
+        from game.training.engine.chunkaudit import state_after_chunks
+
+        assert self.evidence_dir is not None
+        cfg = self.task_config(task)
+        chunks = OnChainLog.read(self.agent.client, self.agent.task_id, task.num_leaves).chunks(task.log_root)
+        if cfg is None or chunks is None:
+            return None
+        atomic_write(
+            config_path(self.evidence_dir, task.spec_hash), json.dumps(cfg.to_dict(), sort_keys=True).encode()
+        )
+        if g.dispute_init:
+            return config_path(self.evidence_dir, task.spec_hash), "task config for step 0"
+        data = state_after_chunks(cfg, self.agent.profile, chunks, g.lo)
+        if leaf_of(data) != g.lo_leaf:
+            return None
+        return write_pre_state(
+            self.evidence_dir, data
+        ), f"task config and pre-state of step {g.hi} ({len(data)} bytes)"
+
+
+__all__ = ["MAX_OPEN", "MAX_PIECES", "ChainLog"]
