@@ -57,6 +57,7 @@ class ChainLog:
         self.evidence_dir = evidence_dir
         self.game_ids = game_ids  # the auditor's games on the task (scanned from events)
         self._said: set[str] = set()
+        self._checked: TaskConfig | None = None  # the config found and held to the spec hash, once
 
     def _once(self, key: str, message: str) -> None:
         if key not in self._said:
@@ -71,6 +72,8 @@ class ChainLog:
     def task_config(self, task: Task) -> TaskConfig | None:
         """The task's config: the node's own or one left in the evidence directory, either held to
         the task's spec hash; None (said once) where neither is."""
+        if self._checked is not None:
+            return self._checked
         found, where = self.config, "--config"
         if found is None and self.evidence_dir is not None:
             path = config_path(self.evidence_dir, task.spec_hash)
@@ -86,6 +89,7 @@ class ChainLog:
         if found.spec_hash() != task.spec_hash:
             self._once("foreign", f"the config of {where} is not the task's: its spec hash differs")
             return None
+        self._checked = found
         return found
 
     def maybe_read(self, task: Task, out: list[AgentAction]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from game.agents import AgentAction, TaskAgent, action_from_receipt, games_of_task
 from game.chain.types import Game, Phase
-from game.chunkleaf import piece_count, piece_of
+from game.chunkleaf import piece_count
 from game.errors import RoundingLogError, TranscriptError, VerificationGameError
 from game.merkle import MerkleTree
 from game.protocol.solver import ClaimTimeout, ProvideData, Reveal, trainer_move
@@ -97,12 +97,12 @@ class TrainerGames:
         chunk = self._chunk(move.index)
         if chunk is None:
             return
-        g_piece = agent.client.game(gid).piece
         try:
             rec = agent.client.provide_data(gid, chunk, move.proof)
         except VerificationGameError as exc:
             log.warning("posting log chunk %d in game %d refused: %s", move.index, gid, exc)
             return
+        posted = rec.event("DataProvided")  # the piece the contract took: the demand, reduced
         agent._emit(
             out,
             action_from_receipt(
@@ -112,7 +112,7 @@ class TrainerGames:
                 rec,
                 game_id=gid,
                 leaf_index=move.index,
-                detail=f"piece {piece_of(g_piece, len(chunk))} of {piece_count(len(chunk))} of the log chunk of "
+                detail=f"piece {posted.piece} of {piece_count(len(chunk))} of the log chunk of "  # type: ignore[attr-defined]
                 f"step {move.index} posted on-chain (a {len(chunk):,}-byte chunk)",
             ),
         )

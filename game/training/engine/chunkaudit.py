@@ -24,7 +24,7 @@ from game.training.engine.step import StepEngine, engine_for
 from game.training.engine.train import ProgressFn
 from game.training.log.formats import decode_chunk
 from game.training.state.canonical import encode_state
-from game.training.state.leaves import state_hash
+from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,14 @@ class _Replay:
         self.engine: StepEngine = engine_for(cfg, profile, checks="audit")  # as an audit runs
         self.spec = cfg.spec_hash()
         self.state = self.engine.init_state()
+        self.encoded = encode_state(
+            self.state
+        )  # the state's bytes: its leaf, and where a rejected step restarts
         self.corrections = 0
         self.rejected: list[int] = []
         self.errors: list[str] = []
 
     def step(self, step: int, chunk: bytes) -> None:
-        before = encode_state(self.state)
         try:
             result = self.engine.run_step(
                 self.state, step, mode="replay", log=decode_chunk(chunk, self.spec, step), hash_state=False
@@ -61,9 +63,10 @@ class _Replay:
             log.warning("step %d: the trainer's log chunk is rejected: %s", step, exc)
             self.rejected.append(step)
             self.errors.append(str(exc))
-            self.state = decode_state(before, self.cfg)
+            self.state = decode_state(self.encoded, self.cfg)
             result = self.engine.run_step(self.state, step, mode="round", hash_state=False)
         self.corrections += result.corrections
+        self.encoded = encode_state(self.state)
 
 
 @trimmed()
@@ -79,10 +82,10 @@ def audit_chunks(
     ``trainer_root``. ``first_divergent_step`` is None: without the trainer's leaves it is not known."""
     _check(cfg, chunks)
     run = _Replay(cfg, profile)
-    leaves = [state_hash(run.state)]
+    leaves = [leaf_of(run.encoded)]
     for step in range(1, cfg.steps + 1):
         run.step(step, chunks[step])
-        leaves.append(state_hash(run.state))
+        leaves.append(leaf_of(run.encoded))
         if progress is not None:
             progress(step, cfg.steps)
     return AuditResult.of_leaves(
@@ -104,7 +107,7 @@ def state_after_chunks(cfg: TaskConfig, profile: str, chunks: Sequence[bytes], s
     run = _Replay(cfg, profile)
     for s in range(1, step + 1):
         run.step(s, chunks[s])
-    return encode_state(run.state)
+    return run.encoded
 
 
 __all__ = ["audit_chunks", "state_after_chunks"]
