@@ -34,7 +34,6 @@ from auditor_node.availability import DataDemands, TranscriptUnusable
 from auditor_node.chainlog import ChainLog
 from auditor_node.replay import TranscriptReplay
 from auditor_node.rewards import Rewards
-from game import clock
 from game.agents import (
     ActionSink,
     AgentAction,
@@ -61,6 +60,7 @@ from game.protocol.solver import (
     decide_challenge,
     decide_claims,
     decide_withdraw,
+    window_over,
 )
 from game.store.blobs import BlobStore
 from game.store.keys import key_hash
@@ -218,7 +218,7 @@ class AuditorAgent(TaskAgent):
             self._emit(out, AgentAction(ACTOR, "replay", self.task_id, detail=f"cannot audit: {exc}"))
         except NotThereYet as exc:
             now = self.client.chain.now()
-            if task.status == TaskStatus.COMMITTED and not clock.window_closed(now, task.window_ends):
+            if task.status == TaskStatus.COMMITTED and not window_over(task, now):
                 self.demands.maybe_demand(task, "missing", out)
                 if not self.demands.games():
                     raise  # a lagging store: wait for it while a challenge can still come
@@ -257,8 +257,9 @@ class AuditorAgent(TaskAgent):
             return False
         if games or task.status == TaskStatus.FINALIZED:
             return True
-        # no game: done unless it still means to challenge while the window is open
-        return not self._wants_challenge(task) or not challenge_in_time(task, self.client.chain.now())
+        # no game: done unless it still means to challenge while the window is open (or may open
+        # again: another auditor's demand, once answered, extends it)
+        return not self._wants_challenge(task) or window_over(task, self.client.chain.now())
 
     # ----------------------------------------------------------------------- challenge
     def _wants_challenge(self, task: Task) -> bool:
@@ -291,8 +292,12 @@ class AuditorAgent(TaskAgent):
             not self.client.game(g).availability for g in self.game_ids()
         ):
             return
-        if not challenge_in_time(task, self.client.chain.now()):
-            log.warning("task %d: the window closed before this auditor could challenge", self.task_id)
+        now = self.client.chain.now()
+        if not challenge_in_time(task, now):
+            if window_over(task, now):
+                log.warning("task %d: the window closed before this auditor could challenge", self.task_id)
+            else:
+                log.info("task %d: the window is past its end while a game is live: waiting", self.task_id)
             return
         dispute_init = self._dispute_init(task)
         try:

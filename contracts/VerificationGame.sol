@@ -101,6 +101,7 @@ contract VerificationGame {
         bool disputeInit;
         bool availability;
         uint32 piece;
+        uint32 windowLeft;
         Outcome outcome;
         EndReason reason;
         bool rewardClaimed;
@@ -128,6 +129,7 @@ contract VerificationGame {
         EndReason reason;
         bool rewardClaimed; // an AuditorWon game's share of the trainer's bond was credited
         uint32 piece; // availability: the piece of chunk lo demanded (once answered: the piece posted)
+        uint24 windowLeft; // availability: seconds of the challenge window left when it was demanded
         // slots 2-4
         bytes32 loLeaf;
         bytes32 hiLeaf;
@@ -248,6 +250,9 @@ contract VerificationGame {
     event DataProvided(
         uint256 indexed gameId, uint256 indexed taskId, uint64 index, uint32 piece, uint64 chunkLength, bytes data
     );
+    /// @notice An availability game of task `taskId` ended after the trainer's delay: the challenge
+    ///         window now ends at `windowEnds` (see `provideData`).
+    event WindowExtended(uint256 indexed taskId, uint64 windowEnds);
     /// @notice The trainer revealed leaf `index`; the auditor's clock runs.
     event LeafRevealed(uint256 indexed gameId, uint64 index, bytes32 leaf, uint32 trainerClockLeft);
     /// @notice The auditor answered; the interval is now `[lo, hi]`.
@@ -320,7 +325,8 @@ contract VerificationGame {
     mapping(address account => uint256) internal _credit;
     /// @dev Pieces of log chunks a trainer has posted in answer to an availability challenge, per
     ///      task, keyed by `_pieceKey(index, piece)`.
-    mapping(uint256 taskId => mapping(uint256 key => bool)) internal _provided;
+    ///      The value is the time it was posted (0: not posted).
+    mapping(uint256 taskId => mapping(uint256 key => uint64)) internal _provided;
     /// @dev A log chunk's piece count, per task, once an answer has shown the chunk's length (0: unknown).
     mapping(uint256 taskId => mapping(uint64 index => uint64)) internal _pieceCount;
     /// @dev Wei locked in this contract for good: the burnt half of forfeited trainer bonds.
@@ -574,7 +580,7 @@ contract VerificationGame {
         if (index >= t.numLeaves) revert DataIndexOutOfRange(index, t.numLeaves);
         piece = _reduced(taskId, index, piece);
         // INVARIANT: a piece posted once is public for good; nobody can make the trainer post it again.
-        if (_provided[taskId][_pieceKey(index, piece)]) revert DataAlreadyProvided(taskId, index, piece);
+        if (_provided[taskId][_pieceKey(index, piece)] != 0) revert DataAlreadyProvided(taskId, index, piece);
 
         gameId = ++_gameCount;
         ++t.liveGames;
@@ -591,6 +597,9 @@ contract VerificationGame {
         g.auditor = msg.sender;
         g.availability = true;
         g.piece = piece;
+        // The window's end is after now (checked above), and each extension keeps windowEnds - now
+        // <= challengeWindow <= MAX_DURATION < 2^24, so the seconds left fit 24 bits.
+        g.windowLeft = uint24(t.windowEnds - block.timestamp);
         emit Challenged(taskId, gameId, msg.sender, false, index, index);
         emit DataRequested(gameId, taskId, index, piece, uint64(block.timestamp) + clock);
     }
@@ -685,7 +694,9 @@ contract VerificationGame {
     ///         the sha256 of its pieces (PIECE_BYTES each, the last shorter; an empty chunk is one
     ///         empty piece). The length fixes the piece count, so a piece cannot pass for another in a
     ///         tree of another size. The piece is emitted in `DataProvided` for anyone to read; the
-    ///         auditor's bond goes back (nobody was shown wrong).
+    ///         auditor's bond goes back (nobody was shown wrong). The challenge window then ends no
+    ///         sooner than now plus what was left of it at the demand (`WindowExtended`): the time
+    ///         the trainer took to answer is not taken from the auditors.
     /// @param gameId The availability game.
     /// @param chunkLength The chunk's length in bytes.
     /// @param pieceRoot The root of the chunk's piece tree.
@@ -711,6 +722,7 @@ contract VerificationGame {
         // INVARIANT: the data is the demanded piece of that chunk (reduced by its piece count).
         uint32 piece = _takePiece(g, chunkLength, pieceRoot, data, pieceProof);
         emit DataProvided(gameId, g.taskId, g.lo, piece, chunkLength, data);
+        _extendWindow(t, g, block.timestamp);
         _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
     }
 
@@ -738,9 +750,14 @@ contract VerificationGame {
             // was posted in another game of the task.
             uint64 index = g.lo;
             uint32 piece = _reduced(taskId, index, g.piece);
-            if (_provided[taskId][_pieceKey(index, piece)]) {
+            uint64 postedAt = _provided[taskId][_pieceKey(index, piece)];
+            if (postedAt != 0) {
+                // The demand was met when its piece was posted, not when this timeout came.
+                _extendWindow(t, g, postedAt);
                 _end(gameId, g, t, Outcome.Answered, EndReason.DataProvided);
             } else {
+                // Not extended: the trainer has lost the task, so nobody needs more time, and a
+                // piece never posted could be demanded again and again to hold the money back.
                 _end(gameId, g, t, Outcome.AuditorWon, EndReason.Timeout);
             }
         } else {
@@ -808,6 +825,7 @@ contract VerificationGame {
             disputeInit: g.disputeInit,
             availability: g.availability,
             piece: g.piece,
+            windowLeft: g.windowLeft,
             outcome: g.outcome,
             reason: g.reason,
             rewardClaimed: g.rewardClaimed,
@@ -974,8 +992,24 @@ contract VerificationGame {
         uint256 taskId = g.taskId;
         mapping(uint64 => uint64) storage counts = _pieceCount[taskId];
         if (counts[index] == 0) counts[index] = count;
-        _provided[taskId][_pieceKey(index, piece)] = true;
+        _provided[taskId][_pieceKey(index, piece)] = uint64(block.timestamp);
         g.piece = piece;
+    }
+
+    /// @dev The time the trainer takes to answer is given back to the window (docs/contract.md
+    ///      "Availability"): once availability game `g` is met at `closedAt` (its piece posted, in
+    ///      `g` or another game), the window ends no sooner than `closedAt` plus what was left of it
+    ///      when the piece was demanded. Only the trainer's own delay in answering extends it, so a
+    ///      trainer that answers each demand at the last second cannot run the auditors' window
+    ///      out, and an auditor cannot stretch it beyond the time the trainer takes (each piece is
+    ///      posted once).
+    function _extendWindow(Task storage t, GameSlots storage g, uint256 closedAt) internal {
+        uint256 ends = closedAt + g.windowLeft;
+        // slither-disable-next-line timestamp (by design: the game's clocks; docs/contract.md "Slither")
+        if (ends > t.windowEnds) {
+            t.windowEnds = uint64(ends);
+            emit WindowExtended(g.taskId, uint64(ends));
+        }
     }
 
     function _validDuration(uint32 seconds_) internal pure returns (bool) {

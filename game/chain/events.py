@@ -106,6 +106,13 @@ class DataProvided(ContractEvent):
 
 
 @dataclass(frozen=True)
+class WindowExtended(ContractEvent):
+    task_id: int
+    window_ends: int  # unix time: the challenge window's new end, after a demand the trainer took time over
+    indexed: ClassVar[tuple[str, ...]] = ("task_id",)
+
+
+@dataclass(frozen=True)
 class LeafRevealed(ContractEvent):
     game_id: int
     index: int
@@ -196,6 +203,7 @@ EVENT_CLASSES: dict[str, type[ContractEvent]] = {
         Challenged,
         DataRequested,
         DataProvided,
+        WindowExtended,
         LeafRevealed,
         Responded,
         StepPinned,

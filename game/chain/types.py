@@ -147,6 +147,7 @@ class Game:
     dispute_init: bool
     availability: bool  # an availability challenge: the trainer must post a piece of log chunk ``lo``
     piece: int  # availability: the piece of chunk ``lo`` demanded; once answered, the piece posted
+    window_left: int  # availability: seconds of the challenge window left when it was demanded
     outcome: Outcome
     reason: EndReason
     reward_claimed: bool  # an AuditorWon game's share of the trainer's bond was credited

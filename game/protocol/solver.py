@@ -185,15 +185,16 @@ def decide_data_demand(
     cannot be had (docs/contract.md "Availability").
 
     A transcript that does not open under the task's key (or is not what the chain committed to)
-    is demanded at once; one missing from the store after ``1 / MISSING_GRACE_FRACTION`` of the
-    window (a synced store lags). One demand per auditor: a trainer that cannot post it loses the
-    task; one that can has the data, and the auditor keeps waiting for the store. None when there is
-    nothing to demand, it was demanded already, or no challenge can land any more."""
+    is demanded at once; one missing from the store once ``1 / MISSING_GRACE_FRACTION`` of the
+    window has passed (a synced store lags; counted as the window left, which another auditor's
+    answered demand may have extended). One demand per auditor: a trainer that cannot post it loses
+    the task; one that can has the data, and the auditor keeps waiting for the store. None when
+    there is nothing to demand, it was demanded already, or no challenge can land any more."""
     if transcript == "ok" or demanded or not challenge_in_time(task, now):
         return None
     if transcript == "missing":
-        committed_at = task.window_ends - task.challenge_window
-        if now < committed_at + task.challenge_window // MISSING_GRACE_FRACTION:
+        grace = task.challenge_window // MISSING_GRACE_FRACTION
+        if clock.seconds_until(now, task.window_ends) > task.challenge_window - grace:
             return None
     return DemandData(data_probe_index(task_id, auditor, task.num_leaves), data_probe_piece(task_id, auditor))
 
@@ -220,6 +221,15 @@ def decide_log_demands(
 def challenge_in_time(task: Task, now: int) -> bool:
     """Whether a challenge sent now can still open a game against ``task``."""
     return task.status == TaskStatus.COMMITTED and clock.challenge_in_time(now, task.window_ends)
+
+
+def window_over(task: Task, now: int) -> bool:
+    """Whether no challenge against ``task`` can land now nor ever again.
+
+    Not only the window's end: while a game of the task is live, an availability demand's end can
+    extend the window (the contract gives back the time the trainer took to answer, docs/contract.md
+    "Availability"), so a window past its end with a game live may open again."""
+    return not challenge_in_time(task, now) and not (task.status == TaskStatus.COMMITTED and task.live_games)
 
 
 def decide_response(game: Game, own_leaves: Sequence[bytes], first_divergent: int | None = None) -> bool:
@@ -375,4 +385,5 @@ __all__ = [
     "judge_move",
     "pinned_step",
     "trainer_move",
+    "window_over",
 ]

@@ -76,6 +76,7 @@ def _sealed_elsewhere(
     make_agents: Any,
     cfg: Any,
     monkeypatch: pytest.MonkeyPatch,
+    task_options: dict[str, Any] | None = None,
     **agent_options: Any,
 ) -> tuple[int, Any]:
     """A task whose trainer published its transcript under another key and skipped its node's check
@@ -87,7 +88,7 @@ def _sealed_elsewhere(
         trainer_module, "publish_directory", lambda st, _k, *a, **kw: real(st, new_key(), *a, **kw)
     )
     monkeypatch.setattr(trainer_module.TrainerAgent, "_check_opens", lambda *_a: None)
-    task_id = post_task(cfg)
+    task_id = post_task(cfg, **(task_options or {}))
     agents = make_agents(task_id, cfg, **agent_options)
     commit(agents, roles["client"], task_id)
     return task_id, agents
@@ -300,3 +301,62 @@ def test_withheldTranscript_noConfigAtHand_theAuditorCannotReadTheLog_andSaysSo(
         drive(agents.all(), client, [task_id])
     assert len(client.get_events("DataProvided", task_id=task_id)) == 1
     assert "no task config is at hand" in caplog.text
+
+
+class _AtTheLastSecond:
+    """A trainer node that answers each demand at the last seconds of its clock: the chain's clock
+    is moved there before the node steps."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.agent, name)
+
+    def step(self) -> Any:
+        from game.chain.types import Phase
+
+        client = self.agent.client
+        due = [
+            client.deadline(gid)
+            for gid in self.agent.game_ids()
+            if client.game(gid).phase == Phase.AWAITING_DATA
+        ]
+        if due and min(due) - 2 > client.chain.now():
+            client.chain.time_travel(min(due) - 2 - client.chain.now())
+        return self.agent.step()
+
+
+def test_withheldTranscript_aTrainerAnsweringEachDemandAtTheLastSecond_cannotRunTheWindowOut(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tiny_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window against a slow withholder: a window of two trainer clocks, a poisoned step 4, a
+    withheld transcript, and a trainer that answers every demand at the last second. The auditor's
+    first demand took one clock, the round that reads the log another, and the window had closed
+    before the auditor could challenge: the trainer was paid. Now the time the trainer takes to
+    answer is given back to the window, and the auditor wins at step 4."""
+    from tests.agents.conftest import TASK_DEFAULTS, PoisonBatch
+
+    client = roles["client"]
+    clock_s = TASK_DEFAULTS["clock_allowance"]
+    task_id, agents = _sealed_elsewhere(
+        roles,
+        post_task,
+        make_agents,
+        tiny_cfg,
+        monkeypatch,
+        task_options={"challenge_window": 2 * clock_s},
+        deviation=PoisonBatch(tiny_cfg, 4),
+    )
+    (committed,) = client.get_events("Committed", task_id=task_id)
+    slow = _AtTheLastSecond(agents.trainer)
+    actions = drive([slow, agents.auditor, agents.judge], client, [task_id])
+    bisections = [g for g in games(client, task_id) if not g.availability]
+    assert [(g.pinned_step, g.outcome) for g in bisections] == [(4, Outcome.AUDITOR_WON)], [
+        (a.actor, a.what, a.detail) for a in actions
+    ]
+    assert withdrawn(client, roles["trainer"].me) == 0
+    posted = client.get_events("DataProvided", task_id=task_id)
+    answered_at = [client.chain.w3.eth.get_block(e.block_number)["timestamp"] for e in posted]
+    assert max(answered_at) > committed.window_ends  # the answers ran past the window's first end
+    assert client.get_events("WindowExtended", task_id=task_id)

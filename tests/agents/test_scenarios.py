@@ -336,7 +336,7 @@ def _task(status: TaskStatus, *, lost: bool = False, void: bool = False, accepte
 def _game(auditor: str, outcome: Outcome) -> Game:
     z = b"\0" * 32
     return Game(
-        0, 1, 0, 0, 0, Phase.ENDED, auditor, 1, False, False, 0, outcome, EndReason.RULING, False, z, z, z
+        0, 1, 0, 0, 0, Phase.ENDED, auditor, 1, False, False, 0, 0, outcome, EndReason.RULING, False, z, z, z
     )
 
 

@@ -115,8 +115,11 @@ def test_demandAnswered_chunkPublic_nobodyShownWrong_trainerPaid(env: Env) -> No
     assert env.deadline(game_id) == start + CLOCK and env.task(task).liveGames == 1
     env.at(start + 40)
     assert env.clock_left(game_id) == (CLOCK - 39, CLOCK)
+    ends = env.task(task).windowEnds
     receipt = env.provide_data(game_id, held)
-    assert env.event_names(receipt) == ["DataProvided", "GameEnded", "Credited"]
+    assert env.event_names(receipt) == ["DataProvided", "WindowExtended", "GameEnded", "Credited"]
+    # the 40 s the trainer took are given back to the window (tests/contracts/test_demand_window.py)
+    assert env.event(receipt, "WindowExtended")["windowEnds"] == ends + 40 == env.task(task).windowEnds
     ev = env.event(receipt, "DataProvided")
     assert (ev["gameId"], ev["taskId"], ev["index"], ev["piece"], ev["chunkLength"], ev["data"]) == (
         game_id,

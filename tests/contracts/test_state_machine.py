@@ -22,7 +22,9 @@ Invariants after every step: the contract's balance equals credits plus escrow p
 account's credit equals the model's, no game ends against the side the rules protect (an honest
 trainer with its data never loses a game, an honest auditor never loses its bond), and once settled,
 every winning game's share is the rule's, the sybils' shares equal the honest auditor's, and the liar
-and its sybils together lose at least half the bond.
+and its sybils together lose at least half the bond. At every end of a demand the challenge window
+ends where the model says: no sooner than the time the demand was met (its piece posted, here or in
+another game) plus what was left of the window at the demand; an unmet demand extends nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class GameModel:
     kind: str  # one of KINDS
     data: bool  # an availability challenge
     outcome: int = 0  # 0 while live
+    window_left: int = 0  # availability: seconds of the window left when it was demanded
 
     @property
     def ended(self) -> bool:
@@ -94,6 +97,7 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             self.expected_credit: dict[str, int] = {}
             self.finalized = False
             self.share = 0
+            self.posted_at: dict[int, int] = {}  # chunk -> when its (one) piece was posted
 
         # ------------------------------------------------------------ setup
         @initialize(
@@ -185,6 +189,8 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
         def _record_end(self, g: GameModel, receipt: object) -> None:
             ev = env.event(receipt, "GameEnded")
             g.outcome = outcome = ev["outcome"]
+            if g.data:
+                self._window_after_demand(g, receipt, outcome)
             # the honest side is never worse off than the rules promise
             if not self.trainer_lies and (not g.data or self.trainer_answers_data):
                 assert outcome != AUDITOR_WON, "an honest trainer holding its data lost a game"
@@ -201,6 +207,20 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
             else:  # AuditorWon, Void, Answered: the auditor's bond goes back
                 self._credit(g.auditor, AUDITOR_BOND)
 
+        def _window_after_demand(self, g: GameModel, receipt: object, outcome: int) -> None:
+            """The time the trainer takes over a demand is given back: once met (when its piece was
+            posted, in this game or another), the window ends no sooner than then plus what was
+            left of it at the demand. A demand not met extends nothing (the trainer lost)."""
+            index = env.game_state(g.game_id).lo
+            before = self.window_ends
+            if env.events(receipt, "DataProvided"):
+                self.posted_at[index] = env.now()
+            if outcome == ANSWERED:
+                self.window_ends = max(before, self.posted_at[index] + g.window_left)
+            extended = [e["windowEnds"] for e in env.events(receipt, "WindowExtended")]
+            assert extended == ([self.window_ends] if self.window_ends > before else []), extended
+            assert env.task(self.task).windowEnds == self.window_ends
+
         def _open(self, auditor: str, kind: str, data: bool, index: int, piece: int = 0) -> None:
             if data:
                 if index in self.provided:
@@ -212,8 +232,11 @@ def _make_machine(env: Env) -> type[RuleBasedStateMachine]:
                     )
                     return
                 game_id = env.challenge_data(self.task, auditor, index, piece=piece)
-            else:
-                game_id = env.challenge(self.task, auditor)
+                model = GameModel(game_id, auditor, kind, data, window_left=self.window_ends - env.now())
+                assert env.game_state(game_id).windowLeft == model.window_left
+                self.games.append(model)
+                return
+            game_id = env.challenge(self.task, auditor)
             self.games.append(GameModel(game_id, auditor, kind, data))
 
         @property

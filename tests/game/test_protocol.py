@@ -45,6 +45,7 @@ from game.protocol.solver import (
     judge_move,
     pinned_step,
     trainer_move,
+    window_over,
 )
 from game.protocol.terms import TermsPolicy, terms_problems
 
@@ -82,7 +83,8 @@ def run(n_leaves: int, deviate_at: int | None) -> list[bytes]:
 def new_game(n: int, first: bytes, last: bytes) -> Game:
     return Game(
         lo=0, hi=n - 1, last_move_at=0, trainer_clock=60, auditor_clock=60, phase=Phase.AWAITING_REVEAL,
-        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, availability=False, piece=0, outcome=Outcome.NONE,
+        auditor="0x" + "00" * 20, task_id=1, dispute_init=False, availability=False, piece=0, window_left=0,
+        outcome=Outcome.NONE,
         reason=EndReason.NONE, reward_claimed=False, lo_leaf=first, hi_leaf=last, mid_leaf=b"\x00" * 32,
     )  # fmt: skip
 
@@ -243,6 +245,15 @@ def test_decideFinalize_afterTheWindow_withNoLiveGame() -> None:
     assert decide_finalize(t, now=100, closed_for_all=True) == Finalize()
     assert decide_finalize(_task(TaskStatus.COMMITTED, 100, live_games=1), now=10**9) is None
     assert decide_finalize(_task(TaskStatus.FINALIZED, 100), now=10**9) is None
+
+
+def test_windowOver_onlyPastItsEnd_withNoGameLive() -> None:
+    """A window past its end may open again while a game is live (a met availability demand gives
+    the trainer's time back to it), so an auditor that still means to challenge waits then."""
+    assert not window_over(_task(TaskStatus.COMMITTED, window_ends=100), now=98)
+    assert window_over(_task(TaskStatus.COMMITTED, window_ends=100), now=99)  # nothing lands in time
+    assert not window_over(_task(TaskStatus.COMMITTED, 100, live_games=1), now=500)
+    assert window_over(_task(TaskStatus.FINALIZED, 100, live_games=1), now=500)
 
 
 def test_decideWithdraw_onlyWithCredit() -> None:
