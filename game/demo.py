@@ -225,7 +225,6 @@ class _Run:
         from game.store.blobs import BlobStore
         from game.store.keys import key_hash, new_key
         from game.tasks import post_task
-        from trainer_node.agent import TrainerAgent
 
         chain = self.chain
         accounts = self._accounts()
@@ -260,7 +259,7 @@ class _Run:
             )
         )
         agents: dict[str, Any] = {
-            "trainer": TrainerAgent(
+            "trainer": self.scenario.trainer_class()(
                 clients["trainer"],
                 task_id,
                 self.cfg,
@@ -280,6 +279,7 @@ class _Run:
                 store=store,
                 data_key=data_key,
                 strategy=self.scenario.make_auditor(self.auditor_seed),
+                config=self.cfg,  # the client's: to replay a withheld log read off the chain
                 evidence_dir=evidence,
                 on_action=self.record,
                 progress=self.progress,

@@ -61,11 +61,12 @@ class PartyBalance:
 class GameSummary:
     game_id: int
     auditor: str
-    outcome: str  # trainer_won | auditor_won | void
-    reason: str  # ruling | timeout | judge_timeout
+    outcome: str  # trainer_won | auditor_won | void | answered
+    reason: str  # ruling | timeout | judge_timeout | data_provided
     winner: str | None
     pinned_step: int | None
     dispute_init: bool
+    availability: bool  # a demand for a piece of a log chunk (answered, or lost by the trainer)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -79,7 +80,8 @@ class DemoResult:
     disputed_step: int | None  # the step the judge re-ran (None when no game was pinned)
     winner: str  # "trainer" | "auditor" | "void"
     trainer_paid: bool
-    moves: int  # game moves: challenge, reveal, respond, rule, timeout
+    moves: int  # game moves: challenge, demand, provide, reveal, respond, rule, timeout
+    demands: int  # availability games: pieces of the log demanded on-chain
     transactions: int  # every transaction of the run after deployment
     gas_total: int
     balances_ok: bool
@@ -95,7 +97,7 @@ class DemoResult:
     contract: str
     contract_balance: int
     burnt: int  # wei the contract keeps for good: half the bond of a trainer that lost
-    end_reason: str | None  # how the (first) game ended
+    end_reason: str | None  # how the (first) bisection game ended, else the first game
     games: tuple[GameSummary, ...]
     balances: dict[str, PartyBalance]
     actions: tuple[AgentAction, ...] = field(repr=False)
@@ -108,6 +110,7 @@ class DemoResult:
             "winner": self.winner,
             "trainer_paid": self.trainer_paid,
             "moves": self.moves,
+            "demands": self.demands,
             "transactions": self.transactions,
             "gas_total": self.gas_total,
             "balances_ok": self.balances_ok,
@@ -167,6 +170,7 @@ def demo_result(
             winner=game_winner(g),
             pinned_step=g.pinned_step,
             dispute_init=g.dispute_init,
+            availability=g.availability,
         )
         for gid, g in games
     )
@@ -187,7 +191,7 @@ def demo_result(
     contract_balance = chain.balance(address)
     burnt = client.burnt()
     tx_hashes = {a.tx_hash for a in run.actions if a.tx_hash}
-    winners = [s.winner for s in summaries if s.winner]
+    winners = [s.winner for s in summaries if s.winner and s.winner != "answered"]
     if "auditor" in winners:
         winner = "auditor"
     elif winners:
@@ -195,12 +199,14 @@ def demo_result(
     else:
         winner = "trainer" if trainer_paid else "none"
     pinned = [s.pinned_step for s in summaries if s.pinned_step is not None]
+    decisive = [s for s in summaries if not s.availability] or list(summaries)
     return DemoResult(
         scenario=run.scenario.name,
         disputed_step=pinned[0] if pinned else None,
         winner=winner,
         trainer_paid=trainer_paid,
         moves=sum(1 for a in run.actions if a.what in GAME_MOVES and a.tx_hash),
+        demands=sum(1 for s in summaries if s.availability),
         transactions=len(tx_hashes),
         gas_total=sum(a.gas_used or 0 for a in _unique_txs(run.actions)),
         # the contract keeps only what it burnt (half a lost trainer's bond, for good)
@@ -217,7 +223,7 @@ def demo_result(
         contract=address,
         contract_balance=contract_balance,
         burnt=burnt,
-        end_reason=summaries[0].reason if summaries else None,
+        end_reason=decisive[0].reason if decisive else None,
         games=summaries,
         balances=balances,
         actions=tuple(run.actions),

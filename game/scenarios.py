@@ -2,9 +2,10 @@
 
 Why a registry: ``vgame demo --scenario NAME``, the scenario tests and the README all name the same
 cases, so each is defined once here with the outcome the rules promise. A scenario only *describes*
-a run (the trainer's deviation from :mod:`game.strategies.trainers`, the auditor's strategy from
-:mod:`game.strategies.auditors`, which party
-falls silent once challenged, the expected winner and whether the game pins the deviating step);
+a run (the trainer's deviation from :mod:`game.strategies.trainers`, whether its node withholds
+the transcript (:mod:`game.strategies.withholding`), the auditor's strategy from
+:mod:`game.strategies.auditors`, which party falls silent once challenged, the expected winner and
+whether the game pins the deviating step);
 :mod:`game.demo` plays it. This module imports no torch, so ``vgame --help`` can list the scenarios.
 """
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from auditor_node.agent import AuditorStrategy
     from game.training.engine.train import Deviation
     from game.training.task.config import TaskConfig
+    from trainer_node.agent import TrainerAgent
 
 
 Party = Literal["trainer", "auditor"]
@@ -36,6 +38,7 @@ class Scenario:
     silent_after_challenge: Party | None = None  # the demo stops stepping it once a game is open
     pins_step: bool = False  # the game is pinned at exactly S (the deviating step)
     ends_by: str | None = "ruling"  # how the game ends: "ruling" | "timeout" (None: no game)
+    withholds: bool = False  # the trainer seals its transcript under a key nobody holds
 
     @property
     def takes_step(self) -> bool:
@@ -49,6 +52,16 @@ class Scenario:
         from game.strategies.trainers import DEVIATIONS  # torch: only when a run is really built
 
         return DEVIATIONS.get(self.deviation)(cfg, default_step(cfg) if step is None else step)
+
+    def trainer_class(self) -> type[TrainerAgent]:
+        """The trainer node: the product's, or one that withholds its transcript."""
+        if self.withholds:
+            from game.strategies.withholding import WithholdingTrainer
+
+            return WithholdingTrainer
+        from trainer_node.agent import TrainerAgent
+
+        return TrainerAgent
 
     def make_auditor(self, seed: int = 0) -> AuditorStrategy:
         """The auditor's strategy (``seed`` drives a lying one's answers)."""
@@ -108,6 +121,16 @@ SCENARIOS: Registry[Scenario] = Registry(
                 winner="auditor",
                 deviation="SteeredLog",
                 pins_step=True,
+            ),
+            Scenario(
+                "withhold",
+                "the trainer poisons step S and withholds its transcript, answering every demand for "
+                "its log; the auditor reads the log off the chain piece by piece, replays it and wins "
+                "at step S",
+                winner="auditor",
+                deviation="Poison",
+                pins_step=True,
+                withholds=True,
             ),
             Scenario(
                 "false-alarm",

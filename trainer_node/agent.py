@@ -245,10 +245,15 @@ class TrainerAgent(TaskAgent):
         if self._published_id() is not None:
             return
         bid = publish_directory(
-            self.store, self.data_key, self.transcript_dir, progress=self._mib_progress("publish")
+            self.store, self._sealing_key(), self.transcript_dir, progress=self._mib_progress("publish")
         )
         self.state.update(transcript_id=bid.hex())
         self._emit(out, AgentAction(ACTOR, "publish", self.task_id, detail=f"transcript {bid.hex()[:16]}..."))
+
+    def _sealing_key(self) -> bytes:
+        """The key the transcript is sealed under: the task's. (The seam a withholding trainer of the
+        demo and the tests overrides: :mod:`game.strategies.withholding`.)"""
+        return self.data_key
 
     def tree(self) -> MerkleTree:
         """The Merkle tree of this trainer's leaves (what it commits and proves against)."""

@@ -244,6 +244,11 @@ def _verdict(result: DemoResult) -> Panel:
         lines.append(f"[bold]deviation[/]       at step {result.deviation_step}")
     if result.end_reason:
         lines.append(f"[bold]game ended by[/]   {result.end_reason}")
+    if result.demands:
+        lines.append(
+            f"[bold]data demands[/]    {result.demands} pieces of the log demanded on-chain (the auditor "
+            "could not open the transcript)"
+        )
     lines.append(f"[bold]trainer paid[/]    {'yes' if result.trainer_paid else 'no'}")
     lines.append(
         f"[bold]profiles[/]        trainer {result.trainer_profile}, auditor {result.auditor_profile}, "

@@ -173,6 +173,7 @@ def test_registry_names_every_required_scenario() -> None:
         "wrong-lr",
         "tampered-log",
         "steer",
+        "withhold",
         "false-alarm",
         "trainer-timeout",
         "auditor-timeout",
@@ -242,15 +243,22 @@ def test_scenario_ends_as_the_rules_promise(name: str, tmp_path: Path) -> None:
     if scenario.ends_by is None:
         assert result.games == () and result.moves == 0
         return
-    assert len(result.games) == 1
-    game = result.games[0]
-    assert game.reason == scenario.ends_by
+    bisections = [g for g in result.games if not g.availability]
+    assert len(bisections) == 1
+    game = bisections[0]
+    assert result.end_reason == game.reason == scenario.ends_by
     assert game.winner == scenario.winner
     if scenario.pins_step:
         assert result.deviation_step == default_step(tiny_config())
         assert result.disputed_step == result.deviation_step
         rules = [a for a in result.actions if a.what == "rule"]
         assert [(a.actor, a.leaf_index) for a in rules] == [("judge", result.deviation_step)]
+    demands = [g for g in result.games if g.availability]
+    assert result.demands == len(demands)
+    if scenario.withholds:  # the whole log was read off the chain, every piece posted by the trainer
+        assert [g.outcome for g in demands] == ["answered"] * (STEPS + 1)
+    else:
+        assert demands == []
     if scenario.ends_by == "timeout":
         timeouts = [a for a in result.actions if a.what == "timeout"]
         assert [a.actor for a in timeouts] == [scenario.winner]  # the waiting side ends it
