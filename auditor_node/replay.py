@@ -93,7 +93,7 @@ class TranscriptReplay:
         """The fetched transcript, verified (a :class:`TranscriptError` where a file is damaged or
         missing) and held to the task's on-chain values (a :class:`TranscriptUnusable` where one
         differs: the trainer published another transcript than the one it committed to)."""
-        t = Transcript(self.transcript_dir)
+        t = Transcript(self.transcript_dir, spec_hash=task.spec_hash)  # nothing else loaded
         t.verify()
         m = t.manifest
         checks = (

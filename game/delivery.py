@@ -30,7 +30,7 @@ from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
 from game.training.state.leafhash import leaf_of
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, recorded_spec_hash
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
 
@@ -111,14 +111,26 @@ def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tup
             state_bytes: bytes | None = archive.read(ckpt) if ckpt in archive.names() else None
     except StoreError as exc:
         raise DeliveryError(f"cannot read the transcript of task {task_id}: {exc}") from exc
+    unusable = f"the transcript of task {task_id} has no usable config"
     try:
-        cfg = TaskConfig.from_dict(Manifest.from_json(manifest_bytes, Path(manifest_name)).config)
+        manifest = Manifest.from_json(manifest_bytes, Path(manifest_name))
+        recorded = recorded_spec_hash(manifest.config, manifest.inputs)
     except (TranscriptError, ValueError) as exc:
-        raise DeliveryError(f"the transcript of task {task_id} has no usable config: {exc}") from exc
+        raise DeliveryError(f"{unusable}: {exc}") from exc
+    # held to the task before it is loaded: loading imports the module the config names
+    if recorded != task.spec_hash:
+        raise DeliveryError(
+            f"the transcript's config hashes to {recorded.hex()[:16]}..., task {task_id}'s spec "
+            f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
+        )
+    try:
+        cfg = TaskConfig.from_dict(manifest.config)
+    except (TranscriptError, ValueError) as exc:
+        raise DeliveryError(f"{unusable}: {exc}") from exc
     if cfg.spec_hash() != task.spec_hash:
         raise DeliveryError(
-            f"the transcript's config hashes to {cfg.spec_hash().hex()[:16]}..., task {task_id}'s spec "
-            f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
+            f"{unusable}: loaded here, it hashes to {cfg.spec_hash().hex()[:16]}..., not to the task's "
+            "spec hash (this machine's data, initial weights or task code differ from the trainer's)"
         )
     if state_bytes is None or leaf_of(state_bytes) != task.last_leaf:
         log.warning(
@@ -154,7 +166,8 @@ def _rebuilt(
     beside.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vgame-model-", dir=beside) as tmp:
         try:
-            t = Transcript(fetch_directory(store, key, task.transcript_id, Path(tmp) / "t"))
+            fetched = fetch_directory(store, key, task.transcript_id, Path(tmp) / "t")
+            t = Transcript(fetched, spec_hash=task.spec_hash)
             if t.manifest.state_root != task.state_root.hex() or t.manifest.log_root != task.log_root.hex():
                 raise DeliveryError(f"the transcript of task {task_id} is not the one its roots commit to")
             t.verify()

@@ -435,7 +435,7 @@ class Judge:
             except StoreError as exc:
                 raise TranscriptEvidenceError(f"cannot get the transcript of task {task_id}: {exc}") from exc
         try:
-            t = Transcript(dest)
+            t = Transcript(dest, spec_hash=task.spec_hash)  # nothing of another task's config loaded
             leaves, hashes = t.leaves(), t.chunk_hashes()
         except (VGameError, ValueError) as exc:  # its manifest's config too (a task module not here)
             raise TranscriptEvidenceError(f"the transcript of task {task_id} is unreadable: {exc}") from exc

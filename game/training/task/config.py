@@ -326,12 +326,8 @@ class TaskConfig:
         return self._inputs
 
     def canonical_json(self) -> bytes:
-        """The bytes the spec hash covers: sorted keys, no whitespace, floats as Python repr.
-
-        Python's float repr is the shortest string that round-trips, identical on every platform.
-        """
-        doc = {"format": SPEC_FORMAT, "config": self.to_dict(), "inputs": self.inputs().to_dict()}
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+        """The bytes the spec hash covers (:func:`canonical_spec`)."""
+        return canonical_spec(self.to_dict(), self.inputs().to_dict())
 
     def spec_hash(self) -> bytes:
         """SHA-256 of :meth:`canonical_json` (32 bytes; the value the client posts on-chain)."""
@@ -471,6 +467,28 @@ def _inputs_of(cfg: TaskConfig) -> Inputs:
     return found
 
 
+def canonical_spec(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bytes:
+    """The bytes the spec hash covers: a task's config (:meth:`TaskConfig.to_dict`) and inputs
+    (:meth:`~.inputs.Inputs.to_dict`) as JSON with sorted keys, no whitespace, floats as Python repr.
+
+    Python's float repr is the shortest string that round-trips, identical on every platform. A
+    function of plain dicts, so that a recorded config someone else wrote is held to a known spec
+    hash before it is loaded (:func:`recorded_spec_hash`): loading imports its task's module.
+    """
+    doc = {"format": SPEC_FORMAT, "config": config, "inputs": inputs}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def recorded_spec_hash(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bytes:
+    """The spec hash of a config and inputs as someone recorded them (a transcript's manifest),
+    computed without loading anything: what an honest record hashes to once loaded. A record that
+    does not parse as JSON of the canonical kind raises :class:`ConfigError`."""
+    try:
+        return hashlib.sha256(canonical_spec(config, inputs)).digest()
+    except (TypeError, ValueError) as exc:  # not JSON-able, a NaN: no config of ours
+        raise ConfigError(f"the recorded config is not canonical JSON ({exc})") from None
+
+
 __all__ = [
     "DEFAULT_BANDS",
     "LOG_FORMATS",
@@ -479,9 +497,11 @@ __all__ = [
     "OPTIMIZERS",
     "SPEC_FORMAT",
     "TaskConfig",
+    "canonical_spec",
     "declaration_of",
     "example_config",
     "factory_of",
     "load_config",
     "loads_config",
+    "recorded_spec_hash",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 from game import untrusted
 from game.errors import ConfigError, TranscriptError
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, recorded_spec_hash
 from game.training.task.inputs import Inputs
 from game.training.task.plugins import PluginError
 from game.training.transcript.layout import FORMAT, MANIFEST_NAME, TranscriptPaths
@@ -118,10 +118,25 @@ class Manifest:
         return manifest
 
 
-def config_of(manifest: Manifest, where: Path) -> TaskConfig:
+def config_of(manifest: Manifest, where: Path, spec_hash: bytes | None = None) -> TaskConfig:
     """Rebuild the task config, check this machine's inputs are the recorded ones (naming any that
     differs: :class:`~game.training.task.inputs.InputsMismatch`), and that it all still hashes to
-    the recorded spec hash."""
+    the recorded spec hash.
+
+    ``spec_hash``: the one the caller holds the transcript to (a task's on-chain). The recorded
+    config and inputs must hash to it *before* the config is loaded: loading imports the module
+    the config names, and a trainer that sealed another config into its transcript must not make
+    an auditor or a judge import whatever module it likes."""
+    if spec_hash is not None:
+        try:
+            recorded = recorded_spec_hash(manifest.config, manifest.inputs)
+        except ConfigError as exc:
+            raise TranscriptError(f"{where}: {exc}") from None
+        if recorded != spec_hash:
+            raise TranscriptError(
+                f"{where}: the recorded task config hashes to {recorded.hex()[:16]}..., not to the spec "
+                f"hash {spec_hash.hex()[:16]}... it is held to: not the task's, so nothing of it is loaded"
+            )
     try:
         cfg = TaskConfig.from_dict(manifest.config)
     except PluginError:
@@ -129,10 +144,10 @@ def config_of(manifest: Manifest, where: Path) -> TaskConfig:
     except Exception as exc:
         raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
     try:
-        recorded = Inputs.from_dict(manifest.inputs)
+        inputs = Inputs.from_dict(manifest.inputs)
     except ConfigError as exc:
         raise TranscriptError(f"{where}: the recorded inputs are invalid ({exc})") from exc
-    cfg.inputs().check_against(recorded, f"the transcript at {where.parent}")
+    cfg.inputs().check_against(inputs, f"the transcript at {where.parent}")
     if cfg.spec_hash().hex() != manifest.spec_hash:
         raise TranscriptError(
             f"{where}: the recorded config hashes to {cfg.spec_hash().hex()} but the manifest's spec_hash "

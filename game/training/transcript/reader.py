@@ -90,7 +90,9 @@ def model_files(final_step: int) -> tuple[str, str]:
 class Transcript:
     """Read access to a transcript directory, with the checks an auditor or judge needs."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, *, spec_hash: bytes | None = None) -> None:
+        """``spec_hash``: the one a transcript someone else wrote is held to (its task's on-chain),
+        checked on the recorded config before anything of it is loaded (:func:`.manifest.config_of`)."""
         self.directory = Path(directory)
         if not self.directory.is_dir():
             what = "is a file, not a directory" if self.directory.exists() else "does not exist"
@@ -99,7 +101,7 @@ class Transcript:
             )
         self.paths = TranscriptPaths(self.directory)
         self.manifest = read_manifest(self.directory)
-        self.config = config_of(self.manifest, self.paths.manifest)
+        self.config = config_of(self.manifest, self.paths.manifest, spec_hash)
         self.spec_hash = self.config.spec_hash()
         self._leaves: list[bytes] | None = None
         self._chunk_hashes: list[bytes] | None = None
