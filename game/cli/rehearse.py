@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from game.training.task.config import TaskConfig
 
 #: Every deviation a trainer node can rehearse: the scenarios whose trainer deviates at a step S
-#: and otherwise plays the game (a trainer that falls silent is no deviation of its training).
+#: and otherwise plays the game (a trainer that falls silent or withholds its transcript is no
+#: deviation of its training: the product's node does neither).
 REHEARSALS: tuple[str, ...] = tuple(
-    s.name for s in SCENARIOS.values() if s.deviation is not None and s.silent_after_challenge is None
+    s.name
+    for s in SCENARIOS.values()
+    if s.deviation is not None and s.silent_after_challenge is None and not s.withholds
 )
 
 
