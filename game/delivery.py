@@ -30,7 +30,8 @@ from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
 from game.training.state.leafhash import leaf_of
-from game.training.task.config import TaskConfig, recorded_spec_hash
+from game.training.task.config import TaskConfig
+from game.training.task.spec import recorded_spec_hash
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
 

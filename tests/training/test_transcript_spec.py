@@ -17,7 +17,8 @@ import pytest
 
 from game.errors import TranscriptError, VGameError
 from game.training.engine.train import train
-from game.training.task.config import TaskConfig, recorded_spec_hash
+from game.training.task.config import TaskConfig
+from game.training.task.spec import recorded_spec_hash
 from game.training.transcript.layout import MANIFEST_NAME
 from game.training.transcript.reader import Transcript
 

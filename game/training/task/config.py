@@ -38,17 +38,10 @@ from game.training.task.catalog import (
 from game.training.task.declaration import Declaration, Table
 from game.training.task.define import TaskFactory, as_factory
 from game.training.task.inputs import Digest, Inputs
+from game.training.task.spec import SPEC_FORMAT, canonical_spec
 from game.training.task.values import check_float, coerce, model_from, shape_dict
 
 log = logging.getLogger(__name__)
-
-#: Bumped whenever the meaning or layout of the canonical JSON changes, including what computation a
-#: config stands for: v3 runs the optimizers as foreach ops, whose rounding log differs from v2's;
-#: v4 commits to leaves of format ``vgame-leaf-v2`` (``leafhash.py``: chunked, so a GPU computes
-#: them in parallel), where v3's were ``sha256(canonical bytes)``.
-#: v5 binds the task's inputs (data, initial weights, code, libraries: ``inputs``) and names the
-#: task by ``task`` (a preset or a user's), with ``accumulate`` and ``clip_grad_norm``.
-SPEC_FORMAT = "vgame-task-v5"
 
 #: Counter words of the RNG are 32 bits wide (see ``rng.py``): steps and example ids must fit.
 MAX_STEPS = 2**32 - 1
@@ -467,28 +460,6 @@ def _inputs_of(cfg: TaskConfig) -> Inputs:
     return found
 
 
-def canonical_spec(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bytes:
-    """The bytes the spec hash covers: a task's config (:meth:`TaskConfig.to_dict`) and inputs
-    (:meth:`~.inputs.Inputs.to_dict`) as JSON with sorted keys, no whitespace, floats as Python repr.
-
-    Python's float repr is the shortest string that round-trips, identical on every platform. A
-    function of plain dicts, so that a recorded config someone else wrote is held to a known spec
-    hash before it is loaded (:func:`recorded_spec_hash`): loading imports its task's module.
-    """
-    doc = {"format": SPEC_FORMAT, "config": config, "inputs": inputs}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
-
-
-def recorded_spec_hash(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bytes:
-    """The spec hash of a config and inputs as someone recorded them (a transcript's manifest),
-    computed without loading anything: what an honest record hashes to once loaded. A record that
-    does not parse as JSON of the canonical kind raises :class:`ConfigError`."""
-    try:
-        return hashlib.sha256(canonical_spec(config, inputs)).digest()
-    except (TypeError, ValueError) as exc:  # not JSON-able, a NaN: no config of ours
-        raise ConfigError(f"the recorded config is not canonical JSON ({exc})") from None
-
-
 __all__ = [
     "DEFAULT_BANDS",
     "LOG_FORMATS",
@@ -497,11 +468,9 @@ __all__ = [
     "OPTIMIZERS",
     "SPEC_FORMAT",
     "TaskConfig",
-    "canonical_spec",
     "declaration_of",
     "example_config",
     "factory_of",
     "load_config",
     "loads_config",
-    "recorded_spec_hash",
 ]

@@ -16,9 +16,10 @@ from typing import Any
 
 from game import untrusted
 from game.errors import ConfigError, TranscriptError
-from game.training.task.config import TaskConfig, recorded_spec_hash
+from game.training.task.config import TaskConfig
 from game.training.task.inputs import Inputs
 from game.training.task.plugins import PluginError
+from game.training.task.spec import recorded_spec_hash
 from game.training.transcript.layout import FORMAT, MANIFEST_NAME, TranscriptPaths
 
 
