@@ -305,20 +305,12 @@ class AuditorAgent(TaskAgent):
         except VerificationGameError as exc:
             log.warning("challenge of task %d refused: %s", self.task_id, exc)
             return
-        gid = rec.result
-        if gid is not None:
-            self.state.update(games=[*self.state.get("games", []), gid])
-        self._emit(
+        self._opened(
             out,
-            action_from_receipt(
-                ACTOR,
-                "challenge",
-                self.task_id,
-                rec,
-                game_id=gid,
-                leaf_index=0 if dispute_init else None,
-                detail="dispute the initial state" if dispute_init else f"[0, {task.num_leaves - 1}]",
-            ),
+            "challenge",
+            rec,
+            leaf_index=0 if dispute_init else None,
+            detail="dispute the initial state" if dispute_init else f"[0, {task.num_leaves - 1}]",
         )
 
     # --------------------------------------------------------------------------- play

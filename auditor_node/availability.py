@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from game.agents import AgentAction, AgentError, TaskAgent, action_from_receipt
+from game.agents import AgentAction, AgentError, TaskAgent
 from game.chain.types import Outcome, Task
 from game.errors import VerificationGameError
 from game.protocol.solver import DemandData, TranscriptState, decide_data_demand
@@ -85,15 +85,7 @@ def send_demand(agent: TaskAgent, move: DemandData, detail: str, out: list[Agent
             exc,
         )
         return
-    gid = rec.result
-    if gid is not None:
-        agent.state.update(games=[*agent.state.get("games", []), gid])
-    agent._emit(
-        out,
-        action_from_receipt(
-            agent.ACTOR, "demand", agent.task_id, rec, game_id=gid, leaf_index=move.index, detail=detail
-        ),
-    )
+    agent._opened(out, "demand", rec, leaf_index=move.index, detail=detail)
 
 
 __all__ = ["DataDemands", "TranscriptUnusable", "send_demand"]

@@ -241,6 +241,22 @@ class TaskAgent:
         if self.on_action is not None:
             self.on_action(action)
 
+    def _opened(
+        self, out: list[AgentAction], what: str, rec: TxReceipt, *, leaf_index: int | None, detail: str
+    ) -> int | None:
+        """Keep the game a challenge or a demand of this agent opened (its id from the receipt,
+        before any event scan finds it) and emit the action; returns the id."""
+        gid = rec.result
+        if gid is not None:
+            self.state.update(games=[*self.state.get("games", []), gid])
+        self._emit(
+            out,
+            action_from_receipt(
+                self.ACTOR, what, self.task_id, rec, game_id=gid, leaf_index=leaf_index, detail=detail
+            ),
+        )
+        return gid
+
     def _mib_progress(self, what: str) -> ByteProgress | None:
         """The progress sink for a transcript's bytes (published, fetched), counted in MiB: at
         paper size a transcript is gigabytes, tens of seconds of work on a node that shows no
