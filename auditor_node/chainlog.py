@@ -7,8 +7,9 @@ cannot be had, the auditor demands every piece of the log not yet on-chain (each
 bond each, at most :data:`MAX_OPEN` open at a time), then replays the task from its config and
 those chunks (:func:`~game.training.engine.chunkaudit.audit_chunks`) and plays on with its own
 leaves as after any replay: a bisection, evidence for the judge, who takes the pinned chunk from
-the chain too. The trainer pays a transaction a piece for what it withheld; a log of more than
-:data:`MAX_PIECES` pieces is not read (the auditor says so), nor an asynchronous task's.
+the chain too. An asynchronous task's log is read and replayed the same way, by the schedule its
+chunks carry. The trainer pays a transaction a piece for what it withheld; a log of more than
+:data:`MAX_PIECES` pieces is not read (the auditor says so).
 
 The auditor needs the task's config, which the transcript would have carried: the node's own
 (``vgame node auditor --config``), or one left in the evidence directory (a client may leave it),
@@ -27,7 +28,7 @@ from game import untrusted
 from game.agents import AgentAction, TaskAgent, atomic_write, config_path
 from game.chain.types import Game, Outcome, Phase, Task
 from game.chunkleaf import piece_count
-from game.errors import VGameError
+from game.errors import RoundingLogError, VGameError
 from game.onchainlog import OnChainLog
 from game.protocol.solver import decide_log_demands
 from game.training.state.leafhash import leaf_of
@@ -103,11 +104,6 @@ class ChainLog:
         cfg = self.task_config(task)
         if cfg is None:
             return
-        if cfg.scheduled:
-            self._once(
-                "async", "an asynchronous task's log is not replayed from the chain: only its transcript"
-            )
-            return
         onchain = OnChainLog.read(client, agent.task_id, task.num_leaves)
         chunks = onchain.chunks(task.log_root)
         if chunks is not None:
@@ -147,7 +143,7 @@ class ChainLog:
             leaves=[h.hex() for h in result.leaves],
             verdict=verdict,
             first_divergent_step=None,
-            scheduled=False,
+            scheduled=cfg.scheduled,
             from_chain=True,
         )
         detail = f"{verdict} on {agent.profile}, from the log posted on-chain ({pieces} pieces), {result.corrections} corrections"
@@ -157,9 +153,10 @@ class ChainLog:
 
     def evidence(self, task: Task, g: Game) -> tuple[Path, str] | None:
         """Leave the judge the config and the pinned step's pre-state, from the log on-chain (the
-        judge has no transcript either); None where the own state is not the agreed leaf."""
+        judge has no transcript either, and replays an asynchronous update's older states itself);
+        None where the own state is not the agreed leaf."""
         from game.agents import write_pre_state
-        from game.training.engine.chunkaudit import state_after_chunks
+        from game.training.engine.chunkaudit import states_after_chunks
 
         assert self.evidence_dir is not None
         cfg = self.task_config(task)
@@ -171,7 +168,10 @@ class ChainLog:
         )
         if g.dispute_init:
             return config_path(self.evidence_dir, task.spec_hash), "task config for step 0"
-        data = state_after_chunks(cfg, self.agent.profile, chunks, g.lo)
+        try:
+            data = states_after_chunks(cfg, self.agent.profile, chunks, {g.lo})[g.lo]
+        except RoundingLogError:  # an earlier update's schedule broke the rules: no state follows it
+            return None
         if leaf_of(data) != g.lo_leaf:
             return None
         return write_pre_state(

@@ -1,7 +1,7 @@
 """What a judge rules from, and what it rules: the evidence of a pinned step (the config, the step's
 log chunk with its proof, the pre-state and, for an asynchronous update, the older states it
 computes on and any earlier update's chunk that applied one of its micro-batches already, each with
-its proof), the errors that say which piece the chain does not vouch for,
+its proof, or the older states replayed from the log on-chain), the errors that say which piece the chain does not vouch for,
 and the ruling. Apart from :mod:`game.judge` (which gathers, checks and computes) so that the
 evidence's shape is read in one place.
 """
@@ -55,6 +55,11 @@ class Evidence:
     #: an asynchronous update that applies a micro-batch again: the log chunk of an earlier update
     #: that applied it (its witness), with the chunk's proof in the committed log tree
     earlier: dict[int, tuple[bytes, InclusionProof]] = field(default_factory=dict)
+    #: where the transcript cannot be had, nobody holds the trainer's leaves to prove an older state
+    #: by: the judge replays those states itself from the log posted on-chain
+    #: (:mod:`game.chainevidence`). The replay is bit-exact, so they are the states of whichever
+    #: side replayed that log honestly, and a ruling on them is that side's
+    replayed: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,8 @@ class Judge:
                 raise ChunkEvidenceError(
                     f"the chunk given as update {w}'s is not leaf {w} of the committed log tree"
                 )
-        missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in ev.versions]
+        given = {*ev.versions, *ev.replayed}
+        missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in given]
         if missing:
             raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
 
@@ -320,7 +321,7 @@ class Judge:
         assert ev.pre_state is not None
         step = pinned_step(g)
         if ev.config.scheduled:
-            versions = {v: data for v, (data, _) in ev.versions.items()}
+            versions = {**ev.replayed, **{v: data for v, (data, _) in ev.versions.items()}}
             earlier = {w: data for w, (data, _) in ev.earlier.items()}
             return rerun_update(engine, ev.pre_state, versions, ev.chunk, step, earlier)
         # a chunk that breaks the bands, does not decode or does not fit is never ruled for

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -215,14 +215,21 @@ def repeated_micro(cfg: TaskConfig, chunk: bytes, step: int, witness: bytes, w: 
 
 def find_witness(t: Transcript, chunk: bytes, step: int) -> tuple[int, bytes] | None:
     """The first earlier update of transcript ``t`` whose chunk applied a micro-batch that update
-    ``step`` (its ``chunk``) applies again: what the judge shows to rule on it. Reads every earlier
-    chunk of an honest schedule, so only an asynchronous task's ruling pays for it."""
-    cfg = t.config
+    ``step`` (its ``chunk``) applies again: what the judge shows to rule on it."""
+    return witness_among(t.config, chunk, step, t.chunk_bytes)
+
+
+def witness_among(
+    cfg: TaskConfig, chunk: bytes, step: int, chunk_of: Callable[[int], bytes]
+) -> tuple[int, bytes] | None:
+    """:func:`find_witness` over the chunks ``chunk_of`` gives (a transcript's, or the log posted
+    on-chain). Reads every earlier chunk of an honest schedule, so only an asynchronous task's
+    ruling pays for it."""
     if not cfg.scheduled or _entry(cfg, chunk, step) is None:
         return None
     for w in range(1, step):
         try:
-            data = t.chunk_bytes(w)
+            data = chunk_of(w)
         except (TranscriptError, RoundingLogError):
             continue  # not a witness; the judge rules on what it can show
         if repeated_micro(cfg, chunk, step, data, w) is not None:
@@ -240,4 +247,5 @@ __all__ = [
     "rerun_update",
     "staleness_of",
     "versions_named",
+    "witness_among",
 ]

@@ -111,6 +111,19 @@ def publish_without_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
     monkeypatch.setattr(trainer_module, "publish_directory", publish)
 
 
+def seal_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trainer nodes made from here on publish their transcripts under another key than the task's
+    and skip their node's check that the blob opens: a trainer that means to withhold it (or a
+    node of an older version)."""
+    import trainer_node.agent as trainer_module
+
+    real = trainer_module.publish_directory
+    monkeypatch.setattr(
+        trainer_module, "publish_directory", lambda st, _k, *a, **kw: real(st, new_key(), *a, **kw)
+    )
+    monkeypatch.setattr(trainer_module.TrainerAgent, "_check_opens", lambda *_a: None)
+
+
 @pytest.fixture
 def tiny_cfg() -> TaskConfig:
     return small_config()

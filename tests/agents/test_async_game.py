@@ -12,13 +12,23 @@ from typing import Any
 
 import pytest
 
-from game.chain.types import EndReason, Outcome, Phase
+from game.chain.types import EndReason, Outcome, Phase, TaskStatus
+from game.evidence import Evidence
 from game.judge import ChunkEvidenceError, VersionEvidenceError
 from game.merkle import MerkleTree
 from game.training.engine.scheduled import train_scheduled
 from game.training.log.schedule import ScheduleEntry
+from game.training.state.leafhash import leaf_of
 from game.training.transcript.reader import Transcript
-from tests.agents.conftest import TRAINER_PROFILE, PoisonBatch, games, run_game, small_config
+from tests.agents.conftest import (
+    TRAINER_PROFILE,
+    PoisonBatch,
+    games,
+    run_game,
+    seal_elsewhere,
+    small_config,
+    withdrawn,
+)
 from tests.training.schedules import repeating_schedule, simulated_schedule, write_unchecked
 
 POISON_DATA_STEP = 4
@@ -211,3 +221,78 @@ def test_asyncGame_whereALiarLeavesThePreStateAlone_theJudgeRebuildsTheRest_andT
     run_game(agents, client, task_id)
     (g,) = games(client, task_id)
     assert g.outcome == Outcome.TRAINER_WON and g.reason == EndReason.RULING
+
+
+def _gathered(agents: Any, monkeypatch: pytest.MonkeyPatch) -> list[Evidence]:
+    """Every evidence the judge gathers from here on, in order."""
+    gathered: list[Evidence] = []
+    real = agents.judge.gather
+    monkeypatch.setattr(agents.judge, "gather", lambda gid: gathered.append(real(gid)) or gathered[-1])
+    return gathered
+
+
+def test_withheldTranscript_anAsyncPoisonedRun_theAuditorReadsTheLogOffTheChain_andWinsAtTheFirstPoisonedUpdate(
+    roles: dict[str, Any], async_game: tuple[Any, int, int, list], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An asynchronous task's withheld transcript shielded it: the auditor would not replay its log
+    from the chain, and a trainer that poisoned a micro-batch and sealed its transcript under
+    another key was paid. Now the auditor reads every piece, replays by the schedule the chunks
+    carry, and bisects to the first update that applies a poisoned micro-batch. That update
+    computes on an older state, which nobody can prove without the trainer's leaves: the judge
+    replays it from the chunks on-chain and rules for the auditor."""
+    seal_elsewhere(monkeypatch)  # before the trainer node publishes (its first step)
+    agents, task_id, first, entries = async_game
+    client = roles["client"]
+    gathered = _gathered(agents, monkeypatch)
+    actions = run_game(agents, client, task_id)
+    said = [(a.actor, a.what, a.detail) for a in actions]
+    task = client.task(task_id)
+    assert len(client.get_events("DataProvided", task_id=task_id)) >= task.num_leaves
+    bisections = [g for g in games(client, task_id) if not g.availability]
+    assert [(g.pinned_step, g.outcome, g.reason) for g in bisections] == [
+        (first, Outcome.AUDITOR_WON, EndReason.RULING)
+    ], said
+    assert any(a.what == "replay" and "from the log posted on-chain" in a.detail for a in actions), said
+    (ev,) = gathered
+    stale = sorted(v for v in entries[first - 1].versions if v != first - 1)
+    assert stale and ev.versions == {} and sorted(ev.replayed) == stale
+    t = Transcript(agents.trainer.transcript_dir)  # the trainer's own copy: the states it committed
+    assert all(leaf_of(ev.replayed[v]) == t.leaf(v) for v in stale)
+    assert task.status == TaskStatus.FINALIZED and withdrawn(client, roles["trainer"].me) == 0
+
+
+def test_withheldTranscript_anHonestAsyncRun_theLogReadOffTheChainMatches_andTheTrainerIsPaid(
+    roles: dict[str, Any], post_task: Any, make_agents: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seal_elsewhere(monkeypatch)
+    client = roles["client"]
+    cfg = small_config(accumulate=2, max_staleness=2)
+    entries, _ = _schedule(cfg.steps)
+    task_id = post_task(cfg)
+    agents = make_agents(task_id, cfg)
+    train_scheduled(cfg, TRAINER_PROFILE, agents.trainer.transcript_dir, entries)
+    actions = run_game(agents, client, task_id)
+    task = client.task(task_id)
+    assert agents.auditor.verdict == "match", [(a.actor, a.what, a.detail) for a in actions]
+    assert all(g.availability and g.outcome == Outcome.ANSWERED for g in games(client, task_id))
+    assert withdrawn(client, roles["trainer"].me) == task.payment + task.trainer_bond
+
+
+def test_withheldTranscript_anAsyncRunApplyingAMicroBatchTwice_theJudgeFindsTheWitnessOnChain(
+    roles: dict[str, Any], repeat_game: tuple[Any, int, Any, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repeat, withheld: the auditor's replay of the chunks on-chain finds the micro-batch
+    applied again (its leaves are the rejected-schedule mark from there), and the judge takes the
+    earlier update's chunk from the chain as its witness."""
+    seal_elsewhere(monkeypatch)
+    agents, task_id, _, w = repeat_game
+    client = roles["client"]
+    gathered = _gathered(agents, monkeypatch)
+    actions = run_game(agents, client, task_id)
+    bisections = [g for g in games(client, task_id) if not g.availability]
+    assert [(g.pinned_step, g.outcome, g.reason) for g in bisections] == [
+        (REPEAT_AT, Outcome.AUDITOR_WON, EndReason.RULING)
+    ], [(a.actor, a.what, a.detail) for a in actions]
+    (ev,) = gathered
+    t = Transcript(agents.trainer.transcript_dir)
+    assert sorted(ev.earlier) == [w] and ev.earlier[w][0] == t.chunk_bytes(w)

@@ -24,7 +24,7 @@ from game.chain.types import EndReason, Outcome, TaskStatus
 from game.chunkleaf import PIECE_BYTES, piece_count
 from game.store.keys import new_key
 from game.training.transcript.reader import Transcript, steps_on_disk
-from tests.agents.conftest import commit, games, reward, small_config, withdrawn
+from tests.agents.conftest import commit, games, reward, seal_elsewhere, small_config, withdrawn
 
 
 def _trainer(roles: dict[str, Any], task_id: int, cfg: Any, store: Any, key: bytes, workdir: Path) -> Any:
@@ -81,13 +81,7 @@ def _sealed_elsewhere(
 ) -> tuple[int, Any]:
     """A task whose trainer published its transcript under another key and skipped its node's check
     (a trainer that means it, or a node of an older version): committed, the blob unopenable."""
-    import trainer_node.agent as trainer_module
-
-    real = trainer_module.publish_directory
-    monkeypatch.setattr(
-        trainer_module, "publish_directory", lambda st, _k, *a, **kw: real(st, new_key(), *a, **kw)
-    )
-    monkeypatch.setattr(trainer_module.TrainerAgent, "_check_opens", lambda *_a: None)
+    seal_elsewhere(monkeypatch)
     task_id = post_task(cfg, **(task_options or {}))
     agents = make_agents(task_id, cfg, **agent_options)
     commit(agents, roles["client"], task_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from game.errors import RoundingLogError
@@ -32,6 +33,7 @@ from game.training.engine.update import UpdateEngine, Weights, weights_of
 from game.training.log.schedule import MicroBatchId, ScheduleEntry, ScheduleError, check_schedule, last_uses
 from game.training.state.canonical import encode_state
 from game.training.state.leaves import LeafHasher, PendingLeaf, state_hash
+from game.training.task.config import TaskConfig
 from game.training.transcript.readahead import ReadAhead
 from game.training.transcript.reader import Transcript
 
@@ -42,6 +44,41 @@ def rejected_schedule_leaf(update: int) -> bytes:
     """The auditor's own leaf for an update whose entry breaks the rules, and every one after it:
     domain-separated, so it equals no state hash."""
     return hashlib.sha256(b"vgame-rejected-schedule-v1\0" + update.to_bytes(8, "little")).digest()
+
+
+def checked_entries(
+    cfg: TaskConfig, entry_of: Callable[[int], ScheduleEntry | None]
+) -> tuple[list[ScheduleEntry | None], list[str]]:
+    """Every update's schedule entry (``entry_of(u)``, None for a plain chunk; it may raise
+    :class:`RoundingLogError` for an envelope that does not parse), held to the task's rules: each
+    entry on its own, no micro-batch applied twice, and, where every entry passes, the schedule
+    whole. An entry that breaks a rule is None (a replay stops at the first), and what it broke is
+    among the findings, which come second. One rule for a replay from the transcript and from the log on-chain."""
+    entries: list[ScheduleEntry | None] = []
+    errors: list[str] = []
+    applied_by: dict[MicroBatchId, int] = {}
+    for u in range(1, cfg.steps + 1):
+        try:
+            entry = entry_of(u)
+            if entry is None:
+                raise RoundingLogError(f"update {u}: the chunk carries no schedule")
+            check_entry(entry, cfg)
+            again = [a.micro for a in entry.applied if a.micro in applied_by]
+            if again:
+                raise ScheduleError(
+                    f"update {u}: micro-batch {again[0]} was applied by update {applied_by[again[0]]} already"
+                )
+            applied_by.update((a.micro, u) for a in entry.applied)
+            entries.append(entry)
+        except RoundingLogError as exc:  # a ScheduleError, or an envelope that does not parse
+            errors.append(str(exc))
+            entries.append(None)
+    good = [e for e in entries if e is not None]
+    if len(good) == len(entries):
+        errors += check_schedule(
+            good, accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness
+        )
+    return entries, errors
 
 
 def audit_scheduled(
@@ -61,31 +98,8 @@ def audit_scheduled(
     trainer_root = bytes.fromhex(t.manifest.state_root)
     engine = engine_for(cfg, profile, checks="audit")
     ue = UpdateEngine(engine)
-    entries: list[ScheduleEntry | None] = []
-    errors: list[str] = []
-    applied_by: dict[MicroBatchId, int] = {}
-    for u in range(1, t.steps + 1):
-        try:
-            entry = t.update_entry(u)  # the log is decoded when the update is replayed
-            if entry is None:
-                raise RoundingLogError(f"update {u}: the chunk carries no schedule")
-            check_entry(entry, cfg)
-            again = [a.micro for a in entry.applied if a.micro in applied_by]
-            if again:
-                raise ScheduleError(
-                    f"update {u}: micro-batch {again[0]} was applied by update {applied_by[again[0]]} already"
-                )
-            applied_by.update((a.micro, u) for a in entry.applied)
-            entries.append(entry)
-        except RoundingLogError as exc:  # a ScheduleError, or an envelope that does not parse
-            errors.append(str(exc))
-            entries.append(None)
-    good = [e for e in entries if e is not None]
-    if len(good) == len(entries):
-        errors += check_schedule(
-            good, accumulate=cfg.accumulate, steps=cfg.steps, max_staleness=cfg.max_staleness
-        )
-    uses = last_uses(good)
+    entries, errors = checked_entries(cfg, t.update_entry)  # the logs are decoded when replayed
+    uses = last_uses([e for e in entries if e is not None])
     saver = None if keep_progress is None else ProgressSaver(Path(keep_progress), save_every_s)
     saved = None if saver is None else saver.load(trainer_root, profile, use_log)
     resumed_from: int | None = None
@@ -164,4 +178,4 @@ def audit_scheduled(
     )
 
 
-__all__ = ["audit_scheduled", "rejected_schedule_leaf"]
+__all__ = ["audit_scheduled", "checked_entries", "rejected_schedule_leaf"]
