@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from eth.exceptions import TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_tester import EthereumTester, PyEVMBackend
+from eth_tester.backends.pyevm.serializers import serialize_transaction, serialize_transaction_receipt
 from eth_tester.exceptions import TransactionFailed
 from web3 import EthereumTesterProvider, Web3
 
@@ -36,7 +38,7 @@ class EmbeddedChain(Chain):
     def __init__(self, accounts: int = 10) -> None:
         # WHY generate_genesis_state: eth-tester funds exactly the keys 1..n, so we know them.
         genesis = PyEVMBackend.generate_genesis_state(num_accounts=accounts)
-        self.backend = PyEVMBackend(genesis_state=genesis)
+        self.backend = IndexedBackend(genesis_state=genesis)
         self.tester = EthereumTester(self.backend)
         # WHY: py-evm's default estimator binary-searches (~15 executions per estimate); one run with
         # the block's gas limit gives the gas the call uses, and our headroom covers the rest.
@@ -86,6 +88,45 @@ class EmbeddedChain(Chain):
     def revert(self, snapshot_id: Any) -> None:
         self.tester.revert_to_snapshot(snapshot_id)
         self._forget_nonces()
+
+
+class IndexedBackend(PyEVMBackend):
+    """eth-tester's py-evm backend, finding a mined transaction by py-evm's own index of them.
+
+    Why: eth-tester finds a transaction by walking every block back from the head (its own TODO
+    says so), and its log filter reads the receipt of every transaction of every block it scans: a
+    scan then costs the chain's length for each transaction in it, and the agents scan each round.
+    py-evm keeps a hash -> (block, index) lookup for the canonical chain. A reverted snapshot
+    leaves the lookups of the blocks above its head, so a block found must be at or below the head
+    and hold the transaction at that index; the walk stays for what the index does not hold (the
+    pending block, a hash it does not know, a lookup left by a revert)."""
+
+    def _find(self, transaction_hash: bytes) -> tuple[Any, Any, int] | None:
+        try:
+            number, index = self.chain.chaindb.get_transaction_index(transaction_hash)
+        except TransactionNotFound:
+            return None
+        if number > self.chain.get_canonical_head().block_number:  # a revert leaves the lookups above it
+            return None
+        block = self.chain.get_canonical_block_by_number(number)
+        if index >= len(block.transactions) or block.transactions[index].hash != transaction_hash:
+            return None
+        return block, block.transactions[index], index
+
+    def get_transaction_by_hash(self, transaction_hash: bytes) -> Any:
+        found = self._find(transaction_hash)
+        if found is None:
+            return super().get_transaction_by_hash(transaction_hash)
+        block, transaction, index = found
+        return serialize_transaction(block, transaction, index, False)
+
+    def get_transaction_receipt(self, transaction_hash: bytes) -> Any:
+        found = self._find(transaction_hash)
+        if found is None:
+            return super().get_transaction_receipt(transaction_hash)
+        block, transaction, index = found
+        receipts = block.get_receipts(self.chain.chaindb)
+        return serialize_transaction_receipt(block, receipts, transaction, index, False, self.chain.get_vm())
 
 
 def single_run_gas_estimate(state: Any, transaction: Any) -> int:

@@ -78,6 +78,43 @@ def test_embedded_snapshotRevert_restoresBlocksBalancesAndNonces(chain: Any) -> 
     assert chain.nonce(a.address) == nonce_a + 1
 
 
+def test_embedded_transactionsFoundByPyEvmsIndex_asEthTestersWalkFindsThem_acrossARevert(
+    chain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mined transaction and its receipt come from py-evm's hash index, not from eth-tester's walk
+    back over every block (which made each event scan cost the chain's length a transaction): the
+    same values the walk gives, and after a revert the index follows the canonical chain."""
+    import eth_tester.backends.pyevm.main as pyevm_main
+    from eth_tester import PyEVMBackend
+    from web3.exceptions import TransactionNotFound
+
+    a, b = chain.account(6), chain.account(7)
+    snap = chain.snapshot()
+    first = chain.w3.eth.send_transaction({"from": a.address, "to": b.address, "value": 11})
+    chain.mine(5)
+    walked = PyEVMBackend.get_transaction_receipt(chain.backend, bytes(first))
+    walked_tx = PyEVMBackend.get_transaction_by_hash(chain.backend, bytes(first))
+    real_walk = pyevm_main._get_transaction_by_hash
+
+    def no_walk(*args: Any) -> Any:
+        raise AssertionError("a mined transaction was looked for by walking the blocks")
+
+    monkeypatch.setattr(pyevm_main, "_get_transaction_by_hash", no_walk)
+    assert chain.backend.get_transaction_receipt(bytes(first)) == walked
+    assert chain.backend.get_transaction_by_hash(bytes(first)) == walked_tx
+    chain.revert(snap)
+    monkeypatch.setattr(
+        pyevm_main, "_get_transaction_by_hash", real_walk
+    )  # an unknown hash: the walk says so
+    with pytest.raises(TransactionNotFound):
+        chain.w3.eth.get_transaction_receipt(first)
+    chain.mine(2)
+    again = chain.w3.eth.send_transaction({"from": a.address, "to": b.address, "value": 11})
+    assert again == first  # the same transaction, mined again two blocks later
+    receipt = chain.w3.eth.get_transaction_receipt(again)
+    assert receipt["blockNumber"] == walked["block_number"] + 2 and receipt["status"] == 1
+
+
 def test_embedded_mine_addsBlocks(chain: Any) -> None:
     n = chain.block_number()
     chain.mine(3)
