@@ -146,15 +146,13 @@ class Judge:
             try:
                 ruling = self.rule_on(gid)
             except EvidenceError as exc:
-                self.last_errors[gid] = exc
-                log.warning("game %d: no ruling: %s", gid, exc)
+                self._no_ruling(gid, exc, "")
                 continue
             except (ConfigError, TrainingError) as exc:
                 # the trainer's transcript or task, not this judge, failed (a manifest naming a task
                 # module this machine lacks, a file the reader refuses): no ruling on this game, and
                 # every other pinned game, of any task, is still ruled on
-                self.last_errors[gid] = exc
-                log.warning("game %d: no ruling: the task or its transcript failed: %s", gid, exc)
+                self._no_ruling(gid, exc, "the task or its transcript failed: ")
                 continue
             except VerificationGameError as exc:
                 log.warning("game %d: ruling refused: %s", gid, exc)
@@ -200,6 +198,14 @@ class Judge:
         if self.task_id is None:
             return False
         return self.client.task(self.task_id).status in (TaskStatus.FINALIZED, TaskStatus.CANCELLED)
+
+    def _no_ruling(self, gid: int, exc: VGameError, what: str) -> None:
+        """Say why game ``gid`` got no ruling this round: a warning once the same reason comes
+        again. The first time it is often passing: an auditor leaves its evidence on the step after
+        the move that pinned the game, which may be this same round."""
+        again = gid in self.last_errors and str(self.last_errors[gid]) == str(exc)
+        self.last_errors[gid] = exc
+        log.log(logging.WARNING if again else logging.INFO, "game %d: no ruling: %s%s", gid, what, exc)
 
     def pinned_games(self) -> list[int]:
         """Games pinned so far on tasks this account judges (scan position kept on disk)."""

@@ -120,7 +120,7 @@ def test_step_zero_needs_the_right_config(roles: dict[str, Any], post_task: Any,
 
 
 def test_judge_without_evidence_does_not_rule_and_the_game_is_void(
-    roles: dict[str, Any], post_task: Any, make_agents: Any, tmp_path: Path
+    roles: dict[str, Any], post_task: Any, make_agents: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = small_config()
     task_id = post_task(cfg)
@@ -131,7 +131,14 @@ def test_judge_without_evidence_does_not_rule_and_the_game_is_void(
     client = roles["client"]
     with pytest.raises(TranscriptEvidenceError):
         agents.judge.gather(gid)
-    assert agents.judge.step() == []
+    with caplog.at_level("INFO", logger="game.judge"):
+        assert agents.judge.step() == []
+        # said, not warned, the first round: evidence left on the step after the pin is still to come
+        first = [r for r in caplog.records if "no ruling" in r.getMessage()]
+        assert [r.levelname for r in first] == ["INFO"]
+        assert agents.judge.step() == []
+        again = [r for r in caplog.records if "no ruling" in r.getMessage()][1:]
+        assert [r.levelname for r in again] == ["WARNING"]
     assert isinstance(agents.judge.last_errors[gid], EvidenceError)
     _no_ruling(client, gid)
 

@@ -46,12 +46,19 @@ def test_honestWork_theChunksAlone_giveTheTrainersLeaves_onAnotherProfile(tmp_pa
     assert {s: leaf_of(d) for s, d in states.items()} == {0: t.leaf(0), 4: t.leaf(4)}
 
 
-def test_aPoisonedStep_theChunksAlone_divergeFromIt_asTheWholeTranscriptsAuditDoes(tmp_path: Path) -> None:
+def test_aPoisonedStep_theChunksAlone_divergeFromIt_asTheWholeTranscriptsAuditDoes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = _cfg()
     train(cfg, "cpu-1t", tmp_path / "t", deviation=Poison(cfg, 3))
     t = Transcript(tmp_path / "t")
     root = merkle_root(t.leaves())
-    result = audit_chunks(cfg, "cpu-1t", _chunks(t), root)
+    with caplog.at_level("INFO", logger="game.training.engine.chunkaudit"):
+        result = audit_chunks(cfg, "cpu-1t", _chunks(t), root)
+    # every chunk past the divergence describes other values: one warning, not one a step
+    assert len(result.rejected_log_steps) > 1
+    said = [r.levelname for r in caplog.records if "is rejected" in r.getMessage()]
+    assert said == ["WARNING"] + ["INFO"] * (len(result.rejected_log_steps) - 1)
     whole = audit(tmp_path / "t", "cpu-1t")
     assert not result.match and whole.first_divergent_step == 3
     assert list(result.leaves[:3]) == t.leaves()[:3] and result.leaves[3] != t.leaf(3)

@@ -75,8 +75,10 @@ class _Replay:
 
     def _reject(self, step: int, exc: RoundingLogError) -> None:
         """The chunk of ``step`` is the trainer's fault: the step runs again without it, from the
-        state before it."""
-        log.warning("step %d: the trainer's log chunk is rejected: %s", step, exc)
+        state before it. Warned the first time only: past a state the trainer did not reach as the
+        auditor does, every later chunk describes other values and is rejected too."""
+        level = logging.INFO if self.rejected else logging.WARNING
+        log.log(level, "step %d: the trainer's log chunk is rejected: %s", step, exc)
         self.rejected.append(step)
         self.errors.append(str(exc))
         self.state = decode_state(self.encoded, self.cfg)
