@@ -21,8 +21,8 @@ from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Task
 from game.chunkleaf import chunk_leaf
 from game.errors import RoundingLogError
-from game.evidence import Evidence, PreStateEvidenceError
-from game.judgeupdate import versions_named, witness_among
+from game.evidence import Evidence, PreStateEvidenceError, versions_named
+from game.judgeupdate import witness_among
 from game.merkle import MerkleTree
 from game.onchainlog import OnChainLog
 from game.protocol.solver import pinned_step

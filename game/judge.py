@@ -39,7 +39,6 @@ from game.agents import (
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Phase, Task, TaskStatus
 from game.chainevidence import evidence_on_chain
-from game.chunkleaf import chunk_leaf
 from game.errors import (
     ConfigError,
     RoundingLogError,
@@ -57,6 +56,7 @@ from game.evidence import (
     Ruling,
     TranscriptEvidenceError,
     VersionEvidenceError,
+    versions_named,
 )
 from game.fsio import atomic_write
 from game.judgeupdate import (
@@ -65,16 +65,14 @@ from game.judgeupdate import (
     rerun_step,
     rerun_update,
     staleness_of,
-    versions_named,
 )
-from game.merkle import InclusionProof, MerkleTree, verify_proof
+from game.merkle import InclusionProof, MerkleTree
 from game.protocol.solver import initial_state_disputed, judge_move, pinned_step
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.keys import key_hash
 from game.store.sealing import StoreError
 from game.training.engine.memory import trimmed
-from game.training.state.leafhash import leaf_of
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME, chunk_relpath
 from game.training.transcript.reader import Transcript, files_up_to, step_files
@@ -253,63 +251,9 @@ class Judge:
         task = self.client.task(g.task_id)
         with trimmed():  # a judge of every task idles on after: give the step's memory back
             ev = evidence if evidence is not None else self.gather(game_id)
-            self.check(g, task, ev)
+            ev.check(g, task)
             computed, note = self._compute(g, ev)
         return Ruling(game_id, pinned_step(g), computed, g.hi_leaf, computed == g.hi_leaf, note=note)
-
-    # ------------------------------------------------------------------------- checking
-    @staticmethod
-    def check(g: Game, task: Task, ev: Evidence) -> None:
-        """Raise the EvidenceError subclass naming the first input that the chain does not vouch for."""
-        spec = ev.config.spec_hash()
-        if spec != task.spec_hash:
-            raise ConfigEvidenceError(
-                f"the config hashes to {spec.hex()[:16]}..., the task's spec hash is {task.spec_hash.hex()[:16]}..."
-            )
-        if initial_state_disputed(g):
-            return
-        step = pinned_step(g)
-        chunk_hash = chunk_leaf(ev.chunk)
-        proof = ev.chunk_proof
-        if (
-            proof is None
-            or proof.index != step
-            or proof.size != task.num_leaves
-            or not verify_proof(task.log_root, chunk_hash, proof)
-        ):
-            raise ChunkEvidenceError(
-                f"the log chunk given for step {step} (hash {chunk_hash.hex()[:16]}...) is not leaf {step} "
-                "of the committed log tree"
-            )
-        if ev.pre_state is None:
-            raise PreStateEvidenceError(f"no pre-state for step {step}")
-        pre = leaf_of(ev.pre_state)
-        if pre != g.lo_leaf:
-            raise PreStateEvidenceError(
-                f"the pre-state hashes to {pre.hex()[:16]}..., the agreed leaf {g.lo} is {g.lo_leaf.hex()[:16]}..."
-            )
-        for v, (data, vproof) in ev.versions.items():
-            leaf = leaf_of(data)
-            if (
-                vproof.index != v
-                or vproof.size != task.num_leaves
-                or not verify_proof(task.state_root, leaf, vproof)
-            ):
-                raise VersionEvidenceError(
-                    f"the state given for version {v} (leaf {leaf.hex()[:16]}...) is not leaf {v} of the "
-                    "committed state tree"
-                )
-        for w, (data, wproof) in ev.earlier.items():
-            if not (
-                1 <= w < step and wproof.index == w and wproof.size == task.num_leaves
-            ) or not verify_proof(task.log_root, chunk_leaf(data), wproof):
-                raise ChunkEvidenceError(
-                    f"the chunk given as update {w}'s is not leaf {w} of the committed log tree"
-                )
-        given = {*ev.versions, *ev.replayed}
-        missing = [v for v in versions_named(ev.config, ev.chunk, step) if v != g.lo and v not in given]
-        if missing:
-            raise VersionEvidenceError(f"update {step} computes on states {missing}, and none was given")
 
     # ------------------------------------------------------------------------ computing
     def _engine(self, cfg: TaskConfig) -> StepEngine:

@@ -14,7 +14,7 @@ Why apart from :mod:`game.judge`: the rulings are pure functions of inputs the c
 An asynchronous update ``u`` computes on its pre-state (leaf ``u - 1``, agreed in the game) and on
 older states its chunk's schedule names (:mod:`game.training.log.schedule`); the judge takes each
 with the proof of its leaf in the committed state tree (``Evidence.versions``, checked in
-``Judge.check``), re-runs the update from them, and rules against the trainer where the schedule
+``Evidence.check``), re-runs the update from them, and rules against the trainer where the schedule
 breaks the task's rules or does not parse. One rule spans updates: a micro-batch is applied once.
 An update that applies one an earlier update applied is ruled against the trainer on the earlier
 update's chunk, proved against the log root (``Evidence.earlier``, found by :func:`find_witness`):
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from game import untrusted
 from game.errors import RoundingLogError, TranscriptError
+from game.evidence import versions_named
 from game.training.engine.memory import trimmed
 from game.training.task.config import TaskConfig
 from game.training.transcript.layout import MANIFEST_NAME
@@ -171,25 +172,6 @@ def staleness_of(dest: Path) -> int:
         return 0
 
 
-def versions_named(cfg: TaskConfig, chunk: bytes, step: int, *, strict: bool = False) -> tuple[int, ...]:
-    """The states an asynchronous task's update ``step`` computes on, as its chunk's schedule names
-    them (none for a synchronous task, or, unless ``strict``, for a chunk that does not parse or
-    breaks the rules: the ruling says so)."""
-    if not cfg.scheduled:
-        return ()
-    from game.training.engine.scheduled import check_entry
-    from game.training.log.schedule import ScheduleError, open_envelope
-
-    try:
-        entry, _ = open_envelope(chunk, step=step, spec_hash=cfg.spec_hash())
-        check_entry(entry, cfg)
-    except RoundingLogError as exc:
-        if strict:
-            raise ScheduleError(f"update {step}: {exc}") from exc
-        return ()
-    return entry.versions
-
-
 def _entry(cfg: TaskConfig, chunk: bytes, step: int) -> ScheduleEntry | None:
     """The schedule entry of update ``step``'s chunk (None where it does not parse)."""
     from game.training.log.schedule import open_envelope
@@ -246,6 +228,5 @@ __all__ = [
     "rerun_step",
     "rerun_update",
     "staleness_of",
-    "versions_named",
     "witness_among",
 ]
