@@ -100,18 +100,21 @@ def test_sharedSession_servesTheBackwardThread(preset: str, request: pytest.Fixt
     """A deferring step (the GPU path) whose backward pass runs on another thread gives the leaves,
     log and corrections of the immediate step on one thread. A CPU step's
     session is not shared: there the other thread's ops pass unrounded and unlogged (so the
-    backward really moved)."""
+    backward really moved). The immediate step runs where the deferring one does; on a GPU that
+    is a device step, whose session is shared too, so the unshared control is a CPU step."""
     deferring, immediate = _engines(preset)
+    on_cpu = StepEngine(deferring.cfg, get_profile("cpu-1t"))
+    on_cpu.defer = False
     noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     s_noisy = noisy.init_state()
     chunks = [noisy.run_step(s_noisy, step, mode="record").log for step in (1, 2)]
     want = _steps(immediate, chunks)  # test_cuda_groups holds the deferring step on one thread to it
     assert sum(r[3] for r in want) > 0
-    logged = _logged_in_step_1(immediate)
+    logged = _logged_in_step_1(on_cpu)
     moved = request.getfixturevalue("backward_elsewhere")
     assert _steps(deferring, chunks) == want
     assert moved and all(moved)
-    assert _logged_in_step_1(immediate) < logged  # not shared: the backward's ops were not rounded
+    assert _logged_in_step_1(on_cpu) < logged  # not shared: the backward's ops were not rounded
 
 
 def _logged_in_step_1(engine: StepEngine) -> int:
