@@ -8,8 +8,10 @@
 # lease has time for (`env` first: it builds the front). Each writes into OUT_DIR as it goes (JSON,
 # one object a line in the .jsonl files), so a run cut short still leaves what it finished. Each
 # stage has its own time limit; a failed stage is logged and the next runs.
-# Runs from the repository root with the machine's python3 (torch with CUDA, Triton); nothing is
-# installed. The env stage builds the C++ dispatch front (half a minute; ninja and a compiler are
+# Runs from the repository root with the machine's python3 (torch with CUDA, Triton). What such an
+# image lacks for the CLI (eth-utils and its kin) comes as wheels made by scripts/gpu_wheels.sh,
+# installed into a directory of this run's own from WHEELS (default .whl), if it is there; nothing
+# else is installed. The env stage builds the C++ dispatch front (half a minute; ninja and a compiler are
 # there): every later stage runs through it, on the GPU as on CPU, unless it says VGAME_FRONT=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,16 @@ vgame=("$py" -m game.cli)
 log=$out/run.log
 GPT2=n_layer=12,n_head=12,n_embd=768,block_size=64
 RESNET=arch=resnet50
+
+wheels=${WHEELS:-.whl}
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    site=$(mktemp -d)
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl \
+        && export PYTHONPATH=$site:$PYTHONPATH
+fi
+if ! "$py" -c 'import game.cli.node' 2>>"$log"; then
+    echo "the CLI does not load here (see $log): make its wheels with scripts/gpu_wheels.sh" | tee -a "$log"
+fi
 
 note() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 # run LIMIT_S CMD...: time-limited, output to the log; the exit code noted, never fatal
