@@ -165,6 +165,18 @@ def test_gpu_measure_names_its_stages_in_one_list(tmp_path: Path) -> None:
     assert log.rstrip().endswith("done")
 
 
+def test_gpu_wheels_fetches_only_pinned_packages() -> None:
+    # each wheel gpu_wheels.sh fetches for a GPU image is pinned in the lock, and eth-utils (which the
+    # CLI loads to register its commands, and a stock torch image lacks) is among them
+    text = (SCRIPTS / "gpu_wheels.sh").read_text()
+    listed = re.search(r"^names=\(([a-z_ -]+)\)$", text, flags=re.M)
+    assert listed
+    names = listed.group(1).split()
+    lock = (ROOT / "requirements.lock").read_text().lower()
+    assert [n for n in names if not re.search(rf"^{re.escape(n.lower())}==", lock, flags=re.M)] == []
+    assert "eth-utils" in names
+
+
 def test_log_host_ms_rebuilds_each_chunk_it_times(tmp_path: Path) -> None:
     # the trainer's side turns each chunk's listed lanes, left as a deferring step's kernels leave
     # them, into the same chunk bytes again: what it times is a step's real read-back
