@@ -25,7 +25,6 @@ the demo and the tests are in ``game.strategies``, which this module never impor
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Protocol
@@ -42,16 +41,14 @@ from game.agents import (
     ProgressSink,
     TaskAgent,
     action_from_receipt,
-    atomic_write,
     check_key,
-    config_path,
     format_wei,
     games_of_task,
-    write_pre_state,
 )
 from game.chain.client import VerificationGameClient
 from game.chain.types import Game, Outcome, Phase, Task, TaskStatus
 from game.errors import VerificationGameError
+from game.evidencedir import write_pre_state, write_task_config
 from game.protocol.solver import (
     ClaimTimeout,
     Respond,
@@ -377,8 +374,7 @@ class AuditorAgent(TaskAgent):
             return
         t = Transcript(self.transcript_dir)
         if g.dispute_init:
-            path = config_path(self.evidence_dir, t.spec_hash)
-            atomic_write(path, json.dumps(t.config.to_dict(), sort_keys=True).encode())
+            path = write_task_config(self.evidence_dir, t.config, t.spec_hash)
             detail = "task config for step 0"
         else:
             states = self.replay.states(t, g.lo, g.hi)

@@ -18,17 +18,16 @@ in either case held to the task's spec hash.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from auditor_node.availability import send_demand
-from game import untrusted
-from game.agents import AgentAction, TaskAgent, atomic_write, config_path
+from game.agents import AgentAction, TaskAgent
 from game.chain.types import Game, Outcome, Phase, Task
 from game.chunkleaf import piece_count
-from game.errors import RoundingLogError, VGameError
+from game.errors import ConfigError, RoundingLogError
+from game.evidencedir import read_task_config, write_pre_state, write_task_config
 from game.onchainlog import OnChainLog
 from game.protocol.solver import decide_log_demands
 from game.training.state.leafhash import leaf_of
@@ -77,12 +76,10 @@ class ChainLog:
             return self._checked
         found, where = self.config, "--config"
         if found is None and self.evidence_dir is not None:
-            path = config_path(self.evidence_dir, task.spec_hash)
-            if path.is_file():
-                try:
-                    found, where = TaskConfig.from_dict(untrusted.loads(path.read_bytes())), path.name
-                except (VGameError, ValueError) as exc:
-                    self._once("bad", f"the config left at {path.name} is invalid: {exc}")
+            try:  # anyone may leave one: held to the spec hash before it is loaded
+                found, where = read_task_config(self.evidence_dir, task.spec_hash), "the evidence directory"
+            except ConfigError as exc:
+                self._once("bad", str(exc))
         if found is None:
             self._once("none", "the transcript is withheld and no task config is at hand to replay its "
                        "log from the chain (pass --config)")  # fmt: skip
@@ -155,7 +152,6 @@ class ChainLog:
         """Leave the judge the config and the pinned step's pre-state, from the log on-chain (the
         judge has no transcript either, and replays an asynchronous update's older states itself);
         None where the own state is not the agreed leaf."""
-        from game.agents import write_pre_state
         from game.training.engine.chunkaudit import states_after_chunks
 
         assert self.evidence_dir is not None
@@ -163,11 +159,9 @@ class ChainLog:
         chunks = OnChainLog.read(self.agent.client, self.agent.task_id, task.num_leaves).chunks(task.log_root)
         if cfg is None or chunks is None:
             return None
-        atomic_write(
-            config_path(self.evidence_dir, task.spec_hash), json.dumps(cfg.to_dict(), sort_keys=True).encode()
-        )
+        path = write_task_config(self.evidence_dir, cfg, task.spec_hash)
         if g.dispute_init:
-            return config_path(self.evidence_dir, task.spec_hash), "task config for step 0"
+            return path, "task config for step 0"
         try:
             data = states_after_chunks(cfg, self.agent.profile, chunks, {g.lo})[g.lo]
         except RoundingLogError:  # an earlier update's schedule broke the rules: no state follows it

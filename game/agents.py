@@ -22,7 +22,6 @@ from game import clock
 from game.chain.types import Phase, TaskStatus
 from game.errors import VGameError
 from game.fsio import atomic_write
-from game.training.state.leafhash import leaf_of
 
 if TYPE_CHECKING:
     from game.chain.base import Chain
@@ -277,54 +276,6 @@ class TaskAgent:
 
 
 # ------------------------------------------------------------------------------------------------
-# Evidence handed to the judge (content-addressed: the judge trusts only hashes)
-# ------------------------------------------------------------------------------------------------
-
-
-def pre_state_path(evidence_dir: Path, state_hash: bytes) -> Path:
-    """Where canonical state bytes hashing to ``state_hash`` are left for the judge."""
-    return Path(evidence_dir) / f"{state_hash.hex()}.state"
-
-
-def config_path(evidence_dir: Path, spec_hash: bytes) -> Path:
-    """Where a task config whose spec hash is ``spec_hash`` is left for the judge (JSON of to_dict)."""
-    return Path(evidence_dir) / f"{spec_hash.hex()}.task.json"
-
-
-def write_pre_state(evidence_dir: Path, data: bytes) -> Path:
-    """Leave state bytes for the judge under their state hash (their leaf); returns the path. A
-    file already there is kept only where it holds these bytes: anyone may write into the
-    directory, and a file under a leaf's name that does not hash to it (left by a trainer before
-    the pin) kept the auditor's state from the judge."""
-    path = pre_state_path(evidence_dir, leaf_of(data))
-    try:
-        same = path.stat().st_size == len(data) and path.read_bytes() == data
-    except OSError:
-        same = False
-    if not same:
-        atomic_write(path, data)
-    return path
-
-
-def left_state(evidence_dir: Path, leaf: bytes) -> bytes | None:
-    """State bytes hashing to ``leaf`` that someone left in ``evidence_dir`` (what
-    :func:`write_pre_state` writes), or None. Anyone may write there: a file that does not hash to
-    its name, or cannot be read (a sparse terabyte raised MemoryError), is ignored."""
-    path = pre_state_path(evidence_dir, leaf)
-    if not path.is_file():
-        return None
-    try:
-        data = path.read_bytes()
-    except (OSError, MemoryError) as exc:
-        log.warning("evidence %s cannot be read (%s); ignored", path.name, exc)
-        return None
-    if leaf_of(data) == leaf:
-        return data
-    log.warning("evidence %s does not hash to its name; ignored", path.name)
-    return None
-
-
-# ------------------------------------------------------------------------------------------------
 # Shared helpers of the agents
 # ------------------------------------------------------------------------------------------------
 
@@ -457,13 +408,9 @@ __all__ = [
     "action_from_receipt",
     "atomic_write",
     "check_key",
-    "config_path",
     "drive",
     "format_wei",
     "games_of_task",
-    "left_state",
     "next_due_time",
     "next_scan_from",
-    "pre_state_path",
-    "write_pre_state",
 ]

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from game import untrusted
 from game.agents import (
     ACTION_LOG,
     ActionSink,
@@ -32,8 +31,6 @@ from game.agents import (
     StateFile,
     action_from_receipt,
     check_key,
-    config_path,
-    left_state,
     next_scan_from,
 )
 from game.chain.client import VerificationGameClient
@@ -58,6 +55,7 @@ from game.evidence import (
     VersionEvidenceError,
     versions_named,
 )
+from game.evidencedir import left_state, read_task_config
 from game.fsio import atomic_write
 from game.judgeupdate import (
     find_witness,
@@ -411,12 +409,12 @@ class Judge:
         if t is not None:
             return t.config
         if self.evidence_dir is not None:
-            path = config_path(self.evidence_dir, task.spec_hash)
-            if path.is_file():
-                try:
-                    return TaskConfig.from_dict(untrusted.loads(path.read_bytes()))
-                except (VGameError, ValueError) as exc:  # anyone may leave one
-                    raise ConfigEvidenceError(f"the config left at {path.name} is invalid: {exc}") from exc
+            try:  # anyone may leave one: held to the task's spec hash before it is loaded
+                cfg = read_task_config(self.evidence_dir, task.spec_hash)
+            except ConfigError as exc:
+                raise ConfigEvidenceError(str(exc)) from exc
+            if cfg is not None:
+                return cfg
         raise ConfigEvidenceError("no task config: the transcript is unavailable and no config was left")
 
     def _left_state(self, leaf: bytes) -> bytes | None:

@@ -195,7 +195,7 @@ def test_asyncGame_whereALiarLeavesThePreStateAlone_theJudgeRebuildsTheRest_andT
     """Anyone may leave states for the judge. Given the pre-state alone, the judge fetched no
     checkpoint, could not rebuild the older state the update names, and never ruled: the liar had
     its bond back (invariant 3: the honest trainer wins). It now fetches what it rebuilds from."""
-    from game.agents import pre_state_path
+    from game.evidencedir import pre_state_path
 
     cfg = small_config(accumulate=2, max_staleness=2)
     for seed in range(200):

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from game.agents import pre_state_path
 from game.chain.types import EndReason, Outcome, Phase, TaskStatus
+from game.evidencedir import pre_state_path
 from game.judge import (
     ChunkEvidenceError,
     ConfigEvidenceError,
@@ -324,7 +324,7 @@ def test_evidence_underALeafsNameThatDoesNotHashToIt_isReplacedByTheAuditor_andA
     """Anyone may write into the evidence directory. A file left under the pre-state's leaf before
     the pin (junk, by the trainer) kept the auditor from writing its state there; and a file too
     large to read (a sparse 1 TiB one) raised MemoryError out of the judge."""
-    from game.agents import write_pre_state
+    from game.evidencedir import write_pre_state
     from game.training.state.leafhash import leaf_of
 
     agents, _task_id, gid = pinned
@@ -353,13 +353,43 @@ def test_aConfigLeftForTheJudge_nestedTooDeepToParse_isInvalidEvidence_notACrash
     """Anyone may leave a config for a step-0 dispute. JSON nested 200,000 deep ran the C decoder
     off its stack (the chain libraries raise the recursion limit to 100,000): the judge died of a
     segmentation fault, and again on every restart."""
-    from game.agents import config_path
+    from game.evidencedir import config_path
 
     agents, task_id, _gid = pinned
     task = roles["client"].task(task_id)
     config_path(evidence_dir, task.spec_hash).write_text("[" * 200_000 + "]" * 200_000)
-    with pytest.raises(ConfigEvidenceError, match="is invalid"):
+    with pytest.raises(ConfigEvidenceError, match="cannot be read"):
         agents.judge._config(task, None)
+
+
+def test_aConfigLeftForTheJudge_namingAModuleOfItsOwn_isNeverImported(
+    roles: dict[str, Any],
+    pinned: tuple[Any, int, int],
+    evidence_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A config left in the evidence directory was loaded, importing the module its ``task`` names,
+    before its spec hash was compared: anyone who may write there ran code of theirs in the judge.
+    It is now held to the task's spec hash, with the inputs recorded beside it, before it loads."""
+    import json
+    import sys
+
+    from game.evidencedir import config_path
+
+    mark, code = tmp_path / "imported", tmp_path / "code"
+    code.mkdir()
+    (code / "planted_task.py").write_text(f"open({str(mark)!r}, 'w').close()\nbuild = None\n")
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.delitem(sys.modules, "planted_task", raising=False)
+    agents, task_id, _gid = pinned
+    task = roles["client"].task(task_id)
+    config_path(evidence_dir, task.spec_hash).write_text(
+        json.dumps({**small_config().to_dict(), "task": "planted_task:build"})
+    )
+    with pytest.raises(ConfigEvidenceError, match="not a task config"):
+        agents.judge._config(task, None)
+    assert not mark.exists()
 
 
 @pytest.mark.parametrize("how", ["missing", "altered"])
