@@ -215,6 +215,15 @@ def create_cmd(
             help="Write the data key (a fresh one, or --data-key's) to this file (mode 600).",
         ),
     ] = None,
+    evidence_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--evidence-dir",
+            help="Also leave the config here, with its inputs, under the spec hash: the auditors' and "
+            "judge's directory, where a node finds it to replay a withheld transcript's log from the "
+            "chain.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Post a task: the config's spec hash, the trainer and judge, bonds, clocks, window and payment."""
@@ -264,9 +273,16 @@ def create_cmd(
     key_file = data_key_out or (
         Path(data_key) if data_key and Path(data_key).expanduser().is_file() else None
     )
+    left = None
+    if evidence_dir is not None:  # after the post: a config under a spec hash no task holds helps nobody
+        from game.evidencedir import write_task_config
+
+        evidence_dir.mkdir(parents=True, exist_ok=True)
+        left = write_task_config(evidence_dir, cfg, cfg.spec_hash())
     doc = {  # the key's file and fingerprint, never the key: scrollback and logs keep what is printed
         "task_id": rec.result,
         "spec_hash": cfg.spec_hash().hex(),
+        "config_left": str(left) if left else None,
         "data_key_file": str(key_file) if key_file else None,
         "data_key_sha256": key_fingerprint(dkey),
         "terms": terms.to_dict(),
@@ -279,6 +295,14 @@ def create_cmd(
     console.print(f"  spec hash  {doc['spec_hash']}")
     where = f"in {key_file}" if key_file is not None else "the one given with --data-key"
     console.print(f"  data key   {where}  (give it to the trainer, auditors and judge)", soft_wrap=True)
+    if left is not None:
+        console.print(f"  config     left at {left} for the auditors and judge", soft_wrap=True)
+    else:
+        console.print(
+            "  config     give it to the auditors too (or leave it with --evidence-dir): without it "
+            "they cannot replay a withheld transcript's log from the chain",
+            soft_wrap=True,
+        )
 
 
 def _required_contract(contract: str) -> str:

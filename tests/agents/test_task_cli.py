@@ -317,6 +317,42 @@ def test_taskCreate_fixesTheConfigsLeafCount_andATruncatedCommitIsRefused(
             assert (info.value.expected, info.value.given) == (17, n)
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_taskCreate_withAnEvidenceDir_leavesTheConfigWhereAnAuditorFindsIt(
+    runner: CliRunner,
+    game_client: Callable[..., Any],
+    game_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+) -> None:
+    """An auditor replays a withheld transcript's log from the chain only with the task's config;
+    the client's ``task create`` left none. With ``--evidence-dir`` it leaves it there under the
+    posted spec hash, held to it as a node reading it holds it."""
+    import game.cli.task as task_cli
+    from game.evidencedir import read_task_config
+
+    monkeypatch.setattr(task_cli, "_client", lambda *a, **k: _on(game_client("client")))
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\nsteps = 5\n')
+    evidence = tmp_path / "shared" / "evidence"
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--contract", game_address,
+         "--config", str(tmp_path / "task.toml"), "--trainer", game_client("trainer").me,
+         "--judge", game_client("judge").me, "--data-key-out", str(tmp_path / "k"),
+         "--evidence-dir", str(evidence), *(["--json"] if as_json else [])],
+    )  # fmt: skip
+    assert res.exit_code == 0, (res.output, res.exception)
+    task_id = int(json.loads(res.stdout)["task_id"]) if as_json else int(res.stdout.split()[1])
+    spec = game_client("auditor").task(task_id).spec_hash
+    cfg = read_task_config(evidence, spec)
+    assert cfg is not None and cfg.steps == 5 and cfg.spec_hash() == spec
+    if as_json:
+        assert json.loads(res.stdout)["config_left"] == str(evidence / f"{spec.hex()}.task.json")
+    else:
+        assert "left at" in res.stdout
+
+
 @pytest.fixture
 def committed_task(
     roles: dict[str, Any],
