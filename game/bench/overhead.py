@@ -88,9 +88,26 @@ BLOCK = 10
 #: Paper (seed, ANCHORS.md): trainer and auditor time over plain training (ResNet-50, GPT-2).
 PAPER_TRAINER = (1.17, 1.38)
 PAPER_AUDITOR = (1.29, 1.69)
-#: Issue 5's targets, as ratios over plain float64 training on the same machine in the same run.
+#: Issue 5's targets on a CPU, as ratios over plain float64 training on the same machine in the
+#: same run.
 TARGET_TRAINER = 1.15
 TARGET_AUDITOR = 1.25
+#: Issue 46's on a GPU, (trainer, auditor): at the GPT-2-small shape (12 layers of width 768), and
+#: at gpt-shakespeare's size, which a GPU run of any other task is held to as well.
+GPU_TARGETS_GPT2_SMALL = (1.3, 1.5)
+GPU_TARGETS = (1.5, 1.5)
+
+
+def targets_for(profile: str, model: dict[str, Any]) -> tuple[float, float, str]:
+    """The (trainer, auditor) targets a run on ``profile`` of a model of sizes ``model`` is held to,
+    and the issue that sets them: a GPU's are not a CPU's (the paper's own GPU figures are
+    1.17-1.38x and 1.29-1.69x)."""
+    if torch.device(get_profile(profile).device).type == "cpu":
+        return TARGET_TRAINER, TARGET_AUDITOR, "issue 5 (CPU)"
+    gpt2_small = model.get("n_layer", 0) >= 12 and model.get("n_embd", 0) >= 768
+    trainer, auditor = GPU_TARGETS_GPT2_SMALL if gpt2_small else GPU_TARGETS
+    return trainer, auditor, "issue 46 (GPU)"
+
 
 #: ``progress(message)`` after every timed step.
 ProgressFn = Callable[[str], None]
@@ -149,19 +166,20 @@ class OverheadReport:
     @property
     def targets(self) -> dict[str, dict[str, Any]]:
         r = self.ratios
+        model = self.config.get("model")
+        trainer, auditor, source = targets_for(self.profile, model if isinstance(model, dict) else {})
         return {
-            "trainer_over_fp64": {
-                "value": r["trainer_over_fp64"],
-                "target": TARGET_TRAINER,
-                "reached": r["trainer_over_fp64"] <= TARGET_TRAINER,
-                "paper": list(PAPER_TRAINER),
-            },
-            "auditor_over_fp64": {
-                "value": r["auditor_over_fp64"],
-                "target": TARGET_AUDITOR,
-                "reached": r["auditor_over_fp64"] <= TARGET_AUDITOR,
-                "paper": list(PAPER_AUDITOR),
-            },
+            name: {
+                "value": r[name],
+                "target": target,
+                "reached": r[name] <= target,
+                "paper": list(paper),
+                "set_by": source,
+            }
+            for name, target, paper in (
+                ("trainer_over_fp64", trainer, PAPER_TRAINER),
+                ("auditor_over_fp64", auditor, PAPER_AUDITOR),
+            )
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from game.bench.logsize import check_bits, measure_log_size
-from game.bench.overhead import SPLIT_VARIANTS, VARIANTS, _block_order, _Variants, measure_overhead
+from game.bench.overhead import (
+    SPLIT_VARIANTS,
+    VARIANTS,
+    _block_order,
+    _Variants,
+    measure_overhead,
+    targets_for,
+)
 from game.errors import ConfigError, TrainingError
 from game.training.log.packed import StepLog
 from game.training.log.trits import BLOCK_BYTES, BLOCK_TRITS, packed_size
@@ -55,6 +62,28 @@ def test_overhead_ratios_are_ratios_of_the_reported_medians() -> None:
     assert doc["targets"]["trainer_over_fp64"]["target"] == 1.15
     assert doc["targets"]["auditor_over_fp64"]["target"] == 1.25
     assert doc["paper"] == {"trainer_over_plain": [1.17, 1.38], "auditor_over_plain": [1.29, 1.69]}
+
+
+@pytest.mark.parametrize(
+    ("profile", "model", "want"),
+    [
+        ("cpu-1t", {"n_layer": 12, "n_embd": 768}, (1.15, 1.25, "issue 5 (CPU)")),
+        ("noisy", {"hidden": 16}, (1.15, 1.25, "issue 5 (CPU)")),
+        (
+            "cuda",
+            {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 64},
+            (1.3, 1.5, "issue 46 (GPU)"),
+        ),
+        ("cuda", {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}, (1.5, 1.5, "issue 46 (GPU)")),
+        ("cuda", {"arch": "resnet50"}, (1.5, 1.5, "issue 46 (GPU)")),
+    ],
+)
+def test_overhead_targets_are_the_ones_set_for_the_hardware(
+    profile: str, model: dict[str, Any], want: tuple[float, float, str]
+) -> None:
+    # a GPU run was held to the CPU's 1.15x and 1.25x, where issue 46 sets 1.3x / 1.5x at the
+    # GPT-2-small shape and 1.5x at gpt-shakespeare's size (no GPU needed: nothing runs)
+    assert targets_for(profile, model) == want
 
 
 def test_overhead_cpu_times_nest_within_the_wall_time() -> None:
