@@ -75,7 +75,7 @@ switched_off() {
     json 90 "$f" env "$switch" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
         --steps 20 --repeats 2 --json
     json 150 "$f" env "$switch" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda \
-        --model "$GPT2" --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+        --model "$GPT2" --batch-size 8 --steps 5 --repeats 3 --warmup 1 --block 5 --json
 }
 
 for stage in "${stages[@]}"; do
@@ -91,9 +91,10 @@ for stage in "${stages[@]}"; do
         ;;
     tests)
         # the kernels on the GPU itself (without one these tests run in Triton's interpreter); the
-        # group kernels and the front's shared session first: new on a GPU
-        run 180 "$py" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" \
-            tests/training/test_cuda_groups.py tests/training/test_front_shared.py tests/training/test_cuda_kernels.py \
+        # front's shared session and the group kernels first: new on a GPU. Each test's name and
+        # outcome goes to the log as it ends (-v), so a run cut by the limit still says which failed
+        run 240 "$py" -m pytest -v --tb=short -p no:cacheprovider -p no:xdist -o addopts="" \
+            tests/training/test_front_shared.py tests/training/test_cuda_groups.py tests/training/test_cuda_kernels.py \
             tests/training/test_cuda_leaf.py tests/training/test_cuda_rng.py tests/training/test_cross_profile.py \
             -k "cuda or Cuda or kernel or Kernel or leaf or Leaf or rng or Rng or roup or hared"
         ;;
@@ -109,9 +110,9 @@ for stage in "${stages[@]}"; do
         f=$out/overhead.jsonl
         json 90 "$f" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda --steps 20 --repeats 2 --json
         json 150 "$f" "${vgame[@]}" bench overhead --preset gpt-shakespeare --profile cuda --model "$GPT2" \
-            --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+            --batch-size 8 --steps 5 --repeats 3 --warmup 1 --block 5 --json
         json 150 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --model "$RESNET" \
-            --batch-size 8 --steps 5 --repeats 1 --warmup 1 --block 5 --json
+            --batch-size 8 --steps 5 --repeats 3 --warmup 1 --block 5 --json
         json 45 "$f" "${vgame[@]}" bench overhead --preset cnn-digits --profile cuda --steps 20 --repeats 2 --json
         ;;
     front)
