@@ -28,7 +28,15 @@ import torch
 from game.training.dispatch import front
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
-from game.training.dispatch.optable import OpClass, _conditional_class, _plan, _touched, refusal
+from game.training.dispatch.optable import (
+    UNROUNDED_DTYPES,
+    OpClass,
+    _conditional_class,
+    _plan,
+    _touched,
+    refusal,
+    unrounded_refusal,
+)
 from game.training.dispatch.roles import RoleKernels
 
 
@@ -118,13 +126,17 @@ class RoundingMode(FrontMode):
             return out
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)
+        if self.role.rounds:
+            for t in touched:
+                if t.dtype in UNROUNDED_DTYPES:
+                    raise unrounded_refusal(name, t.dtype, f"step {self.step}: ")
         if self._round_group(False, touched, name):  # no noise where the step defers
             return out
         for t in touched:
             if t.dtype == torch.float64:
                 self._round_inexact(t, name)
             elif t.dtype == torch.float32 and self._noise is not None:
-                self._noise.perturb(t)  # float32 is never rounded; only the noisy machine touches it
+                self._noise.perturb(t)  # a baseline's float32 (a rounding step refuses it, above)
         return out
 
 

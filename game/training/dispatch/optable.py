@@ -28,6 +28,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
@@ -202,6 +203,28 @@ def refusal(func: Any, where: str = "") -> UnsupportedOpError:
     return UnsupportedOpError(f"{where}{name} {fix}", op=name, fix=fix)
 
 
+#: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own.
+UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: What to do instead of an inexact op with such a result in a step.
+UNROUNDED_FIX = (
+    "compute it in the model's own dtype: a step runs in float64 and rounds every result to the "
+    "task's grid, and an inexact result in a lower precision is this machine's own, which another "
+    "machine's would differ from (a model that casts to float32 for a rotary table or a softmax "
+    "cannot be verified yet)"
+)
+
+
+def unrounded_refusal(name: str, dtype: torch.dtype, where: str = "") -> UnsupportedOpError:
+    """The error for an inexact op whose result is in one of :data:`UNROUNDED_DTYPES` in a step
+    that rounds: it would be neither rounded nor logged, so replay on other hardware could differ."""
+    return UnsupportedOpError(
+        f"{where}{name} gives a {str(dtype).removeprefix('torch.')} result, which is not rounded: "
+        f"{UNROUNDED_FIX}",
+        op=name,
+        fix=UNROUNDED_FIX,
+    )
+
+
 def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
     if name in kwargs:
         return kwargs[name]
@@ -352,10 +375,13 @@ __all__ = [
     "RANDOM_FIX",
     "RANDOM_OPS",
     "REFUSED_OPS",
+    "UNROUNDED_DTYPES",
+    "UNROUNDED_FIX",
     "OpClass",
     "base_name",
     "classify",
     "op_name",
     "refusal",
     "touched_tensors",
+    "unrounded_refusal",
 ]

@@ -427,8 +427,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     for (int i : plan.hidden) collect((*stack)[base + i], found);
   op.redispatchBoxed(below, stack);
   std::vector<at::Tensor> doubles;
-  for (const at::Tensor& t : touched(std::move(found), *stack, op.schema().returns().size()))
-    if (t.scalar_type() == at::kDouble) doubles.push_back(t);
+  for (const at::Tensor& t : touched(std::move(found), *stack, op.schema().returns().size())) {
+    const at::ScalarType st = t.scalar_type();
+    const bool unrounded = st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
+    // an inexact op's result in a precision a step never rounds goes to Python, which refuses it
+    if (st == at::kDouble || (unrounded && cls == kInexact)) doubles.push_back(t);
+  }
   // In order: the first tensor a kernel does not take, and every one after it, go to Python (the
   // op index follows the tensors' order).
   size_t done = 0;
