@@ -95,9 +95,11 @@ def read_task_config(evidence_dir: Path, spec_hash: bytes) -> TaskConfig | None:
         doc = untrusted.loads(path.read_bytes())
     except (OSError, MemoryError, ValueError) as exc:  # a sparse terabyte raises MemoryError
         raise ConfigError(f"the config left at {path.name} cannot be read: {exc!r}") from None
-    if not (isinstance(doc, dict) and set(doc) == {"config", "inputs"}):
-        raise ConfigError(f"the file left at {path.name} is not a task config with its inputs")
-    if not (isinstance(doc["config"], dict) and isinstance(doc["inputs"], dict)):
+    if not (
+        isinstance(doc, dict)
+        and set(doc) == {"config", "inputs"}
+        and all(isinstance(v, dict) for v in doc.values())
+    ):
         raise ConfigError(f"the file left at {path.name} is not a task config with its inputs")
     recorded = recorded_spec_hash(doc["config"], doc["inputs"])
     if recorded != spec_hash:

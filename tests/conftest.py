@@ -78,3 +78,18 @@ def anvil_chain() -> Iterator[Any]:
         pytest.skip(str(exc))
     with connect("anvil") as ch:
         yield ch
+
+
+@pytest.fixture
+def planted(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Any]:
+    """A module on the import path that leaves a mark when it is imported: a task someone names in
+    a config they leave, to run their code on the reader's machine. The task's name and the mark's
+    path (which must not exist after a reader refused the config)."""
+    import sys
+
+    mark, code = tmp_path / "imported", tmp_path / "code"
+    code.mkdir()
+    (code / "planted_task.py").write_text(f"open({str(mark)!r}, 'w').close()\nbuild = None\n")
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.delitem(sys.modules, "planted_task", raising=False)
+    return "planted_task:build", mark

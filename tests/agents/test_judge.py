@@ -366,26 +366,20 @@ def test_aConfigLeftForTheJudge_namingAModuleOfItsOwn_isNeverImported(
     roles: dict[str, Any],
     pinned: tuple[Any, int, int],
     evidence_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    planted: tuple[str, Path],
 ) -> None:
     """A config left in the evidence directory was loaded, importing the module its ``task`` names,
     before its spec hash was compared: anyone who may write there ran code of theirs in the judge.
     It is now held to the task's spec hash, with the inputs recorded beside it, before it loads."""
     import json
-    import sys
 
     from game.evidencedir import config_path
 
-    mark, code = tmp_path / "imported", tmp_path / "code"
-    code.mkdir()
-    (code / "planted_task.py").write_text(f"open({str(mark)!r}, 'w').close()\nbuild = None\n")
-    monkeypatch.syspath_prepend(str(code))
-    monkeypatch.delitem(sys.modules, "planted_task", raising=False)
+    name, mark = planted
     agents, task_id, _gid = pinned
     task = roles["client"].task(task_id)
     config_path(evidence_dir, task.spec_hash).write_text(
-        json.dumps({**small_config().to_dict(), "task": "planted_task:build"})
+        json.dumps({**small_config().to_dict(), "task": name})
     )
     with pytest.raises(ConfigEvidenceError, match="not a task config"):
         agents.judge._config(task, None)

@@ -5,7 +5,6 @@ the inputs it was recorded with before anything of it is loaded."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,6 @@ from game.training.task.config import TaskConfig
 
 def _cfg() -> TaskConfig:
     return TaskConfig.for_preset("mlp-digits", model={"hidden": 16}, batch_size=8, steps=4)
-
-
-@pytest.fixture
-def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    """A module on the import path that leaves a mark when it is imported: a task someone names in
-    a config they leave, to run their code on the reader's machine. Its name and the mark's path."""
-    mark = tmp_path / "imported"
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "planted_task.py").write_text(f"open({str(mark)!r}, 'w').close()\nbuild = None\n")
-    monkeypatch.syspath_prepend(str(code))
-    monkeypatch.delitem(sys.modules, "planted_task", raising=False)
-    return "planted_task:build", mark
 
 
 def test_aConfigLeftByItsWriter_readsBack_heldToItsSpecHash(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch import front
-from game.training.dispatch.optable import UNROUNDED_DTYPES, OpClass, unrounded_refusal
+from game.training.dispatch.optable import OpClass, refuse_unrounded
 from game.training.dispatch.roles import RoleKernels
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
@@ -158,9 +158,7 @@ class FrontMode(RoleKernels):
         name = front.rows[row].name
         exact = kind == front.EXACT
         if not exact:  # the front hands on an inexact op's unrounded results only to be refused
-            for t in tensors:
-                if t.dtype in UNROUNDED_DTYPES:
-                    raise unrounded_refusal(name, t.dtype, f"step {self.step}: ")
+            refuse_unrounded(name, tensors, f"step {self.step}: ")
         if not self._round_group(exact, tensors, name):
             for t in tensors:
                 if exact:

@@ -29,13 +29,12 @@ from game.training.dispatch import front
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
 from game.training.dispatch.optable import (
-    UNROUNDED_DTYPES,
     OpClass,
     _conditional_class,
     _plan,
     _touched,
     refusal,
-    unrounded_refusal,
+    refuse_unrounded,
 )
 from game.training.dispatch.roles import RoleKernels
 
@@ -127,9 +126,7 @@ class RoundingMode(FrontMode):
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)
         if self.role.rounds:
-            for t in touched:
-                if t.dtype in UNROUNDED_DTYPES:
-                    raise unrounded_refusal(name, t.dtype, f"step {self.step}: ")
+            refuse_unrounded(name, touched, f"step {self.step}: ")
         if self._round_group(False, touched, name):  # no noise where the step defers
             return out
         for t in touched:

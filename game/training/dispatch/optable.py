@@ -225,6 +225,14 @@ def unrounded_refusal(name: str, dtype: torch.dtype, where: str = "") -> Unsuppo
     )
 
 
+def refuse_unrounded(name: str, tensors: list[Tensor], where: str = "") -> None:
+    """Raise :func:`unrounded_refusal` for the first of an inexact op's results in one of
+    :data:`UNROUNDED_DTYPES` (the Python mode's and the front's call both ask here)."""
+    for t in tensors:
+        if t.dtype in UNROUNDED_DTYPES:
+            raise unrounded_refusal(name, t.dtype, where)
+
+
 def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
     if name in kwargs:
         return kwargs[name]
@@ -382,6 +390,7 @@ __all__ = [
     "classify",
     "op_name",
     "refusal",
+    "refuse_unrounded",
     "touched_tensors",
     "unrounded_refusal",
 ]
