@@ -238,6 +238,13 @@ def create_cmd(
             "or --data-key FILE with one from `vgame task keygen --out FILE`"
         )
     cfg = load_config(config)
+    if evidence_dir is not None:  # before the post: a directory that cannot be had stops nothing posted
+        try:
+            evidence_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"--evidence-dir {evidence_dir}: not a directory that can be written ({exc})"
+            ) from None
     terms = TaskTerms(
         payment=payment,
         trainer_bond=trainer_bond,
@@ -277,8 +284,10 @@ def create_cmd(
     if evidence_dir is not None:  # after the post: a config under a spec hash no task holds helps nobody
         from game.evidencedir import write_task_config
 
-        evidence_dir.mkdir(parents=True, exist_ok=True)
-        left = write_task_config(evidence_dir, cfg, cfg.spec_hash())
+        try:
+            left = write_task_config(evidence_dir, cfg, cfg.spec_hash())
+        except OSError as exc:  # the task is posted: say so below all the same
+            err_console.print(f"[yellow]warning[/]: the config could not be left in {evidence_dir}: {exc}")
     doc = {  # the key's file and fingerprint, never the key: scrollback and logs keep what is printed
         "task_id": rec.result,
         "spec_hash": cfg.spec_hash().hex(),

@@ -224,6 +224,25 @@ def test_taskCreate_withoutAKeptDataKey_isRefusedBeforeAnyNodeIsAsked(
     assert "--data-key-out FILE" in str(res.exception) and "does not answer" not in str(res.exception)
 
 
+def test_taskCreate_withAnEvidenceDirThatIsAFile_isRefusedBeforeAnyNodeIsAsked(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """Found only after the post, the directory's error was a traceback that hid the posted task's
+    id; it is now refused first, and nothing is posted or written."""
+    (tmp_path / "task.toml").write_text('preset = "mlp-digits"\n')
+    (tmp_path / "evidence").write_text("a file\n")
+    res = runner.invoke(
+        app,
+        ["task", "create", "--chain", "http://127.0.0.1:9", "--key", "0x" + "11" * 32, "--contract",
+         "0x" + "22" * 20, "--config", str(tmp_path / "task.toml"), "--trainer", "0x" + "33" * 20,
+         "--judge", "0x" + "44" * 20, "--data-key-out", str(tmp_path / "k"),
+         "--evidence-dir", str(tmp_path / "evidence")],
+    )  # fmt: skip
+    assert isinstance(res.exception, ConfigError), res.output  # nothing listens on port 9: not asked
+    assert "--evidence-dir" in str(res.exception) and "does not answer" not in str(res.exception)
+    assert not (tmp_path / "k").exists()  # no key file made for a task that was not posted
+
+
 @contextmanager
 def _on(client: Any) -> Iterator[Any]:
     """``_client`` for the embedded chain, which the task commands refuse (it lives one command)."""
