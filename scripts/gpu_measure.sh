@@ -138,16 +138,19 @@ for stage in "${stages[@]}"; do
         ;;
     hf)
         # a task of one's own on real hardware (issue 43): Hugging Face's GPT-2 (stock SDPA and dropout,
-        # served), trained on one side and audited on the other, both ways
+        # served) and Llama (float32 rotary table and RMSNorm, rounded by way of their float64 twins),
+        # each trained on one side and audited on the other, both ways
         f=$out/audits.jsonl
         runs=$(mktemp -d)
         (
             cd examples/hf || exit 1
             export HF_HUB_OFFLINE=1
-            run 120 "${vgame[@]}" train --config gpt2.toml --steps 10 --profile cuda --out "$runs/gpu-hf"
-            json 120 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-hf" --profile cpu-1t --json
-            run 120 "${vgame[@]}" train --config gpt2.toml --steps 10 --profile cpu-1t --out "$runs/cpu-hf"
-            json 120 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-hf" --profile cuda --json
+            for model in gpt2 llama; do
+                run 120 "${vgame[@]}" train --config "$model.toml" --steps 10 --profile cuda --out "$runs/gpu-$model"
+                json 120 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-$model" --profile cpu-1t --json
+                run 120 "${vgame[@]}" train --config "$model.toml" --steps 10 --profile cpu-1t --out "$runs/cpu-$model"
+                json 120 "$f" "${vgame[@]}" audit --transcript "$runs/cpu-$model" --profile cuda --json
+            done
         )
         rm -rf "$runs"
         ;;

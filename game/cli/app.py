@@ -35,8 +35,10 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-console = Console()
-err_console = Console(stderr=True)
+# no emoji codes: a name the user chose is printed as it is (a task ``tasks:llama`` followed by a
+# colon would print as a llama)
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 class _Interrupts:

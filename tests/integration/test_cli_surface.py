@@ -300,3 +300,13 @@ def test_psTrain_aModeOrAnOutItCannotUse_isOneLine_beforeRayStarts(runner: CliRu
         bad.exception
     )
     assert not ray.is_initialized()
+
+
+def test_aNameTheUserChose_isPrintedAsItIs_notAsAnEmoji() -> None:
+    """``trained tasks:llama: 3 steps`` printed a llama: rich turns ``:name:`` into an emoji."""
+    from game.cli.app import console, err_console
+
+    for out in (console, err_console):
+        with out.capture() as captured:
+            out.print("trained hf_tasks.tasks:llama: 3 steps, :cat: and :smile:")
+        assert "tasks:llama: 3 steps, :cat: and :smile:" in captured.get()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +22,13 @@ from game.training.log.sparse import SparseStepLog
 from game.training.native import bindings, library
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
+from game.training.task.config import TaskConfig, load_config
 from game.training.task.profiles import get_profile
 
 from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 from .test_step import small_cfg
+from .test_task_api import make_plugin
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -271,9 +274,9 @@ def test_deferred_entriesOutOfOrder_launchNothing() -> None:
 STEP_PROFILE = "cuda" if ON_GPU else "cpu-1t"
 
 
-def _engines(preset: str, profile: str = STEP_PROFILE) -> tuple[StepEngine, StepEngine]:
+def _engines(preset: str | TaskConfig, profile: str = STEP_PROFILE) -> tuple[StepEngine, StepEngine]:
     """A deferring engine and an immediate one (the C kernels on CPU) of one small task."""
-    cfg = small_cfg(preset)
+    cfg = small_cfg(preset) if isinstance(preset, str) else preset
     deferring, immediate = StepEngine(cfg, get_profile(profile)), StepEngine(cfg, get_profile(profile))
     deferring.defer_anywhere = True  # without a GPU: CPU tensors in Triton's interpreter
     immediate.defer = False
@@ -323,6 +326,56 @@ def test_deferredSteps_equalImmediateOnes(settles: list[int]) -> None:
         assert aud.corrections == built.corrections == aud_imm.corrections
         corrections += aud.corrections
     assert corrections > 0 and len(settles) == 6 and min(settles) > 0
+
+
+LLAMA_PY = """
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+from game.api import Task, TokenWindows, task
+from game.training.task import data as packaged
+
+
+def lm_loss(model, batch):
+    inputs, targets = batch
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@task(model={}, optimizer="adamw", lr=1e-3, batch_size=2, steps=2)
+def build(cfg):
+    config = LlamaConfig(vocab_size=len(packaged.vocab()), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return Task(model=lambda: LlamaForCausalLM(config),
+                dataset=TokenWindows(packaged.shakespeare_tokens("train"), 8), loss=lm_loss,
+                libraries=("transformers",))
+"""
+
+
+def test_deferredSteps_ofAModelWithFloat32Ops_equalImmediateOnes(settles: list[int], tmp_path: Path) -> None:
+    """Llama's rotary table and RMSNorm compute in float32: their float64 twins (dispatch/widen.py) go
+    through the deferred kernels, and their rounded values are written back into the float32
+    results before the step reads them, as in an immediate step."""
+    pytest.importorskip("transformers")
+    make_plugin(tmp_path, LLAMA_PY)
+    deferring, immediate = _engines(load_config(tmp_path / "task.toml"))
+    noisy = StepEngine(deferring.cfg, get_profile("noisy"))
+    spec = deferring.cfg.spec_hash()
+    s_rec, s_imm, s_noisy, s_aud, s_aud_imm = (
+        e.init_state() for e in (deferring, immediate, noisy, deferring, immediate)
+    )
+    for step in (1, 2):
+        rec = deferring.run_step(s_rec, step, mode="record")
+        imm = immediate.run_step(s_imm, step, mode="record")
+        assert rec.leaf == imm.leaf
+        assert rec.log is not None and imm.log is not None
+        assert rec.log.encode(step, spec) == imm.log.encode(step, spec)
+        chunk = noisy.run_step(s_noisy, step, mode="record").log
+        aud = deferring.run_step(s_aud, step, mode="replay", log=chunk)
+        aud_imm = immediate.run_step(s_aud_imm, step, mode="replay", log=chunk)
+        assert aud.leaf == aud_imm.leaf
+        assert aud.corrections == aud_imm.corrections
+    assert len(settles) == 4 and min(settles) > 0
 
 
 def test_deferredStep_whoseCheckFailed_runsAgainFromTheSameState(

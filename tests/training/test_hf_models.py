@@ -1,4 +1,4 @@
-"""Models no one here wrote (issue 43): Hugging Face's GPT-2 and ResNet, built from their configs
+"""Models no one here wrote (issue 43): Hugging Face's GPT-2, Llama and ResNet, built from their configs
 with random initialisation (nothing downloaded), and a model with stock ``nn.Dropout`` and
 ``F.scaled_dot_product_attention`` (examples/own_task), train through the public task API on
 ``cpu-1t`` and audit bit-exactly on ``noisy`` and ``splitk-16``, for 50 steps, from their seed and
@@ -23,7 +23,12 @@ from game.training.transcript.reader import Transcript
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: task -> (its directory under examples/, its config there)
-TASKS = {"gpt2": ("hf", "gpt2.toml"), "resnet": ("hf", "resnet.toml"), "own": ("own_task", "task.toml")}
+TASKS = {
+    "gpt2": ("hf", "gpt2.toml"),
+    "llama": ("hf", "llama.toml"),  # float32 on purpose in its rotary table and norms
+    "resnet": ("hf", "resnet.toml"),
+    "own": ("own_task", "task.toml"),
+}
 STEPS = 50
 
 

@@ -1,5 +1,5 @@
-"""GPT-2 (``GPT2LMHeadModel``) on Tiny Shakespeare's characters and ResNet
-(``ResNetForImageClassification``) on the 8x8 digits, each a build function of a few lines.
+"""GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``) on Tiny Shakespeare's characters, and
+ResNet (``ResNetForImageClassification``) on the 8x8 digits, each a build function of a few lines.
 
 ``libraries=("transformers",)`` binds transformers' version into the spec: the model's code is
 transformers', so another version is another task. Set ``init`` to a ``.safetensors`` file (for
@@ -14,7 +14,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, GPT2LMHeadModel, ResNetConfig, ResNetForImageClassification
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    ResNetConfig,
+    ResNetForImageClassification,
+)
 
 from game.api import Task, TensorData, TokenWindows, task
 from game.training.task import data as packaged
@@ -62,6 +69,42 @@ def gpt2(cfg):  # type: ignore[no-untyped-def]
     )
     return Task(
         model=lambda: GPT2LMHeadModel(config),
+        dataset=TokenWindows(packaged.shakespeare_tokens("train"), shape.block_size),
+        eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), shape.block_size),
+        loss=lm_loss,
+        init_weights=init_weights(cfg.params.init),
+        libraries=("transformers",),
+    )
+
+
+@task(
+    model={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16},
+    params={"init": ""},
+    optimizer="adamw",
+    lr=1e-3,
+    weight_decay=0.1,
+    batch_size=4,
+    steps=50,
+)
+def llama(cfg):  # type: ignore[no-untyped-def]
+    """A small Llama language model: rotary positions, RMSNorm, SwiGLU, attention through SDPA. Its
+    rotary table and its norms compute in float32 on purpose; a step computes those ops in float64
+    and rounds them to the grid through the log, as it does every other op."""
+    shape = cfg.model
+    config = LlamaConfig(
+        vocab_size=len(packaged.vocab()),
+        hidden_size=shape.n_embd,
+        intermediate_size=4 * shape.n_embd,
+        num_hidden_layers=shape.n_layer,
+        num_attention_heads=shape.n_head,
+        num_key_value_heads=shape.n_head,
+        max_position_embeddings=shape.block_size,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return Task(
+        model=lambda: LlamaForCausalLM(config),
         dataset=TokenWindows(packaged.shakespeare_tokens("train"), shape.block_size),
         eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), shape.block_size),
         loss=lm_loss,

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError, UnsupportedOpError
-from game.training.dispatch import stockops, torchrandom
+from game.training.dispatch import stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
 
@@ -72,6 +72,11 @@ class _ExactOnly(TorchDispatchMode):
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
         if fill is not None and not kwargs and len(args) >= 3:
             return fill(self.draws, args)
+        wide = (
+            widen.widened(args, kwargs)
+            if cls is OpClass.INEXACT and widen.narrow_inputs(args, kwargs)
+            else None
+        )
         out = func(*args, **kwargs)
         if cls is OpClass.MOVE or cls is OpClass.EXACT:
             return out
@@ -80,6 +85,8 @@ class _ExactOnly(TorchDispatchMode):
             return out
         if cls is OpClass.REFUSED:
             raise refusal(func, "model construction: ")
+        if wide is not None and self._narrowed(func, touched, *wide):
+            return out
         if any(t.is_floating_point() or t.is_complex() for t in touched):
             name = op_name(func)
             raise UnsupportedOpError(
@@ -89,6 +96,21 @@ class _ExactOnly(TorchDispatchMode):
                 fix=INIT_FIX,
             )
         return out
+
+    @staticmethod
+    def _narrowed(func: Any, touched: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """An inexact op on float32 (a rotary table's ``base ** (arange(0, d, 2, dtype=float) / d)``):
+        its float64 twin (:mod:`~game.training.dispatch.widen`) rounded to nearest float32 where
+        that is the same on every machine, written into its results; False where a result is
+        float64 (refused by the caller), raising where the rounding could differ."""
+        name = op_name(func)
+        found = widen.pairs(name, touched, touched_tensors(func, args, kwargs, func(*args, **kwargs)))
+        if any(t.dtype != widen.NARROW for t, _ in found if t.is_floating_point() or t.is_complex()):
+            return False
+        for t, w in found:
+            if t is not w:
+                t.copy_(widen.nearest_float32(w, name, "model construction: "))
+        return True
 
 
 class InitMode:

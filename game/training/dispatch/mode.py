@@ -4,7 +4,8 @@ The paper's code rounds at ``nn.Module`` boundaries and so misses functional ops
 optimizer state and BatchNorm running stats. A dispatch mode sits below autograd and sees every ATen
 op that forward, backward and ``optimizer.step()`` run, whatever Python code called it. Each op's
 class comes from the op table (:mod:`~game.training.dispatch.optable`): ``MOVE`` ops pass, ``EXACT``
-ones are rounded without a log entry, ``INEXACT`` ones with the log.
+ones are rounded without a log entry, ``INEXACT`` ones with the log; an inexact op on float32 tensors
+is rounded by way of its float64 twin (:mod:`~game.training.dispatch.widen`).
 
 The trainer *records* trits, the auditor *replays* them (``rev`` corrections); ``round`` rounds
 without a log (to show divergence) and ``plain`` does not round at all (baselines). A hardware
@@ -25,12 +26,13 @@ from typing import Any
 
 import torch
 
-from game.training.dispatch import front
+from game.training.dispatch import front, widen
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
 from game.training.dispatch.optable import (
     OpClass,
     _conditional_class,
+    _Plan,
     _plan,
     _touched,
     refusal,
@@ -123,17 +125,40 @@ class RoundingMode(FrontMode):
                     if t.dtype == torch.float64:
                         self._round_exact(t, name)
             return out
+        if self.role.rounds and widen.narrow_inputs(args, kwargs):
+            return self._widened(func, plan, args, kwargs)
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)
         if self.role.rounds:
             refuse_unrounded(name, touched, f"step {self.step}: ")
+        self._round_inexact_all(touched, name)
+        return out
+
+    def _round_inexact_all(self, touched: list[torch.Tensor], name: str) -> None:
+        """An inexact op's float64 results, in one deferred launch a pass or one at a time."""
         if self._round_group(False, touched, name):  # no noise where the step defers
-            return out
+            return
         for t in touched:
             if t.dtype == torch.float64:
                 self._round_inexact(t, name)
             elif t.dtype == torch.float32 and self._noise is not None:
-                self._noise.perturb(t)  # a baseline's float32 (a rounding step refuses it, above)
+                self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it, below)
+
+    def _widened(self, func: Any, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,
+        and again on its arguments widened to float64 under the profile's emulation; the twin's
+        float64 results are rounded (and logged) as the op's, then written into its results."""
+        name, where = plan.name, f"step {self.step}: "
+        wide_args, wide_kwargs = widen.widened(args, kwargs)  # before the op: an in-place op's start
+        out = func(*args, **kwargs)
+        wide_out = self.profile.compute(func, wide_args, wide_kwargs)
+        found = widen.pairs(
+            name, _touched(plan, args, kwargs, out), _touched(plan, wide_args, wide_kwargs, wide_out), where
+        )
+        rounded = [w for _, w in found]
+        refuse_unrounded(name, rounded, where)
+        self._round_inexact_all(rounded, name)
+        widen.write_back(found)
         return out
 
 

@@ -203,14 +203,16 @@ def refusal(func: Any, where: str = "") -> UnsupportedOpError:
     return UnsupportedOpError(f"{where}{name} {fix}", op=name, fix=fix)
 
 
-#: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own.
+#: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own (a
+#: float32 one is rounded by way of its float64 twin where the op has a float32 argument, see
+#: :mod:`~game.training.dispatch.widen`; one made from none, such as a default-dtype factory, is not).
 UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: What to do instead of an inexact op with such a result in a step.
 UNROUNDED_FIX = (
-    "compute it in the model's own dtype: a step runs in float64 and rounds every result to the "
-    "task's grid, and an inexact result in a lower precision is this machine's own, which another "
-    "machine's would differ from (a model that casts to float32 for a rotary table or a softmax "
-    "cannot be verified yet)"
+    "compute it in float32 or float64: a step runs in float64 and rounds every result to the task's "
+    "grid (an inexact op on float32 tensors is computed in float64 and rounded), and an inexact "
+    "result in half or bfloat16, or a float32 one from no float32 argument, is this machine's own, "
+    "which another machine's would differ from"
 )
 
 

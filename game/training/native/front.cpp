@@ -11,7 +11,9 @@
 // inexact op's output in a record or replay of either log format), the front calls the kernel
 // itself, as the mode's Python would (dispatch/roles.py's _round_direct, bandcheck's fused kernels), and keeps the step's op index, replay cursor, new log
 // records and counters; it hands them to Python with its next call and when it is switched off.
-// Anything else, and any tensor a kernel refuses, goes to Python, which words the errors.
+// Anything else, and any tensor a kernel refuses, goes to Python, which words the errors. An inexact
+// op with a float32 argument runs again on its float64 twin (widen_stack, as dispatch/widen.py
+// does): the twin's results are what is rounded, and they are then written into the op's own.
 //
 // The fallback sits on DispatchKey::Fake, a key reserved for out-of-tree code below autograd
 // (every key the Python API exposes there already holds a fallback). It is switched on for one
@@ -36,6 +38,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -402,6 +405,81 @@ void note(Session& s, int id, int cls) {
   }
 }
 
+// Whether a ScalarType argument (or an optional one) of the schema holds float32.
+bool asks_float(const c10::Argument& a, const c10::IValue& v) {
+  if (!v.isInt()) return false;
+  c10::TypePtr type = a.type();
+  if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
+  return type->kind() == c10::TypeKind::ScalarTypeType && v.toInt() == static_cast<int64_t>(at::kFloat);
+}
+
+bool narrow_value(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && v.toTensor().scalar_type() == at::kFloat;
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (narrow_value(e)) return true;
+  }
+  return false;
+}
+
+// widen.narrow_inputs: a float32 tensor among the arguments, or a float32 dtype asked for.
+bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (narrow_value(stack[base + i]) || asks_float(args[i], stack[base + i])) return true;
+  return false;
+}
+
+c10::IValue widen_value(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.scalar_type() == at::kFloat ? c10::IValue(t.to(at::kDouble)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t.scalar_type() == at::kFloat ? t.to(at::kDouble) : t);
+    return out;
+  }
+  if (v.isList() && narrow_value(v)) {  // Tensor?[]
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& e : v.toListRef())
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(widen_value(e).toTensor()) : std::nullopt);
+    return out;
+  }
+  return v;
+}
+
+// widen.widened: the call's float64 twin, float32 tensors copied to float64 before the call (an
+// in-place op's twin starts from the values the op starts from), a float32 dtype made float64.
+torch::jit::Stack widen_stack(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
+  const auto& args = schema.arguments();
+  torch::jit::Stack wide;
+  wide.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[base + i];
+    wide.push_back(asks_float(args[i], v) ? c10::IValue(static_cast<int64_t>(at::kDouble)) : widen_value(v));
+  }
+  return wide;
+}
+
+// widen.pairs: the op's results beside its twin's, one for one; a result whose twin is not float64
+// (or that is neither float32 nor float64) stands for itself, and Python's checks see it.
+std::vector<std::pair<at::Tensor, at::Tensor>> twin_pairs(const Plan& plan, const std::vector<at::Tensor>& out,
+                                                          const std::vector<at::Tensor>& wide) {
+  bool same = out.size() == wide.size();
+  for (size_t i = 0; same && i < out.size(); ++i) same = out[i].sizes() == wide[i].sizes();
+  if (!same)
+    throw std::runtime_error(plan.name + ": its float64 twin gave other results than the float32 op, so it cannot "
+                             "be rounded: compute it in float64");
+  std::vector<std::pair<at::Tensor, at::Tensor>> found;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const at::ScalarType st = out[i].scalar_type();
+    const bool twin = (st == at::kFloat || st == at::kDouble) && wide[i].scalar_type() == at::kDouble;
+    found.emplace_back(out[i], twin ? wide[i] : out[i]);
+  }
+  return found;
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
   c10::impl::ExcludeDispatchKeyGuard off(kKey);  // the op's own inner calls and our Python are not seen
@@ -421,23 +499,51 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     op.redispatchBoxed(below, stack);
     return;
   }
-  std::vector<at::Tensor> found;  // the written arguments, read before the call pops them
-  for (int i : plan.written) collect((*stack)[base + i], found);
-  if (plan.training >= 0 && (*stack)[base + plan.training].toBool())
-    for (int i : plan.hidden) collect((*stack)[base + i], found);
+  const auto written = [&plan](const torch::jit::Stack& st, size_t at) {  // read before the call pops them
+    std::vector<at::Tensor> found;
+    for (int i : plan.written) collect(st[at + i], found);
+    if (plan.training >= 0 && st[at + plan.training].toBool())
+      for (int i : plan.hidden) collect(st[at + i], found);
+    return found;
+  };
+  const size_t nret = op.schema().returns().size();
+  // An inexact op on float32 runs again on its float64 twin (dispatch/widen.py), whose results are
+  // rounded as the op's and then written into its own.
+  const bool narrow = cls == kInexact && narrow_inputs(op.schema(), *stack, base);
+  torch::jit::Stack wide;
+  std::vector<at::Tensor> wide_found;
+  if (narrow) {
+    wide = widen_stack(op.schema(), *stack, base);
+    wide_found = written(wide, 0);
+  }
+  std::vector<at::Tensor> found = written(*stack, base);
   op.redispatchBoxed(below, stack);
+  std::vector<at::Tensor> results = touched(std::move(found), *stack, nret);
+  std::vector<std::pair<at::Tensor, at::Tensor>> twins;
+  if (narrow) {
+    op.redispatchBoxed(below, &wide);
+    twins = twin_pairs(plan, results, touched(std::move(wide_found), wide, nret));
+    for (size_t i = 0; i < results.size(); ++i) results[i] = twins[i].second;
+  }
   std::vector<at::Tensor> doubles;
-  for (const at::Tensor& t : touched(std::move(found), *stack, op.schema().returns().size())) {
+  for (const at::Tensor& t : results) {
     const at::ScalarType st = t.scalar_type();
     const bool unrounded = st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
     // an inexact op's result in a precision a step never rounds goes to Python, which refuses it
     if (st == at::kDouble || (unrounded && cls == kInexact)) doubles.push_back(t);
   }
+  const auto write_back = [&twins]() {  // widen.write_back
+    for (auto& [t, w] : twins)
+      if (!t.is_same(w)) t.copy_(w);
+  };
   // In order: the first tensor a kernel does not take, and every one after it, go to Python (the
   // op index follows the tensors' order).
   size_t done = 0;
   while (done < doubles.size() && round_direct(s.direct, plan, cls, doubles[done])) ++done;
-  if (done == doubles.size()) return;
+  if (done == doubles.size()) {
+    write_back();
+    return;
+  }
   doubles.erase(doubles.begin(), doubles.begin() + done);
   Direct& d = s.direct;
   py::gil_scoped_acquire gil;
@@ -448,6 +554,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   d.in_python = false;
   d.op_index = synced[0].cast<int64_t>();
   d.cursor = synced[1].cast<int64_t>();
+  write_back();
 }
 
 // A sparse replay's entries, as SparseStepLog.columns gives them: a (k, 4) table of (op index, name
