@@ -79,3 +79,50 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
     start = decode_state(t.load_checkpoint(0), t.config).model.state_dict()
     for key, value in weights.items():
         assert torch.equal(start[key].to(value.dtype), value), key
+
+
+FAMILY_PY = """
+import torch.nn.functional as F
+import transformers
+from game.api import Task, TokenWindows, task
+from game.training.task import data as packaged
+
+
+def lm_loss(model, batch):
+    inputs, targets = batch
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@task(model={}, params={"family": ""}, optimizer="adamw", lr=1e-3, batch_size=2, steps=3)
+def build(cfg):
+    family = cfg.params.family
+    config = getattr(transformers, family + "Config")(
+        vocab_size=len(packaged.vocab()), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=16,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model = getattr(transformers, family + "ForCausalLM")
+    return Task(model=lambda: model(config), dataset=TokenWindows(packaged.shakespeare_tokens("train"), 8),
+                loss=lm_loss, libraries=("transformers",))
+"""
+
+
+@pytest.mark.parametrize("family", ["Qwen2", "Qwen3", "Mistral", "Gemma", "Phi3"])
+def test_llamaLikeFamilies_withTheirFloat32RotaryAndNorms_auditBitExactly(
+    tmp_path: Path, family: str
+) -> None:
+    """Decoder models built like Llama (rotary tables and RMSNorms in float32 on purpose, grouped
+    query attention) train on ``cpu-1t`` through the C++ front and audit bit for bit on ``noisy``
+    through the Python mode: each float32 op is rounded by way of its float64 twin, in the same
+    place in the log on both."""
+    from .test_task_api import make_plugin
+
+    make_plugin(tmp_path, FAMILY_PY)
+    cfg = load_config(tmp_path / "task.toml").replace(params={"family": family}, checkpoint_interval=3)
+    trained = train(cfg, "cpu-1t", tmp_path / "run")
+    assert trained.steps_run == 3 and trained.final_loss is not None
+    report = audit(tmp_path / "run", "noisy")
+    assert report.match, report.to_dict()
+    assert report.trainer_state_root == trained.state_root
+    assert report.corrections > 0
