@@ -10,6 +10,7 @@ its values, not its path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,6 +42,19 @@ def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def shakespeare_lm(model: Callable[[], torch.nn.Module], cfg) -> Task:  # type: ignore[no-untyped-def]
+    """A language model's task on Tiny Shakespeare's characters, in windows of the model's context."""
+    windows = cfg.model.block_size
+    return Task(
+        model=model,
+        dataset=TokenWindows(packaged.shakespeare_tokens("train"), windows),
+        eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), windows),
+        loss=lm_loss,
+        init_weights=init_weights(cfg.params.init),
+        libraries=("transformers",),
+    )
+
+
 @task(
     model={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16},
     params={"init": ""},
@@ -67,14 +81,7 @@ def gpt2(cfg):  # type: ignore[no-untyped-def]
         bos_token_id=0,
         eos_token_id=0,
     )
-    return Task(
-        model=lambda: GPT2LMHeadModel(config),
-        dataset=TokenWindows(packaged.shakespeare_tokens("train"), shape.block_size),
-        eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), shape.block_size),
-        loss=lm_loss,
-        init_weights=init_weights(cfg.params.init),
-        libraries=("transformers",),
-    )
+    return shakespeare_lm(lambda: GPT2LMHeadModel(config), cfg)
 
 
 @task(
@@ -103,14 +110,7 @@ def llama(cfg):  # type: ignore[no-untyped-def]
         eos_token_id=0,
         pad_token_id=0,
     )
-    return Task(
-        model=lambda: LlamaForCausalLM(config),
-        dataset=TokenWindows(packaged.shakespeare_tokens("train"), shape.block_size),
-        eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), shape.block_size),
-        loss=lm_loss,
-        init_weights=init_weights(cfg.params.init),
-        libraries=("transformers",),
-    )
+    return shakespeare_lm(lambda: LlamaForCausalLM(config), cfg)
 
 
 def image_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
