@@ -117,16 +117,16 @@ def test_cnnArch_roundTrip_andChannelsDefaultPerArch() -> None:
 def test_cnnDefaultArch_leavesSpecHashUnchanged() -> None:
     # ``arch`` came after specs were posted: while it is "small" it is left out of the canonical
     # JSON, so every earlier cnn-digits config keeps its hash. Pinned with explicit bands, so a
-    # recalibration of the shipped ones does not move it. (The hashes are format v5's: each new
+    # recalibration of the shipped ones does not move it. (The hashes are format v6's: each new
     # format tag moved every hash once, on purpose; a new field must not move them again.)
     bands = BandTable(default=Band(-30, -40), ops={})
     cfg = TaskConfig.for_preset("cnn-digits", bands=bands)
     assert cfg.to_dict()["model"] == {"channels": 16, "hidden": 64}
-    assert cfg.spec_hash().hex() == "1723458b57959c6935a9e2804d428f280d83b06039e3928b76972db27bb8f59b"
+    assert cfg.spec_hash().hex() == "76ef0c510f28c26c4299f83e9a6a0edcf7aa540c0af0630e7875112d9ec3863d"
     explicit = TaskConfig.for_preset(
         "cnn-digits", bands=bands, model={"channels": 8, "hidden": 32, "arch": "small"}
     )
-    assert explicit.spec_hash().hex() == "1f848d3b9870503aa1635d38694d5ca34de730a9ce588613ca198db9b907fb7a"
+    assert explicit.spec_hash().hex() == "fe103ef519a546b6572d5ff248ccdc556be35dd2fbc700da5c513a8723305b3c"
     # A strict dict written before ``arch`` existed still loads (the field is optional there).
     assert TaskConfig.from_dict(cfg.to_dict()) == cfg
 

@@ -17,7 +17,7 @@ import torch
 from game.errors import NonFiniteError
 from game.training.dispatch import front as session
 from game.training.dispatch.mode import RoundingMode
-from game.training.dispatch.optable import OpClass
+from game.training.dispatch.optable import LOG_NAMES, OpClass
 from game.training.engine.step import StepEngine
 from game.training.log.formats import new_step_log
 from game.training.log.sparse import SparseStepLog
@@ -335,3 +335,47 @@ def test_front_refusesASparseReplayWhoseEntriesAreNotColumns() -> None:
     with pytest.raises(RuntimeError, match="takes them as columns"):
         session.enter(lambda *a: None, lambda *a: None, kernels)  # type: ignore[arg-type,return-value]
     assert not front.active()
+
+
+def _indexing_backward(case: str) -> torch.Tensor:
+    """A parameter read by advanced indexing, whose gradient autograd's formula accumulates with an
+    in-place op where no Python mode is on (``_index_put_impl_``, ``scatter_add_``, ``index_add_``,
+    ``put_``) and an out-of-place one where one is."""
+    w = torch.linspace(0.1, 1.0, 20, dtype=torch.float64).reshape(4, 5).requires_grad_()
+    idx = torch.tensor([1, 3, 3])
+    picked = {
+        "index": lambda: w[idx],
+        "gather": lambda: w.gather(1, torch.tensor([[0, 1], [2, 2], [1, 0], [4, 4]])),
+        "index_select": lambda: w.index_select(0, idx),
+        "take": lambda: w.take(torch.tensor([0, 7, 7, 12])),
+    }[case]()
+    (
+        picked * torch.linspace(0.3, 0.9, picked.numel(), dtype=torch.float64).reshape(picked.shape)
+    ).sum().backward()
+    assert w.grad is not None
+    return w.grad
+
+
+@pytest.mark.parametrize("case", ["index", "gather", "index_select", "take"])
+@pytest.mark.parametrize("recorder", ["front", "mode"])
+def test_theBackwardOfIndexing_recordedByOneInterceptor_replaysThroughTheOther(
+    case: str, recorder: str
+) -> None:
+    """The same kernel under two names (optable.LOG_NAMES) is one op in the log: a trainer on the
+    front and an auditor or judge on the Python mode (an emulating profile, or ``VGAME_FRONT=0``)
+    agree; the log named them apart, and the honest trainer's audit failed."""
+    log = SparseStepLog()
+    modes = []
+    grads = []
+    for i, mode_name in enumerate(("record", "replay")):
+        use_front = (recorder == "front") == (i == 0)
+        mode = RoundingMode(bits=32, tau=0.25, mode=mode_name, profile=get_profile("cpu-1t"), step=1, log=log)
+        with contextlib.nullcontext() if use_front else front.disabled(), mode:
+            grads.append(_indexing_backward(case))
+        assert mode.via_front is use_front
+        mode.finish()
+        modes.append(mode)
+    assert torch.equal(grads[0], grads[1])
+    _same_work(modes[0], modes[1])
+    assert set(LOG_NAMES.values()) & set(modes[0].logged)  # the accumulation, by its one name
+    assert not set(LOG_NAMES) & (set(modes[0].logged) | set(modes[1].logged))

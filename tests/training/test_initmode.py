@@ -4,6 +4,7 @@ and in every process."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import subprocess
@@ -165,3 +166,27 @@ def test_metaTensors_passWhateverTheOp() -> None:
 def test_factoryReturningNoModule_isConfigError() -> None:
     with pytest.raises(ConfigError, match=r"not an nn\.Module"):
         init_module(lambda: torch.ones(2), seed=SEED)  # type: ignore[arg-type,return-value]
+
+
+def test_aDrawReachingATenWithItsDefaultsLeftOut_isServedAsTheFunctionsIs() -> None:
+    """While transformers initialises a model it swaps ``nn.init``'s functions for guarded copies,
+    and their draw reaches ATen, where it is served (``_FILLS``). The dispatcher leaves out a
+    trailing argument equal to its default: T5 draws ``normal_(w, mean=0.0, std=1.0)``, which came
+    as ``normal_(w)`` and was refused. It is served with the defaults, as the function mode serves
+    the unswapped call."""
+    initialization = pytest.importorskip("transformers.initialization")
+
+    class Net(nn.Module):
+        def __init__(self, guarded: bool) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 5), nn.Linear(5, 4)
+            with initialization.guard_torch_init_functions() if guarded else contextlib.nullcontext():
+                nn.init.normal_(self.a.weight, mean=0.0, std=1.0)
+                nn.init.uniform_(self.b.weight, a=0.0, b=1.0)
+
+    plain = init_module(lambda: Net(guarded=False), seed=3)
+    guarded = init_module(lambda: Net(guarded=True), seed=3)
+    for p, q in zip(plain.parameters(), guarded.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert float(guarded.a.weight.detach().std()) > 0.5  # a unit normal, not Linear's own uniform
+    assert float(guarded.b.weight.detach().min()) >= 0.0

@@ -45,14 +45,17 @@ INIT_FIX = (
 #: library that wraps ``nn.init``'s functions (transformers guards them against a second
 #: initialisation) calls them from inside its own torch function, where the function mode cannot
 #: see the draw; construction always runs on the CPU, so the ATen op is the same on every machine.
+#: The dispatcher leaves out trailing arguments equal to their defaults (T5 draws ``normal_(w,
+#: mean=0.0, std=1.0)``, which arrives as ``normal_(w)``), so they are filled in here.
 _FILLS: dict[str, Any] = {
-    "aten.normal_.default": lambda d, a: torchrandom.fill_normal(
-        d, "normal_", a[0], float(a[1]), float(a[2])
-    ),
-    "aten.uniform_.default": lambda d, a: torchrandom.fill_uniform(
-        d, "uniform_", a[0], float(a[1]), float(a[2])
-    ),
+    "aten.normal_.default": lambda d, a: torchrandom.fill_normal(d, "normal_", a[0], *_given(a, 0.0, 1.0)),
+    "aten.uniform_.default": lambda d, a: torchrandom.fill_uniform(d, "uniform_", a[0], *_given(a, 0.0, 1.0)),
 }
+
+
+def _given(args: tuple[Any, ...], *defaults: float) -> list[float]:
+    """An in-place draw's two parameters after its tensor, the defaults where they were left out."""
+    return [float(args[1 + i]) if len(args) > 1 + i else d for i, d in enumerate(defaults)]
 
 
 class _ExactOnly(TorchDispatchMode):
@@ -70,7 +73,7 @@ class _ExactOnly(TorchDispatchMode):
         kwargs = kwargs or {}
         cls = classify(func, args, kwargs)
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
-        if fill is not None and not kwargs and len(args) >= 3:
+        if fill is not None and not kwargs and len(args) <= 3:
             return fill(self.draws, args)
         wide = (
             widen.widened(args, kwargs)

@@ -156,6 +156,24 @@ _HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
 }
 
 
+#: Ops the log names by another op's name. PyTorch's backward formulas of indexing (``index``,
+#: ``gather``, ``index_select``, ``take``) call these ops in place where no Python dispatch mode is on
+#: (the C++ front sees ``_index_put_impl_``, ``scatter_add_``, ...) and out of place where one is
+#: (``areAnyTensorSubclassLike``: the Python mode sees ``index_put``, ``scatter_add``, ...): the same
+#: kernel and values under two names, so a log recorded through one interceptor did not replay
+#: through the other. The log names both forms alike.
+LOG_NAMES: dict[str, str] = {
+    "aten._index_put_impl_.default": "aten.index_put.default",
+    "aten.scatter_add_.default": "aten.scatter_add.default",
+    "aten.index_add_.default": "aten.index_add.default",
+    "aten.put_.default": "aten.put.default",
+}
+
+#: Base names classified as another's (``_index_put_impl_`` is ``index_put``'s kernel: conditional on
+#: ``accumulate``).
+_BASE_ALIASES: dict[str, str] = {"_index_put_impl": "index_put"}
+
+
 @functools.cache
 def base_name(func: Any) -> str:
     """``aten::_foreach_add_`` -> ``add``; ``aten::_softmax`` -> ``_softmax``; other namespaces keep theirs."""
@@ -169,7 +187,7 @@ def base_name(func: Any) -> str:
         name = name[len("_foreach_") :]
     if name.endswith("_") and not name.endswith("__"):
         name = name[:-1]
-    return name
+    return _BASE_ALIASES.get(name, name)
 
 
 @functools.cache
@@ -344,8 +362,10 @@ def _written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
 
 @functools.cache
 def op_name(func: Any) -> str:
-    """``str(func)``, e.g. ``aten.addmm.default``: the op name in the log and in coverage sets."""
-    return str(func)
+    """``str(func)``, e.g. ``aten.addmm.default``, or its name in :data:`LOG_NAMES`: the op name in
+    the log, in band tables and in coverage sets."""
+    name = str(func)
+    return LOG_NAMES.get(name, name)
 
 
 def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
@@ -381,6 +401,7 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 __all__ = [
     "CONDITIONAL_OPS",
     "EXACT_OPS",
+    "LOG_NAMES",
     "MOVE_OPS",
     "RANDOM_FIX",
     "RANDOM_OPS",

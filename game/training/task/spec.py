@@ -21,7 +21,10 @@ from game.errors import ConfigError
 #: them in parallel), where v3's were ``sha256(canonical bytes)``.
 #: v5 binds the task's inputs (data, initial weights, code, libraries: ``inputs``) and names the
 #: task by ``task`` (a preset or a user's), with ``accumulate`` and ``clip_grad_norm``.
-SPEC_FORMAT = "vgame-task-v5"
+#: v6 logs an op under its name in ``optable.LOG_NAMES`` (the backward of indexing: one name whichever
+#: interceptor records it; v5's logs named it two ways) and rounds an inexact op on float32 tensors by
+#: way of its float64 twin (``dispatch/widen.py``; v5 refused it).
+SPEC_FORMAT = "vgame-task-v6"
 
 
 def canonical_spec(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bytes:
