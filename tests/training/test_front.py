@@ -340,7 +340,7 @@ def test_front_refusesASparseReplayWhoseEntriesAreNotColumns() -> None:
 def _indexing_backward(case: str) -> torch.Tensor:
     """A parameter read by advanced indexing, whose gradient autograd's formula accumulates with an
     in-place op where no Python mode is on (``_index_put_impl_``, ``scatter_add_``, ``index_add_``,
-    ``put_``) and an out-of-place one where one is."""
+    ``put_``, ``index_fill_``) and an out-of-place one where one is."""
     w = torch.linspace(0.1, 1.0, 20, dtype=torch.float64).reshape(4, 5).requires_grad_()
     idx = torch.tensor([1, 3, 3])
     picked = {
@@ -348,6 +348,7 @@ def _indexing_backward(case: str) -> torch.Tensor:
         "gather": lambda: w.gather(1, torch.tensor([[0, 1], [2, 2], [1, 0], [4, 4]])),
         "index_select": lambda: w.index_select(0, idx),
         "take": lambda: w.take(torch.tensor([0, 7, 7, 12])),
+        "trace": lambda: torch.trace(w).reshape(1),
     }[case]()
     (
         picked * torch.linspace(0.3, 0.9, picked.numel(), dtype=torch.float64).reshape(picked.shape)
@@ -356,7 +357,7 @@ def _indexing_backward(case: str) -> torch.Tensor:
     return w.grad
 
 
-@pytest.mark.parametrize("case", ["index", "gather", "index_select", "take"])
+@pytest.mark.parametrize("case", ["index", "gather", "index_select", "take", "trace"])
 @pytest.mark.parametrize("recorder", ["front", "mode"])
 def test_theBackwardOfIndexing_recordedByOneInterceptor_replaysThroughTheOther(
     case: str, recorder: str
@@ -379,3 +380,32 @@ def test_theBackwardOfIndexing_recordedByOneInterceptor_replaysThroughTheOther(
     _same_work(modes[0], modes[1])
     assert set(LOG_NAMES.values()) & set(modes[0].logged)  # the accumulation, by its one name
     assert not set(LOG_NAMES) & (set(modes[0].logged) | set(modes[1].logged))
+
+
+@pytest.mark.parametrize("use_front", [True, False], ids=["front", "mode"])
+def test_aProductThatWouldBeDifferentiated_isRefusedByBothInterceptors_andOtherwisePasses(
+    use_front: bool,
+) -> None:
+    """PyTorch computes prod's and cumprod's gradients by another formula under a Python dispatch
+    mode (cumulative products) than without (a division): the two interceptors would compute and
+    log different ops. Such a call is refused by name under either; one without a gradient passes."""
+    from game.errors import UnsupportedOpError
+
+    x = torch.linspace(0.5, 1.5, 12, dtype=torch.float64).reshape(3, 4)
+    for call, name in (
+        (lambda t: t.prod(1), "aten.prod.dim_int"),
+        (lambda t: t.cumprod(1), "aten.cumprod.default"),
+    ):
+        mode = RoundingMode(
+            bits=32, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=2, log=SparseStepLog()
+        )
+        with contextlib.nullcontext() if use_front else front.disabled(), mode:
+            with pytest.raises(
+                UnsupportedOpError, match=rf"step 2: {re.escape(name)} is refused where it is differentiated"
+            ):
+                call(x.clone().requires_grad_())
+            with torch.no_grad():
+                call(x.clone().requires_grad_())
+            call(x)  # no gradient asked for
+            call(torch.arange(1, 7).reshape(2, 3))  # integers
+        assert mode.via_front is use_front

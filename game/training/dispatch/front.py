@@ -18,14 +18,24 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from game.training.dispatch.optable import OpClass, _conditional_class, _Plan, _plan, base_name, refusal
+from game.training.dispatch.optable import (
+    GRADIENT_REFUSED,
+    OpClass,
+    _conditional_class,
+    _Plan,
+    _plan,
+    base_name,
+    refusal,
+)
 from game.training.native.bindings import BandParams
 from game.training.native.front import compiled
 from game.training.numerics.bandfile import BandTable
 
 #: Kinds the C++ side knows (``front.cpp``'s ``Kind``): the three classes, then the conditional ops
 #: whose class it works out from the arguments, as :func:`~game.training.dispatch.optable._conditional_class` does.
-MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE = range(6)
+#: ``GRADIENT``: inexact, or refused where differentiated (``optable.GRADIENT_REFUSED``); then the front
+#: hands the call to Python as ``REFUSED``, to be refused by name.
+MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE, GRADIENT, REFUSED = range(8)
 
 
 class SparseEntries(NamedTuple):
@@ -123,7 +133,7 @@ _bands: dict[tuple[BandTable, int, int], Tensor] = {}
 #: The last of them asked for, with its key (the table by identity).
 _bands_last: tuple[BandTable, int, int, Tensor] | None = None
 KINDS = {OpClass.MOVE: MOVE, OpClass.EXACT: EXACT, OpClass.INEXACT: INEXACT}
-CLASSES = {MOVE: OpClass.MOVE, EXACT: OpClass.EXACT, INEXACT: OpClass.INEXACT}
+CLASSES = {MOVE: OpClass.MOVE, EXACT: OpClass.EXACT, INEXACT: OpClass.INEXACT, REFUSED: OpClass.REFUSED}
 
 
 def row_for(
@@ -154,6 +164,8 @@ def row_for(
             kind, arg = DIV, positions.get("rounding_mode", -1)
         elif base == "index_put" and "accumulate" in positions:
             kind, arg = ACCUMULATE, positions["accumulate"]
+        elif base in GRADIENT_REFUSED:
+            kind = GRADIENT
         else:  # the rest depend on the overload alone
             kind = KINDS[_conditional_class(func, (), {})]
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch import front
-from game.training.dispatch.optable import OpClass, refuse_unrounded
+from game.training.dispatch.optable import OpClass, refusal, refuse_unrounded
 from game.training.dispatch.roles import RoleKernels
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
@@ -155,6 +155,8 @@ class FrontMode(RoleKernels):
         (:meth:`_front_sync`). Returns the op index and the replay cursor for the front to go on
         from."""
         self._front_sync(op_index, cursor, records)
+        if kind == front.REFUSED:  # a call the front's class says to refuse (optable.GRADIENT_REFUSED)
+            raise refusal(front.rows[row].func, f"step {self.step}: ")
         name = front.rows[row].name
         exact = kind == front.EXACT
         if not exact:  # the front hands on an inexact op's unrounded results only to be refused

@@ -109,9 +109,9 @@ class RoundingMode(FrontMode):
         plan = _plan(func)
         cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
         name = plan.name
+        if cls is OpClass.REFUSED:  # always fixed but for GRADIENT_REFUSED's, whose calls differ
+            raise refusal(func, f"step {self.step}: ")
         if name not in self._classes:  # an op's first call in the step: nothing here for the others
-            if cls is OpClass.REFUSED:
-                raise refusal(func, f"step {self.step}: ")
             self._classes[name] = cls
         if cls is OpClass.MOVE:
             return func(*args, **kwargs)

@@ -145,8 +145,26 @@ REFUSED_OPS: dict[str, str] = {
     ),
 }  # fmt: skip
 
+#: Ops refused where they would be differentiated (a floating input that requires grad, with grad
+#: mode on), and why: PyTorch's backward formula for them takes another path where a Python
+#: dispatch mode is on (``areAnyTensorSubclassLike``: the Python mode computes prod's gradient from
+#: cumulative products, the C++ front by a division), so the two interceptors would compute, and
+#: log, different ops, and a trainer and an auditor or judge on different ones would disagree.
+GRADIENT_REFUSED: dict[str, str] = {
+    name: (
+        f"is refused where it is differentiated: PyTorch computes its gradient one way under a Python "
+        f"dispatch mode and another way without, so two machines could differ: {fix}"
+    )
+    for name, fix in {
+        "prod": "for positive values, exp of the sum of the logs; or multiply the factors out",
+        "cumprod": "for positive values, exp of the cumulative sum of the logs",
+    }.items()
+}
+
 #: Ops whose class depends on their arguments (see :func:`classify`).
-CONDITIONAL_OPS: frozenset[str] = frozenset({"add", "sub", "rsub", "div", "index_put", "scatter", "round"})
+CONDITIONAL_OPS: frozenset[str] = frozenset(
+    {"add", "sub", "rsub", "div", "index_put", "scatter", "round", *GRADIENT_REFUSED}
+)
 
 #: Ops that mutate arguments their schema does not mark ``(a!)``: (positions, position of ``training``).
 _HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -164,6 +182,8 @@ _HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
 #: through the other. The log names both forms alike.
 LOG_NAMES: dict[str, str] = {
     "aten._index_put_impl_.default": "aten.index_put.default",
+    "aten.index_fill_.int_Tensor": "aten.index_fill.int_Tensor",  # trace's backward
+    "aten.index_fill_.int_Scalar": "aten.index_fill.int_Scalar",
     "aten.scatter_add_.default": "aten.scatter_add.default",
     "aten.index_add_.default": "aten.index_add.default",
     "aten.put_.default": "aten.put.default",
@@ -217,7 +237,7 @@ def _draws(func: Any) -> bool:
 def refusal(func: Any, where: str = "") -> UnsupportedOpError:
     """The error for a ``REFUSED`` op (``where``: e.g. ``"step 3: "``), naming the op and the fix."""
     name = op_name(func)
-    fix = REFUSED_OPS.get(base_name(func), RANDOM_FIX)
+    fix = REFUSED_OPS.get(base_name(func)) or GRADIENT_REFUSED.get(base_name(func)) or RANDOM_FIX
     return UnsupportedOpError(f"{where}{name} {fix}", op=name, fix=fix)
 
 
@@ -330,6 +350,10 @@ def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return OpClass.INEXACT if "reduce" in func._overloadname else OpClass.MOVE
     if name == "round":  # round to integer is exact; round(decimals=n) scales by 10**n
         return OpClass.EXACT if func._overloadname in ("default", "out") else OpClass.INEXACT
+    if name in GRADIENT_REFUSED:
+        x = args[0] if args else None
+        differentiated = isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled()
+        return OpClass.REFUSED if differentiated else OpClass.INEXACT
     return OpClass.INEXACT
 
 
@@ -401,6 +425,7 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 __all__ = [
     "CONDITIONAL_OPS",
     "EXACT_OPS",
+    "GRADIENT_REFUSED",
     "LOG_NAMES",
     "MOVE_OPS",
     "RANDOM_FIX",

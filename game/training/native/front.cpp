@@ -57,6 +57,8 @@ enum Kind : int {
   kAlpha = 3,       // add, sub, rsub: exact when alpha == 1
   kDiv = 4,         // div: exact with no rounding mode and a divisor of real tensors
   kAccumulate = 5,  // index_put: a move, unless it accumulates
+  kGradient = 6,    // prod, cumprod: inexact, unless differentiated: then kRefused
+  kRefused = 7,     // a call Python refuses (RoundingMode._front_op words it)
 };
 
 struct Plan {
@@ -237,6 +239,10 @@ int conditional(const Plan& plan, const torch::jit::Stack& stack, size_t base) {
       return big_tensors(stack[base + 1]) ? kExact : kInexact;
     case kAccumulate:
       return stack[base + plan.arg].toBool() ? kInexact : kMove;
+    case kGradient: {  // optable._conditional_class: its first argument requires grad, grad mode on
+      const c10::IValue& x = stack[base];
+      return x.isTensor() && x.toTensor().requires_grad() && at::GradMode::is_enabled() ? kRefused : kInexact;
+    }
     default:
       return plan.kind;
   }
@@ -495,6 +501,14 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   const size_t base = stack->size() - nargs;
   const int cls = conditional(plan, *stack, base);
   note(s, plan.id, cls);
+  if (cls == kRefused) {  // Python raises, naming the op
+    Direct& d = s.direct;
+    py::gil_scoped_acquire gil;
+    py::object records = take_records(d);
+    d.in_python = true;
+    py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, std::vector<at::Tensor>{}, d.op_index, d.cursor, records);
+    throw std::runtime_error(plan.name + " is refused here");  // not reached: the call raises
+  }
   if (cls == kMove) {
     op.redispatchBoxed(below, stack);
     return;
