@@ -103,6 +103,11 @@ FAMILIES = {
     "Falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=16, num_hidden_layers=1,
                num_attention_heads=2, new_decoder_architecture=False)),
     "Bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=16, n_layer=1, n_head=2)),
+    # mixture of experts: top-k routing, each expert's rows gathered and added back by index
+    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(LLAMA_LIKE, num_local_experts=4,
+                num_experts_per_tok=2, experts_implementation="eager")),
+    "MixtralGrouped": ("MixtralConfig", "MixtralForCausalLM", dict(LLAMA_LIKE, num_local_experts=4,
+                       num_experts_per_tok=2)),
 }
 
 
@@ -126,7 +131,19 @@ def build(cfg):
 
 @pytest.mark.parametrize(
     "family",
-    ["Qwen2", "Qwen3", "Mistral", "Gemma", "Gemma2", "Phi3", "Starcoder2", "GPTNeoX", "Falcon", "Bloom"],
+    [
+        "Qwen2",
+        "Qwen3",
+        "Mistral",
+        "Gemma",
+        "Gemma2",
+        "Phi3",
+        "Starcoder2",
+        "GPTNeoX",
+        "Falcon",
+        "Bloom",
+        "Mixtral",
+    ],
 )
 def test_decoderFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, family: str) -> None:
     """transformers' decoder families train on ``cpu-1t`` through the C++ front and audit bit for
@@ -145,3 +162,19 @@ def test_decoderFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path
     assert report.match, report.to_dict()
     assert report.trainer_state_root == trained.state_root
     assert report.corrections > 0
+
+
+def test_aMixtureOfExperts_onTorchsGroupedMatmul_isRefusedSayingHowToRunItsExperts(tmp_path: Path) -> None:
+    """transformers runs a mixture-of-experts model's experts through ``torch._grouped_mm`` by default,
+    which has no float64 kernel: the step stops at step 1 naming the op and the config switch, not
+    with torch's own error from deep inside the model."""
+    from game.errors import UnsupportedOpError
+
+    from .test_task_api import make_plugin
+
+    make_plugin(tmp_path, FAMILY_PY)
+    cfg = load_config(tmp_path / "task.toml").replace(params={"family": "MixtralGrouped"})
+    with pytest.raises(
+        UnsupportedOpError, match=r"step 1: aten\._grouped_mm\.default .*experts_implementation"
+    ):
+        train(cfg, "cpu-1t", tmp_path / "run")

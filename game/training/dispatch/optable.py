@@ -129,6 +129,11 @@ REFUSED_OPS: dict[str, str] = {
         "is nn.MultiheadAttention's / nn.TransformerEncoderLayer's fused inference path: call the module "
         "with autograd on, in training mode"
     )),
+    **dict.fromkeys(("_grouped_mm", "_scaled_grouped_mm"), (
+        "is torch's grouped matmul, which has no float64 kernel (and sums in an order of the device's "
+        "own): a transformers mixture-of-experts model runs its experts through it; build its config "
+        "with experts_implementation=\"eager\", which runs each expert as plain matmuls"
+    )),
     "_fused_rms_norm": (
         "is a fused RMS norm kernel that only some devices run: call F.rms_norm / nn.RMSNorm where vgame "
         "serves them (a step's StockOps writes the norm out)"
