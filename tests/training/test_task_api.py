@@ -401,3 +401,23 @@ def test_overrides_aKeyNoTaskHas_isOneErrorListingTheKeys_andParamsMayBeADict(
         config(root / "task.toml", warmpu=3)
     assert config(root / "task.toml", params={"warmup": 3}).params.warmup == 3  # type: ignore[attr-defined]
     assert config(root / "task.toml", warmup=3) == config(root / "task.toml", params={"warmup": 3})
+
+
+def test_aModelWhoseOwnArithmeticGivesInfAtStepOne_isToldSo_notThatItDiverged(tmp_path: Path) -> None:
+    """A log of 0 on lanes the model masks out afterwards (T5's relative-position buckets do this) is
+    an inf at step 1, from the model as built: the error says so and how to avoid it, where it used
+    to say the training diverged and to lower the learning rate."""
+    from game.errors import NonFiniteError
+
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        h = self.a(x)\n        h = torch.where(h > 0, torch.log(h.clamp_min(0.0)), h)\n"
+        "        return self.b(torch.tanh(h))",
+    )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    with pytest.raises(
+        NonFiniteError, match=r"at step 1, op #\d+ aten\.log\.default.*model's own arithmetic"
+    ) as caught:
+        train(cfg, "cpu-1t", tmp_path / "run")
+    assert "smaller lr" not in str(caught.value)

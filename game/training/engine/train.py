@@ -157,6 +157,23 @@ class TrainResult:
 
 
 @trimmed()  # a node idles on after: give the step's memory back
+def _non_finite_hint(message: str, step: int) -> str:
+    """What to say of NaN or inf in step ``step``: past step 1, or in step 1's update, the training
+    diverged; in step 1's forward or backward pass, from the model as built, it is more likely the
+    model's own arithmetic on values it masks out later."""
+    if step > 1 or "aten._foreach_" in message:  # an optimizer's op: the update overflowed
+        return (
+            f"{message}: the training diverged, and a transcript cannot commit NaN or inf; going on "
+            f"from step {step - 1} would only diverge again: change the task (a smaller lr first)"
+        )
+    return (
+        f"{message}: at step 1, from the model as built, so more likely the model's own arithmetic than "
+        "a divergence (a log of 0 or a division by 0 on values it masks out afterwards, as T5's "
+        "relative-position buckets and CTC's log-space sums do): vgame rounds finite values only, so "
+        "compute such values only where they are used (torch.where on the input, a clamp before the log)"
+    )
+
+
 def train(
     cfg: TaskConfig,
     profile: str,
@@ -243,10 +260,7 @@ def _train_alone(
             try:
                 step_loss = run.step(engine, writer, state, step, dev)
             except NonFiniteError as exc:
-                raise NonFiniteError(
-                    f"{exc}: the training diverged, and a transcript cannot commit NaN or inf; going on "
-                    f"from step {step - 1} would only diverge again: change the task (a smaller lr first)"
-                ) from exc
+                raise NonFiniteError(_non_finite_hint(str(exc), step)) from exc
             loss = step_loss if step_loss is not None else loss
             steps_run += 1
             if steps_run == 1:  # the optimizer's state exists now: a checkpoint has its full size
