@@ -156,7 +156,6 @@ class TrainResult:
 # ----------------------------------------------------------------------------------------------
 
 
-@trimmed()  # a node idles on after: give the step's memory back
 def _non_finite_hint(message: str, step: int) -> str:
     """What to say of NaN or inf in step ``step``: past step 1, or in step 1's update, the training
     diverged; in step 1's forward or backward pass, from the model as built, it is more likely the
@@ -174,6 +173,7 @@ def _non_finite_hint(message: str, step: int) -> str:
     )
 
 
+@trimmed()  # a node idles on after: give the step's memory back
 def train(
     cfg: TaskConfig,
     profile: str,
