@@ -421,3 +421,30 @@ def test_aModelWhoseOwnArithmeticGivesInfAtStepOne_isToldSo_notThatItDiverged(tm
     ) as caught:
         train(cfg, "cpu-1t", tmp_path / "run")
     assert "smaller lr" not in str(caught.value)
+
+
+@pytest.mark.parametrize("where", ["build", "model"])
+def test_aTaskWhoseOwnCodeRaises_whileBeingBuilt_isOneLineNamingIt(tmp_path: Path, where: str) -> None:
+    """A build function or a model constructor that raises (a transformers config refusing an odd
+    head size) was a traceback from deep in the CLI; it is a TaskCodeError naming what raised. The
+    model is built before the transcript is made, so a run with the code fixed is not refused as
+    "another task" by the empty transcript the failed one left."""
+    from game.errors import TaskCodeError
+
+    if where == "build":
+        body = TASK_PY.replace(
+            "def build(cfg):\n", "def build(cfg):\n    raise ValueError('odd head size')\n"
+        )
+    else:
+        body = TASK_PY.replace(
+            "        super().__init__()\n",
+            "        super().__init__()\n        raise ValueError('odd head size')\n",
+        )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    said = "its build function" if where == "build" else "the task's model factory"
+    with pytest.raises(
+        TaskCodeError, match=rf"{said} raised ValueError: odd head size \(run with VGAME_DEBUG=1"
+    ):
+        train(cfg, "cpu-1t", tmp_path / "run")
+    assert not list((tmp_path / "run").glob("*"))  # no transcript for the next run to trip over

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from game.errors import ConfigError, UnsupportedOpError
+from game.errors import ConfigError, TaskCodeError, UnsupportedOpError, VGameError
 from game.training.dispatch import stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
@@ -152,7 +152,15 @@ def init_module(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """``factory()`` inside :class:`InitMode`, with every floating parameter and buffer then made
     float64 (exact: a widening). The same module, bit for bit, on every machine."""
     with InitMode(seed):
-        model = factory()
+        try:
+            model = factory()
+        except VGameError:
+            raise
+        except Exception as exc:  # the task's own code (a model's constructor): one line
+            raise TaskCodeError(
+                f"the task's model factory raised {type(exc).__name__}: {exc} "
+                "(run with VGAME_DEBUG=1 for the traceback)"
+            ) from exc
     if not isinstance(model, nn.Module):
         raise ConfigError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
     return model.to(torch.float64)

@@ -248,12 +248,16 @@ def _train_alone(
             resumed_from = writer.num_done - 1
             state = _rebuild_state(out, cfg, engine, writer.leaves)
     else:
+        # the model is built before anything is written: a task whose code raises, or whose model
+        # is refused, leaves no transcript for a second run (with the code fixed) to trip over
+        state = engine.init_state()
         writer = TranscriptWriter.create(out, cfg, profile)
 
     steps_run = 0
     with writer:  # on any error, the steps already computed still reach the disk
-        if state is None:
-            state = initial_step(engine, writer, dev)
+        if writer.num_done == 0:
+            state = initial_step(engine, writer, dev, state)
+        assert state is not None  # built above, or rebuilt from the transcript's last leaf
         run.ready(state, writer.num_done)
         loss: float | None = None
         for step in range(writer.num_done, cfg.steps + 1):
@@ -343,10 +347,16 @@ def _warn_if_no_room(out: Path, cfg: TaskConfig, state: TrainState, step: int) -
         )
 
 
-def initial_step(engine: StepEngine, writer: TranscriptWriter, dev: Deviation | None = None) -> TrainState:
-    """Step 0 of :func:`train`: the fresh state, queued for the disk with its leaf and checkpoint."""
+def initial_step(
+    engine: StepEngine,
+    writer: TranscriptWriter,
+    dev: Deviation | None = None,
+    state: TrainState | None = None,
+) -> TrainState:
+    """Step 0 of :func:`train`: the fresh state (``state``, or built here), queued for the disk with its
+    leaf and checkpoint."""
     dev = dev or _HONEST
-    state = engine.init_state()
+    state = state if state is not None else engine.init_state()
     dev.after_step(0, state)  # a deviation may tamper with the initial state too
     queue_step(writer, 0, state, dev.tamper_log(0, new_step_log(engine.cfg.log_format, 0)))
     return state

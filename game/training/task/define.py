@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from game.errors import ConfigError
+from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.task.declaration import Declaration
 from game.training.task.inputs import Digest
 
@@ -149,7 +149,15 @@ class TaskFactory:
         with self._lock:
             made = self._made.get(key)
             if made is None:
-                made = self.build(cfg)
+                try:
+                    made = self.build(cfg)
+                except VGameError:
+                    raise
+                except Exception as exc:  # the task's own code: one line, as for its loss
+                    raise TaskCodeError(
+                        f"task {cfg.task!r}: its build function raised {type(exc).__name__}: {exc} "
+                        "(run with VGAME_DEBUG=1 for the traceback)"
+                    ) from exc
                 if not isinstance(made, Task):
                     raise ConfigError(
                         f"task {cfg.task!r}: its build function returned {type(made).__name__}, not a Task"
