@@ -42,7 +42,8 @@ class TrainingError(VGameError, RuntimeError):
 
 
 class NonFiniteError(TrainingError, ArithmeticError):
-    """NaN or infinity appeared in training; the message names the step and the op."""
+    """NaN, or a finite value that rounds to inf, appeared in training (an inf itself passes: it is exact);
+    the message names the step and the op."""
 
 
 class UnsupportedOpError(TrainingError):

@@ -197,6 +197,33 @@ def test_rareLanes_subnormalRange_replayConsistently() -> None:
     assert torch.equal(r_t.view(torch.int64), r_a.view(torch.int64))
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), bits=st.sampled_from([32, 26]), where=st.sampled_from([None, "op"]))
+def test_anInf_isItsOwnRounding_widensNoBand_andNoEntryCanMoveIt(
+    seed: int, bits: int, where: str | None
+) -> None:
+    # ±inf beside finite values (a log of 0): the finite lanes round and list exactly as without
+    # them (the band's top is the largest finite value), the infs stay as they are, the auditor's
+    # replay gives the same bits, and a log that lists an inf lane, or corrects one, is refused
+    x = _mixed_values(2000, seed, bits)
+    infs = torch.tensor([math.inf, -math.inf, math.inf], dtype=torch.float64)
+    x_t = torch.cat([x, infs])
+    r, pos = bandcheck.round_and_band(x, bits, BAND)
+    r_t, pos_t = bandcheck.round_and_band(x_t, bits, BAND, where=where)
+    assert torch.equal(pos_t, pos)
+    assert torch.equal(r_t.view(torch.int64), torch.cat([r, infs]).view(torch.int64))
+    x_a = _perturb(x_t, 2.0**-40, seed + 1)
+    replayed, _, _ = bandcheck.round_with_entries(x_a, bits, BAND, pos_t, where=where)
+    assert torch.equal(replayed.view(torch.int64), r_t.view(torch.int64))
+    with pytest.raises(bandcheck.BandViolation) as info:
+        bandcheck.round_with_entries(x_a, bits, BAND, torch.cat([pos_t, torch.tensor([x.numel() + 1])]))
+    assert info.value.kind == "outside" and info.value.index == x.numel() + 1
+    trits = torch.full((x_t.numel(),), logtrits.TRIT_IGNORE, dtype=torch.uint8)
+    trits[x.numel() :] = logtrits.TRIT_UP
+    moved, changed = logtrits.round_with_log_changes(x_t, bits, trits)
+    assert not bool(changed.any()) and torch.equal(moved.view(torch.int64), r_t.view(torch.int64))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

@@ -28,7 +28,7 @@ from game.training.task.profiles import get_profile
 from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 from .test_step import small_cfg
-from .test_task_api import make_plugin
+from .test_task_api import CTC_PY, make_plugin
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -412,6 +412,26 @@ def test_deferredStep_meetingARareLane_runsAgain_andEqualsTheImmediateOne(settle
         want = immediate.run_step(states[1], step, mode="record")
         assert got.leaf == want.leaf
     assert deferring._defer_failures >= 1 and deferring._immediate_calls
+
+
+def test_deferredStep_meetingAnInf_runsAgain_andEqualsTheImmediateOne(
+    settles: list[int], tmp_path: Path
+) -> None:
+    """CTC's log-space alphas hold -inf, which the Triton kernels leave to the torch path (it passes
+    there, as its own rounding): the deferred step runs again, and trainer and auditor give the
+    immediate steps' leaves and log bytes."""
+    make_plugin(tmp_path, CTC_PY)
+    deferring, immediate = _engines(load_config(tmp_path / "task.toml"))
+    spec = deferring.cfg.spec_hash()
+    s_rec, s_imm, s_aud = deferring.init_state(), immediate.init_state(), deferring.init_state()
+    for step in (1, 2):
+        rec = deferring.run_step(s_rec, step, mode="record")
+        imm = immediate.run_step(s_imm, step, mode="record")
+        assert rec.leaf == imm.leaf and rec.log is not None and imm.log is not None
+        assert rec.log.encode(step, spec) == imm.log.encode(step, spec)
+        aud = deferring.run_step(s_aud, step, mode="replay", log=imm.log)
+        assert aud.leaf == imm.leaf
+    assert deferring._defer_failures >= 1 and deferring._immediate_calls and settles
 
 
 def test_cpuEngine_neverDefers_evenUnderTheInterpreter() -> None:

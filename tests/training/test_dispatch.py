@@ -6,6 +6,7 @@ it sees every op's results after rounding and checks them against the grid and a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -21,6 +22,7 @@ from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_na
 from game.training.dispatch.stockops import StockOps
 from game.training.engine.step import StepEngine
 from game.training.log.packed import StepLog
+from game.training.log.sparse import SparseStepLog
 from game.training.native import front
 from game.training.numerics import rounding
 from game.training.state.tensors import check_on_grid
@@ -265,11 +267,33 @@ def test_nonFinite_raisesNamingStepAndOp() -> None:
         torch.log(x)
 
 
-def test_nonFinite_inRoundMode_raises() -> None:
-    big = torch.tensor([1e300], dtype=torch.float64)
+def test_overflow_inRoundMode_raises() -> None:
+    big = torch.tensor([1.0, 100.0], dtype=torch.float64)  # exp(100) is finite in float64, past float32
     rm = RoundingMode(bits=BITS, tau=TAU, mode="round", profile=get_profile("cpu-1t"), step=3)
-    with pytest.raises(NonFiniteError, match=r"step 3.*aten\.exp\.default"), rm:
+    with pytest.raises(NonFiniteError, match=r"overflow at step 3.*aten\.exp\.default"), rm:
         torch.exp(big)
+
+
+@pytest.mark.parametrize("log_format", ["sparse", "packed"])
+def test_anInf_passesUnlogged_andReplaysBitExactly(log_format: str) -> None:
+    """An inexact op's inf (a log of 0, a division by 0) is its own rounding: the trainer lets it
+    through beside the rounded finite lanes, with no log record concerning it, and an auditor on
+    another profile replays the same bits; a NaN beside it is still refused."""
+    x = torch.tensor([0.0, 1.0 / 3.0, 2.0, 0.0, 7.1], dtype=torch.float64)
+    step_log = SparseStepLog() if log_format == "sparse" else StepLog()
+    outs = []
+    for mode, profile, use_log in (("record", "cpu-1t", step_log), ("replay", "noisy", step_log)):
+        rm = RoundingMode(bits=BITS, tau=TAU, mode=mode, profile=get_profile(profile), step=1, log=use_log)
+        with rm:
+            out = torch.log(x).div(3.0)
+        rm.finish()
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int64), outs[1].view(torch.int64))
+    assert outs[0][0] == -math.inf and outs[0][3] == -math.inf
+    assert rounding.is_on_grid(outs[0], BITS)
+    rm = RoundingMode(bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=StepLog())
+    with pytest.raises(NonFiniteError, match=r"1 NaN, 0 inf"), rm:
+        torch.log(torch.tensor([-1.0, 1.0], dtype=torch.float64))
 
 
 def test_outVariant_roundsTheOutTensorOnce() -> None:

@@ -108,11 +108,17 @@ FAMILIES = {
                 num_experts_per_tok=2, experts_implementation="eager")),
     "MixtralGrouped": ("MixtralConfig", "MixtralForCausalLM", dict(LLAMA_LIKE, num_local_experts=4,
                        num_experts_per_tok=2)),
+    # an encoder-decoder: relative-position buckets through a log of 0 on lanes it then drops (an
+    # inf, which passes), a float64 attention mask of finfo.min added to the scores
+    "T5": ("T5Config", "T5ForConditionalGeneration", dict(d_model=16, d_kv=8, d_ff=32, num_layers=1,
+           num_heads=2, relative_attention_num_buckets=8, decoder_start_token_id=0)),
 }
 
 
 def lm_loss(model, batch):
     inputs, targets = batch
+    if model.config.is_encoder_decoder:  # the targets are the decoder's labels
+        return model(input_ids=inputs, labels=targets).loss
     logits = model(input_ids=inputs).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -143,6 +149,7 @@ def build(cfg):
         "Falcon",
         "Bloom",
         "Mixtral",
+        "T5",
     ],
 )
 def test_decoderFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, family: str) -> None:
@@ -151,7 +158,8 @@ def test_decoderFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path
     float32 on purpose (each such op rounded by way of its float64 twin, in the same place in the
     log on both); Falcon splits its fused query-key-value projection by advanced indexing
     (``fused_qkv[..., [-2], :]``), whose backward the two interceptors saw as ops of two names
-    (optable.LOG_NAMES)."""
+    (optable.LOG_NAMES); T5 takes the log of 0 in its relative-position buckets, an inf that
+    passes the rounding as it is."""
     from .test_task_api import make_plugin
 
     make_plugin(tmp_path, FAMILY_PY)

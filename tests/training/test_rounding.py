@@ -24,7 +24,7 @@ from game.training.numerics.logtrits import rev, round_and_log, round_with_log
 from game.training.numerics.rounding import (
     MAX_BITS,
     MIN_BITS,
-    check_finite,
+    check_values,
     is_on_grid,
     midpoint_distance,
     rnd,
@@ -421,16 +421,28 @@ def test_nonFloat64_isRejected() -> None:
         round_with_log(_t([1.0, 2.0]), 24, torch.tensor([0, 3], dtype=torch.uint8))
 
 
-def test_checkFinite_namesWhere() -> None:
-    check_finite(_t([1.0, -0.0, 3e38]), "step 1, op aten.mm")
-    check_finite(torch.empty(0, dtype=torch.float64), "empty")
-    check_finite(torch.arange(5), "integers")
+def test_checkValues_refusesNaN_andOverflow_namingWhere_andLetsInfinityPass() -> None:
+    check_values(_t([1.0, -0.0, 3e38]), 32, "step 1, op aten.mm")
+    check_values(torch.empty(0, dtype=torch.float64), 32, "empty")
+    check_values(torch.arange(5), 32, "integers")
     with pytest.raises(NonFiniteError, match=r"step 12, op aten\.mm.*1 NaN, 2 inf"):
-        check_finite(_t([math.nan, math.inf, -math.inf, 1.0]), "step 12, op aten.mm")
+        check_values(_t([math.nan, math.inf, -math.inf, 1.0]), 32, "step 12, op aten.mm")
     with pytest.raises(NonFiniteError, match=r"1 NaN, 0 inf out of 3"):
-        check_finite(_t([1.0, math.nan, 2.0]), "x")
-    with pytest.raises(NonFiniteError, match=r"0 NaN, 1 inf"):
-        check_finite(torch.tensor([1.0, -math.inf], dtype=torch.float32), "y")
+        check_values(_t([1.0, math.nan, 2.0]), 32, "x")
+    # an inf is exact (its own rounding): it passes, and the top is the largest finite magnitude
+    assert check_values(torch.tensor([1.0, -math.inf], dtype=torch.float32), 32, "y") == 1.0
+    assert check_values(_t([math.inf, -2.5, -math.inf]), 32, "y") == 2.5
+    assert check_values(_t([math.inf, -math.inf]), 32, "y") == 0.0
+    # a finite value that rounds to inf is an overflow, refused where it is made, on the 32-bit grid
+    # and on a narrower one, inf beside it or not; just short of that it rounds to the largest
+    below = 2.0**128 - 2.0**103 - 2.0**75  # float64's next value down from float32's overflow point
+    assert check_values(_t([below, -1.0]), 32, "w") == below
+    assert rnd(_t([below]), 32).item() == rounding.FLOAT32_MAX
+    with pytest.raises(NonFiniteError, match=r"overflow at step 3, op aten\.exp.* 1 finite value"):
+        check_values(_t([1.0, 2.0**128]), 32, "step 3, op aten.exp")
+    assert check_values(_t([-math.inf, 3.4028e38, -3.4028e38]), 32, "z") == 3.4028e38
+    with pytest.raises(NonFiniteError, match=r"overflow at z: 2 finite"):
+        check_values(_t([-math.inf, 3.4028e38, -3.4028e38]), 24, "z")
 
 
 def test_isOnGrid_rejectsNaN_andOffGridValues() -> None:
@@ -535,6 +547,6 @@ def test_bits32_flushToZero_isSeen_andTheIntegerPathUsed() -> None:
     assert rounding.conversion_exact(torch.device("cpu"))
 
 
-def test_checkFinite_returnsTheLargestMagnitude() -> None:
-    assert check_finite(_t([1.5, -3.25, 0.0]), "here") == 3.25
-    assert check_finite(torch.empty(0, dtype=torch.float64), "here") == 0.0
+def test_checkValues_returnsTheLargestMagnitude() -> None:
+    assert check_values(_t([1.5, -3.25, 0.0]), 32, "here") == 3.25
+    assert check_values(torch.empty(0, dtype=torch.float64), 32, "here") == 0.0

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from game.errors import ConfigError
+from game.training.engine.audit import audit
 from game.training.engine.runtime import runtime_for
 from game.training.engine.states import decode_state, fresh_state
 from game.training.engine.train import train
@@ -403,21 +404,84 @@ def test_overrides_aKeyNoTaskHas_isOneErrorListingTheKeys_andParamsMayBeADict(
     assert config(root / "task.toml", warmup=3) == config(root / "task.toml", params={"warmup": 3})
 
 
-def test_aModelWhoseOwnArithmeticGivesInfAtStepOne_isToldSo_notThatItDiverged(tmp_path: Path) -> None:
-    """A log of 0 on lanes the model masks out afterwards (T5's relative-position buckets do this) is
-    an inf at step 1, from the model as built: the error says so and how to avoid it, where it used
-    to say the training diverged and to lower the learning rate."""
-    from game.errors import NonFiniteError
-
+def test_aModelThatTakesTheLogOfZero_onLanesItMasksOut_trainsAndAuditsBitExactly(tmp_path: Path) -> None:
+    """A log of 0 on lanes the model masks out afterwards (T5's relative-position buckets do this)
+    is an inf, which is its own rounding and the same on every machine: it passes unlogged, where
+    it used to stop the training at step 1. Trained through the C++ front, audited through the
+    Python mode."""
     body = TASK_PY.replace(
         "        return self.b(torch.tanh(self.a(x)))",
         "        h = self.a(x)\n        h = torch.where(h > 0, torch.log(h.clamp_min(0.0)), h)\n"
         "        return self.b(torch.tanh(h))",
     )
     make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=4)
+    trained = train(cfg, "cpu-1t", tmp_path / "run")
+    assert trained.steps_run == 4
+    report = audit(tmp_path / "run", "noisy")
+    assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
+
+
+CTC_PY = """
+import torch, torch.nn.functional as F
+from torch import nn
+from game.api import Task, TensorData, task
+
+
+class Frames(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.fc(x).log_softmax(-1)
+
+
+def ctc(model, batch):
+    x, y = batch
+    log_probs = model(x).transpose(0, 1)  # (time, batch, classes)
+    t, n = log_probs.shape[:2]
+    lengths = torch.full((n,), t, dtype=torch.long), torch.full((n,), y.shape[1], dtype=torch.long)
+    return F.ctc_loss(log_probs, y, *lengths)
+
+
+@task(model={}, optimizer="adamw", lr=1e-2, batch_size=4, steps=4)
+def build(cfg):
+    g = torch.Generator().manual_seed(0)
+    return Task(model=Frames, dataset=TensorData(torch.randn(16, 10, 4, generator=g, dtype=torch.float64),
+                torch.randint(1, 6, (16, 3), generator=g)), loss=ctc)
+"""
+
+
+def test_aCtcLoss_trainsThroughTheFront_andAuditsBitExactlyThroughThePythonMode(tmp_path: Path) -> None:
+    """torch's CTC loss sums in log space, where a path that cannot be taken is a log of 0: its
+    alphas hold -inf, which now pass the rounding as they are (it stopped at step 1). With length
+    tensors the front sees ``_ctc_loss`` and the Python mode ``_ctc_loss.Tensor`` (and the same for
+    its backward): the log names both alike (optable.LOG_NAMES), or the audit fails."""
+    make_plugin(tmp_path, CTC_PY)
+    cfg = load_config(tmp_path / "task.toml")
+    trained = train(cfg, "cpu-1t", tmp_path / "run")
+    assert trained.steps_run == 4 and trained.final_loss is not None
+    report = audit(tmp_path / "run", "noisy")
+    assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
+    assert report.rejected_log_steps == ()
+
+
+def test_aModelWhoseOwnArithmeticGivesNaNAtStepOne_isToldSo_notThatItDiverged(tmp_path: Path) -> None:
+    """A log of a negative on lanes the model masks out afterwards is a NaN at step 1, from the
+    model as built: the error says so and how to avoid it, not that the training diverged and to
+    lower the learning rate."""
+    from game.errors import NonFiniteError
+
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        h = self.a(x)\n        h = torch.where(h > 0, torch.log(h), h)\n"
+        "        return self.b(torch.tanh(h))",
+    )
+    make_plugin(tmp_path, body)
     cfg = load_config(tmp_path / "task.toml")
     with pytest.raises(
-        NonFiniteError, match=r"at step 1, op #\d+ aten\.log\.default.*model's own arithmetic"
+        NonFiniteError, match=r"at step 1, op #\d+ aten\.log\.default: \d+ NaN.*model's own arithmetic"
     ) as caught:
         train(cfg, "cpu-1t", tmp_path / "run")
     assert "smaller lr" not in str(caught.value)

@@ -192,6 +192,10 @@ LOG_NAMES: dict[str, str] = {
     "aten.scatter_add_.default": "aten.scatter_add.default",
     "aten.index_add_.default": "aten.index_add.default",
     "aten.put_.default": "aten.put.default",
+    # ``ctc_loss`` with length tensors: the front sees the lengths made lists, the Python mode the
+    # tensors (the kernel reads them to lists itself)
+    "aten._ctc_loss.Tensor": "aten._ctc_loss.default",
+    "aten._ctc_loss_backward.Tensor": "aten._ctc_loss_backward.default",
 }
 
 #: Base names classified as another's (``_index_put_impl_`` is ``index_put``'s kernel: conditional on

@@ -111,10 +111,10 @@ class Round(Role):
     def round_inexact(self, m: ModeHooks, t: Tensor, name: str) -> None:
         index = m.op_index
         m.op_index += 1
-        # The log kernels scan for inf and NaN themselves (the C ones in their own pass, where a
-        # non-finite lane sends them to torch; the torch ones by check_finite with ``where``);
-        # rounding without a log scans here.
-        top = rounding.check_finite(t, f"step {m.step}, op #{index} {name}")
+        # The log kernels scan for NaN and overflow themselves (the C ones in their own pass, where
+        # a non-finite lane sends them to torch; the torch ones by check_values with ``where``);
+        # rounding without a log scans here. An inf passes, as it does through the log.
+        top = rounding.check_values(t, m.bits, f"step {m.step}, op #{index} {name}")
         rounding.round_(t, m.bits, top=top)
         m._rounded[name] += 1
 

@@ -157,18 +157,18 @@ class TrainResult:
 
 
 def _non_finite_hint(message: str, step: int) -> str:
-    """What to say of NaN or inf in step ``step``: past step 1, or in step 1's update, the training
-    diverged; in step 1's forward or backward pass, from the model as built, it is more likely the
-    model's own arithmetic on values it masks out later."""
+    """What to say of NaN or an overflow in step ``step``: past step 1, or in step 1's update, the
+    training diverged; in step 1's forward or backward pass, from the model as built, it is more
+    likely the model's own arithmetic on values it masks out later."""
     if step > 1 or "aten._foreach_" in message:  # an optimizer's op: the update overflowed
         return (
-            f"{message}: the training diverged, and a transcript cannot commit NaN or inf; going on "
-            f"from step {step - 1} would only diverge again: change the task (a smaller lr first)"
+            f"{message}: the training diverged, and a transcript cannot commit NaN or an overflow; going "
+            f"on from step {step - 1} would only diverge again: change the task (a smaller lr first)"
         )
     return (
         f"{message}: at step 1, from the model as built, so more likely the model's own arithmetic than "
-        "a divergence (a log of 0 or a division by 0 on values it masks out afterwards, as T5's "
-        "relative-position buckets and CTC's log-space sums do): vgame rounds finite values only, so "
+        "a divergence (the log of a negative, 0 * inf or inf - inf on values it masks out afterwards): "
+        "vgame rounds finite values and lets an inf pass, but a NaN's bits differ by device, so "
         "compute such values only where they are used (torch.where on the input, a clamp before the log)"
     )
 

@@ -102,14 +102,22 @@ class Geometry(NamedTuple):
 
 
 def top_binade(xf: Tensor) -> int:
-    """Biased exponent of the largest magnitude (``e(S)`` of the band), at least float32's smallest normal."""
+    """Biased exponent of the largest finite magnitude (``e(S)`` of the band), at least float32's
+    smallest normal. An inf (which passes the rounding as it is) does not widen the bands of the
+    values beside it."""
     if xf.numel() == 0:
         return _MIN_NORMAL_BIASED
-    return max(int((xf & _ABS_MASK).max()) >> _MANT, _MIN_NORMAL_BIASED)
+    a = xf & _ABS_MASK
+    top = int(a.max())
+    if top >= rounding._INF_BITS:
+        finite = a[a < rounding._INF_BITS]
+        top = int(finite.max()) if finite.numel() else 0
+    return max(top >> _MANT, _MIN_NORMAL_BIASED)
 
 
 def top_binade_of(top: float) -> int:
-    """:func:`top_binade` from ``max |x|`` as a float (what :func:`rounding.check_finite` returns)."""
+    """:func:`top_binade` from the largest finite ``|x|`` as a float (what :func:`rounding.check_values`
+    returns)."""
     biased = (struct.unpack("<q", struct.pack("<d", top))[0] & _ABS_MASK) >> _MANT
     return max(biased, _MIN_NORMAL_BIASED)
 
@@ -198,11 +206,11 @@ def within(
     )
 
 
-def _top(x: Tensor, top: float | None, where: str | None = None) -> tuple[float, int]:
-    """``max |x|`` (scanned when None: by :func:`rounding.check_finite` when ``where`` names the op,
-    which raises on inf and NaN) and its :func:`top_binade`."""
+def _top(x: Tensor, bits: int, top: float | None, where: str | None = None) -> tuple[float, int]:
+    """``max |x|`` (scanned when None: by :func:`rounding.check_values` when ``where`` names the op,
+    which raises on NaN and overflow and gives the largest finite ``|x|``) and its :func:`top_binade`."""
     if top is None:
-        top = rounding.magnitude(x) if where is None else rounding.check_finite(x, where)
+        top = rounding.magnitude(x) if where is None else rounding.check_values(x, bits, where)
     if math.isfinite(top):
         return top, top_binade_of(top)
     return top, top_binade(rounding._int_view(x).reshape(-1))
@@ -300,7 +308,7 @@ def round_and_band(
         if positions is not None:
             return buf, positions
     xf = rounding._int_view(x).reshape(-1)
-    top, top_biased = _top(x, top, where)
+    top, top_biased = _top(x, bits, top, where)
     rounded = rounding.rnd(x, bits, top=top)
     in_range = top <= _max_finite(g)
     cand, _ = within(xf, bits, band, 2, top_biased, in_range=in_range)
@@ -396,7 +404,7 @@ def round_with_entries(
         i = int((pos[1:] <= pos[:-1]).nonzero()[0, 0]) + 1
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
     xf = rounding._int_view(x).reshape(-1)
-    top_mag, top = _top(x, top, where)
+    top_mag, top = _top(x, bits, top, where)
     in_range = top_mag <= _max_finite(g)
     check_entries(xf, bits, band, pos, widen=4, top_biased=top, checks=checks)
     free = int(within(xf, bits, band, 4, top, in_range=in_range)[0].numel()) if count_free else -1
@@ -419,7 +427,7 @@ def round_and_trits(
 ) -> tuple[Tensor, Tensor]:
     """Trainer kernel of the packed log: ``(rnd(x), trits)``, :func:`logtrits.round_and_log`; on CPU
     the C kernel does it in place (``in_place``: the result may be ``x`` itself). Trits are flat.
-    ``where``: the op; the kernel then raises on inf and NaN, naming it."""
+    ``where``: the op; the kernel then raises on NaN and overflow, naming it."""
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place)
     if buf is not None:
@@ -427,7 +435,7 @@ def round_and_trits(
         if trits is not None:
             return buf, trits
     if where is not None:
-        rounding.check_finite(x, where)
+        rounding.check_values(x, bits, where)
     rounded, trits = logtrits.round_and_log(x, bits, tau)
     return rounded, trits.reshape(-1)
 
@@ -439,7 +447,7 @@ def round_with_trits(
     """Auditor kernel of the packed log: ``(rev(x, bits, trits), values moved)`` after
     :func:`check_corrections`; on CPU the C kernel does both (the torch kernels word every error,
     and take what the C kernel refused within ``checks``' reach). ``where``: the op; the kernel then
-    raises on inf and NaN, naming it."""
+    raises on NaN and overflow, naming it."""
     g = rounding._grid(bits)
     buf = _fused_buffer(x, in_place)
     if buf is not None:
@@ -449,7 +457,7 @@ def round_with_trits(
         if moved is not None:
             return buf, moved
     if where is not None:
-        rounding.check_finite(x, where)
+        rounding.check_values(x, bits, where)
     rounded, changed = logtrits.round_with_log_changes(x, bits, trits.reshape(x.shape))
     check_corrections(x, bits, band, changed, checks=checks)
     return rounded, int(changed.count_nonzero())

@@ -319,7 +319,7 @@ def fast_float32(x: torch.Tensor, bits: int, top: float | None = None) -> bool:
 def rnd(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor:
     """Round a float64 tensor half-to-even onto the ``bits`` grid; returns a new float64 tensor.
 
-    ``top``: ``max |x|`` when the caller already knows it (:func:`check_finite` returns it), so the
+    ``top``: ``max |x|`` when the caller already knows it (:func:`check_values` returns it), so the
     float32 fast path (:func:`fast_float32`) needs no scan of its own.
     """
     g = _grid(bits)
@@ -417,21 +417,43 @@ def is_on_grid(x: torch.Tensor, bits: int) -> bool:
     return same and not bool(torch.isnan(x).any())
 
 
-def check_finite(x: torch.Tensor, where: str) -> float:
-    """Raise :class:`NonFiniteError` naming ``where`` (e.g. ``"step 12, op aten.mm"``) on NaN or inf;
-    return ``max |x|`` (the kernels' ``top``, so they need no scan of their own).
+def check_values(x: torch.Tensor, bits: int, where: str) -> float:
+    """Raise :class:`NonFiniteError` naming ``where`` (e.g. ``"step 12, op aten.mm"``) on NaN, or on
+    a finite value that rounds to inf on the ``bits`` grid (an overflow); return the largest finite
+    ``|x|`` (the kernels' ``top``, so they need no scan of their own).
 
-    The common (finite) case is one read-only pass: min and max propagate NaN and show ±inf.
+    ``±inf`` passes: a float64 op makes it exactly (a log of 0, a division by 0), the same on every
+    IEEE machine, and it is its own rounding, so no log entry concerns it (T5's relative-position
+    buckets take the log of 0 on lanes a ``torch.where`` then drops). NaN has no such rule (its bits
+    differ by device). A finite value that would round to inf is refused where it is made: the
+    training has left float32's range. The common case is one read-only pass: min and max
+    propagate NaN and show ``±inf``.
     """
     if x.numel() == 0:
         return 0.0
-    if x.is_floating_point():
-        top = magnitude(x)
-        if math.isfinite(top):
-            return top
-    finite = torch.isfinite(x)
-    if bool(finite.all()):
+    if not x.is_floating_point():
         return magnitude(x)
-    nan = int(torch.isnan(x).sum())
-    inf = int((~finite).sum()) - nan
-    raise NonFiniteError(f"non-finite values at {where}: {nan} NaN, {inf} inf out of {x.numel()}")
+    top = magnitude(x)
+    if not math.isfinite(top):
+        nan = int(torch.isnan(x).sum())
+        if nan:
+            inf = int(torch.isinf(x).sum())
+            raise NonFiniteError(f"non-finite values at {where}: {nan} NaN, {inf} inf out of {x.numel()}")
+        finite = x.detach()[torch.isfinite(x)]
+        top = magnitude(finite) if finite.numel() else 0.0
+    limit = _overflow_at(bits)
+    if top >= limit:
+        over = int((x.detach().abs() >= limit).logical_and_(torch.isfinite(x)).sum())
+        raise NonFiniteError(
+            f"overflow at {where}: {over} finite value(s) round to inf on the {bits}-bit grid "
+            f"(at or past {limit:g}), up to {top:g}"
+        )
+    return top
+
+
+@cache
+def _overflow_at(bits: int) -> float:
+    """The least float64 that rounds to inf on the ``bits`` grid: its largest finite value plus half
+    a step (the largest value's last kept bit is odd, so the tie goes up)."""
+    g = _grid(bits)
+    return float(torch.tensor([g.max_finite + g.half], dtype=torch.int64).view(torch.float64))
