@@ -81,89 +81,24 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
         assert torch.equal(start[key].to(value.dtype), value), key
 
 
-FAMILY_PY = """
-import torch.nn.functional as F
-import transformers
-from game.api import Task, TokenWindows, task
-from game.training.task import data as packaged
-
-LLAMA_LIKE = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=8, max_position_embeddings=16)
-#: family -> (config class, model class, sizes)
-FAMILIES = {
-    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", LLAMA_LIKE),
-    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", LLAMA_LIKE),
-    "Mistral": ("MistralConfig", "MistralForCausalLM", LLAMA_LIKE),
-    "Gemma": ("GemmaConfig", "GemmaForCausalLM", LLAMA_LIKE),
-    "Gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(LLAMA_LIKE, num_hidden_layers=2)),
-    "Phi3": ("Phi3Config", "Phi3ForCausalLM", LLAMA_LIKE),
-    "Starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", LLAMA_LIKE),
-    "GPTNeoX": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=16, intermediate_size=32,
-                num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=16)),
-    "Falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=16, num_hidden_layers=1,
-               num_attention_heads=2, new_decoder_architecture=False)),
-    "Bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=16, n_layer=1, n_head=2)),
-    # mixture of experts: top-k routing, each expert's rows gathered and added back by index
-    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(LLAMA_LIKE, num_local_experts=4,
-                num_experts_per_tok=2, experts_implementation="eager")),
-    "MixtralGrouped": ("MixtralConfig", "MixtralForCausalLM", dict(LLAMA_LIKE, num_local_experts=4,
-                       num_experts_per_tok=2)),
-    # an encoder-decoder: relative-position buckets through a log of 0 on lanes it then drops (an
-    # inf, which passes), a float64 attention mask of finfo.min added to the scores
-    "T5": ("T5Config", "T5ForConditionalGeneration", dict(d_model=16, d_kv=8, d_ff=32, num_layers=1,
-           num_heads=2, relative_attention_num_buckets=8, decoder_start_token_id=0)),
-}
+#: examples/hf_families' families held here (the rest: docs/benchmarks.md, "Hugging Face families")
+FAMILIES = ["Qwen2", "Qwen3", "Mistral", "Gemma", "Gemma2", "Phi3", "Starcoder2", "GPTNeoX", "Falcon", "Bloom",
+            "Mixtral", "T5", "ConvNext"]  # fmt: skip
 
 
-def lm_loss(model, batch):
-    inputs, targets = batch
-    if model.config.is_encoder_decoder:  # the targets are the decoder's labels
-        return model(input_ids=inputs, labels=targets).loss
-    logits = model(input_ids=inputs).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-@task(model={}, params={"family": ""}, optimizer="adamw", lr=1e-3, batch_size=2, steps=3)
-def build(cfg):
-    config_class, model_class, sizes = FAMILIES[cfg.params.family]
-    config = getattr(transformers, config_class)(
-        vocab_size=len(packaged.vocab()), bos_token_id=0, eos_token_id=0, pad_token_id=0, **sizes
+@pytest.mark.parametrize("family", FAMILIES)
+def test_modelFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, family: str) -> None:
+    """transformers' families (examples/hf_families) train on ``cpu-1t`` through the C++ front and
+    audit bit for bit on ``noisy`` through the Python mode. Most decoders compute their rotary
+    tables and RMSNorms in float32 on purpose (each such op rounded by way of its float64 twin, in
+    the same place in the log on both); Falcon splits its fused query-key-value projection by
+    advanced indexing (``fused_qkv[..., [-2], :]``), whose backward the two interceptors saw as ops
+    of two names (optable.LOG_NAMES); T5 takes the log of 0 in its relative-position buckets, an
+    inf that passes the rounding as it is; ConvNeXt takes its stochastic-depth rates from
+    ``torch.linspace`` at construction, served exactly there."""
+    cfg = load_config(EXAMPLES / "hf_families" / "task.toml").replace(
+        model={"family": family}, checkpoint_interval=3
     )
-    model = getattr(transformers, model_class)
-    return Task(model=lambda: model(config), dataset=TokenWindows(packaged.shakespeare_tokens("train"), 8),
-                loss=lm_loss, libraries=("transformers",))
-"""
-
-
-@pytest.mark.parametrize(
-    "family",
-    [
-        "Qwen2",
-        "Qwen3",
-        "Mistral",
-        "Gemma",
-        "Gemma2",
-        "Phi3",
-        "Starcoder2",
-        "GPTNeoX",
-        "Falcon",
-        "Bloom",
-        "Mixtral",
-        "T5",
-    ],
-)
-def test_decoderFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, family: str) -> None:
-    """transformers' decoder families train on ``cpu-1t`` through the C++ front and audit bit for
-    bit on ``noisy`` through the Python mode. Most compute their rotary tables and RMSNorms in
-    float32 on purpose (each such op rounded by way of its float64 twin, in the same place in the
-    log on both); Falcon splits its fused query-key-value projection by advanced indexing
-    (``fused_qkv[..., [-2], :]``), whose backward the two interceptors saw as ops of two names
-    (optable.LOG_NAMES); T5 takes the log of 0 in its relative-position buckets, an inf that
-    passes the rounding as it is."""
-    from .test_task_api import make_plugin
-
-    make_plugin(tmp_path, FAMILY_PY)
-    cfg = load_config(tmp_path / "task.toml").replace(params={"family": family}, checkpoint_interval=3)
     trained = train(cfg, "cpu-1t", tmp_path / "run")
     assert trained.steps_run == 3 and trained.final_loss is not None
     report = audit(tmp_path / "run", "noisy")
@@ -178,11 +113,72 @@ def test_aMixtureOfExperts_onTorchsGroupedMatmul_isRefusedSayingHowToRunItsExper
     with torch's own error from deep inside the model."""
     from game.errors import UnsupportedOpError
 
-    from .test_task_api import make_plugin
-
-    make_plugin(tmp_path, FAMILY_PY)
-    cfg = load_config(tmp_path / "task.toml").replace(params={"family": "MixtralGrouped"})
+    cfg = load_config(EXAMPLES / "hf_families" / "task.toml").replace(
+        model={"family": "Mixtral", "experts": "grouped_mm"}
+    )
     with pytest.raises(
         UnsupportedOpError, match=r"step 1: aten\._grouped_mm\.default .*experts_implementation"
     ):
         train(cfg, "cpu-1t", tmp_path / "run")
+
+
+RWKV_PY = """
+import torch.nn.functional as F
+import transformers
+from transformers.initialization import no_init_weights
+from game.api import Task, TokenWindows, task
+from game.training.task import data as packaged
+
+
+def rwkv():
+    return transformers.RwkvForCausalLM(transformers.RwkvConfig(
+        vocab_size=len(packaged.vocab()), hidden_size=16, num_hidden_layers=2, attention_hidden_size=16,
+        intermediate_size=32, context_length=16))
+
+
+def lm_loss(model, batch):
+    inputs, targets = batch
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@task(model={}, params={"init": "", "skip_init": 0}, optimizer="adamw", lr=1e-3, batch_size=2, steps=2)
+def build(cfg):
+    def make():
+        if not cfg.params.skip_init:
+            return rwkv()
+        with no_init_weights():  # its own initialisation is a QR factorisation: the weights come from init
+            return rwkv()
+    return Task(model=make, dataset=TokenWindows(packaged.shakespeare_tokens("train"), 8), loss=lm_loss,
+                init_weights=cfg.params.init or None, libraries=("transformers",))
+"""
+
+
+def test_aModelWhoseOwnInitialisationIsInexact_isRefusedSayingHowToFineTuneIt_andThatWorks(
+    tmp_path: Path,
+) -> None:
+    """RWKV initialises its weights orthogonally (a float64 QR factorisation, which differs by
+    machine): construction refuses it, naming the op and the way to fine-tune such a model, which
+    used to read "give init_weights", and giving them alone changed nothing. Built without its own
+    initialisation (transformers' ``no_init_weights``), with the weights given, it trains and
+    audits bit-exactly, and leaf 0 is those weights."""
+    from game.errors import UnsupportedOpError
+
+    from .test_task_api import make_plugin
+
+    name = make_plugin(tmp_path, RWKV_PY)
+    cfg = load_config(tmp_path / "task.toml")
+    with pytest.raises(UnsupportedOpError, match=r"aten\.linalg_qr.*no_init_weights\(\)"):
+        train(cfg, "cpu-1t", tmp_path / "refused")
+    module = __import__(f"{name}.tasks", fromlist=["rwkv"])
+    weights = {k: v.detach().clone().contiguous() for k, v in module.rwkv().state_dict().items()}
+    (tmp_path / "w.safetensors").write_bytes(save(weights, Path("w.safetensors")))
+    tuned = cfg.replace(params={"init": str(tmp_path / "w.safetensors"), "skip_init": 1})
+    trained = train(tuned, "cpu-1t", tmp_path / "run")
+    assert trained.steps_run == 2
+    report = audit(tmp_path / "run", "noisy")
+    assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
+    t = Transcript(tmp_path / "run")
+    start = decode_state(t.load_checkpoint(0), t.config).model.state_dict()
+    for key, value in weights.items():
+        assert torch.equal(start[key].to(value.dtype), value), key

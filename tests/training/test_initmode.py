@@ -190,3 +190,26 @@ def test_aDrawReachingATenWithItsDefaultsLeftOut_isServedAsTheFunctionsIs() -> N
         assert torch.equal(p, q)
     assert float(guarded.a.weight.detach().std()) > 0.5  # a unit normal, not Linear's own uniform
     assert float(guarded.b.weight.detach().min()) >= 0.0
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "steps"),
+    [(0, 0.1, 7), (0.0, 0.0, 4), (-1.5, 2.25, 13), (1e-3, 3, 2), (2.5, -7, 1), (0, 1, 0), (0.1, 0.7, 1000)],
+)
+def test_linspace_atConstruction_isEachValueRoundedOnce(start: float, end: float, steps: int) -> None:
+    """Vision models (ConvNeXt, SegFormer, PVT, ...) take their stochastic-depth rates from
+    ``torch.linspace`` at construction; torch's kernel rounds a step, then a product and a sum, in
+    an order its vector code and each machine choose, so it was refused. It is served: each value
+    is ``start + (end - start) * i / (steps - 1)`` worked out exactly and rounded once, as float64,
+    and as float32 by way of it (to nearest, where no machine could round it otherwise)."""
+    from fractions import Fraction
+
+    a, b = Fraction(start), Fraction(end)
+    want = [float(a + (b - a) * i / (steps - 1)) for i in range(steps)] if steps > 1 else [float(a)] * steps
+    with InitMode(0):
+        got = torch.linspace(start, end, steps)
+        narrow = torch.linspace(start, end, steps, dtype=torch.float32)
+    assert got.dtype == torch.float64 and got.tolist() == want
+    assert narrow.dtype == torch.float32 and narrow.tolist() == torch.tensor(want).float().tolist()
+    torch_own = torch.linspace(start, end, steps, dtype=torch.float64)
+    assert torch.allclose(got, torch_own, rtol=1e-15, atol=1e-300)  # torch's values, up to its rounding

@@ -129,17 +129,17 @@ def test_nearestFloat32_refusesAValueWhereAnotherLibmCouldRoundOtherwise(offset:
     tie = (1.0 + one_up) / 2
     ulp = one_up - 1.0
     x = torch.tensor([0.3, tie + offset * ulp], dtype=torch.float64)
-    with pytest.raises(UnsupportedOpError, match="rounding boundary"):
-        widen.nearest_float32(x, "aten.pow.Scalar")
+    with pytest.raises(UnsupportedOpError, match=r"rounding boundary.*: the fix"):
+        widen.nearest_float32(x, "aten.pow.Scalar", "", "the fix")
 
 
 def test_nearestFloat32_ofValuesClearOfTheBoundaries_isTheGrid() -> None:
     x = torch.tensor([0.3, 1.0, -2.5e-3, 1e30, 0.0], dtype=torch.float64)
-    assert torch.equal(widen.nearest_float32(x, "f"), x.to(torch.float32))
+    assert torch.equal(widen.nearest_float32(x, "f", "", "the fix"), x.to(torch.float32))
     with pytest.raises(UnsupportedOpError, match="past float32's range"):
-        widen.nearest_float32(torch.tensor([1e39], dtype=torch.float64), "f")
+        widen.nearest_float32(torch.tensor([1e39], dtype=torch.float64), "f", "", "the fix")
     with pytest.raises(UnsupportedOpError, match="past float32's range"):
-        widen.nearest_float32(torch.tensor([float("nan")], dtype=torch.float64), "f")
+        widen.nearest_float32(torch.tensor([float("nan")], dtype=torch.float64), "f", "", "the fix")
 
 
 def _twin_call(call: Callable[[], object]) -> tuple[tuple[object, ...], dict[str, object]]:

@@ -10,6 +10,7 @@ count, would build another model. Inside :class:`InitMode`:
   ``init/{ordinal}/{name}`` (:mod:`~game.training.dispatch.draws`: the same functions and values
   as in a step, with 53-bit uniforms and unrounded Irwin-Hall normals, since nothing is rounded);
 * data movement and IEEE-exact ops pass (fills, copies, ``zero_``, multiplies by Python numbers);
+* ``torch.linspace`` of two numbers is served by an exact rule of its own (each value rounded once);
 * any other op that produces or changes a floating tensor raises :class:`~game.errors.UnsupportedOpError`
   at once, naming it, as does an op that still draws from torch's generator. Arithmetic on Python
   floats (``math.sqrt`` for a bound) is not an op and is the same everywhere (IEEE), so it passes.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -36,8 +38,10 @@ from game.training.dispatch.optable import OpClass, classify, op_name, refusal, 
 
 #: What to do instead of an inexact op at construction.
 INIT_FIX = (
-    "give init_weights, or use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, "
-    "trunc_normal_ within +-2 std, constant_, zeros_, ones_ are served exactly)"
+    "use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, trunc_normal_ within "
+    "+-2 std, constant_, zeros_, ones_ are served exactly), or, where the model's own initialisation "
+    "computes it, give the weights as init_weights and build the model without that initialisation "
+    "(a transformers model: inside transformers.initialization.no_init_weights())"
 )
 
 
@@ -50,6 +54,37 @@ INIT_FIX = (
 _FILLS: dict[str, Any] = {
     "aten.normal_.default": lambda d, a: torchrandom.fill_normal(d, "normal_", a[0], *_given(a, 0.0, 1.0)),
     "aten.uniform_.default": lambda d, a: torchrandom.fill_uniform(d, "uniform_", a[0], *_given(a, 0.0, 1.0)),
+}
+
+
+def _linspace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``linspace(start, end, steps)`` from two real numbers, each value ``start + (end - start) * i /
+    (steps - 1)`` worked out exactly and rounded once: torch's kernel rounds a step and then a
+    product and a sum, in an order (and with fused multiply-adds) that its vector and scalar code
+    and each machine choose. Vision models take their stochastic-depth rates from it at
+    construction (``torch.linspace(0, config.drop_path_rate, sum(config.depths))``). None for
+    anything else (tensor bounds, a complex or integer result), which runs as it is."""
+    start, end, steps = (*args, None, None, None)[:3]
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    real = (int, float)
+    if not (isinstance(start, real) and isinstance(end, real) and isinstance(steps, int) and steps >= 0):
+        return None
+    if isinstance(start, bool) or isinstance(end, bool) or not dtype.is_floating_point:
+        return None
+    a, b = Fraction(start), Fraction(end)
+    values = [float(a + (b - a) * i / (steps - 1)) for i in range(steps)] if steps > 1 else [float(a)] * steps
+    wide = torch.tensor(values, dtype=torch.float64, device=kwargs.get("device"))
+    return (
+        wide
+        if dtype == torch.float64
+        else widen.nearest_float32(wide, "aten.linspace.default", "model construction: ", INIT_FIX).to(dtype)
+    )
+
+
+#: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
+#: returns None where it does not apply).
+_SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], torch.Tensor | None]] = {
+    "aten.linspace.default": _linspace,
 }
 
 
@@ -75,6 +110,9 @@ class _ExactOnly(TorchDispatchMode):
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
         if fill is not None and not kwargs and len(args) <= 3:
             return fill(self.draws, args)
+        rule = _SERVED.get(op_name(func)) if cls is OpClass.INEXACT else None
+        if rule is not None and (served := rule(args, kwargs)) is not None:
+            return served
         wide = (
             widen.widened(args, kwargs)
             if cls is OpClass.INEXACT and widen.narrow_inputs(args, kwargs)
@@ -112,7 +150,7 @@ class _ExactOnly(TorchDispatchMode):
             return False
         for t, w in found:
             if t is not w:
-                t.copy_(widen.nearest_float32(w, name, "model construction: "))
+                t.copy_(widen.nearest_float32(w, name, "model construction: ", INIT_FIX))
         return True
 
 

@@ -87,11 +87,10 @@ def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
             t.copy_(w)
 
 
-def nearest_float32(x: Tensor, name: str, where: str = "") -> Tensor:
+def nearest_float32(x: Tensor, name: str, where: str, fix: str) -> Tensor:
     """A float64 tensor rounded to nearest float32, where that is the same on every machine (see
-    :data:`MARGIN`); raises, naming ``name``, for a value too near a rounding boundary (a tie
-    included), or one past float32's range or not finite."""
-    fix = "give init_weights, or compute it in float64"
+    :data:`MARGIN`); raises, naming ``name`` and the ``fix``, for a value too near a rounding
+    boundary (a tie included), or one past float32's range or not finite."""
     if rounding.magnitude(x) > rounding.FLOAT32_MAX:
         raise UnsupportedOpError(
             f"{where}{name} gives a value past float32's range, or not finite: {fix}", op=name, fix=fix

@@ -1,0 +1,173 @@
+"""One model of each Hugging Face family vgame has been run on, at toy size, built from its config
+with random initialisation: causal and masked language models and encoder-decoders on Tiny
+Shakespeare's characters, image classifiers on the 8x8 digits. ``family`` picks one (``vgame train
+--model family=T5``); ``experts`` is a mixture of experts' ``experts_implementation`` (transformers'
+default, torch's grouped matmul, is refused naming that switch). docs/benchmarks.md, "Hugging Face
+families", gives what each did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from game.api import Task, TensorData, TokenWindows, task
+from game.training.task import data as packaged
+
+_H = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=20,
+)
+_LLAMA_LIKE = dict(_H, num_key_value_heads=1, head_dim=8)
+_ENC_DEC = dict(
+    d_model=16,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=16,
+    decoder_start_token_id=0,
+)
+_T5 = dict(
+    d_model=16,
+    d_kv=8,
+    d_ff=32,
+    num_layers=1,
+    num_heads=2,
+    relative_attention_num_buckets=8,
+    decoder_start_token_id=0,
+)
+_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+_VIT = dict(_H, image_size=8, patch_size=4)
+_CONVNEXT = dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=2, drop_path_rate=0.1)
+
+#: family -> (config class, model class, sizes, kind): "causal" (next character), "masked" and
+#: "seq2seq" (the model's own loss on labels), "image" (a 10-way classifier)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_LIKE, "causal"),
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_LIKE, "causal"),
+    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _LLAMA_LIKE, "causal"),
+    "Mistral": ("MistralConfig", "MistralForCausalLM", _LLAMA_LIKE, "causal"),
+    "Gemma": ("GemmaConfig", "GemmaForCausalLM", _LLAMA_LIKE, "causal"),
+    "Gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA_LIKE, num_hidden_layers=2), "causal"),
+    "Gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", _LLAMA_LIKE, "causal"),
+    "Phi": ("PhiConfig", "PhiForCausalLM", _H, "causal"),
+    "Phi3": ("Phi3Config", "Phi3ForCausalLM", _LLAMA_LIKE, "causal"),
+    "Starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", _LLAMA_LIKE, "causal"),
+    "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _H, "causal"),
+    "StableLm": ("StableLmConfig", "StableLmForCausalLM", dict(_H, num_key_value_heads=2), "causal"),
+    "Cohere": ("CohereConfig", "CohereForCausalLM", dict(_H, num_key_value_heads=2), "causal"),
+    "Granite": ("GraniteConfig", "GraniteForCausalLM", dict(_H, num_key_value_heads=2), "causal"),
+    "GPT2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=1, n_head=2, n_positions=16), "causal"),
+    "GPTBigCode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(n_embd=16, n_layer=1, n_head=2, n_positions=16),
+                   "causal"),
+    "GPTNeo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(hidden_size=16, num_layers=2, num_heads=2, window_size=4,
+               attention_types=[[["global", "local"], 1]], max_position_embeddings=16), "causal"),
+    "GPTNeoX": ("GPTNeoXConfig", "GPTNeoXForCausalLM", _H, "causal"),
+    "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            ffn_dim=32, max_position_embeddings=16, word_embed_proj_dim=16), "causal"),
+    # splits its fused query-key-value projection by advanced indexing
+    "Falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               new_decoder_architecture=False), "causal"),
+    "Bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=16, n_layer=1, n_head=2), "causal"),
+    "XLNet": ("XLNetConfig", "XLNetLMHeadModel", dict(d_model=16, n_layer=1, n_head=2, d_inner=32), "causal"),
+    "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
+              conv_kernel=2), "causal"),
+    "Mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
+               conv_kernel=2, num_heads=4, head_dim=8, n_groups=1, chunk_size=4), "causal"),
+    # mixtures of experts: top-k routing, each expert's rows gathered and added back by index
+    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_LLAMA_LIKE, **_MOE), "causal"),
+    "Qwen2Moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(_H, num_key_value_heads=2, num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16), "causal"),
+    "Bert": ("BertConfig", "BertForMaskedLM", _H, "masked"),
+    "Roberta": ("RobertaConfig", "RobertaForMaskedLM", _H, "masked"),
+    "XLMRoberta": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", _H, "masked"),
+    "DistilBert": ("DistilBertConfig", "DistilBertForMaskedLM", dict(dim=16, n_layers=1, n_heads=2, hidden_dim=32,
+                   max_position_embeddings=16), "masked"),
+    "Albert": ("AlbertConfig", "AlbertForMaskedLM", dict(_H, embedding_size=8), "masked"),
+    "Electra": ("ElectraConfig", "ElectraForMaskedLM", dict(_H, embedding_size=8), "masked"),
+    "DebertaV2": ("DebertaV2Config", "DebertaV2ForMaskedLM", _H, "masked"),
+    "ModernBert": ("ModernBertConfig", "ModernBertForMaskedLM", dict(_H, global_attn_every_n_layers=1), "masked"),
+    "MPNet": ("MPNetConfig", "MPNetForMaskedLM", _H, "masked"),
+    "BigBird": ("BigBirdConfig", "BigBirdForMaskedLM", dict(_H, attention_type="original_full"), "masked"),
+    "Longformer": ("LongformerConfig", "LongformerForMaskedLM", dict(_H, attention_window=4), "masked"),
+    "Funnel": ("FunnelConfig", "FunnelForMaskedLM", dict(d_model=16, n_head=2, d_head=8, d_inner=32, block_sizes=[1, 1],
+               num_decoder_layers=1), "masked"),
+    # Fourier mixing: a complex FFT in place of attention
+    "FNet": ("FNetConfig", "FNetForMaskedLM", dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32,
+             max_position_embeddings=16), "masked"),
+    # relative-position buckets through a log of 0 on lanes it then drops: an inf, which passes
+    "T5": ("T5Config", "T5ForConditionalGeneration", _T5, "seq2seq"),
+    "MT5": ("MT5Config", "MT5ForConditionalGeneration", _T5, "seq2seq"),
+    "Bart": ("BartConfig", "BartForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "Pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "Marian": ("MarianConfig", "MarianMTModel", _ENC_DEC, "seq2seq"),
+    "ProphetNet": ("ProphetNetConfig", "ProphetNetForConditionalGeneration", dict(hidden_size=16, encoder_ffn_dim=32,
+                   decoder_ffn_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+                   num_decoder_attention_heads=2, max_position_embeddings=16, ngram=2, num_buckets=8,
+                   decoder_start_token_id=0), "seq2seq"),
+    "ViT": ("ViTConfig", "ViTForImageClassification", _VIT, "image"),
+    "DeiT": ("DeiTConfig", "DeiTForImageClassification", _VIT, "image"),
+    "Beit": ("BeitConfig", "BeitForImageClassification", _VIT, "image"),
+    "Dinov2": ("Dinov2Config", "Dinov2ForImageClassification", _VIT, "image"),
+    "Swin": ("SwinConfig", "SwinForImageClassification", dict(image_size=8, patch_size=2, embed_dim=8, depths=[1],
+             num_heads=[2], window_size=2), "image"),
+    # stochastic depth at rates from torch.linspace at construction, served exactly there
+    "ConvNext": ("ConvNextConfig", "ConvNextForImageClassification", _CONVNEXT, "image"),
+    "ConvNextV2": ("ConvNextV2Config", "ConvNextV2ForImageClassification", _CONVNEXT, "image"),
+    "Segformer": ("SegformerConfig", "SegformerForImageClassification", dict(num_encoder_blocks=2, depths=[1, 1],
+                  sr_ratios=[2, 1], hidden_sizes=[8, 16], num_attention_heads=[1, 2], patch_sizes=[3, 3],
+                  strides=[2, 2], mlp_ratios=[2, 2]), "image"),
+    "ResNet": ("ResNetConfig", "ResNetForImageClassification", dict(embedding_size=8, hidden_sizes=[8, 16],
+               depths=[1, 1], layer_type="basic"), "image"),
+    "RegNet": ("RegNetConfig", "RegNetForImageClassification", dict(embedding_size=8, hidden_sizes=[8, 16],
+               depths=[1, 1], groups_width=8), "image"),
+    "MobileNetV2": ("MobileNetV2Config", "MobileNetV2ForImageClassification", dict(image_size=8,
+                    depth_multiplier=0.25), "image"),
+}  # fmt: skip
+
+
+#: The mixtures of experts, which take ``experts``.
+MIXTURES = frozenset({"Mixtral", "Qwen2Moe"})
+
+
+def _loss(kind: str) -> Any:
+    def loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        if kind == "causal":
+            logits = model(input_ids=x).logits
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        if kind == "image":
+            return model(pixel_values=x.unsqueeze(1), labels=y).loss
+        return model(input_ids=x, labels=y).loss  # masked and seq2seq: the model's own loss
+
+    return loss
+
+
+@task(model={"family": "Llama", "experts": "eager"}, optimizer="adamw", lr=1e-3, batch_size=2, steps=3)
+def build(cfg):  # type: ignore[no-untyped-def]
+    """The task of family ``cfg.model.family`` (one of :data:`FAMILIES`)."""
+    family = cfg.model.family
+    if family not in FAMILIES:
+        raise ValueError(f"no family {family!r}: the families are {', '.join(sorted(FAMILIES))}")
+    config_name, model_name, sizes, kind = FAMILIES[family]
+    options = dict(sizes)
+    if kind == "image":
+        options.update(num_channels=1, num_labels=10)
+        data = TensorData(*packaged.digits_split("train"))
+    else:
+        options.update(vocab_size=len(packaged.vocab()), pad_token_id=0, bos_token_id=0, eos_token_id=0)
+        data = TokenWindows(packaged.shakespeare_tokens("train"), 8)
+    if family in MIXTURES:
+        options["experts_implementation"] = cfg.model.experts
+    config = getattr(transformers, config_name)(**options)
+    model = getattr(transformers, model_name)
+    return Task(model=lambda: model(config), dataset=data, loss=_loss(kind), libraries=("transformers",))
