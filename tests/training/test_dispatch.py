@@ -296,6 +296,27 @@ def test_anInf_passesUnlogged_andReplaysBitExactly(log_format: str) -> None:
         torch.log(torch.tensor([-1.0, 1.0], dtype=torch.float64))
 
 
+def test_aMaskOfFloat64Min_fromAnExactOp_isTheGridsLargest_andAComputedOneOverflows() -> None:
+    """A model's ``torch.finfo(torch.float64).min`` mask, made by an exact op, is the grid's most
+    negative value (float32's, as on float32 hardware), so a row masked on every key softmaxes to a
+    uniform row, not NaN; a value an op computes past the range is still an overflow."""
+    low = torch.finfo(torch.float64).min
+    scores = torch.tensor([[0.5, -1.0, 2.0], [0.25, 0.75, 0.0]], dtype=torch.float64)
+    keep = torch.tensor([[True, False, True], [False, False, False]])
+    rm = RoundingMode(
+        bits=BITS, tau=TAU, mode="record", profile=get_profile("cpu-1t"), step=1, log=SparseStepLog()
+    )
+    with rm:
+        mask = torch.full((2, 3), low, dtype=torch.float64)
+        masked = torch.where(keep, scores, mask)
+        weights = torch.softmax(masked, dim=-1)
+    assert mask.unique().tolist() == [-rounding.FLOAT32_MAX]
+    assert torch.equal(weights[1], torch.full((3,), 1 / 3, dtype=torch.float64).float().double())
+    assert weights[0, 1] == 0.0 and not bool(torch.isnan(weights).any())
+    with pytest.raises(NonFiniteError, match=r"overflow at step 1, op #\d+ aten\.sum"), rm:
+        masked.sum(dim=-1)  # three of the largest: past the range
+
+
 def test_outVariant_roundsTheOutTensorOnce() -> None:
     a = torch.full((4,), 1.0, dtype=torch.float64)
     b = torch.full((4,), 1.0 / 3.0, dtype=torch.float64)

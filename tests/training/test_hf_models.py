@@ -182,3 +182,49 @@ def test_aModelWhoseOwnInitialisationIsInexact_isRefusedSayingHowToFineTuneIt_an
     start = decode_state(t.load_checkpoint(0), t.config).model.state_dict()
     for key, value in weights.items():
         assert torch.equal(start[key].to(value.dtype), value), key
+
+
+PADDED_PY = """
+import torch
+import torch.nn.functional as F
+import transformers
+from game.api import Task, TokenWindows, task
+from game.training.task import data as packaged
+
+
+def padded_loss(model, batch):
+    inputs, targets = batch
+    keep = torch.ones_like(inputs)
+    keep[0, :3] = 0  # the first window is padded on the left: its first queries see no key at all
+    logits = model(input_ids=inputs, attention_mask=keep).logits[:, 3:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[:, 3:].reshape(-1))
+
+
+@task(model={}, params={"attention": "eager"}, optimizer="adamw", lr=1e-3, batch_size=2, steps=2)
+def build(cfg):
+    config = transformers.LlamaConfig(
+        vocab_size=len(packaged.vocab()), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16, pad_token_id=0,
+        bos_token_id=0, eos_token_id=0, attn_implementation=cfg.params.attention)
+    return Task(model=lambda: transformers.LlamaForCausalLM(config), loss=padded_loss,
+                dataset=TokenWindows(packaged.shakespeare_tokens("train"), 8), libraries=("transformers",))
+"""
+
+
+def test_eagerAttention_overALeftPaddedBatch_trainsAndAudits_asSdpaDoes(tmp_path: Path) -> None:
+    """Eager attention masks with ``torch.finfo(dtype).min``, float64's largest: a padded query's
+    row, masked on every key, was ``-inf`` throughout and its softmax NaN (step 1 stopped). It is
+    the grid's largest, as float32's is on float32 hardware: the row is finite, the step trains and
+    audits bit-exactly, and its state root is the one through SDPA (whose masked scores are a finite
+    fill)."""
+    from .test_task_api import make_plugin
+
+    make_plugin(tmp_path, PADDED_PY)
+    cfg = load_config(tmp_path / "task.toml")
+    roots = []
+    for attention in ("eager", "sdpa"):
+        trained = train(cfg.replace(params={"attention": attention}), "cpu-1t", tmp_path / attention)
+        report = audit(tmp_path / attention, "noisy")
+        assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
+        roots.append(trained.state_root)
+    assert roots[0] == roots[1]

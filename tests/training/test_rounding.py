@@ -550,3 +550,23 @@ def test_bits32_flushToZero_isSeen_andTheIntegerPathUsed() -> None:
 def test_checkValues_returnsTheLargestMagnitude() -> None:
     assert check_values(_t([1.5, -3.25, 0.0]), 32, "here") == 3.25
     assert check_values(torch.empty(0, dtype=torch.float64), 32, "here") == 0.0
+
+
+@pytest.mark.parametrize("bits", [32, 24])
+def test_anExactResultsFloat64Max_goesToTheGridsLargest_andRndStaysIEEE(bits: int) -> None:
+    """``torch.finfo(torch.float64).min`` is a model's "most negative finite number" (its attention
+    masks): in an exact op's result (``round_(sentinel=True)``) it becomes the grid's largest, as a
+    float32 model's ``finfo(torch.float32).min`` is, and not -inf. Anything else past the range, and
+    :func:`rnd` itself, round as IEEE does."""
+    big = float(torch.finfo(torch.float64).max)
+    x = _t([big, -big, math.nextafter(big, 0.0), 1e300, -math.inf, 1.5, 0.1])
+    plain = rnd(x, bits)
+    sentinel = x.clone()
+    round_(sentinel, bits, sentinel=True)
+    largest = rounding._grid_max(bits)
+    assert sentinel[:2].tolist() == [largest, -largest] and plain[:2].tolist() == [math.inf, -math.inf]
+    assert torch.equal(sentinel[2:].view(torch.int64), plain[2:].view(torch.int64))
+    assert is_on_grid(sentinel[:2], bits)
+    strided = torch.stack([x, x], 1)[:, 0]  # a layout the in-place kernels do not take
+    round_(strided, bits, sentinel=True)
+    assert torch.equal(strided.view(torch.int64), sentinel.view(torch.int64))

@@ -27,14 +27,15 @@ class RoleKernels(ModeState):
 
     def _round_exact(self, t: Tensor, name: str) -> None:
         """An exact op's float64 tensor: rounded to the grid without a log entry (on CUDA by a
-        deferred kernel where the step defers)."""
+        deferred kernel where the step defers); float64's largest value, a model's
+        ``finfo(dtype).min`` mask, goes to the grid's largest (:func:`rounding.largest_to_grid_`)."""
         defer, g = self._defer, self._grid
         if not (
             defer is not None
             and self._may_defer()
             and self._deferred(defer.round_inplace(t, g.k0, g.max_finite))
         ):
-            rounding.round_(t, self.bits)
+            rounding.round_(t, self.bits, sentinel=True)
         self._rounded[name] += 1
 
     def _round_exact_group(self, ts: list[Tensor], name: str) -> bool:

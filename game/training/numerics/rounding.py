@@ -337,7 +337,7 @@ def rnd(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor
     return out.view(torch.float64).view(x.shape)
 
 
-def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Tensor:
+def round_(x: torch.Tensor, bits: int, *, top: float | None = None, sentinel: bool = False) -> torch.Tensor:
     """In-place :func:`rnd` (optimizer state, mutated op arguments); returns ``x``.
 
     A contiguous ``x`` is rounded in its own storage through the ``int64`` view (no result tensor, no
@@ -345,6 +345,9 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     (:mod:`game.training.native`) does it in one pass, on CUDA a Triton kernel
     (:mod:`game.training.numerics.cuda_kernels`); elsewhere, on the float32 grid, the hardware conversion
     (:func:`fast_float32`).
+
+    ``sentinel`` (an exact op's result): float64's largest value, ``torch.finfo(torch.float64).min``
+    or ``max``, goes to the grid's largest rather than to inf (:func:`largest_to_grid_`).
     """
     g = _grid(bits)
     if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
@@ -352,6 +355,8 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
             return x  # one pass in C (CPU, contiguous, no rare lanes)
         if x.is_cuda and _cuda_round_inplace(x, g):
             return x  # one Triton kernel (CUDA, contiguous, no rare lanes)
+        if sentinel:  # the kernels leave a tensor holding one to this path (it is past the range)
+            largest_to_grid_(x, bits)
     xi = _int_view(x)
     if fast_float32(x, bits, top):
         xd = x.detach()
@@ -373,6 +378,32 @@ def round_(x: torch.Tensor, bits: int, *, top: float | None = None) -> torch.Ten
     if rare is not None and fix is not None:
         xf.index_copy_(0, rare, fix)
     return x
+
+
+#: float64's largest finite value: ``torch.finfo(torch.float64).max``.
+FLOAT64_MAX = float(torch.finfo(torch.float64).max)
+
+
+def largest_to_grid_(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Write the ``bits`` grid's largest value over float64's own (``±FLOAT64_MAX``) in ``x``.
+
+    A model masks attention scores with ``torch.finfo(dtype).min``, meaning "the most negative
+    finite number". On float32 hardware that is float32's, and a row masked on every key (a padded
+    query) stays finite, its softmax uniform. In float64 it is ``-FLOAT64_MAX``, which :func:`rnd`
+    takes to ``-inf`` (IEEE), and the row would be NaN. So an exact op's result (a fill, a
+    ``where``) reads it as the grid's largest; a value an op computes that large is an overflow.
+    """
+    found = (_int_view(x) & _ABS_MASK) == _INF_BITS - 1
+    if bool(found.any()):
+        with torch.no_grad():
+            x.copy_(torch.where(found, torch.copysign(torch.full_like(x, _grid_max(bits)), x), x))
+    return x
+
+
+@cache
+def _grid_max(bits: int) -> float:
+    """The ``bits`` grid's largest finite value, as a float."""
+    return float(torch.tensor([_grid(bits).max_finite], dtype=torch.int64).view(torch.float64))
 
 
 def _cuda_round_inplace(x: torch.Tensor, g: _Grid) -> bool:
