@@ -563,7 +563,7 @@ def test_anExactResultsFloat64Max_goesToTheGridsLargest_andRndStaysIEEE(bits: in
     plain = rnd(x, bits)
     sentinel = x.clone()
     round_(sentinel, bits, sentinel=True)
-    largest = rounding._grid_max(bits)
+    largest = rounding.grid_max(bits)
     assert sentinel[:2].tolist() == [largest, -largest] and plain[:2].tolist() == [math.inf, -math.inf]
     assert torch.equal(sentinel[2:].view(torch.int64), plain[2:].view(torch.int64))
     assert is_on_grid(sentinel[:2], bits)

@@ -310,7 +310,7 @@ def round_and_band(
     xf = rounding._int_view(x).reshape(-1)
     top, top_biased = _top(x, bits, top, where)
     rounded = rounding.rnd(x, bits, top=top)
-    in_range = top <= _max_finite(g)
+    in_range = top <= rounding.grid_max(bits)
     cand, _ = within(xf, bits, band, 2, top_biased, in_range=in_range)
     if cand.numel() == 0:
         return rounded, cand
@@ -323,11 +323,6 @@ def round_and_band(
         _, odd = _neighbours(xf, cand, bits)
         went_odd = picked == odd.view(torch.int64)
     return rounded, cand[went_odd]
-
-
-def _max_finite(g: rounding._Grid) -> float:
-    """The grid's largest finite value as a float."""
-    return float(struct.unpack("<d", struct.pack("<q", g.max_finite))[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,7 +400,7 @@ def round_with_entries(
         raise BandViolation("position", int(pos[i]), "entries are not in strictly increasing order")
     xf = rounding._int_view(x).reshape(-1)
     top_mag, top = _top(x, bits, top, where)
-    in_range = top_mag <= _max_finite(g)
+    in_range = top_mag <= rounding.grid_max(bits)
     check_entries(xf, bits, band, pos, widen=4, top_biased=top, checks=checks)
     free = int(within(xf, bits, band, 4, top, in_range=in_range)[0].numel()) if count_free else -1
     out = rounding.rnd(x, bits, top=top_mag)

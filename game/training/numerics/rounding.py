@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 from fractions import Fraction
 from functools import cache
 from typing import Any, NamedTuple
@@ -396,14 +397,19 @@ def largest_to_grid_(x: torch.Tensor, bits: int) -> torch.Tensor:
     found = (_int_view(x) & _ABS_MASK) == _INF_BITS - 1
     if bool(found.any()):
         with torch.no_grad():
-            x.copy_(torch.where(found, torch.copysign(torch.full_like(x, _grid_max(bits)), x), x))
+            x.copy_(torch.where(found, torch.copysign(torch.full_like(x, grid_max(bits)), x), x))
     return x
 
 
+def _float_of(pattern: int) -> float:
+    """The float64 whose bit pattern is ``pattern``."""
+    return float(struct.unpack("<d", struct.pack("<q", pattern))[0])
+
+
 @cache
-def _grid_max(bits: int) -> float:
+def grid_max(bits: int) -> float:
     """The ``bits`` grid's largest finite value, as a float."""
-    return float(torch.tensor([_grid(bits).max_finite], dtype=torch.int64).view(torch.float64))
+    return _float_of(_grid(bits).max_finite)
 
 
 def _cuda_round_inplace(x: torch.Tensor, g: _Grid) -> bool:
@@ -487,4 +493,4 @@ def _overflow_at(bits: int) -> float:
     """The least float64 that rounds to inf on the ``bits`` grid: its largest finite value plus half
     a step (the largest value's last kept bit is odd, so the tie goes up)."""
     g = _grid(bits)
-    return float(torch.tensor([g.max_finite + g.half], dtype=torch.int64).view(torch.float64))
+    return _float_of(g.max_finite + g.half)
