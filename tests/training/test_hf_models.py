@@ -83,7 +83,7 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
 
 #: examples/hf_families' families held here (the rest: docs/benchmarks.md, "Hugging Face families")
 FAMILIES = ["Qwen2", "Qwen3", "Mistral", "Gemma", "Gemma2", "Phi3", "Starcoder2", "GPTNeoX", "Falcon", "Bloom",
-            "Mixtral", "T5", "ConvNext"]  # fmt: skip
+            "Mixtral", "T5", "ConvNext", "GPTJ", "Wav2Vec2"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -95,7 +95,11 @@ def test_modelFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, 
     advanced indexing (``fused_qkv[..., [-2], :]``), whose backward the two interceptors saw as ops
     of two names (optable.LOG_NAMES); T5 takes the log of 0 in its relative-position buckets, an
     inf that passes the rounding as it is; ConvNeXt takes its stochastic-depth rates from
-    ``torch.linspace`` at construction, served exactly there."""
+    ``torch.linspace`` at construction, served exactly there; GPT-J builds a sinusoid table in
+    float64 at construction (``pow``, ``sin``, ``cos``: each value rounded to nearest float32);
+    Wav2Vec2 takes a weight norm at construction (its norm served exactly) and draws SpecAugment's
+    masks from numpy's global generator (seeded per micro-batch), so the auditor masks the same
+    time steps."""
     cfg = load_config(EXAMPLES / "hf_families" / "task.toml").replace(
         model={"family": family}, checkpoint_interval=3
     )

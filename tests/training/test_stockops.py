@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -386,11 +388,17 @@ def _batch(step: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _train(
-    profile: str, mode: str, chunks: list[bytes], *, stock: bool = True, steps: int = 3
+    profile: str,
+    mode: str,
+    chunks: list[bytes],
+    *,
+    stock: bool = True,
+    steps: int = 3,
+    net: Callable[[], nn.Module] = StockNet,
 ) -> dict[str, Tensor]:
-    """``steps`` steps of StockNet under RoundingMode (``record`` appends each step's chunk to
+    """``steps`` steps of ``net`` (StockNet) under RoundingMode (``record`` appends each step's chunk to
     ``chunks``, ``replay`` replays them, ``round`` uses none); the parameters after."""
-    model = init_module(StockNet, seed=SEED)
+    model = init_module(net, seed=SEED)
     with torch.no_grad():
         for p in model.parameters():
             rounding.round_(p, BITS)
@@ -430,6 +438,46 @@ def test_stockModel_recordedOnCpu1t_replaysBitExactlyOnAnotherProfile(auditor: s
     if auditor == "noisy":  # without the log its bits differ (split-K's rarely do at these sizes)
         alone = _train(auditor, "round", [])
         assert not all(torch.equal(t, alone[name]) for name, t in trained.items())
+
+
+class NumpyMaskNet(StockNet):
+    """StockNet behind a SpecAugment-like mask of time steps, drawn from numpy's global generator
+    (as transformers' Wav2Vec2 draws its masks)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        masked = torch.tensor(np.random.rand(*x.shape[:2]) < 0.3)
+        return super().forward(x.masked_fill(masked[..., None], 0.0))
+
+
+def test_numpysGlobalGenerator_inTheModel_replaysBitExactly() -> None:
+    """The masks come from numpy's global generator, which a trainer's and an auditor's process
+    left at other states: seeded per micro-batch, they are the same masks, and the replay matches
+    (before, the auditor masked other time steps and the state differed at step 1)."""
+    chunks: list[bytes] = []
+    np.random.seed(1)
+    trained = _train("cpu-1t", "record", chunks, net=NumpyMaskNet)
+    np.random.seed(2)
+    replayed = _train("noisy", "replay", chunks, net=NumpyMaskNet)
+    for name, t in trained.items():
+        assert torch.equal(t, replayed[name]), name
+    plain = _train("cpu-1t", "round", [])  # the masks change the state: they were drawn and used
+    assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
+
+
+def test_globalGenerators_areSeededPerMicroBatch_andPutBackAfter() -> None:
+    def draws(step: int, micro_batch: int) -> tuple[list[float], float]:
+        with _ops(micro_batch=micro_batch, step=step):
+            return np.random.rand(4).tolist(), random.random()
+
+    np.random.seed(7)
+    random.seed(7)
+    first = draws(STEP, 0)
+    after = (np.random.rand(2).tolist(), random.random())
+    np.random.seed(7)
+    random.seed(7)
+    assert (np.random.rand(2).tolist(), random.random()) == after  # as if no micro-batch had drawn
+    assert draws(STEP, 0) == first  # whatever the generators' state before
+    assert draws(STEP, 1) != first and draws(STEP + 1, 0) != first
 
 
 @pytest.mark.parametrize("via_front", [False, True])

@@ -487,6 +487,44 @@ def test_aModelWhoseOwnArithmeticGivesNaNAtStepOne_isToldSo_notThatItDiverged(tm
     assert "smaller lr" not in str(caught.value)
 
 
+def test_aTaskRefusedAtStepOne_leavesNoTranscript_andTheFixedRunGoesOnInTheSameOut(tmp_path: Path) -> None:
+    """A run stopped in step 1 (here a NaN from the model's own arithmetic) had written leaf 0, so
+    the run with the code fixed, into the same ``--out``, was refused as another task's. The
+    transcript of leaf 0 alone is removed as the error goes up; the directory, and anything not a
+    transcript's in it, stays."""
+    from game.errors import NonFiniteError
+
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        h = self.a(x)\n        h = torch.where(h > 0, torch.log(h), h)\n"
+        "        return self.b(torch.tanh(h))",
+    )
+    make_plugin(tmp_path, body)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(NonFiniteError):
+        train(load_config(tmp_path / "task.toml"), "cpu-1t", out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    make_plugin(tmp_path, TASK_PY)  # the fix
+    result = train(load_config(tmp_path / "task.toml"), "cpu-1t", out)
+    assert result.steps_run == load_config(tmp_path / "task.toml").steps
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_aTranscriptWithTrainedSteps_isNeverDiscarded(tmp_path: Path) -> None:
+    from game.errors import TranscriptError
+    from game.training.transcript.writer import TranscriptWriter
+
+    make_plugin(tmp_path, TASK_PY)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=2)
+    train(cfg, "cpu-1t", tmp_path / "run")
+    writer = TranscriptWriter.resume(tmp_path / "run", cfg)
+    with pytest.raises(TranscriptError, match="trained steps"):
+        writer.discard()
+    assert (tmp_path / "run" / "manifest.json").is_file()
+
+
 @pytest.mark.parametrize("where", ["build", "model"])
 def test_aTaskWhoseOwnCodeRaises_whileBeingBuilt_isOneLineNamingIt(tmp_path: Path, where: str) -> None:
     """A build function or a model constructor that raises (a transformers config refusing an odd

@@ -1,6 +1,7 @@
 """One model of each Hugging Face family vgame has been run on, at toy size, built from its config
 with random initialisation: causal and masked language models and encoder-decoders on Tiny
-Shakespeare's characters, image classifiers on the 8x8 digits. ``family`` picks one (``vgame train
+Shakespeare's characters, image classifiers on the 8x8 digits, audio classifiers on the same digits
+read as 64-sample waveforms. ``family`` picks one (``vgame train
 --model family=T5``); ``experts`` is a mixture of experts' ``experts_implementation`` (transformers'
 default, torch's grouped matmul, is refused naming that switch). docs/benchmarks.md, "Hugging Face
 families", gives what each did.
@@ -45,12 +46,28 @@ _T5 = dict(
     relative_attention_num_buckets=8,
     decoder_start_token_id=0,
 )
+# SpecAugment on: its time masks come from numpy's global generator (seeded per micro-batch)
+_AUDIO = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    conv_dim=[8, 8],
+    conv_stride=[2, 2],
+    conv_kernel=[3, 3],
+    num_conv_pos_embeddings=4,
+    num_conv_pos_embedding_groups=2,
+    mask_time_prob=0.2,
+    mask_time_length=2,
+    mask_time_min_masks=1,
+)
 _MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 _VIT = dict(_H, image_size=8, patch_size=4)
 _CONVNEXT = dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=2, drop_path_rate=0.1)
 
 #: family -> (config class, model class, sizes, kind): "causal" (next character), "masked" and
-#: "seq2seq" (the model's own loss on labels), "image" (a 10-way classifier)
+#: "seq2seq" (the model's own loss on labels), "image" and "audio" (a 10-way classifier of a digit
+#: as an image or as a waveform)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "Llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_LIKE, "causal"),
     "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_LIKE, "causal"),
@@ -78,6 +95,15 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "Falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                new_decoder_architecture=False), "causal"),
     "Bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=16, n_layer=1, n_head=2), "causal"),
+    # a sinusoid table in float64 at construction (pow, sin, cos), each value rounded to nearest float32
+    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=16, n_layer=1, n_head=2, n_positions=16, rotary_dim=4),
+             "causal"),
+    "CodeGen": ("CodeGenConfig", "CodeGenForCausalLM", dict(n_embd=16, n_layer=1, n_head=4, n_positions=16, n_ctx=16,
+                rotary_dim=4), "causal"),
+    # its own initialisation takes a log of its recurrence's decay parameters
+    "RecurrentGemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM", dict(hidden_size=16, num_hidden_layers=3,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32, lru_width=16,
+                       attention_window_size=4, conv1d_width=2), "causal"),
     "XLNet": ("XLNetConfig", "XLNetLMHeadModel", dict(d_model=16, n_layer=1, n_head=2, d_inner=32), "causal"),
     "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
               conv_kernel=2), "causal"),
@@ -132,6 +158,11 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                depths=[1, 1], groups_width=8), "image"),
     "MobileNetV2": ("MobileNetV2Config", "MobileNetV2ForImageClassification", dict(image_size=8,
                     depth_multiplier=0.25), "image"),
+    # a weight norm at construction (its norm served exactly) and SpecAugment's masks from numpy
+    "Wav2Vec2": ("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", _AUDIO, "audio"),
+    "Hubert": ("HubertConfig", "HubertForSequenceClassification", _AUDIO, "audio"),
+    # its attention's dropout runs inside torch's multi-head attention, where vgame cannot serve it
+    "WavLM": ("WavLMConfig", "WavLMForSequenceClassification", dict(_AUDIO, attention_dropout=0.0), "audio"),
 }  # fmt: skip
 
 
@@ -147,6 +178,8 @@ def _loss(kind: str) -> Any:
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         if kind == "image":
             return model(pixel_values=x.unsqueeze(1), labels=y).loss
+        if kind == "audio":
+            return model(input_values=x.reshape(x.shape[0], -1), labels=y).loss
         return model(input_ids=x, labels=y).loss  # masked and seq2seq: the model's own loss
 
     return loss
@@ -160,8 +193,8 @@ def build(cfg):  # type: ignore[no-untyped-def]
         raise ValueError(f"no family {family!r}: the families are {', '.join(sorted(FAMILIES))}")
     config_name, model_name, sizes, kind = FAMILIES[family]
     options = dict(sizes)
-    if kind == "image":
-        options.update(num_channels=1, num_labels=10)
+    if kind in ("image", "audio"):
+        options.update(num_labels=10, **({"num_channels": 1} if kind == "image" else {}))
         data = TensorData(*packaged.digits_split("train"))
     else:
         options.update(vocab_size=len(packaged.vocab()), pad_token_id=0, bos_token_id=0, eos_token_id=0)

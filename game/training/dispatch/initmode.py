@@ -2,7 +2,7 @@
 
 A stock factory (``lambda: MyNet()``, a transformers ``GPT2LMHeadModel(GPT2Config(...))``) sets its
 parameters with torch's generator (``kaiming_uniform_``, ``normal_``) and sometimes with inexact
-arithmetic (``erfinv``, QR, ``exp`` for a sinusoidal table): another machine, or another thread
+arithmetic (``erfinv``, QR, ``sin`` for a sinusoidal table): another machine, or another thread
 count, would build another model. Inside :class:`InitMode`:
 
 * floating tensors are float64 (the default dtype is set for the duration);
@@ -10,7 +10,10 @@ count, would build another model. Inside :class:`InitMode`:
   ``init/{ordinal}/{name}`` (:mod:`~game.training.dispatch.draws`: the same functions and values
   as in a step, with 53-bit uniforms and unrounded Irwin-Hall normals, since nothing is rounded);
 * data movement and IEEE-exact ops pass (fills, copies, ``zero_``, multiplies by Python numbers);
-* ``torch.linspace`` of two numbers is served by an exact rule of its own (each value rounded once);
+* an inexact op of IEEE arithmetic or libm (``pow``, ``exp``, ``sin``: a sinusoid or rotary table),
+  in float32 or float64, is rounded to nearest float32 where every machine rounds it the same way;
+  ``torch.linspace`` and a 2-norm (a weight norm's) are served by exact rules of their own
+  (:mod:`~game.training.dispatch.initrules`);
 * any other op that produces or changes a floating tensor raises :class:`~game.errors.UnsupportedOpError`
   at once, naming it, as does an op that still draws from torch's generator. Arithmetic on Python
   floats (``math.sqrt`` for a bound) is not an op and is the same everywhere (IEEE), so it passes.
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -32,18 +34,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError, TaskCodeError, UnsupportedOpError, VGameError
-from game.training.dispatch import stockops, torchrandom, widen
+from game.training.dispatch import nearest, stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
+from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
 
-#: What to do instead of an inexact op at construction.
-INIT_FIX = (
-    "use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, trunc_normal_ within "
-    "+-2 std, constant_, zeros_, ones_ are served exactly), or, where the model's own initialisation "
-    "computes it, give the weights as init_weights and build the model without that initialisation "
-    "(a transformers model: inside transformers.initialization.no_init_weights())"
-)
-
+#: A call's arguments: positional and keyword.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 #: In-place draws served where they reach ATen at construction (ATen name -> the served fill): a
 #: library that wraps ``nn.init``'s functions (transformers guards them against a second
@@ -54,37 +51,6 @@ INIT_FIX = (
 _FILLS: dict[str, Any] = {
     "aten.normal_.default": lambda d, a: torchrandom.fill_normal(d, "normal_", a[0], *_given(a, 0.0, 1.0)),
     "aten.uniform_.default": lambda d, a: torchrandom.fill_uniform(d, "uniform_", a[0], *_given(a, 0.0, 1.0)),
-}
-
-
-def _linspace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``linspace(start, end, steps)`` from two real numbers, each value ``start + (end - start) * i /
-    (steps - 1)`` worked out exactly and rounded once: torch's kernel rounds a step and then a
-    product and a sum, in an order (and with fused multiply-adds) that its vector and scalar code
-    and each machine choose. Vision models take their stochastic-depth rates from it at
-    construction (``torch.linspace(0, config.drop_path_rate, sum(config.depths))``). None for
-    anything else (tensor bounds, a complex or integer result), which runs as it is."""
-    start, end, steps = (*args, None, None, None)[:3]
-    dtype = kwargs.get("dtype") or torch.get_default_dtype()
-    real = (int, float)
-    if not (isinstance(start, real) and isinstance(end, real) and isinstance(steps, int) and steps >= 0):
-        return None
-    if isinstance(start, bool) or isinstance(end, bool) or not dtype.is_floating_point:
-        return None
-    a, b = Fraction(start), Fraction(end)
-    values = [float(a + (b - a) * i / (steps - 1)) for i in range(steps)] if steps > 1 else [float(a)] * steps
-    wide = torch.tensor(values, dtype=torch.float64, device=kwargs.get("device"))
-    return (
-        wide
-        if dtype == torch.float64
-        else widen.nearest_float32(wide, "aten.linspace.default", "model construction: ", INIT_FIX).to(dtype)
-    )
-
-
-#: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
-#: returns None where it does not apply).
-_SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], torch.Tensor | None]] = {
-    "aten.linspace.default": _linspace,
 }
 
 
@@ -110,13 +76,16 @@ class _ExactOnly(TorchDispatchMode):
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
         if fill is not None and not kwargs and len(args) <= 3:
             return fill(self.draws, args)
-        rule = _SERVED.get(op_name(func)) if cls is OpClass.INEXACT else None
+        rule = SERVED.get(op_name(func)) if cls is OpClass.INEXACT else None
         if rule is not None and (served := rule(args, kwargs)) is not None:
             return served
-        wide = (
-            widen.widened(args, kwargs)
-            if cls is OpClass.INEXACT and widen.narrow_inputs(args, kwargs)
+        given = (
+            nearest.before(args, kwargs)
+            if cls is OpClass.INEXACT and nearest.rounds_to_nearest(func)
             else None
+        )
+        wide = (
+            widen.widened(args, kwargs) if given is not None and widen.narrow_inputs(args, kwargs) else None
         )
         out = func(*args, **kwargs)
         if cls is OpClass.MOVE or cls is OpClass.EXACT:
@@ -125,13 +94,13 @@ class _ExactOnly(TorchDispatchMode):
         if all(t.is_meta for t in touched):  # no values (a model built on "meta"): nothing can differ
             return out
         if cls is OpClass.REFUSED:
-            raise refusal(func, "model construction: ")
-        if wide is not None and self._narrowed(func, touched, *wide):
+            raise refusal(func, WHERE)
+        if given is not None and self._to_nearest(func, touched, wide, given):
             return out
         if any(t.is_floating_point() or t.is_complex() for t in touched):
             name = op_name(func)
             raise UnsupportedOpError(
-                f"model construction: {name} is not exact (its float64 result may differ on another "
+                f"{WHERE}{name} is not exact (its float64 result may differ on another "
                 f"machine, and so would the model's initial state): {INIT_FIX}",
                 op=name,
                 fix=INIT_FIX,
@@ -139,18 +108,23 @@ class _ExactOnly(TorchDispatchMode):
         return out
 
     @staticmethod
-    def _narrowed(func: Any, touched: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """An inexact op on float32 (a rotary table's ``base ** (arange(0, d, 2, dtype=float) / d)``):
-        its float64 twin (:mod:`~game.training.dispatch.widen`) rounded to nearest float32 where
-        that is the same on every machine, written into its results; False where a result is
-        float64 (refused by the caller), raising where the rounding could differ."""
+    def _to_nearest(func: Any, touched: list[Any], wide: Call | None, given: Call) -> bool:
+        """An op of :data:`~game.training.dispatch.nearest.NEAREST`: its float32 and float64
+        results rounded to nearest float32 (:func:`~game.training.dispatch.nearest.to_nearest`,
+        working values near a boundary out again from ``given``, the arguments before the op), a
+        float32 result by way of the op's float64 twin (``wide``: its arguments widened, see
+        :mod:`~game.training.dispatch.widen`), a float64 one from its own values. False where a
+        result is of another floating dtype (refused by the caller)."""
         name = op_name(func)
-        found = widen.pairs(name, touched, touched_tensors(func, args, kwargs, func(*args, **kwargs)))
-        if any(t.dtype != widen.NARROW for t, _ in found if t.is_floating_point() or t.is_complex()):
+        if wide is None:
+            found = [(t, t) for t in touched]
+        else:
+            args, kwargs = wide
+            found = widen.pairs(name, touched, touched_tensors(func, args, kwargs, func(*args, **kwargs)))
+        floating = [(t, w) for t, w in found if t.is_floating_point() or t.is_complex()]
+        if any(t.dtype not in (widen.NARROW, torch.float64) or w.dtype != torch.float64 for t, w in floating):
             return False
-        for t, w in found:
-            if t is not w:
-                t.copy_(widen.nearest_float32(w, name, "model construction: ", INIT_FIX))
+        nearest.to_nearest(func, floating, given)
         return True
 
 

@@ -11,6 +11,14 @@ ordinary ops (:mod:`~game.training.dispatch.torchnn`, :mod:`~game.training.dispa
 What still reaches ATen and draws, or runs a fused or per-device kernel, is refused by the step's
 interceptor at its first call (``OpClass.REFUSED``, :class:`~game.errors.UnsupportedOpError`).
 
+Python's and numpy's global generators (``random.random``, ``np.random.rand``: Wav2Vec2's SpecAugment
+masks come from numpy's) are seeded for the micro-batch from the task's seed, the step and the
+micro-batch's index (:func:`global_seed`), and put back as they were after it: their algorithm
+(the Mersenne Twister) gives the same words on every machine, so a trainer's and an auditor's
+masks are the same. Their uniform and integer draws are exact; a normal draw from them goes
+through the machine's libm, and its value passes as the model's code uses it. numpy's newer
+``default_rng()`` without a seed draws from the operating system and cannot be replayed.
+
 What the mode cannot see: calls made *inside* another Python-level torch function (torch pops a
 function mode while it handles a call; ``nn.init.kaiming_uniform_`` and
 ``F.multi_head_attention_forward`` are served whole for that reason), and so calls in autograd's
@@ -28,10 +36,13 @@ mode would have served then reaches ATen and is refused, not replayed wrongly.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import random
 import sys
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,6 +57,11 @@ AUTOCAST_FIX = (
     "autocast is on: its float16/bfloat16 results are not rounded to the grid and another device "
     "computes them otherwise; train in float64 (vgame rounds to the task's grid itself)"
 )
+
+
+def global_seed(seed: int, step: int, micro_batch: int) -> bytes:
+    """The 32 bytes that seed Python's and numpy's global generators for one micro-batch."""
+    return hashlib.sha256(f"vgame/global-generators/{seed}/{step}/{micro_batch}".encode()).digest()
 
 
 class StockOps:
@@ -64,6 +80,8 @@ class StockOps:
         self.draws = Draws(seed, step, "torch", micro_batch=micro_batch, example_ids=example_ids, bits=bits)
         self._mode = ServingMode(self.draws)
         self._stance: contextlib.AbstractContextManager[Any] | None = None
+        self._seed = global_seed(seed, step, micro_batch)
+        self._saved: tuple[Any, Any] | None = None
 
     @property
     def served(self) -> Counter[str]:
@@ -83,14 +101,21 @@ class StockOps:
         if "torch._dynamo" in sys.modules:  # compiled code runs eagerly: its ops are seen one by one
             self._stance = torch.compiler.set_stance("force_eager")
             self._stance.__enter__()
+        self._saved = (random.getstate(), np.random.get_state())
+        random.seed(int.from_bytes(self._seed, "big"))
+        np.random.seed(np.frombuffer(self._seed, dtype="<u4"))
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._mode.__exit__(*exc)
+        if self._saved is not None:
+            random.setstate(self._saved[0])
+            np.random.set_state(self._saved[1])
+            self._saved = None
         if self._stance is not None:
             self._stance.__exit__(*exc)
             self._stance = None
 
 
-__all__ = ["AUTOCAST_FIX", "HANDLERS", "StockOps"]
+__all__ = ["AUTOCAST_FIX", "HANDLERS", "StockOps", "global_seed"]

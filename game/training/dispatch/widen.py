@@ -6,7 +6,7 @@ own: another CPU's libm, or a GPU, differs by an ulp. Exact float32 ops (IEEE ad
 multiplications, copies) are the same everywhere and pass; an inexact one is run again here on its
 arguments widened to float64 (float32 tensors widened, a ``dtype=float32`` argument made float64),
 so that its float64 result can be rounded to the grid as any float64 result is (in a step, through
-the log; at construction, to nearest, see :func:`nearest_float32`), and then written into the
+the log; at construction, to nearest, see :mod:`~game.training.dispatch.nearest`), and then written into the
 float32 result, which it fits exactly: the task's grid is float32's.
 
 The Python dispatch mode and the model's construction call here; the C++ front

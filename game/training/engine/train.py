@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from rich import filesize
 
-from game.errors import ConfigError, NonFiniteError, TranscriptError
+from game.errors import ConfigError, NonFiniteError, TranscriptError, VGameError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import own_start, replay_forward
@@ -252,7 +252,30 @@ def _train_alone(
         # is refused, leaves no transcript for a second run (with the code fixed) to trip over
         state = engine.init_state()
         writer = TranscriptWriter.create(out, cfg, profile)
+    created = resumed_from is None and writer.num_done == 0
 
+    try:
+        return _write_steps(writer, engine, state, out, profile, run, dev, progress, observe, resumed_from)
+    except VGameError:
+        if created and writer.num_done <= 1:  # refused at step 1: this run's leaf 0 alone
+            writer.discard()
+        raise
+
+
+def _write_steps(
+    writer: TranscriptWriter,
+    engine: StepEngine,
+    state: TrainState | None,
+    out: Path,
+    profile: str,
+    run: StepRunner,
+    dev: Deviation,
+    progress: ProgressFn | None,
+    observe: ObserveFn | None,
+    resumed_from: int | None,
+) -> TrainResult:
+    """Leaf 0 where it is not on disk yet, then the steps ``writer`` lacks, and the roots."""
+    cfg = engine.cfg
     steps_run = 0
     with writer:  # on any error, the steps already computed still reach the disk
         if writer.num_done == 0:

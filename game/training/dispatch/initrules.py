@@ -1,0 +1,138 @@
+"""The inexact ops a model's construction serves by an exact rule of their own
+(:mod:`~game.training.dispatch.initmode`; the others it rounds to nearest,
+:mod:`~game.training.dispatch.nearest`).
+
+At construction there is no log, so an inexact op's result may pass only where every machine gives
+the same bits: ``torch.linspace`` (each value worked out exactly and rounded once), and a 2-norm
+(the sum of squares taken exactly, :func:`norm2`) with the weight norm built on it (Wav2Vec2's,
+HuBERT's and WavLM's positional convolution), whose kernels sum in an order each machine's vector
+code chooses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from game.training.dispatch import widen
+
+#: What to do instead of an inexact op at construction.
+INIT_FIX = (
+    "use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, trunc_normal_ within "
+    "+-2 std, constant_, zeros_, ones_ are served exactly), or, where the model's own initialisation "
+    "computes it, give the weights as init_weights and build the model without that initialisation "
+    "(a transformers model: inside transformers.initialization.no_init_weights())"
+)
+
+WHERE = "model construction: "
+
+
+def _linspace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """``linspace(start, end, steps)`` from two real numbers, each value ``start + (end - start) * i /
+    (steps - 1)`` worked out exactly and rounded once: torch's kernel rounds a step and then a
+    product and a sum, in an order (and with fused multiply-adds) that its vector and scalar code
+    and each machine choose. Vision models take their stochastic-depth rates from it at
+    construction (``torch.linspace(0, config.drop_path_rate, sum(config.depths))``). None for
+    anything else (tensor bounds, a complex or integer result), which runs as it is."""
+    start, end, steps = (*args, None, None, None)[:3]
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    real = (int, float)
+    if not (isinstance(start, real) and isinstance(end, real) and isinstance(steps, int) and steps >= 0):
+        return None
+    if isinstance(start, bool) or isinstance(end, bool) or not dtype.is_floating_point:
+        return None
+    a, b = Fraction(start), Fraction(end)
+    values = [float(a + (b - a) * i / (steps - 1)) for i in range(steps)] if steps > 1 else [float(a)] * steps
+    wide = torch.tensor(values, dtype=torch.float64, device=kwargs.get("device"))
+    return (
+        wide
+        if dtype == torch.float64
+        else widen.nearest_float32(wide, "aten.linspace.default", WHERE, INIT_FIX).to(dtype)
+    )
+
+
+#: The magnitudes whose squares :func:`norm2` takes exactly: a value's two halves, and their
+#: products, stay normal floats (a weight is nowhere near either end).
+_NORM_RANGE = (2.0**-400, 2.0**400)
+
+#: Veltkamp's splitter for float64: ``x`` = ``hi + lo`` with 26 significant bits in each.
+_SPLIT = 2.0**27 + 1
+
+
+def norm2(x: Tensor, dims: Sequence[int] | None, keepdim: bool) -> Tensor | None:
+    """The 2-norm of float64 ``x`` over ``dims`` (all when None or empty): each square split into
+    three floats that sum to it exactly (Veltkamp), their sum rounded once (``math.fsum``), and
+    its IEEE square root. Every step is IEEE-exact or exactly rounded, so the result is the same
+    on every machine; torch's own kernel sums in an order its vector code chooses. None for
+    anything else (another dtype, values past :data:`_NORM_RANGE`), which the caller refuses."""
+    if x.dtype != torch.float64 or x.is_complex():
+        return None
+    a = x.detach().abs().cpu()
+    nonzero = a[a != 0]
+    if nonzero.numel() and not (_NORM_RANGE[0] <= float(nonzero.min()) and float(a.max()) <= _NORM_RANGE[1]):
+        return None
+    t = a * _SPLIT
+    hi = t - (t - a)
+    lo = a - hi
+    parts = torch.stack((hi * hi, hi * lo * 2.0, lo * lo))  # each product exact: 26 bits by 26
+    ndim = x.dim()
+    reduced = sorted({d % ndim for d in dims}) if dims and ndim else list(range(ndim))
+    kept = [d for d in range(ndim) if d not in reduced]
+    rows = parts.permute(0, *(d + 1 for d in kept), *(d + 1 for d in reduced)).reshape(
+        3, -1, max(1, math.prod(x.shape[d] for d in reduced))
+    )
+    sums = [math.sqrt(math.fsum(rows[:, r].reshape(-1).tolist())) for r in range(rows.shape[1])]
+    out = torch.tensor(sums, dtype=torch.float64).reshape([x.shape[d] for d in kept])
+    if keepdim:
+        for d in reduced:
+            out = out.unsqueeze(d)
+    return out.to(x.device)
+
+
+def _norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """``aten.norm.ScalarOpt_dim(x, p, dim, keepdim=False)`` with ``p`` 2: :func:`norm2`."""
+    x, p, dims, keepdim = (*args, None, None, kwargs.get("keepdim", False))[:4]
+    if p != 2 or kwargs.get("dtype") is not None:
+        return None
+    return norm2(x, dims, bool(keepdim))
+
+
+def _vector_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """``aten.linalg_vector_norm(x, ord=2, dim=None, keepdim=False)``: :func:`norm2`."""
+    names = ("ord", "dim", "keepdim")
+    given = {**dict(zip(names, args[1:], strict=False)), **kwargs}
+    if given.get("ord", 2) != 2 or given.get("dtype") is not None:
+        return None
+    return norm2(args[0], given.get("dim"), bool(given.get("keepdim", False)))
+
+
+def _weight_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """``aten._weight_norm_interface(v, g, dim)``: ``(v * (g / n), n)``, ``n`` the 2-norm of ``v``
+    over every dim but ``dim`` (:func:`norm2`), shaped as ``g``; the rest is IEEE arithmetic."""
+    v, g, dim = (*args, kwargs.get("dim", 0))[:3]
+    if kwargs.keys() - {"dim"} or not isinstance(g, Tensor) or g.dtype != torch.float64:
+        return None
+    dim = dim % v.dim()
+    n = norm2(v, [d for d in range(v.dim()) if d != dim], keepdim=True)
+    if n is None:
+        return None
+    n = n.reshape(g.shape)
+    return v * (g / n), n
+
+
+#: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
+#: returns None where it does not apply).
+SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
+    "aten.linspace.default": _linspace,
+    "aten.norm.ScalarOpt_dim": _norm,
+    "aten.linalg_vector_norm.default": _vector_norm,
+    "aten._weight_norm_interface.default": _weight_norm,
+}
+
+
+__all__ = ["INIT_FIX", "SERVED", "WHERE", "norm2"]

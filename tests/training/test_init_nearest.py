@@ -1,0 +1,127 @@
+"""Inexact ops at a model's construction that every machine can agree on: IEEE arithmetic and libm's
+functions rounded to nearest float32 in float64 as in float32 (a sinusoid table: GPT-J, CodeGen),
+values near a rounding boundary worked out again exactly; a 2-norm, and the weight norm built on it,
+served by an exact sum (Wav2Vec2). Each was refused before."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import pytest
+import torch
+from torch import nn
+
+from game.errors import UnsupportedOpError
+from game.training.dispatch import widen
+from game.training.dispatch.initmode import InitMode, init_module
+from game.training.numerics import rounding
+
+
+def r24(v: object) -> float:
+    """``v`` (an mpmath number, or anything it takes) rounded to float32, half to even."""
+    with mpmath.workprec(24):
+        return float(+mpmath.mpf(v))  # type: ignore[arg-type]
+
+
+def test_aFloat64SinusoidTable_isEachOpRoundedToNearestFloat32() -> None:
+    """GPT-J's and CodeGen's ``create_sinusoidal_positions``, under construction's float64 default
+    dtype: a division, a power, a reciprocal, a sine and a cosine, each rounded to nearest float32
+    as it is made, the same as working each out exactly (the product with a float32 tensor between
+    them is exact, and passes as it is)."""
+    dim, positions = 8, 40
+    with InitMode(0):
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
+        angles = torch.arange(positions, dtype=torch.int64).float()[:, None] * inv_freq
+        table = torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+    assert table.dtype == torch.float64 and table.shape == (positions, dim)
+    with mpmath.workprec(320):
+        inv = [r24(1 / mpmath.mpf(r24(mpmath.power(10000, r24(mpmath.mpf(i) / dim))))) for i in range(0, dim, 2)]  # fmt: skip
+        want = []
+        for p in range(positions):
+            a = [p * f for f in inv]  # exact (30 bits): passes as it is
+            want.append([r24(mpmath.sin(x)) for x in a] + [r24(mpmath.cos(x)) for x in a])
+    assert table.tolist() == want
+
+
+def _near_boundary_sines(count: int) -> torch.Tensor:
+    """Inputs whose float64 sine torch puts within :data:`widen.MARGIN` of a float32 ulp of a
+    rounding boundary (found among random ones: some one in half a million is)."""
+    g = torch.Generator().manual_seed(5)
+    found = []
+    while sum(len(f) for f in found) < count:
+        x = torch.rand(1 << 22, dtype=torch.float64, generator=g) * 8 - 4
+        near = rounding.midpoint_distance(x.sin(), rounding.MAX_BITS) <= widen.MARGIN
+        found.append(x[near])
+    return torch.cat(found)[:count]
+
+
+def test_aValueNearABoundary_isWorkedOutAgain_toTheCorrectlyRoundedFloat32() -> None:
+    """Where torch's float64 value is too near a boundary for every machine to round it alike, the
+    value is worked out again in 320-bit arithmetic: the float32 of the true sine, not a refusal
+    (some one value in half a million lies that near: a table of 65,536 values holds one about one
+    time in eight)."""
+    near = _near_boundary_sines(3)
+    x = torch.cat((near, torch.tensor([0.5, -1.25, 3.0], dtype=torch.float64)))
+    with InitMode(0):
+        got = x.sin()
+        inplace = x.clone().sin_()
+    with mpmath.workprec(320):
+        want = [r24(mpmath.sin(mpmath.mpf(v))) for v in x.tolist()]
+    assert got.tolist() == want and inplace.tolist() == want
+
+
+def test_aTieOfTheTrueValue_roundsHalfToEven() -> None:
+    """``pow(x, 0.5)`` of ``x = (1 + 2**-24)**2`` is exactly halfway between two float32 values:
+    it was refused as a tie; the true value rounds half to even (to 1)."""
+    x = torch.tensor([(1 + 2**-24) ** 2, (1 + 3 * 2**-24) ** 2], dtype=torch.float64)
+    with InitMode(0):
+        got = x.pow(0.5)
+    assert got.tolist() == [1.0, 1 + 2**-22]
+
+
+def test_anOpNotAmongTheLibmGradeOnes_isStillRefused() -> None:
+    """``erfinv`` is Newton steps on ``erf``: a last-ulp difference there moves it by more than
+    any margin, so it is refused, naming it."""
+    with pytest.raises(UnsupportedOpError, match="erfinv"), InitMode(0):
+        torch.full((3,), 0.999999).erfinv()
+
+
+def _exact_norm(values: list[float]) -> float:
+    """The 2-norm as the rule defines it: the sum of squares exactly, rounded once, then its IEEE
+    square root."""
+    return math.sqrt(float(sum(Fraction(v) ** 2 for v in values)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_aWeightNorm_atConstruction_isTheExactNorm(threads: int) -> None:
+    """Wav2Vec2's positional convolution takes a weight norm over every dim but the kernel's: its
+    norm is the exact sum's, the same whatever the thread count, and the weight it gives back is
+    ``v * (g / n)`` in IEEE arithmetic."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        conv = init_module(lambda: nn.utils.parametrizations.weight_norm(nn.Conv1d(6, 4, 5), dim=2), seed=3)
+    finally:
+        torch.set_num_threads(before)
+    g = conv.parametrizations.weight.original0.detach()
+    v = conv.parametrizations.weight.original1.detach()
+    assert g.shape == (1, 1, 5)
+    want = [_exact_norm(v[:, :, k].reshape(-1).tolist()) for k in range(5)]
+    assert g.reshape(-1).tolist() == want
+    with InitMode(3):
+        w, n = torch._weight_norm_interface(v, g, 2)
+    assert n.reshape(-1).tolist() == want and torch.equal(w, v * (g / n))
+
+
+def test_aVectorNorm_isServed_andAnotherOrderRefused() -> None:
+    x = torch.linspace(-3, 5, 24, dtype=torch.float64).reshape(4, 6) * 0.37
+    with InitMode(0):
+        got = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        whole = x.norm()
+    assert got.shape == (4, 1)
+    assert got.reshape(-1).tolist() == [_exact_norm(row) for row in x.tolist()]
+    assert whole.item() == _exact_norm(x.reshape(-1).tolist())
+    with pytest.raises(UnsupportedOpError, match="norm"), InitMode(0):
+        torch.linalg.vector_norm(x, ord=3)
