@@ -15,9 +15,10 @@ Python's and numpy's global generators (``random.random``, ``np.random.rand``: W
 masks come from numpy's) are seeded for the micro-batch from the task's seed, the step and the
 micro-batch's index (:func:`global_seed`), and put back as they were after it: their algorithm
 (the Mersenne Twister) gives the same words on every machine, so a trainer's and an auditor's
-masks are the same. Their uniform and integer draws are exact; a normal draw from them goes
-through the machine's libm, and its value passes as the model's code uses it. numpy's newer
-``default_rng()`` without a seed draws from the operating system and cannot be replayed.
+masks are the same. Their uniform and integer draws are exact; a normal or exponential draw goes
+through the machine's libm, whose last bit may differ by machine (draw those from torch, served
+here). numpy's newer ``default_rng()`` without a seed draws from the operating system and cannot be
+replayed.
 
 What the mode cannot see: calls made *inside* another Python-level torch function (torch pops a
 function mode while it handles a call; ``nn.init.kaiming_uniform_`` and
@@ -104,15 +105,23 @@ class StockOps:
         self._saved = (random.getstate(), np.random.get_state())
         random.seed(int.from_bytes(self._seed, "big"))
         np.random.seed(np.frombuffer(self._seed, dtype="<u4"))
-        self._mode.__enter__()
+        try:
+            self._mode.__enter__()
+        except BaseException:
+            self._put_back()
+            raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
+    def _put_back(self) -> None:
+        """The global generators as they were before :meth:`__enter__`."""
         if self._saved is not None:
             random.setstate(self._saved[0])
             np.random.set_state(self._saved[1])
             self._saved = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        self._put_back()
         if self._stance is not None:
             self._stance.__exit__(*exc)
             self._stance = None

@@ -223,9 +223,10 @@ def _train_alone(
             "an asynchronous task (max_staleness > 0) trains in one process or with `vgame ps train`, "
             "not with --workers"
         )
-    if cfg.scheduled and not (out / MANIFEST_NAME).exists():
+    created = not (out / MANIFEST_NAME).exists()  # by this run, below
+    if cfg.scheduled and created:
         return _train_by_schedule(engine, profile, out, dev, progress)
-    if (out / MANIFEST_NAME).exists():
+    if not created:
         existing = read_manifest(out)
         if existing.spec_hash != cfg.spec_hash().hex():
             raise TranscriptError(
@@ -249,15 +250,14 @@ def _train_alone(
             state = _rebuild_state(out, cfg, engine, writer.leaves)
     else:
         # the model is built before anything is written: a task whose code raises, or whose model
-        # is refused, leaves no transcript for a second run (with the code fixed) to trip over
+        # is refused, leaves no transcript for a second run (with the code fixed) to trip over; one
+        # refused in step 1 has its leaf 0 taken away again (below)
         state = engine.init_state()
         writer = TranscriptWriter.create(out, cfg, profile)
-    created = resumed_from is None and writer.num_done == 0
-
     try:
         return _write_steps(writer, engine, state, out, profile, run, dev, progress, observe, resumed_from)
     except VGameError:
-        if created and writer.num_done <= 1:  # refused at step 1: this run's leaf 0 alone
+        if created and writer.num_done <= 1:  # refused in step 1: this run's leaf 0 alone
             writer.discard()
         raise
 
