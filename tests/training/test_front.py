@@ -145,6 +145,10 @@ def _ops(kind: str) -> list[torch.Tensor]:
     out.append(torch.nn.functional.batch_norm(x, mean, var, training=kind == "train", momentum=0.3))
     out.append(torch.nn.functional.batch_norm(x, mean, var, training=False))
     out += [*a.max(dim=1), a.float() * 2.0, torch.cat([a, b]).sum()]  # a tuple; float32 exact; a move
+    # a float32 result asked for by a dtype argument (a factory's, a sum's): rounded by way of its
+    # float64 twin; the front read the argument's schema type as int and refused the result
+    out += [torch.arange(0.0, 1.0, 0.1, dtype=torch.float32), a.sum(dim=0, dtype=torch.float32)]
+    out.append(torch.eye(2, 3))  # a factory of 0s and 1s in the default dtype (Nystromformer's): a move
     return [*out, c, *xs, mean, var]
 
 
@@ -187,6 +191,7 @@ def test_front_classifiesAndTouchesLikeTheMode(kind: str) -> None:
     assert classes["aten.index_put_.default"] is OpClass.MOVE
     assert classes["aten._foreach_div_.ScalarList"] is OpClass.INEXACT
     assert classes["aten._foreach_div_.List"] is OpClass.EXACT
+    assert classes["aten.eye.m"] is OpClass.MOVE
 
 
 def _interleaved() -> list[torch.Tensor]:

@@ -104,15 +104,27 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "RecurrentGemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM", dict(hidden_size=16, num_hidden_layers=3,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32, lru_width=16,
                        attention_window_size=4, conv1d_width=2), "causal"),
+    "Olmo": ("OlmoConfig", "OlmoForCausalLM", _H, "causal"),
+    "Persimmon": ("PersimmonConfig", "PersimmonForCausalLM", _H, "causal"),
+    "Nemotron": ("NemotronConfig", "NemotronForCausalLM", _LLAMA_LIKE, "causal"),
     "XLNet": ("XLNetConfig", "XLNetLMHeadModel", dict(d_model=16, n_layer=1, n_head=2, d_inner=32), "causal"),
     "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
               conv_kernel=2), "causal"),
     "Mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
                conv_kernel=2, num_heads=4, head_dim=8, n_groups=1, chunk_size=4), "causal"),
+    "FalconMamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(hidden_size=16, num_hidden_layers=1,
+                    state_size=4, expand=2, conv_kernel=2), "causal"),
     # mixtures of experts: top-k routing, each expert's rows gathered and added back by index
     "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_LLAMA_LIKE, **_MOE), "causal"),
     "Qwen2Moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(_H, num_key_value_heads=2, num_experts=4,
                  num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16), "causal"),
+    "OlmoE": ("OlmoeConfig", "OlmoeForCausalLM", dict(_H, num_experts=4, num_experts_per_tok=2), "causal"),
+    "GraniteMoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(_H, num_key_value_heads=2, num_local_experts=4,
+                   num_experts_per_tok=2), "causal"),
+    # attention, Mamba and experts in one model
+    "Jamba": ("JambaConfig", "JambaForCausalLM", dict(_LLAMA_LIKE, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2,
+              num_experts=2, num_experts_per_tok=1, attn_layer_period=1, attn_layer_offset=0, expert_layer_period=1,
+              expert_layer_offset=0, use_mamba_kernels=False), "causal"),
     "Bert": ("BertConfig", "BertForMaskedLM", _H, "masked"),
     "Roberta": ("RobertaConfig", "RobertaForMaskedLM", _H, "masked"),
     "XLMRoberta": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", _H, "masked"),
@@ -130,6 +142,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     # Fourier mixing: a complex FFT in place of attention
     "FNet": ("FNetConfig", "FNetForMaskedLM", dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32,
              max_position_embeddings=16), "masked"),
+    "SqueezeBert": ("SqueezeBertConfig", "SqueezeBertForMaskedLM", dict(_H, embedding_size=16, q_groups=2, k_groups=2,
+                    v_groups=2, post_attention_groups=2, intermediate_groups=2, output_groups=2), "masked"),
+    # a Nystrom approximation of attention, with torch.eye in the default dtype
+    "Nystromformer": ("NystromformerConfig", "NystromformerForMaskedLM", dict(_H, num_landmarks=4,
+                      segment_means_seq_len=8), "masked"),
+    "ConvBert": ("ConvBertConfig", "ConvBertForMaskedLM", dict(_H, embedding_size=16, head_ratio=2,
+                 conv_kernel_size=3), "masked"),
+    "RoFormer": ("RoFormerConfig", "RoFormerForMaskedLM", dict(_H, embedding_size=16), "masked"),
+    "Ernie": ("ErnieConfig", "ErnieForMaskedLM", _H, "masked"),
+    "Data2VecText": ("Data2VecTextConfig", "Data2VecTextForMaskedLM", _H, "masked"),
     # relative-position buckets through a log of 0 on lanes it then drops: an inf, which passes
     "T5": ("T5Config", "T5ForConditionalGeneration", _T5, "seq2seq"),
     "MT5": ("MT5Config", "MT5ForConditionalGeneration", _T5, "seq2seq"),
@@ -140,6 +162,19 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                    decoder_ffn_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
                    num_decoder_attention_heads=2, max_position_embeddings=16, ngram=2, num_buckets=8,
                    decoder_start_token_id=0), "seq2seq"),
+    "LongT5": ("LongT5Config", "LongT5ForConditionalGeneration", _T5, "seq2seq"),
+    "UMT5": ("UMT5Config", "UMT5ForConditionalGeneration", _T5, "seq2seq"),
+    # T5 with a mixture of experts in its sparse layers
+    "SwitchTransformers": ("SwitchTransformersConfig", "SwitchTransformersForConditionalGeneration", dict(_T5,
+                           num_experts=4, expert_capacity=8, num_sparse_encoder_layers=1,
+                           num_sparse_decoder_layers=1), "seq2seq"),
+    # sinusoidal positions made at construction
+    "M2M100": ("M2M100Config", "M2M100ForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "MBart": ("MBartConfig", "MBartForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "PLBart": ("PLBartConfig", "PLBartForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "Blenderbot": ("BlenderbotConfig", "BlenderbotForConditionalGeneration", _ENC_DEC, "seq2seq"),
+    "LED": ("LEDConfig", "LEDForConditionalGeneration", dict(_ENC_DEC, max_encoder_position_embeddings=16,
+            max_decoder_position_embeddings=16, attention_window=[4]), "seq2seq"),
     "ViT": ("ViTConfig", "ViTForImageClassification", _VIT, "image"),
     "DeiT": ("DeiTConfig", "DeiTForImageClassification", _VIT, "image"),
     "Beit": ("BeitConfig", "BeitForImageClassification", _VIT, "image"),
@@ -158,16 +193,27 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                depths=[1, 1], groups_width=8), "image"),
     "MobileNetV2": ("MobileNetV2Config", "MobileNetV2ForImageClassification", dict(image_size=8,
                     depth_multiplier=0.25), "image"),
+    "MobileViT": ("MobileViTConfig", "MobileViTForImageClassification", dict(image_size=8, patch_size=2,
+                  hidden_sizes=[16, 16, 16], neck_hidden_sizes=[8, 8, 8, 8, 8, 8, 16], num_attention_heads=2), "image"),
+    "PoolFormer": ("PoolFormerConfig", "PoolFormerForImageClassification", dict(hidden_sizes=[8, 16, 16, 16],
+                   depths=[1, 1, 1, 1], patch_sizes=[3, 3, 3, 3], strides=[2, 2, 1, 1], padding=[1, 1, 1, 1]), "image"),
+    "PvtV2": ("PvtV2Config", "PvtV2ForImageClassification", dict(image_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+              num_attention_heads=[1, 2], sr_ratios=[2, 1], patch_sizes=[3, 3], strides=[2, 2], mlp_ratios=[2, 2],
+              num_encoder_blocks=2), "image"),
     # a weight norm at construction (its norm served exactly) and SpecAugment's masks from numpy
     "Wav2Vec2": ("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", _AUDIO, "audio"),
     "Hubert": ("HubertConfig", "HubertForSequenceClassification", _AUDIO, "audio"),
     # its attention's dropout runs inside torch's multi-head attention, where vgame cannot serve it
     "WavLM": ("WavLMConfig", "WavLMForSequenceClassification", dict(_AUDIO, attention_dropout=0.0), "audio"),
+    "UniSpeech": ("UniSpeechConfig", "UniSpeechForSequenceClassification", _AUDIO, "audio"),
+    "Data2VecAudio": ("Data2VecAudioConfig", "Data2VecAudioForSequenceClassification", dict(_AUDIO,
+                      num_conv_pos_embeddings=2, conv_pos_kernel_size=2), "audio"),
+    "SEW": ("SEWConfig", "SEWForSequenceClassification", dict(_AUDIO, squeeze_factor=1), "audio"),
 }  # fmt: skip
 
 
 #: The mixtures of experts, which take ``experts``.
-MIXTURES = frozenset({"Mixtral", "Qwen2Moe"})
+MIXTURES = frozenset({"Mixtral", "Qwen2Moe", "OlmoE", "GraniteMoe", "Jamba"})
 
 
 def _loss(kind: str) -> Any:

@@ -56,7 +56,7 @@ MOVE_OPS: frozenset[str] = frozenset(
         "embedding", "masked_select", "masked_scatter", "flip", "roll", "repeat", "tile",
         "repeat_interleave", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter",
         "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
-        "zeros", "zeros_like", "new_zeros", "zero", "ones", "ones_like", "new_ones",
+        "zeros", "zeros_like", "new_zeros", "zero", "ones", "ones_like", "new_ones", "eye",
         "_local_scalar_dense", "item", "resize", "set", "_unsafe_view", "_reshape_copy", "view_copy",
         "t_copy", "transpose_copy", "permute_copy", "expand_copy", "slice_copy", "select_copy",
         "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",

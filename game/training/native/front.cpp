@@ -414,7 +414,7 @@ void note(Session& s, int id, int cls) {
 // Whether a ScalarType argument (or an optional one) of the schema holds float32.
 bool asks_float(const c10::Argument& a, const c10::IValue& v) {
   if (!v.isInt()) return false;
-  c10::TypePtr type = a.type();
+  c10::TypePtr type = a.real_type();  // a ScalarType's type() is int, its "fake" type
   if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
   return type->kind() == c10::TypeKind::ScalarTypeType && v.toInt() == static_cast<int64_t>(at::kFloat);
 }
