@@ -159,7 +159,9 @@ def test_metaTensors_passWhateverTheOp() -> None:
     with InitMode(SEED) as mode:
         model = nn.Linear(3, 4, device="meta")
         drawn = torch.rand(3, device="meta").exp()
+        normed = nn.utils.parametrizations.weight_norm(nn.Conv1d(2, 2, 3, device="meta"), dim=2)
     assert model.weight.is_meta and drawn.is_meta and mode.draws.ordinal == 0
+    assert normed.weight.is_meta
 
 
 def test_factoryReturningNoModule_isConfigError() -> None:

@@ -70,7 +70,7 @@ def norm2(x: Tensor, dims: Sequence[int] | None, keepdim: bool) -> Tensor | None
     its IEEE square root. Every step is IEEE-exact or exactly rounded, so the result is the same
     on every machine; torch's own kernel sums in an order its vector code chooses. None for
     anything else (another dtype, values past :data:`_NORM_RANGE`), which the caller refuses."""
-    if x.dtype != torch.float64 or x.is_complex():
+    if x.dtype != torch.float64 or x.is_complex() or x.is_meta:  # on "meta": no values to differ
         return None
     a = x.detach().abs().cpu()
     nonzero = a[a != 0]
@@ -96,7 +96,8 @@ def norm2(x: Tensor, dims: Sequence[int] | None, keepdim: bool) -> Tensor | None
 
 def _norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     """``aten.norm.ScalarOpt_dim(x, p, dim, keepdim=False)`` with ``p`` 2: :func:`norm2`."""
-    x, p, dims, keepdim = (*args, None, None, kwargs.get("keepdim", False))[:4]
+    x, p, dims = (*args, None, None)[:3]
+    keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
     if p != 2 or kwargs.get("dtype") is not None:
         return None
     return norm2(x, dims, bool(keepdim))
