@@ -297,17 +297,40 @@ def test_multinomial_neverPicksAZeroWeight_andWithoutReplacementPicksDistinct() 
 @pytest.mark.parametrize(
     "draw",
     [
-        lambda: torch.empty(3).exponential_(),
         lambda: torch.empty(3).cauchy_(),
         lambda: torch.empty(3).log_normal_(),
         lambda: torch.empty(3).geometric_(0.5),
         lambda: torch.poisson(torch.ones(3)),
-        lambda: F.gumbel_softmax(torch.zeros(2, 3)),
     ],
 )
 def test_transcendentalDraws_areRefusedNamingTheFunction(draw: Callable[[], Any]) -> None:
     with pytest.raises(UnsupportedOpError, match="transcendental"), _ops():
         draw()
+
+
+def test_exponential_isMinusTheLogOfAnOpenUniform_overLambda() -> None:
+    """``exponential_`` was refused (a transcendental draw); it is ``-log(v) / lambd``, ``v`` the
+    midpoints of the grid's uniform steps: never 0 or 1, so every value is positive and finite."""
+    with _ops() as ops:
+        got = torch.empty(4000, dtype=torch.float64).exponential_(2.0)
+    with _ops() as again:
+        v = again.draws.open_uniform("exponential_", (4000,), torch.device("cpu"), torch.float64)
+    assert ops.drawn == 1
+    assert torch.equal(got, -torch.log(v) / 2.0)
+    w = v * 2.0 ** (BITS - 8)  # (2 * word + 1): odd integers
+    assert bool((w % 2 == 1).all()) and bool((v > 0).all()) and bool((v < 1).all())
+    assert bool((got > 0).all()) and bool(torch.isfinite(got).all())
+    assert abs(float(got.mean()) - 0.5) < 0.05  # the mean of Exp(2)
+
+
+def test_gumbelSoftmax_hard_isOneHotForward_softBackward() -> None:
+    logits = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    with _ops():
+        y = F.gumbel_softmax(logits, tau=0.7, hard=True)
+    assert torch.equal(y.detach().sum(-1), torch.ones(5, dtype=torch.float64))
+    assert set(y.detach().unique().tolist()) <= {0.0, 1.0}
+    (y * torch.arange(4.0, dtype=torch.float64)).sum().backward()
+    assert logits.grad is not None and bool((logits.grad != 0).any())
 
 
 def test_drawsBeneathADispatchMode_areTorchsOwn() -> None:
@@ -461,6 +484,27 @@ def test_numpysGlobalGenerator_inTheModel_replaysBitExactly() -> None:
     for name, t in trained.items():
         assert torch.equal(t, replayed[name]), name
     plain = _train("cpu-1t", "round", [])  # the masks change the state: they were drawn and used
+    assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
+
+
+class GumbelNet(StockNet):
+    """StockNet whose output is weighted by a Gumbel-softmax of itself (a router's draw)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x)
+        return logits * F.gumbel_softmax(logits, tau=0.5) + F.gumbel_softmax(logits, hard=True)
+
+
+def test_gumbelSoftmax_inTheModel_replaysBitExactly() -> None:
+    """``F.gumbel_softmax`` (Phimoe's router) was refused; served, its draws are the counter RNG's
+    and its logarithms are rounded with the log, so another profile replays it bit for bit, and
+    the noise changes the state (it was drawn and used)."""
+    chunks: list[bytes] = []
+    trained = _train("cpu-1t", "record", chunks, net=GumbelNet)
+    replayed = _train("noisy", "replay", chunks, net=GumbelNet)
+    for name, t in trained.items():
+        assert torch.equal(t, replayed[name]), name
+    plain = _train("cpu-1t", "round", [])
     assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
 
 

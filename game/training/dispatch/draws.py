@@ -151,6 +151,17 @@ class Draws:
                 u = w.to(torch.float64) * 2.0**-k
             return u.reshape(shape).to(dtype)
 
+    def open_uniform(
+        self, name: str, shape: Sequence[int], device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        """Uniform in ``(0, 1)``, never 0 nor 1, so that its logarithm is finite and not 0: the
+        midpoints ``(2w + 1) * 2**-k`` of :meth:`uniform`'s steps (``k`` its bits, ``w`` its word
+        less its last bit), on the grid."""
+        u = self.uniform(name, shape, device, torch.float64)
+        k = 53 if self.bits is None else self.bits - 8
+        with suspended():  # IEEE-exact: a product by a power of two, a floor, a sum of two k-bit values
+            return (torch.floor(u * 2.0 ** (k - 1)) * 2.0 ** -(k - 1) + 2.0**-k).to(dtype)
+
     def normal(self, name: str, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
         """Approximately standard normal: Irwin-Hall (exact integer sums), rounded to the grid."""
         purpose, ids, rest = self.key(name, shape)

@@ -9,9 +9,15 @@ draws are Irwin-Hall: exact integer arithmetic on every device, no transcendenta
 tails stop at 6 standard deviations). ``multinomial`` inverts the cumulative weights with ordinary
 ops (``cumsum`` is rounded with the log in a step, and refused at a construction like any inexact op).
 
-Refused, with :class:`~game.errors.UnsupportedOpError`: draws that need a transcendental function
-(``exponential_``, ``cauchy_``, ``log_normal_``, ``geometric_``, ``poisson``, ``binomial``, gamma and
-Dirichlet samples, ``F.gumbel_softmax``), whose float64 results differ between math libraries.
+``Tensor.exponential_`` and ``F.gumbel_softmax`` (mixture-of-experts routers draw Gumbel noise
+with them) are served too: an exponential is ``-log(v) / lambd``, ``v`` uniform in ``(0, 1)``
+(:meth:`~game.training.dispatch.draws.Draws.open_uniform`), its logarithm an ordinary op, rounded
+with the log in a step (and to nearest at construction) as any, so the machine's libm does not
+decide it.
+
+Refused, with :class:`~game.errors.UnsupportedOpError`: the other draws that need a transcendental
+function (``cauchy_``, ``log_normal_``, ``geometric_``, ``poisson``, ``binomial``, gamma and
+Dirichlet samples), whose float64 results differ between math libraries.
 
 Anything a handler does not recognise (an unusual keyword, a meta tensor, an integer dtype where a
 float is drawn) goes to torch as called: if it draws, the interceptor refuses it at the ATen level.
@@ -347,12 +353,53 @@ def _init_kaiming_uniform(d: Draws, func: Any, args: tuple[Any, ...], kwargs: di
 
 
 # --------------------------------------------------------------------------------------------------
-# Refused: draws that need a transcendental function
+# Exponential and Gumbel draws: a served uniform, and a logarithm rounded as any op
+# --------------------------------------------------------------------------------------------------
+
+
+def fill_exponential(d: Draws, name: str, x: Tensor, lambd: float) -> Tensor:
+    """``x`` in place: ``-log(v) / lambd``, ``v`` uniform in ``(0, 1)``: positive and finite (its
+    tail stops where ``v`` does, at ``(k + 1) * log(2) / lambd`` for ``k`` bits)."""
+    if x.is_meta:
+        return x
+    v = d.open_uniform(name, x.shape, x.device, x.dtype)
+    return x.copy_(torch.log(v).neg_().div_(lambd))
+
+
+@serves(torch.Tensor.exponential_)
+def _exponential_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    lambd = args[1] if len(args) > 1 else kwargs.get("lambd", 1.0)
+    if not _plain({k: v for k, v in kwargs.items() if k != "lambd"}, frozenset({"generator"})):
+        return func(*args, **kwargs)
+    return fill_exponential(d, name_of(func), args[0], float(lambd))
+
+
+@serves(F.gumbel_softmax)
+def _gumbel_softmax(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's own ``F.gumbel_softmax``, its exponential draw served (the function mode does not
+    see the draw inside the function)."""
+    names = ("logits", "tau", "hard", "eps", "dim")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    logits: Tensor = given["logits"]
+    if given.keys() - set(names) or logits.is_meta:
+        return func(*args, **kwargs)
+    tau, hard, dim = given.get("tau", 1), given.get("hard", False), given.get("dim", -1)
+    drawn = fill_exponential(d, name_of(func), torch.empty_like(logits), 1.0)
+    y_soft = ((logits - drawn.log()) / tau).softmax(dim)
+    if not hard:
+        return y_soft
+    index = y_soft.max(dim, keepdim=True)[1]
+    y_hard = torch.zeros_like(logits).scatter_(dim, index, 1.0)
+    return y_hard - y_soft.detach() + y_soft
+
+
+# --------------------------------------------------------------------------------------------------
+# Refused: the other draws that need a transcendental function
 # --------------------------------------------------------------------------------------------------
 
 _TRANSCENDENTAL = (
-    torch.Tensor.exponential_, torch.Tensor.cauchy_, torch.Tensor.log_normal_, torch.Tensor.geometric_,
-    torch.poisson, torch.binomial, torch._standard_gamma, torch._sample_dirichlet, F.gumbel_softmax,
+    torch.Tensor.cauchy_, torch.Tensor.log_normal_, torch.Tensor.geometric_, torch.poisson, torch.binomial,
+    torch._standard_gamma, torch._sample_dirichlet,
 )  # fmt: skip
 
 
@@ -362,4 +409,4 @@ def _refused(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     raise UnsupportedOpError(f"{name} {TRANSCENDENTAL_FIX}", op=name, fix=TRANSCENDENTAL_FIX)
 
 
-__all__ = ["TRANSCENDENTAL_FIX", "fill_normal", "fill_uniform"]
+__all__ = ["TRANSCENDENTAL_FIX", "fill_exponential", "fill_normal", "fill_uniform"]
