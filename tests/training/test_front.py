@@ -149,6 +149,14 @@ def _ops(kind: str) -> list[torch.Tensor]:
     # float64 twin; the front read the argument's schema type as int and refused the result
     out += [torch.arange(0.0, 1.0, 0.1, dtype=torch.float32), a.sum(dim=0, dtype=torch.float32)]
     out.append(torch.eye(2, 3))  # a factory of 0s and 1s in the default dtype (Nystromformer's): a move
+    # float32 results in the default dtype from no float32 argument (Phimoe's router, a true
+    # division of integers, a factory): their twins run under a float64 default, as in Python
+    mask = a > 0
+    out += [
+        torch.add(0.3333, mask, alpha=0.6667),
+        torch.arange(12).reshape(3, 4) / 7,
+        torch.arange(0.0, 1.0, 0.1),
+    ]
     return [*out, c, *xs, mean, var]
 
 

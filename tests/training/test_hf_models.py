@@ -83,7 +83,7 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
 
 #: examples/hf_families' families held here (the rest: docs/benchmarks.md, "Hugging Face families")
 FAMILIES = ["Qwen2", "Qwen3", "Mistral", "Gemma", "Gemma2", "Phi3", "Starcoder2", "GPTNeoX", "Falcon", "Bloom",
-            "Mixtral", "T5", "ConvNext", "GPTJ", "Wav2Vec2"]  # fmt: skip
+            "Mixtral", "T5", "ConvNext", "GPTJ", "Wav2Vec2", "Phimoe"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -99,7 +99,9 @@ def test_modelFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, 
     float64 at construction (``pow``, ``sin``, ``cos``: each value rounded to nearest float32);
     Wav2Vec2 takes a weight norm at construction (its norm served exactly) and draws SpecAugment's
     masks from numpy's global generator (seeded per micro-batch), so the auditor masks the same
-    time steps."""
+    time steps; Phimoe's router draws Gumbel noise (``exponential_``, served) and adds a Python
+    float to a boolean mask, a float32 result in torch's default dtype (rounded by way of its twin
+    under a float64 default)."""
     cfg = load_config(EXAMPLES / "hf_families" / "task.toml").replace(
         model={"family": family}, checkpoint_interval=3
     )

@@ -6,6 +6,7 @@ served by an exact sum (Wav2Vec2). Each was refused before."""
 from __future__ import annotations
 
 import math
+import random
 from fractions import Fraction
 
 import mpmath
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 
 from game.errors import UnsupportedOpError
-from game.training.dispatch import widen
+from game.training.dispatch import nearest
 from game.training.dispatch.initmode import InitMode, init_module
+from game.training.dispatch.initrules import exact_float32
 from game.training.numerics import rounding
 
 
@@ -46,13 +48,13 @@ def test_aFloat64SinusoidTable_isEachOpRoundedToNearestFloat32() -> None:
 
 
 def _near_boundary_sines(count: int) -> torch.Tensor:
-    """Inputs whose float64 sine torch puts within :data:`widen.MARGIN` of a float32 ulp of a
+    """Inputs whose float64 sine torch puts within :data:`nearest.MARGIN` of a float32 ulp of a
     rounding boundary (found among random ones: some one in half a million is)."""
     g = torch.Generator().manual_seed(5)
     found = []
     while sum(len(f) for f in found) < count:
         x = torch.rand(1 << 22, dtype=torch.float64, generator=g) * 8 - 4
-        near = rounding.midpoint_distance(x.sin(), rounding.MAX_BITS) <= widen.MARGIN
+        near = rounding.midpoint_distance(x.sin(), rounding.MAX_BITS) <= nearest.MARGIN
         found.append(x[near])
     return torch.cat(found)[:count]
 
@@ -79,6 +81,56 @@ def test_aTieOfTheTrueValue_roundsHalfToEven() -> None:
     with InitMode(0):
         got = x.pow(0.5)
     assert got.tolist() == [1.0, 1 + 2**-22]
+
+
+def test_theArgumentsKeptBeforeAnOp_areCopiedOnlyWhereTheOpWritesOne() -> None:
+    """What a value near a boundary is worked out again from: an in-place op's arguments as they
+    were before it overwrote them (copies), an out-of-place op's as they are (no copy)."""
+    x = torch.tensor([0.5, 1.5], dtype=torch.float32)
+    (kept,), _ = nearest.before(torch.ops.aten.sin.default, (x,), {})
+    assert kept is x
+    (copied,), _ = nearest.before(torch.ops.aten.sin_.default, (x,), {})
+    x.sin_()
+    assert copied.dtype == torch.float64 and copied.tolist() == [0.5, 1.5]
+
+
+def test_linspaceInFloat32_atATie_roundsHalfToEven_whereItWasRefused() -> None:
+    """``torch.linspace`` in float32 at construction: each exact value rounded once to float32. A
+    value halfway between two float32 values (``1 + 2**-24``), or within the margin of one, was
+    refused as one another machine could round otherwise; it is a rational, and rounds exactly."""
+    tie, tie_up = 1 + 2**-24, 1 + 3 * 2**-24
+    with InitMode(0):
+        got = torch.linspace(0.0, tie, 2, dtype=torch.float32)
+        up = torch.linspace(-tie_up, tie_up, 3, dtype=torch.float32)
+        thirds = torch.linspace(0.0, 1.0, 4, dtype=torch.float32)
+    assert got.tolist() == [0.0, 1.0]
+    assert up.tolist() == [-(1 + 2**-22), 0.0, 1 + 2**-22]
+    assert thirds.tolist() == [0.0, *(float(torch.tensor(k / 3, dtype=torch.float32)) for k in (1, 2)), 1.0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exactFloat32_isTheNearestFloat32_halfToEven(seed: int) -> None:
+    """Rationals of every size rounded to float32 exactly: no float32 lies nearer, and of two as near
+    the one with an even significand is taken."""
+    rng = random.Random(seed)
+    for _ in range(2_000):
+        q = Fraction(rng.randint(-(10**15), 10**15), rng.randint(1, 10**15)) * Fraction(2) ** rng.randint(
+            -80, 80
+        )
+        r = exact_float32(q)
+        assert r is not None and float(torch.tensor(r, dtype=torch.float32)) == r
+        err = abs(Fraction(r) - q)
+        for side in (math.inf, -math.inf):
+            other = float(torch.nextafter(torch.tensor(r, dtype=torch.float32), torch.tensor(side)))
+            assert err < abs(Fraction(other) - q) or (err == abs(Fraction(other) - q) and _even(r))
+    for m in range(1 << 23, (1 << 23) + 64):  # every tie between two neighbours: to the even one
+        assert exact_float32(Fraction(2 * m + 1, 1 << 24)) == (m + (m & 1)) / (1 << 23)
+    assert exact_float32(Fraction(0)) == 0.0
+    assert exact_float32(Fraction(2) ** 128) is None and exact_float32(Fraction(1, 2**130)) is None
+
+
+def _even(r: float) -> bool:
+    return int(torch.tensor(r, dtype=torch.float32).view(torch.int32)) % 2 == 0
 
 
 def test_anOpNotAmongTheLibmGradeOnes_isStillRefused() -> None:

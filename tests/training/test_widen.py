@@ -89,6 +89,61 @@ def test_float32Ops_recordedOnOneInterceptor_replayBitExactlyOnTheOther(trainer:
     assert rep.corrections + rec.corrections > 0  # the noise moved some value across a boundary
 
 
+def _defaulted(x: Tensor) -> list[Tensor]:
+    """Float32 results in torch's default dtype from no float32 argument: Phimoe's router (a
+    Python float with a boolean mask), a true division of integers, a factory in the default dtype
+    and a transcendental op on its result."""
+    mask = x > 0
+    ranks = torch.argsort(x, dim=-1)
+    steps = torch.arange(0.0, 1.0, 0.3)
+    return [torch.add(0.3333, mask, alpha=0.6667), ranks / 7, steps, (ranks / 3).sin()]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("mode", ["record", "round"])
+def test_aFloat32ResultInTheDefaultDtype_inAStep_isItsFloat64TwinRounded(profile: str, mode: str) -> None:
+    """A float32 result made from no float32 argument (torch's default dtype) is the same call's
+    float64 result under a float64 default, rounded as any and logged: it was refused as the
+    machine's own."""
+    x = _inputs()
+    rm = _mode(profile, mode, StepLog())
+    with rm:
+        got = _defaulted(x)
+    assert rm.via_front == (profile == "cpu-1t" and front.available())
+    assert all(t.dtype == torch.float32 for t in got)
+    assert rm.op_index == 5  # each op logged (the sine's float32 argument widened as before)
+    if profile == "cpu-1t":  # no noise: the float64 result, to nearest
+        mask, ranks = x > 0, torch.argsort(x, dim=-1).to(torch.float64)
+        want = [
+            0.3333 + 0.6667 * mask.to(torch.float64),
+            ranks / 7,
+            torch.arange(0.0, 1.0, 0.3, dtype=torch.float64),
+        ]
+        want.append(rounding.rnd(ranks / 3, BITS).sin())
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g.to(torch.float64), rounding.rnd(w, BITS))
+
+
+@pytest.mark.parametrize(("trainer", "auditor"), [("cpu-1t", "noisy"), ("noisy", "cpu-1t")])
+def test_defaultDtypeResults_recordedOnOneInterceptor_replayBitExactlyOnTheOther(
+    trainer: str, auditor: str
+) -> None:
+    """The front and the Python mode make the same twins of a default-dtype result: a record on
+    one replays on the other with the log used up exactly and equal values."""
+    x = _inputs()
+    log = StepLog()
+    rec = _mode(trainer, "record", log)
+    with rec:
+        recorded = _defaulted(x)
+    rep = _mode(auditor, "replay", log)
+    with rep:
+        replayed = _defaulted(x)
+    rep.finish()
+    assert rec.op_index == rep.op_index == 5
+    for a, b in zip(recorded, replayed, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("mode", ["record", "replay", "round"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -119,27 +174,6 @@ def test_aFloat32InexactOp_atConstruction_isItsFloat64TwinToNearest() -> None:
     expected = 1.0 / rounding.rnd(10000.0**exponents, BITS)  # each op's float64 twin, to nearest
     assert torch.equal(built.inv_freq, rounding.rnd(expected, BITS))
     assert torch.equal(init_module(_Rotary, seed=5).inv_freq, built.inv_freq)
-
-
-@pytest.mark.parametrize(
-    "offset", [0.0, 2.0**-30, -(2.0**-30)], ids=["a tie", "just above a tie", "just below a tie"]
-)
-def test_nearestFloat32_refusesAValueWhereAnotherLibmCouldRoundOtherwise(offset: float) -> None:
-    one_up = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float32), torch.tensor(2.0)).item())
-    tie = (1.0 + one_up) / 2
-    ulp = one_up - 1.0
-    x = torch.tensor([0.3, tie + offset * ulp], dtype=torch.float64)
-    with pytest.raises(UnsupportedOpError, match=r"rounding boundary.*: the fix"):
-        widen.nearest_float32(x, "aten.pow.Scalar", "", "the fix")
-
-
-def test_nearestFloat32_ofValuesClearOfTheBoundaries_isTheGrid() -> None:
-    x = torch.tensor([0.3, 1.0, -2.5e-3, 1e30, 0.0], dtype=torch.float64)
-    assert torch.equal(widen.nearest_float32(x, "f", "", "the fix"), x.to(torch.float32))
-    with pytest.raises(UnsupportedOpError, match="past float32's range"):
-        widen.nearest_float32(torch.tensor([1e39], dtype=torch.float64), "f", "", "the fix")
-    with pytest.raises(UnsupportedOpError, match="past float32's range"):
-        widen.nearest_float32(torch.tensor([float("nan")], dtype=torch.float64), "f", "", "the fix")
 
 
 def _twin_call(call: Callable[[], object]) -> tuple[tuple[object, ...], dict[str, object]]:

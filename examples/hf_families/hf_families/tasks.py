@@ -121,6 +121,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "OlmoE": ("OlmoeConfig", "OlmoeForCausalLM", dict(_H, num_experts=4, num_experts_per_tok=2), "causal"),
     "GraniteMoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(_H, num_key_value_heads=2, num_local_experts=4,
                    num_experts_per_tok=2), "causal"),
+    # its router draws Gumbel noise in training (exponential_, served)
+    "Phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(_LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2),
+               "causal"),
     # attention, Mamba and experts in one model
     "Jamba": ("JambaConfig", "JambaForCausalLM", dict(_LLAMA_LIKE, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2,
               num_experts=2, num_experts_per_tok=1, attn_layer_period=1, attn_layer_offset=0, expert_layer_period=1,
@@ -213,7 +216,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
 
 
 #: The mixtures of experts, which take ``experts``.
-MIXTURES = frozenset({"Mixtral", "Qwen2Moe", "OlmoE", "GraniteMoe", "Jamba"})
+MIXTURES = frozenset({"Mixtral", "Qwen2Moe", "OlmoE", "GraniteMoe", "Jamba", "Phimoe"})
 
 
 def _loss(kind: str) -> Any:

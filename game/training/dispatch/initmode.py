@@ -80,7 +80,7 @@ class _ExactOnly(TorchDispatchMode):
         if rule is not None and (served := rule(args, kwargs)) is not None:
             return served
         given = (
-            nearest.before(args, kwargs)
+            nearest.before(func, args, kwargs)
             if cls is OpClass.INEXACT and nearest.rounds_to_nearest(func)
             else None
         )

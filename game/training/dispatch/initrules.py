@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from game.training.dispatch import widen
+from game.errors import UnsupportedOpError
 
 #: What to do instead of an inexact op at construction.
 INIT_FIX = (
@@ -47,13 +47,44 @@ def _linspace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     if isinstance(start, bool) or isinstance(end, bool) or not dtype.is_floating_point:
         return None
     a, b = Fraction(start), Fraction(end)
-    values = [float(a + (b - a) * i / (steps - 1)) for i in range(steps)] if steps > 1 else [float(a)] * steps
-    wide = torch.tensor(values, dtype=torch.float64, device=kwargs.get("device"))
-    return (
-        wide
-        if dtype == torch.float64
-        else widen.nearest_float32(wide, "aten.linspace.default", WHERE, INIT_FIX).to(dtype)
-    )
+    exact = [a + (b - a) * i / (steps - 1) for i in range(steps)] if steps > 1 else [a] * steps
+    if dtype == torch.float64:
+        values: list[float | None] = [float(q) for q in exact]  # correctly rounded (Fraction's float)
+    else:
+        values = [exact_float32(q) for q in exact]
+        if None in values:
+            raise UnsupportedOpError(
+                f"{WHERE}aten.linspace.default gives a value past float32's normal range: {INIT_FIX}",
+                op="aten.linspace.default",
+                fix=INIT_FIX,
+            )
+    return torch.tensor(values, dtype=torch.float64, device=kwargs.get("device")).to(dtype)
+
+
+#: float32's least and largest normal magnitudes.
+_FLOAT32_NORMAL = (2.0**-126, float(torch.finfo(torch.float32).max))
+
+
+def exact_float32(q: Fraction) -> float | None:
+    """The rational ``q`` rounded to 24 bits, half to even: float32's rounding to nearest, done
+    exactly (by way of a float64 it could round twice). None where the result is neither 0 nor a
+    normal float32 (past float32's range, or below its least normal magnitude)."""
+    if q == 0:
+        return 0.0
+    n, d = abs(q.numerator), q.denominator
+    e = n.bit_length() - d.bit_length() - 24  # n / d / 2**e lies in [2**23, 2**25)
+    if n << max(0, -e) >= (d << max(0, e)) << 24:
+        e += 1  # now in [2**23, 2**24): 24 bits before the point
+    num, den = n << max(0, -e), d << max(0, e)
+    m, rest = divmod(num, den)
+    if 2 * rest > den or (2 * rest == den and m & 1):
+        m += 1
+    if not -300 < e < 300:  # far past float32's range (and 2.0**e's)
+        return None
+    r = float(m) * 2.0**e
+    if not _FLOAT32_NORMAL[0] <= r <= _FLOAT32_NORMAL[1]:
+        return None
+    return r if q > 0 else -r
 
 
 #: The magnitudes whose squares :func:`norm2` takes exactly: a value's two halves, and their
@@ -136,4 +167,4 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
 }
 
 
-__all__ = ["INIT_FIX", "SERVED", "WHERE", "norm2"]
+__all__ = ["INIT_FIX", "SERVED", "WHERE", "exact_float32", "norm2"]

@@ -130,6 +130,8 @@ class RoundingMode(FrontMode):
         out = self.profile.compute(func, args, kwargs)
         touched = _touched(plan, args, kwargs, out)
         if self.role.rounds:
+            if widen.defaulted(touched) and not plan.written and plan.hidden is None:  # writes none twice
+                return self._defaulted(func, plan, args, kwargs, out, touched)
             refuse_unrounded(name, touched, f"step {self.step}: ")
         self._round_inexact_all(touched, name)
         return out
@@ -148,18 +150,38 @@ class RoundingMode(FrontMode):
         """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,
         and again on its arguments widened to float64 under the profile's emulation; the twin's
         float64 results are rounded (and logged) as the op's, then written into its results."""
-        name, where = plan.name, f"step {self.step}: "
         wide_args, wide_kwargs = widen.widened(args, kwargs)  # before the op: an in-place op's start
         out = func(*args, **kwargs)
         wide_out = self.profile.compute(func, wide_args, wide_kwargs)
-        found = widen.pairs(
-            name, _touched(plan, args, kwargs, out), _touched(plan, wide_args, wide_kwargs, wide_out), where
+        self._round_twin(
+            plan, _touched(plan, args, kwargs, out), _touched(plan, wide_args, wide_kwargs, wide_out)
         )
+        return out
+
+    def _defaulted(
+        self,
+        func: Any,
+        plan: _Plan,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        touched: list[torch.Tensor],
+    ) -> Any:
+        """An inexact op with a float32 result in torch's default dtype and no float32 argument
+        (:func:`~game.training.dispatch.widen.default_twin`): its twin runs under a float64 default
+        and is rounded as the op's, as :meth:`_widened`'s is."""
+        wide_out = widen.default_twin(lambda: self.profile.compute(func, args, kwargs))
+        self._round_twin(plan, touched, _touched(plan, args, kwargs, wide_out))
+        return out
+
+    def _round_twin(self, plan: _Plan, touched: list[torch.Tensor], twins: list[torch.Tensor]) -> None:
+        """Round (and log) an op's float64 twin's results as the op's, then write them into its own."""
+        name, where = plan.name, f"step {self.step}: "
+        found = widen.pairs(name, touched, twins, where)
         rounded = [w for _, w in found]
         refuse_unrounded(name, rounded, where)
         self._round_inexact_all(rounded, name)
         widen.write_back(found)
-        return out
 
 
 __all__ = ["RoundingMode"]

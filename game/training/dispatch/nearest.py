@@ -8,7 +8,7 @@ or sinusoid table built in float32 (Llama's, by way of its float64 twin, see
 float64 default dtype). A float32 result holds the value exactly; a float64 one holds a float32
 value, which the grid of step 0 then keeps or rounds the same everywhere.
 
-Where torch's float64 value lies farther than :data:`~game.training.dispatch.widen.MARGIN` of a
+Where torch's float64 value lies farther than :data:`MARGIN` of a
 float32 ulp from a rounding boundary, every machine rounds it the same way, and its rounding is the
 answer. A value nearer (some one in half a million, for values that fall anywhere) is worked out
 again from the op's arguments in 320-bit arithmetic (mpmath) and rounded to 24 bits, half to even:
@@ -28,8 +28,7 @@ import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
-from game.training.dispatch import widen
-from game.training.dispatch.initrules import INIT_FIX, WHERE
+from game.training.dispatch.initrules import INIT_FIX, WHERE, exact_float32
 from game.training.numerics import rounding
 
 _Mpf = Any  # mpmath's numbers are untyped
@@ -72,14 +71,16 @@ _EXACT: dict[str, tuple[int, Callable[..., _Mpf]]] = {
     "hypot": (2, lambda x, y, a: mpmath.hypot(x, y)),
 }
 
+#: At construction there is no log, so a float64 result is rounded to nearest float32 as it is only
+#: where every machine's float64 result rounds the same way: farther than this fraction of a float32
+#: ulp from a rounding boundary (a float64 libm is within a few float64 ulps, 2**-29 of a float32 ulp).
+MARGIN = 2.0**-20
+
 #: The ops rounded to nearest at construction (module docstring).
 NEAREST = frozenset({*_EXACT, "arange"})
 
 #: Working precision of a value worked out again, in bits.
 _PREC = 320
-
-#: float32's least normal magnitude: below it float32's grid is not 24 bits.
-_TINY = 2.0**-126
 
 
 def rounds_to_nearest(func: Any) -> bool:
@@ -91,9 +92,15 @@ def _name(func: Any) -> str:
     return str(func.overloadpacket.__name__).rstrip("_")
 
 
-def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The call's arguments as float64 copies, taken before the op runs (an in-place op overwrites
-    its own), for :func:`to_nearest` to work values out again from."""
+def before(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments as they are before the op runs, for :func:`to_nearest` to work values
+    out again from: float64 copies of the floating ones where the op writes an argument (an in-place
+    op overwrites its own), the arguments themselves where it writes none (no copy of each
+    tensor a model's construction passes through such an op)."""
+    if not any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        return args, kwargs
 
     def copy(x: Any) -> Any:
         if isinstance(x, Tensor) and (x.is_floating_point() or x.is_complex()):
@@ -120,7 +127,7 @@ def to_nearest(
             )
         w = w.contiguous()
         out = rounding.rnd(w, rounding.MAX_BITS)
-        near = (rounding.midpoint_distance(w, rounding.MAX_BITS) <= widen.MARGIN).reshape(-1)
+        near = (rounding.midpoint_distance(w, rounding.MAX_BITS) <= MARGIN).reshape(-1)
         if bool(near.any()):
             lanes = near.nonzero().squeeze(1)
             if len(found) != 1:
@@ -132,7 +139,7 @@ def to_nearest(
 
 def _undecided(name: str) -> UnsupportedOpError:
     return UnsupportedOpError(
-        f"{WHERE}{name}: a float64 result lies within {widen.MARGIN:g} of a float32 ulp of a rounding "
+        f"{WHERE}{name}: a float64 result lies within {MARGIN:g} of a float32 ulp of a rounding "
         f"boundary, where another machine's float64 libm could round it the other way, and vgame "
         f"cannot work it out again: {INIT_FIX}",
         op=name,
@@ -145,6 +152,7 @@ def _worked_out(func: Any, given: tuple[tuple[Any, ...], dict[str, Any]], shape:
     """The values at flat positions ``lanes`` of the op's result (of ``shape``), worked out again
     at :data:`_PREC` bits from its arguments ``given`` and rounded to 24 bits, half to even."""
     name, (args, kwargs) = _name(func), given
+    values: list[Any]
     with mpmath.workprec(_PREC):
         if name == "arange":
             values = _arange(args, lanes)
@@ -173,24 +181,26 @@ def _lanes(x: Any, shape: tuple[int, ...], lanes: list[int], name: str) -> list[
     return [mpmath.mpf(x)] * len(lanes)
 
 
-def _arange(args: tuple[Any, ...], lanes: list[int]) -> list[_Mpf]:
+def _arange(args: tuple[Any, ...], lanes: list[int]) -> list[Fraction]:
     """``arange``'s values at ``lanes``: ``start + i * step``, exactly."""
     numbers = [a for a in args if _real(a)]
     start, step = (Fraction(0), Fraction(1)) if len(numbers) < 2 else (Fraction(numbers[0]), Fraction(1))
     if len(numbers) >= 3:
         step = Fraction(numbers[2])
-    return [mpmath.mpf(v.numerator) / v.denominator for v in (start + i * step for i in lanes)]
+    return [start + i * step for i in lanes]
 
 
-def _round24(v: _Mpf, name: str) -> float:
-    """``v`` rounded to 24 bits, half to even: float32's rounding, for a normal float32 value."""
-    if not isinstance(v, mpmath.mpf):  # a complex value (a power of a negative number)
-        raise _undecided(name)
-    with mpmath.workprec(24):
-        r = float(+v)
-    if r != 0 and not _TINY <= abs(r) <= rounding.FLOAT32_MAX:
+def _round24(v: _Mpf | Fraction, name: str) -> float:
+    """``v`` (an exact rational, or an mpmath number at :data:`_PREC` bits) rounded to 24 bits,
+    half to even (:func:`~game.training.dispatch.initrules.exact_float32`): float32's rounding, for
+    a normal float32 value; anything else raises."""
+    if isinstance(v, mpmath.mpf) and mpmath.isfinite(v):
+        man, exp = v.man_exp  # of the magnitude
+        v = Fraction(-man if v < 0 else man) * Fraction(2) ** exp
+    r = exact_float32(v) if isinstance(v, Fraction) else None  # else complex: a power of a negative number
+    if r is None:
         raise _undecided(name)
     return r
 
 
-__all__ = ["NEAREST", "before", "rounds_to_nearest", "to_nearest"]
+__all__ = ["MARGIN", "NEAREST", "before", "rounds_to_nearest", "to_nearest"]

@@ -251,15 +251,16 @@ def refusal(func: Any, where: str = "") -> UnsupportedOpError:
 
 
 #: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own (a
-#: float32 one is rounded by way of its float64 twin where the op has a float32 argument, see
-#: :mod:`~game.training.dispatch.widen`; one made from none, such as a default-dtype factory, is not).
+#: float32 one is rounded by way of its float64 twin, see :mod:`~game.training.dispatch.widen`,
+#: where the op has a float32 argument or its result is in the default dtype; one no twin gives in
+#: float64 is not).
 UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: What to do instead of an inexact op with such a result in a step.
 UNROUNDED_FIX = (
     "compute it in float32 or float64: a step runs in float64 and rounds every result to the task's "
-    "grid (an inexact op on float32 tensors is computed in float64 and rounded), and an inexact "
-    "result in half or bfloat16, or a float32 one from no float32 argument, is this machine's own, "
-    "which another machine's would differ from"
+    "grid (an inexact op on float32 tensors, or with a result in the default dtype, is computed in "
+    "float64 and rounded), and an inexact result in half or bfloat16, or a float32 one that cannot "
+    "be computed so, is this machine's own, which another machine's would differ from"
 )
 
 

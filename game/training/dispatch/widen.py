@@ -9,28 +9,30 @@ so that its float64 result can be rounded to the grid as any float64 result is (
 the log; at construction, to nearest, see :mod:`~game.training.dispatch.nearest`), and then written into the
 float32 result, which it fits exactly: the task's grid is float32's.
 
+A float32 result may also come from no float32 argument at all: torch's default dtype, in a
+factory (``torch.arange(0, 1, 0.1)``), a true division of integers, or a Python float with an
+integer or boolean tensor (Phimoe's router: ``torch.add(0.3333, mask, alpha=0.6667)``). Its twin is
+the same call under a float64 default dtype (:func:`default_twin`), run after the op: such a call
+overwrites no float32 tensor, so its arguments are still as they were.
+
 The Python dispatch mode and the model's construction call here; the C++ front
-(``native/front.cpp``, ``widen_stack``) does the same on its boxed stack, and the two must agree.
-Half and bfloat16 are not widened: an op with such a result stays refused.
+(``native/front.cpp``, ``widen_stack`` and ``default_twin``) does the same on its boxed stack, and
+the two must agree. Half and bfloat16 are not widened: an op with such a result stays refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
-from game.training.numerics import rounding
 
 #: The dtype an inexact op's tensors are widened from.
 NARROW = torch.float32
-
-#: At construction there is no log, so a float64 result is rounded to nearest float32 only where
-#: every machine's float64 result rounds the same way: farther than this fraction of a float32 ulp
-#: from a rounding boundary (a float64 libm is within a few float64 ulps, 2**-29 of a float32 ulp).
-MARGIN = 2.0**-20
 
 
 def _narrow_in(x: Any) -> bool:
@@ -61,6 +63,29 @@ def widened(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, .
     return _widen(args), {k: _widen(v) for k, v in kwargs.items()}
 
 
+@contextmanager
+def _default_float64() -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def defaulted(touched: list[Tensor]) -> bool:
+    """Whether an op that took no float32 argument gave a float32 result: one in torch's default
+    dtype, whose twin is :func:`default_twin`."""
+    return any(t.dtype == NARROW for t in touched)
+
+
+def default_twin(compute: Callable[[], Any]) -> Any:
+    """The float64 twin of a call whose float32 result came from torch's default dtype: the call
+    again (``compute``) with float64 as the default dtype."""
+    with _default_float64():
+        return compute()
+
+
 def pairs(
     name: str, touched: list[Tensor], twins: list[Tensor], where: str = ""
 ) -> list[tuple[Tensor, Tensor]]:
@@ -87,22 +112,12 @@ def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
             t.copy_(w)
 
 
-def nearest_float32(x: Tensor, name: str, where: str, fix: str) -> Tensor:
-    """A float64 tensor rounded to nearest float32, where that is the same on every machine (see
-    :data:`MARGIN`); raises, naming ``name`` and the ``fix``, for a value too near a rounding
-    boundary (a tie included), or one past float32's range or not finite."""
-    if rounding.magnitude(x) > rounding.FLOAT32_MAX:
-        raise UnsupportedOpError(
-            f"{where}{name} gives a value past float32's range, or not finite: {fix}", op=name, fix=fix
-        )
-    if bool((rounding.midpoint_distance(x, rounding.MAX_BITS) <= MARGIN).any()):
-        raise UnsupportedOpError(
-            f"{where}{name}: a float64 result lies within {MARGIN:g} of a float32 ulp of a rounding "
-            f"boundary, where another machine's float64 libm could round it the other way: {fix}",
-            op=name,
-            fix=fix,
-        )
-    return rounding.rnd(x, rounding.MAX_BITS).to(NARROW)
-
-
-__all__ = ["MARGIN", "NARROW", "narrow_inputs", "nearest_float32", "pairs", "widened", "write_back"]
+__all__ = [
+    "NARROW",
+    "default_twin",
+    "defaulted",
+    "narrow_inputs",
+    "pairs",
+    "widened",
+    "write_back",
+]

@@ -13,7 +13,9 @@
 // records and counters; it hands them to Python with its next call and when it is switched off.
 // Anything else, and any tensor a kernel refuses, goes to Python, which words the errors. An inexact
 // op with a float32 argument runs again on its float64 twin (widen_stack, as dispatch/widen.py
-// does): the twin's results are what is rounded, and they are then written into the op's own.
+// does): the twin's results are what is rounded, and they are then written into the op's own. One
+// with a float32 result and no float32 argument (torch's default dtype) runs again under a float64
+// default instead (widen.default_twin).
 //
 // The fallback sits on DispatchKey::Fake, a key reserved for out-of-tree code below autograd
 // (every key the Python API exposes there already holds a fallback). It is switched on for one
@@ -29,6 +31,7 @@
 // op order, and so the log, would depend on the threads' timing, and the front raises instead.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -530,12 +533,31 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     wide = widen_stack(op.schema(), *stack, base);
     wide_found = written(wide, 0);
   }
+  // widen.default_twin: a float32 result from no float32 argument is in torch's default dtype; its
+  // twin is the call again under a float64 default, after the op (which writes no argument).
+  const bool may_default = cls == kInexact && !narrow && plan.written.empty() && plan.hidden.empty();
+  if (may_default) wide.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   std::vector<at::Tensor> found = written(*stack, base);
   op.redispatchBoxed(below, stack);
   std::vector<at::Tensor> results = touched(std::move(found), *stack, nret);
   std::vector<std::pair<at::Tensor, at::Tensor>> twins;
+  const bool defaulted = may_default && std::any_of(results.begin(), results.end(), [](const at::Tensor& t) {
+                           return t.scalar_type() == at::kFloat;
+                         });
   if (narrow) {
     op.redispatchBoxed(below, &wide);
+  } else if (defaulted) {
+    const caffe2::TypeMeta before = c10::get_default_dtype();
+    c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
+    try {
+      op.redispatchBoxed(below, &wide);
+    } catch (...) {
+      c10::set_default_dtype(before);
+      throw;
+    }
+    c10::set_default_dtype(before);
+  }
+  if (narrow || defaulted) {
     twins = twin_pairs(plan, results, touched(std::move(wide_found), wide, nret));
     for (size_t i = 0; i < results.size(); ++i) results[i] = twins[i].second;
   }
