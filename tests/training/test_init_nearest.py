@@ -83,6 +83,26 @@ def test_aTieOfTheTrueValue_roundsHalfToEven() -> None:
     assert got.tolist() == [1.0, 1 + 2**-22]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_aHalfPrecisionOp_atConstruction_isTheNearestFloat32Converted(dtype: torch.dtype) -> None:
+    """Apertus builds its activation's parameters in bfloat16 (``log(expm1(0.8))``): such an op was
+    refused at construction. It is run on its float64 twin, rounded to nearest float32 as a float32
+    op's, and converted (IEEE, the same everywhere), as torch computes it: in float32, then
+    converted. In place too."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(4096, generator=g, dtype=torch.float64) * 6 - 3).to(dtype)
+    with InitMode(0):
+        got = x.exp()
+        inplace = x.clone().sin_()
+        chained = torch.log(torch.expm1(torch.tensor(0.8, dtype=dtype)))
+    wide = x.to(torch.float64)
+    assert got.dtype == inplace.dtype == chained.dtype == dtype
+    assert torch.equal(got, rounding.rnd(wide.exp(), rounding.MAX_BITS).to(dtype))
+    assert torch.equal(inplace, rounding.rnd(wide.sin(), rounding.MAX_BITS).to(dtype))
+    first = rounding.rnd(torch.tensor(0.8, dtype=dtype).double().expm1(), rounding.MAX_BITS).to(dtype)
+    assert chained == rounding.rnd(first.double().log(), rounding.MAX_BITS).to(dtype)
+
+
 def test_theArgumentsKeptBeforeAnOp_areCopiedOnlyWhereTheOpWritesOne() -> None:
     """What a value near a boundary is worked out again from: an in-place op's arguments as they
     were before it overwrote them (copies), an out-of-place op's as they are (no copy)."""

@@ -11,7 +11,8 @@ count, would build another model. Inside :class:`InitMode`:
   as in a step, with 53-bit uniforms and unrounded Irwin-Hall normals, since nothing is rounded);
 * data movement and IEEE-exact ops pass (fills, copies, ``zero_``, multiplies by Python numbers);
 * an inexact op of IEEE arithmetic or libm (``pow``, ``exp``, ``sin``: a sinusoid or rotary table),
-  in float32 or float64, is rounded to nearest float32 where every machine rounds it the same way;
+  in float32 or float64, is rounded to nearest float32, the same on every machine (in float16 or
+  bfloat16, that float32 value converted: Apertus builds its activation's parameters so);
   ``torch.linspace`` and a 2-norm (a weight norm's) are served by exact rules of their own
   (:mod:`~game.training.dispatch.initrules`);
 * any other op that produces or changes a floating tensor raises :class:`~game.errors.UnsupportedOpError`
@@ -84,8 +85,11 @@ class _ExactOnly(TorchDispatchMode):
             if cls is OpClass.INEXACT and nearest.rounds_to_nearest(func)
             else None
         )
+        narrow = widen.AT_CONSTRUCTION
         wide = (
-            widen.widened(args, kwargs) if given is not None and widen.narrow_inputs(args, kwargs) else None
+            widen.widened(args, kwargs, narrow)
+            if given is not None and widen.narrow_inputs(args, kwargs, narrow)
+            else None
         )
         out = func(*args, **kwargs)
         if cls is OpClass.MOVE or cls is OpClass.EXACT:
@@ -109,20 +113,25 @@ class _ExactOnly(TorchDispatchMode):
 
     @staticmethod
     def _to_nearest(func: Any, touched: list[Any], wide: Call | None, given: Call) -> bool:
-        """An op of :data:`~game.training.dispatch.nearest.NEAREST`: its float32 and float64
-        results rounded to nearest float32 (:func:`~game.training.dispatch.nearest.to_nearest`,
-        working values near a boundary out again from ``given``, the arguments before the op), a
-        float32 result by way of the op's float64 twin (``wide``: its arguments widened, see
-        :mod:`~game.training.dispatch.widen`), a float64 one from its own values. False where a
-        result is of another floating dtype (refused by the caller)."""
+        """An op of :data:`~game.training.dispatch.nearest.NEAREST`: its results rounded to
+        nearest float32 (:func:`~game.training.dispatch.nearest.to_nearest`, working values near a
+        boundary out again from ``given``, the arguments before the op), a float32, float16 or
+        bfloat16 result by way of the op's float64 twin (``wide``: its arguments widened, see
+        :data:`~game.training.dispatch.widen.AT_CONSTRUCTION`; a half-precision result takes that
+        float32 value by IEEE conversion), a float64 one from its own values. False where a result
+        is of another floating dtype, or none of its twin's is float64 (refused by the caller)."""
         name = op_name(func)
         if wide is None:
             found = [(t, t) for t in touched]
         else:
             args, kwargs = wide
-            found = widen.pairs(name, touched, touched_tensors(func, args, kwargs, func(*args, **kwargs)))
+            twins = touched_tensors(func, args, kwargs, func(*args, **kwargs))
+            found = widen.pairs(name, touched, twins, narrow=widen.AT_CONSTRUCTION)
         floating = [(t, w) for t, w in found if t.is_floating_point() or t.is_complex()]
-        if any(t.dtype not in (widen.NARROW, torch.float64) or w.dtype != torch.float64 for t, w in floating):
+        if any(
+            t.dtype not in (*widen.AT_CONSTRUCTION, torch.float64) or w.dtype != torch.float64
+            for t, w in floating
+        ):
             return False
         nearest.to_nearest(func, floating, given)
         return True

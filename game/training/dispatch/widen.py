@@ -17,7 +17,8 @@ overwrites no float32 tensor, so its arguments are still as they were.
 
 The Python dispatch mode and the model's construction call here; the C++ front
 (``native/front.cpp``, ``widen_stack`` and ``default_twin``) does the same on its boxed stack, and
-the two must agree. Half and bfloat16 are not widened: an op with such a result stays refused.
+the two must agree. Half and bfloat16 are not widened in a step, where an op with such a result
+stays refused; at construction they are (:data:`AT_CONSTRUCTION`).
 """
 
 from __future__ import annotations
@@ -33,34 +34,44 @@ from game.errors import UnsupportedOpError
 
 #: The dtype an inexact op's tensors are widened from.
 NARROW = torch.float32
+#: The dtypes widened at a model's construction: float32's, and float16's and bfloat16's, whose
+#: result there is the nearest float32 converted once more (IEEE conversion, the same everywhere),
+#: as torch computes them (in float32, then converted). A step leaves those two refused.
+AT_CONSTRUCTION = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _narrow_in(x: Any) -> bool:
+def _narrow_in(x: Any, narrow: tuple[torch.dtype, ...]) -> bool:
     if isinstance(x, Tensor):
-        return x.dtype == NARROW
+        return x.dtype in narrow
     if isinstance(x, list | tuple):
-        return any(_narrow_in(v) for v in x)
-    return x is NARROW
+        return any(_narrow_in(v, narrow) for v in x)
+    return isinstance(x, torch.dtype) and x in narrow
 
 
-def narrow_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def narrow_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], narrow: tuple[torch.dtype, ...] = (NARROW,)
+) -> bool:
     """Whether a call takes a float32 tensor or asks for a float32 result (``dtype=float32``): the
-    calls :func:`widened` makes a float64 twin of."""
-    return _narrow_in(args) or _narrow_in(tuple(kwargs.values()))
+    calls :func:`widened` makes a float64 twin of (``narrow``: the dtypes widened, float32's alone
+    but at construction, :data:`AT_CONSTRUCTION`)."""
+    return _narrow_in(args, narrow) or _narrow_in(tuple(kwargs.values()), narrow)
 
 
-def _widen(x: Any) -> Any:
+def _widen(x: Any, narrow: tuple[torch.dtype, ...]) -> Any:
     if isinstance(x, Tensor):
-        return x.to(torch.float64) if x.dtype == NARROW else x
+        return x.to(torch.float64) if x.dtype in narrow else x
     if isinstance(x, list | tuple):
-        return type(x)(_widen(v) for v in x)
-    return torch.float64 if x is NARROW else x
+        return type(x)(_widen(v, narrow) for v in x)
+    return torch.float64 if isinstance(x, torch.dtype) and x in narrow else x
 
 
-def widened(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The call's float64 twin: float32 tensors copied to float64 (before the call, so that an
-    in-place op's twin starts from the values the op started from), float32 dtypes made float64."""
-    return _widen(args), {k: _widen(v) for k, v in kwargs.items()}
+def widened(
+    args: tuple[Any, ...], kwargs: dict[str, Any], narrow: tuple[torch.dtype, ...] = (NARROW,)
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's float64 twin: float32 tensors (those of ``narrow``'s dtypes) copied to float64
+    (before the call, so that an in-place op's twin starts from the values the op started from),
+    such dtypes asked for made float64."""
+    return _widen(args, narrow), {k: _widen(v, narrow) for k, v in kwargs.items()}
 
 
 @contextmanager
@@ -87,7 +98,11 @@ def default_twin(compute: Callable[[], Any]) -> Any:
 
 
 def pairs(
-    name: str, touched: list[Tensor], twins: list[Tensor], where: str = ""
+    name: str,
+    touched: list[Tensor],
+    twins: list[Tensor],
+    where: str = "",
+    narrow: tuple[torch.dtype, ...] = (NARROW,),
 ) -> list[tuple[Tensor, Tensor]]:
     """The op's results beside its float64 twin's, one for one: (result, twin) for each float32 or
     float64 result whose twin is float64; any other result (half, bfloat16, integer) is paired with
@@ -100,7 +115,7 @@ def pairs(
             fix="compute it in float64",
         )
     return [
-        (t, w) if t.dtype in (NARROW, torch.float64) and w.dtype == torch.float64 else (t, t)
+        (t, w) if (t.dtype in narrow or t.dtype == torch.float64) and w.dtype == torch.float64 else (t, t)
         for t, w in zip(touched, twins, strict=True)
     ]
 
@@ -113,6 +128,7 @@ def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
 
 
 __all__ = [
+    "AT_CONSTRUCTION",
     "NARROW",
     "default_twin",
     "defaulted",
