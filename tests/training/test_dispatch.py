@@ -400,6 +400,23 @@ def test_exactOps_areRoundedWithoutLog() -> None:
         ),
         (lambda: (aten._foreach_mul_.Scalar, ([torch.ones(2)], 0.9), {}), OpClass.EXACT),
         (lambda: (aten._foreach_lerp_.Scalar, ([torch.ones(2)], [torch.ones(2)], 0.1), {}), OpClass.INEXACT),
+        # in-place views, and ops that copy values or set them to 0, move data (they were inexact)
+        (lambda: (aten.t_.default, (torch.ones(2, 3),), {}), OpClass.MOVE),
+        (lambda: (aten.transpose_.default, (torch.ones(2, 3), 0, 1), {}), OpClass.MOVE),
+        (lambda: (aten.tril.default, (torch.ones(3, 3),), {}), OpClass.MOVE),
+        (lambda: (aten.triu.default, (torch.ones(3, 3), 1), {}), OpClass.MOVE),
+        (lambda: (aten.diagonal_copy.default, (torch.ones(3, 3),), {}), OpClass.MOVE),
+        (lambda: (aten.diag_embed.default, (torch.ones(3),), {}), OpClass.MOVE),
+        (lambda: (aten.reflection_pad1d.default, (torch.ones(1, 4), [1, 1]), {}), OpClass.MOVE),
+        (lambda: (aten.replication_pad2d.default, (torch.ones(1, 3, 3), [1, 1, 1, 1]), {}), OpClass.MOVE),
+        (  # its backward pass sums the gradients of the copies
+            lambda: (
+                aten.replication_pad1d_backward.default,
+                (torch.ones(1, 6), torch.ones(1, 4), [1, 1]),
+                {},
+            ),
+            OpClass.INEXACT,
+        ),
     ],
 )
 def test_classify_dependsOnOpAndArguments(call: Any, expected: OpClass) -> None:

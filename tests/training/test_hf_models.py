@@ -160,28 +160,26 @@ def build(cfg):
 """
 
 
-def test_aModelWhoseOwnInitialisationIsInexact_isRefusedSayingHowToFineTuneIt_andThatWorks(
-    tmp_path: Path,
-) -> None:
-    """RWKV initialises its weights orthogonally (a float64 QR factorisation, which differs by
-    machine): construction refuses it, naming the op and the way to fine-tune such a model, which
-    used to read "give init_weights", and giving them alone changed nothing. Built without its own
-    initialisation (transformers' ``no_init_weights``), with the weights given, it trains and
-    audits bit-exactly, and leaf 0 is those weights."""
-    from game.errors import UnsupportedOpError
-
+def test_rwkvsOrthogonalInitialisation_isServed_andItsFineTuneWorksToo(tmp_path: Path) -> None:
+    """RWKV initialises its weights orthogonally, a QR factorisation, which LAPACK gives with other
+    last bits on another machine: construction refused it, naming the op and the way to fine-tune
+    such a model. It is served now (Householder's, in a fixed order): the model trains with its own
+    initialisation and audits bit-exactly. Built without it (transformers' ``no_init_weights``),
+    with the weights given, it trains and audits bit-exactly too, and leaf 0 is those weights."""
     from .test_task_api import make_plugin
 
     name = make_plugin(tmp_path, RWKV_PY)
     cfg = load_config(tmp_path / "task.toml")
-    with pytest.raises(UnsupportedOpError, match=r"aten\.linalg_qr.*no_init_weights\(\)"):
-        train(cfg, "cpu-1t", tmp_path / "refused")
+    own = train(cfg, "cpu-1t", tmp_path / "own")
+    assert own.steps_run == 2
+    report = audit(tmp_path / "own", "noisy")
+    assert report.match and report.trainer_state_root == own.state_root, report.to_dict()
     module = __import__(f"{name}.tasks", fromlist=["rwkv"])
     weights = {k: v.detach().clone().contiguous() for k, v in module.rwkv().state_dict().items()}
     (tmp_path / "w.safetensors").write_bytes(save(weights, Path("w.safetensors")))
     tuned = cfg.replace(params={"init": str(tmp_path / "w.safetensors"), "skip_init": 1})
     trained = train(tuned, "cpu-1t", tmp_path / "run")
-    assert trained.steps_run == 2
+    assert trained.steps_run == 2 and trained.state_root != own.state_root
     report = audit(tmp_path / "run", "noisy")
     assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
     t = Transcript(tmp_path / "run")

@@ -120,7 +120,6 @@ def test_trainingTimeDropout_inTheFactory_passes() -> None:
     ("initialiser", "op"),
     [
         (lambda t: t.uniform_(-1, 1).erfinv_(), "erfinv"),  # the old trunc_normal_'s inverse CDF
-        (lambda t: nn.init.orthogonal_(t), "linalg_qr"),
         (lambda t: t.copy_(torch.full((3, 3), 2.0).lgamma()), "lgamma"),
         (lambda t: t.copy_(torch.ones(3, 3).cumsum(0)), "cumsum"),  # a sum, in the machine's order
         (lambda t: t.cauchy_(), "cauchy_"),

@@ -3,10 +3,11 @@
 :mod:`~game.training.dispatch.nearest`).
 
 At construction there is no log, so an inexact op's result may pass only where every machine gives
-the same bits: ``torch.linspace`` (each value worked out exactly and rounded once), and a 2-norm
+the same bits: ``torch.linspace`` (each value worked out exactly and rounded once), a 2-norm
 (the sum of squares taken exactly, :func:`norm2`) with the weight norm built on it (Wav2Vec2's,
 HuBERT's and WavLM's positional convolution), whose kernels sum in an order each machine's vector
-code chooses.
+code chooses, and a QR factorisation (``nn.init.orthogonal_``'s, by
+:mod:`~game.training.dispatch.householder`), which LAPACK computes in a blocking of its own.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
+from game.training.dispatch import householder
 
 #: What to do instead of an inexact op at construction.
 INIT_FIX = (
     "use an exact initialiser (nn.init's uniform_, normal_, kaiming_*, xavier_*, trunc_normal_ within "
-    "+-2 std, constant_, zeros_, ones_ are served exactly), or, where the model's own initialisation "
+    "+-2 std, orthogonal_, constant_, zeros_, ones_ are served exactly), or, where the model's own initialisation "
     "computes it, give the weights as init_weights and build the model without that initialisation "
     "(a transformers model: inside transformers.initialization.no_init_weights())"
 )
@@ -157,6 +159,18 @@ def _weight_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor,
     return v * (g / n), n
 
 
+def _qr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """``aten.linalg_qr(a, mode="reduced")`` of a real 2-D float64 ``a`` (``nn.init.orthogonal_``'s):
+    Householder's, the same on every machine (:mod:`~game.training.dispatch.householder`)."""
+    a = args[0]
+    mode = args[1] if len(args) > 1 else kwargs.get("mode", "reduced")
+    if mode != "reduced" or kwargs.keys() - {"mode"} or not isinstance(a, Tensor):
+        return None
+    if a.dtype != torch.float64 or a.dim() != 2 or a.is_meta:  # on "meta": no values to differ
+        return None
+    return householder.qr(a)
+
+
 #: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
 #: returns None where it does not apply).
 SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
@@ -164,6 +178,7 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten.norm.ScalarOpt_dim": _norm,
     "aten.linalg_vector_norm.default": _vector_norm,
     "aten._weight_norm_interface.default": _weight_norm,
+    "aten.linalg_qr.default": _qr,
 }
 
 

@@ -63,6 +63,11 @@ MOVE_OPS: frozenset[str] = frozenset(
         "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
         "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin",
         "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
+        # in-place views (t_, transpose_, ...: their schema marks a write, so they are not caught as views)
+        "t", "transpose", "swapaxes", "swapdims", "squeeze", "unsqueeze", "as_strided",
+        # values copied or set to 0 (their backward passes sum, and stay inexact)
+        "tril", "triu", "diag_embed", "block_diag", "diagonal_copy", "reflection_pad1d", "reflection_pad2d",
+        "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
     }
 )  # fmt: skip
 

@@ -1,0 +1,138 @@
+"""The QR factorisation served at construction (``nn.init.orthogonal_``): the same bits everywhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from game.training.dispatch import householder
+from game.training.dispatch.initmode import init_module
+
+
+def _tree(values: list[float]) -> float:
+    """The order :func:`householder.tree_sum` promises, in Python floats (IEEE double)."""
+    if not values:
+        return 0.0
+    while len(values) > 1:
+        half = len(values) // 2
+        values = [values[i] + values[half + i] for i in range(half)] + values[2 * half :]
+    return values[0]
+
+
+def _reference_qr(a: list[list[float]]) -> tuple[list[list[float]], list[list[float]]]:
+    """Householder's QR in Python floats, one IEEE operation at a time, in the order the module
+    gives: what every machine must reproduce bit for bit."""
+    m, n = len(a), len(a[0])
+    k = min(m, n)
+    r = [row[:] for row in a]
+    steps: list[tuple[list[float], float] | None] = []
+
+    def reflect(rows: list[list[float]], top: int, v: list[float], scale: float) -> None:
+        cols = len(rows[0])
+        w = [_tree([v[i] * rows[top + i][c] for i in range(len(v))]) for c in range(cols)]
+        for i in range(len(v)):
+            vi = v[i] * scale
+            rows[top + i] = [rows[top + i][c] - vi * w[c] for c in range(cols)]
+
+    for j in range(k):
+        x = [r[i][j] for i in range(j, m)]
+        norm = math.sqrt(_tree([xi * xi for xi in x]))
+        alpha = norm if x[0] < 0 else -norm
+        v = [x[0] - alpha, *x[1:]]
+        vv = _tree([vi * vi for vi in v])
+        if vv == 0:
+            steps.append(None)
+            continue
+        scale = 2.0 / vv
+        block = [row[j:] for row in r[j:]]
+        reflect(block, 0, v, scale)
+        for i in range(j, m):
+            r[i][j:] = block[i - j]
+        r[j][j] = alpha
+        for i in range(j + 1, m):
+            r[i][j] = 0.0
+        steps.append((v, scale))
+    q = [[1.0 if i == c else 0.0 for c in range(k)] for i in range(m)]
+    for j in reversed(range(k)):
+        step = steps[j]
+        if step is not None:
+            reflect(q, j, *step)
+    return q, r[:k]
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (6, 6), (1, 4), (9, 2)])
+def test_qr_isTheReferenceOrder_bitForBit(shape: tuple[int, int]) -> None:
+    """The factors are those of one sequence of IEEE operations (the reference, in Python floats),
+    whatever torch's vector code does with the elementwise ones."""
+    g = torch.Generator().manual_seed(sum(shape))
+    a = torch.randn(*shape, generator=g, dtype=torch.float64)
+    a[0, -1] = 0.0  # a zero below no diagonal changes nothing; one on it is a sign of its own
+    q, r = householder.qr(a)
+    want_q, want_r = _reference_qr(a.tolist())
+    assert q.tolist() == want_q and r.tolist() == want_r
+
+
+@pytest.mark.parametrize("shape", [(40, 40), (64, 17), (17, 64)])
+def test_qr_factorsLikeLapack_upToTheSignsOfRsDiagonal(shape: tuple[int, int]) -> None:
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(*shape, generator=g, dtype=torch.float64)
+    q, r = householder.qr(a)
+    lq, lr = torch.linalg.qr(a)
+    assert q.shape == lq.shape and r.shape == lr.shape
+    assert torch.equal(r, r.triu())
+    assert torch.allclose(q @ r, a, atol=1e-13)
+    assert torch.allclose(q.T @ q, torch.eye(q.shape[1], dtype=torch.float64), atol=1e-13)
+    signs, lsigns = torch.diagonal(r).sign(), torch.diagonal(lr).sign()
+    assert torch.allclose(q * signs, lq * lsigns, atol=1e-12)  # the unique Q of R's positive diagonal
+
+
+def test_qr_isTheSameAtEveryThreadCount() -> None:
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(300, 200, generator=g, dtype=torch.float64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = householder.qr(a)
+        torch.set_num_threads(max(2, before))
+        many = householder.qr(a)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
+def test_treeSum_addsHalves_alongADim() -> None:
+    x = torch.tensor([[1e16, 1.0], [1.0, 2.0], [-1e16, 3.0]], dtype=torch.float64)
+    got = householder.tree_sum(x, 0)
+    assert got.tolist() == [_tree([1e16, 1.0, -1e16]), _tree([1.0, 2.0, 3.0])]
+    assert got.tolist()[0] == 0.0  # (1e16 + 1) - 1e16: the order shows
+    assert householder.tree_sum(torch.zeros(0, 3, dtype=torch.float64), 0).tolist() == [0.0] * 3
+
+
+class _Recurrent(nn.Module):
+    """Weights initialised orthogonally, as RWKV and recurrent models do: wide, tall and square."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Linear(12, 5)
+        self.tall = nn.Linear(4, 9)
+        self.square = nn.Linear(8, 8)
+        nn.init.orthogonal_(self.wide.weight, gain=2.0)
+        nn.init.orthogonal_(self.tall.weight)
+        nn.init.orthogonal_(self.square.weight)
+
+
+def test_orthogonalInit_atConstruction_isServed_orthonormal_andTheSeedsAlone() -> None:
+    """``nn.init.orthogonal_`` was refused at construction (LAPACK's QR differs by machine); it is
+    built from the served normal draws and the Householder factorisation: the same model for the
+    same seed, another for another, with orthonormal rows or columns times the gain."""
+    first, again, other = (init_module(_Recurrent, seed=s) for s in (11, 11, 12))
+    for name, p in first.named_parameters():
+        assert torch.equal(p, dict(again.named_parameters())[name])
+    assert not torch.equal(first.square.weight, other.square.weight)
+    wide, tall, square = (m.weight.detach().double() for m in (first.wide, first.tall, first.square))
+    assert torch.allclose(wide @ wide.T, 4 * torch.eye(5, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(tall.T @ tall, torch.eye(4, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(square @ square.T, torch.eye(8, dtype=torch.float64), atol=1e-12)
