@@ -202,8 +202,50 @@ def test_rmsNorm_writtenOut_matchesTorch() -> None:
     w = torch.randn(6, dtype=torch.float64)
     with _ops() as ops:
         served = F.rms_norm(x, (6,), w)
-    torch.testing.assert_close(served, F.rms_norm(x, (6,), w), rtol=0, atol=1e-14)
+    # with the grid's eps (float32's), as the model has it in float32 (below)
+    torch.testing.assert_close(served, F.rms_norm(x, (6,), w, eps=2.0**-23), rtol=0, atol=1e-14)
     assert ops.served["rms_norm"] == 1
+
+
+@pytest.mark.parametrize("bits", [32, 20])
+def test_defaultsReadFromTheDtype_areTheGrids_asTheModelWouldHaveThemInFloat32(bits: int) -> None:
+    """A step computes a float32 model in float64: ``nn.RMSNorm``'s default eps and
+    ``nan_to_num``'s default infinities are the grid's (float32's at 32 bits), not float64's. An inf
+    through ``nan_to_num`` gave float64's largest value, which does not fit the grid, and the step
+    stopped as an overflow."""
+    x = torch.tensor([1.0, math.inf, -math.inf, math.nan], dtype=torch.float64)
+    top = rounding.grid_max(bits)
+    with _ops(bits=bits) as ops:
+        fn, method, given = torch.nan_to_num(x), x.nan_to_num(nan=2.0), torch.nan_to_num(x, posinf=5.0)
+        inplace = x.clone()
+        inplace.nan_to_num_()
+        small = torch.tensor([[1e-5, 0.0, 0.0, 0.0]], dtype=torch.float64)
+        normed = nn.RMSNorm(4).double()(small)
+    assert fn.tolist() == inplace.tolist() == [1.0, top, -top, 0.0]
+    assert method.tolist() == [1.0, top, -top, 2.0] and given.tolist() == [1.0, 5.0, -top, 0.0]
+    assert bits != 32 or top == float(torch.finfo(torch.float32).max)
+    assert torch.equal(normed, F.rms_norm(small, (4,), eps=2.0 ** -(bits - 9)))
+    assert (
+        sum(n for k, n in ops.served.items() if k.startswith("nan_to_num")) == 4
+        and ops.served["rms_norm"] == 1
+    )
+    outside = torch.nan_to_num(x)  # outside a step: torch's own
+    assert outside[1] == torch.finfo(torch.float64).max
+
+
+def test_nanToNumOfAnInf_inAStep_roundsAndReplaysAcrossTheInterceptors() -> None:
+    x = torch.tensor([[0.5, math.inf], [-math.inf, 2.0]], dtype=torch.float64)
+    log = new_step_log("sparse", STEP)
+    with (
+        _ops(),
+        RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log),
+    ):
+        recorded = torch.nan_to_num(x) * 0.75
+    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
+    with _ops(), rep:
+        replayed = torch.nan_to_num(x) * 0.75
+    rep.finish()
+    assert torch.equal(recorded, replayed) and recorded.isfinite().all()
 
 
 # --------------------------------------------------------------------------------------------------

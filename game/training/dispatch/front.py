@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch.optable import (
+    FULL_CALLS,
     GRADIENT_REFUSED,
     OpClass,
     _conditional_class,
@@ -95,7 +96,7 @@ _NO_BANDS = torch.zeros(0, 2, dtype=torch.int64)
 
 
 def enter(
-    plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str]],
+    plan_for: Callable[[str, str], tuple[int, int, int, list[int], list[int], int, str, int]],
     on_op: Callable[..., tuple[int, int]],
     kernels: Kernels,
     *,
@@ -138,10 +139,11 @@ CLASSES = {MOVE: OpClass.MOVE, EXACT: OpClass.EXACT, INEXACT: OpClass.INEXACT, R
 
 def row_for(
     schema_name: str, overload: str, where: str = ""
-) -> tuple[int, int, int, list[int], list[int], int, str]:
+) -> tuple[int, int, int, list[int], list[int], int, str, int]:
     """An op's row for the front, the first time it meets the op: (id, kind, position of the
     argument a conditional kind reads or -1, written positions, hidden positions, position of their
-    ``training`` flag or -1, the op's name in the log). The kinds and positions say what
+    ``training`` flag or -1, the op's name in the log, position of the flag the front sets true or
+    -1: :data:`~game.training.dispatch.optable.FULL_CALLS`). The kinds and positions say what
     :func:`~game.training.dispatch.optable.classify` and ``optable._touched`` do, for the boxed arguments the front sees (all of them,
     in schema order). A ``REFUSED`` op raises :class:`~game.errors.UnsupportedOpError` (``where``
     prefixes its message): the front keeps no row for it, so it asks, and raises, at each call,
@@ -171,7 +173,8 @@ def row_for(
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)
     rows.append(plan)
     names.append(plan.name)
-    return len(rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training, plan.name
+    full = positions.get(FULL_CALLS.get(base_name(func), ""), -1)
+    return len(rows) - 1, kind, arg, [i for i, _, _ in plan.written], list(hidden), training, plan.name, full
 
 
 def known_bands(table: BandTable, k0: int, max_finite: int, params_of: Callable[[str], BandParams]) -> Tensor:

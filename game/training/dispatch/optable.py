@@ -171,6 +171,14 @@ GRADIENT_REFUSED: dict[str, str] = {
     }.items()
 }
 
+#: Ops whose composite callers above the dispatcher ask for fewer results where no Python dispatch
+#: mode is on (ATen's ``_may_require_fw_or_bw_grad`` counts any mode as a tensor subclass):
+#: ``linalg.svdvals``, ``linalg.eigvalsh`` and the norms and ranks built on them ask for the singular
+#: vectors or eigenvectors under the Python mode and not through the C++ front, which would log
+#: empty tensors where the Python mode logs full ones. The front sets the flag (base name -> its
+#: argument) true, so the two compute, round and log the same results.
+FULL_CALLS: dict[str, str] = {"_linalg_svd": "compute_uv", "_linalg_eigh": "compute_v"}
+
 #: Ops whose class depends on their arguments (see :func:`classify`).
 CONDITIONAL_OPS: frozenset[str] = frozenset(
     {"add", "sub", "rsub", "div", "index_put", "scatter", "round", *GRADIENT_REFUSED}

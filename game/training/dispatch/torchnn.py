@@ -23,6 +23,11 @@
   in eval torch's ``leaky_relu`` with slope ``(lower + upper) / 2``.
 * **``F.rms_norm``**: written out as the CPU's decomposition (``pow``, ``mean``, ``add``, ``rsqrt``,
   ``mul``): a CUDA build may run the fused ``_fused_rms_norm`` kernel instead, another op sequence.
+* **Defaults read from the dtype** (``F.rms_norm``'s ``eps``, ``nn.RMSNorm``'s when none is given;
+  ``torch.nan_to_num``'s ``posinf`` and ``neginf``): a step computes a float32 model in float64, so
+  torch would take float64's ``finfo``; they are the grid's (:func:`grid_finfo`), as the model would
+  have them in float32. float64's largest value does not even fit the grid: ``nan_to_num`` of an inf
+  stopped the step as an overflow.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from torch import Tensor
 
 from game.errors import UnsupportedOpError
 from game.training.dispatch.draws import Draws, name_of, serves
+from game.training.numerics import rounding
 
 #: Fill of masked attention scores (``models.ATTENTION_MASK_FILL``): finite, so no inf reaches the
 #: rounding, and far enough below any score that its exp() is exactly 0.
@@ -204,15 +210,42 @@ def _rrelu(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return x.copy_(out) if inplace else out
 
 
+def grid_finfo(d: Draws, dtype: torch.dtype) -> tuple[float, float]:
+    """(eps, largest finite value) of ``dtype`` as a model computing in it sees them, or, for float64
+    in a step that rounds to a grid (``d.bits``), of the grid: float32's at 32 bits."""
+    if dtype == torch.float64 and d.bits is not None:
+        return 2.0 ** -(d.bits - 9), rounding.grid_max(d.bits)
+    info = torch.finfo(dtype)
+    return float(info.eps), float(info.max)
+
+
 @serves(F.rms_norm, torch.rms_norm)
 def _rms_norm(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     given = dict(zip(("input", "normalized_shape", "weight", "eps"), args, strict=False)) | kwargs
     x, weight, eps = given["input"], given.get("weight"), given.get("eps")
     shape = given["normalized_shape"]
     dims = tuple(range(-(1 if isinstance(shape, int) else len(shape)), 0))
-    floor = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    floor = grid_finfo(d, x.dtype)[0] if eps is None else float(eps)
     y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + floor)
     return y * weight if weight is not None else y
 
 
-__all__ = ["MASK_FILL", "attention", "dropout"]
+@serves(torch.nan_to_num, torch.nan_to_num_, torch.Tensor.nan_to_num, torch.Tensor.nan_to_num_)
+def _nan_to_num(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    given = dict(zip(("input", "nan", "posinf", "neginf"), args, strict=False)) | kwargs
+    x = given.pop("input", None)
+    if (
+        not isinstance(x, Tensor)
+        or not x.is_floating_point()
+        or given.keys() - {"nan", "posinf", "neginf", "out"}
+    ):
+        return func(*args, **kwargs)
+    top = grid_finfo(d, x.dtype)[1]
+    if given.get("posinf") is None:
+        given["posinf"] = top
+    if given.get("neginf") is None:
+        given["neginf"] = -top
+    return func(x, **given)
+
+
+__all__ = ["MASK_FILL", "attention", "dropout", "grid_finfo"]

@@ -72,6 +72,7 @@ struct Plan {
   std::vector<int> written;   // positions the schema marks Tensor(a!)
   std::vector<int> hidden;    // positions written without a mark (batch norm's running stats)
   int training = -1;          // position of the flag that turns the hidden writes on
+  int full = -1;              // position of a flag set true: the call the Python mode sees (optable.FULL_CALLS)
 };
 
 std::mutex plans_lock;
@@ -206,6 +207,7 @@ const Plan& plan_of(const c10::OperatorHandle& op, Session& s) {
   plan.hidden = t[4].cast<std::vector<int>>();
   plan.training = t[5].cast<int>();
   plan.name = t[6].cast<std::string>();
+  plan.full = t[7].cast<int>();
   std::lock_guard<std::mutex> guard(plans_lock);
   return plans.emplace(key, std::move(plan)).first->second;  // std::unordered_map keeps references
 }
@@ -502,6 +504,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   const Plan& plan = plan_of(op, s);
   const size_t nargs = op.schema().arguments().size();
   const size_t base = stack->size() - nargs;
+  if (plan.full >= 0) (*stack)[base + plan.full] = c10::IValue(true);  // as the Python mode's call
   const int cls = conditional(plan, *stack, base);
   note(s, plan.id, cls);
   if (cls == kRefused) {  // Python raises, naming the op
