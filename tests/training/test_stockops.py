@@ -197,6 +197,56 @@ def test_multiheadAttention_withDropoutInTraining_isRefusedNamingTheFix() -> Non
     assert ops.served["dropout"] == 3  # the layer's own nn.Dropout, served
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_lstmDropoutBetweenLayers_isTheServedMask_onTheFirstLayersOutput(batch_first: bool) -> None:
+    """``nn.LSTM(num_layers=2, dropout=p)`` draws its dropout inside torch's kernel, which vgame
+    cannot key, so a step refused it. It runs layer by layer: the first layer's output times the
+    served mask (drawn batch first, one row per example), into the second; in eval, torch's own."""
+    lstm = init_module(lambda: nn.LSTM(3, 5, num_layers=2, dropout=0.4, batch_first=batch_first), seed=2)
+    x = torch.randn(8, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    x = x if batch_first else x.transpose(0, 1)
+    with _ops() as ops:
+        out, (h, c) = lstm(x)
+    assert ops.served["lstm"] == 1
+    one = [nn.LSTM(size, 5, batch_first=True).double() for size in (3, 5)]
+    for i, layer in enumerate(one):
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(layer, f"{name}_l0").data.copy_(getattr(lstm, f"{name}_l{i}"))
+    first, (h0, c0) = one[0](x if batch_first else x.transpose(0, 1))
+    keep = rng.bernoulli_mask(SEED, STEP, "torch/0/lstm", IDS, (4, 5), 0.6)
+    second, (h1, c1) = one[1](first * (keep.double() * (1 / 0.6)))
+    torch.testing.assert_close(out, second if batch_first else second.transpose(0, 1), rtol=0, atol=0)
+    assert torch.equal(h, torch.cat((h0, h1))) and torch.equal(c, torch.cat((c0, c1)))
+    lstm.eval()
+    with _ops():
+        served_eval = lstm(x)[0]
+    assert torch.equal(served_eval, lstm(x)[0])
+
+
+def test_recurrentDropout_gruAndPacked_inAStep_replaysAcrossTheInterceptors() -> None:
+    """A bidirectional GRU and a packed LSTM with dropout between layers, recorded through the C++
+    front, replayed through the Python mode on a noisy machine: the same outputs, the log used up."""
+    gru = init_module(lambda: nn.GRU(3, 4, num_layers=3, dropout=0.3, bidirectional=True), seed=5)
+    lstm = init_module(lambda: nn.LSTM(3, 4, num_layers=2, dropout=0.5, batch_first=True), seed=6)
+    x = torch.randn(8, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([4, 4, 3, 3, 2, 2, 1, 1])
+
+    def run() -> list[Tensor]:
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        return [gru(x.transpose(0, 1))[0], lstm(packed)[0].data]
+
+    log = new_step_log("sparse", STEP)
+    rec = RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log)
+    with _ops() as ops, rec:
+        recorded = run()
+    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
+    with _ops(), rep:
+        replayed = run()
+    rep.finish()
+    assert ops.served["gru"] == 1 and ops.served["lstm"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(recorded, replayed, strict=True))
+
+
 def test_rmsNorm_writtenOut_matchesTorch() -> None:
     x = torch.randn(8, 3, 6, dtype=torch.float64)
     w = torch.randn(6, dtype=torch.float64)

@@ -6,8 +6,9 @@ At construction there is no log, so an inexact op's result may pass only where e
 the same bits: ``torch.linspace`` (each value worked out exactly and rounded once), a 2-norm
 (the sum of squares taken exactly, :func:`norm2`) with the weight norm built on it (Wav2Vec2's,
 HuBERT's and WavLM's positional convolution), whose kernels sum in an order each machine's vector
-code chooses, and a QR factorisation (``nn.init.orthogonal_``'s, by
-:mod:`~game.training.dispatch.householder`), which LAPACK computes in a blocking of its own.
+code chooses, and matrix products (a spectral norm's power iteration) and a QR factorisation
+(``nn.init.orthogonal_``'s), by :mod:`~game.training.dispatch.fixedorder`, where BLAS and LAPACK
+sum in an order of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
-from game.training.dispatch import householder
+from game.training.dispatch import fixedorder
 
 #: What to do instead of an inexact op at construction.
 INIT_FIX = (
@@ -161,14 +162,25 @@ def _weight_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor,
 
 def _qr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
     """``aten.linalg_qr(a, mode="reduced")`` of a real 2-D float64 ``a`` (``nn.init.orthogonal_``'s):
-    Householder's, the same on every machine (:mod:`~game.training.dispatch.householder`)."""
+    Householder's, the same on every machine (:mod:`~game.training.dispatch.fixedorder`)."""
     a = args[0]
     mode = args[1] if len(args) > 1 else kwargs.get("mode", "reduced")
     if mode != "reduced" or kwargs.keys() - {"mode"} or not isinstance(a, Tensor):
         return None
     if a.dtype != torch.float64 or a.dim() != 2 or a.is_meta:  # on "meta": no values to differ
         return None
-    return householder.qr(a)
+    return fixedorder.qr(a)
+
+
+def _product(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """``aten.mm``, ``mv``, ``dot`` and ``vdot`` of real float64 tensors: each value a sum in a fixed order
+    (:func:`~game.training.dispatch.fixedorder.matmul`); a spectral norm's power iteration at
+    construction runs on them."""
+    if kwargs or len(args) != 2 or not all(isinstance(t, Tensor) for t in args):
+        return None
+    if any(t.dtype != torch.float64 or t.is_meta for t in args):
+        return None
+    return fixedorder.matmul(args[0], args[1])
 
 
 #: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
@@ -179,6 +191,10 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten.linalg_vector_norm.default": _vector_norm,
     "aten._weight_norm_interface.default": _weight_norm,
     "aten.linalg_qr.default": _qr,
+    "aten.mm.default": _product,
+    "aten.mv.default": _product,
+    "aten.dot.default": _product,
+    "aten.vdot.default": _product,  # of real tensors, dot
 }
 
 

@@ -21,6 +21,10 @@
   runs inside it, so training with ``dropout > 0`` is refused, naming the fix.
 * **``F.rrelu``**: in training a uniform slope per negative value, ``u * (upper - lower) + lower``;
   in eval torch's ``leaky_relu`` with slope ``(lower + upper) / 2``.
+* **Recurrent layers' dropout** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` with ``num_layers > 1`` and
+  ``dropout > 0``, in training): torch draws it inside its recurrent kernel. Here the layers run one
+  at a time (torch's own kernel, one layer and no dropout each), with the served dropout between
+  them, where torch puts its own: on each layer's output but the last.
 * **``F.rms_norm``**: written out as the CPU's decomposition (``pow``, ``mean``, ``add``, ``rsqrt``,
   ``mul``): a CUDA build may run the fused ``_fused_rms_norm`` kernel instead, another op sequence.
 * **Defaults read from the dtype** (``F.rms_norm``'s ``eps``, ``nn.RMSNorm``'s when none is given;
@@ -208,6 +212,44 @@ def _rrelu(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     slopes = d.uniform(name_of(func), x.shape, x.device, x.dtype).mul_(upper - lower).add_(lower)
     out = torch.where(x <= 0, x * slopes, x)
     return x.copy_(out) if inplace else out
+
+
+#: The recurrent kernels, by function: whether the hidden state is an (h, c) pair.
+_RNNS = {torch.lstm: True, torch.gru: False, torch.rnn_tanh: False, torch.rnn_relu: False}
+
+
+@serves(*_RNNS)
+def _rnn(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's recurrent kernel, layer by layer where it would draw its dropout: its arguments are
+    ``(input, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first)``, or for a
+    packed sequence ``(data, batch_sizes, hx, params, ...)`` without ``batch_first``."""
+    packed = len(args) == 9 and isinstance(args[3], list | tuple)
+    if kwargs or len(args) != 9:
+        return func(*args, **kwargs)
+    lead = 2 if packed else 1  # the input, and a packed sequence's batch sizes
+    hx, params, biases, layers, p, train, bidirectional = args[lead : lead + 7]
+    if not train or float(p) == 0.0 or int(layers) == 1:
+        return func(*args)  # draws nothing
+    batch_first = bool(args[8]) and not packed
+    directions = 2 if bidirectional else 1
+    per_layer = len(params) // int(layers)
+    states: list[list[Tensor]] = [[] for _ in range(2 if _RNNS[func] else 1)]
+    out = args[0]
+    for layer in range(int(layers)):
+        rows = slice(layer * directions, (layer + 1) * directions)
+        state = [h[rows] for h in hx] if _RNNS[func] else hx[rows]
+        weights = list(params[layer * per_layer : (layer + 1) * per_layer])
+        fixed = (biases, 1, 0.0, train, bidirectional)
+        result = func(out, *args[1:lead], state, weights, *fixed, *(() if packed else (args[8],)))
+        out = result[0]
+        for kept, h in zip(states, result[1:], strict=True):
+            kept.append(h)
+        if layer < int(layers) - 1:  # as torch: on every layer's output but the last
+            if packed or batch_first:
+                out = dropout(d, name_of(func), out, float(p))
+            else:  # drawn batch first, so that each example's rows are its own (draws.py)
+                out = dropout(d, name_of(func), out.transpose(0, 1), float(p)).transpose(0, 1)
+    return (out, *(torch.cat(kept) for kept in states))
 
 
 def grid_finfo(d: Draws, dtype: torch.dtype) -> tuple[float, float]:

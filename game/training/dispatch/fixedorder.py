@@ -1,15 +1,17 @@
-"""A QR factorisation with the same bits on every machine, for ``nn.init.orthogonal_`` at construction.
+"""Linear algebra with the same bits on every machine, for a model's construction: sums, products
+and a QR factorisation (``nn.init.orthogonal_``'s).
 
-torch's ``linalg.qr`` calls LAPACK, whose blocking and vector code differ by library, machine and
-thread count, so the orthogonal matrix it gives differs in its last bits, and a model initialised
-with ``orthogonal_`` (RWKV, recurrent and reinforcement-learning models) would start from another
-state on another machine. Here the factorisation is Householder's, written with elementwise IEEE
-operations only (each correctly rounded, the same in any vector code) and sums taken in a fixed
-order by adding halves (:func:`tree_sum`): every value is the same everywhere. It costs some
-``min(m, n)`` steps of elementwise work on the trailing matrix, seconds at a few hundred rows,
-where LAPACK takes milliseconds; it runs once, while the model is built.
+A sum's order is the machine's: torch's reductions and BLAS and LAPACK kernels split and vectorise
+by library, machine and thread count, so a matrix product, a power iteration
+(``nn.utils.parametrizations.spectral_norm`` runs fifteen at construction) or LAPACK's QR differ
+in their last bits, and so would a model's initial state. Here every value comes from elementwise
+IEEE operations (each correctly rounded, the same in any vector code; a multiply and an add apart,
+never fused) and sums taken in a fixed order, by adding halves (:func:`tree_sum`). Products cost a
+few times torch's (:func:`matmul` works in blocks of rows), and the QR ``min(m, n)`` steps of
+elementwise work on the trailing matrix, seconds at a few hundred rows where LAPACK takes
+milliseconds; they run once, while the model is built.
 
-The factors are those of any Householder QR: ``R``'s diagonal may be negative, which
+The QR factors are those of any Householder QR: ``R``'s diagonal may be negative, which
 ``orthogonal_`` corrects by multiplying ``Q``'s columns by its signs, so that ``Q`` is the unique
 factor with a positive diagonal in ``R``, drawn from the Haar measure as torch's.
 """
@@ -32,6 +34,25 @@ def tree_sum(x: Tensor, dim: int) -> Tensor:
         added = x[:half] + x[half : 2 * half]
         x = torch.cat((added, x[2 * half :])) if x.shape[0] % 2 else added
     return x[0]
+
+
+#: Elements of a block of products :func:`matmul` forms at once (32 MB of float64).
+_BLOCK = 1 << 22
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for a 1-D or 2-D ``a`` and ``b``: each value the sum, by :func:`tree_sum`, of the
+    products of a row and a column."""
+    if a.dim() == 1 and b.dim() == 1:
+        return tree_sum(a * b, 0)
+    if b.dim() == 1:
+        return tree_sum(a * b, a.dim() - 1)
+    if a.dim() == 1:
+        return tree_sum(a[:, None] * b, 0)
+    k, n = b.shape
+    rows = max(1, _BLOCK // max(1, k * n))
+    blocks = [tree_sum(a[i : i + rows, :, None] * b[None, :, :], 1) for i in range(0, a.shape[0], rows)]
+    return torch.cat(blocks) if blocks else a.new_zeros(0, n)
 
 
 def _reflect(block: Tensor, v: Tensor, scale: Tensor) -> Tensor:
@@ -72,4 +93,4 @@ def qr(a: Tensor) -> tuple[Tensor, Tensor]:
     return q, r[:k, :]
 
 
-__all__ = ["qr", "tree_sum"]
+__all__ = ["matmul", "qr", "tree_sum"]

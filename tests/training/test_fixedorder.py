@@ -1,4 +1,4 @@
-"""The QR factorisation served at construction (``nn.init.orthogonal_``): the same bits everywhere."""
+"""Sums, products and QR served at construction (``orthogonal_``, a spectral norm): the same bits everywhere."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from game.training.dispatch import householder
+from game.training.dispatch import fixedorder
 from game.training.dispatch.initmode import init_module
 
 
 def _tree(values: list[float]) -> float:
-    """The order :func:`householder.tree_sum` promises, in Python floats (IEEE double)."""
+    """The order :func:`fixedorder.tree_sum` promises, in Python floats (IEEE double)."""
     if not values:
         return 0.0
     while len(values) > 1:
@@ -70,7 +70,7 @@ def test_qr_isTheReferenceOrder_bitForBit(shape: tuple[int, int]) -> None:
     g = torch.Generator().manual_seed(sum(shape))
     a = torch.randn(*shape, generator=g, dtype=torch.float64)
     a[0, -1] = 0.0  # a zero below no diagonal changes nothing; one on it is a sign of its own
-    q, r = householder.qr(a)
+    q, r = fixedorder.qr(a)
     want_q, want_r = _reference_qr(a.tolist())
     assert q.tolist() == want_q and r.tolist() == want_r
 
@@ -79,7 +79,7 @@ def test_qr_isTheReferenceOrder_bitForBit(shape: tuple[int, int]) -> None:
 def test_qr_factorsLikeLapack_upToTheSignsOfRsDiagonal(shape: tuple[int, int]) -> None:
     g = torch.Generator().manual_seed(7)
     a = torch.randn(*shape, generator=g, dtype=torch.float64)
-    q, r = householder.qr(a)
+    q, r = fixedorder.qr(a)
     lq, lr = torch.linalg.qr(a)
     assert q.shape == lq.shape and r.shape == lr.shape
     assert torch.equal(r, r.triu())
@@ -95,9 +95,9 @@ def test_qr_isTheSameAtEveryThreadCount() -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = householder.qr(a)
+        one = fixedorder.qr(a)
         torch.set_num_threads(max(2, before))
-        many = householder.qr(a)
+        many = fixedorder.qr(a)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
@@ -105,10 +105,49 @@ def test_qr_isTheSameAtEveryThreadCount() -> None:
 
 def test_treeSum_addsHalves_alongADim() -> None:
     x = torch.tensor([[1e16, 1.0], [1.0, 2.0], [-1e16, 3.0]], dtype=torch.float64)
-    got = householder.tree_sum(x, 0)
+    got = fixedorder.tree_sum(x, 0)
     assert got.tolist() == [_tree([1e16, 1.0, -1e16]), _tree([1.0, 2.0, 3.0])]
     assert got.tolist()[0] == 0.0  # (1e16 + 1) - 1e16: the order shows
-    assert householder.tree_sum(torch.zeros(0, 3, dtype=torch.float64), 0).tolist() == [0.0] * 3
+    assert fixedorder.tree_sum(torch.zeros(0, 3, dtype=torch.float64), 0).tolist() == [0.0] * 3
+
+
+@pytest.mark.parametrize(("left", "right"), [((5, 7), (7, 3)), ((6,), (6,)), ((4, 9), (9,)), ((9,), (9, 2))])
+def test_matmul_isTheSumOfProductsByHalves_bitForBit(left: tuple[int, ...], right: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(len(left) + len(right))
+    a = torch.randn(*left, generator=g, dtype=torch.float64)
+    b = torch.randn(*right, generator=g, dtype=torch.float64)
+    got = fixedorder.matmul(a, b)
+    rows = a.reshape(-1, a.shape[-1]).tolist()
+    cols = (b if b.dim() == 2 else b[:, None]).T.tolist()
+    want = [[_tree([x * y for x, y in zip(r, c, strict=True)]) for c in cols] for r in rows]
+    assert got.reshape(-1).tolist() == [v for row in want for v in row]
+    assert got.shape == (a @ b).shape and torch.allclose(got, a @ b, atol=1e-13)
+
+
+def test_matmul_inBlocksOfRows_isTheSameAsAtOnce(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(9)
+    a, b = (
+        torch.randn(37, 11, generator=g, dtype=torch.float64),
+        torch.randn(11, 5, generator=g, dtype=torch.float64),
+    )
+    whole = fixedorder.matmul(a, b)
+    monkeypatch.setattr(fixedorder, "_BLOCK", 11 * 5 * 3)  # three rows a block, the last one short
+    assert torch.equal(fixedorder.matmul(a, b), whole)
+
+
+def test_spectralNorm_atConstruction_isServed_andTheSeedsAlone() -> None:
+    """``nn.utils.parametrizations.spectral_norm`` runs fifteen power iterations (``mv``) at
+    construction: refused as a sum in the machine's order; served in a fixed one, the same model
+    for the same seed, and its estimate near the weight's largest singular value."""
+
+    def make() -> nn.Module:
+        return nn.utils.parametrizations.spectral_norm(nn.Linear(12, 6))
+
+    first, again = init_module(make, seed=4), init_module(make, seed=4)
+    for (name, p), q in zip(first.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    raw = first.parametrizations.weight.original.detach()
+    assert torch.allclose(first.weight.detach(), raw / torch.linalg.matrix_norm(raw, ord=2), rtol=0.05)
 
 
 class _Recurrent(nn.Module):
