@@ -186,15 +186,47 @@ def test_multiheadAttention_servedExplicitPath_matchesTorch(need_weights: bool) 
     assert (served[1] is None) == (not need_weights) and ops.served["multi_head_attention_forward"] == 1
 
 
-def test_multiheadAttention_withDropoutInTraining_isRefusedNamingTheFix() -> None:
-    layer = init_module(lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), seed=2)
-    x = torch.randn(8, 5, 8, dtype=torch.float64)
-    with pytest.raises(UnsupportedOpError, match=r"multi_head_attention_forward.*dropout=0\.0"), _ops():
-        layer(x)
-    layer.self_attn.dropout = 0.0
+def test_multiheadAttention_attentionDropoutInTraining_isTheServedMaskOnTheWeights() -> None:
+    """nn.MultiheadAttention's attention dropout runs inside torch's function, where the serving
+    mode is off: it was refused in training. The ``F.dropout`` it calls is served for the call: its
+    weights times the served mask, drawn one row per example."""
+    mha = init_module(lambda: nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True), seed=2)
+    x = torch.randn(8, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     with _ops() as ops:
-        layer(x)
-    assert ops.served["dropout"] == 3  # the layer's own nn.Dropout, served
+        served, _ = mha(x, x, x, need_weights=False)
+    assert ops.served["multi_head_attention_forward"] == 1
+    q, k, v = F.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
+    q, k, v = (t.reshape(8, 5, 2, 4).transpose(1, 2) for t in (q, k, v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+    keep = rng.bernoulli_mask(SEED, STEP, "torch/0/multi_head_attention_forward", IDS, (2, 5, 5), 0.75)
+    heads = (weights * (keep.double() / 0.75)) @ v
+    want = F.linear(heads.transpose(1, 2).reshape(8, 5, 8), mha.out_proj.weight, mha.out_proj.bias)
+    torch.testing.assert_close(served, want, rtol=0, atol=1e-12)
+
+
+def test_transformerLayers_withTheirDropout_trainAcrossTheInterceptors() -> None:
+    """A stock nn.TransformerEncoderLayer (dropout 0.1, attention dropout included), its forward
+    and backward recorded through the C++ front and replayed through the Python mode on a noisy
+    machine: the same output and gradients, the log used up."""
+    layer = init_module(lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), seed=2)
+    x = torch.randn(8, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def run() -> list[Tensor]:
+        layer.zero_grad()
+        out = layer(x)
+        (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+        return [out.detach(), *(p.grad.clone() for p in layer.parameters() if p.grad is not None)]
+
+    log = new_step_log("sparse", STEP)
+    rec = RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log)
+    with _ops() as ops, rec:
+        recorded = run()
+    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
+    with _ops(), rep:
+        replayed = run()
+    rep.finish()
+    assert ops.served["dropout"] == 3 and ops.served["multi_head_attention_forward"] == 1
+    assert len(recorded) > 1 and all(torch.equal(a, b) for a, b in zip(recorded, replayed, strict=True))
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

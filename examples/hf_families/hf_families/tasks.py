@@ -313,8 +313,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     # a weight norm at construction (its norm served exactly) and SpecAugment's masks from numpy
     "Wav2Vec2": ("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", _AUDIO, "audio"),
     "Hubert": ("HubertConfig", "HubertForSequenceClassification", _AUDIO, "audio"),
-    # its attention's dropout runs inside torch's multi-head attention, where vgame cannot serve it
-    "WavLM": ("WavLMConfig", "WavLMForSequenceClassification", dict(_AUDIO, attention_dropout=0.0), "audio"),
+    # its attention's dropout runs inside torch's F.multi_head_attention_forward (served for the call)
+    "WavLM": ("WavLMConfig", "WavLMForSequenceClassification", _AUDIO, "audio"),
     "UniSpeech": ("UniSpeechConfig", "UniSpeechForSequenceClassification", _AUDIO, "audio"),
     "Data2VecAudio": ("Data2VecAudioConfig", "Data2VecAudioForSequenceClassification", dict(_AUDIO,
                       num_conv_pos_embeddings=2, conv_pos_kernel_size=2), "audio"),

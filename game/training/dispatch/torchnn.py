@@ -18,7 +18,8 @@
 * **``F.multi_head_attention_forward``** (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers):
   run with ``need_weights=True``, its explicit path (torch otherwise calls SDPA from inside, where
   the function mode cannot see it), with boolean masks given as finite fills. Its attention dropout
-  runs inside it, so training with ``dropout > 0`` is refused, naming the fix.
+  is the ``F.dropout`` it calls inside, served for the call (:func:`_attention_dropout`); it was
+  refused.
 * **``F.rrelu``**: in training a uniform slope per negative value, ``u * (upper - lower) + lower``;
   in eval torch's ``leaky_relu`` with slope ``(lower + upper) / 2``.
 * **Recurrent layers' dropout** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` with ``num_layers > 1`` and
@@ -36,14 +37,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from game.errors import UnsupportedOpError
 from game.training.dispatch.draws import Draws, name_of, serves
 from game.training.numerics import rounding
 
@@ -175,17 +177,31 @@ _MHA_ARGS = (
 )  # fmt: skip
 
 
+@contextlib.contextmanager
+def _attention_dropout(d: Draws, batch: int) -> Iterator[None]:
+    """While torch's ``F.multi_head_attention_forward`` runs, the ``dropout`` it calls on its
+    attention weights (``torch.nn.functional``'s module global, looked up at the call) is the served
+    one, drawn as ``(batch, heads, L, S)``, one row per example (draws.py). A function mode cannot
+    serve it: torch hands the outer call to the mode, which is off while it runs the function's body,
+    so no mode sees the inner call."""
+    torch_own = F.dropout
+
+    def served(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+        if not training or p == 0.0:
+            return torch_own(input, p, training, inplace)
+        rows = input.reshape(batch, -1, *input.shape[1:])
+        return dropout(d, "multi_head_attention_forward", rows, float(p)).reshape(input.shape)
+
+    F.dropout = served
+    try:
+        yield
+    finally:
+        F.dropout = torch_own
+
+
 @serves(F.multi_head_attention_forward)
 def _mha(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     given = dict(zip(_MHA_ARGS, args, strict=False)) | kwargs
-    if given.get("training", True) and float(given["dropout_p"]) > 0.0:
-        fix = "build it with dropout=0.0 (the layers' own nn.Dropout, which vgame serves, stay)"
-        raise UnsupportedOpError(
-            "F.multi_head_attention_forward (nn.MultiheadAttention, the nn.Transformer layers) applies its "
-            f"attention dropout inside torch, where vgame cannot serve it: {fix}",
-            op="F.multi_head_attention_forward",
-            fix=fix,
-        )
     need = bool(given.get("need_weights", True))
     q = given["query"]
     for name in ("attn_mask", "key_padding_mask"):
@@ -196,7 +212,8 @@ def _mha(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
                 finite.masked_fill(m, MASK_FILL) if m.dtype == torch.bool else m.clamp(min=MASK_FILL)
             )
     given["need_weights"] = True  # the explicit path: no SDPA inside, where it would not be served
-    out, weights = func(**given)
+    with _attention_dropout(d, q.shape[1] if q.dim() == 3 else 1):  # (L, batch, E), or one unbatched row
+        out, weights = func(**given)
     return out, (weights if need else None)
 
 
