@@ -289,6 +289,22 @@ def test_rmsNorm_writtenOut_matchesTorch() -> None:
     assert ops.served["rms_norm"] == 1
 
 
+def test_theDefaultDtype_insideIsTheSteps_andPutBackAfter() -> None:
+    """A model's own factories without a dtype make float64 in a step, as they would make float32
+    beside float32 activations: XGLM's ``torch.full((), torch.finfo(torch.float64).min)`` overflowed
+    a float32 tensor (torch's own error)."""
+    before = torch.get_default_dtype()
+    x = torch.randn(8, 3, dtype=torch.float64)
+    with _ops():
+        floor = torch.full((), torch.finfo(x.dtype).min)
+        buffer = torch.zeros(3, 2)
+        mixed = x @ (buffer + 1.0)
+    assert floor.dtype == buffer.dtype == mixed.dtype == torch.float64 and torch.get_default_dtype() == before
+    with pytest.raises(RuntimeError), _ops():  # an error inside puts it back too
+        raise RuntimeError("model")
+    assert torch.get_default_dtype() == before
+
+
 @pytest.mark.parametrize("bits", [32, 20])
 def test_defaultsReadFromTheDtype_areTheGrids_asTheModelWouldHaveThemInFloat32(bits: int) -> None:
     """A step computes a float32 model in float64: ``nn.RMSNorm``'s default eps and
@@ -374,7 +390,7 @@ def test_integerDraws_stayInRange_andPermutationsArePermutations() -> None:
     with _ops():
         ints = torch.randint(-3, 5, (8, 200))
         below = torch.randint(7, size=(300,))
-        like = torch.randint_like(torch.zeros(8, 4), 2, 9)
+        like = torch.randint_like(torch.zeros(8, 4, dtype=torch.float32), 2, 9)
         perm = torch.randperm(50)
         filled = torch.zeros(8, 100, dtype=torch.int64).random_(10, 20)
     assert ints.dtype == torch.int64 and int(ints.min()) == -3 and int(ints.max()) == 4
@@ -475,7 +491,8 @@ def test_drawsBeneathADispatchMode_areTorchsOwn() -> None:
 
     with _ops() as outer, Noisy() as noisy:
         torch.ones(2).add(1)
-    torch_own = torch.rand(3, generator=torch.Generator().manual_seed(9))
+    # inside, the default dtype is the step's (float64)
+    torch_own = torch.rand(3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     assert noisy.noise and all(torch.equal(n, torch_own) for n in noisy.noise)
     assert inner.drawn == outer.drawn == 0 and not inner.served
 

@@ -111,6 +111,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     # its own initialisation is orthogonal: a QR factorisation, served by Householder's in a fixed order
     "RWKV": ("RwkvConfig", "RwkvForCausalLM", dict(hidden_size=16, num_hidden_layers=2, attention_hidden_size=16,
              intermediate_size=32, context_length=16), "causal"),
+    # its forward fills a tensor in the default dtype with float64's least value: the step's dtype
+    "XGLM": ("XGLMConfig", "XGLMForCausalLM", dict(d_model=16, num_layers=1, attention_heads=2, ffn_dim=32,
+             max_position_embeddings=16), "causal"),
     "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,
               conv_kernel=2), "causal"),
     "Mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(hidden_size=16, num_hidden_layers=1, state_size=4, expand=2,

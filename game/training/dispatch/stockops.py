@@ -20,6 +20,11 @@ through the machine's libm, whose last bit may differ by machine (draw those fro
 here). numpy's newer ``default_rng()`` without a seed draws from the operating system and cannot be
 replayed.
 
+torch's default dtype is float64 inside, the dtype the step computes the model in: a tensor the
+model makes without a dtype (``torch.full((), torch.finfo(torch.float64).min)``, ``torch.zeros(n)``
+for a buffer it then multiplies with its activations) is float64 too, as it would be float32 beside
+float32 activations. It was float32, and such a model (XGLM) stopped with torch's own error.
+
 What the mode cannot see: calls made *inside* another Python-level torch function (torch pops a
 function mode while it handles a call; ``nn.init.kaiming_uniform_`` and
 ``F.multi_head_attention_forward`` are served whole for that reason), and so calls in autograd's
@@ -82,7 +87,7 @@ class StockOps:
         self._mode = ServingMode(self.draws)
         self._stance: contextlib.AbstractContextManager[Any] | None = None
         self._seed = global_seed(seed, step, micro_batch)
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[Any, Any, torch.dtype] | None = None
 
     @property
     def served(self) -> Counter[str]:
@@ -102,9 +107,10 @@ class StockOps:
         if "torch._dynamo" in sys.modules:  # compiled code runs eagerly: its ops are seen one by one
             self._stance = torch.compiler.set_stance("force_eager")
             self._stance.__enter__()
-        self._saved = (random.getstate(), np.random.get_state())
+        self._saved = (random.getstate(), np.random.get_state(), torch.get_default_dtype())
         random.seed(int.from_bytes(self._seed, "big"))
         np.random.seed(np.frombuffer(self._seed, dtype="<u4"))
+        torch.set_default_dtype(torch.float64)  # the step's dtype: a model's own factories make it too
         try:
             self._mode.__enter__()
         except BaseException:
@@ -113,10 +119,11 @@ class StockOps:
         return self
 
     def _put_back(self) -> None:
-        """The global generators as they were before :meth:`__enter__`."""
+        """The global generators and torch's default dtype as they were before :meth:`__enter__`."""
         if self._saved is not None:
             random.setstate(self._saved[0])
             np.random.set_state(self._saved[1])
+            torch.set_default_dtype(self._saved[2])
             self._saved = None
 
     def __exit__(self, *exc: Any) -> None:
