@@ -40,6 +40,20 @@ def _ops(ids: Tensor = IDS, micro_batch: int = 0, step: int = STEP, bits: int = 
     return StockOps(SEED, step, micro_batch, ids, bits=bits)
 
 
+def _across_interceptors(run: Callable[[], list[Tensor]]) -> tuple[list[Tensor], list[Tensor], StockOps]:
+    """``run`` in a step recorded through the C++ front (``cpu-1t``), then replayed through the
+    Python mode on a noisy machine, the log used up: both results, and the recording's StockOps."""
+    log = new_step_log("sparse", STEP)
+    rec = RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log)
+    with _ops() as ops, rec:
+        recorded = run()
+    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
+    with _ops(), rep:
+        replayed = run()
+    rep.finish()
+    return recorded, replayed, ops
+
+
 # --------------------------------------------------------------------------------------------------
 # Dropout
 # --------------------------------------------------------------------------------------------------
@@ -217,14 +231,7 @@ def test_transformerLayers_withTheirDropout_trainAcrossTheInterceptors() -> None
         (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
         return [out.detach(), *(p.grad.clone() for p in layer.parameters() if p.grad is not None)]
 
-    log = new_step_log("sparse", STEP)
-    rec = RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log)
-    with _ops() as ops, rec:
-        recorded = run()
-    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
-    with _ops(), rep:
-        replayed = run()
-    rep.finish()
+    recorded, replayed, ops = _across_interceptors(run)
     assert ops.served["dropout"] == 3 and ops.served["multi_head_attention_forward"] == 1
     assert len(recorded) > 1 and all(torch.equal(a, b) for a, b in zip(recorded, replayed, strict=True))
 
@@ -267,14 +274,7 @@ def test_recurrentDropout_gruAndPacked_inAStep_replaysAcrossTheInterceptors() ->
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
         return [gru(x.transpose(0, 1))[0], lstm(packed)[0].data]
 
-    log = new_step_log("sparse", STEP)
-    rec = RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log)
-    with _ops() as ops, rec:
-        recorded = run()
-    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
-    with _ops(), rep:
-        replayed = run()
-    rep.finish()
+    recorded, replayed, ops = _across_interceptors(run)
     assert ops.served["gru"] == 1 and ops.served["lstm"] == 1
     assert all(torch.equal(a, b) for a, b in zip(recorded, replayed, strict=True))
 
@@ -333,17 +333,8 @@ def test_defaultsReadFromTheDtype_areTheGrids_asTheModelWouldHaveThemInFloat32(b
 
 def test_nanToNumOfAnInf_inAStep_roundsAndReplaysAcrossTheInterceptors() -> None:
     x = torch.tensor([[0.5, math.inf], [-math.inf, 2.0]], dtype=torch.float64)
-    log = new_step_log("sparse", STEP)
-    with (
-        _ops(),
-        RoundingMode(bits=BITS, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log),
-    ):
-        recorded = torch.nan_to_num(x) * 0.75
-    rep = RoundingMode(bits=BITS, tau=0.25, mode="replay", profile=get_profile("noisy"), step=STEP, log=log)
-    with _ops(), rep:
-        replayed = torch.nan_to_num(x) * 0.75
-    rep.finish()
-    assert torch.equal(recorded, replayed) and recorded.isfinite().all()
+    recorded, replayed, _ = _across_interceptors(lambda: [torch.nan_to_num(x) * 0.75])
+    assert torch.equal(recorded[0], replayed[0]) and recorded[0].isfinite().all()
 
 
 # --------------------------------------------------------------------------------------------------
