@@ -122,7 +122,7 @@ def test_trainingTimeDropout_inTheFactory_passes() -> None:
         (lambda t: t.uniform_(-1, 1).erfinv_(), "erfinv"),  # the old trunc_normal_'s inverse CDF
         (lambda t: t.copy_(torch.full((3, 3), 2.0).lgamma()), "lgamma"),
         (lambda t: t.copy_(torch.ones(3, 3).cumsum(0)), "cumsum"),  # a sum, in the machine's order
-        (lambda t: t.cauchy_(), "cauchy_"),
+        (lambda t: t.copy_(torch.poisson(torch.ones(3, 3))), "poisson"),
     ],
 )
 def test_inexactInitialiser_isRefusedNamingTheOp(initialiser: Callable[[Tensor], Any], op: str) -> None:
@@ -142,6 +142,8 @@ def test_inexactInitialiser_isRefusedNamingTheOp(initialiser: Callable[[Tensor],
         # a narrow cut: rejection sampling in logs, each op rounded to nearest float32
         lambda t: nn.init.trunc_normal_(t, 0.0, 1.0, 2.0, 3.0).clamp_(2.0, 3.0).sub_(2.0).pow_(0.5),
         lambda t: t.exponential_(),  # a served uniform's log, rounded to nearest
+        lambda t: t.cauchy_(),  # and its tangent
+        lambda t: t.log_normal_(),  # a served normal's exponential
     ],
 )
 def test_exactInitialisers_passAndRepeat(initialiser: Callable[[Tensor], Any]) -> None:

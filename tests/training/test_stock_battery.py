@@ -261,11 +261,11 @@ def test_anOptimizer_overThreeSteps_replaysAcrossTheInterceptors(name: str) -> N
 
 def test_whatStillCannotRun_stopsAtItsFirstCall_namingItself() -> None:
     """The battery's refusals: a product's gradient (torch computes it otherwise under a Python
-    mode) and a draw with no served form; each named, in the step, before any value is wrong."""
+    mode) and a rejection sampler (Poisson); each named, in the step, before any value is wrong."""
     _, rows, _ = _inputs()
     for run, op in (
         (lambda v: torch.cumprod(v[:, :4], 1), "cumprod"),
-        (lambda v: torch.empty_like(v).cauchy_(), "cauchy_"),
+        (lambda v: v * torch.poisson(torch.ones_like(v)), "poisson"),
     ):
 
         def step(run: Callable[[Tensor], Tensor] = run) -> list[Tensor]:

@@ -428,10 +428,9 @@ def test_multinomial_neverPicksAZeroWeight_andWithoutReplacementPicksDistinct() 
 @pytest.mark.parametrize(
     "draw",
     [
-        lambda: torch.empty(3).cauchy_(),
-        lambda: torch.empty(3).log_normal_(),
-        lambda: torch.empty(3).geometric_(0.5),
         lambda: torch.poisson(torch.ones(3)),
+        lambda: torch.binomial(torch.full((3,), 4.0), torch.full((3,), 0.5)),
+        lambda: torch._standard_gamma(torch.ones(3)),
     ],
 )
 def test_transcendentalDraws_areRefusedNamingTheFunction(draw: Callable[[], Any]) -> None:
@@ -452,6 +451,35 @@ def test_exponential_isMinusTheLogOfAnOpenUniform_overLambda() -> None:
     assert bool((w % 2 == 1).all()) and bool((v > 0).all()) and bool((v < 1).all())
     assert bool((got > 0).all()) and bool(torch.isfinite(got).all())
     assert abs(float(got.mean()) - 0.5) < 0.05  # the mean of Exp(2)
+
+
+def test_logNormalCauchyGeometric_areWrittenOut_fromServedDraws() -> None:
+    """``log_normal_``, ``cauchy_`` and ``geometric_`` were refused as transcendental draws; each is
+    torch's formula on a served draw, its function an ordinary op: ``exp`` of a served normal,
+    ``tan`` of a served open uniform, ``ceil`` of a ratio of logarithms of one."""
+    with _ops() as ops:
+        log_normal = torch.empty(8, 500, dtype=torch.float64).log_normal_(0.5, 0.25)
+        cauchy = torch.empty(8, 500, dtype=torch.float64).cauchy_(1.0, 2.0)
+        geometric = torch.empty(8, 500, dtype=torch.float64).geometric_(0.25)
+    assert ops.drawn == 3
+    with _ops() as again:
+        z = again.draws.normal("log_normal_", (8, 500), torch.device("cpu"), torch.float64)
+        u = again.draws.open_uniform("cauchy_", (8, 500), torch.device("cpu"), torch.float64)
+        v = again.draws.open_uniform("geometric_", (8, 500), torch.device("cpu"), torch.float64)
+    assert torch.equal(log_normal, torch.exp(z * 0.25 + 0.5))
+    assert torch.equal(cauchy, torch.tan((u - 0.5) * math.pi) * 2.0 + 1.0)
+    assert torch.equal(geometric, torch.ceil(torch.log(v) / math.log1p(-0.25)).clamp(min=1.0))
+    assert abs(float(log_normal.log().mean()) - 0.5) < 0.02 and abs(float(cauchy.median()) - 1.0) < 0.2
+    assert abs(float(geometric.mean()) - 4.0) < 0.2 and float(geometric.min()) >= 1.0
+
+
+def test_writtenOutDraws_inAStep_replayAcrossTheInterceptors() -> None:
+    def run() -> list[Tensor]:
+        x = torch.empty(8, 6, dtype=torch.float64)
+        return [x.clone().log_normal_(), x.clone().cauchy_(), x.clone().geometric_(0.3)]
+
+    recorded, replayed, _ = _across_interceptors(run)
+    assert all(torch.equal(a, b) for a, b in zip(recorded, replayed, strict=True))
 
 
 def test_gumbelSoftmax_hard_isOneHotForward_softBackward() -> None:

@@ -15,9 +15,13 @@ with them) are served too: an exponential is ``-log(v) / lambd``, ``v`` uniform 
 with the log in a step (and to nearest at construction) as any, so the machine's libm does not
 decide it.
 
+``Tensor.log_normal_`` (``exp`` of a served normal), ``cauchy_`` (``tan`` of a served uniform) and
+``geometric_`` (``ceil`` of a ratio of logarithms) are written out the same way, their
+transcendental function an ordinary op.
+
 Refused, with :class:`~game.errors.UnsupportedOpError`: the other draws that need a transcendental
-function (``cauchy_``, ``log_normal_``, ``geometric_``, ``poisson``, ``binomial``, gamma and
-Dirichlet samples), whose float64 results differ between math libraries.
+function (``poisson``, ``binomial``, gamma and Dirichlet samples: rejection samplers whose number
+of tries a last-ulp difference changes), whose float64 results differ between math libraries.
 
 Anything a handler does not recognise (an unusual keyword, a meta tensor, an integer dtype where a
 float is drawn) goes to torch as called: if it draws, the interceptor refuses it at the ATen level.
@@ -393,14 +397,50 @@ def _gumbel_softmax(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str
     return y_hard - y_soft.detach() + y_soft
 
 
+@serves(torch.Tensor.log_normal_)
+def _log_normal_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``exp(mean + std * z)``, ``z`` the served Irwin-Hall normal; the exponential an ordinary op."""
+    given = dict(zip(("self", "mean", "std"), args, strict=False)) | kwargs
+    x = given["self"]
+    if given.keys() - {"self", "mean", "std", "generator"} or x.is_meta:
+        return func(*args, **kwargs)
+    fill_normal(d, name_of(func), x, float(given.get("mean", 1.0)), float(given.get("std", 2.0)))
+    return x.exp_()
+
+
+@serves(torch.Tensor.cauchy_)
+def _cauchy_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``median + sigma * tan(pi * (v - 1/2))``, ``v`` uniform in ``(0, 1)`` (never a pole), as
+    torch's; the tangent an ordinary op."""
+    given = dict(zip(("self", "median", "sigma"), args, strict=False)) | kwargs
+    x = given["self"]
+    if given.keys() - {"self", "median", "sigma", "generator"} or x.is_meta:
+        return func(*args, **kwargs)
+    v = d.open_uniform(name_of(func), x.shape, x.device, x.dtype)
+    angle = v.sub_(0.5).mul_(math.pi)
+    return x.copy_(
+        torch.tan(angle).mul_(float(given.get("sigma", 1.0))).add_(float(given.get("median", 0.0)))
+    )
+
+
+@serves(torch.Tensor.geometric_)
+def _geometric_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The trials to the first success, ``ceil(log(v) / log1p(-p))``, ``v`` uniform in ``(0, 1)``,
+    as torch's; the logarithms ordinary ops."""
+    given = dict(zip(("self", "p"), args, strict=False)) | kwargs
+    x, p = given["self"], float(given["p"])
+    if given.keys() - {"self", "p", "generator"} or x.is_meta or not 0.0 < p < 1.0:
+        return func(*args, **kwargs)
+    v = d.open_uniform(name_of(func), x.shape, x.device, torch.float64)
+    trials = torch.log(v).div_(math.log1p(-p)).ceil_().clamp_(min=1.0)
+    return x.copy_(trials)
+
+
 # --------------------------------------------------------------------------------------------------
 # Refused: the other draws that need a transcendental function
 # --------------------------------------------------------------------------------------------------
 
-_TRANSCENDENTAL = (
-    torch.Tensor.cauchy_, torch.Tensor.log_normal_, torch.Tensor.geometric_, torch.poisson, torch.binomial,
-    torch._standard_gamma, torch._sample_dirichlet,
-)  # fmt: skip
+_TRANSCENDENTAL = (torch.poisson, torch.binomial, torch._standard_gamma, torch._sample_dirichlet)
 
 
 @serves(*_TRANSCENDENTAL)
