@@ -30,7 +30,7 @@ from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
 from game.training.state.leafhash import leaf_of
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, load_recorded
 from game.training.task.spec import recorded_spec_hash
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
@@ -125,7 +125,7 @@ def _read_checked(store: BlobStore, key: bytes, task: Task, task_id: int) -> tup
             f"hash is {task.spec_hash.hex()[:16]}...: not the training the client asked for"
         )
     try:
-        cfg = TaskConfig.from_dict(manifest.config)
+        cfg = load_recorded(manifest.config, manifest.inputs)
     except (TranscriptError, ValueError) as exc:
         raise DeliveryError(f"{unusable}: {exc}") from exc
     if cfg.spec_hash() != task.spec_hash:

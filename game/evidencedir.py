@@ -9,7 +9,9 @@ reader already holds, and held to that hash before anything in it is used:
   inputs it was recorded with must hash to the name *before* the config is loaded, as a
   transcript's manifest is held (:func:`game.training.task.spec.recorded_spec_hash`). Loading
   imports the module the config's ``task`` names, and a file someone left must not make a judge
-  import a module of that someone's choosing.
+  import a module of that someone's choosing. Nor must a module of the task's name that is not
+  the recorded code (:func:`game.training.task.config.load_recorded` holds the code it finds to the
+  recorded digest before it imports it).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from game import untrusted
 from game.errors import ConfigError
 from game.fsio import atomic_write
 from game.training.state.leafhash import leaf_of
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, load_recorded
 from game.training.task.spec import recorded_spec_hash
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ def read_task_config(evidence_dir: Path, spec_hash: bytes) -> TaskConfig | None:
             f"the config left at {path.name} hashes to {recorded.hex()[:16]}...: not the task's, so "
             "nothing of it is loaded"
         )
-    cfg = TaskConfig.from_dict(doc["config"])
+    cfg = load_recorded(doc["config"], doc["inputs"])
     if cfg.spec_hash() != spec_hash:
         raise ConfigError(
             f"the config left at {path.name}, loaded here, hashes to {cfg.spec_hash().hex()[:16]}...: "

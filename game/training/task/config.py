@@ -419,6 +419,19 @@ def load_config(path: str | Path) -> TaskConfig:
     return cfg
 
 
+def load_recorded(config: Mapping[str, Any], inputs: Mapping[str, Any]) -> TaskConfig:
+    """A config as someone recorded it with its inputs (a transcript's manifest, a config left in
+    the evidence directory), already held to the task's spec hash by the caller
+    (:func:`~game.training.task.spec.recorded_spec_hash`), loaded: a user's task's code found here is
+    held to the recorded code digest before its module is imported
+    (:func:`~game.training.task.plugins.check_recorded_code`). Malformed inputs raise
+    :class:`ConfigError`; code that is not the recorded one, its :class:`~.plugins.PluginError`."""
+    name = config.get("task", config.get("preset")) if isinstance(config, Mapping) else None
+    if isinstance(name, str) and name and name not in PRESET_INFO:
+        plugins.check_recorded_code(name, Inputs.from_dict(inputs).code)
+    return TaskConfig.from_dict(config)
+
+
 def example_config(name: str) -> TaskConfig:
     """The example task shipped for preset ``name`` (``game/training/task/presets/<name>.toml``)."""
     preset_info(name)
@@ -472,5 +485,6 @@ __all__ = [
     "example_config",
     "factory_of",
     "load_config",
+    "load_recorded",
     "loads_config",
 ]

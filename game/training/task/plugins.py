@@ -93,17 +93,7 @@ def load(name: str, *, search: tuple[Path, ...] = ()) -> Loaded:
         found = _loaded.get(name)
         if found is not None:
             return found
-        target = name if is_plugin_name(name) else entry_point_target(name)
-        if target is None:
-            installed = entry_point_names()
-            raise PluginError(
-                f"task {name!r}: not a built-in preset ({', '.join(PRESET_NAMES)}), not an import path "
-                f"(module:attribute) and no installed package registers it under the entry-point group "
-                f"{ENTRY_POINT_GROUP!r}" + (f" (registered: {', '.join(installed)})" if installed else "")
-            )
-        module_name, _, attr = target.partition(":")
-        if not module_name or not attr:
-            raise PluginError(f"task {name!r}: expected module:attribute, e.g. mypkg.tasks:build")
+        target, module_name, attr = _target(name)
         extend_search_path(*search, Path.cwd())
         module = _import(name, module_name)
         obj: Any = module
@@ -115,6 +105,50 @@ def load(name: str, *, search: tuple[Path, ...] = ()) -> Loaded:
         found = Loaded(name, target, obj, code_digest(module_name))
         _loaded[name] = found
         return found
+
+
+def check_recorded_code(name: str, recorded: Digest | None, *, search: tuple[Path, ...] = ()) -> None:
+    """Hold the code task ``name`` would import here to ``recorded``, the code digest its spec was
+    recorded with, *before* importing it; raises :class:`PluginError` naming both where they differ.
+
+    Why: a recorded config is held to the task's spec hash before it is loaded, but loading imports
+    whatever module of the task's name the search path finds first. Another package of that name
+    (planted in the working directory, an older version installed) ran its code at import, and only
+    the spec hash computed afterwards refused it. The digest is worked out from the files as
+    :func:`load` would find them (``importlib.util.find_spec`` runs no code of the package). A task
+    already loaded in this process is not imported again; the caller's spec hash check holds it."""
+    if name in _loaded:
+        return
+    _, module_name, _ = _target(name)
+    extend_search_path(*search, Path.cwd())
+    if recorded is None:
+        raise PluginError(
+            f"task {name!r}: its spec was recorded with no task code, yet it names module {module_name}: "
+            "not imported"
+        )
+    here = code_digest(module_name)
+    if (here.kind, here.sha256) != (recorded.kind, recorded.sha256):
+        raise PluginError(
+            f"task {name!r}: the code found here is not the code its spec was recorded with, so it is "
+            f"not imported (install, or put on the search path, the task's own package): task code: "
+            f"the task's is {recorded.describe()}, here it is {here.describe()}"
+        )
+
+
+def _target(name: str) -> tuple[str, str, str]:
+    """``(target, module, attribute)`` of task ``name``: its import path, or an entry point's."""
+    target = name if is_plugin_name(name) else entry_point_target(name)
+    if target is None:
+        installed = entry_point_names()
+        raise PluginError(
+            f"task {name!r}: not a built-in preset ({', '.join(PRESET_NAMES)}), not an import path "
+            f"(module:attribute) and no installed package registers it under the entry-point group "
+            f"{ENTRY_POINT_GROUP!r}" + (f" (registered: {', '.join(installed)})" if installed else "")
+        )
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise PluginError(f"task {name!r}: expected module:attribute, e.g. mypkg.tasks:build")
+    return target, module_name, attr
 
 
 def _import(name: str, module_name: str) -> Any:
@@ -173,6 +207,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Loaded",
     "PluginError",
+    "check_recorded_code",
     "code_digest",
     "entry_point_names",
     "entry_point_target",

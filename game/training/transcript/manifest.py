@@ -16,7 +16,7 @@ from typing import Any
 
 from game import untrusted
 from game.errors import ConfigError, TranscriptError
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, load_recorded
 from game.training.task.inputs import Inputs
 from game.training.task.plugins import PluginError
 from game.training.task.spec import recorded_spec_hash
@@ -139,15 +139,15 @@ def config_of(manifest: Manifest, where: Path, spec_hash: bytes | None = None) -
                 f"hash {spec_hash.hex()[:16]}... it is held to: not the task's, so nothing of it is loaded"
             )
     try:
-        cfg = TaskConfig.from_dict(manifest.config)
-    except PluginError:
-        raise  # the task's code is not here: say so as it is
-    except Exception as exc:
-        raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
-    try:
         inputs = Inputs.from_dict(manifest.inputs)
     except ConfigError as exc:
         raise TranscriptError(f"{where}: the recorded inputs are invalid ({exc})") from exc
+    try:
+        cfg = load_recorded(manifest.config, manifest.inputs)
+    except PluginError:
+        raise  # the task's code is not here, or not the recorded code: say so as it is
+    except Exception as exc:
+        raise TranscriptError(f"{where}: the recorded task config is invalid ({exc})") from exc
     cfg.inputs().check_against(inputs, f"the transcript at {where.parent}")
     if cfg.spec_hash().hex() != manifest.spec_hash:
         raise TranscriptError(
