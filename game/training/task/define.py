@@ -70,7 +70,8 @@ class Task:
     * ``loss(model, batch) -> scalar``: ``batch`` is what ``collate`` makes of a micro-batch's items
       (default: torch's ``default_collate``), its float tensors float64 and on the rounding grid.
     * ``optimizer(model) -> torch.optim.Optimizer``: any optimizer with a ``foreach`` path (SGD,
-      Adam, AdamW, RMSprop, Adagrad, ...; a fused one is refused: it leaves no result to round).
+      Adam, AdamW, RMSprop, Adagrad, ...; one built ``fused=True`` runs its foreach path: a fused
+      kernel leaves no result to round).
       None: the config's standard optimizer (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
       ``betas``, ``eps``).
     * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step.

@@ -4,8 +4,11 @@ Why foreach and never fused: the engine rounds every result of the update, and a
 optimizer does its update as a handful of ``_foreach_*`` ATen ops over the list of all tensors, each
 rounded tensor by tensor (on gpt-shakespeare some 200 fewer dispatched ops a step than one op per
 tensor). A fused optimizer does the whole update inside one kernel and leaves no result to round,
-so its update differs from machine to machine where nothing can log it: it is refused, at step 0,
-with the fix. An optimizer with no foreach path (LBFGS, SparseAdam) runs its per-tensor loop.
+so its update differs from machine to machine where nothing can log it. A task's optimizer built
+``fused=True`` (nanoGPT asks for it wherever CUDA is) therefore runs its foreach path: the same
+update rule, torch's own code for it, and the same on every machine whether the build function
+asked for fused there or not; it was refused at step 0. An optimizer with no foreach path (LBFGS,
+SparseAdam) runs its per-tensor loop.
 """
 
 from __future__ import annotations
@@ -56,16 +59,15 @@ def standard_optimizer(cfg: TaskConfig, model: nn.Module) -> torch.optim.Optimiz
 
 def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Optimizer:
     """``optimizer`` (what a task's factory built) made safe to round: a torch optimizer over this
-    model's parameters, never fused, foreach wherever it has a foreach path."""
+    model's parameters, never fused, foreach wherever it has a foreach path (a fused one is switched
+    to it: module docstring)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
     own = {id(p) for p in model.parameters()}
+    fused = False
     for group in optimizer.param_groups:
-        if group.get("fused"):
-            raise ConfigError(
-                f"Task.optimizer: {type(optimizer).__name__}(fused=True) computes the whole update in one "
-                "kernel, with no result vgame can round: pass foreach=True, fused=False"
-            )
+        if group.get("fused"):  # read by step() each call: the same update as list ops
+            group["fused"], group["foreach"], fused = False, True, True
         if group.get("capturable"):
             raise ConfigError(f"Task.optimizer: {type(optimizer).__name__}(capturable=True) is not supported")
         if "foreach" in group and group["foreach"] is not True:
@@ -75,6 +77,14 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
                 raise ConfigError("Task.optimizer: it updates a tensor that is not a parameter of the model")
     if "foreach" in optimizer.defaults:
         optimizer.defaults["foreach"] = True
+    if optimizer.defaults.get("fused"):  # a group added later (add_param_group) takes these
+        optimizer.defaults["fused"] = False
+    if fused:
+        log.info(
+            "Task.optimizer: %s(fused=True) runs its foreach path, the same update as list ops vgame "
+            "rounds (a fused kernel leaves no result to round)",
+            type(optimizer).__name__,
+        )
     lrs = {float(g["lr"]) for g in optimizer.param_groups if "lr" in g}
     if lrs and not any(math.isclose(lr, cfg.lr, rel_tol=1e-12) for lr in lrs):
         log.warning(
