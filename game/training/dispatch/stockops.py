@@ -28,8 +28,9 @@ float32 activations. It was float32, and such a model (XGLM) stopped with torch'
 What the mode cannot see: calls made *inside* another Python-level torch function (torch pops a
 function mode while it handles a call; ``nn.init.kaiming_uniform_`` and
 ``F.multi_head_attention_forward`` are served whole for that reason), and so calls in autograd's
-backward (``Tensor.backward`` and ``torch.autograd.backward`` are torch functions): activation
-checkpointing's recomputed forward, whose dropout then reaches ATen and is refused. Autocast is refused on entry: a float16 or bfloat16
+backward (``Tensor.backward`` and ``torch.autograd.backward`` are torch functions), except
+activation checkpointing's recomputed forward, which is served with the draws its forward took
+(:mod:`.checkpointing`). Autocast is refused on entry: a float16 or bfloat16
 result is not rounded, and another device computes it otherwise. ``torch.compile``'d code runs
 eagerly inside (``torch.compiler.set_stance("force_eager")`` where dynamo is loaded), so that its
 ops reach the interceptor and this mode instead of a fused kernel.
@@ -54,6 +55,7 @@ from torch import Tensor
 
 from game.errors import UnsupportedOpError
 from game.training.dispatch import torchnn, torchrandom
+from game.training.dispatch.checkpointing import ServedCheckpoint
 from game.training.dispatch.draws import Draws, ServingMode
 
 #: The handler modules, imported for their registrations (``draws.SERVED``).
@@ -88,6 +90,7 @@ class StockOps:
         self._stance: contextlib.AbstractContextManager[Any] | None = None
         self._seed = global_seed(seed, step, micro_batch)
         self._saved: tuple[Any, Any, torch.dtype] | None = None
+        self._checkpoint = ServedCheckpoint(self._mode)
 
     @property
     def served(self) -> Counter[str]:
@@ -116,6 +119,7 @@ class StockOps:
         except BaseException:
             self._put_back()
             raise
+        self._checkpoint.__enter__()
         return self
 
     def _put_back(self) -> None:
@@ -127,6 +131,7 @@ class StockOps:
             self._saved = None
 
     def __exit__(self, *exc: Any) -> None:
+        self._checkpoint.__exit__(*exc)
         self._mode.__exit__(*exc)
         self._put_back()
         if self._stance is not None:
