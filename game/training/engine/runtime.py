@@ -9,7 +9,8 @@ that make a step replayable live here once, whatever the task's code:
   would not be bound into the spec);
 * the optimizer is the task's (checked: never fused, foreach where it can) or the config's
   standard one, and its scheduler is rebuilt at any step by stepping it from step 0;
-* a step's batch is a pure function of (seed, step): which rows (:func:`.datasets.pick`), collated,
+* a step's batch is a pure function of (seed, step): which rows (:func:`.datasets.pick`), collated
+  (a collate that augments draws served randomness: :func:`~game.training.dispatch.stockops.collating`),
   and cut into ``accumulate`` micro-batches along dim 0.
 """
 
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch.initmode import init_module
+from game.training.dispatch.stockops import collating
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
 from game.training.task.define import Task, TaskFactory
@@ -154,7 +156,8 @@ class TaskRuntime:
         cfg = self.cfg
         ids = datasets.example_ids(step, cfg.batch_size)
         index = datasets.pick(cfg.seed, step, ids, len(self.dataset), self.task.sampling)
-        data = datasets.collate_rows(self.dataset, index, self.task.collate)
+        with collating(cfg.seed, step, ids, bits=cfg.bits):  # an augmenting collate's draws
+            data = datasets.collate_rows(self.dataset, index, self.task.collate)
         rows = datasets.first_dim(data)
         if rows != cfg.batch_size:
             raise ConfigError(
@@ -207,7 +210,9 @@ class TaskRuntime:
         n = len(self._eval)
         size = min(size, n)
         index = torch.arange(size, dtype=torch.int64) * n // max(size, 1)
-        return Batch(datasets.collate_rows(self._eval, index, self.task.collate), torch.arange(size))
+        ids = torch.arange(size)
+        with collating(self.cfg.seed, 0, ids, bits=self.cfg.bits):  # step 0: no training step's
+            return Batch(datasets.collate_rows(self._eval, index, self.task.collate), ids)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, size: int = 256) -> dict[str, float]:

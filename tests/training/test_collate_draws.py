@@ -1,0 +1,74 @@
+"""A task's collate that augments (noise, mixup, a random crop) draws served randomness.
+
+Why: the collate drew from torch's and numpy's unseeded generators, so the auditor (and a judge)
+collated another batch, and an honest trainer failed its audit at step 1 with nothing naming the
+cause. Now torch's random functions in it are served from the counter RNG (prefix ``collate``, keyed
+per example) and Python's and numpy's global generators are seeded for the step.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from game.training.dispatch.stockops import StockOps, collating
+from game.training.engine.audit import audit
+from game.training.engine.runtime import runtime_for
+from game.training.engine.train import train
+from game.training.task.config import load_config
+from tests.training.test_task_api import TASK_PY, make_plugin
+
+AUGMENT = {
+    "torch": 'b["x"] = b["x"] + 0.1 * torch.rand(b["x"].shape) - 0.1 * torch.randn(b["x"].shape)',
+    "numpy": 'b["x"] = b["x"] + torch.from_numpy(np.random.rand(*b["x"].shape))',
+    "python": 'b["x"] = b["x"] * random.random()',
+}
+
+
+def _task(root: Path, kind: str) -> Path:
+    """A user's task whose collate augments with ``kind``'s generator; returns its config file."""
+    body = TASK_PY.replace(
+        "        init_weights=", "        collate=augment,\n        init_weights="
+    ).replace(
+        "class Net(nn.Module):",
+        "import random\nimport numpy as np\nfrom torch.utils.data import default_collate\n\n\n"
+        f"def augment(items):\n    b = default_collate(items)\n    {AUGMENT[kind]}\n    return b\n\n\n"
+        "class Net(nn.Module):",
+    )
+    make_plugin(root, body)
+    return root / "task.toml"
+
+
+@pytest.mark.parametrize("kind", sorted(AUGMENT))
+def test_anAugmentingCollate_trainsAndAuditsOnAnotherProfile(tmp_path: Path, kind: str) -> None:
+    cfg = load_config(_task(tmp_path, kind)).replace(steps=3)
+    result = train(cfg, "cpu-1t", tmp_path / "t")
+    random.random(), np.random.rand(), torch.rand(1)  # the auditor's process is elsewhere in its generators
+    report = audit(tmp_path / "t", "noisy")
+    assert report.match and report.trainer_state_root == result.state_root
+
+
+def test_aStepsAugmentedBatch_isAFunctionOfSeedAndStep_andTheGeneratorsArePutBack(tmp_path: Path) -> None:
+    cfg = load_config(_task(tmp_path, "torch"))
+    runtime = runtime_for(cfg)
+    np_state, py_state = np.random.get_state()[1].copy(), random.getstate()
+    first = runtime.batch(2).data["x"]
+    assert np.array_equal(np.random.get_state()[1], np_state) and random.getstate() == py_state
+    torch.rand(5), np.random.rand(3)
+    assert torch.equal(runtime.batch(2).data["x"], first)
+
+
+def test_theCollatesDraws_areNotTheSteps() -> None:
+    """The same seed, step and examples: the collate's noise is not the forward's dropout words."""
+    ids = torch.arange(16, 24)
+    with collating(3, 5, ids):
+        collate = torch.rand(8, 4)
+    with StockOps(3, 5, 0, ids):
+        step = torch.rand(8, 4, dtype=torch.float32)
+    assert collate.shape == step.shape and not torch.equal(collate, step)
+    with collating(3, 5, ids[4:]):  # per example: rows 4.. are the same whatever the batch
+        assert torch.equal(torch.rand(4, 4), collate[4:])
