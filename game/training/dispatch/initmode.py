@@ -16,9 +16,12 @@ count, would build another model. Inside :class:`InitMode`:
   ``torch.linspace``, a 2-norm (a weight norm's), matrix products (a spectral norm's) and a QR
   factorisation (``orthogonal_``'s) are served by rules of their own, the same bits on every machine
   (:mod:`~game.training.dispatch.initrules`);
-* any other op that produces or changes a floating tensor raises :class:`~game.errors.UnsupportedOpError`
-  at once, naming it, as does an op that still draws from torch's generator. Arithmetic on Python
-  floats (``math.sqrt`` for a bound) is not an op and is the same everywhere (IEEE), so it passes.
+* any other op that produces or changes a floating tensor runs as this machine computes it, and its
+  results are provisional (:mod:`~game.training.dispatch.provisional`): a throwaway forward pass
+  that sizes a layer passes, and the model is refused, naming the op, where such a value reaches
+  its state or leaves torch (``item()``). An op that still draws from torch's generator raises
+  :class:`~game.errors.UnsupportedOpError` at once, naming it. Arithmetic on Python floats
+  (``math.sqrt`` for a bound) is not an op and is the same everywhere (IEEE), so it passes.
 
 So the constructed model is bit-identical on every machine and thread count, and depends on nothing
 but the seed and the factory's code. Integer and boolean results pass whatever the op (a causal
@@ -32,14 +35,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from game.errors import ConfigError, TaskCodeError, UnsupportedOpError, VGameError
+from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch import nearest, stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
+from game.training.dispatch.provisional import SCALAR, LeakGuard, Provisional
 
 #: A call's arguments: positional and keyword.
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -69,18 +75,24 @@ class _ExactOnly(TorchDispatchMode):
     def __init__(self, draws: Draws) -> None:
         super().__init__()
         self.draws = draws
+        self.provisional = Provisional()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
         cls = classify(func, args, kwargs)
+        came = None  # the op behind a provisional argument (provisional.py)
+        if self.provisional:
+            came = self.provisional.origin(t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor))
+            if came is not None and op_name(func) == SCALAR:
+                raise self.provisional.refuse_leak(came, "item(), bool(), int() or float()")
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
         if fill is not None and not kwargs and len(args) <= 3:
             return fill(self.draws, args)
         rule = SERVED.get(op_name(func)) if cls is OpClass.INEXACT else None
         if rule is not None and (served := rule(args, kwargs)) is not None:
-            return served
+            return self._kept(func, args, kwargs, served, came)
         given = (
             nearest.before(func, args, kwargs)
             if cls is OpClass.INEXACT and nearest.rounds_to_nearest(func)
@@ -94,22 +106,27 @@ class _ExactOnly(TorchDispatchMode):
         )
         out = func(*args, **kwargs)
         if cls is OpClass.MOVE or cls is OpClass.EXACT:
-            return out
+            return self._kept(func, args, kwargs, out, came)
         touched = touched_tensors(func, args, kwargs, out)
         if all(t.is_meta for t in touched):  # no values (a model built on "meta"): nothing can differ
             return out
         if cls is OpClass.REFUSED:
             raise refusal(func, WHERE)
         if given is not None and self._to_nearest(func, touched, wide, given):
-            return out
+            return self._kept(func, args, kwargs, out, came)
         if any(t.is_floating_point() or t.is_complex() for t in touched):
-            name = op_name(func)
-            raise UnsupportedOpError(
-                f"{WHERE}{name} is not exact (its float64 result may differ on another "
-                f"machine, and so would the model's initial state): {INIT_FIX}",
-                op=name,
-                fix=INIT_FIX,
-            )
+            # this machine's own result: allowed while nothing of it is kept (provisional.py)
+            self.provisional.mark(touched, came or op_name(func))
+        elif came is not None:
+            self.provisional.mark(touched, came)
+        return out
+
+    def _kept(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, came: str | None
+    ) -> Any:
+        """``out``, its tensors and those the op wrote made provisional where an argument was."""
+        if came is not None:
+            self.provisional.mark(touched_tensors(func, args, kwargs, out), came)
         return out
 
     @staticmethod
@@ -149,22 +166,30 @@ class InitMode:
         self.draws = Draws(seed, 0, "init")
         self._serving = ServingMode(self.draws)
         self._exact = _ExactOnly(self.draws)
+        self._leaks = LeakGuard(self._exact.provisional)
         self._dtype = torch.get_default_dtype()
 
     @property
     def served(self) -> Counter[str]:
         return self._serving.handled
 
+    def check(self, model: nn.Module) -> None:
+        """Refuse ``model`` where a tensor it holds has a value an inexact op computed here
+        (:meth:`~game.training.dispatch.provisional.Provisional.check_model`)."""
+        self._exact.provisional.check_model(model)
+
     def __enter__(self) -> InitMode:
         self._dtype = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         self._exact.__enter__()
+        self._leaks.__enter__()
         self._serving.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
             self._serving.__exit__(*exc)
+            self._leaks.__exit__(*exc)
             self._exact.__exit__(*exc)
         finally:
             torch.set_default_dtype(self._dtype)
@@ -173,7 +198,7 @@ class InitMode:
 def init_module(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """``factory()`` inside :class:`InitMode`, with every floating parameter and buffer then made
     float64 (exact: a widening). The same module, bit for bit, on every machine."""
-    with InitMode(seed):
+    with InitMode(seed) as mode:
         try:
             model = factory()
         except VGameError:
@@ -183,8 +208,17 @@ def init_module(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
                 f"the task's model factory raised {type(exc).__name__}: {exc} "
                 "(run with VGAME_DEBUG=1 for the traceback)"
             ) from exc
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+        lazy = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if is_lazy(t)]
+        if lazy:
+            raise ConfigError(
+                f"the model's {', '.join(lazy)} {'is' if len(lazy) == 1 else 'are'} not materialised yet (a lazy "
+                "module, nn.LazyLinear and kin): leaf 0 holds the model's state as built, so run a throwaway "
+                "forward pass in the model factory (model = Net(); model(example); return model), which "
+                "construction allows"
+            )
+        mode.check(model)
     return model.to(torch.float64)
 
 
