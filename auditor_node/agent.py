@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from auditor_node.availability import DataDemands, TranscriptUnusable
-from auditor_node.chainlog import ChainLog
+from auditor_node.chainlog import MAX_PIECES, ChainLog
 from auditor_node.replay import TranscriptReplay
 from auditor_node.rewards import Rewards
 from game.agents import (
@@ -129,6 +129,7 @@ class AuditorAgent(TaskAgent):
         progress: ProgressSink | None = None,
         save_every_s: float = DEFAULT_EVERY_S,
         config: TaskConfig | None = None,
+        max_log_pieces: int = MAX_PIECES,
     ) -> None:
         super().__init__(
             client, task_id, profile=profile, workdir=workdir, store=store, data_key=data_key,
@@ -141,7 +142,7 @@ class AuditorAgent(TaskAgent):
         self.demands = DataDemands(self, self.game_ids)
         self.rewards = Rewards(self, self.game_ids)
         # the task's config, for a log read off the chain where the transcript is withheld
-        self.chain_log = ChainLog(self, config, self.evidence_dir, self.game_ids)
+        self.chain_log = ChainLog(self, config, self.evidence_dir, self.game_ids, max_pieces=max_log_pieces)
 
     @property
     def transcript_dir(self) -> Path:

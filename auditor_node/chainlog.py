@@ -8,8 +8,10 @@ bond each, at most :data:`MAX_OPEN` open at a time), then replays the task from 
 those chunks (:func:`~game.training.engine.chunkaudit.audit_chunks`) and plays on with its own
 leaves as after any replay: a bisection, evidence for the judge, who takes the pinned chunk from
 the chain too. An asynchronous task's log is read and replayed the same way, by the schedule its
-chunks carry. The trainer pays a transaction a piece for what it withheld; a log of more than
-:data:`MAX_PIECES` pieces is not read (the auditor says so).
+chunks carry. The trainer pays a transaction a piece for what it withheld; a log of more pieces
+than the auditor's cap (:data:`MAX_PIECES` unless its operator set another, ``vgame node auditor
+--max-log-pieces``: each piece is a demand of the auditor's and its bond until answered) is not
+read, and the auditor says so, naming the option.
 
 The auditor needs the task's config, which the transcript would have carried: the node's own
 (``vgame node auditor --config``), or one left in the evidence directory (a client may leave it),
@@ -37,7 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Demands open at once while reading a log: each holds an auditor bond until it is answered.
 MAX_OPEN = 16
-#: The most pieces of a log an auditor demands (a transaction of the trainer's each).
+#: The most pieces of a log an auditor demands by default (a transaction of its own and one of the
+#: trainer's each; ``--max-log-pieces`` sets another).
 MAX_PIECES = 512
 
 
@@ -51,8 +54,13 @@ class ChainLog:
         config: TaskConfig | None,
         evidence_dir: Path | None,
         game_ids: Callable[[], list[int]],
+        *,
+        max_pieces: int = MAX_PIECES,
     ) -> None:
+        if max_pieces < 1:
+            raise ConfigError(f"max_log_pieces: {max_pieces} is not a positive number of pieces")
         self.agent = agent
+        self.max_pieces = max_pieces
         self.config = config
         self.evidence_dir = evidence_dir
         self.game_ids = game_ids  # the auditor's games on the task (scanned from events)
@@ -107,9 +115,10 @@ class ChainLog:
             self._replay(task, cfg, chunks, len(onchain.pieces), out)
             return
         widest = max((piece_count(n) for n in onchain.lengths.values()), default=1)
-        if onchain.total_pieces(widest) > MAX_PIECES:
-            self._once("large", f"the log has about {onchain.total_pieces(widest)} pieces, over the "
-                       f"{MAX_PIECES} an auditor demands one by one: not read from the chain")  # fmt: skip
+        if (total := onchain.total_pieces(widest)) > self.max_pieces:
+            self._once("large", f"the log has about {total} pieces, over the {self.max_pieces} this "
+                       "auditor demands one by one (a transaction and a bond each): not read from the "
+                       f"chain; --max-log-pieces {total} reads it")  # fmt: skip
             return
         open_now = [(g.lo, g.piece) for _, g in demands if g.phase != Phase.ENDED]
         for move in decide_log_demands(

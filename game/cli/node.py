@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from auditor_node.chainlog import MAX_PIECES
 from game.cli.app import app, err_console, interrupts
 from game.cli.keys import given_data_key, warn_data_key_in_argv, warn_key_in_argv
 from game.cli.nodeloop import ProgressBars, ended_action, printer, run
@@ -66,6 +67,7 @@ ROLE_OPTIONS: dict[str, tuple[Role, ...]] = {
     "--max-challenge-window": (Role.trainer,),
     "--commit-margin": (Role.trainer,),
     "--max-chunk-bytes": (Role.trainer,),
+    "--max-log-pieces": (Role.auditor,),
     "--allow-client-judge": (Role.trainer,),
     "--evidence-dir": (Role.auditor, Role.judge),
 }
@@ -191,6 +193,18 @@ def node_cmd(
             "many pieces there are to demand).",
         ),
     ] = None,
+    max_log_pieces: Annotated[
+        int | None,
+        typer.Option(
+            "--max-log-pieces",
+            min=1,
+            metavar="PIECES",
+            show_default=str(MAX_PIECES),
+            help="Auditor: the most pieces (120 KiB each; a demand transaction and a bond of yours, and "
+            "an answer of the trainer's, each) it demands to read a withheld transcript's log off the "
+            "chain; a longer log is not read, and the auditor says how many it has.",
+        ),
+    ] = None,
     allow_client_judge: Annotated[
         bool,
         typer.Option(
@@ -254,6 +268,7 @@ def node_cmd(
             "--max-challenge-window": max_challenge_window is not None,
             "--commit-margin": commit_margin is not None,
             "--max-chunk-bytes": max_chunk_bytes is not None,
+            "--max-log-pieces": max_log_pieces is not None,
             "--allow-client-judge": allow_client_judge,
         },
     )
@@ -327,6 +342,7 @@ def node_cmd(
             progress=bars,
             save_every_s=DEFAULT_EVERY_S if save_every is None else save_every,
             config=auditor_cfg,
+            max_log_pieces=MAX_PIECES if max_log_pieces is None else max_log_pieces,
         )
     else:
         from game.judge import Judge

@@ -200,8 +200,10 @@ def make_agents(
         base: Path | None = None,
         auditor_save_every_s: float = DEFAULT_EVERY_S,
         auditor_config: bool = True,
+        auditor_max_log_pieces: int | None = None,
     ) -> Agents:
         from auditor_node.agent import AuditorAgent
+        from auditor_node.chainlog import MAX_PIECES
         from game.judge import Judge
         from game.strategies.auditors import auditor_strategy
         from trainer_node.agent import TrainerAgent
@@ -240,6 +242,7 @@ def make_agents(
             progress=progress,
             save_every_s=auditor_save_every_s,
             config=cfg if auditor_config else None,
+            max_log_pieces=MAX_PIECES if auditor_max_log_pieces is None else auditor_max_log_pieces,
         )
         judge = Judge(
             roles["judge"],

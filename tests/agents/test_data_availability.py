@@ -297,6 +297,28 @@ def test_withheldTranscript_noConfigAtHand_theAuditorCannotReadTheLog_andSaysSo(
     assert "no task config is at hand" in caplog.text
 
 
+def test_withheldTranscript_aLogOverTheAuditorsCap_isNotRead_andTheAuditorSaysHowToReadIt(
+    roles: dict[str, Any],
+    post_task: Any,
+    make_agents: Any,
+    tiny_cfg: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The auditor's cap on the pieces it demands is its operator's (``--max-log-pieces``): under
+    it, the auditor demands no more than its one piece and names the option and the log's size."""
+    client = roles["client"]
+    pieces = tiny_cfg.num_leaves  # one piece a step's chunk
+    task_id, agents = _sealed_elsewhere(
+        roles, post_task, make_agents, tiny_cfg, monkeypatch, auditor_max_log_pieces=pieces - 1
+    )
+    with caplog.at_level("WARNING"):
+        drive(agents.all(), client, [task_id])
+    assert len(client.get_events("DataProvided", task_id=task_id)) == 1
+    assert f"the log has about {pieces} pieces, over the {pieces - 1}" in caplog.text
+    assert f"--max-log-pieces {pieces} reads it" in caplog.text
+
+
 class _AtTheLastSecond:
     """A trainer node that answers each demand at the last seconds of its clock: the chain's clock
     is moved there before the node steps."""
