@@ -277,46 +277,36 @@ def test_withheldTranscript_anHonestRun_theLogReadOffTheChainMatches_andTheTrain
     assert withdrawn(client, roles["auditor"].me) == task.auditor_bond * len(posted)
 
 
-def test_withheldTranscript_noConfigAtHand_theAuditorCannotReadTheLog_andSaysSo(
+@pytest.mark.parametrize("why", ["no config", "over the cap"])
+def test_withheldTranscript_aLogTheAuditorCannotRead_isNotDemanded_andTheAuditorSaysWhy(
     roles: dict[str, Any],
     post_task: Any,
     make_agents: Any,
     tiny_cfg: Any,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    why: str,
 ) -> None:
-    """Without the task's config (no --config, none left) nothing can be replayed: the auditor
-    demands no more than its one piece and says why."""
+    """Without the task's config (no --config, none left) nothing can be replayed; over the cap
+    its operator set on the pieces it demands (``--max-log-pieces``; one piece a step's chunk here)
+    the log is not read. Either way the auditor demands no more than its one piece and says why,
+    over the cap naming the log's size and the option that reads it."""
     client = roles["client"]
-    task_id, agents = _sealed_elsewhere(
-        roles, post_task, make_agents, tiny_cfg, monkeypatch, auditor_config=False
-    )
+    pieces = tiny_cfg.num_leaves
+    options = {"auditor_config": False} if why == "no config" else {"auditor_max_log_pieces": pieces - 1}
+    task_id, agents = _sealed_elsewhere(roles, post_task, make_agents, tiny_cfg, monkeypatch, **options)
     with caplog.at_level("WARNING"):
         drive(agents.all(), client, [task_id])
     assert len(client.get_events("DataProvided", task_id=task_id)) == 1
-    assert "no task config is at hand" in caplog.text
-
-
-def test_withheldTranscript_aLogOverTheAuditorsCap_isNotRead_andTheAuditorSaysHowToReadIt(
-    roles: dict[str, Any],
-    post_task: Any,
-    make_agents: Any,
-    tiny_cfg: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The auditor's cap on the pieces it demands is its operator's (``--max-log-pieces``): under
-    it, the auditor demands no more than its one piece and names the option and the log's size."""
-    client = roles["client"]
-    pieces = tiny_cfg.num_leaves  # one piece a step's chunk
-    task_id, agents = _sealed_elsewhere(
-        roles, post_task, make_agents, tiny_cfg, monkeypatch, auditor_max_log_pieces=pieces - 1
+    said = (
+        ["no task config is at hand"]
+        if why == "no config"
+        else [
+            f"the log has about {pieces} pieces, over the {pieces - 1}",
+            f"--max-log-pieces {pieces} reads it",
+        ]
     )
-    with caplog.at_level("WARNING"):
-        drive(agents.all(), client, [task_id])
-    assert len(client.get_events("DataProvided", task_id=task_id)) == 1
-    assert f"the log has about {pieces} pieces, over the {pieces - 1}" in caplog.text
-    assert f"--max-log-pieces {pieces} reads it" in caplog.text
+    assert all(s in caplog.text for s in said), caplog.text
 
 
 class _AtTheLastSecond:

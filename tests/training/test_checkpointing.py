@@ -16,12 +16,9 @@ from torch import Tensor, nn
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.stockops import StockOps
-from game.training.engine.audit import audit
-from game.training.engine.train import train
 from game.training.log.formats import new_step_log
-from game.training.task.config import load_config
 from game.training.task.profiles import get_profile
-from tests.training.test_task_api import make_plugin
+from tests.training.test_task_api import trains_and_audits
 
 SEED, BITS = 5, 32
 IDS = torch.arange(6)
@@ -168,8 +165,4 @@ def build(cfg):
 
 def test_aUsersCheckpointedTask_trainsAndAuditsOnAnotherProfile(tmp_path: Path) -> None:
     """Through the engine: ``vgame train``'s path records it, an auditor on ``noisy`` agrees."""
-    make_plugin(tmp_path, CHECKPOINTED_TASK)
-    cfg = load_config(tmp_path / "task.toml")
-    result = train(cfg, "cpu-1t", tmp_path / "t")
-    report = audit(tmp_path / "t", "noisy")
-    assert report.match and report.trainer_state_root == result.state_root
+    trains_and_audits(tmp_path, CHECKPOINTED_TASK)

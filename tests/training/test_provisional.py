@@ -17,10 +17,7 @@ from torch import Tensor, nn
 
 from game.errors import ConfigError, UnsupportedOpError
 from game.training.dispatch.initmode import init_module
-from game.training.engine.audit import audit
-from game.training.engine.train import train
-from game.training.task.config import load_config
-from tests.training.test_task_api import make_plugin
+from tests.training.test_task_api import trains_and_audits
 
 
 class Sized(nn.Module):
@@ -179,8 +176,4 @@ def build(cfg):
 
 
 def test_aTaskWhoseModelIsSizedByADummyPass_trainsAndAudits(tmp_path: Path) -> None:
-    make_plugin(tmp_path, LAZY_TASK)
-    cfg = load_config(tmp_path / "task.toml")
-    result = train(cfg, "cpu-1t", tmp_path / "t")
-    report = audit(tmp_path / "t", "noisy")
-    assert report.match and report.trainer_state_root == result.state_root
+    trains_and_audits(tmp_path, LAZY_TASK)

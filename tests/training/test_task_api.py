@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,6 +81,17 @@ def make_plugin(root: Path, body: str = TASK_PY) -> str:
     np.savez(pkg / "data.npz", x=x, y=(x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0))
     (root / "task.toml").write_text(f'task = "{name}.tasks:build"\n')
     return name
+
+
+def trains_and_audits(root: Path, body: str, **changes: Any) -> bytes:
+    """A task of ``body`` made under ``root`` (``changes`` to its config), trained on ``cpu-1t`` and
+    audited on ``noisy``: the auditor must agree. Returns the state root."""
+    make_plugin(root, body)
+    cfg = load_config(root / "task.toml").replace(**changes)
+    result = train(cfg, "cpu-1t", root / "t")
+    report = audit(root / "t", "noisy")
+    assert report.match and report.trainer_state_root == result.state_root
+    return bytes(result.state_root)
 
 
 @pytest.fixture
@@ -382,12 +394,7 @@ def test_aFusedOptimizer_trainsAsItsForeachPath_andAudits(tmp_path: Path, cls: s
         body = TASK_PY.replace(
             "        init_weights=", f"        optimizer=lambda m: {opt},\n        init_weights="
         )
-        make_plugin(root, body)
-        cfg = load_config(root / "task.toml").replace(steps=3)
-        result = train(cfg, "cpu-1t", root / "t")
-        roots[path] = result.state_root
-        report = audit(root / "t", "noisy")
-        assert report.match and report.trainer_state_root == result.state_root
+        roots[path] = trains_and_audits(root, body, steps=3)
     assert roots["fused"] == roots["foreach"]
 
 
