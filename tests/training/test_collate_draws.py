@@ -26,6 +26,7 @@ AUGMENT = {
     "torch": 'b["x"] = b["x"] + 0.1 * torch.rand(b["x"].shape) - 0.1 * torch.randn(b["x"].shape)',
     "numpy": 'b["x"] = b["x"] + torch.from_numpy(np.random.rand(*b["x"].shape))',
     "python": 'b["x"] = b["x"] * random.random()',
+    "numpy_rng": 'b["x"] = b["x"] + torch.from_numpy(np.random.default_rng().random(tuple(b["x"].shape)))',
 }
 
 

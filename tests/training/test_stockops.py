@@ -647,6 +647,29 @@ def test_numpysGlobalGenerator_inTheModel_replaysBitExactly() -> None:
     assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
 
 
+class DefaultRngNet(StockNet):
+    """StockNet behind a mask from a ``np.random.default_rng()`` made with no seed in its forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        masked = torch.tensor(np.random.default_rng().random(tuple(x.shape[:2])) < 0.3)
+        return super().forward(x.masked_fill(masked[..., None], 0.0))
+
+
+def test_numpysUnseededDefaultRng_inTheModel_replaysBitExactly_andIsPutBack() -> None:
+    """``np.random.default_rng()`` with no seed drew its seed from the operating system: another
+    mask on every run. Inside a step it takes its seed from the seeded global generator, so the
+    replay matches; an explicit seed is kept, and numpy's own function is back after the step."""
+    chunks: list[bytes] = []
+    trained = _train("cpu-1t", "record", chunks, net=DefaultRngNet)
+    replayed = _train("noisy", "replay", chunks, net=DefaultRngNet)
+    assert all(torch.equal(t, replayed[name]) for name, t in trained.items())
+    original = np.random.default_rng
+    with _ops():
+        assert np.random.default_rng is not original
+        assert np.random.default_rng(5).random() == original(5).random()
+    assert np.random.default_rng is original
+
+
 class GumbelNet(StockNet):
     """StockNet whose output is weighted by a Gumbel-softmax of itself (a router's draw)."""
 

@@ -17,8 +17,8 @@ micro-batch's index (:func:`global_seed`), and put back as they were after it: t
 (the Mersenne Twister) gives the same words on every machine, so a trainer's and an auditor's
 masks are the same. Their uniform and integer draws are exact; a normal or exponential draw goes
 through the machine's libm, whose last bit may differ by machine (draw those from torch, served
-here). numpy's newer ``default_rng()`` without a seed draws from the operating system and cannot be
-replayed.
+here). numpy's newer ``default_rng()`` without a seed takes its seed from them (:class:`SeededGlobals`);
+it drew it from the operating system.
 
 torch's default dtype is float64 inside, the dtype the step computes the model in: a tensor the
 model makes without a dtype (``torch.full((), torch.finfo(torch.float64).min)``, ``torch.zeros(n)``
@@ -73,6 +73,40 @@ def global_seed(seed: int, step: int, micro_batch: int) -> bytes:
     return hashlib.sha256(f"vgame/global-generators/{seed}/{step}/{micro_batch}".encode()).digest()
 
 
+class SeededGlobals:
+    """Python's and numpy's global generators seeded from ``state`` (32 bytes) for a scope, and
+    numpy's ``default_rng()`` without a seed given its seed by them, all put back after the scope.
+
+    Why the last: ``np.random.default_rng()`` with no seed draws its seed from the operating system,
+    so a model or a collate that makes one inside a step drew other numbers on every run, and an
+    honest trainer's audit failed with nothing naming the cause. Seeded from the seeded global
+    generator, it is the same on every machine (PCG64's words are; code that imported
+    ``default_rng`` by name before the step keeps the unseeded one)."""
+
+    def __init__(self, state: bytes) -> None:
+        self.state = state
+        self._saved: tuple[Any, Any, Any] | None = None
+
+    def __enter__(self) -> SeededGlobals:
+        original = np.random.default_rng
+        self._saved = (random.getstate(), np.random.get_state(), original)
+        random.seed(int.from_bytes(self.state, "big"))
+        np.random.seed(np.frombuffer(self.state, dtype="<u4"))
+
+        def default_rng(seed: Any = None) -> np.random.Generator:
+            return original(np.random.randint(0, 2**63 - 1, dtype=np.int64) if seed is None else seed)
+
+        np.random.default_rng = default_rng
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            random.setstate(self._saved[0])
+            np.random.set_state(self._saved[1])
+            np.random.default_rng = self._saved[2]
+            self._saved = None
+
+
 def collate_seed(seed: int, step: int) -> bytes:
     """The 32 bytes that seed Python's and numpy's global generators for step ``step``'s collate."""
     return hashlib.sha256(f"vgame/collate/{seed}/{step}".encode()).digest()
@@ -90,16 +124,8 @@ def collating(seed: int, step: int, example_ids: Tensor, *, bits: int = 32) -> I
     never the step's own draws), and Python's and numpy's global generators are seeded for the step
     (:func:`collate_seed`) and put back after it. The batch is rounded to the grid afterwards."""
     mode = ServingMode(Draws(seed, step, "collate", micro_batch=0, example_ids=example_ids, bits=bits))
-    saved = (random.getstate(), np.random.get_state())
-    state = collate_seed(seed, step)
-    random.seed(int.from_bytes(state, "big"))
-    np.random.seed(np.frombuffer(state, dtype="<u4"))
-    try:
-        with mode:
-            yield mode.handled
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
+    with SeededGlobals(collate_seed(seed, step)), mode:
+        yield mode.handled
 
 
 class StockOps:
@@ -118,8 +144,8 @@ class StockOps:
         self.draws = Draws(seed, step, "torch", micro_batch=micro_batch, example_ids=example_ids, bits=bits)
         self._mode = ServingMode(self.draws)
         self._stance: contextlib.AbstractContextManager[Any] | None = None
-        self._seed = global_seed(seed, step, micro_batch)
-        self._saved: tuple[Any, Any, torch.dtype] | None = None
+        self._globals = SeededGlobals(global_seed(seed, step, micro_batch))
+        self._dtype: torch.dtype | None = None
         self._checkpoint = ServedCheckpoint(self._mode)
 
     @property
@@ -140,9 +166,8 @@ class StockOps:
         if "torch._dynamo" in sys.modules:  # compiled code runs eagerly: its ops are seen one by one
             self._stance = torch.compiler.set_stance("force_eager")
             self._stance.__enter__()
-        self._saved = (random.getstate(), np.random.get_state(), torch.get_default_dtype())
-        random.seed(int.from_bytes(self._seed, "big"))
-        np.random.seed(np.frombuffer(self._seed, dtype="<u4"))
+        self._globals.__enter__()
+        self._dtype = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)  # the step's dtype: a model's own factories make it too
         try:
             self._mode.__enter__()
@@ -154,11 +179,10 @@ class StockOps:
 
     def _put_back(self) -> None:
         """The global generators and torch's default dtype as they were before :meth:`__enter__`."""
-        if self._saved is not None:
-            random.setstate(self._saved[0])
-            np.random.set_state(self._saved[1])
-            torch.set_default_dtype(self._saved[2])
-            self._saved = None
+        self._globals.__exit__()
+        if self._dtype is not None:
+            torch.set_default_dtype(self._dtype)
+            self._dtype = None
 
     def __exit__(self, *exc: Any) -> None:
         self._checkpoint.__exit__(*exc)
@@ -169,4 +193,12 @@ class StockOps:
             self._stance = None
 
 
-__all__ = ["AUTOCAST_FIX", "HANDLERS", "StockOps", "collate_seed", "collating", "global_seed"]
+__all__ = [
+    "AUTOCAST_FIX",
+    "HANDLERS",
+    "SeededGlobals",
+    "StockOps",
+    "collate_seed",
+    "collating",
+    "global_seed",
+]
