@@ -150,7 +150,8 @@ def test_replayRevert_aTransactionAheadInTheSameBlock_givesTheRevertItCaused() -
 
     class _Chain:
         def __init__(self, reverts_from: int) -> None:
-            self.reverts_from, self.asked = reverts_from, []
+            self.reverts_from = reverts_from
+            self.asked: list[int] = []
 
         def call(self, call: dict[str, Any], block: int) -> bytes:
             self.asked.append(block)
