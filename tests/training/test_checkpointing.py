@@ -166,3 +166,24 @@ def build(cfg):
 def test_aUsersCheckpointedTask_trainsAndAuditsOnAnotherProfile(tmp_path: Path) -> None:
     """Through the engine: ``vgame train``'s path records it, an auditor on ``noisy`` agrees."""
     trains_and_audits(tmp_path, CHECKPOINTED_TASK)
+
+
+def test_anotherThreadsCheckpoint_duringAStep_isNotServedWithTheStepsDraws() -> None:
+    """The swap is process-wide, but only a backward pass's recomputation is served: another
+    thread's forward through a checkpoint (outside any step) draws nothing of the step's."""
+    import threading
+
+    model = init_module(lambda: Net(True), seed=3)
+    done: list[Tensor] = []
+    with StockOps(SEED, 1, 0, IDS, bits=BITS) as ops:
+        h = torch.tanh(model.a(X))
+        before = (ops.drawn, dict(ops.served))
+        worker = threading.Thread(
+            target=lambda: done.append(
+                torch_checkpoint.checkpoint(model.segment, h.detach(), use_reentrant=True)
+            )
+        )
+        worker.start()
+        worker.join()
+        assert (ops.drawn, dict(ops.served)) == before
+    assert len(done) == 1 and done[0].shape == (6, 16)

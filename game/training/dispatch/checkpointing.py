@@ -19,7 +19,9 @@ How: ``checkpoint`` looks up ``CheckpointFunction`` (``use_reentrant=True``, Hug
 default) and ``_checkpoint_without_reentrant_generator`` (``use_reentrant=False``) in its module
 when it is called, so they are swapped for the step, for wrappers that hand torch the segment's
 function wrapped; a function captured before the step (``functools.partial(checkpoint, ...)``) is
-served too. The swap is process-wide, as the global generators' seeding is (:mod:`.stockops`).
+served too. The swap is process-wide, as the global generators' seeding is (:mod:`.stockops`); the
+wrapper pushes the mode only inside a backward pass (autograd's graph task), so another thread's
+forward through a checkpoint at that moment is left alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.overrides import _get_current_function_mode_stack
 
@@ -44,6 +47,8 @@ class _Segment:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if any(m is self.mode for m in _get_current_function_mode_stack()):
             return self.function(*args, **kwargs)  # the forward: the mode serves it already
+        if torch._C._current_graph_task_id() == -1:  # not in a backward pass: no recomputation of
+            return self.function(*args, **kwargs)  # this step's (another thread's own checkpoint)
         draws = self.mode.draws
         resume = draws.ordinal
         draws.ordinal = self.start
