@@ -218,6 +218,30 @@ def test_multiheadAttention_attentionDropoutInTraining_isTheServedMaskOnTheWeigh
     torch.testing.assert_close(served, want, rtol=0, atol=1e-12)
 
 
+def test_multiheadAttention_anotherThreadsDropoutDuringTheCall_isTorchsOwn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The served ``F.dropout`` is in ``torch.nn.functional`` for the call, process-wide: a thread
+    other than the step's that calls it meanwhile gets torch's own and takes no served draw."""
+    import threading
+
+    mha = init_module(lambda: nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True), seed=2)
+    x = torch.randn(8, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    softmax, seen = F.softmax, []
+
+    def softmax_and_a_thread(*args: Any, **kwargs: Any) -> Tensor:
+        worker = threading.Thread(target=lambda: seen.append(F.dropout(torch.ones(4, 4), 0.5, True)))
+        worker.start()
+        worker.join()
+        return softmax(*args, **kwargs)
+
+    monkeypatch.setattr(F, "softmax", softmax_and_a_thread)  # inside multi_head_attention_forward
+    with _ops() as ops:
+        mha(x, x, x, need_weights=False)
+        assert ops.drawn == 1  # the attention's own mask only
+    assert len(seen) == 1 and set(seen[0].unique().tolist()) <= {0.0, 2.0}
+
+
 def test_transformerLayers_withTheirDropout_trainAcrossTheInterceptors() -> None:
     """A stock nn.TransformerEncoderLayer (dropout 0.1, attention dropout included), its forward
     and backward recorded through the C++ front and replayed through the Python mode on a noisy

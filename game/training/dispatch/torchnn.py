@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -183,11 +184,13 @@ def _attention_dropout(d: Draws, batch: int) -> Iterator[None]:
     attention weights (``torch.nn.functional``'s module global, looked up at the call) is the served
     one, drawn as ``(batch, heads, L, S)``, one row per example (draws.py). A function mode cannot
     serve it: torch hands the outer call to the mode, which is off while it runs the function's body,
-    so no mode sees the inner call."""
+    so no mode sees the inner call. The swap is process-wide: another thread's ``F.dropout`` during
+    the call gets torch's own."""
     torch_own = F.dropout
+    caller = threading.get_ident()
 
     def served(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-        if not training or p == 0.0:
+        if not training or p == 0.0 or threading.get_ident() != caller:
             return torch_own(input, p, training, inplace)
         rows = input.reshape(batch, -1, *input.shape[1:])
         return dropout(d, "multi_head_attention_forward", rows, float(p)).reshape(input.shape)
