@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,15 @@ def make_plugin(root: Path, body: str = TASK_PY) -> str:
     return name
 
 
-def trains_and_audits(root: Path, body: str, **changes: Any) -> bytes:
-    """A task of ``body`` made under ``root`` (``changes`` to its config), trained on ``cpu-1t`` and
-    audited on ``noisy``: the auditor must agree. Returns the state root."""
-    make_plugin(root, body)
+def trains_and_audits(
+    root: Path, body: str, prepare: Callable[[Path], None] | None = None, **changes: Any
+) -> bytes:
+    """A task of ``body`` made under ``root`` (``prepare`` given its package's directory first,
+    ``changes`` made to its config), trained on ``cpu-1t`` and audited on ``noisy``: the auditor
+    must agree. Returns the state root."""
+    name = make_plugin(root, body)
+    if prepare is not None:
+        prepare(root / name)
     cfg = load_config(root / "task.toml").replace(**changes)
     result = train(cfg, "cpu-1t", root / "t")
     report = audit(root / "t", "noisy")

@@ -11,6 +11,7 @@ order. Leaf 0 of such a task is these weights rounded onto the task's grid
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,34 +26,83 @@ from game.training.task.inputs import Digest
 WEIGHTS_FORMAT = b"vgame-weights-v1\0"
 
 
+#: What a model directory holds its weights in, as Hugging Face's ``save_pretrained`` writes them:
+#: one file, or an index of shards (a model over its shard size), looked for in this order.
+DIRECTORY_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
 def load(source: Mapping[str, Any] | str | Path) -> dict[str, Tensor]:
     """The weights a task gives: a ``state_dict`` as is, or read from a ``.safetensors`` or
-    ``.pt``/``.pth`` file (``torch.load`` with ``weights_only=True``: no code runs)."""
+    ``.pt``/``.pth``/``.bin`` file (``torch.load`` with ``weights_only=True``: no code runs), a
+    shard index (``*.index.json``, its ``weight_map`` naming each tensor's shard beside it), or a
+    model directory holding one of :data:`DIRECTORY_FILES` (a Hugging Face checkpoint, sharded or
+    not)."""
     if isinstance(source, Mapping):
         out = dict(source)
     else:
         p = Path(source)
+        if p.is_dir():
+            found = next((p / n for n in DIRECTORY_FILES if (p / n).is_file()), None)
+            if found is None:
+                raise ConfigError(f"init_weights {p}: a directory with none of {', '.join(DIRECTORY_FILES)}")
+            p = found
         if not p.is_file():
             raise ConfigError(f"init_weights {p}: no such file")
-        try:
-            if p.suffix == ".safetensors":
-                from safetensors.torch import load_file
-
-                out = dict(load_file(str(p)))
-            elif p.suffix in (".pt", ".pth", ".bin"):
-                loaded = torch.load(p, map_location="cpu", weights_only=True)
-                if not isinstance(loaded, Mapping):
-                    raise ConfigError(f"init_weights {p}: expected a state_dict, got {type(loaded).__name__}")
-                out = dict(loaded)
-            else:
-                raise ConfigError(f"init_weights {p}: a .safetensors or .pt file (or give a state_dict)")
-        except OSError as exc:
-            raise ConfigError(f"init_weights {p}: {exc.strerror or exc}") from exc
+        out = _sharded(p) if p.name.endswith(".index.json") else _file(p)
     for name, t in out.items():
         if not isinstance(name, str) or not isinstance(t, Tensor):
             raise ConfigError(f"init_weights: {name!r} is not a tensor")
     if not out:
         raise ConfigError("init_weights: no tensors")
+    return out
+
+
+def _file(p: Path) -> dict[str, Tensor]:
+    """The tensors of one ``.safetensors`` or ``torch.save`` file."""
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(p)))
+        if p.suffix in (".pt", ".pth", ".bin"):
+            loaded = torch.load(p, map_location="cpu", weights_only=True)
+            if not isinstance(loaded, Mapping):
+                raise ConfigError(f"init_weights {p}: expected a state_dict, got {type(loaded).__name__}")
+            return dict(loaded)
+    except OSError as exc:
+        raise ConfigError(f"init_weights {p}: {exc.strerror or exc}") from exc
+    raise ConfigError(
+        f"init_weights {p}: a .safetensors or .pt file, a shard index or a model directory (or give a state_dict)"
+    )
+
+
+def _sharded(index: Path) -> dict[str, Tensor]:
+    """The tensors a shard index names, each from the shard its ``weight_map`` gives: a file in
+    the index's own directory (a name that leads elsewhere is refused)."""
+    try:
+        weight_map = json.loads(index.read_text("utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"init_weights {index}: not a shard index with a weight_map ({exc!r})") from None
+    if not isinstance(weight_map, Mapping) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConfigError(f"init_weights {index}: its weight_map is not names of shard files")
+    out: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or shard in (".", ".."):
+            raise ConfigError(f"init_weights {index}: shard {shard!r} is not a file beside the index")
+        path = index.parent / shard
+        if not path.is_file():
+            raise ConfigError(f"init_weights {index}: its shard {shard} is missing")
+        tensors = _file(path)
+        wanted = [n for n, s in weight_map.items() if s == shard]
+        lacking = [n for n in wanted if n not in tensors]
+        if lacking:
+            raise ConfigError(f"init_weights {index}: shard {shard} lacks {', '.join(lacking[:5])}")
+        out.update((n, tensors[n]) for n in wanted)
     return out
 
 
@@ -75,9 +125,12 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
     must exist in the model with its shape; with ``strict`` every tensor of the model's state must
     be given (ConfigError listing what is missing or extra)."""
     given = load(source)
-    own = model.state_dict()
+    own = model.state_dict(keep_vars=True)
     extra = sorted(set(given) - set(own))
-    missing = sorted(set(own) - set(given))
+    # a tensor the model ties to a given one (an output layer sharing the input embedding, which a
+    # Hugging Face checkpoint stores once) is given with it
+    tied = {id(own[n]) for n in given if n in own}
+    missing = sorted(n for n in set(own) - set(given) if id(own[n]) not in tied)
     if extra:
         raise ConfigError(
             f"init_weights: the model has no {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
@@ -93,7 +146,7 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
             raise ConfigError(
                 f"init_weights: {name} has shape {tuple(t.shape)}, the model's is {tuple(target.shape)}"
             )
-        target.copy_(t.to(target.dtype))
+        target.data.copy_(t.to(target.dtype))
 
 
 def save(weights: Mapping[str, Tensor], path: Path) -> bytes:
@@ -110,4 +163,4 @@ def save(weights: Mapping[str, Tensor], path: Path) -> bytes:
     return buf.getvalue()
 
 
-__all__ = ["WEIGHTS_FORMAT", "apply", "digest", "load", "save"]
+__all__ = ["DIRECTORY_FILES", "WEIGHTS_FORMAT", "apply", "digest", "load", "save"]

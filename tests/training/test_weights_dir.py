@@ -1,0 +1,108 @@
+"""Initial weights from a model directory or a shard index, as Hugging Face checkpoints come.
+
+Why: a task fine-tuning a Hugging Face model has its checkpoint as ``save_pretrained`` wrote it (a
+directory; a model over the shard size in several ``.safetensors`` files and an index), with a tied
+output layer stored once. ``init_weights`` took one file only, and a strict load refused the tied
+tensor as missing. Now a directory or an index is read shard by shard, and a tensor the model ties
+to a given one counts as given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from game.errors import ConfigError
+from game.training.dispatch.initmode import init_module
+from game.training.task import weights
+from tests.training.test_task_api import TASK_PY, trains_and_audits
+
+transformers = pytest.importorskip("transformers")
+huggingface_hub = pytest.importorskip("huggingface_hub")
+
+
+def _gpt2(seed: int) -> nn.Module:
+    config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2)
+    return init_module(lambda: transformers.GPT2LMHeadModel(config), seed=seed)
+
+
+@pytest.mark.parametrize("shard", ["5GB", "6KB"])
+def test_aSavedPretrainedCheckpoint_oneFileOrSharded_loadsAsItsStateDict_tiedOutputIncluded(
+    tmp_path: Path, shard: str
+) -> None:
+    trained, fresh = _gpt2(1), _gpt2(2)
+    trained.save_pretrained(tmp_path / "ckpt", max_shard_size=shard)
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ("model.safetensors.index.json" in files) == (shard == "6KB")
+    state = trained.state_dict()
+    given = weights.load(tmp_path / "ckpt")
+    assert "lm_head.weight" not in given  # stored once, as the input embedding
+    assert all(torch.equal(given[n], state[n]) for n in given)
+    weights.apply(fresh, tmp_path / "ckpt", strict=True)  # the tied lm_head counts as given
+    assert all(torch.equal(t, state[n]) for n, t in fresh.state_dict().items())
+    alone = {n: t for n, t in state.items() if n != "lm_head.weight"}
+    assert weights.digest(tmp_path / "ckpt") == weights.digest(alone)  # by value, however stored
+    if shard == "6KB":
+        assert weights.digest(tmp_path / "ckpt" / "model.safetensors.index.json") == weights.digest(alone)
+
+
+def test_aStrictLoad_stillRefusesATensorThatIsNotTiedAndNotGiven(tmp_path: Path) -> None:
+    state = {n: t for n, t in _gpt2(1).state_dict().items() if n != "transformer.ln_f.bias"}
+    with pytest.raises(ConfigError, match=r"no values for transformer\.ln_f\.bias"):
+        weights.apply(_gpt2(2), state, strict=True)
+
+
+def _index(root: Path, weight_map: object) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda r: r.mkdir(), "a directory with none of model.safetensors"),
+        (lambda r: _index(r, {"w": "shard-1.safetensors"}), "its shard shard-1.safetensors is missing"),
+        (lambda r: _index(r, {"w": "../elsewhere.safetensors"}), "is not a file beside the index"),
+        (lambda r: _index(r, ["w"]), "its weight_map is not names of shard files"),
+    ],
+)
+def test_aBrokenCheckpointDirectory_isAConfigErrorSayingWhat(tmp_path: Path, make: object, said: str) -> None:
+    make(tmp_path / "ckpt")  # type: ignore[operator]
+    with pytest.raises(ConfigError, match=said):
+        weights.load(tmp_path / "ckpt")
+
+
+def test_aShardLackingATensorItsIndexNames_isRefused(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    root = _index(tmp_path / "ckpt", {"a": "s.safetensors", "b": "s.safetensors"})
+    save_file({"a": torch.ones(2)}, str(root / "s.safetensors"))
+    with pytest.raises(ConfigError, match=r"shard s\.safetensors lacks b"):
+        weights.load(root)
+
+
+def test_aTaskFineTunedFromAShardedCheckpoint_trainsAndAudits(tmp_path: Path) -> None:
+    """A user's task whose ``init_weights`` is a directory of shards (huggingface_hub's
+    ``save_torch_state_dict``), through train and audit."""
+    state = {
+        "a.weight": torch.linspace(-1, 1, 32).reshape(8, 4),
+        "a.bias": torch.zeros(8),
+        "b.weight": torch.linspace(1, -1, 24).reshape(3, 8),
+        "b.bias": torch.zeros(3),
+    }
+    body = TASK_PY.replace(
+        "init_weights=(HERE / cfg.params.init) if cfg.params.init else None", "init_weights=HERE / 'ckpt'"
+    )
+    assert "HERE / 'ckpt'" in body
+
+    def checkpoint(package: Path) -> None:
+        (package / "ckpt").mkdir()
+        huggingface_hub.save_torch_state_dict(state, package / "ckpt", max_shard_size=200)
+        assert (package / "ckpt" / "model.safetensors.index.json").is_file()
+
+    trains_and_audits(tmp_path, body, prepare=checkpoint)
