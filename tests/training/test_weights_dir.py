@@ -106,3 +106,31 @@ def test_aTaskFineTunedFromAShardedCheckpoint_trainsAndAudits(tmp_path: Path) ->
         assert (package / "ckpt" / "model.safetensors.index.json").is_file()
 
     trains_and_audits(tmp_path, body, prepare=checkpoint)
+
+
+def _bert(cls: str, seed: int) -> nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16, num_labels=3,
+    )  # fmt: skip
+    return init_module(lambda: getattr(transformers, cls)(config), seed=seed)
+
+
+def test_aBaseModelsCheckpoint_fitsAModelWithAHead_andBack_byTheBaseModelPrefix(tmp_path: Path) -> None:
+    """As ``from_pretrained`` does: a ``BertModel`` checkpoint (names without ``bert.``) fine-tunes a
+    ``BertForSequenceClassification`` (its new head from its own initialisation), and that model's
+    ``bert.`` tensors load into a ``BertModel``."""
+    base = _bert("BertModel", 1)
+    base.save_pretrained(tmp_path / "base")
+    headed = _bert("BertForSequenceClassification", 2)
+    weights.apply(headed, tmp_path / "base", strict=False)
+    assert all(torch.equal(t, headed.state_dict()[f"bert.{n}"]) for n, t in base.state_dict().items())
+    with pytest.raises(ConfigError, match="no values for classifier"):
+        weights.apply(_bert("BertForSequenceClassification", 3), tmp_path / "base", strict=True)
+
+    body = {n: t for n, t in headed.state_dict().items() if n.startswith("bert.")}
+    again = _bert("BertModel", 4)
+    weights.apply(again, body, strict=True)
+    assert all(torch.equal(t, body[f"bert.{n}"]) for n, t in again.state_dict().items())
+    with pytest.raises(ConfigError, match=r"the model has no bert\."):  # a head it does not have: no fit
+        weights.apply(_bert("BertModel", 5), headed.state_dict(), strict=False)

@@ -122,10 +122,11 @@ def digest(source: Mapping[str, Any] | str | Path) -> Digest:
 @torch.no_grad()
 def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: bool) -> None:
     """Load the weights into ``model`` (whose float tensors are float64): every tensor they hold
-    must exist in the model with its shape; with ``strict`` every tensor of the model's state must
-    be given (ConfigError listing what is missing or extra)."""
-    given = load(source)
+    must exist in the model with its shape (names fitted to a Hugging Face model's base-model
+    prefix where that makes them fit: :func:`_fitted`); with ``strict`` every tensor of the model's
+    state must be given (ConfigError listing what is missing or extra)."""
     own = model.state_dict(keep_vars=True)
+    given = _fitted(load(source), own, getattr(model, "base_model_prefix", ""))
     extra = sorted(set(given) - set(own))
     # a tensor the model ties to a given one (an output layer sharing the input embedding, which a
     # Hugging Face checkpoint stores once) is given with it
@@ -147,6 +148,21 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
                 f"init_weights: {name} has shape {tuple(t.shape)}, the model's is {tuple(target.shape)}"
             )
         target.data.copy_(t.to(target.dtype))
+
+
+def _fitted(given: dict[str, Tensor], own: Mapping[str, Any], prefix: Any) -> dict[str, Tensor]:
+    """``given`` with its names fitted to a Hugging Face model's, as ``from_pretrained`` fits them: a
+    base model's checkpoint (``bert.``-less names) given to a model with a head gains the model's
+    ``base_model_prefix``, and a checkpoint with the prefix given to the base model loses it, when
+    that makes every name one of the model's; else ``given`` as it is."""
+    if not isinstance(prefix, str) or not prefix or all(n in own for n in given):
+        return given
+    dotted = f"{prefix}."
+    for rename in (lambda n: dotted + n, lambda n: n.removeprefix(dotted)):
+        fitted = {rename(n): t for n, t in given.items()}
+        if len(fitted) == len(given) and all(n in own for n in fitted):
+            return fitted
+    return given
 
 
 def save(weights: Mapping[str, Tensor], path: Path) -> bytes:
