@@ -20,7 +20,7 @@ from game.training.engine.audit import audit
 from game.training.engine.runtime import runtime_for
 from game.training.engine.train import train
 from game.training.task.config import load_config
-from tests.training.test_task_api import TASK_PY, make_plugin
+from tests.training.test_task_api import TASK_PY, make_plugin, trains_and_audits
 
 AUGMENT = {
     "torch": 'b["x"] = b["x"] + 0.1 * torch.rand(b["x"].shape) - 0.1 * torch.randn(b["x"].shape)',
@@ -73,3 +73,54 @@ def test_theCollatesDraws_areNotTheSteps() -> None:
     assert collate.shape == step.shape and not torch.equal(collate, step)
     with collating(3, 5, ids[4:]):  # per example: rows 4.. are the same whatever the batch
         assert torch.equal(torch.rand(4, 4), collate[4:])
+
+
+MLM_TASK = """
+from pathlib import Path
+import torch
+from game.api import Task, task
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+HERE = Path(__file__).parent
+VOCAB = {"[PAD]": 0, "[MASK]": 1, "[UNK]": 2, **{f"w{i}": i + 3 for i in range(29)}}
+
+
+def tokenizer():
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]")
+
+
+class Lines(torch.utils.data.Dataset):
+    def __init__(self):
+        self.ids = [[3 + (7 * i + j) % 29 for j in range(6 + i % 3)] for i in range(40)]
+    def __len__(self):
+        return len(self.ids)
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i]}
+
+
+COLLATOR = transformers.DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.3)
+
+
+def model():
+    cfg = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16)
+    return transformers.BertForMaskedLM(cfg)
+
+
+@task(lr=0.01, batch_size=8, steps=3, optimizer="adamw")
+def build(cfg):
+    return Task(model=model, dataset=Lines(), collate=COLLATOR,
+                loss=lambda m, b: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss,
+                libraries=("transformers", "tokenizers"))
+"""
+
+
+def test_transformersMaskedLanguageModellingCollator_trainsAndAudits(tmp_path: Path) -> None:
+    """transformers' ``DataCollatorForLanguageModeling`` masks tokens with ``torch.bernoulli`` and
+    ``torch.randint`` in the collate: a BERT fine-tuned with it failed its audit; now it matches."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    trains_and_audits(tmp_path, MLM_TASK)
