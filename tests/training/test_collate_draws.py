@@ -124,3 +124,43 @@ def test_transformersMaskedLanguageModellingCollator_trainsAndAudits(tmp_path: P
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
     trains_and_audits(tmp_path, MLM_TASK)
+
+
+RANDOM_ITEMS_TASK = """
+from pathlib import Path
+import numpy as np, torch, torch.nn.functional as F
+from torch import nn
+from game.api import Task, task
+
+
+class Jittered(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": torch.full((4,), float(i)) + torch.from_numpy(np.random.rand(4)), "y": i % 3}
+
+
+@task(lr=0.05, batch_size=8, steps=2, optimizer="sgd")
+def build(cfg):
+    return Task(model=lambda: nn.Linear(4, 3), dataset=Jittered(), loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]))
+"""
+
+
+def test_aDatasetWhoseItemsDrawAtRandom_isRefusedByAnotherProcess_asOtherData_withTheWayOut(
+    tmp_path: Path,
+) -> None:
+    """Its items hash otherwise in every process, so another party's spec is another: the auditor
+    refuses before replaying, naming the data and the way out (augment in the collate)."""
+    from tests.training.test_task_api import _vgame
+
+    make_plugin(tmp_path, RANDOM_ITEMS_TASK)
+    trained = _vgame(tmp_path, "train", "--config", "task.toml", "--out", "t", "--json")
+    assert trained.returncode == 0, trained.stderr
+    refused = _vgame(tmp_path, "audit", "--transcript", "t", "--profile", "noisy")
+    said = " ".join(refused.stderr.split())
+    assert (
+        refused.returncode == 2
+        and "data: the task's is items" in said
+        and "augment in the task's collate" in said
+    )

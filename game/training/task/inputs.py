@@ -100,7 +100,13 @@ class Inputs:
                 has = "has" if theirs is not None else "has no"
                 out.append(f"{what}: the task {has} {what}; here: {mine.describe() if mine else 'none'}")
             else:
-                out.append(f"{what}: the task's is {theirs.describe()}, here it is {mine.describe()}")
+                hint = (
+                    " (a dataset whose items draw at random hashes otherwise every time: augment in "
+                    "the task's collate, whose draws vgame serves)"
+                    if what == "data" and mine.kind == theirs.kind == "items"
+                    else ""
+                )
+                out.append(f"{what}: the task's is {theirs.describe()}, here it is {mine.describe()}{hint}")
         for dist in sorted(set(self.libraries) | set(recorded.libraries)):
             mine_v, theirs_v = self.libraries.get(dist), recorded.libraries.get(dist)
             if mine_v != theirs_v:
