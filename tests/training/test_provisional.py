@@ -177,3 +177,34 @@ def build(cfg):
 
 def test_aTaskWhoseModelIsSizedByADummyPass_trainsAndAudits(tmp_path: Path) -> None:
     trains_and_audits(tmp_path, LAZY_TASK)
+
+
+def test_statisticsResetAfterADummyPassInTrainingMode_pass_andBuildTheModelTheEvalPassBuilds() -> None:
+    """A value overwritten whole since (``reset_running_stats``: ``zero_``, ``fill_``) is not kept."""
+
+    def reset() -> nn.Module:
+        model = Sized(bn_eval=False)
+        model.features[1].reset_running_stats()
+        return model
+
+    after_reset = init_module(reset, seed=7).state_dict()
+    eval_pass = init_module(Sized, seed=7).state_dict()
+    assert all(torch.equal(after_reset[k], eval_pass[k]) for k in eval_pass)
+
+
+def _partly_zeroed(m: nn.Module, y: Tensor) -> None:
+    m.register_buffer("stats", y.sum(0))
+    m.stats[:2].zero_()  # half of it still the pass's
+
+
+def _copied_in(m: nn.Module, y: Tensor) -> None:
+    m.register_buffer("stats", torch.zeros(4))
+    m.stats.copy_(y[0])  # overwritten whole, from the pass
+
+
+@pytest.mark.parametrize("keep", [_partly_zeroed, _copied_in])
+def test_aPartialOverwrite_orOneFromAProvisionalValue_keepsItProvisional(
+    keep: Callable[[nn.Module, Tensor], None],
+) -> None:
+    with pytest.raises(UnsupportedOpError, match=r"reached stats, so"):
+        init_module(lambda: Keeps(keep), seed=7)

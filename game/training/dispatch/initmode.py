@@ -45,7 +45,7 @@ from game.training.dispatch import nearest, stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
 from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
-from game.training.dispatch.provisional import SCALAR, LeakGuard, Provisional
+from game.training.dispatch.provisional import OVERWRITES, SCALAR, LeakGuard, Provisional
 
 #: A call's arguments: positional and keyword.
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -84,9 +84,21 @@ class _ExactOnly(TorchDispatchMode):
         cls = classify(func, args, kwargs)
         came = None  # the op behind a provisional argument (provisional.py)
         if self.provisional:
-            came = self.provisional.origin(t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor))
-            if came is not None and op_name(func) == SCALAR:
+            name = op_name(func)
+            overwrite = (
+                name in OVERWRITES
+                and cls in (OpClass.MOVE, OpClass.EXACT)
+                and bool(args)
+                and isinstance(args[0], Tensor)
+            )
+            read = tree_leaves((args[1:], kwargs) if overwrite else (args, kwargs))
+            came = self.provisional.origin(t for t in read if isinstance(t, Tensor))
+            if came is not None and name == SCALAR:
                 raise self.provisional.refuse_leak(came, "item(), bool(), int() or float()")
+            if overwrite and came is None:
+                out = func(*args, **kwargs)
+                self.provisional.release(args[0])
+                return out
         fill = _FILLS.get(op_name(func)) if cls is OpClass.REFUSED else None
         if fill is not None and not kwargs and len(args) <= 3:
             return fill(self.draws, args)

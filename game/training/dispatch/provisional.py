@@ -11,7 +11,8 @@ inexact op that construction does not serve runs as this machine computes it, an
 writes with one. A tensor is known by its storage, so a view, an alias made by ``.data`` and a write
 into a slice are the same tensor (a write into part of a storage makes all of it provisional). When
 construction ends, a parameter, buffer or tensor attribute of the model whose storage is
-provisional refuses the model, naming the op and the tensor (BatchNorm's running statistics after
+provisional (and not overwritten whole since, from values that are not: ``zero_``, ``fill_``,
+``copy_``) refuses the model, naming the op and the tensor (BatchNorm's running statistics after
 a throwaway pass in training mode: run it in eval mode); a provisional value that leaves torch
 (``item()``, ``tolist()``, a comparison in Python) refuses it at once, since it could shape the
 model, and so does one still alive elsewhere once the factory has returned (a closure, a cache).
@@ -38,6 +39,9 @@ LEAKS = frozenset({Tensor.tolist, Tensor.numpy})
 
 #: The ATen op that turns one value into a Python number (``item()``, ``bool()``, ``int()``, ``float()``).
 SCALAR = "aten._local_scalar_dense.default"
+
+#: In-place ops whose result does not depend on what their first argument held: they overwrite it.
+OVERWRITES = frozenset({"aten.fill_.Scalar", "aten.fill_.Tensor", "aten.zero_.default", "aten.copy_.default"})
 
 
 def _storage(t: Tensor) -> Any | None:
@@ -77,6 +81,17 @@ class Provisional:
             if st is not None:
                 self._origin.setdefault(st._cdata, (origin, st))
                 self._tensors[t] = origin
+
+    def release(self, t: Tensor) -> None:
+        """``t`` was overwritten whole from values that are not provisional (``zero_``, ``fill_``,
+        ``copy_``): where it spans its storage, that storage is not provisional any more (BatchNorm's
+        statistics reset after a throwaway pass in training mode)."""
+        st = _storage(t)
+        if st is None or not self._origin:
+            return
+        whole = t.is_contiguous() and t.storage_offset() == 0 and t.numel() * t.element_size() == st.nbytes()
+        if whole and self._origin.pop(st._cdata, None) is not None:
+            self._tensors.pop(t, None)
 
     def refuse_leak(self, origin: str, how: str) -> UnsupportedOpError:
         return UnsupportedOpError(
@@ -153,4 +168,4 @@ class LeakGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["LEAKS", "SCALAR", "LeakGuard", "Provisional"]
+__all__ = ["LEAKS", "OVERWRITES", "SCALAR", "LeakGuard", "Provisional"]
