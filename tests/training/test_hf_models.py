@@ -232,3 +232,43 @@ def test_eagerAttention_overALeftPaddedBatch_trainsAndAudits_asSdpaDoes(tmp_path
         assert report.match and report.trainer_state_root == trained.state_root, report.to_dict()
         roots.append(trained.state_root)
     assert roots[0] == roots[1]
+
+
+SAMPLED_TASK = """
+from pathlib import Path
+import torch
+from game.api import Task, task
+import transformers
+
+class Prompts(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return {"input_ids": torch.tensor([1 + i % 7, 2 + i % 5, 3])}
+
+def model():
+    cfg = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=31, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+def loss(m, b):
+    ids = b["input_ids"]
+    with torch.no_grad():
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=8, top_p=0.9, temperature=0.8, max_new_tokens=4, pad_token_id=0)
+    logits = m(out).logits[:, :-1]
+    logp = torch.log_softmax(logits, -1).gather(-1, out[:, 1:, None]).squeeze(-1)
+    reward = (out[:, 3:] % 2 == 0).double().mean(1, keepdim=True)
+    return -(logp[:, 2:] * reward).mean()
+
+@task(lr=0.01, batch_size=8, steps=3, optimizer="adamw")
+def build(cfg):
+    return Task(model=model, dataset=Prompts(), loss=loss, libraries=("transformers",))
+"""
+
+
+def test_aPolicyGradientStep_samplingWithGenerate_trainsAndAudits(tmp_path: Path) -> None:
+    """Reinforcement-style fine-tuning: the loss samples continuations with ``generate`` (top-k,
+    top-p, temperature: ``torch.multinomial`` on the filtered distribution, served) and weights
+    their log-probabilities by a reward. Another profile replays it bit for bit."""
+    from tests.training.test_task_api import trains_and_audits
+
+    trains_and_audits(tmp_path, SAMPLED_TASK)
