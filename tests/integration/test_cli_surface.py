@@ -125,7 +125,7 @@ def _node(role: str, tmp_path: Path, *extra: str) -> list[str]:
 ROLE_TAKES = {
     "trainer": "a trainer node takes --config, --rehearse, --min-payment, --max-bond, --min-clock, "
     "--max-challenge-window, --commit-margin, --max-chunk-bytes and --allow-client-judge",
-    "auditor": "an auditor node takes --config, --strategy, --seed, --save-every and --evidence-dir",
+    "auditor": "an auditor node takes --config, --strategy, --seed, --save-every, --max-log-pieces and --evidence-dir",
     "judge": "a judge node takes --evidence-dir",
 }
 
@@ -150,6 +150,8 @@ ROLE_TAKES = {
         ("judge", ["--commit-margin", "3"], "trainer"),
         ("auditor", ["--max-chunk-bytes", "4096"], "trainer"),
         ("auditor", ["--allow-client-judge"], "trainer"),
+        ("trainer", ["--max-log-pieces", "600"], "auditor"),
+        ("judge", ["--max-log-pieces", "600"], "auditor"),
     ],
 )
 def test_node_anOptionThatDoesNothingForTheRole_isRefused_namingWhatTheRoleTakes(
@@ -200,6 +202,8 @@ def test_node_theOptionsARoleTakes_passTheCheck_andReachTheChain(runner: CliRunn
                 "3",
                 "--save-every",
                 "5",
+                "--max-log-pieces",
+                "2048",
                 "--evidence-dir",
                 "e",
             ],
