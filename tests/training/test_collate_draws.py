@@ -27,6 +27,8 @@ AUGMENT = {
     "numpy": 'b["x"] = b["x"] + torch.from_numpy(np.random.rand(*b["x"].shape))',
     "python": 'b["x"] = b["x"] * random.random()',
     "numpy_rng": 'b["x"] = b["x"] + torch.from_numpy(np.random.default_rng().random(tuple(b["x"].shape)))',
+    "numpy_rng_by_name": 'b["x"] = b["x"] + torch.from_numpy(default_rng().random(tuple(b["x"].shape)))',
+    "python_rng": 'b["x"] = b["x"] * random.Random().random()',
 }
 
 
@@ -36,7 +38,8 @@ def _task(root: Path, kind: str) -> Path:
         "        init_weights=", "        collate=augment,\n        init_weights="
     ).replace(
         "class Net(nn.Module):",
-        "import random\nimport numpy as np\nfrom torch.utils.data import default_collate\n\n\n"
+        "import random\nimport numpy as np\nfrom numpy.random import default_rng\n"
+        "from torch.utils.data import default_collate\n\n\n"
         f"def augment(items):\n    b = default_collate(items)\n    {AUGMENT[kind]}\n    return b\n\n\n"
         "class Net(nn.Module):",
     )

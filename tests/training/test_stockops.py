@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from numpy.random import default_rng
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -671,27 +673,62 @@ def test_numpysGlobalGenerator_inTheModel_replaysBitExactly() -> None:
     assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
 
 
-class DefaultRngNet(StockNet):
-    """StockNet behind a mask from a ``np.random.default_rng()`` made with no seed in its forward."""
+#: Every way a model makes a generator without a seed; each drew its seed from the operating system.
+UNSEEDED: dict[str, Callable[[int], np.ndarray]] = {
+    "np.random.default_rng()": lambda n: np.random.default_rng().random(n),
+    "default_rng() imported by name": lambda n: default_rng().random(n),
+    "Generator(PCG64())": lambda n: np.random.Generator(np.random.PCG64()).random(n),
+    "RandomState()": lambda n: np.random.RandomState().random_sample(n),
+    "random.Random()": lambda n: np.array([random.Random().random() for _ in range(n)]),
+}
 
-    def forward(self, x: Tensor) -> Tensor:
-        masked = torch.tensor(np.random.default_rng().random(tuple(x.shape[:2])) < 0.3)
-        return super().forward(x.masked_fill(masked[..., None], 0.0))
+
+def _default_rng_net(route: str) -> type[StockNet]:
+    class UnseededNet(StockNet):
+        """StockNet behind a mask from a generator made with no seed in its forward."""
+
+        def forward(self, x: Tensor) -> Tensor:
+            masked = torch.tensor(UNSEEDED[route](x.shape[0] * x.shape[1]).reshape(x.shape[:2]) < 0.3)
+            return super().forward(x.masked_fill(masked[..., None], 0.0))
+
+    return UnseededNet
 
 
-def test_numpysUnseededDefaultRng_inTheModel_replaysBitExactly_andIsPutBack() -> None:
-    """``np.random.default_rng()`` with no seed drew its seed from the operating system: another
-    mask on every run. Inside a step it takes its seed from the seeded global generator, so the
-    replay matches; an explicit seed is kept, and numpy's own function is back after the step."""
+@pytest.mark.parametrize("route", sorted(UNSEEDED))
+def test_aGeneratorMadeWithoutASeed_inTheModel_replaysBitExactly(route: str) -> None:
+    """A generator made with no seed drew its seed from the operating system: another mask on every
+    run. Inside a step it takes its seed from the step's, however it was reached (a name imported
+    before the step too), so the replay matches, and the masks change the state."""
     chunks: list[bytes] = []
-    trained = _train("cpu-1t", "record", chunks, net=DefaultRngNet)
-    replayed = _train("noisy", "replay", chunks, net=DefaultRngNet)
-    assert all(torch.equal(t, replayed[name]) for name, t in trained.items())
-    original = np.random.default_rng
-    with _ops():
-        assert np.random.default_rng is not original
-        assert np.random.default_rng(5).random() == original(5).random()
-    assert np.random.default_rng is original
+    trained = _train("cpu-1t", "record", chunks, net=_default_rng_net(route))
+    replayed = _train("noisy", "replay", chunks, net=_default_rng_net(route))
+    for name, t in trained.items():
+        assert torch.equal(t, replayed[name]), name
+    plain = _train("cpu-1t", "round", [])
+    assert not all(torch.equal(t, plain[name]) for name, t in trained.items())
+
+
+def test_unseededGenerators_areServedOnlyInTheScope_andOnlyOnItsThread() -> None:
+    """An explicit seed is kept; outside the scope, and on another thread inside it (the writer's,
+    ``tempfile``'s names), a generator made with no seed is the operating system's again."""
+    made: dict[str, list[float]] = {}
+
+    def elsewhere() -> None:
+        made["thread"] = [float(f(2)[0]) for f in UNSEEDED.values()]
+
+    inside = []
+    for _ in range(2):
+        with _ops():
+            assert np.random.default_rng(5).random() == default_rng(5).random()
+            assert random.Random(5).random() == random.Random(5).random()
+            inside.append([float(f(2)[0]) for f in UNSEEDED.values()])
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+            assert not set(made["thread"]) & set(inside[-1])
+    assert inside[0] == inside[1] and len(set(inside[0])) == len(UNSEEDED)
+    outside = [float(f(2)[0]) for f in UNSEEDED.values()]
+    assert not set(outside) & set(inside[0])
 
 
 class GumbelNet(StockNet):

@@ -17,8 +17,9 @@ micro-batch's index (:func:`global_seed`), and put back as they were after it: t
 (the Mersenne Twister) gives the same words on every machine, so a trainer's and an auditor's
 masks are the same. Their uniform and integer draws are exact; a normal or exponential draw goes
 through the machine's libm, whose last bit may differ by machine (draw those from torch, served
-here). numpy's newer ``default_rng()`` without a seed takes its seed from them (:class:`SeededGlobals`);
-it drew it from the operating system.
+here). A generator made there without a seed (numpy's ``default_rng()``, Python's ``random.Random()``)
+takes its seed from the micro-batch's too (:class:`SeededGlobals`); it drew it from the operating
+system.
 
 torch's default dtype is float64 inside, the dtype the step computes the model in: a tensor the
 model makes without a dtype (``torch.full((), torch.finfo(torch.float64).min)``, ``torch.zeros(n)``
@@ -46,11 +47,13 @@ import contextlib
 import hashlib
 import random
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import numpy.random.bit_generator as bit_generator
 import torch
 from torch import Tensor
 
@@ -73,37 +76,55 @@ def global_seed(seed: int, step: int, micro_batch: int) -> bytes:
     return hashlib.sha256(f"vgame/global-generators/{seed}/{step}/{micro_batch}".encode()).digest()
 
 
-class SeededGlobals:
-    """Python's and numpy's global generators seeded from ``state`` (32 bytes) for a scope, and
-    numpy's ``default_rng()`` without a seed given its seed by them, all put back after the scope.
+#: The global through which numpy's ``SeedSequence`` draws its entropy when given none (not in
+#: numpy's stubs, hence by name).
+_ENTROPY = "randbits"
 
-    Why the last: ``np.random.default_rng()`` with no seed draws its seed from the operating system,
-    so a model or a collate that makes one inside a step drew other numbers on every run, and an
-    honest trainer's audit failed with nothing naming the cause. Seeded from the seeded global
-    generator, it is the same on every machine (PCG64's words are; code that imported
-    ``default_rng`` by name before the step keeps the unseeded one)."""
+
+class SeededGlobals:
+    """Python's and numpy's global generators seeded from ``state`` (32 bytes) for a scope, and every
+    generator made there without a seed given one from it, all put back after the scope.
+
+    Why the last: a generator made without a seed (numpy's ``default_rng()``, ``PCG64()`` or
+    ``RandomState()``, Python's ``random.Random()``) draws its seed from the operating system, so a
+    model or a collate that makes one inside a step drew other numbers on every run, and an honest
+    trainer's audit failed with nothing naming the cause. The seed is taken where both ask for it
+    (numpy's ``SeedSequence`` entropy, ``numpy.random.bit_generator.randbits``, and
+    ``random.Random.seed`` given none), not where a name points: code that imported ``default_rng``
+    by name before the step is served too. Only the scope's own thread is: another thread's
+    generators (the transcript writer's, ``tempfile``'s names) keep the operating system's seeds.
+    The words are the same on every machine (PCG64's, the Mersenne Twister's)."""
 
     def __init__(self, state: bytes) -> None:
         self.state = state
-        self._saved: tuple[Any, Any, Any] | None = None
+        self._saved: tuple[Any, ...] | None = None
 
     def __enter__(self) -> SeededGlobals:
-        original = np.random.default_rng
-        self._saved = (random.getstate(), np.random.get_state(), original)
+        randbits, seed = getattr(bit_generator, _ENTROPY), random.Random.seed
+        self._saved = (random.getstate(), np.random.get_state(), randbits, seed)
         random.seed(int.from_bytes(self.state, "big"))
         np.random.seed(np.frombuffer(self.state, dtype="<u4"))
+        entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + self.state).digest())
+        owner = threading.get_ident()
 
-        def default_rng(seed: Any = None) -> np.random.Generator:
-            return original(np.random.randint(0, 2**63 - 1, dtype=np.int64) if seed is None else seed)
+        def served_randbits(k: int) -> int:
+            return entropy.getrandbits(k) if threading.get_ident() == owner else randbits(k)
 
-        np.random.default_rng = default_rng
+        def served_seed(self: random.Random, a: Any = None, version: int = 2) -> None:
+            if a is None and threading.get_ident() == owner:
+                a = entropy.getrandbits(256)
+            seed(self, a, version)
+
+        setattr(bit_generator, _ENTROPY, served_randbits)
+        random.Random.seed = served_seed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._saved is not None:
             random.setstate(self._saved[0])
             np.random.set_state(self._saved[1])
-            np.random.default_rng = self._saved[2]
+            setattr(bit_generator, _ENTROPY, self._saved[2])
+            random.Random.seed = self._saved[3]  # type: ignore[method-assign]
             self._saved = None
 
 
