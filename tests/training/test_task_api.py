@@ -404,6 +404,39 @@ def test_aFusedOptimizer_trainsAsItsForeachPath_andAudits(tmp_path: Path, cls: s
     assert roots["fused"] == roots["foreach"]
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=cfg.lr)",
+            r"Task\.optimizer: LBFGS\.step needs a closure .* use an optimizer whose step takes none",
+        ),
+        (
+            "scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)",
+            r"Task\.scheduler: ReduceLROnPlateau .*\(its step needs metrics",
+        ),
+    ],
+)
+def test_anOptimizerOrSchedulerWhoseStepNeedsAnArgument_isRefusedAtStepZeroByName(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    """The engine steps a task's optimizer and scheduler with nothing given. LBFGS's step needs a
+    closure that runs the loss again; it stopped at step 1 with torch's own TypeError. A scheduler
+    that needs a metric was refused by its class's name only."""
+    body = TASK_PY.replace("        init_weights=", f"        {line},\n        init_weights=")
+    if "scheduler" in line:
+        body = body.replace(
+            "        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: "
+            "min(1.0, (s + 1) / cfg.params.warmup)),\n",
+            "",
+        )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=2)
+    with pytest.raises(ConfigError, match=message):
+        train(cfg, "cpu-1t", tmp_path / "t")
+    assert not (tmp_path / "t" / "manifest.json").exists()
+
+
 def test_aModelFromAnUndeclaredLibrary_isRefusedAtStepZero(tmp_path: Path) -> None:
     (tmp_path / "otherlib_vg").mkdir()
     (tmp_path / "otherlib_vg" / "__init__.py").write_text(

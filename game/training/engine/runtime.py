@@ -34,7 +34,7 @@ from game.training.dispatch.stockops import collating
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
 from game.training.task.define import Task, TaskFactory
-from game.training.task.optimizers import checked, standard_optimizer
+from game.training.task.optimizers import checked, required_arguments, standard_optimizer
 from game.training.task.presets import PRESETS
 
 log = logging.getLogger(__name__)
@@ -128,13 +128,13 @@ class TaskRuntime:
         scheduler = None
         if task.scheduler is not None:
             scheduler = task.scheduler(opt)
-            if (
-                not callable(getattr(scheduler, "step", None))
-                or "ReduceLROnPlateau" in type(scheduler).__name__
-            ):
+            step = getattr(type(scheduler), "step", None)
+            needs = required_arguments(step) if callable(step) else ["a step method"]
+            if needs:
                 raise ConfigError(
                     f"Task.scheduler: {type(scheduler).__name__} is not a scheduler stepped once a step "
-                    "(ReduceLROnPlateau needs a metric: use a schedule of the step instead)"
+                    f"with nothing given (its step needs {', '.join(needs)}: ReduceLROnPlateau needs a "
+                    "metric): use a schedule of the step instead"
                 )
         return opt, scheduler
 

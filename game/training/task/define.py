@@ -71,10 +71,11 @@ class Task:
       (default: torch's ``default_collate``), its float tensors float64 and on the rounding grid.
     * ``optimizer(model) -> torch.optim.Optimizer``: any optimizer with a ``foreach`` path (SGD,
       Adam, AdamW, RMSprop, Adagrad, ...; one built ``fused=True`` runs its foreach path: a fused
-      kernel leaves no result to round).
+      kernel leaves no result to round). One whose ``step`` needs a closure (LBFGS) is refused.
       None: the config's standard optimizer (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
       ``betas``, ``eps``).
-    * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step.
+    * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step, with nothing
+      given (one that needs a metric, ``ReduceLROnPlateau``, is refused).
     * ``init_weights``: a ``state_dict`` or a ``.safetensors``/``.pt`` file to fine-tune from; leaf 0
       is these weights on the grid. ``init_strict=False`` lets the model's own initialisation
       fill the tensors they do not hold (a new head).

@@ -8,11 +8,15 @@ so its update differs from machine to machine where nothing can log it. A task's
 ``fused=True`` (nanoGPT asks for it wherever CUDA is) therefore runs its foreach path: the same
 update rule, torch's own code for it, and the same on every machine whether the build function
 asked for fused there or not; it was refused at step 0. An optimizer with no foreach path (LBFGS,
-SparseAdam) runs its per-tensor loop.
+SparseAdam) runs its per-tensor loop. One whose ``step`` needs a closure (LBFGS: it evaluates the
+loss again inside a step, as often as its line search asks) is refused when the task is built: the
+engine runs a step as one forward and backward pass, and calling it without one stopped at step 1
+with torch's ``TypeError``.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -57,12 +61,30 @@ def standard_optimizer(cfg: TaskConfig, model: nn.Module) -> torch.optim.Optimiz
     raise ConfigError(f"optimizer: {cfg.optimizer!r} is not supported")  # validate() prevents this
 
 
+def required_arguments(method: Any) -> list[str]:
+    """The arguments ``method`` (a class's, ``self`` aside) cannot be called without: the engine
+    calls an optimizer's and a scheduler's ``step()`` with none."""
+    params = list(inspect.signature(method).parameters.values())[1:]
+    kinds = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
 def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Optimizer:
     """``optimizer`` (what a task's factory built) made safe to round: a torch optimizer over this
     model's parameters, never fused, foreach wherever it has a foreach path (a fused one is switched
     to it: module docstring)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    if "closure" in required_arguments(type(optimizer).step):
+        raise ConfigError(
+            f"Task.optimizer: {type(optimizer).__name__}.step needs a closure that evaluates the loss "
+            "again inside a step, and vgame runs a step as one forward and backward pass: use an "
+            "optimizer whose step takes none (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+        )
     own = {id(p) for p in model.parameters()}
     fused = False
     for group in optimizer.param_groups:
@@ -96,4 +118,4 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     return optimizer
 
 
-__all__ = ["checked", "standard_optimizer"]
+__all__ = ["checked", "required_arguments", "standard_optimizer"]
