@@ -26,9 +26,10 @@ from game.training.task.config import TaskConfig, load_config
 from game.training.task.profiles import get_profile
 
 from .test_bandcheck import _mixed_values, _perturb
+from .test_complex_results import FORWARDS
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 from .test_step import small_cfg
-from .test_task_api import CTC_PY, make_plugin
+from .test_task_api import CTC_PY, TASK_PY, make_plugin
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -322,15 +323,20 @@ def build(cfg):
 """
 
 
-@pytest.mark.parametrize("task", ["mlp-digits", "llama"])
+@pytest.mark.parametrize("task", ["mlp-digits", "llama", "fft"])
 def test_deferredSteps_equalImmediateOnes(settles: list[int], task: str, tmp_path: Path) -> None:
     """Trainer and auditor with deferred checks: the same leaves, log bytes and corrections. Llama's
     rotary table and RMSNorm compute in float32: their float64 twins (dispatch/widen.py) go through
-    the deferred kernels, and are written back into the float32 results before the step reads them."""
+    the deferred kernels, and are written back into the float32 results before the step reads them.
+    An FFT's complex results go through them as their float64 lanes."""
     if task == "llama":
         pytest.importorskip("transformers")
         make_plugin(tmp_path, LLAMA_PY)
-    deferring, immediate = _engines(task if task != "llama" else load_config(tmp_path / "task.toml"))
+    if task == "fft":
+        make_plugin(
+            tmp_path, TASK_PY.replace("        return self.b(torch.tanh(self.a(x)))", FORWARDS["float64"])
+        )
+    deferring, immediate = _engines(task if task == "mlp-digits" else load_config(tmp_path / "task.toml"))
     noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     spec = deferring.cfg.spec_hash()
     s_rec, s_imm, s_noisy, s_aud, s_built, s_aud_imm = (

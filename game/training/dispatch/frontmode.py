@@ -161,10 +161,5 @@ class FrontMode(RoleKernels):
         exact = kind == front.EXACT
         if not exact:  # the front hands on an inexact op's unrounded results only to be refused
             refuse_unrounded(name, tensors, f"step {self.step}: ")
-        if not self._round_group(exact, tensors, name):
-            for t in tensors:
-                if exact:
-                    self._round_exact(t, name)
-                else:
-                    self._round_inexact(t, name)
+        self._round_results(exact, tensors, name)
         return self.op_index, self._cursor.position if self._cursor is not None else 0

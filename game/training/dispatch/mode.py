@@ -118,12 +118,7 @@ class RoundingMode(FrontMode):
         if cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if self.role.rounds:
-                touched = _touched(plan, args, kwargs, out)
-                if self._round_group(True, touched, name):  # a foreach op's, in one deferred launch
-                    return out
-                for t in touched:
-                    if t.dtype == torch.float64:
-                        self._round_exact(t, name)
+                self._round_results(True, _touched(plan, args, kwargs, out), name)
             return out
         if self.role.rounds and widen.narrow_inputs(args, kwargs):
             return self._widened(func, plan, args, kwargs)
@@ -137,14 +132,8 @@ class RoundingMode(FrontMode):
         return out
 
     def _round_inexact_all(self, touched: list[torch.Tensor], name: str) -> None:
-        """An inexact op's float64 results, in one deferred launch a pass or one at a time."""
-        if self._round_group(False, touched, name):  # no noise where the step defers
-            return
-        for t in touched:
-            if t.dtype == torch.float64:
-                self._round_inexact(t, name)
-            elif t.dtype == torch.float32 and self._noise is not None:
-                self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it, below)
+        """An inexact op's results (:meth:`_round_results`; no noise where the step defers)."""
+        self._round_results(False, touched, name)
 
     def _widened(self, func: Any, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,

@@ -267,7 +267,7 @@ def refusal(func: Any, where: str = "") -> UnsupportedOpError:
 #: float32 one is rounded by way of its float64 twin, see :mod:`~game.training.dispatch.widen`,
 #: where the op has a float32 argument or its result is in the default dtype; one no twin gives in
 #: float64 is not).
-UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex32)
 #: What to do instead of an inexact op with such a result in a step.
 UNROUNDED_FIX = (
     "compute it in float32 or float64: a step runs in float64 and rounds every result to the task's "

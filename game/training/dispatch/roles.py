@@ -63,6 +63,26 @@ class RoleKernels(ModeState):
             return self._round_exact_group(ts, name)
         return self.role.round_inexact_group(self, ts, name)
 
+    def _round_results(self, exact: bool, ts: list[Tensor], name: str) -> None:
+        """An op's results, one rule for the Python mode and the front's call: a foreach op's in one
+        deferred launch where the step groups them, else each float64 one on its own (``exact``:
+        without a log). A complex128 result (an FFT's) is rounded as its float64 (real, imaginary)
+        lanes, with the log whatever the op, since complex products and FFTs are not exact and
+        differ from library to library in the last bit: it went unrounded, so another machine's
+        ops after it computed on other values, and an honest trainer failed its audit."""
+        if not any(t.dtype == torch.complex128 for t in ts) and self._round_group(exact, ts, name):
+            return
+        for t in ts:
+            if t.dtype == torch.complex128:
+                self._round_inexact(torch.view_as_real(t), name)
+            elif t.dtype != torch.float64:
+                if not exact and t.dtype == torch.float32 and self._noise is not None:
+                    self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it)
+            elif exact:
+                self._round_exact(t, name)
+            else:
+                self._round_inexact(t, name)
+
     def _round_inexact(self, t: Tensor, name: str) -> None:
         """An inexact op's float64 tensor: the profile's noise, then what the role does with it
         (:class:`~game.training.dispatch.policies.Role`)."""

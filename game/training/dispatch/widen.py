@@ -40,9 +40,23 @@ NARROW = torch.float32
 AT_CONSTRUCTION = (torch.float32, torch.float16, torch.bfloat16)
 
 
+#: A complex tensor's dtype widened with its parts' (an FFT of float32 tensors gives complex64).
+_COMPLEX_TWINS = {torch.float32: (torch.complex64, torch.complex128)}
+
+
+def _wide_dtype(dtype: torch.dtype, narrow: tuple[torch.dtype, ...]) -> torch.dtype | None:
+    """What a tensor of ``dtype`` is widened to (None: it is not)."""
+    if dtype in narrow:
+        return torch.float64
+    for part, (small, wide) in _COMPLEX_TWINS.items():
+        if dtype == small and part in narrow:
+            return wide
+    return None
+
+
 def _narrow_in(x: Any, narrow: tuple[torch.dtype, ...]) -> bool:
     if isinstance(x, Tensor):
-        return x.dtype in narrow
+        return _wide_dtype(x.dtype, narrow) is not None
     if isinstance(x, list | tuple):
         return any(_narrow_in(v, narrow) for v in x)
     return isinstance(x, torch.dtype) and x in narrow
@@ -59,7 +73,8 @@ def narrow_inputs(
 
 def _widen(x: Any, narrow: tuple[torch.dtype, ...]) -> Any:
     if isinstance(x, Tensor):
-        return x.to(torch.float64) if x.dtype in narrow else x
+        wide = _wide_dtype(x.dtype, narrow)
+        return x if wide is None else x.to(wide)
     if isinstance(x, list | tuple):
         return type(x)(_widen(v, narrow) for v in x)
     return torch.float64 if isinstance(x, torch.dtype) and x in narrow else x
@@ -105,7 +120,7 @@ def pairs(
     narrow: tuple[torch.dtype, ...] = (NARROW,),
 ) -> list[tuple[Tensor, Tensor]]:
     """The op's results beside its float64 twin's, one for one: (result, twin) for each float32 or
-    float64 result whose twin is float64; any other result (half, bfloat16, integer) is paired with
+    float64 result whose twin is float64 (and each complex one whose twin is complex128); any other result (half, bfloat16, integer) is paired with
     itself, so that its own checks still see it."""
     if len(touched) != len(twins) or any(t.shape != w.shape for t, w in zip(touched, twins, strict=True)):
         raise UnsupportedOpError(
@@ -114,10 +129,15 @@ def pairs(
             op=name,
             fix="compute it in float64",
         )
-    return [
-        (t, w) if (t.dtype in narrow or t.dtype == torch.float64) and w.dtype == torch.float64 else (t, t)
-        for t, w in zip(touched, twins, strict=True)
-    ]
+    return [(t, w) if _twinned(t, w, narrow) else (t, t) for t, w in zip(touched, twins, strict=True)]
+
+
+def _twinned(t: Tensor, w: Tensor, narrow: tuple[torch.dtype, ...]) -> bool:
+    """Whether ``w`` is ``t``'s float64 twin: a real one's, or a complex one's (an FFT of float32
+    tensors gives complex64, its twin complex128)."""
+    if w.dtype == torch.float64:
+        return t.dtype in narrow or t.dtype == torch.float64
+    return w.dtype == torch.complex128 and t.dtype in (torch.complex64, torch.complex128)
 
 
 def write_back(found: list[tuple[Tensor, Tensor]]) -> None:

@@ -424,8 +424,12 @@ bool asks_float(const c10::Argument& a, const c10::IValue& v) {
   return type->kind() == c10::TypeKind::ScalarTypeType && v.toInt() == static_cast<int64_t>(at::kFloat);
 }
 
+// widen._NARROW_TWINS: float32 and complex64 tensors are widened, to float64 and complex128.
+bool narrow_type(at::ScalarType st) { return st == at::kFloat || st == at::kComplexFloat; }
+at::ScalarType wide_type(at::ScalarType st) { return st == at::kComplexFloat ? at::kComplexDouble : at::kDouble; }
+
 bool narrow_value(const c10::IValue& v) {
-  if (v.isTensor()) return v.toTensor().defined() && v.toTensor().scalar_type() == at::kFloat;
+  if (v.isTensor()) return v.toTensor().defined() && narrow_type(v.toTensor().scalar_type());
   if (v.isList()) {
     for (const c10::IValue& e : v.toListRef())
       if (narrow_value(e)) return true;
@@ -433,7 +437,7 @@ bool narrow_value(const c10::IValue& v) {
   return false;
 }
 
-// widen.narrow_inputs: a float32 tensor among the arguments, or a float32 dtype asked for.
+// widen.narrow_inputs: a float32 (or complex64) tensor among the arguments, or a float32 dtype asked for.
 bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i)
@@ -444,11 +448,12 @@ bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& s
 c10::IValue widen_value(const c10::IValue& v) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    return t.defined() && t.scalar_type() == at::kFloat ? c10::IValue(t.to(at::kDouble)) : v;
+    return t.defined() && narrow_type(t.scalar_type()) ? c10::IValue(t.to(wide_type(t.scalar_type()))) : v;
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t.scalar_type() == at::kFloat ? t.to(at::kDouble) : t);
+    for (const at::Tensor& t : v.toTensorVector())
+      out.push_back(narrow_type(t.scalar_type()) ? t.to(wide_type(t.scalar_type())) : t);
     return out;
   }
   if (v.isList() && narrow_value(v)) {  // Tensor?[]
@@ -485,7 +490,9 @@ std::vector<std::pair<at::Tensor, at::Tensor>> twin_pairs(const Plan& plan, cons
   std::vector<std::pair<at::Tensor, at::Tensor>> found;
   for (size_t i = 0; i < out.size(); ++i) {
     const at::ScalarType st = out[i].scalar_type();
-    const bool twin = (st == at::kFloat || st == at::kDouble) && wide[i].scalar_type() == at::kDouble;
+    const at::ScalarType wt = wide[i].scalar_type();  // widen._twinned
+    const bool twin = ((st == at::kFloat || st == at::kDouble) && wt == at::kDouble) ||
+                      ((st == at::kComplexFloat || st == at::kComplexDouble) && wt == at::kComplexDouble);
     found.emplace_back(out[i], twin ? wide[i] : out[i]);
   }
   return found;
@@ -567,9 +574,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   std::vector<at::Tensor> doubles;
   for (const at::Tensor& t : results) {
     const at::ScalarType st = t.scalar_type();
-    const bool unrounded = st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
-    // an inexact op's result in a precision a step never rounds goes to Python, which refuses it
-    if (st == at::kDouble || (unrounded && cls == kInexact)) doubles.push_back(t);
+    const bool unrounded = st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kComplexFloat ||
+                           st == at::kComplexHalf;
+    // an inexact op's result in a precision a step never rounds goes to Python, which refuses it; a
+    // complex128 one goes to Python too, which rounds its (real, imaginary) lanes (roles._round_results)
+    if (st == at::kDouble || st == at::kComplexDouble || (unrounded && cls == kInexact)) doubles.push_back(t);
   }
   const auto write_back = [&twins]() {  // widen.write_back
     for (auto& [t, w] : twins)
@@ -578,7 +587,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   // In order: the first tensor a kernel does not take, and every one after it, go to Python (the
   // op index follows the tensors' order).
   size_t done = 0;
-  while (done < doubles.size() && round_direct(s.direct, plan, cls, doubles[done])) ++done;
+  while (done < doubles.size() && doubles[done].scalar_type() == at::kDouble &&
+         round_direct(s.direct, plan, cls, doubles[done]))
+    ++done;
   if (done == doubles.size()) {
     write_back();
     return;
