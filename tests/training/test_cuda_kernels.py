@@ -26,10 +26,10 @@ from game.training.task.config import TaskConfig, load_config
 from game.training.task.profiles import get_profile
 
 from .test_bandcheck import _mixed_values, _perturb
-from .test_complex_results import FORWARDS
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
 from .test_step import small_cfg
 from .test_task_api import CTC_PY, TASK_PY, make_plugin
+from .test_unusual_results import FORWARDS
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:

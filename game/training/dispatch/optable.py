@@ -288,6 +288,25 @@ def unrounded_refusal(name: str, dtype: torch.dtype, where: str = "") -> Unsuppo
     )
 
 
+#: What to do instead of a sparse gradient in a step.
+SPARSE_FIX = (
+    "build the model's embeddings with sparse=False (nn.Embedding, nn.EmbeddingBag): a dense gradient, "
+    "from which SGD and Adagrad make the same update; a step rounds its results lane by lane, and a "
+    "sparse tensor's values are summed where its indices repeat, in an order of the machine's"
+)
+
+
+def sparse_refusal(name: str, layout: torch.layout, where: str = "") -> UnsupportedOpError:
+    """The error for an op whose float result is sparse (``nn.Embedding(sparse=True)``'s gradient):
+    it used to stop inside the rounding kernels with torch's own words on memory formats."""
+    return UnsupportedOpError(
+        f"{where}{name} gives a sparse ({str(layout).removeprefix('torch.')}) result, which is not "
+        f"rounded: {SPARSE_FIX}",
+        op=name,
+        fix=SPARSE_FIX,
+    )
+
+
 def refuse_unrounded(name: str, tensors: list[Tensor], where: str = "") -> None:
     """Raise :func:`unrounded_refusal` for the first of an inexact op's results in one of
     :data:`UNROUNDED_DTYPES` (the Python mode's and the front's call both ask here)."""
@@ -454,6 +473,7 @@ __all__ = [
     "RANDOM_FIX",
     "RANDOM_OPS",
     "REFUSED_OPS",
+    "SPARSE_FIX",
     "UNROUNDED_DTYPES",
     "UNROUNDED_FIX",
     "OpClass",
@@ -462,6 +482,7 @@ __all__ = [
     "op_name",
     "refusal",
     "refuse_unrounded",
+    "sparse_refusal",
     "touched_tensors",
     "unrounded_refusal",
 ]

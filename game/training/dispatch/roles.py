@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch.modestate import ModeState
+from game.training.dispatch.optable import sparse_refusal
 from game.training.dispatch.policies import Logged
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseRecord, SparseStepLog
@@ -73,6 +74,8 @@ class RoleKernels(ModeState):
         if not any(t.dtype == torch.complex128 for t in ts) and self._round_group(exact, ts, name):
             return
         for t in ts:
+            if t.layout != torch.strided and (t.is_floating_point() or t.is_complex()):
+                raise sparse_refusal(name, t.layout, f"step {self.step}: ")
             if t.dtype == torch.complex128:
                 self._round_inexact(torch.view_as_real(t), name)
             elif t.dtype != torch.float64:

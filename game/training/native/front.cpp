@@ -588,7 +588,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   // op index follows the tensors' order).
   size_t done = 0;
   while (done < doubles.size() && doubles[done].scalar_type() == at::kDouble &&
-         round_direct(s.direct, plan, cls, doubles[done]))
+         doubles[done].layout() == at::kStrided && round_direct(s.direct, plan, cls, doubles[done]))
     ++done;
   if (done == doubles.size()) {
     write_back();

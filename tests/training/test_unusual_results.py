@@ -1,11 +1,13 @@
-"""An op with a complex result (an FFT: FNet's token mixing, a spectral layer) in a step.
+"""An op whose result is complex (an FFT: FNet's token mixing, a spectral layer) or sparse (an
+``nn.Embedding(sparse=True)``'s gradient) in a step.
 
 Why: a complex128 result was neither rounded nor logged. An FFT's last bits differ from library to
 library (pocketfft, MKL, cuFFT), so an auditor's ops after it computed on other values and an
 honest trainer failed its audit (here at step 3 of 4 against the ``noisy`` profile). Now its (real,
 imaginary) lanes are rounded with the log like any inexact result, through the Python mode and the
 C++ front alike; an FFT of float32 tensors is computed in float64 and brought back, as any float32
-op is; and a complex64 result that cannot be is refused, as a float32 one is.
+op is; and a complex64 result that cannot be is refused, as a float32 one is. A sparse gradient
+stopped inside the rounding kernels with torch's words on memory formats; it is refused by name.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import torch
 
 from game.errors import UnsupportedOpError
 from game.training.dispatch.mode import RoundingMode
+from game.training.engine.train import train
 from game.training.log.formats import new_step_log
 from game.training.native import front
 from game.training.numerics import rounding
+from game.training.task.config import load_config
 from game.training.task.profiles import get_profile
-from tests.training.test_task_api import TASK_PY, trains_and_audits
+from tests.training.test_task_api import TASK_PY, make_plugin, trains_and_audits
 
 FORWARDS = {
     "float64": (
@@ -90,3 +94,35 @@ def test_aComplex64ResultThatCannotBeWidened_isRefusedByName() -> None:
         ),
     ):
         torch.view_as_complex(torch.stack([x, x], -1)).sum(dtype=torch.complex64)
+
+
+SPARSE_PY = TASK_PY.replace(
+    "        return self.b(torch.tanh(self.a(x)))",
+    "        idx = (x.abs() * 3).long().clamp(max=9)\n"
+    "        return self.b(self.e(idx).mean(1) + torch.tanh(self.a(x)))",
+).replace(
+    "        self.b = nn.Linear(hidden, 3)\n",
+    "        self.b = nn.Linear(hidden, 3)\n        self.e = nn.Embedding(10, hidden, sparse=SPARSE)\n",
+)
+
+
+@pytest.mark.parametrize("via_front", [False, True])
+def test_aSparseGradient_isRefusedAtStep1ByName_andTheDenseOneTrains(tmp_path: Path, via_front: bool) -> None:
+    if via_front and not front.available():
+        pytest.skip("no C++ front here")
+    body = SPARSE_PY.replace("sparse=SPARSE", "sparse=True").replace(
+        "        init_weights=",
+        "        optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=cfg.lr),\n        init_weights=",
+    )
+    name = make_plugin(tmp_path / "sparse", body)
+    cfg = load_config(tmp_path / "sparse" / "task.toml").replace(steps=2)
+    assert name in cfg.task
+    with (
+        contextlib.nullcontext() if via_front else front.disabled(),
+        pytest.raises(
+            UnsupportedOpError,
+            match=r"step 1: aten\.\w+.* gives a sparse \(sparse_coo\) result.*sparse=False",
+        ),
+    ):
+        train(cfg, "cpu-1t", tmp_path / "sparse" / "t")
+    trains_and_audits(tmp_path / "dense", body.replace("sparse=True", "sparse=False"), steps=2)
