@@ -34,6 +34,12 @@ FORWARDS = {
         "        f = torch.fft.rfft(h, dim=-1)\n"
         "        return self.b(torch.fft.irfft(f * 0.5, n=h.shape[-1]) + h)"
     ),
+    "branches": (  # one complex tensor into three: its gradient summed, a modulus, an angle
+        "        h = self.a(x)\n"
+        "        f = torch.fft.rfft(h, dim=-1)\n"
+        "        g = (f * f.conj()).real + f.abs() + torch.angle(f)\n"
+        "        return self.b(torch.fft.irfft(f * 2j, n=h.shape[-1]) + g.sum(-1, keepdim=True) * 0.01 + h)"
+    ),
     "float32": (
         "        h = self.a(x)\n"
         "        f = torch.fft.fft(h.float(), dim=0)\n"
@@ -56,7 +62,8 @@ def test_aModelWithAnFFT_trainsAndAuditsBitExactlyAgainstOtherMachines(
 @pytest.mark.parametrize("via_front", [False, True])
 def test_aComplexResult_isOnTheGrid_andLogged(via_front: bool) -> None:
     """Both interceptors round a complex128 result's lanes to the float32 grid (so every machine's
-    next op starts from the same values) and count it as a logged inexact tensor."""
+    next op starts from the same values): an FFT's and a complex product's with the log, a sum's
+    (componentwise, IEEE's) without; a complex tensor's modulus is logged, a real one's not."""
     if via_front and not front.available():
         pytest.skip("no C++ front here")
     x = rounding.round_(
@@ -69,12 +76,18 @@ def test_aComplexResult_isOnTheGrid_andLogged(via_front: bool) -> None:
     with contextlib.nullcontext() if via_front else front.disabled(), profile.apply(), rm:
         f = torch.fft.rfft(x, dim=-1)
         g = f * (0.5 + 0.25j)  # a complex product: not exact either
+        s = f + g  # componentwise: exact, rounded without the log
+        m = f.abs()  # a hypot: inexact on a complex tensor, exact on a real one
+        x.abs()
     rm.finish()
     assert rm.via_front == via_front
-    for t in (f, g):
+    for t in (f, g, s):
         lanes = torch.view_as_real(t)
         assert torch.equal(lanes, lanes.float().double()), "a complex result off the grid"
+    assert torch.equal(m, m.float().double())
     assert rm.logged["aten._fft_r2c.default"] == 1 and rm.logged["aten.mul.Tensor"] == 1
+    assert rm.logged["aten.abs.default"] == 1 and rm.rounded["aten.abs.default"] == 1  # m, then r
+    assert rm.rounded["aten.add.Tensor"] == 1 and not rm.logged["aten.add.Tensor"]
 
 
 def test_aComplex64ResultThatCannotBeWidened_isRefusedByName() -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch.optable import (
+    COMPLEX_INEXACT,
     FULL_CALLS,
     GRADIENT_REFUSED,
     OpClass,
@@ -35,8 +36,9 @@ from game.training.numerics.bandfile import BandTable
 #: Kinds the C++ side knows (``front.cpp``'s ``Kind``): the three classes, then the conditional ops
 #: whose class it works out from the arguments, as :func:`~game.training.dispatch.optable._conditional_class` does.
 #: ``GRADIENT``: inexact, or refused where differentiated (``optable.GRADIENT_REFUSED``); then the front
-#: hands the call to Python as ``REFUSED``, to be refused by name.
-MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE, GRADIENT, REFUSED = range(8)
+#: hands the call to Python as ``REFUSED``, to be refused by name. ``COMPLEX``: exact, unless a tensor
+#: argument is complex (``optable.COMPLEX_INEXACT``; ``DIV`` asks the same first).
+MOVE, EXACT, INEXACT, ALPHA, DIV, ACCUMULATE, GRADIENT, REFUSED, COMPLEX = range(9)
 
 
 class SparseEntries(NamedTuple):
@@ -168,6 +170,8 @@ def row_for(
             kind, arg = ACCUMULATE, positions["accumulate"]
         elif base in GRADIENT_REFUSED:
             kind = GRADIENT
+        elif base in COMPLEX_INEXACT:
+            kind = COMPLEX
         else:  # the rest depend on the overload alone
             kind = KINDS[_conditional_class(func, (), {})]
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)

@@ -85,6 +85,12 @@ EXACT_OPS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
+#: Exact ops that are not on complex tensors: a complex product sums two products, a complex
+#: quotient, square root or sign divides, and a modulus is a hypot, in ways that differ between
+#: libraries in the last bit. With a complex tensor argument a call is inexact, rounded with the
+#: log; the componentwise ones (add, sub, neg, where, ...) stay exact on complex tensors.
+COMPLEX_INEXACT: frozenset[str] = frozenset({"mul", "abs", "sqrt", "sgn", "div"})
+
 #: Ops that draw from torch's generator (base names; every overload, also those whose schema takes
 #: no ``Generator``, e.g. ``randperm.default``). An op whose schema takes one is refused unlisted.
 RANDOM_OPS: frozenset[str] = frozenset(
@@ -243,10 +249,10 @@ def _static_class(func: Any) -> OpClass | None:
         return OpClass.REFUSED
     if name in MOVE_OPS:
         return OpClass.MOVE
+    if name in CONDITIONAL_OPS or name in COMPLEX_INEXACT:
+        return None
     if name in EXACT_OPS:
         return OpClass.EXACT
-    if name in CONDITIONAL_OPS:
-        return None
     return OpClass.INEXACT
 
 
@@ -377,6 +383,11 @@ def classify(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | Non
 def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpClass:
     """The class of a call of one of the ``CONDITIONAL_OPS``, from its arguments."""
     name = base_name(func)
+    if name in COMPLEX_INEXACT:
+        if any(isinstance(a, Tensor) and a.is_complex() for a in args):
+            return OpClass.INEXACT
+        if name != "div":
+            return OpClass.EXACT
     if name in ("add", "sub", "rsub"):
         # a + alpha*b is fused (FMA) for alpha != 1: not IEEE-exact.
         return OpClass.EXACT if _arg(func, args, kwargs, "alpha", 1) == 1 else OpClass.INEXACT
@@ -465,6 +476,7 @@ def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
 
 __all__ = [
+    "COMPLEX_INEXACT",
     "CONDITIONAL_OPS",
     "EXACT_OPS",
     "GRADIENT_REFUSED",

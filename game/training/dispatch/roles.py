@@ -68,16 +68,17 @@ class RoleKernels(ModeState):
         """An op's results, one rule for the Python mode and the front's call: a foreach op's in one
         deferred launch where the step groups them, else each float64 one on its own (``exact``:
         without a log). A complex128 result (an FFT's) is rounded as its float64 (real, imaginary)
-        lanes, with the log whatever the op, since complex products and FFTs are not exact and
-        differ from library to library in the last bit: it went unrounded, so another machine's
-        ops after it computed on other values, and an honest trainer failed its audit."""
+        lanes, as its op's class says (a product of complex tensors is inexact:
+        ``optable.COMPLEX_INEXACT``): it went unrounded, and an FFT's last bits differ from library
+        to library, so another machine's ops after it computed on other values, and an honest
+        trainer failed its audit."""
         if not any(t.dtype == torch.complex128 for t in ts) and self._round_group(exact, ts, name):
             return
         for t in ts:
             if t.layout != torch.strided and (t.is_floating_point() or t.is_complex()):
                 raise sparse_refusal(name, t.layout, f"step {self.step}: ")
             if t.dtype == torch.complex128:
-                self._round_inexact(torch.view_as_real(t), name)
+                (self._round_exact if exact else self._round_inexact)(torch.view_as_real(t), name)
             elif t.dtype != torch.float64:
                 if not exact and t.dtype == torch.float32 and self._noise is not None:
                     self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it)

@@ -62,6 +62,7 @@ enum Kind : int {
   kAccumulate = 5,  // index_put: a move, unless it accumulates
   kGradient = 6,    // prod, cumprod: inexact, unless differentiated: then kRefused
   kRefused = 7,     // a call Python refuses (RoundingMode._front_op words it)
+  kComplex = 8,     // mul, abs, sqrt, sgn: exact, unless a tensor argument is complex (div asks too)
 };
 
 struct Plan {
@@ -235,12 +236,20 @@ bool big_tensors(const c10::IValue& v) {  // intercept._is_big_tensor
   return false;
 }
 
+bool complex_argument(const torch::jit::Stack& stack, size_t base) {  // optable.COMPLEX_INEXACT
+  for (size_t i = base; i < stack.size(); ++i)
+    if (stack[i].isTensor() && stack[i].toTensor().defined() && stack[i].toTensor().is_complex()) return true;
+  return false;
+}
+
 int conditional(const Plan& plan, const torch::jit::Stack& stack, size_t base) {  // _conditional_class
   switch (plan.kind) {
+    case kComplex:
+      return complex_argument(stack, base) ? kInexact : kExact;
     case kAlpha:
       return plan.arg < 0 || equals_one(stack[base + plan.arg]) ? kExact : kInexact;
     case kDiv:
-      if (plan.arg >= 0 && !stack[base + plan.arg].isNone()) return kInexact;
+      if (complex_argument(stack, base) || (plan.arg >= 0 && !stack[base + plan.arg].isNone())) return kInexact;
       return big_tensors(stack[base + 1]) ? kExact : kInexact;
     case kAccumulate:
       return stack[base + plan.arg].toBool() ? kInexact : kMove;
