@@ -384,7 +384,7 @@ def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     """The class of a call of one of the ``CONDITIONAL_OPS``, from its arguments."""
     name = base_name(func)
     if name in COMPLEX_INEXACT:
-        if any(isinstance(a, Tensor) and a.is_complex() for a in args):
+        if any(isinstance(a, Tensor) and a.is_complex() for a in (*args, *kwargs.values())):
             return OpClass.INEXACT
         if name != "div":
             return OpClass.EXACT

@@ -120,8 +120,8 @@ def pairs(
     narrow: tuple[torch.dtype, ...] = (NARROW,),
 ) -> list[tuple[Tensor, Tensor]]:
     """The op's results beside its float64 twin's, one for one: (result, twin) for each float32 or
-    float64 result whose twin is float64 (and each complex one whose twin is complex128); any other result (half, bfloat16, integer) is paired with
-    itself, so that its own checks still see it."""
+    float64 result whose twin is float64, and each complex one whose twin is complex128; any other
+    result (half, bfloat16, integer) is paired with itself, so that its own checks still see it."""
     if len(touched) != len(twins) or any(t.shape != w.shape for t, w in zip(touched, twins, strict=True)):
         raise UnsupportedOpError(
             f"{where}{name}: its float64 twin gave other results than the float32 op, so it cannot be "

@@ -433,7 +433,7 @@ bool asks_float(const c10::Argument& a, const c10::IValue& v) {
   return type->kind() == c10::TypeKind::ScalarTypeType && v.toInt() == static_cast<int64_t>(at::kFloat);
 }
 
-// widen._NARROW_TWINS: float32 and complex64 tensors are widened, to float64 and complex128.
+// widen._wide_dtype: float32 and complex64 tensors are widened, to float64 and complex128.
 bool narrow_type(at::ScalarType st) { return st == at::kFloat || st == at::kComplexFloat; }
 at::ScalarType wide_type(at::ScalarType st) { return st == at::kComplexFloat ? at::kComplexDouble : at::kDouble; }
 
