@@ -72,20 +72,23 @@ class RoleKernels(ModeState):
         ``optable.COMPLEX_INEXACT``): it went unrounded, and an FFT's last bits differ from library
         to library, so another machine's ops after it computed on other values, and an honest
         trainer failed its audit."""
-        if not any(t.dtype == torch.complex128 for t in ts) and self._round_group(exact, ts, name):
+        if (
+            self._groups  # asked first: where the step groups nothing, no scan of the tensors
+            and len(ts) > 1
+            and not any(t.dtype == torch.complex128 for t in ts)
+            and self._round_group(exact, ts, name)
+        ):
             return
         for t in ts:
+            dtype = t.dtype
             if t.layout != torch.strided and (t.is_floating_point() or t.is_complex()):
                 raise sparse_refusal(name, t.layout, f"step {self.step}: ")
-            if t.dtype == torch.complex128:
+            if dtype == torch.float64:
+                (self._round_exact if exact else self._round_inexact)(t, name)
+            elif dtype == torch.complex128:
                 (self._round_exact if exact else self._round_inexact)(torch.view_as_real(t), name)
-            elif t.dtype != torch.float64:
-                if not exact and t.dtype == torch.float32 and self._noise is not None:
-                    self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it)
-            elif exact:
-                self._round_exact(t, name)
-            else:
-                self._round_inexact(t, name)
+            elif not exact and dtype == torch.float32 and self._noise is not None:
+                self._noise.perturb(t)  # a baseline's float32 (a rounding step widens it)
 
     def _round_inexact(self, t: Tensor, name: str) -> None:
         """An inexact op's float64 tensor: the profile's noise, then what the role does with it
