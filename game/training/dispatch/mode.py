@@ -128,12 +128,8 @@ class RoundingMode(FrontMode):
             if widen.defaulted(touched) and not plan.written and plan.hidden is None:  # writes none twice
                 return self._defaulted(func, plan, args, kwargs, out, touched)
             refuse_unrounded(name, touched, f"step {self.step}: ")
-        self._round_inexact_all(touched, name)
-        return out
-
-    def _round_inexact_all(self, touched: list[torch.Tensor], name: str) -> None:
-        """An inexact op's results (:meth:`_round_results`; no noise where the step defers)."""
         self._round_results(False, touched, name)
+        return out
 
     def _widened(self, func: Any, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,
@@ -169,7 +165,7 @@ class RoundingMode(FrontMode):
         found = widen.pairs(name, touched, twins, where)
         rounded = [w for _, w in found]
         refuse_unrounded(name, rounded, where)
-        self._round_inexact_all(rounded, name)
+        self._round_results(False, rounded, name)
         widen.write_back(found)
 
 

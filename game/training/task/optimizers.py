@@ -7,11 +7,11 @@ tensor). A fused optimizer does the whole update inside one kernel and leaves no
 so its update differs from machine to machine where nothing can log it. A task's optimizer built
 ``fused=True`` (nanoGPT asks for it wherever CUDA is) therefore runs its foreach path: the same
 update rule, torch's own code for it, and the same on every machine whether the build function
-asked for fused there or not; it was refused at step 0. An optimizer with no foreach path (LBFGS,
-SparseAdam) runs its per-tensor loop. One whose ``step`` needs a closure (LBFGS: it evaluates the
-loss again inside a step, as often as its line search asks) is refused when the task is built: the
-engine runs a step as one forward and backward pass, and calling it without one stopped at step 1
-with torch's ``TypeError``.
+asked for fused there or not; it was refused at step 0. An optimizer with no foreach path
+(SparseAdam) runs its per-tensor loop. One whose ``step`` needs an argument (LBFGS's closure: it
+evaluates the loss again inside a step, as often as its line search asks) is refused when the task
+is built: the engine runs a step as one forward and backward pass and calls ``step()`` with
+nothing, which stopped at step 1 with torch's ``TypeError``.
 """
 
 from __future__ import annotations
@@ -79,11 +79,17 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     to it: module docstring)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
-    if "closure" in required_arguments(type(optimizer).step):
+    needs = required_arguments(type(optimizer).step)
+    if needs:
+        what = (
+            "a closure that evaluates the loss again inside a step"
+            if needs == ["closure"]
+            else ", ".join(needs)
+        )
         raise ConfigError(
-            f"Task.optimizer: {type(optimizer).__name__}.step needs a closure that evaluates the loss "
-            "again inside a step, and vgame runs a step as one forward and backward pass: use an "
-            "optimizer whose step takes none (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+            f"Task.optimizer: {type(optimizer).__name__}.step needs {what}, and vgame runs a step as one "
+            "forward and backward pass, calling step() with nothing: use an optimizer whose step takes "
+            "none (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
         )
     own = {id(p) for p in model.parameters()}
     fused = False
