@@ -83,7 +83,7 @@ def test_model_trainsOnCpu1t_andAuditsBitExactly_fromSeed_andFineTuned(examples_
 
 #: examples/hf_families' families held here (the rest: docs/benchmarks.md, "Hugging Face families")
 FAMILIES = ["Qwen2", "Qwen3", "Mistral", "Gemma", "Gemma2", "Phi3", "Starcoder2", "GPTNeoX", "Falcon", "Bloom",
-            "Mixtral", "T5", "ConvNext", "GPTJ", "Wav2Vec2", "Phimoe"]  # fmt: skip
+            "Mixtral", "T5", "ConvNext", "GPTJ", "Wav2Vec2", "Phimoe", "Mra"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -101,7 +101,8 @@ def test_modelFamilies_auditBitExactly_acrossTheTwoInterceptors(tmp_path: Path, 
     masks from numpy's global generator (seeded per micro-batch), so the auditor masks the same
     time steps; Phimoe's router draws Gumbel noise (``exponential_``, served) and adds a Python
     float to a boolean mask, a float32 result in torch's default dtype (rounded by way of its twin
-    under a float64 default)."""
+    under a float64 default); MRA casts its queries and keys to float32 on purpose and multiplies
+    them with float64 tensors, a mix torch refuses (each such call run as its float64 twin)."""
     cfg = load_config(EXAMPLES / "hf_families" / "task.toml").replace(
         model={"family": family}, checkpoint_interval=3
     )

@@ -223,6 +223,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "Data2VecText": ("Data2VecTextConfig", "Data2VecTextForMaskedLM", _H, "masked"),
     "Camembert": ("CamembertConfig", "CamembertForMaskedLM", _H, "masked"),
     "MegatronBert": ("MegatronBertConfig", "MegatronBertForMaskedLM", _H, "masked"),
+    # multi-resolution attention: casts its queries and keys to float32 on purpose (``.float()``)
+    # and hands them to float64 layers (widen.mixed)
+    "Mra": ("MraConfig", "MraForMaskedLM", _H, "masked"),
     "Yoso": ("YosoConfig", "YosoForMaskedLM", dict(_H, use_expectation=True, use_fast_hash=False), "masked"),
     "RemBert": ("RemBertConfig", "RemBertForMaskedLM", dict(_H, input_embedding_size=16, output_embedding_size=16),
                 "masked"),

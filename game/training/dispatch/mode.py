@@ -114,15 +114,24 @@ class RoundingMode(FrontMode):
         if name not in self._classes:  # an op's first call in the step: nothing here for the others
             self._classes[name] = cls
         if cls is OpClass.MOVE:
-            return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            except Exception as exc:
+                return self._mixed(func, plan, cls, args, kwargs, exc)
         if cls is OpClass.EXACT:
-            out = func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:
+                return self._mixed(func, plan, cls, args, kwargs, exc)
             if self.role.rounds:
                 self._round_results(True, _touched(plan, args, kwargs, out), name)
             return out
         if self.role.rounds and widen.narrow_inputs(args, kwargs):
             return self._widened(func, plan, args, kwargs)
-        out = self.profile.compute(func, args, kwargs)
+        try:
+            out = self.profile.compute(func, args, kwargs)
+        except Exception as exc:
+            return self._mixed(func, plan, cls, args, kwargs, exc)
         touched = _touched(plan, args, kwargs, out)
         if self.role.rounds:
             if widen.defaulted(touched) and not plan.written and plan.hidden is None:  # writes none twice
@@ -136,12 +145,45 @@ class RoundingMode(FrontMode):
         and again on its arguments widened to float64 under the profile's emulation; the twin's
         float64 results are rounded (and logged) as the op's, then written into its results."""
         wide_args, wide_kwargs = widen.widened(args, kwargs)  # before the op: an in-place op's start
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            return self._mixed(func, plan, OpClass.INEXACT, args, kwargs, exc)
         wide_out = self.profile.compute(func, wide_args, wide_kwargs)
         self._round_twin(
             plan, _touched(plan, args, kwargs, out), _touched(plan, wide_args, wide_kwargs, wide_out)
         )
         return out
+
+    def _mixed(
+        self,
+        func: Any,
+        plan: _Plan,
+        cls: OpClass,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        exc: Exception,
+    ) -> Any:
+        """A call torch refused (``exc``) that takes float32 tensors beside float64 ones
+        (:func:`~game.training.dispatch.widen.mixed`): run as its float64 twin, whose results are the
+        op's, rounded as its class says; a float32 tensor it writes takes its twin's values. Any
+        other refused call raises ``exc``, as torch words it."""
+        if not widen.mixed(args, kwargs):
+            raise exc
+        wide_args, wide_kwargs = widen.widened(args, kwargs, widen.MIXED)
+        compute = self.profile.compute if cls is OpClass.INEXACT else _call
+        out = compute(func, wide_args, wide_kwargs)
+        if cls is OpClass.INEXACT or (cls is OpClass.EXACT and self.role.rounds):
+            touched = _touched(plan, wide_args, wide_kwargs, out)
+            if self.role.rounds:
+                refuse_unrounded(plan.name, touched, f"step {self.step}: ")
+            self._round_results(cls is OpClass.EXACT, touched, plan.name)
+        # the tensors it writes (no output: ``_touched`` then lists those alone), beside their copies
+        back = list(
+            zip(_touched(plan, args, kwargs, None), _touched(plan, wide_args, wide_kwargs, None), strict=True)
+        )
+        widen.write_back(back)
+        return widen.unaliased(out, back)
 
     def _defaulted(
         self,
@@ -167,6 +209,10 @@ class RoundingMode(FrontMode):
         refuse_unrounded(name, rounded, where)
         self._round_results(False, rounded, name)
         widen.write_back(found)
+
+
+def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return func(*args, **kwargs)
 
 
 __all__ = ["RoundingMode"]

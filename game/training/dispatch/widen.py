@@ -15,6 +15,11 @@ integer or boolean tensor (Phimoe's router: ``torch.add(0.3333, mask, alpha=0.66
 the same call under a float64 default dtype (:func:`default_twin`), run after the op: such a call
 overwrites no float32 tensor, so its arguments are still as they were.
 
+A call may also take float32 tensors beside float64 ones (:func:`mixed`): a model written for
+float32 casts its input (``x.float()``) and meets the step's float64 parameters, a mix torch
+refuses in a matrix product, a convolution, a norm or an indexed write. Where torch refuses it, the
+call runs as its float64 twin alone, whose float64 results are the op's.
+
 The Python dispatch mode and the model's construction call here; the C++ front
 (``native/front.cpp``, ``widen_stack`` and ``default_twin``) does the same on its boxed stack, and
 the two must agree. Half and bfloat16 are not widened in a step, where an op with such a result
@@ -38,6 +43,9 @@ NARROW = torch.float32
 #: result there is the nearest float32 converted once more (IEEE conversion, the same everywhere),
 #: as torch computes them (in float32, then converted). A step leaves those two refused.
 AT_CONSTRUCTION = (torch.float32, torch.float16, torch.bfloat16)
+#: The dtypes a call that mixes them with float64 is widened from, where torch refuses the mix
+#: (:func:`mixed`): a model cast to them on purpose, as at construction.
+MIXED = AT_CONSTRUCTION
 
 
 #: A complex tensor's dtype widened with its parts' (an FFT of float32 tensors gives complex64).
@@ -69,6 +77,43 @@ def narrow_inputs(
     calls :func:`widened` makes a float64 twin of (``narrow``: the dtypes widened, float32's alone
     but at construction, :data:`AT_CONSTRUCTION`)."""
     return _narrow_in(args, narrow) or _narrow_in(tuple(kwargs.values()), narrow)
+
+
+def _float_kinds(x: Any, found: set[bool]) -> None:
+    """Adds to ``found`` True for each tensor in ``x`` of :data:`MIXED`'s dtypes (or complex64),
+    False for each float64 (or complex128) one."""
+    if isinstance(x, Tensor):
+        if x.dtype in MIXED or x.dtype == torch.complex64:
+            found.add(True)
+        elif x.dtype in (torch.float64, torch.complex128):
+            found.add(False)
+    elif isinstance(x, list | tuple):
+        for v in x:
+            _float_kinds(v, found)
+
+
+def mixed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call takes float32 (or float16, bfloat16) tensors beside float64 ones. A model
+    written for float32 casts on purpose (``x.float()`` on its input, ``.to(torch.float32)`` before
+    a norm) and meets the step's float64 parameters; torch refuses such a mix in a matrix product,
+    a convolution, a norm's parameters or an indexed write, where a float32 model never mixed. Such
+    a call runs again as its float64 twin (:func:`widened` of :data:`MIXED`): float32 values are on
+    the grid, so the twin computes what the float32 model would, and an in-place op's float32
+    tensor takes its twin's values back (a bfloat16 one, those values converted as torch would)."""
+    found: set[bool] = set()
+    _float_kinds(args, found)
+    _float_kinds(tuple(kwargs.values()), found)
+    return len(found) == 2
+
+
+def unaliased(out: Any, back: list[tuple[Tensor, Tensor]]) -> Any:
+    """A twin's return value with each widened copy of a written tensor (an in-place op's ``self``,
+    an ``out=``) replaced by the tensor itself, as the op would have returned it."""
+    if isinstance(out, Tensor):
+        return next((t for t, w in back if w is out), out)
+    if isinstance(out, tuple | list):
+        return type(out)(unaliased(v, back) for v in out)
+    return out
 
 
 def _widen(x: Any, narrow: tuple[torch.dtype, ...]) -> Any:
@@ -149,11 +194,14 @@ def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
 
 __all__ = [
     "AT_CONSTRUCTION",
+    "MIXED",
     "NARROW",
     "default_twin",
     "defaulted",
+    "mixed",
     "narrow_inputs",
     "pairs",
+    "unaliased",
     "widened",
     "write_back",
 ]

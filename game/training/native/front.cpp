@@ -15,7 +15,8 @@
 // op with a float32 argument runs again on its float64 twin (widen_stack, as dispatch/widen.py
 // does): the twin's results are what is rounded, and they are then written into the op's own. One
 // with a float32 result and no float32 argument (torch's default dtype) runs again under a float64
-// default instead (widen.default_twin).
+// default instead (widen.default_twin). A call torch refuses for taking float32 tensors beside
+// float64 ones runs again as its float64 twin alone (widen.mixed).
 //
 // The fallback sits on DispatchKey::Fake, a key reserved for out-of-tree code below autograd
 // (every key the Python API exposes there already holds a fallback). It is switched on for one
@@ -425,23 +426,29 @@ void note(Session& s, int id, int cls) {
   }
 }
 
-// Whether a ScalarType argument (or an optional one) of the schema holds float32.
-bool asks_float(const c10::Argument& a, const c10::IValue& v) {
+// The precisions widened: float32 (and complex64); with `halves` (a mixed call's, widen.MIXED)
+// also float16 and bfloat16.
+bool narrow_type(at::ScalarType st, bool halves = false) {
+  return st == at::kFloat || st == at::kComplexFloat || (halves && (st == at::kHalf || st == at::kBFloat16));
+}
+
+// Whether a ScalarType argument (or an optional one) of the schema holds a precision widened.
+bool asks_float(const c10::Argument& a, const c10::IValue& v, bool halves = false) {
   if (!v.isInt()) return false;
   c10::TypePtr type = a.real_type();  // a ScalarType's type() is int, its "fake" type
   if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
-  return type->kind() == c10::TypeKind::ScalarTypeType && v.toInt() == static_cast<int64_t>(at::kFloat);
+  return type->kind() == c10::TypeKind::ScalarTypeType && narrow_type(static_cast<at::ScalarType>(v.toInt()), halves) &&
+         v.toInt() != static_cast<int64_t>(at::kComplexFloat);
 }
 
-// widen._wide_dtype: float32 and complex64 tensors are widened, to float64 and complex128.
-bool narrow_type(at::ScalarType st) { return st == at::kFloat || st == at::kComplexFloat; }
+// widen._wide_dtype: float32 (and float16, bfloat16) and complex64 tensors are widened, to float64 and complex128.
 at::ScalarType wide_type(at::ScalarType st) { return st == at::kComplexFloat ? at::kComplexDouble : at::kDouble; }
 
-bool narrow_value(const c10::IValue& v) {
-  if (v.isTensor()) return v.toTensor().defined() && narrow_type(v.toTensor().scalar_type());
+bool narrow_value(const c10::IValue& v, bool halves = false) {
+  if (v.isTensor()) return v.toTensor().defined() && narrow_type(v.toTensor().scalar_type(), halves);
   if (v.isList()) {
     for (const c10::IValue& e : v.toListRef())
-      if (narrow_value(e)) return true;
+      if (narrow_value(e, halves)) return true;
   }
   return false;
 }
@@ -454,21 +461,42 @@ bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& s
   return false;
 }
 
-c10::IValue widen_value(const c10::IValue& v) {
+// Adds what kinds of floating tensor v holds: float32 (or complex64), float64 (or complex128).
+void float_kinds(const c10::IValue& v, bool& narrow, bool& wide) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    return t.defined() && narrow_type(t.scalar_type()) ? c10::IValue(t.to(wide_type(t.scalar_type()))) : v;
+    if (!t.defined()) return;
+    const at::ScalarType st = t.scalar_type();
+    narrow = narrow || narrow_type(st, true);
+    wide = wide || st == at::kDouble || st == at::kComplexDouble;
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) float_kinds(e, narrow, wide);
+  }
+}
+
+// widen.mixed: float32 tensors beside float64 ones among the arguments (a call torch may refuse).
+bool mixed_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
+  bool narrow = false, wide = false;
+  for (size_t i = 0; i < schema.arguments().size() && !(narrow && wide); ++i)
+    float_kinds(stack[base + i], narrow, wide);
+  return narrow && wide;
+}
+
+c10::IValue widen_value(const c10::IValue& v, bool halves = false) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && narrow_type(t.scalar_type(), halves) ? c10::IValue(t.to(wide_type(t.scalar_type()))) : v;
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
     for (const at::Tensor& t : v.toTensorVector())
-      out.push_back(narrow_type(t.scalar_type()) ? t.to(wide_type(t.scalar_type())) : t);
+      out.push_back(narrow_type(t.scalar_type(), halves) ? t.to(wide_type(t.scalar_type())) : t);
     return out;
   }
-  if (v.isList() && narrow_value(v)) {  // Tensor?[]
+  if (v.isList() && narrow_value(v, halves)) {  // Tensor?[]
     c10::List<std::optional<at::Tensor>> out;
     for (const c10::IValue& e : v.toListRef())
-      out.push_back(e.isTensor() ? std::optional<at::Tensor>(widen_value(e).toTensor()) : std::nullopt);
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(widen_value(e, halves).toTensor()) : std::nullopt);
     return out;
   }
   return v;
@@ -476,13 +504,15 @@ c10::IValue widen_value(const c10::IValue& v) {
 
 // widen.widened: the call's float64 twin, float32 tensors copied to float64 before the call (an
 // in-place op's twin starts from the values the op starts from), a float32 dtype made float64.
-torch::jit::Stack widen_stack(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
+torch::jit::Stack widen_stack(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base,
+                               bool halves = false) {
   const auto& args = schema.arguments();
   torch::jit::Stack wide;
   wide.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = stack[base + i];
-    wide.push_back(asks_float(args[i], v) ? c10::IValue(static_cast<int64_t>(at::kDouble)) : widen_value(v));
+    wide.push_back(asks_float(args[i], v, halves) ? c10::IValue(static_cast<int64_t>(at::kDouble))
+                                                  : widen_value(v, halves));
   }
   return wide;
 }
@@ -531,10 +561,6 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     py::reinterpret_borrow<py::object>(s.on_op)(plan.id, cls, std::vector<at::Tensor>{}, d.op_index, d.cursor, records);
     throw std::runtime_error(plan.name + " is refused here");  // not reached: the call raises
   }
-  if (cls == kMove) {
-    op.redispatchBoxed(below, stack);
-    return;
-  }
   const auto written = [&plan](const torch::jit::Stack& st, size_t at) {  // read before the call pops them
     std::vector<at::Tensor> found;
     for (int i : plan.written) collect(st[at + i], found);
@@ -542,10 +568,54 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
       for (int i : plan.hidden) collect(st[at + i], found);
     return found;
   };
+  // widen.mixed and RoundingMode._mixed: a call torch refuses for taking float32 tensors beside
+  // float64 ones runs again as its float64 twin, whose results are the op's; `back` pairs each
+  // float32 tensor it writes with its widened copy, which hands its values back at the end.
+  const bool mixed = mixed_inputs(op.schema(), *stack, base);
+  torch::jit::Stack saved;
+  if (mixed) saved.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  std::vector<std::pair<at::Tensor, at::Tensor>> back;
+  std::vector<at::Tensor> found;
+  const auto call = [&]() -> bool {  // true: it ran as the twin
+    if (cls != kMove || mixed) found = written(*stack, base);
+    try {
+      op.redispatchBoxed(below, stack);
+      return false;
+    } catch (const c10::Error&) {
+      if (!mixed) throw;
+    }
+    torch::jit::Stack wide = widen_stack(op.schema(), saved, 0, true);
+    std::vector<at::Tensor> copies = written(wide, 0);
+    for (size_t i = 0; i < found.size(); ++i)
+      if (!found[i].is_same(copies[i])) back.emplace_back(found[i], copies[i]);
+    found = std::move(copies);
+    stack->resize(base);
+    stack->insert(stack->end(), wide.begin(), wide.end());
+    op.redispatchBoxed(below, stack);
+    return true;
+  };
   const size_t nret = op.schema().returns().size();
+  const auto hand_back = [&back, stack, nret]() {  // widen.write_back, then widen.unaliased
+    if (back.empty()) return;
+    for (auto& [t, w] : back) t.copy_(w);
+    for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+      if (!(*stack)[i].isTensor()) continue;
+      const at::Tensor& r = (*stack)[i].toTensor();
+      for (auto& [t, w] : back)
+        if (r.is_same(w)) {
+          (*stack)[i] = c10::IValue(t);
+          break;
+        }
+    }
+  };
+  if (cls == kMove) {
+    call();
+    hand_back();
+    return;
+  }
   // An inexact op on float32 runs again on its float64 twin (dispatch/widen.py), whose results are
   // rounded as the op's and then written into its own.
-  const bool narrow = cls == kInexact && narrow_inputs(op.schema(), *stack, base);
+  bool narrow = cls == kInexact && narrow_inputs(op.schema(), *stack, base);
   torch::jit::Stack wide;
   std::vector<at::Tensor> wide_found;
   if (narrow) {
@@ -556,8 +626,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   // twin is the call again under a float64 default, after the op (which writes no argument).
   const bool may_default = cls == kInexact && !narrow && plan.written.empty() && plan.hidden.empty();
   if (may_default) wide.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-  std::vector<at::Tensor> found = written(*stack, base);
-  op.redispatchBoxed(below, stack);
+  if (call()) narrow = false;  // it ran as the twin: its results are float64 already
   std::vector<at::Tensor> results = touched(std::move(found), *stack, nret);
   std::vector<std::pair<at::Tensor, at::Tensor>> twins;
   const bool defaulted = may_default && std::any_of(results.begin(), results.end(), [](const at::Tensor& t) {
@@ -589,9 +658,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     // complex128 one goes to Python too, which rounds its (real, imaginary) lanes (roles._round_results)
     if (st == at::kDouble || st == at::kComplexDouble || (unrounded && cls == kInexact)) doubles.push_back(t);
   }
-  const auto write_back = [&twins]() {  // widen.write_back
+  const auto write_back = [&twins, &hand_back]() {  // widen.write_back
     for (auto& [t, w] : twins)
       if (!t.is_same(w)) t.copy_(w);
+    hand_back();
   };
   // In order: the first tensor a kernel does not take, and every one after it, go to Python (the
   // op index follows the tensors' order).
