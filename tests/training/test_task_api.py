@@ -404,6 +404,19 @@ def test_aFusedOptimizer_trainsAsItsForeachPath_andAudits(tmp_path: Path, cls: s
     assert roots["fused"] == roots["foreach"]
 
 
+def test_anOptimizerWithATensorLearningRate_trainsOnItsPerTensorLoop_andAudits(tmp_path: Path) -> None:
+    """An ``lr`` given as a tensor (as ``torch.compile`` recipes give it) is refused by torch's
+    foreach path without ``capturable``; vgame switched every optimizer to that path, so the task
+    stopped at step 1 with torch's ValueError where plain torch on CPU trains it. Such a group keeps
+    its per-tensor loop (torch's own choice on CPU), whose ops are rounded one tensor at a time,
+    and the auditor agrees."""
+    opt = "torch.optim.Adam(m.parameters(), lr=torch.tensor(cfg.lr, dtype=torch.float64))"
+    body = TASK_PY.replace(
+        "        init_weights=", f"        optimizer=lambda m: {opt},\n        init_weights="
+    )
+    trains_and_audits(tmp_path, body, steps=3)
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

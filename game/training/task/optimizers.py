@@ -8,7 +8,8 @@ so its update differs from machine to machine where nothing can log it. A task's
 ``fused=True`` (nanoGPT asks for it wherever CUDA is) therefore runs its foreach path: the same
 update rule, torch's own code for it, and the same on every machine whether the build function
 asked for fused there or not; it was refused at step 0. An optimizer with no foreach path
-(SparseAdam) runs its per-tensor loop. One whose ``step`` needs an argument (LBFGS's closure: it
+(SparseAdam), and a group the foreach path refuses (``differentiable``, an ``lr`` given as a
+tensor), runs its per-tensor loop. One whose ``step`` needs an argument (LBFGS's closure: it
 evaluates the loss again inside a step, as often as its line search asks) is refused when the task
 is built: the engine runs a step as one forward and backward pass and calls ``step()`` with
 nothing, which stopped at step 1 with torch's ``TypeError``.
@@ -73,6 +74,18 @@ def required_arguments(method: Any) -> list[str]:
     return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
+def _list_ops_take(group: dict[str, Any]) -> bool:
+    """Whether torch's foreach path takes a group's settings: not a ``differentiable`` one (list ops
+    have no autograd formulas) nor one with a tensor hyperparameter (an ``lr`` as a tensor, as
+    ``torch.compile`` recipes give it, is refused there without ``capturable``). Such a group keeps
+    its per-tensor loop, whose ops are rounded one tensor at a time: torch's own default for it."""
+    if group.get("differentiable"):
+        return False
+    values = [v for v in group.values() if not isinstance(v, list)]  # its params are a list
+    values += [x for v in values if isinstance(v, tuple) for x in v]  # betas
+    return not any(isinstance(v, torch.Tensor) for v in values)
+
+
 def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Optimizer:
     """``optimizer`` (what a task's factory built) made safe to round: a torch optimizer over this
     model's parameters, never fused, foreach wherever it has a foreach path (a fused one is switched
@@ -98,12 +111,12 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
             group["fused"], group["foreach"], fused = False, True, True
         if group.get("capturable"):
             raise ConfigError(f"Task.optimizer: {type(optimizer).__name__}(capturable=True) is not supported")
-        if "foreach" in group and group["foreach"] is not True:
+        if "foreach" in group and group["foreach"] is not True and _list_ops_take(group):
             group["foreach"] = True  # the same update, as a few list ops instead of one per tensor
         for p in group["params"]:
             if id(p) not in own:
                 raise ConfigError("Task.optimizer: it updates a tensor that is not a parameter of the model")
-    if "foreach" in optimizer.defaults:
+    if "foreach" in optimizer.defaults and _list_ops_take(optimizer.defaults):
         optimizer.defaults["foreach"] = True
     if optimizer.defaults.get("fused"):  # a group added later (add_param_group) takes these
         optimizer.defaults["fused"] = False
