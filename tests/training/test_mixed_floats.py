@@ -5,7 +5,9 @@ Why: a model written for float32 casts on purpose (``x = x.float()`` on its inpu
 float64. torch refuses that mix in a matrix product, a convolution, a norm's parameters, an indexed
 write, a weighted loss: the user's own model stopped at step 1 with torch's words on dtypes, where
 it trains as it is on float32. Now such a call runs as its float64 twin, through the C++ front and
-the Python mode alike, and an in-place op's float32 tensor takes its twin's values back.
+the Python mode alike, and an in-place op's float32 tensor takes its twin's values back; where
+torch refuses the mix above the dispatch (a convolution's bias), the step's function mode retries
+the call on float64 copies.
 """
 
 from __future__ import annotations
@@ -132,18 +134,36 @@ def test_aMixedCallTorchRefusesForAnotherReason_raisesTorchsError(profile: str) 
         F.linear(x.to(torch.float32)[:, :5], w.detach())
 
 
-@pytest.mark.parametrize(
-    "forward",
-    [
-        "        x = x.float()\n        return self.b(torch.tanh(self.a(x)))",
+#: Forwards of a model written for float32, each with the layers it adds: its input cast to float32
+#: (a uint8 image's ``float() / 255``, or bfloat16) into a linear layer; and a convolution with its
+#: bias, a PReLU and a bilinear layer on float32 input, whose mixes torch refuses in its composite
+#: code above the dispatch (the function mode retries those: draws.ServingMode).
+FORWARDS = {
+    "input_float": ("        x = x.float()\n        return self.b(torch.tanh(self.a(x)))", ""),
+    "uint8_image": (
         "        x = (x * 50 + 128).clamp(0, 255).to(torch.uint8)\n"
         "        return self.b(torch.tanh(self.a(x.float() / 255.0)))",
-        "        return self.b(torch.tanh(self.a(x.to(torch.bfloat16))))",
-    ],
-    ids=["input_float", "uint8_image", "input_bfloat16"],
-)
-def test_aModelThatCastsItsInput_trainsAndAuditsBitExactly(tmp_path: Path, forward: str) -> None:
+        "",
+    ),
+    "input_bfloat16": ("        return self.b(torch.tanh(self.a(x.to(torch.bfloat16))))", ""),
+    "conv_prelu_bilinear": (
+        "        h = self.c(self.a(x)[:, None, :].float()).mean(1)\n"
+        "        h = self.p(h.float())\n"
+        "        return self.b(self.bl(h.float(), h))",
+        "        self.c = nn.Conv1d(1, 4, 3, padding=1)\n"
+        "        self.p = nn.PReLU()\n"
+        "        self.bl = nn.Bilinear(hidden, hidden, hidden)\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARDS))
+def test_aModelThatCastsToFloat32_trainsAndAuditsBitExactly(tmp_path: Path, name: str) -> None:
     """A user's model as written for float32 training, trained through the C++ front on ``cpu-1t``
     and audited through the Python mode on ``noisy``."""
+    forward, layers = FORWARDS[name]
     body = TASK_PY.replace("        return self.b(torch.tanh(self.a(x)))", forward)
+    body = body.replace(
+        "        self.b = nn.Linear(hidden, 3)\n", "        self.b = nn.Linear(hidden, 3)\n" + layers
+    )
     trains_and_audits(tmp_path, body, steps=4)

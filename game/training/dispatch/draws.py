@@ -58,7 +58,8 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from game.errors import ConfigError, UnsupportedOpError
+from game.errors import ConfigError, UnsupportedOpError, VGameError
+from game.training.dispatch import widen
 from game.training.native import front
 from game.training.numerics import rng, rounding
 
@@ -208,10 +209,25 @@ def beneath_dispatch() -> bool:
     return False
 
 
+def _writes(func: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a torch call writes a tensor it is given (an in-place method, ``x[i] = v``, ``out=``)."""
+    name = getattr(func, "__name__", "")
+    in_place = name.endswith("_") and not name.endswith("__")
+    return in_place or name.startswith("__i") or name == "__setitem__" or "out" in kwargs
+
+
 class ServingMode(TorchFunctionMode):
     """The function mode: a dict lookup per torch call; a served one goes to its handler with the
     context's :class:`Draws`, every other straight through. ``handled`` counts the served calls by
-    name (also those that drew nothing, such as dropout in eval mode)."""
+    name (also those that drew nothing, such as dropout in eval mode).
+
+    A call that raises and takes float32 (or bfloat16) tensors beside float64 ones
+    (:func:`~game.training.dispatch.widen.mixed`) runs again on float64 copies of them: torch
+    checks some mixes in its composite code, above the dispatch, where the interceptors'
+    own retry of such a call cannot reach (a convolution's bias, ``F.bilinear``, ``F.prelu``). The
+    copies are made here, above autograd, so the gradient reaches the float32 tensor through the
+    copy. A call that writes a tensor it is given is left to the interceptors' retry, which hands
+    the written values back."""
 
     def __init__(self, draws: Draws) -> None:
         super().__init__()
@@ -223,7 +239,22 @@ class ServingMode(TorchFunctionMode):
     ) -> Any:
         handler = SERVED.get(func)
         if handler is None or beneath_dispatch():
-            return func(*args, **(kwargs or {}))
+            try:
+                return func(*args, **(kwargs or {}))
+            except Exception as exc:  # raised again below unless the call mixes
+                kw = kwargs or {}
+                if (
+                    isinstance(exc, VGameError)
+                    or _writes(func, kw)
+                    or not widen.mixed(args, kw)
+                    or beneath_dispatch()
+                ):
+                    raise
+                wide_args, wide_kwargs = widen.widened(args, kw, widen.MIXED)
+                try:
+                    return func(*wide_args, **wide_kwargs)
+                except Exception:  # torch's first words are the model's call's
+                    raise exc from None
         self.handled[name_of(func)] += 1
         return handler(self.draws, func, args, kwargs or {})
 
