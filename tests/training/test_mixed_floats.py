@@ -19,12 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from game.errors import TaskCodeError
 from game.training.dispatch.mode import RoundingMode
+from game.training.engine.train import train
 from game.training.log.packed import StepLog
 from game.training.native import front
 from game.training.numerics import rounding
+from game.training.task.config import load_config
 from game.training.task.profiles import get_profile
-from tests.training.test_task_api import TASK_PY, trains_and_audits
+from tests.training.test_task_api import TASK_PY, make_plugin, trains_and_audits
 
 BITS = 32
 PROFILES = ["cpu-1t", "noisy"]  # through the C++ front where it loads; the Python mode
@@ -167,3 +170,21 @@ def test_aModelThatCastsToFloat32_trainsAndAuditsBitExactly(tmp_path: Path, name
         "        self.b = nn.Linear(hidden, 3)\n", "        self.b = nn.Linear(hidden, 3)\n" + layers
     )
     trains_and_audits(tmp_path, body, steps=4)
+
+
+def test_aMixRefusedInTheModulesOwnCode_saysToCastToTheParametersDtype(tmp_path: Path) -> None:
+    """``nn.LSTM`` checks its input's dtype in Python, before any torch call vgame could widen, and
+    torch's advice includes converting the model to float32, which does not hold in a step."""
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        h, _ = self.r(self.a(x)[:, None, :].float())\n        return self.b(h[:, -1])",
+    ).replace(
+        "        self.b = nn.Linear(hidden, 3)\n",
+        "        self.b = nn.Linear(hidden, 3)\n        self.r = nn.LSTM(hidden, hidden)\n",
+    )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    with pytest.raises(
+        TaskCodeError, match=r"RNN input dtype .* cast to their dtype \(x\.to\(self\.weight\.dtype\)\)"
+    ):
+        train(cfg, "cpu-1t", tmp_path / "t")

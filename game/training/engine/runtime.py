@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -183,7 +184,7 @@ class TaskRuntime:
             raise
         except Exception as exc:
             raise TaskCodeError(
-                f"the task's loss (its model's forward) raised {type(exc).__name__}: {exc} "
+                f"the task's loss (its model's forward) raised {type(exc).__name__}: {exc}{_dtype_hint(exc)} "
                 "(run with VGAME_DEBUG=1 for the traceback)"
             ) from exc
         if not isinstance(loss, Tensor) or loss.dim() != 0:
@@ -234,6 +235,21 @@ class TaskRuntime:
             return {"loss": float(self.loss(model, batch))}
         finally:
             model.train(was_training)
+
+
+def _dtype_hint(exc: Exception) -> str:
+    """What to do about a float32/float64 mix that the model's own code refused (``nn.LSTM`` checks
+    its input's dtype in Python, where vgame cannot widen the call, and torch's advice to convert
+    the model to float32 does not hold in a step)."""
+    text = str(exc)
+    if not (
+        re.search(r"\b(float32|Float|float)\b", text) and re.search(r"\b(float64|Double|double)\b", text)
+    ):
+        return ""
+    return (
+        ". In a step the model's parameters are float64 (each result rounded to the float32 grid): "
+        "cast to their dtype (x.to(self.weight.dtype)) rather than to float32"
+    )
 
 
 def _describe(x: Any) -> str:
