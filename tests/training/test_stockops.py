@@ -395,6 +395,25 @@ def test_randn_isIrwinHallOnTheGrid_andRandnLikeFollowsItsExample() -> None:
     assert torch.equal(like[4:], half)
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complexRandAndRandn_drawTheirPartsAsOneRealDraw(dtype: torch.dtype) -> None:
+    """A complex uniform's parts are each the grid's uniform, a complex normal's each a normal with
+    variance 1/2, as torch defines them; both were refused as torch's generator's (FNO's spectral
+    weights are ``torch.rand(..., dtype=torch.cfloat)``)."""
+    part = torch.float32 if dtype == torch.complex64 else torch.float64
+    with _ops():
+        u = torch.rand(8, 6, dtype=dtype)
+        z = torch.randn(8, 6, dtype=dtype)
+        like = torch.rand_like(u)
+    with _ops():
+        u_parts = torch.rand(8, 6, 2, dtype=part)
+        z_parts = torch.randn(8, 6, 2, dtype=part)
+    assert u.dtype == z.dtype == like.dtype == dtype and not torch.equal(like, u)
+    assert torch.equal(torch.view_as_real(u), u_parts)
+    assert torch.equal(torch.view_as_real(z), z_parts * math.sqrt(0.5))
+    assert float(torch.view_as_real(u).min()) >= 0.0 and float(torch.view_as_real(u).max()) < 1.0
+
+
 def test_generatorArgument_isIgnored() -> None:
     draws = []
     for g in (torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)):

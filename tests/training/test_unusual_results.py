@@ -8,6 +8,7 @@ imaginary) lanes are rounded with the log like any inexact result, through the P
 C++ front alike; an FFT of float32 tensors is computed in float64 and brought back, as any float32
 op is; and a complex64 result that cannot be is refused, as a float32 one is. A sparse gradient
 stopped inside the rounding kernels with torch's words on memory formats; it is refused by name.
+A complex parameter drawn at construction was refused there; it is served.
 """
 
 from __future__ import annotations
@@ -57,6 +58,44 @@ def test_aModelWithAnFFT_trainsAndAuditsBitExactlyAgainstOtherMachines(
     body = TASK_PY.replace("        return self.b(torch.tanh(self.a(x)))", FORWARDS[precision])
     root = trains_and_audits(tmp_path / "noisy", body, steps=8)
     assert root == trains_and_audits(tmp_path / "splitk", body, steps=8)
+
+
+#: A complex parameter, and how a model makes it at construction.
+COMPLEX_PARAMETERS = {
+    "randn": "torch.randn(hidden, dtype=torch.complex128)",
+    # FNO's spectral weights, written with real draws: torch.complex packs them, a move
+    "complex_of_real_draws": "torch.complex(0.1 * torch.rand(hidden), 0.1 * torch.rand(hidden))",
+}
+
+
+@pytest.mark.parametrize("made", sorted(COMPLEX_PARAMETERS))
+def test_aModelWithAComplexParameter_trainsAndAuditsBitExactly(tmp_path: Path, made: str) -> None:
+    """A complex parameter drawn at construction was refused there (``torch.randn`` of a complex
+    dtype was torch's generator's; ``torch.complex`` an inexact op whose result reached the
+    parameter); it is drawn from the counter RNG and packed as a move, and the model trains on
+    ``cpu-1t`` and audits on ``noisy`` (Adam's foreach path updates it as real lanes)."""
+    body = TASK_PY.replace(
+        "        return self.b(torch.tanh(self.a(x)))",
+        "        f = torch.fft.fft(self.a(x), dim=-1) * self.w\n        return self.b(torch.fft.ifft(f, dim=-1).real)",
+    ).replace(
+        "        self.b = nn.Linear(hidden, 3)\n",
+        f"        self.b = nn.Linear(hidden, 3)\n        self.w = nn.Parameter({COMPLEX_PARAMETERS[made]})\n",
+    )
+    trains_and_audits(tmp_path, body, steps=4)
+
+
+def test_aComplexParameterScaledAsAComplexTensor_isRefusedSayingHowToScaleItsParts(tmp_path: Path) -> None:
+    """FNO's ``scale * torch.rand(..., dtype=torch.cfloat)``: a product with a complex tensor is
+    inexact, so its result may not reach the model's state; the refusal says how to make it exact."""
+    body = TASK_PY.replace(
+        "        self.b = nn.Linear(hidden, 3)\n",
+        "        self.b = nn.Linear(hidden, 3)\n"
+        "        self.w = nn.Parameter(0.1 * torch.rand(hidden, dtype=torch.cfloat))\n",
+    )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml")
+    with pytest.raises(UnsupportedOpError, match=r"reached w, .*torch\.complex\(s \* torch\.rand\(n\)"):
+        train(cfg, "cpu-1t", tmp_path / "t")
 
 
 @pytest.mark.parametrize("via_front", [False, True])

@@ -32,6 +32,13 @@ INIT_FIX = (
     "(a transformers model: inside transformers.initialization.no_init_weights())"
 )
 
+#: The same for a complex tensor (FNO's ``scale * torch.rand(..., dtype=torch.cfloat)``: a product
+#: with a complex tensor is inexact, as in a step).
+COMPLEX_INIT_FIX = (
+    "scale a complex parameter's parts as real tensors and pack them (torch.complex(s * torch.rand(n), "
+    "s * torch.rand(n)) is exact: a product with a complex tensor is not); or " + INIT_FIX
+)
+
 WHERE = "model construction: "
 
 
@@ -198,4 +205,4 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
 }
 
 
-__all__ = ["INIT_FIX", "SERVED", "WHERE", "exact_float32", "norm2"]
+__all__ = ["COMPLEX_INIT_FIX", "INIT_FIX", "SERVED", "WHERE", "exact_float32", "norm2"]

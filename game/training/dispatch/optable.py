@@ -62,6 +62,7 @@ MOVE_OPS: frozenset[str] = frozenset(
         "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",
         "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
         "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin",
+        "complex",  # two real tensors as the (real, imaginary) lanes of one: a bit copy
         "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
         # in-place views (t_, transpose_, ...: their schema marks a write, so they are not caught as views)
         "t", "transpose", "swapaxes", "swapdims", "squeeze", "unsqueeze", "as_strided",

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from game.errors import UnsupportedOpError
-from game.training.dispatch.initrules import INIT_FIX, WHERE
+from game.training.dispatch.initrules import COMPLEX_INIT_FIX, INIT_FIX, WHERE
 
 #: Tensor methods that hand a tensor's values to Python without an ATen op (``item()`` and the
 #: conversions run ``aten._local_scalar_dense``, checked where ops are).
@@ -109,13 +109,14 @@ class Provisional:
         for name, t in _held(model):
             origin = self.origin([t])
             if origin is not None:
+                fix = COMPLEX_INIT_FIX if t.is_complex() else INIT_FIX
                 raise UnsupportedOpError(
                     f"{WHERE}{origin} is not exact (its float64 result may differ on another machine) and "
                     f"its result reached {name}, so the model's initial state would differ there (a "
                     "throwaway forward pass at construction is fine, but nothing of it may be kept: "
-                    f"BatchNorm's running statistics are, in training mode; run it in eval mode): {INIT_FIX}",
+                    f"BatchNorm's running statistics are, in training mode; run it in eval mode): {fix}",
                     op=origin,
-                    fix=INIT_FIX,
+                    fix=fix,
                 )
         gc.collect()  # what the factory dropped in a reference cycle goes now
         for _, origin in self._tensors.items():  # still alive once the factory has returned: kept

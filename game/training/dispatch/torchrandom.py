@@ -1,6 +1,7 @@
 """Torch's random functions, served from the counter RNG (keying and values: :mod:`~game.training.dispatch.draws`).
 
-Served: ``torch.rand``, ``randn``, ``randint``, ``randperm``, ``rand_like``, ``randn_like``,
+Served: ``torch.rand``, ``randn``, ``randint``, ``randperm``, ``rand_like``, ``randn_like`` (real
+or complex),
 ``randint_like``, ``bernoulli``, ``normal``, ``multinomial``; ``Tensor.bernoulli(_)``,
 ``uniform_``, ``normal_``, ``random_`` (a range below ``2**31``), ``multinomial``; and the
 ``nn.init`` functions that hide their draw inside a torch function (``uniform_``, ``normal_``,
@@ -103,13 +104,36 @@ def _target(kwargs: dict[str, Any], dtype: torch.dtype | None) -> tuple[torch.de
 # --------------------------------------------------------------------------------------------------
 
 
+#: A complex dtype's parts' dtype.
+_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _drawn(
+    d: Draws, name: str, normal: bool, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype
+) -> Tensor | None:
+    """A uniform (or normal) draw of ``shape``, or None where ``dtype`` is neither real floating nor
+    complex. A complex one draws its (real, imaginary) parts as one real draw of ``(*shape, 2)``, as
+    torch defines them: each part uniform in [0, 1); for a normal, each part normal with variance
+    1/2, so that the complex value's is 1 (FNO's spectral weights are ``torch.rand(..., dtype=cfloat)``)."""
+    draw = d.normal if normal else d.uniform
+    if dtype.is_floating_point:
+        return draw(name, shape, device, dtype)
+    part = _PARTS.get(dtype)
+    if part is None:
+        return None
+    parts = draw(name, (*shape, 2), device, part)
+    if normal:
+        parts = parts * math.sqrt(0.5)  # one IEEE product by a correctly rounded constant
+    return torch.view_as_complex(parts)
+
+
 @serves(torch.rand, torch.randn)
 def _rand(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     device, dtype = _target(kwargs, None)
-    if not (_plain(kwargs, _FACTORY_KEYS) and dtype.is_floating_point):
-        return func(*args, **kwargs)
-    draw = d.uniform if func is torch.rand else d.normal
-    return _made(draw(name_of(func), _size(args, kwargs), device, dtype), kwargs)
+    drawn = None
+    if _plain(kwargs, _FACTORY_KEYS):
+        drawn = _drawn(d, name_of(func), func is torch.randn, _size(args, kwargs), device, dtype)
+    return func(*args, **kwargs) if drawn is None else _made(drawn, kwargs)
 
 
 @serves(torch.rand_like, torch.randn_like)
@@ -118,10 +142,10 @@ def _rand_like(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     kw = {k: v for k, v in kwargs.items() if k != "input"}
     dtype = kw.get("dtype") or x.dtype
     device = torch.device(kw["device"]) if kw.get("device") is not None else x.device
-    if not (_plain(kw, _LIKE_KEYS) and dtype.is_floating_point and device.type != "meta"):
-        return func(*args, **kwargs)
-    draw = d.uniform if func is torch.rand_like else d.normal
-    return _made(draw(name_of(func), x.shape, device, dtype), kw)
+    drawn = None
+    if _plain(kw, _LIKE_KEYS) and device.type != "meta":
+        drawn = _drawn(d, name_of(func), func is torch.randn_like, tuple(x.shape), device, dtype)
+    return func(*args, **kwargs) if drawn is None else _made(drawn, kw)
 
 
 def _bounds(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
