@@ -64,6 +64,12 @@ class TaskCodeError(TrainingError):
     line that names the exception; ``VGAME_DEBUG=1`` shows the traceback."""
 
 
+class CarriedStateError(TrainingError):
+    """The task's model or loss carries Python state from step to step outside the state a step
+    commits (``game.training.engine.carried``): a judge re-running a later step from its committed
+    state would start without it, so the trainer is stopped before it commits the run."""
+
+
 class RoundingLogError(TrainingError):
     """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
 

@@ -97,9 +97,15 @@ class TaskRuntime:
             weights.apply(model, task.init_weights, strict=task.init_strict)
         return model.train()
 
+    @functools.cached_property
+    def libraries(self) -> frozenset[str]:
+        """Top-level import names of the libraries a model may be built from, its own code aside:
+        torch, vgame and those the task declares (their versions are bound)."""
+        return frozenset(ALWAYS_BOUND | _import_names(self.task.libraries))
+
     def _check_libraries(self, model: nn.Module) -> None:
         """Refuse a model built from classes of a package whose version the spec does not bind."""
-        allowed = set(ALWAYS_BOUND) | _import_names(self.task.libraries)
+        allowed = set(self.libraries)
         if not self.cfg.builtin:
             code = self.cfg.inputs().code
             if code is not None:

@@ -40,9 +40,10 @@ from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
 from game.training.dispatch.stockops import StockOps
+from game.training.engine import carried
 from game.training.engine.runtime import Batch, runtime_for
-from game.training.engine.states import fresh_state
-from game.training.log.formats import ChunkLog, new_step_log
+from game.training.engine.states import decode_state, fresh_state
+from game.training.log.formats import ChunkLog, decode_chunk, new_step_log
 from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
 from game.training.numerics.reach import CHECKS, Checks
@@ -123,6 +124,7 @@ class StepEngine:
         self.defer = os.environ.get(DEFER_SWITCH, "1") != "0"
         self._immediate_calls: set[int] = set()  # deferred calls that failed: checked at once since
         self._defer_failures = 0  # steps run twice; after MAX_DEFER_FAILURES deferral stops
+        self._watch = carried.Watch(self.runtime)  # what the model carries from step to step
 
     @contextmanager
     def checking(self, checks: Checks) -> Iterator[None]:
@@ -177,6 +179,7 @@ class StepEngine:
 
         batch = batch_override if batch_override is not None else self.batch(step)
         batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
+        judged = self._watch.before(state, step, mode) if mode != "plain" else None
 
         if self._defers(mode, log):
             restore = snapshot(state)
@@ -214,8 +217,12 @@ class StepEngine:
         if self.check_grid and precision == "fp64" and mode != "plain":
             check_on_grid(state, self.cfg.bits)
         has_bytes = hash_state and (precision == "fp32" or mode != "plain")
+        leaf = state_hash(state) if has_bytes or judged is not None else None
+        if judged is not None and log is not None and leaf is not None:
+            chunk = log
+            self._watch.judge(step, leaf, lambda: self._rerun_afresh(judged, step, chunk, batch_override))
         return StepResult(
-            state_hash=state_hash(state) if has_bytes else None,
+            state_hash=leaf if has_bytes else None,
             log=log if mode in ("record", "replay") else None,
             corrections=rm.corrections,
             loss=sum(float(v) for v in loss) / len(loss),
@@ -249,6 +256,16 @@ class StepEngine:
         from game.training.numerics import cuda_kernels
 
         return cuda_kernels.runs_on(torch.device(self.profile.device))
+
+    def _rerun_afresh(self, before: bytes, step: int, log: ChunkLog, batch: Batch | None) -> bytes:
+        """Step ``step``'s leaf as a judge computes it: on an engine and a model of its own, built
+        afresh from the state before it (``before``), with the step's log chunk as committed (and
+        its ``batch_override``): :class:`~.carried.Watch`'s test of a changed attribute."""
+        judge = StepEngine(self.cfg, self.profile, checks=self.checks)
+        spec = self.cfg.spec_hash()
+        chunk = decode_chunk(log.encode(step, spec), spec, step)
+        state = decode_state(before, self.cfg, device=self.profile.device)
+        return judge.run_step(state, step, mode="replay", log=chunk, batch_override=batch).leaf
 
     def _attempt(
         self,

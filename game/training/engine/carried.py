@@ -1,0 +1,252 @@
+"""What a task's model or loss carries from one step to the next outside the committed state.
+
+Why: a step is committed as the state before it (parameters, persistent buffers, the optimizer's and
+the scheduler's state) and its log chunk. A judge, or an auditor that starts from a checkpoint,
+re-runs step ``k`` in a model built afresh with that state loaded. A model that keeps a Python value
+across steps (``self.calls += 1`` in its forward, a KL weight annealed by a counter in the loss's
+closure, a cache tensor made in the first forward and kept as a plain attribute) computes step ``k``
+with it on the trainer and without it on the judge: an audit run from step 1 in one process agrees,
+but a dispute over any later step is ruled against the honest trainer, and a dishonest auditor could
+open one on purpose. So the engine compares what a step starts with to what the model's first step
+started with (:class:`Watch`): a function's data that changed is refused at once (a model built
+afresh in this process would share it); a module's attribute that changed may not reach the step's
+work (a value kept for a plot), so the trainer runs that step again in a model built afresh, as a
+judge would, and is stopped only where that gives another leaf. It learns it at step 2, before it
+commits the run's roots.
+
+What is compared (:func:`carried`): the own attributes of every module of the task's own classes
+(torch's bookkeeping aside: hooks, submodules, the ``training`` flag, which the engine sets each
+step); and the data a task's functions hold: their closures, the object a bound method is of, a
+partial's arguments, and the globals of their modules. Plain values are compared by value,
+containers of them to two levels, tensors and arrays by shape, dtype and (a tensor's) in-place
+version (one of the model's parameters or buffers held again, as an RNN's ``_flat_weights``, by
+shape and dtype: the engine writes those in place); any other object by its type alone (not walked:
+a model's config object is its construction's). The modules of libraries (torch's, vgame's, those
+the task declares, whose versions the spec binds) are trusted to keep nothing a step needs from the
+one before: they set flags a fresh model sets again on its first call (transformers marks hooks it
+installs), which is no difference to a judge. Buffers themselves are the state when persistent, and
+constants when not (the engine puts them all back before each micro-batch); a model that changes a
+non-persistent buffer is not caught here.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from game.errors import CarriedStateError, TrainingError
+from game.training.state.canonical import encode_state
+
+if TYPE_CHECKING:
+    from game.training.engine.runtime import TaskRuntime
+    from game.training.state.tensors import TrainState
+
+#: torch's own bookkeeping in a module's ``__dict__``: hooks, parameter and submodule tables, the
+#: ``training`` flag (set by the engine before every step).
+_TORCH_OWN = frozenset(vars(nn.Module()))
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_DEPTH = 2  # container levels walked
+_WIDTH = 64  # items a container may have to be walked
+
+
+def _value(v: Any, owned: frozenset[int] = frozenset(), depth: int = 0) -> Any:
+    """A comparable stand-in for ``v``; a tensor of ``owned`` (the ids of the model's parameters
+    and buffers, held again in a list such as an RNN's ``_flat_weights``) stands for itself: those
+    are the state, or compared as buffers."""
+    if isinstance(v, _PLAIN):
+        return v
+    if isinstance(v, Tensor):
+        if id(v) in owned:
+            return ("the model's", tuple(v.shape), str(v.dtype))
+        return ("tensor", tuple(v.shape), str(v.dtype), v._version)
+    if isinstance(v, np.ndarray):
+        return ("array", v.shape, str(v.dtype))
+    if depth < _DEPTH and isinstance(v, list | tuple | set | frozenset | dict) and len(v) <= _WIDTH:
+        if isinstance(v, dict):
+            return ("dict", tuple((repr(k), _value(x, owned, depth + 1)) for k, x in v.items()))
+        items = (
+            sorted(map(repr, v))
+            if isinstance(v, set | frozenset)
+            else [_value(x, owned, depth + 1) for x in v]
+        )
+        return (type(v).__name__, tuple(items))
+    return ("object", type(v).__qualname__)
+
+
+def _data(namespace: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """A namespace's data: not its modules, functions, classes or dunder names (Python's own, such
+    as a module's ``__warningregistry__``, which the first warning of a step fills)."""
+    for name, v in namespace.items():
+        if name.startswith("__") or isinstance(v, types.ModuleType | types.FunctionType | type):
+            continue
+        if isinstance(v, types.BuiltinFunctionType | functools.partial | nn.Module):
+            continue
+        yield name, v
+
+
+def _function(f: Callable[..., Any], where: str) -> Iterator[tuple[str, Any]]:
+    """The data a task's function holds (its closure, its object, a partial's arguments) and its
+    module's globals."""
+    if isinstance(f, functools.partial):
+        yield from ((f"{where}.args[{i}]", a) for i, a in enumerate(f.args))
+        yield from ((f"{where}.{k}", a) for k, a in f.keywords.items())
+        yield from _function(f.func, where)
+        return
+    owner = getattr(f, "__self__", None)
+    if (
+        owner is not None
+        and not isinstance(owner, nn.Module | types.ModuleType)
+        and hasattr(owner, "__dict__")
+    ):
+        yield from ((f"{where}.{k}", v) for k, v in _data(vars(owner)))
+    code = getattr(f, "__code__", None)
+    cells = getattr(f, "__closure__", None) or ()
+    if code is not None:
+        for name, cell in zip(code.co_freevars, cells, strict=False):
+            try:
+                v = cell.cell_contents
+            except ValueError:  # not yet bound
+                continue
+            if not isinstance(v, types.ModuleType | types.FunctionType | type | nn.Module):
+                yield f"{where} (its closure's {name})", v
+    module = getattr(f, "__module__", None) or "?"
+    namespace = getattr(f, "__globals__", None)
+    if isinstance(namespace, dict):
+        yield from ((f"{module}.{k}", v) for k, v in _data(namespace))
+
+
+def carried(
+    model: nn.Module, functions: dict[str, Callable[..., Any] | None], libraries: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """What ``model`` and the task's ``functions`` (by role: ``loss``, ``collate``) hold that a
+    step could leave for the next, by where it lives (the module docstring). A module of a class
+    from ``libraries`` (top-level import names: torch's, vgame's, those the task declares) is not
+    walked itself, only its children."""
+    found: dict[str, Any] = {}
+    owned = frozenset(id(t) for t in (*model.parameters(), *model.buffers()))
+    for prefix, module in model.named_modules():
+        if type(module).__module__.partition(".")[0] in libraries:
+            continue
+        at = f"model.{prefix}." if prefix else "model."
+        for name, v in vars(module).items():
+            if name not in _TORCH_OWN and not isinstance(v, nn.Module):
+                found[at + name] = _value(v, owned)
+    for role, f in functions.items():
+        if f is not None:
+            for where, v in _function(f, role):
+                found.setdefault(where, _value(v, owned))
+    return found
+
+
+_ABSENT = "(absent)"
+
+
+def changed(first: dict[str, Any], now: dict[str, Any], ignored: frozenset[str] = frozenset()) -> list[str]:
+    """Where ``now`` differs from ``first`` (a value changed, came or went), ``ignored`` aside."""
+    if now == first:
+        return []
+    keys = (now.keys() | first.keys()) - ignored
+    return sorted(k for k in keys if now.get(k, _ABSENT) != first.get(k, _ABSENT))
+
+
+def in_model(key: str) -> bool:
+    """Whether a :func:`carried` key is a module's attribute (a function's data otherwise)."""
+    return key.startswith("model.")
+
+
+def refusal(
+    first: dict[str, Any], now: dict[str, Any], keys: list[str], first_step: int, step: int, why: str = ""
+) -> CarriedStateError:
+    """The error naming what changed (``keys``) between the model's first step here
+    (``first_step``) and step ``step``; ``why``: what showed it matters, where something did."""
+    shown = "; ".join(
+        f"{k}: {_shown(first.get(k, _ABSENT))} at step {first_step}, {_shown(now.get(k, _ABSENT))} now"
+        for k in keys[:3]
+    )
+    more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
+    return CarriedStateError(
+        f"step {step}: the task's model or loss carries Python state from step to step, outside the "
+        f"state a step commits ({shown}{more}){why}. A judge re-running a step from its committed "
+        "state, or an auditor starting from a checkpoint, starts without it, and would rule an honest "
+        "step wrong: keep such a value in a persistent buffer (self.register_buffer('calls', "
+        "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
+    )
+
+
+_AFRESH = ": in a model built afresh from the state before it, as a judge's is,"
+
+
+@dataclass
+class _First:
+    """What a model carried at its first step on an engine."""
+
+    model: weakref.ref[nn.Module]
+    step: int
+    values: dict[str, Any]
+    ignored: frozenset[str] = frozenset()  # shown not to reach a step's work (run afresh)
+
+
+class Watch:
+    """One step engine's watch over what its task's model and functions carry from step to step."""
+
+    def __init__(self, runtime: TaskRuntime) -> None:
+        self.runtime = runtime
+        self._first: _First | None = None
+        self._pending: tuple[list[str], dict[str, Any]] = ([], {})  # changed keys, their values
+
+    def before(self, state: TrainState, step: int, mode: str) -> bytes | None:
+        """What step ``step`` starts with against what the model's first step here started with.
+        A function's data that changed is refused at once (a model built afresh in this process
+        would share it). A module's attribute that changed is to be judged: in a record, the
+        state's bytes before the step are returned, for :meth:`judge` once the step has run;
+        elsewhere (a replay of a recorded run) it is taken as the trainer's was."""
+        task = self.runtime.task
+        now = carried(state.model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries)
+        first = self._first
+        if first is None or first.model() is not state.model:
+            self._first = _First(weakref.ref(state.model), step, now)
+            return None
+        keys = changed(first.values, now, first.ignored)
+        if not keys:
+            return None
+        outside = [k for k in keys if not in_model(k)]
+        if outside:
+            raise refusal(first.values, now, outside, first.step, step)
+        if mode != "record":
+            first.ignored |= frozenset(keys)
+            return None
+        self._pending = (keys, now)
+        return encode_state(state)
+
+    def judge(self, step: int, leaf: bytes, afresh: Callable[[], bytes]) -> None:
+        """The step's ``leaf`` against ``afresh()``, its leaf as a judge computes it in a model
+        built afresh: another leaf (or a log that does not fit there) means the changed
+        attributes reach the step's work, and the step is refused naming them; the same leaf
+        means they do not, and they are compared no more."""
+        first, (keys, now) = self._first, self._pending
+        assert first is not None
+        try:
+            again = afresh()
+        except TrainingError as exc:
+            why = f"{_AFRESH} the step does not fit its own log ({exc})"
+            raise refusal(first.values, now, keys, first.step, step, why) from exc
+        if again != leaf:
+            raise refusal(
+                first.values, now, keys, first.step, step, f"{_AFRESH} the step computes another state"
+            )
+        first.ignored |= frozenset(keys)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+__all__ = ["Watch", "carried", "changed", "in_model", "refusal"]
