@@ -48,7 +48,7 @@ class OpClass(enum.Enum):
 # --------------------------------------------------------------------------------------------------
 
 #: Ops that only move, select or create values: their float outputs are bit copies of their inputs
-#: (or constants on every grid). Views are recognised from the schema and need not be listed.
+#: (``complex`` packs two as one's lanes) or grid constants. Views are known from the schema.
 MOVE_OPS: frozenset[str] = frozenset(
     {
         "clone", "contiguous", "copy", "_copy_from", "_copy_from_and_resize", "lift_fresh_copy",
@@ -61,8 +61,7 @@ MOVE_OPS: frozenset[str] = frozenset(
         "t_copy", "transpose_copy", "permute_copy", "expand_copy", "slice_copy", "select_copy",
         "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy", "split_copy", "unbind_copy",
         "split_with_sizes_copy", "narrow_copy", "im2col", "sort", "topk", "max_pool2d_with_indices",
-        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin",
-        "complex",  # two real tensors as the (real, imaginary) lanes of one: a bit copy
+        "max_pool3d_with_indices", "one_hot", "nonzero", "argmax", "argmin", "complex",
         "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
         # in-place views (t_, transpose_, ...: their schema marks a write, so they are not caught as views)
         "t", "transpose", "swapaxes", "swapdims", "squeeze", "unsqueeze", "as_strided",

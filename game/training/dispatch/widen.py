@@ -23,7 +23,8 @@ call runs as its float64 twin alone, whose float64 results are the op's.
 The Python dispatch mode and the model's construction call here; the C++ front
 (``native/front.cpp``, ``widen_stack`` and ``default_twin``) does the same on its boxed stack, and
 the two must agree. Half and bfloat16 are not widened in a step, where an op with such a result
-stays refused; at construction they are (:data:`AT_CONSTRUCTION`).
+stays refused, but for a call that mixes them with float64 (:data:`MIXED`); at construction they
+are (:data:`AT_CONSTRUCTION`).
 """
 
 from __future__ import annotations
