@@ -4,9 +4,11 @@ Why: a judge re-runs step ``k`` in a model built afresh with the committed state
 that counted its calls in a Python attribute trained and audited from step 1 in one process, yet
 the judge's re-run of step 3 differed from the trainer's (its counter was 0, the trainer's 2): an
 honest trainer would lose any dispute over a later step, which a dishonest auditor could open on
-purpose. The trainer now stops at step 2, naming the value (a module's attribute once a model
-built afresh, as a judge's, computes the step otherwise); state kept where a step commits it, or
-that does not reach a step's work, trains, and the judge agrees.
+purpose. A running mean kept in a buffer registered with ``persistent=False`` did the same (the
+state commits only persistent buffers). The trainer now stops at step 2, naming the value (a
+module's attribute or non-persistent buffer once a model built afresh, as a judge's, computes the
+step otherwise); state kept where a step commits it, or that does not reach a step's work, trains,
+and the judge agrees.
 """
 
 from __future__ import annotations
@@ -60,6 +62,25 @@ CARRIED = {
         ),
         r"loss \(its closure's seen\)",
     ),
+    "buffer_not_persistent": (  # a running mean in a buffer left out of the state_dict
+        _body(
+            "        h = torch.tanh(self.a(x))\n"
+            "        with torch.no_grad():\n"
+            "            self.ema.mul_(0.9).add_(0.1 * h.mean(0))\n"
+            "        return self.b(h - self.ema)",
+            "        self.register_buffer('ema', torch.zeros(hidden, dtype=torch.float64), persistent=False)\n",
+        ),
+        r"model\.ema \(a non-persistent buffer\): tensor\[8\] float64 @\w+ version 0 at step 1",
+    ),
+    "buffer_not_persistent_rebound": (  # the same, a new tensor put in the buffer's place
+        _body(
+            "        h = torch.tanh(self.a(x))\n"
+            "        self.ema = (0.9 * self.ema + 0.1 * h.mean(0)).detach()\n"
+            "        return self.b(h - self.ema)",
+            "        self.register_buffer('ema', torch.zeros(hidden, dtype=torch.float64), persistent=False)\n",
+        ),
+        r"model\.ema \(a non-persistent buffer\)",
+    ),
     "module_global": (
         _body(
             loss="        loss=counted,\n",
@@ -79,16 +100,22 @@ def test_stateCarriedFromStepToStep_stopsTheTrainerAtStep2_namingIt(tmp_path: Pa
     cfg = load_config(tmp_path / "task.toml").replace(steps=3)
     with pytest.raises(CarriedStateError, match=rf"step 2: .*{where}.*persistent buffer") as raised:
         train(cfg, "cpu-1t", tmp_path / "t")
-    if kind in ("attribute", "cache_tensor"):  # shown to matter by running the step afresh
+    if kind in (
+        "attribute",
+        "cache_tensor",
+        "buffer_not_persistent",
+        "buffer_not_persistent_rebound",
+    ):  # shown to matter by running the step afresh
         assert "afresh" in str(raised.value)
 
 
 def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees(tmp_path: Path) -> None:
     """The same counter in a buffer is committed with each step's state, as are an LSTM's
     parameters (which it also holds in a plain list); a teacher put in eval mode inside the loss
-    is the same at every step's start. A value kept for a plot (the last hidden activations) and a
-    cache made of exact ops change what the model holds, but a model built afresh computes the
-    step alike (the trainer runs the step again so, once): they train. The judge's re-run of
+    is the same at every step's start, and a non-persistent buffer only read is a constant. A value
+    kept for a plot (the last hidden activations), a cache made of exact ops and a non-persistent
+    mask written again with the same values change what the model holds, but a model built afresh
+    computes the step alike (the trainer runs the step again so, once): they train. The judge's re-run of
     steps 3 and 4 from their committed states gives the trainer's leaves."""
     body = _body(
         "        self.calls += 1\n"
@@ -96,8 +123,12 @@ def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees
         "            self.halves = torch.ones(3, dtype=x.dtype) * 0.5\n"
         "        h, _ = self.r(torch.tanh(self.a(x))[:, None, :])\n"
         "        self.seen = h.detach()\n"
-        "        return self.b(h[:, 0]) * (1 + 0.01 * self.calls) * self.halves + 0.1 * self.t(x)",
+        "        self.keep.fill_(1.0)\n"
+        "        return self.b(h[:, 0]) * (1 + 0.01 * self.calls) * self.halves * self.keep * self.scale"
+        " + 0.1 * self.t(x)",
         "        self.register_buffer('calls', torch.zeros((), dtype=torch.float64))\n"
+        "        self.register_buffer('keep', torch.ones(3, dtype=torch.float64), persistent=False)\n"
+        "        self.register_buffer('scale', torch.full((3,), 0.5, dtype=torch.float64), persistent=False)\n"
         "        self.r = nn.LSTM(hidden, hidden, batch_first=True)\n"
         "        self.t = nn.Linear(4, 3).requires_grad_(False)\n",
         loss='        loss=lambda m, b: F.cross_entropy(m.t.eval() and m(b["x"]), b["y"]),\n',

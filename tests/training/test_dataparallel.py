@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from game.api import fit
-from game.errors import ConfigError, TrainingError, TranscriptError
+from game.errors import CarriedStateError, ConfigError, TrainingError, TranscriptError
 from game.training.engine.audit import audit
 from game.training.engine.train import TrainResult, train
 from game.training.parallel.dataparallel import assignment, check_workers
@@ -25,8 +25,10 @@ from game.training.parallel.launch import MESSAGES_NAME, _Relay, launch, pid_nam
 from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.reader import steps_on_disk
 from tests.training.helpers import file_tree
+from tests.training.test_carried import _body
 from tests.training.test_cli_training import vgame
 from tests.training.test_step import SMALL, small_cfg
+from tests.training.test_task_api import make_plugin
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_task"
 M = 4
@@ -121,6 +123,30 @@ def test_aRanksOwnError_reachesTheLauncherAsItself(tmp_path: Path) -> None:
     with pytest.raises(TranscriptError, match=r"another task.*\(rank 0 of 2\)$"):
         launch(_cfg("mlp-digits"), "cpu-1t", out, 2)
     assert file_tree(out) == before
+
+
+def test_aModelCarryingStateFromStepToStep_onTwoWorkers_stopsAtStep2_asInOneProcess(tmp_path: Path) -> None:
+    """The carried-state watch (engine/carried.py) on the data-parallel path: rank 0 looks at its
+    model at each step's start as one process does. A call counter in an attribute (which a judge's
+    model built afresh starts at 0) stops the launch at step 2 naming it; the last activations kept
+    for a plot change the model too, but the step run afresh agrees, and the two workers write the
+    one-process transcript."""
+    counted = _body(
+        "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
+        "        self.calls = 0\n",
+    )
+    make_plugin(tmp_path / "counted", counted)
+    cfg = load_config(tmp_path / "counted" / "task.toml").replace(accumulate=2, steps=3)
+    with pytest.raises(CarriedStateError, match=r"step 2: .*model\.calls: 0 at step 1, 1 now.*afresh"):
+        launch(cfg, "cpu-1t", tmp_path / "counted" / "t", 2)
+    kept = _body(
+        "        h = torch.tanh(self.a(x))\n        self.seen = h.detach()\n        return self.b(h)"
+    )
+    make_plugin(tmp_path / "kept", kept)
+    cfg = load_config(tmp_path / "kept" / "task.toml").replace(accumulate=2, steps=3)
+    one = train(cfg, "cpu-1t", tmp_path / "kept" / "one")
+    two = launch(cfg, "cpu-1t", tmp_path / "kept" / "two", 2).result
+    assert (two.state_root, two.log_root) == (one.state_root, one.log_root)
 
 
 def test_aWorkerCountThatDoesNotDivideTheMicroBatches_isOneError() -> None:

@@ -24,9 +24,11 @@ shape and dtype: the engine writes those in place); any other object by its type
 a model's config object is its construction's). The modules of libraries (torch's, vgame's, those
 the task declares, whose versions the spec binds) are trusted to keep nothing a step needs from the
 one before: they set flags a fresh model sets again on its first call (transformers marks hooks it
-installs), which is no difference to a judge. Buffers themselves are the state when persistent, and
-constants when not (the engine puts them all back before each micro-batch); a model that changes a
-non-persistent buffer is not caught here.
+installs), which is no difference to a judge. Persistent buffers are the state. A non-persistent
+buffer (every module's, libraries' too) is outside it, so it is compared as an attribute is: by the
+tensor it is and that tensor's in-place version, which a running mean kept in one (``ema.mul_(0.9)``)
+or a new tensor put in its place (``self.ema = ...``) moves, with no read of its values (no host sync
+on a GPU); a rewrite that leaves it as it was shows the same leaf when run afresh, and is let be.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import types
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from torch import Tensor, nn
@@ -78,6 +80,22 @@ def _value(v: Any, owned: frozenset[int] = frozenset(), depth: int = 0) -> Any:
         )
         return (type(v).__name__, tuple(items))
     return ("object", type(v).__qualname__)
+
+
+class _Buffer(NamedTuple):
+    """A non-persistent buffer as compared: which tensor object it is and its in-place version."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    tensor: int  # id() of the tensor object
+    version: int
+
+    @classmethod
+    def of(cls, b: Tensor) -> _Buffer:
+        return cls(tuple(b.shape), str(b.dtype).removeprefix("torch."), id(b), b._version)
+
+    def __repr__(self) -> str:
+        return f"tensor{list(self.shape)} {self.dtype} @{self.tensor:x} version {self.version}"
 
 
 def _data(namespace: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -132,6 +150,10 @@ def carried(
     found: dict[str, Any] = {}
     owned = frozenset(id(t) for t in (*model.parameters(), *model.buffers()))
     for prefix, module in model.named_modules():
+        for name in module._non_persistent_buffers_set:
+            b = module._buffers.get(name)
+            where = f"model.{prefix}.{name}" if prefix else f"model.{name}"
+            found[f"{where} (a non-persistent buffer)"] = None if b is None else _Buffer.of(b)
         if type(module).__module__.partition(".")[0] in libraries:
             continue
         at = f"model.{prefix}." if prefix else "model."

@@ -257,6 +257,18 @@ class StepEngine:
 
         return cuda_kernels.runs_on(torch.device(self.profile.device))
 
+    def carried_before(self, state: TrainState, step: int) -> bytes | None:
+        """For a runner that records a step of its own (the data-parallel rank 0): what the model
+        carries at ``step``'s start, as :meth:`run_step` looks (:meth:`.carried.Watch.before`, in
+        record mode); the bytes to hand :meth:`carried_judge` once the step has run, or None."""
+        return self._watch.before(state, step, "record")
+
+    def carried_judge(self, state: TrainState, step: int, before: bytes, chunk: ChunkLog) -> None:
+        """The step such a runner recorded (``chunk``; ``state`` after it) against the same step
+        run afresh from ``before``, as :meth:`run_step` judges a changed attribute."""
+        leaf = state_hash(state)
+        self._watch.judge(step, leaf, lambda: self._rerun_afresh(before, step, chunk, None))
+
     def _rerun_afresh(self, before: bytes, step: int, log: ChunkLog, batch: Batch | None) -> bytes:
         """Step ``step``'s leaf as a judge computes it: on an engine and a model of its own, built
         afresh from the state before it (``before``), with the step's log chunk as committed (and

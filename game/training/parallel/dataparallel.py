@@ -123,12 +123,15 @@ class DataParallel(StepRunner):
     ) -> float | None:
         if type(dev) is not Deviation:
             raise ConfigError("a deviation (a dishonest trainer) runs in one process, not on many workers")
+        judged = engine.carried_before(state, step)  # rank 0's model stands for every rank's
         gathered = self._micro_batches(state, step)
         assert gathered is not None  # rank 0
         cfg = engine.cfg
         update = apply_update(engine, state, fold_grads([r.grads for r in gathered], cfg.bits), step)
         self._share_update(state)  # the others start the next step while this one is written
         chunk = merge_logs(cfg.log_format, step, [r.segment for r in gathered] + [update])
+        if judged is not None:
+            engine.carried_judge(state, step, judged, chunk)
         queue_step(writer, step, state, chunk)
         self.step_ends.append(time.perf_counter())
         return sum(r.loss for r in gathered) / len(gathered)
