@@ -109,6 +109,27 @@ def test_stateCarriedFromStepToStep_stopsTheTrainerAtStep2_namingIt(tmp_path: Pa
         assert "afresh" in str(raised.value)
 
 
+def test_aCounterThatSwitchesABranchOnAfterAWarmUp_isJudgedAgain_andStopsTheTrainerByTheLastStep(
+    tmp_path: Path,
+) -> None:
+    """A counter that reaches the work only from step 5 on is harmless at step 2, where the
+    trainer first runs a step afresh; judged again at each power of two and at the last step, it
+    stops the run at step 6, the last (it trained to the end before, and the judge's re-run of
+    step 5 ruled the honest trainer wrong)."""
+    body = _body(
+        "        self.calls += 1\n"
+        "        h = torch.tanh(self.a(x))\n"
+        "        if self.calls > 4:\n"
+        "            h = h * 1.5\n"
+        "        return self.b(h)",
+        "        self.calls = 0\n",
+    )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=6)
+    with pytest.raises(CarriedStateError, match=r"step 6: .*model\.calls: 0 at step 1, 5 now.*afresh"):
+        train(cfg, "cpu-1t", tmp_path / "t")
+
+
 def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees(tmp_path: Path) -> None:
     """The same counter in a buffer is committed with each step's state, as are an LSTM's
     parameters (which it also holds in a plain list); a teacher put in eval mode inside the loss

@@ -12,7 +12,8 @@ started with (:class:`Watch`): a function's data that changed is refused at once
 afresh in this process would share it); a module's attribute that changed may not reach the step's
 work (a value kept for a plot), so the trainer runs that step again in a model built afresh, as a
 judge would, and is stopped only where that gives another leaf. It learns it at step 2, before it
-commits the run's roots.
+commits the run's roots; a value shown harmless so is judged again at each power of two and at the
+last step (one that reaches the work only after a warm-up).
 
 What is compared (:func:`carried`): the own attributes of every module of the task's own classes
 (torch's bookkeeping aside: hooks, submodules, the ``training`` flag, which the engine sets each
@@ -235,7 +236,7 @@ class Watch:
         if first is None or first.model() is not state.model:
             self._first = _First(weakref.ref(state.model), step, now)
             return None
-        keys = changed(first.values, now, first.ignored)
+        keys = changed(first.values, now, frozenset() if self._rejudges(step) else first.ignored)
         if not keys:
             return None
         outside = [k for k in keys if not in_model(k)]
@@ -247,11 +248,18 @@ class Watch:
         self._pending = (keys, now)
         return encode_state(state)
 
+    def _rejudges(self, step: int) -> bool:
+        """Whether attributes shown harmless before are judged again at ``step``: at each power of
+        two and at the run's last step. A value may reach a step's work only later (a counter that
+        switches a branch on after a warm-up): judged again so, a switch that stays on is found
+        by the last step at the latest, for log2(steps) + 1 steps run twice."""
+        return step & (step - 1) == 0 or step == self.runtime.cfg.steps
+
     def judge(self, step: int, leaf: bytes, afresh: Callable[[], bytes]) -> None:
         """The step's ``leaf`` against ``afresh()``, its leaf as a judge computes it in a model
         built afresh: another leaf (or a log that does not fit there) means the changed
         attributes reach the step's work, and the step is refused naming them; the same leaf
-        means they do not, and they are compared no more."""
+        means they do not, and they are judged again only at the steps :meth:`_rejudges` names."""
         first, (keys, now) = self._first, self._pending
         assert first is not None
         try:
