@@ -699,6 +699,8 @@ UNSEEDED: dict[str, Callable[[int], np.ndarray]] = {
     "Generator(PCG64())": lambda n: np.random.Generator(np.random.PCG64()).random(n),
     "RandomState()": lambda n: np.random.RandomState().random_sample(n),
     "random.Random()": lambda n: np.array([random.Random().random() for _ in range(n)]),
+    "random.seed()": lambda n: (random.seed(), np.array([random.random() for _ in range(n)]))[1],
+    "np.random.seed()": lambda n: (np.random.seed(), np.random.random_sample(n))[1],
 }
 
 

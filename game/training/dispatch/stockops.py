@@ -91,7 +91,9 @@ class SeededGlobals:
     trainer's audit failed with nothing naming the cause. The seed is taken where both ask for it
     (numpy's ``SeedSequence`` entropy, ``numpy.random.bit_generator.randbits``, and
     ``random.Random.seed`` given none), not where a name points: code that imported ``default_rng``
-    by name before the step is served too. Only the scope's own thread is: another thread's
+    by name before the step is served too. Python's ``random.seed()`` is a method bound when
+    ``random`` was imported, so the module's name is served as well (one imported by name before
+    the step, ``from random import seed``, is not). Only the scope's own thread is: another thread's
     generators (the transcript writer's, ``tempfile``'s names) keep the operating system's seeds.
     The words are the same on every machine (PCG64's, the Mersenne Twister's)."""
 
@@ -100,8 +102,8 @@ class SeededGlobals:
         self._saved: tuple[Any, ...] | None = None
 
     def __enter__(self) -> SeededGlobals:
-        randbits, seed = getattr(bit_generator, _ENTROPY), random.Random.seed
-        self._saved = (random.getstate(), np.random.get_state(), randbits, seed)
+        randbits, seed, module_seed = getattr(bit_generator, _ENTROPY), random.Random.seed, random.seed
+        self._saved = (random.getstate(), np.random.get_state(), randbits, seed, module_seed)
         random.seed(int.from_bytes(self.state, "big"))
         np.random.seed(np.frombuffer(self.state, dtype="<u4"))
         entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + self.state).digest())
@@ -115,8 +117,12 @@ class SeededGlobals:
                 a = entropy.getrandbits(256)
             seed(self, a, version)
 
+        def served_module_seed(a: Any = None, version: int = 2) -> None:  # ``random.seed``: bound at import
+            served_seed(getattr(module_seed, "__self__"), a, version)  # noqa: B009 (typeshed: a function)
+
         setattr(bit_generator, _ENTROPY, served_randbits)
         random.Random.seed = served_seed  # type: ignore[method-assign]
+        random.seed = served_module_seed
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -125,6 +131,7 @@ class SeededGlobals:
             np.random.set_state(self._saved[1])
             setattr(bit_generator, _ENTROPY, self._saved[2])
             random.Random.seed = self._saved[3]  # type: ignore[method-assign]
+            random.seed = self._saved[4]
             self._saved = None
 
 
