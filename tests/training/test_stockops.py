@@ -475,7 +475,6 @@ def test_multinomial_neverPicksAZeroWeight_andWithoutReplacementPicksDistinct() 
     [
         lambda: torch.poisson(torch.ones(3)),
         lambda: torch.binomial(torch.full((3,), 4.0), torch.full((3,), 0.5)),
-        lambda: torch._standard_gamma(torch.ones(3)),
     ],
 )
 def test_transcendentalDraws_areRefusedNamingTheFunction(draw: Callable[[], Any]) -> None:

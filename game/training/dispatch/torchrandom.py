@@ -20,9 +20,9 @@ decide it.
 ``geometric_`` (``ceil`` of a ratio of logarithms) are written out the same way, their
 transcendental function an ordinary op.
 
-Refused, with :class:`~game.errors.UnsupportedOpError`: the other draws that need a transcendental
-function (``poisson``, ``binomial``, gamma and Dirichlet samples: rejection samplers whose number
-of tries a last-ulp difference changes), whose float64 results differ between math libraries.
+Gamma, Beta and Dirichlet samples are served by a rejection sampler written out so
+(:mod:`~game.training.dispatch.gammas`). Refused, with :class:`~game.errors.UnsupportedOpError`:
+``poisson`` and ``binomial`` (integer counts from torch's transcendental samplers).
 
 Anything a handler does not recognise (an unusual keyword, a meta tensor, an integer dtype where a
 float is drawn) goes to torch as called: if it draws, the interceptor refuses it at the ATen level.
@@ -464,7 +464,7 @@ def _geometric_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, An
 # Refused: the other draws that need a transcendental function
 # --------------------------------------------------------------------------------------------------
 
-_TRANSCENDENTAL = (torch.poisson, torch.binomial, torch._standard_gamma, torch._sample_dirichlet)
+_TRANSCENDENTAL = (torch.poisson, torch.binomial)  # gamma and Dirichlet: dispatch/gammas.py
 
 
 @serves(*_TRANSCENDENTAL)
