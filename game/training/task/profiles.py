@@ -49,6 +49,7 @@ class Profile:
     split_k: int | None = None  # chunk length of emulated split-K reductions; None: torch's own op kernels
     noise: float = 0.0  # bound of the relative perturbation of inexact results; 0: none
     noise_seed: int | None = None  # seed of the perturbation; None: fresh randomness per generator
+    flips_vectors: bool = False  # every other eigenvector / singular-vector pair negated (another LAPACK)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.noise < 1.0 or not math.isfinite(self.noise):
@@ -84,7 +85,7 @@ class Profile:
     @property
     def emulates(self) -> bool:
         """Whether :meth:`compute` or :meth:`perturb` differ from the native op."""
-        return self.split_k is not None or self.noise > 0.0
+        return self.split_k is not None or self.noise > 0.0 or self.flips_vectors
 
     @contextlib.contextmanager
     def apply(self) -> Iterator[None]:
@@ -113,6 +114,8 @@ class Profile:
 
     def compute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run an inexact op the way this machine would: native, or with split-K summation order."""
+        if self.flips_vectors and func in _FLIPPED:
+            return _FLIPPED[func](func(*args, **kwargs))
         if self.split_k is not None:
             impl = _SPLITK.get(func)
             if impl is not None:
@@ -157,6 +160,31 @@ class NoiseSource:
             t.mul_(factor)
         else:
             t.copy_(t.to(torch.float64).mul_(factor))
+
+
+def _flip_eigh(out: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """``_linalg_eigh``'s (L, Q) with every other eigenvector negated: a valid answer, which
+    another LAPACK build or cuSOLVER may give."""
+    values, vectors = out
+    vectors = vectors.clone()
+    vectors[..., :, 1::2] *= -1.0
+    return values, vectors
+
+
+def _flip_svd(out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """``_linalg_svd``'s (U, S, Vh) with every other pair of singular vectors negated together."""
+    u, s, vh = out
+    u, vh = u.clone(), vh.clone()
+    u[..., :, 1::2] *= -1.0
+    vh[..., 1::2, :] *= -1.0
+    return u, s, vh
+
+
+#: Ops whose vectors another machine may give with other signs (``flips_vectors``).
+_FLIPPED: dict[Any, Callable[[Any], Any]] = {
+    torch.ops.aten._linalg_eigh.default: _flip_eigh,
+    torch.ops.aten._linalg_svd.default: _flip_svd,
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,8 +310,10 @@ _PROFILES: Registry[Profile] = Registry(
             ),
             Profile(
                 "noisy",
-                "CPU, every inexact float64 result perturbed by a random relative 2^-40 (stress)",
+                "CPU, every inexact float64 result perturbed by a random relative 2^-40, every other "
+                "eigenvector and singular-vector pair negated (stress)",
                 noise=DEFAULT_NOISE,
+                flips_vectors=True,
             ),
             Profile("cuda", "CUDA GPU, cuDNN off (its BatchNorm is another op sequence)", device="cuda"),
         )
