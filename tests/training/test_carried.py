@@ -13,6 +13,7 @@ and the judge agrees.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -109,37 +110,44 @@ def test_stateCarriedFromStepToStep_stopsTheTrainerAtStep2_namingIt(tmp_path: Pa
         assert "afresh" in str(raised.value)
 
 
-def test_aCounterThatSwitchesABranchOnAfterAWarmUp_isJudgedAgain_andStopsTheTrainerByTheLastStep(
-    tmp_path: Path,
+@pytest.mark.parametrize(("switch", "stop"), [("self.calls > 4", 5), ("self.calls % 3 == 0", 3)])
+def test_aCounterThatSwitchesABranchOnLater_isJudgedAgain_andStopsTheTrainerWhereItFirstMatters(
+    tmp_path: Path, switch: str, stop: int
 ) -> None:
-    """A counter that reaches the work only from step 5 on is harmless at step 2, where the
-    trainer first runs a step afresh; judged again at each power of two and at the last step, it
-    stops the run at step 6, the last (it trained to the end before, and the judge's re-run of
-    step 5 ruled the honest trainer wrong)."""
+    """A counter that reaches the work only after a warm-up, or every third step, is harmless at
+    step 2, where the trainer first runs a step afresh; a number, it is judged again at every step
+    where it changed, and stops the run at the first step it matters (it trained to the end
+    before, and the judge's re-run of such a step ruled the honest trainer wrong)."""
     body = _body(
         "        self.calls += 1\n"
         "        h = torch.tanh(self.a(x))\n"
-        "        if self.calls > 4:\n"
+        f"        if {switch}:\n"
         "            h = h * 1.5\n"
         "        return self.b(h)",
         "        self.calls = 0\n",
     )
     make_plugin(tmp_path, body)
     cfg = load_config(tmp_path / "task.toml").replace(steps=6)
-    with pytest.raises(CarriedStateError, match=r"step 6: .*model\.calls: 0 at step 1, 5 now.*afresh"):
+    with pytest.raises(
+        CarriedStateError, match=rf"step {stop}: .*model\.calls: 0 at step 1, {stop - 1} now.*afresh"
+    ):
         train(cfg, "cpu-1t", tmp_path / "t")
 
 
-def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees(tmp_path: Path) -> None:
+def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The same counter in a buffer is committed with each step's state, as are an LSTM's
     parameters (which it also holds in a plain list); a teacher put in eval mode inside the loss
     is the same at every step's start, and a non-persistent buffer only read is a constant. A value
-    kept for a plot (the last hidden activations), a cache made of exact ops and a non-persistent
-    mask written again with the same values change what the model holds, but a model built afresh
-    computes the step alike (the trainer runs the step again so, once): they train. The judge's re-run of
+    kept for a plot (the last hidden activations), a cache made of exact ops, a non-persistent
+    mask written again with the same values and a counter kept for a log line change what the
+    model holds, but a model built afresh computes the step alike (the trainer runs the step
+    again so): they train, the counter with one warning of what it costs. The judge's re-run of
     steps 3 and 4 from their committed states gives the trainer's leaves."""
     body = _body(
         "        self.calls += 1\n"
+        "        self.logged += 1\n"
         "        if not hasattr(self, 'halves'):\n"
         "            self.halves = torch.ones(3, dtype=x.dtype) * 0.5\n"
         "        h, _ = self.r(torch.tanh(self.a(x))[:, None, :])\n"
@@ -148,6 +156,7 @@ def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees
         "        return self.b(h[:, 0]) * (1 + 0.01 * self.calls) * self.halves * self.keep * self.scale"
         " + 0.1 * self.t(x)",
         "        self.register_buffer('calls', torch.zeros((), dtype=torch.float64))\n"
+        "        self.logged = 0\n"
         "        self.register_buffer('keep', torch.ones(3, dtype=torch.float64), persistent=False)\n"
         "        self.register_buffer('scale', torch.full((3,), 0.5, dtype=torch.float64), persistent=False)\n"
         "        self.r = nn.LSTM(hidden, hidden, batch_first=True)\n"
@@ -156,6 +165,9 @@ def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees
     )
     make_plugin(tmp_path, body)
     cfg = load_config(tmp_path / "task.toml").replace(steps=4, checkpoint_interval=1)
-    train(cfg, "cpu-1t", tmp_path / "t")
+    with caplog.at_level(logging.WARNING, logger="game.training.engine.carried"):
+        train(cfg, "cpu-1t", tmp_path / "t")
+    warned = [r.getMessage() for r in caplog.records if "model.logged changes" in r.getMessage()]
+    assert len(warned) == 1 and "persistent buffer" in warned[0]
     for step in (3, 4):
         assert replay_transcript_step(tmp_path / "t", step, "noisy").matches_transcript

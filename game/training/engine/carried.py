@@ -12,8 +12,9 @@ started with (:class:`Watch`): a function's data that changed is refused at once
 afresh in this process would share it); a module's attribute that changed may not reach the step's
 work (a value kept for a plot), so the trainer runs that step again in a model built afresh, as a
 judge would, and is stopped only where that gives another leaf. It learns it at step 2, before it
-commits the run's roots; a value shown harmless so is judged again at each power of two and at the
-last step (one that reaches the work only after a warm-up).
+commits the run's roots. A value shown harmless so is judged again: a plain number (a counter) at
+every step where it changed, since it may switch a branch on after a warm-up or every k steps;
+anything else at each power of two and at the last step.
 
 What is compared (:func:`carried`): the own attributes of every module of the task's own classes
 (torch's bookkeeping aside: hooks, submodules, the ``training`` flag, which the engine sets each
@@ -35,10 +36,11 @@ on a GPU); a rewrite that leaves it as it was shows the same leaf when run afres
 from __future__ import annotations
 
 import functools
+import logging
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -50,6 +52,8 @@ from game.training.state.canonical import encode_state
 if TYPE_CHECKING:
     from game.training.engine.runtime import TaskRuntime
     from game.training.state.tensors import TrainState
+
+log = logging.getLogger(__name__)
 
 #: torch's own bookkeeping in a module's ``__dict__``: hooks, parameter and submodule tables, the
 #: ``training`` flag (set by the engine before every step).
@@ -214,6 +218,7 @@ class _First:
     step: int
     values: dict[str, Any]
     ignored: frozenset[str] = frozenset()  # shown not to reach a step's work (run afresh)
+    numbers: dict[str, Any] = field(default_factory=dict)  # plain values so shown, as last judged
 
 
 class Watch:
@@ -237,6 +242,7 @@ class Watch:
             self._first = _First(weakref.ref(state.model), step, now)
             return None
         keys = changed(first.values, now, frozenset() if self._rejudges(step) else first.ignored)
+        keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, _ABSENT) != v)
         if not keys:
             return None
         outside = [k for k in keys if not in_model(k)]
@@ -250,9 +256,11 @@ class Watch:
 
     def _rejudges(self, step: int) -> bool:
         """Whether attributes shown harmless before are judged again at ``step``: at each power of
-        two and at the run's last step. A value may reach a step's work only later (a counter that
-        switches a branch on after a warm-up): judged again so, a switch that stays on is found
-        by the last step at the latest, for log2(steps) + 1 steps run twice."""
+        two and at the run's last step. A value may reach a step's work only later (a tensor kept
+        that a later branch reads): judged again so, a switch that stays on is found by the last
+        step at the latest, for log2(steps) + 1 steps run twice. A plain number (a counter, which
+        may switch a branch on after a warm-up or every k steps) is judged at every step where it
+        changed again (:attr:`_First.numbers`), with a warning that this costs a step each."""
         return step & (step - 1) == 0 or step == self.runtime.cfg.steps
 
     def judge(self, step: int, leaf: bytes, afresh: Callable[[], bytes]) -> None:
@@ -272,6 +280,20 @@ class Watch:
                 first.values, now, keys, first.step, step, f"{_AFRESH} the step computes another state"
             )
         first.ignored |= frozenset(keys)
+        numbers = {k: now[k] for k in keys if isinstance(now.get(k), _PLAIN)}
+        fresh = sorted(numbers.keys() - first.numbers.keys())
+        if fresh:
+            log.warning(
+                "step %d: %s change%s from step to step outside the state a step commits; each step "
+                "where %s again is run a second time, afresh, to show %s not reach the step's work: "
+                "keep such a value in a persistent buffer to save that time",
+                step,
+                ", ".join(fresh),
+                "s" if len(fresh) == 1 else "",
+                "it changes" if len(fresh) == 1 else "they change",
+                "it does" if len(fresh) == 1 else "they do",
+            )
+        first.numbers.update(numbers)
 
 
 def _shown(v: Any) -> str:
