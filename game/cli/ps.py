@@ -131,7 +131,8 @@ def ps_train(
         ray_session(),
         bar_progress(f"{mode} parameter server, {workers} workers: {cfg.preset}", as_json) as bar,
     ):
-        result = train_ps(cfg, profile, out, opts, progress=bar)
+        search = (config.resolve().parent,) if config is not None else ()
+        result = train_ps(cfg, profile, out, opts, progress=bar, search=search)
     doc: dict[str, Any] = {**result.to_dict(), "spec_hash": result.transcript.spec_hash.hex()}
     if as_json:
         emit_json(doc)

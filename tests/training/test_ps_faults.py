@@ -19,14 +19,18 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from game.errors import CarriedStateError  # noqa: E402
 from game.training.engine.audit import audit  # noqa: E402
 from game.training.engine.scheduled import train_scheduled  # noqa: E402
 from game.training.engine.train import train  # noqa: E402
 from game.training.ps.cluster import PsCluster, ray_session  # noqa: E402
 from game.training.ps.driver import MODES, PsOptions, PsResult, train_ps  # noqa: E402
 from game.training.ps.faults import Kill, plan_kills  # noqa: E402
-from game.training.task.config import TaskConfig  # noqa: E402
+from game.training.task.config import TaskConfig, load_config  # noqa: E402
+from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
+from tests.training.test_carried import _body  # noqa: E402
+from tests.training.test_task_api import make_plugin  # noqa: E402
 
 STEPS = 10
 
@@ -115,6 +119,72 @@ def test_workerKilled_costsAMicroBatch_notTheState(
 def test_asyncMode_onASyncTask_isRefusedNamingTheKey(cluster: PsCluster, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="max_staleness"):
         train_ps(_cfg(False), "cpu-1t", tmp_path / "t", PsOptions(mode="async"), cluster=cluster)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stateless"])
+def test_aUsersOwnTask_foundByItsConfigsDirectory_trainsOnTheActors_asOneProcessDoes(
+    cluster: PsCluster, mode: str, tmp_path: Path
+) -> None:
+    """A user's task beside its config file, outside the working directory: the actors' processes
+    (started by Ray, with their own search path) find it by the directory ``train_ps`` is given
+    (the CLI gives the config file's). Without it, its PluginError comes back at once; it came back
+    as "no answer from a restarted actor in 180 s", Ray restarting the worker whose constructor
+    raised without end."""
+    make_plugin(tmp_path / "own")
+    cfg = load_config(tmp_path / "own" / "task.toml").replace(
+        steps=4, accumulate=2, checkpoint_interval=2, max_staleness=2 if MODES[mode][0] else 0
+    )
+    result = train_ps(
+        cfg,
+        "cpu-1t",
+        tmp_path / "t",
+        PsOptions(mode=mode, workers=2),
+        cluster=cluster,
+        search=[tmp_path / "own"],
+    )
+    assert audit(tmp_path / "t", "noisy").match
+    if not MODES[mode][0]:  # synchronous: one process's roots
+        one = train(cfg, "cpu-1t", tmp_path / "one")
+        manifest = result.transcript.manifest
+        assert (manifest.state_root, manifest.log_root) == (one.state_root.hex(), one.log_root.hex())
+    make_plugin(tmp_path / "lost")
+    cfg = load_config(tmp_path / "lost" / "task.toml").replace(
+        steps=2, accumulate=2, max_staleness=cfg.max_staleness
+    )
+    with pytest.raises(PluginError, match="no module named"):
+        train_ps(cfg, "cpu-1t", tmp_path / "t2", PsOptions(mode=mode, workers=2), cluster=cluster)
+
+
+def test_aModelCarryingStateFromOneMicroBatchToTheNext_isRefusedOnTheWorkers(
+    cluster: PsCluster, tmp_path: Path
+) -> None:
+    """A worker's scratch model lives on from one micro-batch to the next, where the one-process
+    audit's and the judge's do not: a call counter there trained, and the honest trainer's audit
+    failed. The worker now watches it as a step engine does, and a counter that reaches the work
+    stops the run with CarriedStateError (raised as itself, not as Ray's wrapping); values kept for a plot
+    train, and audit."""
+    counted = _body(
+        "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
+        "        self.calls = 0\n",
+    )
+    make_plugin(tmp_path / "counted", counted)
+    cfg = load_config(tmp_path / "counted" / "task.toml").replace(steps=3, accumulate=2)
+    with pytest.raises(CarriedStateError, match=r"model\.calls: 0 at step 1, 1 now.*afresh"):
+        train_ps(
+            cfg,
+            "cpu-1t",
+            tmp_path / "t",
+            PsOptions(workers=2),
+            cluster=cluster,
+            search=[tmp_path / "counted"],
+        )
+    kept = _body(
+        "        h = torch.tanh(self.a(x))\n        self.seen = h.detach()\n        return self.b(h)"
+    )
+    make_plugin(tmp_path / "kept", kept)
+    cfg = load_config(tmp_path / "kept" / "task.toml").replace(steps=3, accumulate=2)
+    train_ps(cfg, "cpu-1t", tmp_path / "k", PsOptions(workers=2), cluster=cluster, search=[tmp_path / "kept"])
+    assert audit(tmp_path / "k", "noisy").match
 
 
 def test_recoveryBench_measuresEachModesLoss_andDrawsTheFigure(cluster: PsCluster, tmp_path: Path) -> None:

@@ -230,29 +230,35 @@ class Watch:
         self._pending: tuple[list[str], dict[str, Any]] = ([], {})  # changed keys, their values
 
     def before(self, state: TrainState, step: int, mode: str) -> bytes | None:
-        """What step ``step`` starts with against what the model's first step here started with.
-        A function's data that changed is refused at once (a model built afresh in this process
-        would share it). A module's attribute that changed is to be judged: in a record, the
-        state's bytes before the step are returned, for :meth:`judge` once the step has run;
-        elsewhere (a replay of a recorded run) it is taken as the trainer's was."""
+        """:meth:`look` at ``state``'s model before step ``step``; where something is to be judged,
+        the state's bytes before the step, for :meth:`judge` (by way of a re-run afresh) once the
+        step has run."""
+        return encode_state(state) if self.look(state.model, step, mode) else None
+
+    def look(self, model: nn.Module, step: int, mode: str) -> bool:
+        """What ``model`` holds as step ``step`` starts against what it held at its first step
+        here. A function's data that changed is refused at once (a model built afresh in this
+        process would share it). A module's attribute that changed is to be judged: in a record,
+        True, and :meth:`judge` is to be called once the step has run; elsewhere (a replay of a
+        recorded run) it is taken as the trainer's was."""
         task = self.runtime.task
-        now = carried(state.model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries)
+        now = carried(model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries)
         first = self._first
-        if first is None or first.model() is not state.model:
-            self._first = _First(weakref.ref(state.model), step, now)
-            return None
+        if first is None or first.model() is not model:
+            self._first = _First(weakref.ref(model), step, now)
+            return False
         keys = changed(first.values, now, frozenset() if self._rejudges(step) else first.ignored)
         keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, _ABSENT) != v)
         if not keys:
-            return None
+            return False
         outside = [k for k in keys if not in_model(k)]
         if outside:
             raise refusal(first.values, now, outside, first.step, step)
         if mode != "record":
             first.ignored |= frozenset(keys)
-            return None
+            return False
         self._pending = (keys, now)
-        return encode_state(state)
+        return True
 
     def _rejudges(self, step: int) -> bool:
         """Whether attributes shown harmless before are judged again at ``step``: at each power of

@@ -29,6 +29,7 @@ synchronous update runs the ops of :meth:`~.step.StepEngine.run_step`: the same 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 
 from game.errors import TrainingError
 from game.training.dispatch.modestate import Mode
+from game.training.engine import carried
 from game.training.engine.microbatch import Segment, apply_update, fold_grads, run_micro_batch
 from game.training.engine.runtime import Batch
 from game.training.engine.step import StepEngine
@@ -91,6 +93,7 @@ class UpdateEngine:
         self.poison = poison or {}  # data step -> the batch a dishonest trainer uses instead
         self._scratch: nn.Module | None = None
         self._batches: dict[int, list[Batch]] = {}
+        self._watch = carried.Watch(engine.runtime)  # what the scratch model carries (a worker's)
 
     # ---- inputs ----------------------------------------------------------------------------------
 
@@ -172,13 +175,44 @@ class UpdateEngine:
     # ---- under a rounding mode ------------------------------------------------------------------
 
     def record_micro(self, applied: Applied, weights: Weights) -> tuple[MicroWork, Segment]:
-        """A worker's micro-batch: its gradients and its segment of the log."""
+        """A worker's micro-batch: its gradients and its segment of the log. Its scratch model
+        lives on from one micro-batch to the next, where the one-process audit's and the judge's
+        do not: what it carries in between is watched as a step engine watches its model
+        (:class:`~.carried.Watch`), the micro-batch run again on a scratch model built afresh
+        where it changed."""
+        judged = self._watch.look(self.scratch, applied.micro.step, "record")
+        work, segment = self._record_micro(applied, weights)
+        if judged:
+            fresh = UpdateEngine(
+                StepEngine(self.cfg, self.engine.profile, checks=self.engine.checks), self.poison
+            )
+            self._watch.judge(
+                applied.micro.step,
+                self._digest(work, segment),
+                lambda: self._digest(*fresh._record_micro(applied, weights)),
+            )
+        return work, segment
+
+    def _record_micro(self, applied: Applied, weights: Weights) -> tuple[MicroWork, Segment]:
         m = applied.micro
         micro = self.micro_batch(m)
         self.load(weights)
         done = run_micro_batch(self.engine, self.scratch, m.step, m.index, micro, total=self.cfg.accumulate)
         buffers = {n: b.clone() for n, b in persistent_buffers(self.scratch).items()}
         return MicroWork(applied, done.grads, buffers, torch.tensor(done.loss)), done.segment
+
+    def _digest(self, work: MicroWork, segment: Segment) -> bytes:
+        """A micro-batch's results as bytes to compare: its gradients, buffers and log segment."""
+        h = hashlib.sha256()
+        for t in [*work.grads, *work.buffers.values()]:
+            h.update(
+                b"-"
+                if t is None
+                else t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+            )
+        if segment.log is not None:
+            h.update(segment.log.encode(0, self.cfg.spec_hash()))
+        return h.digest()
 
     def record_apply(self, state: TrainState, results: Sequence[MicroWork]) -> Segment:
         """The server's part of update ``state.step + 1``: the fold and the update, recorded."""

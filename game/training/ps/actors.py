@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,12 @@ class ServerBehind(TrainingError):
     """An update was handed to a server that holds another state: it died and came back since."""
 
 
-def _engine(config: dict[str, Any], profile: str, poison_steps: tuple[int, ...] = ()) -> UpdateEngine:
-    cfg = TaskConfig.from_dict(config)
+def _engine(
+    config: dict[str, Any], profile: str, poison_steps: tuple[int, ...] = (), search: Sequence[str] = ()
+) -> UpdateEngine:
+    """The engine of an assignment; ``search``: the directories a user's task is found in (its
+    config file's), which an actor's process, started by Ray elsewhere, knows only from here."""
+    cfg = TaskConfig.from_dict(config, search=tuple(Path(d) for d in search))
     engine = engine_for(cfg, profile)
     poison = {s: engine.runtime.poison(engine.batch(s), s) for s in poison_steps}
     return UpdateEngine(engine, poison)
@@ -109,7 +114,10 @@ class Worker:
         self.ue: UpdateEngine | None = None
         self._key: str | None = None
         self._cached: tuple[bytes, Weights] | None = None  # the last version's leaf and weights
-        self._take()
+        try:
+            self._take()
+        except Exception:  # raised again by reset(), to the driver: Ray restarts an actor whose
+            self.ue = None  # constructor raises without end, and the driver would wait in vain
 
     def _take(self) -> UpdateEngine:
         """The assigned engine (built again only when the assignment changed)."""
@@ -118,7 +126,9 @@ class Worker:
             raise TrainingError(f"no assignment at {self.assignment}")
         if text != self._key or self.ue is None:
             doc = json.loads(text)
-            self.ue = _engine(doc["config"], doc["profile"], tuple(doc.get("poison", ())))
+            self.ue = _engine(
+                doc["config"], doc["profile"], tuple(doc.get("poison", ())), doc.get("search", ())
+            )
             self._key, self._cached = text, None
         return self.ue
 
@@ -160,7 +170,10 @@ class Server:
     def __init__(self, assignment: str) -> None:
         self.assignment = Path(assignment)
         self._key: str | None = None
-        self.reset()
+        try:
+            self.reset()
+        except Exception:  # raised again by reset() when the driver asks (as a Worker's)
+            self._key = None
 
     def reset(self) -> int:
         """Take the assignment (:func:`assign`: the task, the profile, its home) and the state it
@@ -168,7 +181,7 @@ class Server:
         text = self.assignment.read_text("utf-8")
         doc = json.loads(text)
         if text != self._key:
-            self.ue = _engine(doc["config"], doc["profile"])
+            self.ue = _engine(doc["config"], doc["profile"], search=doc.get("search", ()))
             self._key = text
         self.home = Path(doc["home"])
         self.home.mkdir(parents=True, exist_ok=True)
@@ -240,6 +253,7 @@ def assign(path: Path, config: dict[str, Any], profile: str, **more: Any) -> Non
 def stateless_apply(
     config: dict[str, Any],
     profile: str,
+    search: Sequence[str],
     pid_file: str,
     entry: ScheduleEntry | None,
     state: bytes,
@@ -249,7 +263,7 @@ def stateless_apply(
     the new state's bytes there (a task killed midway is run again by Ray, from the same inputs).
     ``entry`` None warms a process up (its engine built, its kernels loaded) ahead of a run's clock:
     Ray runs the next task of the same function there."""
-    ue = _cached_engine(config, profile)
+    ue = _cached_engine(config, profile, search)
     if entry is None:
         ue.record_micro(Applied(MicroBatchId(1, 0), 0), weights_from_bytes(bytes(state)))
         return None, b""
@@ -257,10 +271,10 @@ def stateless_apply(
     return apply_outs(ue, decode_state(bytes(state), ue.cfg), entry, outs)
 
 
-def _cached_engine(config: dict[str, Any], profile: str) -> UpdateEngine:
+def _cached_engine(config: dict[str, Any], profile: str, search: Sequence[str] = ()) -> UpdateEngine:
     ue = _CACHE.get(profile) if _CACHE.get("config") == config else None
     if ue is None:
-        ue = _engine(config, profile)
+        ue = _engine(config, profile, search=search)
         _CACHE.clear()
         _CACHE.update({"config": config, profile: ue})
     return ue

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import ray
 import ray._private.worker as ray_worker
 
-from game.errors import TrainingError
+from game.errors import TrainingError, VGameError
 from game.training.ps.actors import Server, Worker, assign
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,21 @@ def _to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
         log.info("ray (%s): %s", data.get("pid", "?"), line)
 
 
+@contextmanager
+def own_errors() -> Iterator[None]:
+    """vgame's error raised in an actor (a task that does not load there, a model that carries
+    state from one micro-batch to the next) raised as itself, not as Ray's wrapping of it."""
+    try:
+        yield
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, VGameError):
+            raise exc.cause from None
+        raise
+
+
 def _reset(actor: Any) -> int:
-    return int(ray.get(actor.reset.remote()))
+    with own_errors():
+        return int(ray.get(actor.reset.remote()))
 
 
 class PsCluster:
@@ -86,14 +99,17 @@ class PsCluster:
         workers: int,
         homes: list[Path],
         poison: tuple[int, ...] = (),
+        search: Sequence[Path] = (),
     ) -> tuple[list[Any], list[Any]]:
         """``workers`` workers and a server for each of ``homes``, assigned ``config`` on
         ``profile`` (servers start from their home's newest checkpoint, else step 0), each reset
-        and answering. More actors are started when a run needs more than there are."""
+        and answering; ``search``: where a user's task is found (its config file's directory).
+        More actors are started when a run needs more than there are."""
+        where = [str(Path(d).resolve()) for d in search]
         for i in range(workers):
-            assign(self.home / f"worker-{i}.json", config, profile, poison=list(poison))
+            assign(self.home / f"worker-{i}.json", config, profile, poison=list(poison), search=where)
         for i, home in enumerate(homes):
-            assign(self.home / f"server-{i}.json", config, profile, home=str(home))
+            assign(self.home / f"server-{i}.json", config, profile, home=str(home), search=where)
         while len(self.workers) < workers:
             self.workers.append(self._worker.remote(str(self.home / f"worker-{len(self.workers)}.json")))
         while len(self.servers) < len(homes):
@@ -126,4 +142,4 @@ def until_up(call: Callable[[], Any], timeout_s: float = 180.0) -> Any:
             time.sleep(0.05)
 
 
-__all__ = ["DIED", "PsCluster", "ray_session", "until_up"]
+__all__ = ["DIED", "PsCluster", "own_errors", "ray_session", "until_up"]

@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from game.training.log.chunks import EncodedChunk
 from game.training.log.formats import new_step_log
 from game.training.log.schedule import LostUpdate, ScheduleEntry
 from game.training.ps.actors import ServerBehind, seed_server, stateless_apply
-from game.training.ps.cluster import DIED, PsCluster, until_up
+from game.training.ps.cluster import DIED, PsCluster, own_errors, until_up
 from game.training.ps.faults import Kill
 from game.training.ps.options import MODES, PsEvent, PsOptions, PsResult, check_run
 from game.training.ps.pool import WorkPool
@@ -60,19 +60,23 @@ def train_ps(
     *,
     cluster: PsCluster | None = None,
     progress: Callable[[int, int], None] | None = None,
+    search: Sequence[Path] = (),
 ) -> PsResult:
     """Train ``cfg`` with a parameter server on Ray (``opts.mode``) into a transcript at ``out_dir``
     (a new one, or one a run whose driver died left unfinished: :mod:`.resume`); Ray must be up
     (:func:`~.cluster.ray_session`). ``cluster``: actors kept for several runs
     (:class:`~.cluster.PsCluster`); None starts them for this run alone. ``progress(update, steps)``
-    after each update (and back to the state a failover returns to)."""
+    after each update (and back to the state a failover returns to). ``search``: the directories
+    a user's task is found in (its config file's), for the actors' processes."""
     out = Path(out_dir)
     check_run(cfg, opts, out)
     make_transcript_dir(out)
     own = cluster is None
     cluster = cluster or PsCluster()
+    where = tuple(str(Path(d).resolve()) for d in search)
     try:
-        return _Run(cfg, profile, out, opts, progress).go(cluster)
+        with own_errors():
+            return _Run(cfg, profile, out, opts, progress, where).go(cluster)
     finally:
         if own:
             cluster.close()
@@ -88,8 +92,10 @@ class _Run:
         out: Path,
         opts: PsOptions,
         progress: Callable[[int, int], None] | None,
+        search: tuple[str, ...] = (),
     ) -> None:
         self.cfg, self.profile, self.out, self.opts = cfg, profile, out, opts
+        self.search = search
         self.progress = progress or (lambda done, total: None)
         self.asynchronous, self.recovery = MODES[opts.mode]
         self.every = opts.every or cfg.checkpoint_interval
@@ -169,6 +175,7 @@ class _Run:
             workers=opts.workers,
             homes=homes.get(self.recovery, []),
             poison=opts.poison_steps,
+            search=[Path(d) for d in self.search],
         )
         if self.recovery == "stateless":
             self.apply_task: Any = ray.remote(stateless_apply).options(
@@ -187,7 +194,7 @@ class _Run:
         else:
             # two processes warm, at once: a killed update is run again in the other, not in a new one
             warm = [
-                self.apply_task.remote(config, self.profile, "", None, self.versions[top])[0]
+                self.apply_task.remote(config, self.profile, self.search, "", None, self.versions[top])[0]
                 for _ in range(2)
             ]
             ray.get(warm)
@@ -264,7 +271,13 @@ class _Run:
         u = entry.update
         if self.recovery == "stateless":
             meta, data = self.apply_task.remote(
-                self.config, self.profile, str(self.pid_file), entry, self.versions[u - 1], *results
+                self.config,
+                self.profile,
+                self.search,
+                str(self.pid_file),
+                entry,
+                self.versions[u - 1],
+                *results,
             )
         else:
             meta, data = self.chain[0].apply.options(num_returns=2).remote(entry, *results)
@@ -313,7 +326,9 @@ class _Run:
         if self.recovery == "stateless" and self.down:
             self.down = False  # the killed update ran again, from the same inputs, in a warm spare:
             self.pool.ahead = self.opts.workers
-            spare = self.apply_task.remote(self.config, self.profile, "", None, self.versions[u - 1])[0]
+            spare = self.apply_task.remote(
+                self.config, self.profile, self.search, "", None, self.versions[u - 1]
+            )[0]
             self.inflight[spare] = ("done", None)  # warm another in its place, meanwhile
         self.pool.confirm(meta.leaf)
         self.applied_total += 1
