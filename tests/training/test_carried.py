@@ -34,15 +34,17 @@ def _body(forward: str = FORWARD, layers: str = "", loss: str = LOSS, before: st
     return body.replace("class Net(nn.Module):", before + "class Net(nn.Module):")
 
 
+#: A call counter in an attribute that reaches the step's work (refused), and the last activations
+#: kept for a plot (harmless): for the many-worker paths' tests too.
+COUNTED = _body(
+    "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
+    "        self.calls = 0\n",
+)
+KEPT = _body("        h = torch.tanh(self.a(x))\n        self.seen = h.detach()\n        return self.b(h)")
+
 #: Ways to carry a value from step to step outside the committed state, and where the error says it is.
 CARRIED = {
-    "attribute": (
-        _body(
-            "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
-            "        self.calls = 0\n",
-        ),
-        r"model\.calls: 0 at step 1, 1 now",
-    ),
+    "attribute": (COUNTED, r"model\.calls: 0 at step 1, 1 now"),
     "cache_tensor": (  # made with an inexact op: a judge's model makes it at the step it re-runs
         _body(
             "        if not hasattr(self, 'scale'):\n"

@@ -25,7 +25,7 @@ from game.training.parallel.launch import MESSAGES_NAME, _Relay, launch, pid_nam
 from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.reader import steps_on_disk
 from tests.training.helpers import file_tree
-from tests.training.test_carried import _body
+from tests.training.test_carried import COUNTED, KEPT
 from tests.training.test_cli_training import vgame
 from tests.training.test_step import SMALL, small_cfg
 from tests.training.test_task_api import make_plugin
@@ -131,18 +131,11 @@ def test_aModelCarryingStateFromStepToStep_onTwoWorkers_stopsAtStep2_asInOneProc
     model built afresh starts at 0) stops the launch at step 2 naming it; the last activations kept
     for a plot change the model too, but the step run afresh agrees, and the two workers write the
     one-process transcript."""
-    counted = _body(
-        "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
-        "        self.calls = 0\n",
-    )
-    make_plugin(tmp_path / "counted", counted)
+    make_plugin(tmp_path / "counted", COUNTED)
     cfg = load_config(tmp_path / "counted" / "task.toml").replace(accumulate=2, steps=3)
     with pytest.raises(CarriedStateError, match=r"step 2: .*model\.calls: 0 at step 1, 1 now.*afresh"):
         launch(cfg, "cpu-1t", tmp_path / "counted" / "t", 2)
-    kept = _body(
-        "        h = torch.tanh(self.a(x))\n        self.seen = h.detach()\n        return self.b(h)"
-    )
-    make_plugin(tmp_path / "kept", kept)
+    make_plugin(tmp_path / "kept", KEPT)
     cfg = load_config(tmp_path / "kept" / "task.toml").replace(accumulate=2, steps=3)
     one = train(cfg, "cpu-1t", tmp_path / "kept" / "one")
     two = launch(cfg, "cpu-1t", tmp_path / "kept" / "two", 2).result

@@ -21,13 +21,10 @@ from game.errors import UnsupportedOpError
 from game.training.dispatch.draws import Draws
 from game.training.dispatch.gammas import standard_gamma
 from game.training.dispatch.initmode import init_module
-from game.training.engine.audit import audit
 from game.training.engine.replay import replay_transcript_step
-from game.training.engine.train import train
-from game.training.task.config import load_config
 from tests.training.test_carried import LOSS, _body
 from tests.training.test_stockops import _across_interceptors, _ops
-from tests.training.test_task_api import make_plugin
+from tests.training.test_task_api import trains_and_audits
 
 N = 20_000
 
@@ -97,11 +94,7 @@ def test_aUsersMixupTask_trainsAuditsAndIsJudgedAlike(tmp_path: Path) -> None:
         "    out = m(lam * b['x'] + (1 - lam) * b['x'][p])\n"
         "    return lam * F.cross_entropy(out, b['y']) + (1 - lam) * F.cross_entropy(out, b['y'][p])\n\n\n",
     )
-    make_plugin(tmp_path, body)
-    cfg = load_config(tmp_path / "task.toml").replace(steps=4, checkpoint_interval=1)
-    trained = train(cfg, "cpu-1t", tmp_path / "t")
-    report = audit(tmp_path / "t", "noisy")
-    assert report.match and report.trainer_state_root == trained.state_root
+    trains_and_audits(tmp_path, body, steps=4, checkpoint_interval=1)
     assert replay_transcript_step(tmp_path / "t", 3, "noisy").matches_transcript
 
 

@@ -29,7 +29,7 @@ from game.training.ps.faults import Kill, plan_kills  # noqa: E402
 from game.training.task.config import TaskConfig, load_config  # noqa: E402
 from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
-from tests.training.test_carried import _body  # noqa: E402
+from tests.training.test_carried import COUNTED, KEPT  # noqa: E402
 from tests.training.test_task_api import make_plugin  # noqa: E402
 
 STEPS = 10
@@ -163,11 +163,7 @@ def test_aModelCarryingStateFromOneMicroBatchToTheNext_isRefusedOnTheWorkers(
     failed. The worker now watches it as a step engine does, and a counter that reaches the work
     stops the run with CarriedStateError (raised as itself, not as Ray's wrapping); values kept for a plot
     train, and audit."""
-    counted = _body(
-        "        self.calls += 1\n        return self.b(torch.tanh(self.a(x))) * (1 + 0.01 * self.calls)",
-        "        self.calls = 0\n",
-    )
-    make_plugin(tmp_path / "counted", counted)
+    make_plugin(tmp_path / "counted", COUNTED)
     cfg = load_config(tmp_path / "counted" / "task.toml").replace(steps=3, accumulate=2)
     with pytest.raises(CarriedStateError, match=r"model\.calls: 0 at step 1, 1 now.*afresh"):
         train_ps(
@@ -178,10 +174,7 @@ def test_aModelCarryingStateFromOneMicroBatchToTheNext_isRefusedOnTheWorkers(
             cluster=cluster,
             search=[tmp_path / "counted"],
         )
-    kept = _body(
-        "        h = torch.tanh(self.a(x))\n        self.seen = h.detach()\n        return self.b(h)"
-    )
-    make_plugin(tmp_path / "kept", kept)
+    make_plugin(tmp_path / "kept", KEPT)
     cfg = load_config(tmp_path / "kept" / "task.toml").replace(steps=3, accumulate=2)
     train_ps(cfg, "cpu-1t", tmp_path / "k", PsOptions(workers=2), cluster=cluster, search=[tmp_path / "kept"])
     assert audit(tmp_path / "k", "noisy").match

@@ -15,14 +15,11 @@ import torch
 from torch import Tensor
 
 from game.training.dispatch.vectorsigns import negative
-from game.training.engine.audit import audit
 from game.training.engine.replay import replay_transcript_step
-from game.training.engine.train import train
-from game.training.task.config import load_config
 from game.training.task.profiles import get_profile
 from tests.training.test_carried import _body
 from tests.training.test_stockops import _across_interceptors
-from tests.training.test_task_api import make_plugin
+from tests.training.test_task_api import trains_and_audits
 
 
 def _matrices() -> tuple[Tensor, Tensor]:
@@ -78,9 +75,5 @@ def test_aTaskUsingEighAndSvdVectors_trainsAuditsAndIsJudgedAlike(tmp_path: Path
         "        _, _, vh = torch.linalg.svd(h, full_matrices=False)\n"
         "        return self.b(h + 0.1 * (h @ q) + 0.1 * vh[0])"
     )
-    make_plugin(tmp_path, body)
-    cfg = load_config(tmp_path / "task.toml").replace(steps=4, checkpoint_interval=1)
-    trained = train(cfg, "cpu-1t", tmp_path / "t")
-    report = audit(tmp_path / "t", "noisy")
-    assert report.match and report.trainer_state_root == trained.state_root
+    trains_and_audits(tmp_path, body, steps=4, checkpoint_interval=1)
     assert replay_transcript_step(tmp_path / "t", 3, "noisy").matches_transcript

@@ -65,6 +65,16 @@ def standard_gamma(d: Draws, name: str, alpha: Tensor) -> Tensor:
     return out
 
 
+def _concentration(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The concentration of a ``_standard_gamma`` or ``_sample_dirichlet`` call, or None where it
+    is not served (an unknown keyword, a meta or non-float tensor: torch's own call)."""
+    given = dict(zip(("self",), args, strict=False)) | kwargs
+    alpha = given["self"]
+    if given.keys() - {"self", "generator"} or alpha.is_meta or not alpha.is_floating_point():
+        return None
+    return alpha
+
+
 class _Reparameterised(torch.autograd.Function):
     """A gamma sample whose gradient to its concentration is torch's (``_standard_gamma``'s own
     derivative: ``_standard_gamma_grad`` of the concentration and the sample)."""
@@ -82,9 +92,8 @@ class _Reparameterised(torch.autograd.Function):
 
 @serves(torch._standard_gamma)
 def _gamma(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = dict(zip(("self",), args, strict=False)) | kwargs
-    alpha = given["self"]
-    if given.keys() - {"self", "generator"} or alpha.is_meta or not alpha.is_floating_point():
+    alpha = _concentration(args, kwargs)
+    if alpha is None:
         return func(*args, **kwargs)
     sample = standard_gamma(d, name_of(func), alpha.detach()).to(alpha.dtype)
     if torch.is_grad_enabled() and alpha.requires_grad:  # Gamma.rsample of a learned concentration
@@ -94,9 +103,8 @@ def _gamma(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 @serves(torch._sample_dirichlet)
 def _dirichlet(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = dict(zip(("self",), args, strict=False)) | kwargs
-    alpha = given["self"]
-    if given.keys() - {"self", "generator"} or alpha.is_meta or not alpha.is_floating_point():
+    alpha = _concentration(args, kwargs)
+    if alpha is None:
         return func(*args, **kwargs)
     g = standard_gamma(d, name_of(func), alpha.detach()).clamp(min=torch.finfo(torch.float32).tiny)
     return (g / g.sum(-1, keepdim=True)).to(alpha.dtype)

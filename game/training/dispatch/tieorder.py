@@ -29,26 +29,26 @@ def _given(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
     return given
 
 
-@serves(torch.sort, torch.Tensor.sort)
-def _sort(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _stable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``sort``'s or ``argsort``'s call as a stable sort: the sort's (values, indices), or None for
+    a call with keywords not served (``out=``)."""
     given = _given(("self", "dim", "descending"), args, kwargs)
     if given.keys() - {"self", "dim", "descending", "stable"}:
-        return func(*args, **kwargs)
-    x = given["self"]
-    return torch.sort(
-        x, dim=given.get("dim", -1), descending=bool(given.get("descending", False)), stable=True
-    )
+        return None
+    dim, descending = given.get("dim", -1), bool(given.get("descending", False))
+    return torch.sort(given["self"], dim=dim, descending=descending, stable=True)
+
+
+@serves(torch.sort, torch.Tensor.sort)
+def _sort(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    done = _stable(func, args, kwargs)
+    return func(*args, **kwargs) if done is None else done
 
 
 @serves(torch.argsort, torch.Tensor.argsort)
 def _argsort(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = _given(("self", "dim", "descending"), args, kwargs)
-    if given.keys() - {"self", "dim", "descending", "stable"}:
-        return func(*args, **kwargs)
-    x = given["self"]
-    return torch.sort(
-        x, dim=given.get("dim", -1), descending=bool(given.get("descending", False)), stable=True
-    ).indices
+    done = _stable(func, args, kwargs)
+    return func(*args, **kwargs) if done is None else done.indices
 
 
 @serves(torch.topk, torch.Tensor.topk)
