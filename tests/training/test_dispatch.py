@@ -417,11 +417,40 @@ def test_exactOps_areRoundedWithoutLog() -> None:
             ),
             OpClass.INEXACT,
         ),
+        # a selection's backward pass puts its gradient in zeros (a slice's, an index's, topk's)
+        (lambda: _SELECTIONS_BACKWARD["slice"], OpClass.MOVE),
+        (lambda: _SELECTIONS_BACKWARD["select"], OpClass.MOVE),
+        (lambda: _SELECTIONS_BACKWARD["diagonal"], OpClass.MOVE),
+        (lambda: _SELECTIONS_BACKWARD["value_selecting_reduction"], OpClass.MOVE),
     ],
 )
 def test_classify_dependsOnOpAndArguments(call: Any, expected: OpClass) -> None:
     func, args, kwargs = call()
     assert classify(func, args, kwargs) is expected
+
+
+_G = torch.randn(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+_SELECTIONS_BACKWARD: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {
+    "slice": (aten.slice_backward.default, (_G, [3, 5], 1, 1, 3, 1), {}),
+    "select": (aten.select_backward.default, (_G[0], [4, 2], 0, 2), {}),
+    "diagonal": (aten.diagonal_backward.default, (_G[:, 0], [3, 3], 0, 0, 1), {}),
+    "value_selecting_reduction": (
+        aten.value_selecting_reduction_backward.default,
+        (_G, 1, torch.tensor([[4, 0], [1, 3], [2, 3]]), [3, 5], True),
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SELECTIONS_BACKWARD))
+def test_aSelectionsBackward_isABitCopyOfItsGradientIntoZeros(name: str) -> None:
+    """What makes these moves: every value of the result is 0 or a value of the gradient, bit for
+    bit, and each of the gradient's values is there."""
+    func, args, kwargs = _SELECTIONS_BACKWARD[name]
+    out = func(*args, **kwargs)
+    grad = args[0]
+    nonzero = out[out != 0]
+    assert set(nonzero.tolist()) == set(grad.flatten().tolist()) and nonzero.numel() == grad.numel()
 
 
 def test_classify_unknownCustomOp_isInexact() -> None:

@@ -65,9 +65,10 @@ MOVE_OPS: frozenset[str] = frozenset(
         "is_same_size", "_pin_memory", "_nested_tensor_from_mask", "profiler",
         # in-place views (t_, transpose_, ...: their schema marks a write, so they are not caught as views)
         "t", "transpose", "swapaxes", "swapdims", "squeeze", "unsqueeze", "as_strided",
-        # values copied or set to 0 (their backward passes sum, and stay inexact)
+        # values copied or set to 0 (a selection's backward: its gradient put in zeros; the pads' sum)
         "tril", "triu", "diag_embed", "block_diag", "diagonal_copy", "reflection_pad1d", "reflection_pad2d",
-        "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
+        "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "slice_backward",
+        "select_backward", "diagonal_backward", "value_selecting_reduction_backward",
     }
 )  # fmt: skip
 
@@ -217,8 +218,7 @@ LOG_NAMES: dict[str, str] = {
     "aten._ctc_loss_backward.Tensor": "aten._ctc_loss_backward.default",
 }
 
-#: Base names classified as another's (``_index_put_impl_`` is ``index_put``'s kernel: conditional on
-#: ``accumulate``).
+#: Base names classified as another's (``_index_put_impl_``: ``index_put``'s kernel, by ``accumulate``).
 _BASE_ALIASES: dict[str, str] = {"_index_put_impl": "index_put"}
 
 
