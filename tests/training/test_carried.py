@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from game.errors import CarriedStateError
 from game.training.engine.replay import replay_transcript_step
+from game.training.engine.step import StepEngine
 from game.training.engine.train import train
 from game.training.task.config import load_config
+from tests.training.test_step import small_cfg
 from tests.training.test_task_api import TASK_PY, make_plugin
 
 FORWARD = "        return self.b(torch.tanh(self.a(x)))"
@@ -173,3 +176,28 @@ def test_stateThatAStepCommitsOrThatDoesNotReachItsWork_trains_andTheJudgeAgrees
     assert len(warned) == 1 and "persistent buffer" in warned[0]
     for step in (3, 4):
         assert replay_transcript_step(tmp_path / "t", step, "noisy").matches_transcript
+
+
+def test_buffersTheEnginePutsBack_betweenMicroBatches_areNotTheModelsOwnWrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two micro-batches a step the engine writes every buffer back before each one
+    (``StepBuffers``), gpt-shakespeare's non-persistent causal mask too: through ``.data``, so its
+    version stays the model's own, and no step is run afresh (two were, at steps 2 and 4). A running
+    mean the model keeps in such a buffer is still found at step 2."""
+    afresh: list[int] = []
+    rerun = StepEngine._rerun_afresh
+
+    def counted(self: StepEngine, before: bytes, step: int, *rest: Any) -> bytes:
+        afresh.append(step)
+        return rerun(self, before, step, *rest)
+
+    monkeypatch.setattr(StepEngine, "_rerun_afresh", counted)
+    train(small_cfg("gpt-shakespeare", steps=4, accumulate=2, dropout=0.1), "cpu-1t", tmp_path / "t")
+    assert afresh == []
+    body, where = CARRIED["buffer_not_persistent"]
+    make_plugin(tmp_path / "ema", body)
+    cfg = load_config(tmp_path / "ema" / "task.toml").replace(steps=3, accumulate=2)
+    with pytest.raises(CarriedStateError, match=rf"step 2: .*{where}"):
+        train(cfg, "cpu-1t", tmp_path / "ema" / "t")
+    assert afresh == [2]

@@ -69,9 +69,9 @@ class WorkerGroup:
                 else:
                     flat = torch.empty(sum(t.numel() for t in group), dtype=dtype, device=self.wire)
                 dist.broadcast(flat, src=src)
-                if self.rank != src:
+                if self.rank != src:  # through .data: the model's own writes alone move a version
                     for t, piece in zip(group, flat.split([t.numel() for t in group]), strict=True):
-                        t.copy_(piece.view_as(t))
+                        t.data.copy_(piece.view_as(t))
 
     def gather_micro(
         self, results: Sequence[MicroResult], params: Sequence[Tensor]

@@ -211,10 +211,12 @@ class StepBuffers:
         self.saved = copies(self.live)
 
     def restore(self) -> None:
-        """Write the step's values back into the model's own buffers (the model keeps its tensors)."""
+        """Write the step's values back into the model's own buffers (the model keeps its tensors),
+        through ``.data``: their in-place versions stay the model's own writes, which the
+        carried-state watch reads (engine/carried.py), not this bookkeeping."""
         with torch.no_grad():
             for t, s in zip(self.live, self.saved, strict=True):
-                t.copy_(s)
+                t.data.copy_(s)
 
 
 __all__ = [
