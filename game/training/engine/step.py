@@ -125,6 +125,7 @@ class StepEngine:
         self._immediate_calls: set[int] = set()  # deferred calls that failed: checked at once since
         self._defer_failures = 0  # steps run twice; after MAX_DEFER_FAILURES deferral stops
         self._watch = carried.Watch(self.runtime)  # what the model carries from step to step
+        self._judge: StepEngine | None = None  # the engine a step is run afresh on (its task loaded once)
 
     @contextmanager
     def checking(self, checks: Checks) -> Iterator[None]:
@@ -269,11 +270,18 @@ class StepEngine:
         leaf = state_hash(state)
         self._watch.judge(step, leaf, lambda: self._rerun_afresh(before, step, chunk, None))
 
+    def judge_engine(self) -> StepEngine:
+        """An engine of this one's task and profile to run a step afresh on, as a judge's (made
+        once: each run builds its model anew from the state it is given, so nothing carries)."""
+        if self._judge is None:
+            self._judge = StepEngine(self.cfg, self.profile, checks=self.checks)
+        return self._judge
+
     def _rerun_afresh(self, before: bytes, step: int, log: ChunkLog, batch: Batch | None) -> bytes:
         """Step ``step``'s leaf as a judge computes it: on an engine and a model of its own, built
         afresh from the state before it (``before``), with the step's log chunk as committed (and
         its ``batch_override``): :class:`~.carried.Watch`'s test of a changed attribute."""
-        judge = StepEngine(self.cfg, self.profile, checks=self.checks)
+        judge = self.judge_engine()
         spec = self.cfg.spec_hash()
         chunk = decode_chunk(log.encode(step, spec), spec, step)
         state = decode_state(before, self.cfg, device=self.profile.device)

@@ -183,9 +183,7 @@ class UpdateEngine:
         judged = self._watch.look(self.scratch, applied.micro.step, "record")
         work, segment = self._record_micro(applied, weights)
         if judged:
-            fresh = UpdateEngine(
-                StepEngine(self.cfg, self.engine.profile, checks=self.engine.checks), self.poison
-            )
+            fresh = UpdateEngine(self.engine.judge_engine(), self.poison)  # a scratch model of its own
             self._watch.judge(
                 applied.micro.step,
                 self._digest(work, segment),
