@@ -61,6 +61,7 @@ _TORCH_OWN = frozenset(vars(nn.Module()))
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _DEPTH = 2  # container levels walked
 _WIDTH = 64  # items a container may have to be walked
+_NON_PERSISTENT = " (a non-persistent buffer)"  # the suffix of such a buffer's key
 
 
 def _value(v: Any, owned: frozenset[int] = frozenset(), depth: int = 0) -> Any:
@@ -158,7 +159,7 @@ def carried(
         for name in module._non_persistent_buffers_set:
             b = module._buffers.get(name)
             where = f"model.{prefix}.{name}" if prefix else f"model.{name}"
-            found[f"{where} (a non-persistent buffer)"] = None if b is None else _Buffer.of(b)
+            found[where + _NON_PERSISTENT] = None if b is None else _Buffer.of(b)
         if type(module).__module__.partition(".")[0] in libraries:
             continue
         at = f"model.{prefix}." if prefix else "model."
@@ -193,6 +194,14 @@ def refusal(
 ) -> CarriedStateError:
     """The error naming what changed (``keys``) between the model's first step here
     (``first_step``) and step ``step``; ``why``: what showed it matters, where something did."""
+    buffers = [k.partition(" ")[0].rpartition(".")[2] for k in keys if k.endswith(_NON_PERSISTENT)]
+    fix = (
+        f"register {', '.join(repr(b) for b in buffers)} as a persistent buffer (persistent=True, the "
+        "default), which every step commits, or compute it afresh in each step"
+        if buffers
+        else "keep such a value in a persistent buffer (self.register_buffer('calls', "
+        "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
+    )
     shown = "; ".join(
         f"{k}: {_shown(first.get(k, _ABSENT))} at step {first_step}, {_shown(now.get(k, _ABSENT))} now"
         for k in keys[:3]
@@ -202,8 +211,7 @@ def refusal(
         f"step {step}: the task's model or loss carries Python state from step to step, outside the "
         f"state a step commits ({shown}{more}){why}. A judge re-running a step from its committed "
         "state, or an auditor starting from a checkpoint, starts without it, and would rule an honest "
-        "step wrong: keep such a value in a persistent buffer (self.register_buffer('calls', "
-        "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
+        f"step wrong: {fix}"
     )
 
 
@@ -229,18 +237,18 @@ class Watch:
         self._first: _First | None = None
         self._pending: tuple[list[str], dict[str, Any]] = ([], {})  # changed keys, their values
 
-    def before(self, state: TrainState, step: int, mode: str) -> bytes | None:
-        """:meth:`look` at ``state``'s model before step ``step``; where something is to be judged,
-        the state's bytes before the step, for :meth:`judge` (by way of a re-run afresh) once the
-        step has run."""
-        return encode_state(state) if self.look(state.model, step, mode) else None
+    def before(self, state: TrainState, step: int) -> bytes | None:
+        """:meth:`look` at ``state``'s model before a recorded step ``step``; where something is to
+        be judged, the state's bytes before the step, for :meth:`judge` (by way of a re-run
+        afresh) once the step has run."""
+        return encode_state(state) if self.look(state.model, step) else None
 
-    def look(self, model: nn.Module, step: int, mode: str) -> bool:
-        """What ``model`` holds as step ``step`` starts against what it held at its first step
-        here. A function's data that changed is refused at once (a model built afresh in this
-        process would share it). A module's attribute that changed is to be judged: in a record,
-        True, and :meth:`judge` is to be called once the step has run; elsewhere (a replay of a
-        recorded run) it is taken as the trainer's was."""
+    def look(self, model: nn.Module, step: int) -> bool:
+        """What ``model`` holds as recorded step ``step`` starts against what it held at its first
+        step here. A function's data that changed is refused at once (a model built afresh in this
+        process would share it). A module's attribute that changed is to be judged: True, and
+        :meth:`judge` is to be called once the step has run. Only a recording is watched: an audit
+        or a judge's replay computes as the trainer did, whatever the model carries."""
         task = self.runtime.task
         now = carried(model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries)
         first = self._first
@@ -254,9 +262,6 @@ class Watch:
         outside = [k for k in keys if not in_model(k)]
         if outside:
             raise refusal(first.values, now, outside, first.step, step)
-        if mode != "record":
-            first.ignored |= frozenset(keys)
-            return False
         self._pending = (keys, now)
         return True
 

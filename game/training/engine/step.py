@@ -180,7 +180,7 @@ class StepEngine:
 
         batch = batch_override if batch_override is not None else self.batch(step)
         batch = self.prepare_batch(batch, dtype, rnd=mode != "plain")
-        judged = self._watch.before(state, step, mode) if mode != "plain" else None
+        judged = self._watch.before(state, step) if mode == "record" else None
 
         if self._defers(mode, log):
             restore = snapshot(state)
@@ -260,9 +260,8 @@ class StepEngine:
 
     def carried_before(self, state: TrainState, step: int) -> bytes | None:
         """For a runner that records a step of its own (the data-parallel rank 0): what the model
-        carries at ``step``'s start, as :meth:`run_step` looks (:meth:`.carried.Watch.before`, in
-        record mode); the bytes to hand :meth:`carried_judge` once the step has run, or None."""
-        return self._watch.before(state, step, "record")
+        carries at ``step``'s start, as :meth:`run_step` looks (:meth:`.carried.Watch.before`); the bytes to hand :meth:`carried_judge` once the step has run, or None."""
+        return self._watch.before(state, step)
 
     def carried_judge(self, state: TrainState, step: int, before: bytes, chunk: ChunkLog) -> None:
         """The step such a runner recorded (``chunk``; ``state`` after it) against the same step

@@ -180,7 +180,7 @@ class UpdateEngine:
         do not: what it carries in between is watched as a step engine watches its model
         (:class:`~.carried.Watch`), the micro-batch run again on a scratch model built afresh
         where it changed."""
-        judged = self._watch.look(self.scratch, applied.micro.step, "record")
+        judged = self._watch.look(self.scratch, applied.micro.step)
         work, segment = self._record_micro(applied, weights)
         if judged:
             fresh = UpdateEngine(self.engine.judge_engine(), self.poison)  # a scratch model of its own
