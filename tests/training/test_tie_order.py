@@ -67,3 +67,89 @@ def test_topksGradient_reachesTheChosenElements_andTheSameOnBothInterceptors() -
         1, torch.sort(x, descending=True, stable=True).indices[:, :200], 1.0
     )
     assert torch.equal(grad, expected) and _in_index_order(x.gather(1, indices), indices)
+
+
+def _last_index_of(x: Tensor, values: Tensor) -> Tensor:
+    """Each row's last index holding its value (NaN for NaN)."""
+    hit = (x == values[:, None]) | (x.isnan() & values[:, None].isnan())
+    at = torch.arange(x.shape[1]).expand(x.shape)
+    return torch.where(hit, at, -1).max(1).values
+
+
+def _expected_selections(x: Tensor) -> dict[str, Tensor]:
+    """The index each selection's convention names, worked out row by row from a stable sort."""
+    order = torch.sort(x, dim=1, stable=True).indices
+    numbers = (~x.isnan()).sum(1)
+    n = x.shape[1]
+    median_at = torch.where(numbers < n, numbers, (n - 1) // 2)
+    return {
+        "kthvalue": order[:, 899],
+        "median": order.gather(1, median_at[:, None])[:, 0],
+        "nanmedian": order.gather(1, ((numbers - 1) // 2)[:, None])[:, 0],
+        "mode": _last_index_of(x, torch.mode(x, 1).values),
+    }
+
+
+def test_selections_pickTheStableSortsElement_withTorchsValues() -> None:
+    """``kthvalue``, ``median``, ``nanmedian`` and ``mode`` over thousands of ties (and rows with
+    NaNs for the two medians): torch's values, at the index the stable sort names. This CPU's own
+    ``kthvalue`` and ``mode`` name other tied elements."""
+    x = _tied(4, 5000)
+    x[1, 5] = x[2, 17] = float("nan")
+    calls = {
+        "kthvalue": lambda t: torch.kthvalue(t, 900, 1),
+        "median": lambda t: t.median(dim=1),
+        "nanmedian": lambda t: torch.nanmedian(t, 1, keepdim=True),
+        "mode": lambda t: t.mode(),
+    }
+    expected = _expected_selections(x)
+    for name, call in calls.items():
+        with _ops():
+            got = call(x)
+        torchs = call(x)
+        assert type(got) is type(torchs), name
+        assert torch.equal(got.values, torchs.values) or torch.allclose(
+            got.values, torchs.values, equal_nan=True
+        ), name
+        assert got.indices.shape == torchs.indices.shape, name
+        assert torch.equal(got.indices.reshape(-1), expected[name]), name
+        picked = x.gather(1, got.indices.reshape(-1, 1))[:, 0]
+        assert torch.allclose(picked, got.values.reshape(-1), equal_nan=True), name
+
+
+def test_selectionsWithoutADim_andWithDimsElsewhere_matchTorch() -> None:
+    x = _tied(6, 40).t().contiguous()  # the ties down dim 0
+    with _ops():
+        whole = x.median()
+        down = torch.kthvalue(x, 7, dim=0, keepdim=True)
+        modes = torch.mode(x, 0)
+    assert torch.equal(whole, x.median())
+    assert down.values.shape == (1, 6) and torch.equal(down.values, torch.kthvalue(x, 7, 0, True).values)
+    stable = torch.sort(x, dim=0, stable=True).indices
+    assert torch.equal(down.indices[0], stable[6])
+    assert torch.equal(modes.indices, _last_index_of(x.t(), modes.values))
+
+
+@pytest.mark.parametrize("name", ["kthvalue", "median", "mode"])
+def test_selectionsGradient_reachesThePickedElement_andTheSameOnBothInterceptors(name: str) -> None:
+    """A selection's gradient lands on the element it picked (its backward is the sort's), the
+    same through the C++ front and the Python mode on ``noisy``."""
+    pick = {
+        "kthvalue": lambda t: torch.kthvalue(t, 100, -1),
+        "median": lambda t: torch.median(t, -1),
+        "mode": lambda t: torch.mode(t, -1),
+    }[name]
+
+    def run() -> list[Tensor]:
+        x = _tied(2, 600).requires_grad_(True)
+        chosen = pick(x * 1.0)
+        (chosen.values * torch.tensor([1.0, 3.0], dtype=torch.float64)).sum().backward()
+        assert x.grad is not None
+        return [chosen.indices, x.grad]
+
+    recorded, replayed, _ = _across_interceptors(run)
+    assert all(torch.equal(r, p) for r, p in zip(recorded, replayed, strict=True))
+    indices, grad = recorded
+    expected = torch.zeros(2, 600, dtype=torch.float64)
+    expected[0, indices[0]], expected[1, indices[1]] = 1.0, 3.0
+    assert torch.equal(grad, expected)

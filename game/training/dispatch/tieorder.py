@@ -1,4 +1,5 @@
-"""Ties in ``sort``, ``argsort`` and ``topk``, broken the same way on every device.
+"""Ties in ``sort``, ``argsort``, ``topk`` and the selections (``kthvalue``, ``median``,
+``nanmedian``, ``mode``), broken the same way on every device.
 
 Why: a sort's values are the same everywhere, but the order of equal values is its algorithm's:
 torch's CPU ``topk`` (a selection) and its unstable sort return tied elements in an order of their
@@ -10,6 +11,16 @@ stable sort (``stable=True``: equal values in index order, which torch guarantee
 device), ``topk`` taking its first ``k``: the lowest indices among ties at the cut. ``topk`` with
 ``sorted=False`` gives them sorted too (any order is its answer). Calls with ``out=`` are left
 as they are.
+
+The selections return one element's index along a dim, and their backward puts the gradient
+there: with ties, which element is the algorithm's (torch's documentation says so of ``median``:
+"device-specific"; this CPU's ``kthvalue`` picks a tied element far from the first). Each now
+reads its element off the same stable sort: ``kthvalue`` the ``k``-th, ``median`` the lower
+median (or the first NaN, whose value torch returns when a row has one), ``nanmedian`` the lower
+median of the row's numbers, ``mode`` the smallest of the most frequent values at its last
+index (NaN counted as one value, as torch counts it). Values are torch's; the gradient reaches the
+element through the sort's own backward. Their forms without a dim are left to torch (a value
+alone).
 """
 
 from __future__ import annotations
@@ -61,6 +72,105 @@ def _topk(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return func(*args, **kwargs)
     values, indices = torch.sort(x, dim=dim, descending=bool(given.get("largest", True)), stable=True)
     return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
+
+
+def _pick(x: torch.Tensor, dim: int, keepdim: bool, where: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The element of each row along ``dim`` that ``where(values, indices)`` (the row's stable
+    ascending sort, ``dim`` moved last) places, as (values, indices) shaped as torch's."""
+    values, indices = torch.sort(x.movedim(dim, -1), dim=-1, stable=True)
+    at = where(values, indices).unsqueeze(-1)
+    chosen = values.gather(-1, at), indices.gather(-1, at)
+    if keepdim:
+        return chosen[0].movedim(-1, dim), chosen[1].movedim(-1, dim)
+    return chosen[0].squeeze(-1), chosen[1].squeeze(-1)
+
+
+def _selection(
+    args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...], dim_optional: bool = True
+) -> tuple[torch.Tensor, int, bool, dict[str, Any]] | None:
+    """A selection's (input, dim, keepdim, arguments), or None for a call left to torch: no dim
+    where that means a value alone (``median``'s), ``out=``, a scalar or an empty row."""
+    given = _given(names, args, kwargs)
+    x = given.get("self")
+    if given.keys() - set(names) or ("dim" not in given and not dim_optional):
+        return None
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0 or x.is_complex():
+        return None
+    dim = given.get("dim", -1)
+    if not isinstance(dim, int):  # a named dimension: torch's own answer
+        return None
+    return x, dim, bool(given.get("keepdim", False)), given
+
+
+@serves(torch.kthvalue, torch.Tensor.kthvalue)
+def _kthvalue(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _selection(args, kwargs, ("self", "k", "dim", "keepdim"))
+    if call is None:
+        return func(*args, **kwargs)
+    x, dim, keepdim, given = call
+    k = int(given["k"])
+    if not 1 <= k <= x.shape[dim]:  # torch's own error
+        return func(*args, **kwargs)
+    return torch.return_types.kthvalue(
+        _pick(
+            x, dim, keepdim, lambda v, i: torch.full(v.shape[:-1], k - 1, dtype=torch.long, device=v.device)
+        )
+    )
+
+
+def _numbers(values: torch.Tensor) -> torch.Tensor:
+    """How many of each sorted row's values are not NaN (a sort puts NaN last)."""
+    return (~values.isnan()).sum(-1)
+
+
+@serves(torch.median, torch.Tensor.median)
+def _median(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _selection(args, kwargs, ("self", "dim", "keepdim"), dim_optional=False)
+    if call is None:
+        return func(*args, **kwargs)
+    x, dim, keepdim, _ = call
+    n = x.shape[dim]
+
+    def lower_median_or_first_nan(values: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        numbers = _numbers(values)
+        return torch.where(numbers < n, numbers, (n - 1) // 2)
+
+    return torch.return_types.median(_pick(x, dim, keepdim, lower_median_or_first_nan))
+
+
+@serves(torch.nanmedian, torch.Tensor.nanmedian)
+def _nanmedian(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _selection(args, kwargs, ("self", "dim", "keepdim"), dim_optional=False)
+    if call is None:
+        return func(*args, **kwargs)
+    x, dim, keepdim, _ = call
+    return torch.return_types.nanmedian(
+        _pick(x, dim, keepdim, lambda v, i: (_numbers(v).clamp(min=1) - 1) // 2)
+    )
+
+
+def _last_of_commonest(values: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    """The sorted position ending the longest run of equal values (the first such run: the
+    smallest value; NaNs one run), found with comparisons and integer ops only."""
+    n = values.shape[-1]
+    at = torch.arange(n, device=values.device).expand(values.shape)
+    starts = torch.ones(values.shape, dtype=torch.bool, device=values.device)
+    nan = values.isnan()
+    starts[..., 1:] = (values[..., 1:] != values[..., :-1]) & ~(nan[..., 1:] & nan[..., :-1])
+    ends = torch.ones(values.shape, dtype=torch.bool, device=values.device)
+    ends[..., :-1] = starts[..., 1:]
+    run_start = torch.where(starts, at, 0).cummax(-1).values
+    lengths = torch.where(ends, at - run_start + 1, 0)
+    return lengths.argmax(-1)  # the first maximal one: torch documents it
+
+
+@serves(torch.mode, torch.Tensor.mode)
+def _mode(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _selection(args, kwargs, ("self", "dim", "keepdim"))
+    if call is None:
+        return func(*args, **kwargs)
+    x, dim, keepdim, _ = call
+    return torch.return_types.mode(_pick(x, dim, keepdim, _last_of_commonest))
 
 
 __all__: list[str] = []
