@@ -100,7 +100,7 @@ def test_defaultDtype_isFloat64Inside_andRestoredAfterAnError() -> None:
     before = torch.get_default_dtype()
     with pytest.raises(UnsupportedOpError), InitMode(SEED):
         assert torch.get_default_dtype() == torch.float64
-        torch.poisson(torch.ones(3))  # a draw from torch's generator: refused at once
+        torch.binomial(torch.ones(3), torch.full((3,), 0.5))  # a draw vgame does not serve: refused at once
     assert torch.get_default_dtype() == before
 
 
@@ -122,7 +122,7 @@ def test_trainingTimeDropout_inTheFactory_passes() -> None:
         (lambda t: t.uniform_(-1, 1).erfinv_(), "erfinv"),  # the old trunc_normal_'s inverse CDF
         (lambda t: t.copy_(torch.full((3, 3), 2.0).lgamma()), "lgamma"),
         (lambda t: t.copy_(torch.ones(3, 3).cumsum(0)), "cumsum"),  # a sum, in the machine's order
-        (lambda t: t.copy_(torch.poisson(torch.ones(3, 3))), "poisson"),
+        (lambda t: t.copy_(torch.full((3, 3), 2.0).digamma()), "digamma"),
     ],
 )
 def test_inexactInitialiser_isRefusedNamingTheOp(initialiser: Callable[[Tensor], Any], op: str) -> None:

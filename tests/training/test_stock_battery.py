@@ -261,11 +261,12 @@ def test_anOptimizer_overThreeSteps_replaysAcrossTheInterceptors(name: str) -> N
 
 def test_whatStillCannotRun_stopsAtItsFirstCall_namingItself() -> None:
     """The battery's refusals: a product's gradient (torch computes it otherwise under a Python
-    mode) and a rejection sampler (Poisson); each named, in the step, before any value is wrong."""
+    mode) and a sampler vgame does not serve (binomial); each named, in the step, before any value
+    is wrong."""
     _, rows, _ = _inputs()
     for run, op in (
         (lambda v: torch.cumprod(v[:, :4], 1), "cumprod"),
-        (lambda v: v * torch.poisson(torch.ones_like(v)), "poisson"),
+        (lambda v: v * torch.binomial(torch.full_like(v, 4.0), torch.full_like(v, 0.5)), "binomial"),
     ):
 
         def step(run: Callable[[Tensor], Tensor] = run) -> list[Tensor]:

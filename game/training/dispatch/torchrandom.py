@@ -21,8 +21,9 @@ decide it.
 transcendental function an ordinary op.
 
 Gamma, Beta and Dirichlet samples are served by a rejection sampler written out so
-(:mod:`~game.training.dispatch.gammas`). Refused, with :class:`~game.errors.UnsupportedOpError`:
-``poisson`` and ``binomial`` (integer counts from torch's transcendental samplers).
+(:mod:`~game.training.dispatch.gammas`), Poisson counts by torch's own two methods written out so
+(:mod:`~game.training.dispatch.poissons`). Refused, with :class:`~game.errors.UnsupportedOpError`:
+``binomial`` (integer counts from torch's transcendental sampler).
 
 Anything a handler does not recognise (an unusual keyword, a meta tensor, an integer dtype where a
 float is drawn) goes to torch as called: if it draws, the interceptor refuses it at the ATen level.
@@ -464,7 +465,7 @@ def _geometric_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, An
 # Refused: the other draws that need a transcendental function
 # --------------------------------------------------------------------------------------------------
 
-_TRANSCENDENTAL = (torch.poisson, torch.binomial)  # gamma and Dirichlet: dispatch/gammas.py
+_TRANSCENDENTAL = (torch.binomial,)  # gamma and Dirichlet: dispatch/gammas.py; poisson: poissons.py
 
 
 @serves(*_TRANSCENDENTAL)
