@@ -261,12 +261,12 @@ def test_anOptimizer_overThreeSteps_replaysAcrossTheInterceptors(name: str) -> N
 
 def test_whatStillCannotRun_stopsAtItsFirstCall_namingItself() -> None:
     """The battery's refusals: a product's gradient (torch computes it otherwise under a Python
-    mode) and a sampler vgame does not serve (binomial); each named, in the step, before any value
-    is wrong."""
+    mode) and a draw made by calling ATen directly (``torch.ops.aten.poisson``, which no function
+    mode sees); each named, in the step, before any value is wrong."""
     _, rows, _ = _inputs()
     for run, op in (
         (lambda v: torch.cumprod(v[:, :4], 1), "cumprod"),
-        (lambda v: v * torch.binomial(torch.full_like(v, 4.0), torch.full_like(v, 0.5)), "binomial"),
+        (lambda v: v * torch.ops.aten.poisson.default(torch.ones_like(v)), "poisson"),
     ):
 
         def step(run: Callable[[Tensor], Tensor] = run) -> list[Tensor]:

@@ -470,13 +470,6 @@ def test_multinomial_neverPicksAZeroWeight_andWithoutReplacementPicksDistinct() 
     assert all(sorted(row) == [1, 2, 4] for row in distinct.tolist())
 
 
-def test_binomialDraws_areRefusedNamingTheFunction() -> None:
-    """Poisson counts are served (dispatch/poissons.py, tests/training/test_poissons.py);
-    binomial ones are not."""
-    with pytest.raises(UnsupportedOpError, match="binomial needs a transcendental"), _ops():
-        torch.binomial(torch.full((3,), 4.0), torch.full((3,), 0.5))
-
-
 def test_exponential_isMinusTheLogOfAnOpenUniform_overLambda() -> None:
     """``exponential_`` was refused (a transcendental draw); it is ``-log(v) / lambd``, ``v`` the
     midpoints of the grid's uniform steps: never 0 or 1, so every value is positive and finite."""

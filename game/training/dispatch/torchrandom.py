@@ -21,9 +21,8 @@ decide it.
 transcendental function an ordinary op.
 
 Gamma, Beta and Dirichlet samples are served by a rejection sampler written out so
-(:mod:`~game.training.dispatch.gammas`), Poisson counts by torch's own two methods written out so
-(:mod:`~game.training.dispatch.poissons`). Refused, with :class:`~game.errors.UnsupportedOpError`:
-``binomial`` (integer counts from torch's transcendental sampler).
+(:mod:`~game.training.dispatch.gammas`), Poisson and binomial counts by torch's own methods
+written out so (:mod:`~game.training.dispatch.counts`).
 
 Anything a handler does not recognise (an unusual keyword, a meta tensor, an integer dtype where a
 float is drawn) goes to torch as called: if it draws, the interceptor refuses it at the ATen level.
@@ -48,12 +47,6 @@ _FACTORY_KEYS = frozenset(
 )
 _LIKE_KEYS = frozenset(
     {"generator", "dtype", "layout", "device", "requires_grad", "memory_format", "pin_memory"}
-)
-
-TRANSCENDENTAL_FIX = (
-    "needs a transcendental function (log, exp, tan), whose float64 result differs between math "
-    "libraries: draw uniforms or Irwin-Hall normals (torch.rand, torch.randn, which vgame serves, or "
-    "game.training.numerics.rng) and write the transformation out with torch ops"
 )
 
 
@@ -461,17 +454,4 @@ def _geometric_(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, An
     return x.copy_(trials)
 
 
-# --------------------------------------------------------------------------------------------------
-# Refused: the other draws that need a transcendental function
-# --------------------------------------------------------------------------------------------------
-
-_TRANSCENDENTAL = (torch.binomial,)  # gamma and Dirichlet: dispatch/gammas.py; poisson: poissons.py
-
-
-@serves(*_TRANSCENDENTAL)
-def _refused(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    name = getattr(func, "__qualname__", name_of(func))
-    raise UnsupportedOpError(f"{name} {TRANSCENDENTAL_FIX}", op=name, fix=TRANSCENDENTAL_FIX)
-
-
-__all__ = ["TRANSCENDENTAL_FIX", "fill_exponential", "fill_normal", "fill_uniform"]
+__all__ = ["fill_exponential", "fill_normal", "fill_uniform"]
