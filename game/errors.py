@@ -65,9 +65,11 @@ class TaskCodeError(TrainingError):
 
 
 class CarriedStateError(TrainingError):
-    """The task's model or loss carries Python state from step to step outside the state a step
-    commits (``game.training.engine.carried``): a judge re-running a later step from its committed
-    state would start without it, so the trainer is stopped before it commits the run."""
+    """The task's model, optimizer or loss carries Python state from step to step outside the
+    state a step commits (``game.training.engine.carried``), or the state does not come back from
+    those bytes (``game.training.engine.states.check_reloads``): a judge re-running a later step
+    from its committed state would start without it, so the trainer is stopped before it commits
+    the run."""
 
 
 class RoundingLogError(TrainingError):

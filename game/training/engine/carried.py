@@ -1,10 +1,12 @@
-"""What a task's model or loss carries from one step to the next outside the committed state.
+"""What a task's model, optimizer or loss carries from one step to the next outside the committed state.
 
 Why: a step is committed as the state before it (parameters, persistent buffers, the optimizer's and
 the scheduler's state) and its log chunk. A judge, or an auditor that starts from a checkpoint,
-re-runs step ``k`` in a model built afresh with that state loaded. A model that keeps a Python value
-across steps (``self.calls += 1`` in its forward, a KL weight annealed by a counter in the loss's
-closure, a cache tensor made in the first forward and kept as a plain attribute) computes step ``k``
+re-runs step ``k`` in a model and an optimizer built afresh with that state loaded. A model that
+keeps a Python value across steps (``self.calls += 1`` in its forward, a KL weight annealed by a
+counter in the loss's closure, a cache tensor made in the first forward and kept as a plain
+attribute), or an optimizer of the task's own that does (Lookahead's slow weights and its count
+of steps kept as attributes, not in ``self.state``), computes step ``k``
 with it on the trainer and without it on the judge: an audit run from step 1 in one process agrees,
 but a dispute over any later step is ruled against the honest trainer, and a dishonest auditor could
 open one on purpose. So the engine compares what a step starts with to what the model's first step
@@ -18,7 +20,12 @@ anything else at each power of two and at the last step.
 
 What is compared (:func:`carried`): the own attributes of every module of the task's own classes
 (torch's bookkeeping aside: hooks, submodules, the ``training`` flag, which the engine sets each
-step); and the data a task's functions hold: their closures, the object a bound method is of, a
+step); those of the optimizer when its class is the task's own (torch's bookkeeping aside:
+``state``, which a step commits, ``defaults``, hooks), and of an optimizer of the task's own that it
+holds (a wrapper's); the entries of every optimizer's param groups (an adaptive optimizer's
+estimate kept there, Prodigy's ``d``), but those the scheduler writes, since a judge's scheduler
+is fast-forwarded to the step (``TrainState.scheduled``);
+and the data a task's functions hold: their closures, the object a bound method is of, a
 partial's arguments, and the globals of their modules. Plain values are compared by value,
 containers of them to two levels, tensors and arrays by shape, dtype and (a tensor's) in-place
 version (one of the model's parameters or buffers held again, as an RNN's ``_flat_weights``, by
@@ -44,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from game.errors import CarriedStateError, TrainingError
@@ -62,6 +70,27 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _DEPTH = 2  # container levels walked
 _WIDTH = 64  # items a container may have to be walked
 _NON_PERSISTENT = " (a non-persistent buffer)"  # the suffix of such a buffer's key
+_OPTIMIZER = "optimizer."  # the prefix of an optimizer's attribute's key
+_GROUPS = "optimizer.param_groups"  # the prefix of a param group's entry's key
+
+
+def _scheduled(keys: set[str], scheduled: set[str]) -> frozenset[str]:
+    """The param-group entries among ``keys`` whose name the scheduler writes (``scheduled``)."""
+    return frozenset(k for k in keys if k.startswith(_GROUPS) and k.rpartition(".")[2] in scheduled)
+
+
+@functools.cache
+def _optimizer_own() -> frozenset[str]:
+    """torch's own attributes of an optimizer (its state, groups, defaults, hooks and what a
+    scheduler marks on it), as a plain SGD under a scheduler has them after a step: the rest of an
+    optimizer's ``__dict__`` is its class's."""
+    p = torch.zeros(1, requires_grad=True)
+    sgd = torch.optim.SGD([p], lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0)
+    p.grad = torch.ones(1)
+    sgd.step()
+    schedule.step()
+    return frozenset(vars(sgd)) | {"state", "param_groups", "defaults"}
 
 
 def _value(v: Any, owned: frozenset[int] = frozenset(), depth: int = 0) -> Any:
@@ -146,26 +175,61 @@ def _function(f: Callable[..., Any], where: str) -> Iterator[tuple[str, Any]]:
         yield from ((f"{module}.{k}", v) for k, v in _data(namespace))
 
 
+def _library(obj: Any, libraries: frozenset[str]) -> bool:
+    """Whether ``obj``'s class comes from one of ``libraries`` (top-level import names)."""
+    return type(obj).__module__.partition(".")[0] in libraries
+
+
+def _optimizer(
+    optimizer: torch.optim.Optimizer,
+    at: str,
+    owned: frozenset[int],
+    libraries: frozenset[str],
+    found: dict[str, Any],
+) -> None:
+    """An optimizer's own attributes into ``found`` under ``at``, where its class is not a
+    library's; an optimizer of the task's own it holds (a wrapper's inner one), the same way."""
+    if _library(optimizer, libraries):
+        return
+    own = _optimizer_own()
+    for name, v in vars(optimizer).items():
+        if name in own:
+            continue
+        if isinstance(v, torch.optim.Optimizer):
+            _optimizer(v, f"{at}{name}.", owned, libraries, found)
+        found[at + name] = _value(v, owned)
+
+
 def carried(
-    model: nn.Module, functions: dict[str, Callable[..., Any] | None], libraries: frozenset[str] = frozenset()
+    model: nn.Module,
+    functions: dict[str, Callable[..., Any] | None],
+    libraries: frozenset[str] = frozenset(),
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, Any]:
-    """What ``model`` and the task's ``functions`` (by role: ``loss``, ``collate``) hold that a
-    step could leave for the next, by where it lives (the module docstring). A module of a class
-    from ``libraries`` (top-level import names: torch's, vgame's, those the task declares) is not
-    walked itself, only its children."""
+    """What ``model``, ``optimizer`` and the task's ``functions`` (by role: ``loss``, ``collate``)
+    hold that a step could leave for the next, by where it lives (the module docstring). A module
+    or an optimizer of a class from ``libraries`` (top-level import names: torch's, vgame's, those
+    the task declares) is not walked itself, only a module's children."""
     found: dict[str, Any] = {}
-    owned = frozenset(id(t) for t in (*model.parameters(), *model.buffers()))
+    committed = [] if optimizer is None else [v for s in optimizer.state.values() for v in s.values()]
+    owned = frozenset(id(t) for t in (*model.parameters(), *model.buffers(), *committed))
     for prefix, module in model.named_modules():
         for name in module._non_persistent_buffers_set:
             b = module._buffers.get(name)
             where = f"model.{prefix}.{name}" if prefix else f"model.{name}"
             found[where + _NON_PERSISTENT] = None if b is None else _Buffer.of(b)
-        if type(module).__module__.partition(".")[0] in libraries:
+        if _library(module, libraries):
             continue
         at = f"model.{prefix}." if prefix else "model."
         for name, v in vars(module).items():
             if name not in _TORCH_OWN and not isinstance(v, nn.Module):
                 found[at + name] = _value(v, owned)
+    if optimizer is not None:
+        _optimizer(optimizer, _OPTIMIZER, owned, libraries, found)
+        for i, group in enumerate(optimizer.param_groups):
+            for name, v in group.items():
+                if name != "params":
+                    found[f"{_GROUPS}[{i}].{name}"] = _value(v, owned)
     for role, f in functions.items():
         if f is not None:
             for where, v in _function(f, role):
@@ -185,8 +249,9 @@ def changed(first: dict[str, Any], now: dict[str, Any], ignored: frozenset[str] 
 
 
 def in_model(key: str) -> bool:
-    """Whether a :func:`carried` key is a module's attribute (a function's data otherwise)."""
-    return key.startswith("model.")
+    """Whether a :func:`carried` key is a module's or the optimizer's attribute, which a judge's
+    model and optimizer, built afresh, start without (a function's data otherwise)."""
+    return key.startswith(("model.", _OPTIMIZER))
 
 
 def refusal(
@@ -195,27 +260,46 @@ def refusal(
     """The error naming what changed (``keys``) between the model's first step here
     (``first_step``) and step ``step``; ``why``: what showed it matters, where something did."""
     buffers = [k.partition(" ")[0].rpartition(".")[2] for k in keys if k.endswith(_NON_PERSISTENT)]
-    fix = (
-        f"register {', '.join(repr(b) for b in buffers)} as a persistent buffer (persistent=True, the "
-        "default), which every step commits, or compute it afresh in each step"
-        if buffers
-        else "keep such a value in a persistent buffer (self.register_buffer('calls', "
-        "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
-    )
+    if buffers:
+        fix = (
+            f"register {', '.join(repr(b) for b in buffers)} as a persistent buffer (persistent=True, "
+            "the default), which every step commits, or compute it afresh in each step"
+        )
+    elif all(k.startswith(_OPTIMIZER) for k in keys):
+        fix = (
+            "keep such a value in the optimizer's per-parameter state as a tensor (self.state[p]['slow'] "
+            "= p.detach().clone(); a count as self.state[p]['step'] = torch.tensor(0.0), as torch's "
+            "Adam keeps it), which every step commits, or compute it afresh in each step"
+        )
+    else:
+        fix = (
+            "keep such a value in a persistent buffer (self.register_buffer('calls', "
+            "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
+        )
     shown = "; ".join(
         f"{k}: {_shown(first.get(k, _ABSENT))} at step {first_step}, {_shown(now.get(k, _ABSENT))} now"
         for k in keys[:3]
     )
     more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
     return CarriedStateError(
-        f"step {step}: the task's model or loss carries Python state from step to step, outside the "
+        f"step {step}: the task's {_whose(keys)} carries Python state from step to step, outside the "
         f"state a step commits ({shown}{more}){why}. A judge re-running a step from its committed "
         "state, or an auditor starting from a checkpoint, starts without it, and would rule an honest "
         f"step wrong: {fix}"
     )
 
 
-_AFRESH = ": in a model built afresh from the state before it, as a judge's is,"
+def _whose(keys: list[str]) -> str:
+    """Who carries what ``keys`` name: the model, the optimizer or the loss, or several."""
+    who = {
+        "model" if k.startswith("model.") else "optimizer" if k.startswith(_OPTIMIZER) else "loss"
+        for k in keys
+    }
+    names = [w for w in ("model", "optimizer", "loss") if w in who]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+_AFRESH = ": in a model and an optimizer built afresh from the state before it, as a judge's are,"
 
 
 @dataclass
@@ -241,21 +325,28 @@ class Watch:
         """:meth:`look` at ``state``'s model before a recorded step ``step``; where something is to
         be judged, the state's bytes before the step, for :meth:`judge` (by way of a re-run
         afresh) once the step has run."""
-        return encode_state(state) if self.look(state.model, step) else None
+        return encode_state(state) if self.look(state.model, step, state.optimizer, state.scheduled) else None
 
-    def look(self, model: nn.Module, step: int) -> bool:
+    def look(
+        self,
+        model: nn.Module,
+        step: int,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduled: set[str] | frozenset[str] = frozenset(),
+    ) -> bool:
         """What ``model`` holds as recorded step ``step`` starts against what it held at its first
         step here. A function's data that changed is refused at once (a model built afresh in this
         process would share it). A module's attribute that changed is to be judged: True, and
         :meth:`judge` is to be called once the step has run. Only a recording is watched: an audit
         or a judge's replay computes as the trainer did, whatever the model carries."""
         task = self.runtime.task
-        now = carried(model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries)
+        now = carried(model, {"loss": task.loss, "collate": task.collate}, self.runtime.libraries, optimizer)
         first = self._first
         if first is None or first.model() is not model:
             self._first = _First(weakref.ref(model), step, now)
             return False
-        keys = changed(first.values, now, frozenset() if self._rejudges(step) else first.ignored)
+        ignored = _scheduled(first.values.keys() | now.keys(), set(scheduled))
+        keys = changed(first.values, now, ignored | (frozenset() if self._rejudges(step) else first.ignored))
         keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, _ABSENT) != v)
         if not keys:
             return False

@@ -53,7 +53,7 @@ from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.packed import StepLog
 from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
-from game.training.state.tensors import StepBuffers, TrainState
+from game.training.state.tensors import StepBuffers, TrainState, step_scheduler
 
 #: The modes a piece of a step runs in (a plain baseline has no log to split).
 PIECE_MODES = ("record", "replay", "round")
@@ -182,8 +182,7 @@ def apply_update(
         engine.update(state)
     state.optimizer.zero_grad(set_to_none=True)
     rm.finish()
-    if state.scheduler is not None:  # as StepEngine.run_step: Python floats only
-        state.scheduler.step()
+    step_scheduler(state)  # as StepEngine.run_step: Python floats only
     state.step = step
     return Segment(log if mode != "round" else None, rm.op_index)
 

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.stockops import collating
+from game.training.state.tensors import TrainState, step_scheduler
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
 from game.training.task.define import Task, TaskFactory
@@ -146,15 +147,15 @@ class TaskRuntime:
         return opt, scheduler
 
     @staticmethod
-    def advance_scheduler(scheduler: Any, steps: int) -> None:
-        """Step a fresh scheduler ``steps`` times: where it stands after that many training steps
-        (a checkpoint holds no scheduler; its schedule is a function of the step)."""
-        if scheduler is None or steps <= 0:
+    def advance_scheduler(state: TrainState, steps: int) -> None:
+        """Step a fresh state's scheduler ``steps`` times: where it stands after that many training
+        steps (a checkpoint holds no scheduler; its schedule is a function of the step)."""
+        if state.scheduler is None or steps <= 0:
             return
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose here
             warnings.simplefilter("ignore", UserWarning)
             for _ in range(steps):
-                scheduler.step()
+                step_scheduler(state)
 
     # ---- steps --------------------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from game.errors import TrainingError
+from game.errors import CarriedStateError, TrainingError
 from game.training.engine.runtime import TaskRuntime, runtime_for
 from game.training.numerics import rounding
+from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import CheckpointError, parse_state
-from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers
+from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers, state_tensors
 from game.training.task.config import TaskConfig
 
 
@@ -69,7 +70,7 @@ def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "
                 raise CheckpointError(f"{name}: dtype {src.dtype} in the bytes, model has {target.dtype}")
             target.copy_(src.to(target.dtype))
     _load_optimizer(state, {n: t for n, t in tensors.items() if n.startswith("optim/")})
-    TaskRuntime.advance_scheduler(state.scheduler, step)
+    TaskRuntime.advance_scheduler(state, step)
     if torch.device(device) != torch.device("cpu"):
         move_state(state, device)
     return state
@@ -98,4 +99,39 @@ def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
         raise CheckpointError(f"optimizer state does not load: {exc}") from exc
 
 
-__all__ = ["decode_state", "fresh_state"]
+def check_reloads(state: TrainState, cfg: TaskConfig) -> None:
+    """Refuse a state that does not come back as it was from the bytes a step commits (encoded,
+    decoded into a model and an optimizer built afresh, encoded again), naming where it differs.
+
+    Why: a judge, or an auditor starting from a checkpoint, runs a step from those bytes. An
+    optimizer of the task's own whose ``load_state_dict`` loses what its step keeps (a wrapper that
+    hands it to an inner optimizer, which puts a new ``state`` dict in place of the one the wrapper
+    shares), or a module whose ``_load_from_state_dict`` skips a buffer, trains and audits from
+    step 1 in one process, and every later step is ruled against the honest trainer. The engine
+    runs this once, after the first step it records (the optimizer's state exists then)."""
+    saved = encode_state(state)
+    back = decode_state(saved, cfg)
+    if encode_state(back) == saved:
+        return
+    was, now = state_tensors(state), state_tensors(back)
+    lost, came = sorted(was.keys() - now.keys()), sorted(now.keys() - was.keys())
+    differ = sorted(
+        k for k in was.keys() & now.keys() if not torch.equal(was[k].detach().cpu(), now[k].detach().cpu())
+    )
+    where = "; ".join(
+        f"{what}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
+        for what, keys in (("lost", lost), ("new", came), ("other values", differ))
+        if keys
+    )
+    raise CarriedStateError(
+        f"step {state.step}: the state does not come back as it was from the bytes a step commits "
+        f"(decoded into a model and an optimizer built afresh, then encoded again: {where or 'other bytes'}). "
+        "A judge re-running a step from its committed state, or an auditor starting from a checkpoint, "
+        "would start from another state and rule an honest step wrong: an optimizer of the task's own "
+        "must keep everything its step uses in its own self.state (per parameter, tensors), loaded back "
+        "by torch's load_state_dict (a wrapper: subclass the optimizer instead, or share the inner "
+        "optimizer's state again after load_state_dict)"
+    )
+
+
+__all__ = ["check_reloads", "decode_state", "fresh_state"]

@@ -55,6 +55,7 @@ from game.training.state.tensors import (
     check_on_grid,
     move_state,
     snapshot,
+    step_scheduler,
 )
 from game.training.task import datasets
 from game.training.task.config import TaskConfig
@@ -199,8 +200,7 @@ class StepEngine:
                 rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
         else:
             rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
-        if state.scheduler is not None:  # after the update, outside the rounding: Python floats only
-            state.scheduler.step()
+        step_scheduler(state)  # after the update, outside the rounding: Python floats only
         state.step = step
         self.last_mode = rm
         if logger.isEnabledFor(logging.DEBUG):  # counting the op kinds adds up the front's tallies

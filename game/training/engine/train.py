@@ -24,6 +24,7 @@ from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import own_start, replay_forward
 from game.training.engine.scheduled import write_scheduled
+from game.training.engine.states import check_reloads
 from game.training.engine.step import StepEngine, engine_for
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.schedule import ScheduleEntry
@@ -257,7 +258,7 @@ def _train_alone(
     try:
         return _write_steps(writer, engine, state, out, profile, run, dev, progress, observe, resumed_from)
     except VGameError:
-        if created and writer.num_done <= 1:  # refused in step 1: this run's leaf 0 alone
+        if created and writer.num_done <= 2:  # refused in step 1 or after it: leaf 0 and step 1 alone
             writer.discard()
         raise
 
@@ -291,6 +292,7 @@ def _write_steps(
             loss = step_loss if step_loss is not None else loss
             steps_run += 1
             if steps_run == 1:  # the optimizer's state exists now: a checkpoint has its full size
+                check_reloads(state, cfg)
                 _warn_if_no_room(out, cfg, state, step)
             if observe is not None:
                 observe(step, step_loss, state)

@@ -45,7 +45,7 @@ from game.training.engine.step import StepEngine
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.schedule import Applied, MicroBatchId
 from game.training.state.checkpoint import parse_state
-from game.training.state.tensors import TrainState, persistent_buffers
+from game.training.state.tensors import TrainState, persistent_buffers, step_scheduler
 
 #: A version's model: ``param/<name>`` and ``buffer/<name>`` tensors (float64, on the grid).
 Weights = dict[str, Tensor]
@@ -247,8 +247,7 @@ class UpdateEngine:
     @staticmethod
     def finish_update(state: TrainState, step: int) -> None:
         """After the update, outside the rounding: the scheduler's next lr, the step number."""
-        if state.scheduler is not None:
-            state.scheduler.step()
+        step_scheduler(state)
         state.step = step
 
 

@@ -36,6 +36,10 @@ class TrainState:
     step: int
     #: the task's LR scheduler, stepped after each update (not state: a function of ``step``)
     scheduler: Any = field(default=None, compare=False)
+    #: The keys of the optimizer's param groups the scheduler has written (its ``lr``; a cyclic
+    #: one's ``momentum`` or ``betas``): a judge's scheduler, fast-forwarded, writes them again, so
+    #: a change there is not state the optimizer carries (:func:`step_scheduler`).
+    scheduled: set[str] = field(default_factory=set, repr=False, compare=False)
     #: What :func:`~game.training.state.canonical.state_buffer` worked out from the tensors last time
     #: (its ``_BufferPlan``, checked before each use; only that module reads or sets it).
     buffer_plan: object | None = field(default=None, init=False, repr=False, compare=False)
@@ -48,6 +52,27 @@ class TrainState:
     def device(self) -> torch.device:
         """Where the parameters live."""
         return next(self.model.parameters()).device
+
+
+def step_scheduler(state: TrainState) -> None:
+    """Step ``state``'s scheduler (if any) once, noting the param-group keys it wrote in
+    :attr:`TrainState.scheduled`: an entry set anew (an lr of equal value set again is written) or
+    a tensor filled in place. The objects held before are kept while it steps, so that no new one
+    takes an old one's ``id``."""
+    if state.scheduler is None:
+        return
+    groups = state.optimizer.param_groups
+    before = [{k: (v, _version(v)) for k, v in g.items() if k != "params"} for g in groups]
+    state.scheduler.step()
+    for was, group in zip(before, groups, strict=False):
+        for k, v in group.items():
+            old = was.get(k)
+            if k != "params" and (old is None or old[0] is not v or old[1] != _version(v)):
+                state.scheduled.add(k)
+
+
+def _version(v: Any) -> int:
+    return v._version if isinstance(v, Tensor) else 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,4 +257,5 @@ __all__ = [
     "persistent_buffers",
     "snapshot",
     "state_tensors",
+    "step_scheduler",
 ]

@@ -198,18 +198,19 @@ class TranscriptWriter(StepPipeline):
         return self.manifest
 
     def discard(self) -> None:
-        """Remove the transcript this writer created, once closed, while it holds leaf 0 alone: a
-        task refused at step 1 (an op, its code) would otherwise leave a transcript that the run
-        with the fix is refused into, as another task's. The files of a transcript go, by name;
-        the directory itself stays (it may have been the user's before), as does anything else
-        in it."""
+        """Remove the transcript this writer created, once closed, while it holds leaf 0 and at
+        most step 1: a task refused in step 1 (an op, its code) or by the check after it (a state
+        that does not load back) would otherwise leave a transcript that the run with the fix is
+        refused into, as another task's. The files of a transcript go, by name; the directory
+        itself stays (it may have been the user's before), as does anything else in it."""
         self.close()
-        if self.num_done > 1:
+        if self.num_done > 2:
             raise TranscriptError(f"{self.directory} holds trained steps: it is not discarded")
         paths = self.paths
-        for path in (paths.manifest, paths.leaves, paths.chunk_hashes, paths.chunk(0), paths.checkpoint(0)):
+        first = (paths.chunk(0), paths.checkpoint(0), paths.chunk(1), paths.checkpoint(1))
+        for path in (paths.manifest, paths.leaves, paths.chunk_hashes, *first):
             path.unlink(missing_ok=True)
         for folder in (paths.log_dir, paths.checkpoint_dir):
             with contextlib.suppress(OSError):  # not empty: something not ours is in it
                 folder.rmdir()
-        log.info("removed the transcript at %s: it held leaf 0 alone", self.directory)
+        log.info("removed the transcript at %s: it held leaf 0 and at most step 1", self.directory)

@@ -1,0 +1,202 @@
+"""An optimizer of the task's own that carries state outside the state a step commits, and a state
+that does not load back from its own bytes (engine/carried.py, engine/states.py).
+
+Why: a step commits the optimizer's per-parameter ``state`` tensors, and a judge re-runs a step in
+an optimizer built afresh with them loaded and the scheduler fast-forwarded. A Lookahead that kept
+its count of steps and its slow weights as attributes, an adaptive optimizer (D-Adaptation,
+Prodigy) that kept its estimate in a param group, and a wrapper whose ``load_state_dict`` left it
+holding another ``state`` dict than its inner optimizer's each trained and passed an audit from
+step 1, and the judge's re-run of a later step ruled the honest trainer wrong. The first two are
+now judged as a model's attributes are (run afresh at step 2, refused where the leaf differs),
+the third refused after step 1 by a round trip through the committed bytes; the same optimizers
+written to keep their state in ``self.state`` train and the judge agrees, and a scheduler's
+writes to the param groups (a cyclic one's momentum too) are no carried state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from game.errors import CarriedStateError
+from game.training.engine.replay import replay_transcript_step
+from game.training.engine.step import StepEngine
+from game.training.engine.train import train
+from game.training.task.config import load_config
+from tests.training.test_task_api import TASK_PY, make_plugin
+
+_SCHEDULER = "        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR("
+
+LOOKAHEAD_ATTRIBUTES = """
+class Lookahead(torch.optim.AdamW):
+    def __init__(self, params, k=2, alpha=0.5, **kw):
+        super().__init__(params, **kw)
+        self.k, self.alpha, self.count = k, alpha, 0
+        self.slow = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step()
+        self.count += 1
+        if self.count % self.k == 0:
+            for p, s in zip([p for g in self.param_groups for p in g["params"]], self.slow):
+                s.add_(p - s, alpha=self.alpha)
+                p.copy_(s)
+"""
+
+LOOKAHEAD_STATE = """
+class Lookahead(torch.optim.AdamW):
+    def __init__(self, params, k=2, alpha=0.5, **kw):
+        super().__init__(params, **kw)
+        self.k, self.alpha = k, alpha
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step()
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                if "slow" not in st:
+                    st["slow"], st["count"] = p.detach().clone(), torch.zeros((), dtype=p.dtype)
+                st["count"].add_(1)
+                if int(st["count"]) % self.k == 0:
+                    st["slow"].add_(p - st["slow"], alpha=self.alpha)
+                    p.copy_(st["slow"])
+"""
+
+ESTIMATE_IN_GROUP = """
+class Adaptive(torch.optim.Optimizer):
+    def __init__(self, params, lr=1.0):
+        super().__init__(params, dict(lr=lr, d=1e-3, seen=0))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            g["d"] = g["d"] * 1.5  # the step size's estimate grows, as D-Adaptation's does
+            g["seen"] += 1
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-g["d"] * g["lr"])
+"""
+
+SHARED_BY_A_WRAPPER = """
+class Lookahead(torch.optim.Optimizer):
+    def __init__(self, inner, alpha=0.5):
+        self.inner, self.alpha = inner, alpha
+        self.param_groups, self.defaults, self.state = inner.param_groups, inner.defaults, inner.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inner.step()
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                st.setdefault("slow", p.detach().clone())
+                st["slow"].add_(p - st["slow"], alpha=self.alpha)
+                p.copy_(st["slow"])
+
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, sd):
+        self.inner.load_state_dict(sd)  # puts a new state dict in inner; this one keeps the old
+"""
+
+
+def _with(optimizer: str, classes: str = "", scheduler: str = "") -> str:
+    """The test task with ``optimizer`` (an expression of ``m``), ``classes`` before its model."""
+    body = TASK_PY.replace("class Net(nn.Module):", classes + "\n\nclass Net(nn.Module):")
+    body = body.replace(_SCHEDULER, f"        optimizer=lambda m: {optimizer},\n{_SCHEDULER}")
+    if scheduler:
+        old = body[body.index(_SCHEDULER) : body.index("\n", body.index(_SCHEDULER))]
+        body = body.replace(old, f"        scheduler=lambda opt: {scheduler},")
+    return body
+
+
+def _counted_reruns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps the engine runs again afresh from here on."""
+    afresh: list[int] = []
+    rerun = StepEngine._rerun_afresh
+
+    def counted(self: StepEngine, before: bytes, step: int, *rest: Any) -> bytes:
+        afresh.append(step)
+        return rerun(self, before, step, *rest)
+
+    monkeypatch.setattr(StepEngine, "_rerun_afresh", counted)
+    return afresh
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (
+            _with("Lookahead(m.parameters(), lr=0.02)", LOOKAHEAD_ATTRIBUTES),
+            r"optimizer\.count: 0 at step 1, 1 now",
+        ),
+        (
+            _with("Adaptive(m.parameters())", ESTIMATE_IN_GROUP),
+            r"optimizer\.param_groups\[0\]\.d: 0\.001 at step 1",
+        ),
+    ],
+    ids=["lookahead_attributes", "estimate_in_param_group"],
+)
+def test_anOptimizerCarryingStateOutsideItsState_stopsTheTrainerAtStep2_namingIt(
+    tmp_path: Path, body: str, where: str
+) -> None:
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=3)
+    with pytest.raises(
+        CarriedStateError, match=rf"step 2: the task's optimizer .*{where}.*afresh.*self\.state"
+    ):
+        train(cfg, "cpu-1t", tmp_path / "t")
+
+
+def test_anOptimizerKeepingItsStateInSelfState_trains_andTheJudgeAgrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same Lookahead with its slow weights and count in ``self.state`` (committed with each
+    step), under a OneCycle schedule that writes the learning rate and Adam's betas every step:
+    no step is run afresh, and the judge's re-run of steps 3 and 4 gives the trainer's leaves."""
+    afresh = _counted_reruns(monkeypatch)
+    body = _with(
+        "Lookahead(m.parameters(), lr=0.02)",
+        LOOKAHEAD_STATE,
+        "torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10)",
+    )
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=4, checkpoint_interval=1)
+    train(cfg, "cpu-1t", tmp_path / "t")
+    assert afresh == []
+    for step in (3, 4):
+        assert replay_transcript_step(tmp_path / "t", step, "noisy").matches_transcript
+
+
+def test_aCounterKeptInAParamGroup_thatNoStepReads_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A number a param group keeps for a log line changes every step: each such step runs again
+    afresh, shows the same leaf, and the run trains."""
+    afresh = _counted_reruns(monkeypatch)
+    body = _with("Adaptive(m.parameters(), lr=0.05)", ESTIMATE_IN_GROUP.replace('g["d"] * 1.5', 'g["d"]'))
+    make_plugin(tmp_path, body)
+    train(load_config(tmp_path / "task.toml").replace(steps=3), "cpu-1t", tmp_path / "t")
+    assert afresh == [2, 3]
+
+
+def test_aStateThatDoesNotLoadBack_isRefusedAfterStep1_andItsTranscriptRemoved(tmp_path: Path) -> None:
+    """A wrapper whose inner optimizer's ``load_state_dict`` puts a new ``state`` dict in place
+    of the one the wrapper shares: decoded from the committed bytes, the state loses every entry.
+    Refused after step 1 naming what is lost, with no transcript left behind (the run with the
+    fix is not refused into it as another task's)."""
+    make_plugin(tmp_path, _with("Lookahead(torch.optim.AdamW(m.parameters(), lr=0.02))", SHARED_BY_A_WRAPPER))
+    out = tmp_path / "t"
+    with pytest.raises(
+        CarriedStateError, match=r"step 1: the state does not come back .*lost: optim/a\.bias/exp_avg"
+    ):
+        train(load_config(tmp_path / "task.toml").replace(steps=3), "cpu-1t", out)
+    assert not any(out.iterdir())
