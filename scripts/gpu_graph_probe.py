@@ -242,11 +242,11 @@ def main() -> None:
 
         def update() -> None:
             if mode == "plain":
-                engine.update(state)
+                engine.update(state, step, serve=False)
                 return
             u = engine.interceptor(step, "record", new_step_log(cfg.log_format, step), defer=True)
             with engine.profile.apply(), u:
-                engine.update(state)
+                engine.update(state, step)
             u.finish()
 
         failed = 0

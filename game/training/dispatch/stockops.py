@@ -156,6 +156,33 @@ def collating(seed: int, step: int, example_ids: Tensor, *, bits: int = 32) -> I
         yield mode.handled
 
 
+def update_seed(seed: int, step: int) -> bytes:
+    """The 32 bytes that seed Python's and numpy's global generators for step ``step``'s update."""
+    return hashlib.sha256(f"vgame/update/{seed}/{step}".encode()).digest()
+
+
+@contextlib.contextmanager
+def updating(seed: int, step: int, *, bits: int = 32) -> Iterator[Counter[str]]:
+    """Serve what step ``step``'s update (the clipping and the optimizer's step) calls of torch's
+    random functions and of the other served functions; yields the served calls by name.
+
+    Why: an optimizer of a task's own that draws in its step (DP-SGD's Gaussian noise on the
+    summed gradients, Langevin dynamics' noise on the update, a perturbed update) drew from torch's
+    generator, which is refused in a step: it could not train at all. Here those draws come from the
+    counter RNG under the prefix ``update`` (one stream each: an update has no examples; never a
+    micro-batch's draws), Python's and numpy's global generators are seeded for the update
+    (:func:`update_seed`), and torch's default dtype is float64, as in a micro-batch. Every worker
+    that applies the update (each data-parallel rank, a parameter server) draws the same."""
+    mode = ServingMode(Draws(seed, step, "update", bits=bits))
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with SeededGlobals(update_seed(seed, step)), mode:
+            yield mode.handled
+    finally:
+        torch.set_default_dtype(dtype)
+
+
 class StockOps:
     """Serve stock torch's random functions, dropout and attention for one micro-batch of a step.
 
@@ -229,4 +256,6 @@ __all__ = [
     "collate_seed",
     "collating",
     "global_seed",
+    "update_seed",
+    "updating",
 ]

@@ -179,7 +179,7 @@ def apply_update(
         p.grad = g
     rm = engine.interceptor(step, mode, log)
     with engine.profile.apply(), rm:
-        engine.update(state)
+        engine.update(state, step)
     state.optimizer.zero_grad(set_to_none=True)
     rm.finish()
     step_scheduler(state)  # as StepEngine.run_step: Python floats only

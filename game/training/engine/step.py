@@ -27,6 +27,7 @@ workers may run them at once and give this step's bits and chunk: :mod:`.microba
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
-from game.training.dispatch.stockops import StockOps
+from game.training.dispatch.stockops import StockOps, updating
 from game.training.engine import carried
 from game.training.engine.runtime import Batch, runtime_for
 from game.training.engine.states import decode_state, fresh_state
@@ -359,7 +360,7 @@ class StepEngine:
             if start is not None and j:
                 start.restore()
             losses.append(self.micro_batch(state.model, mb, step, j, len(micro), serve=serve))
-        self.update(state)
+        self.update(state, step, serve=serve)
         return losses
 
     def micro_batch(
@@ -379,12 +380,16 @@ class StepEngine:
         (loss if total == 1 else loss * (1.0 / total)).backward()
         return loss.detach()
 
-    def update(self, state: TrainState) -> None:
-        """The update on the gradients in ``.grad``: ``clip_grad_norm_`` (foreach) when the task
-        clips, then the optimizer's step."""
-        if self.cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.cfg.clip_grad_norm, foreach=True)
-        state.optimizer.step()
+    def update(self, state: TrainState, step: int, *, serve: bool = True) -> None:
+        """Step ``step``'s update on the gradients in ``.grad``: ``clip_grad_norm_`` (foreach) when
+        the task clips, then the optimizer's step, what they draw served (:func:`updating`) unless
+        ``serve`` is False (the plain baselines: stock torch)."""
+        with updating(self.cfg.seed, step, bits=self.cfg.bits) if serve else contextlib.nullcontext():
+            if self.cfg.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(
+                    state.model.parameters(), self.cfg.clip_grad_norm, foreach=True
+                )
+            state.optimizer.step()
 
     def prepare_batch(self, batch: Batch, dtype: torch.dtype = torch.float64, *, rnd: bool = True) -> Batch:
         """Float tensors of the batch in the state's dtype (on the grid when rounding), on the

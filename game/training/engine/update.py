@@ -163,7 +163,7 @@ class UpdateEngine:
         for p, g in zip(params, total, strict=True):
             p.grad = g
         self.take_buffers(state, results[-1])
-        self.engine.update(state)
+        self.engine.update(state, state.step + 1)
 
     @staticmethod
     def take_buffers(state: TrainState, last: MicroWork) -> None:
