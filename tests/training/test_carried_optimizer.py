@@ -188,15 +188,19 @@ def test_aCounterKeptInAParamGroup_thatNoStepReads_trains(
     assert afresh == [2, 3]
 
 
-def test_aStateThatDoesNotLoadBack_isRefusedAfterStep1_andItsTranscriptRemoved(tmp_path: Path) -> None:
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "asynchronous"])
+def test_aStateThatDoesNotLoadBack_isRefusedAfterStep1(tmp_path: Path, staleness: int) -> None:
     """A wrapper whose inner optimizer's ``load_state_dict`` puts a new ``state`` dict in place
     of the one the wrapper shares: decoded from the committed bytes, the state loses every entry.
-    Refused after step 1 naming what is lost, with no transcript left behind (the run with the
-    fix is not refused into it as another task's)."""
+    Refused after step 1 (update 1 of an asynchronous task) naming what is lost; a synchronous
+    run leaves no transcript behind (the run with the fix is not refused into it as another
+    task's)."""
     make_plugin(tmp_path, _with("Lookahead(torch.optim.AdamW(m.parameters(), lr=0.02))", SHARED_BY_A_WRAPPER))
     out = tmp_path / "t"
+    cfg = load_config(tmp_path / "task.toml").replace(steps=3, max_staleness=staleness, accumulate=2)
     with pytest.raises(
         CarriedStateError, match=r"step 1: the state does not come back .*lost: optim/a\.bias/exp_avg"
     ):
-        train(load_config(tmp_path / "task.toml").replace(steps=3), "cpu-1t", out)
-    assert not any(out.iterdir())
+        train(cfg, "cpu-1t", out)
+    if not staleness:
+        assert not any(out.iterdir())

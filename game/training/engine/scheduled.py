@@ -19,7 +19,7 @@ from game.errors import ConfigError, RoundingLogError, TranscriptError, UnfitChu
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.runtime import Batch
-from game.training.engine.states import decode_state
+from game.training.engine.states import check_reloads, decode_state
 from game.training.engine.step import StepEngine, engine_for
 from game.training.engine.update import UpdateEngine, Weights, weights_from_bytes, weights_of
 from game.training.log.formats import ChunkLog, decode_scheduled, schedule_entry
@@ -125,12 +125,15 @@ def write_scheduled(
             done = 0
         else:
             state, kept = _went_to(engine, out, schedule, done)
+        first = done + 1
         for entry in schedule[done:]:
             u = entry.update
             step_log, _, _ = ue.run_update(
                 state, [(a, kept[a.version]) for a in entry.applied], mode="record"
             )
             assert step_log is not None
+            if u == first:  # the optimizer's state exists now
+                check_reloads(state, cfg)
             chunk = ScheduledLog(entry, step_log) if cfg.scheduled else step_log
             data = encode_state(state)
             writer.append_step(u, state_hash(state), chunk, data if writer.wants_checkpoint(u) else None)
