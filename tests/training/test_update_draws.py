@@ -19,6 +19,7 @@ import torch
 from game.training.dispatch.draws import Draws
 from game.training.dispatch.stockops import StockOps, update_seed, updating
 from game.training.engine.replay import replay_transcript_step
+from game.training.engine.step import engine_for
 from game.training.engine.train import train
 from game.training.parallel.launch import launch
 from game.training.task.config import load_config
@@ -45,19 +46,21 @@ BODY = TASK_PY.replace("class Net(nn.Module):", NOISY_SGD + "\n\nclass Net(nn.Mo
 
 
 def test_updatingServesTheCounterRngsDraws_underAPrefixOfItsOwn_andSeedsTheGlobals() -> None:
-    """A normal drawn in an update is ``Draws(seed, step, "update")``'s first normal, on the grid
-    and float64 by default; a micro-batch's first draw of the same step is another; Python's and
-    numpy's generators give the update's seeded words, and are put back after."""
+    """A normal drawn in an update is ``Draws(seed, step, "update")``'s first normal, on the grid;
+    a micro-batch's first draw of the same step is another; Python's and numpy's generators give
+    the update's seeded words, and are put back after. Torch's default dtype stays float32 (torch's
+    optimizers make their step counters in it, and the state commits them so)."""
     before = random.getstate()
     with updating(9, 4, bits=32) as served:
-        drawn = torch.randn(3, 5)
+        drawn = torch.randn(3, 5, dtype=torch.float64)
         words = (random.random(), float(np.random.random()))
-    assert served["randn"] == 1 and drawn.dtype == torch.float64
+        assert torch.get_default_dtype() == torch.float32
+    assert served["randn"] == 1
     assert torch.equal(
         drawn, Draws(9, 4, "update", bits=32).normal("randn", (3, 5), drawn.device, torch.float64)
     )
     with StockOps(9, 4, 0, torch.arange(8), bits=32):
-        micro = torch.randn(3, 5)
+        micro = torch.randn(3, 5, dtype=torch.float64)
     assert not torch.equal(drawn, micro)
     seeded = random.Random(int.from_bytes(update_seed(9, 4), "big")).random()
     assert words[0] == seeded and random.getstate() == before
@@ -79,3 +82,16 @@ def test_twoWorkersApplyingTheNoisyUpdate_writeTheOneProcessTranscript(tmp_path:
     one = train(cfg, "cpu-1t", tmp_path / "one")
     two = launch(cfg, "cpu-1t", tmp_path / "two", 2).result
     assert (two.state_root, two.log_root) == (one.state_root, one.log_root)
+
+
+def test_theServedUpdate_leavesTorchsOptimizerStateAsTorchMakesIt(tmp_path: Path) -> None:
+    """Adam's step counters are made in torch's default dtype (float32) and committed so: the
+    served update does not change the state's format (a float64 default there made them
+    float64, and two more rounded ops a step)."""
+    make_plugin(tmp_path, TASK_PY)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=1)
+    engine = engine_for(cfg, "cpu-1t")
+    state = engine.init_state()
+    engine.run_step(state, 1, mode="record")
+    steps = [s["step"] for s in state.optimizer.state.values()]
+    assert steps and all(t.dtype == torch.float32 and float(t) == 1.0 for t in steps)

@@ -170,17 +170,14 @@ def updating(seed: int, step: int, *, bits: int = 32) -> Iterator[Counter[str]]:
     summed gradients, Langevin dynamics' noise on the update, a perturbed update) drew from torch's
     generator, which is refused in a step: it could not train at all. Here those draws come from the
     counter RNG under the prefix ``update`` (one stream each: an update has no examples; never a
-    micro-batch's draws), Python's and numpy's global generators are seeded for the update
-    (:func:`update_seed`), and torch's default dtype is float64, as in a micro-batch. Every worker
-    that applies the update (each data-parallel rank, a parameter server) draws the same."""
+    micro-batch's draws), and Python's and numpy's global generators are seeded for the update
+    (:func:`update_seed`). Every worker that applies the update (each data-parallel rank, a
+    parameter server) draws the same. Torch's default dtype is left as it is (a micro-batch sets
+    float64): torch's optimizers make their step counters in it, float32, and the state commits
+    them so."""
     mode = ServingMode(Draws(seed, step, "update", bits=bits))
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        with SeededGlobals(update_seed(seed, step)), mode:
-            yield mode.handled
-    finally:
-        torch.set_default_dtype(dtype)
+    with SeededGlobals(update_seed(seed, step)), mode:
+        yield mode.handled
 
 
 class StockOps:
