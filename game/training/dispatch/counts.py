@@ -62,6 +62,14 @@ def _unfinished(law: str) -> RuntimeError:  # pragma: no cover - far below 1e-15
     return RuntimeError(f"the {law} sampler did not give every element a count in {MAX_ROUNDS} rounds")
 
 
+def _rejection_draws(d: Draws, name: str, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A transformed rejection's round of draws, of ``like``'s shape: ``u`` uniform in
+    (-1/2, 1/2), ``v`` uniform in (0, 1), and ``us = 1/2 - |u|`` (never 0: open uniforms)."""
+    u = d.open_uniform(name, like.shape, like.device, torch.float64) - 0.5
+    v = d.open_uniform(name, like.shape, like.device, torch.float64)
+    return u, v, 0.5 - u.abs()
+
+
 def _multiplied(d: Draws, name: str, rate: Tensor, todo: Tensor) -> Tensor:
     """Poisson counts for the elements of ``todo`` (rate below :data:`REJECTION_FROM`), Knuth's."""
     floor = torch.exp(-rate)
@@ -89,9 +97,7 @@ def _transformed_rejection(d: Draws, name: str, rate: Tensor, todo: Tensor) -> T
     out = torch.zeros_like(rate)
     done = ~todo
     for _ in range(MAX_ROUNDS):
-        u = d.open_uniform(name, rate.shape, rate.device, torch.float64) - 0.5
-        v = d.open_uniform(name, rate.shape, rate.device, torch.float64)
-        us = 0.5 - u.abs()
+        u, v, us = _rejection_draws(d, name, rate)
         k = torch.floor((a * 2.0 / us + b) * u + lam + 0.43)
         squeezed = (us >= 0.07) & (v <= v_r)
         possible = (k >= 0.0) & ~((us < 0.013) & (v > us))
@@ -165,9 +171,7 @@ def _btrs(d: Draws, name: str, n: Tensor, q: Tensor, todo: Tensor) -> Tensor:
     out = torch.zeros_like(n)
     done = ~todo
     for _ in range(MAX_ROUNDS):
-        u = d.open_uniform(name, n.shape, n.device, torch.float64) - 0.5
-        v = d.open_uniform(name, n.shape, n.device, torch.float64)
-        us = 0.5 - u.abs()
+        u, v, us = _rejection_draws(d, name, n)
         k = torch.floor((a * 2.0 / us + b) * u + c)
         inside = (k >= 0.0) & (k <= n)
         squeezed = inside & (us >= 0.07) & (v <= v_r)
