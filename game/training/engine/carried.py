@@ -21,12 +21,12 @@ anything else at each power of two and at the last step.
 What is compared (:func:`carried`): the own attributes of every module of the task's own classes
 (torch's bookkeeping aside: hooks, submodules, the ``training`` flag, which the engine sets each
 step); those of the optimizer when its class is the task's own (torch's bookkeeping aside:
-``state``, which a step commits, ``defaults``, hooks), and of an optimizer of the task's own that it
-holds (a wrapper's); the entries of every optimizer's param groups (an adaptive optimizer's
+``state``, which a step commits, ``defaults``, hooks), and of an optimizer of the task's own that
+it holds (a wrapper's); the entries of every optimizer's param groups (an adaptive optimizer's
 estimate kept there, Prodigy's ``d``), but those the scheduler writes, since a judge's scheduler
-is fast-forwarded to the step (``TrainState.scheduled``);
-and the data a task's functions hold: their closures, the object a bound method is of, a
-partial's arguments, and the globals of their modules. Plain values are compared by value,
+is fast-forwarded to the step (``TrainState.scheduled``); and the data a task's functions hold:
+their closures, the object a bound method is of, a partial's arguments, and the globals of their
+modules. Plain values are compared by value,
 containers of them to two levels, tensors and arrays by shape, dtype and (a tensor's) in-place
 version (one of the model's parameters or buffers held again, as an RNN's ``_flat_weights``, by
 shape and dtype: the engine writes those in place); any other object by its type alone (not walked:
