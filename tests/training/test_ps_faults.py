@@ -30,6 +30,7 @@ from game.training.task.config import TaskConfig, load_config  # noqa: E402
 from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
 from tests.training.test_carried import COUNTED, KEPT  # noqa: E402
+from tests.training.test_carried_optimizer import SHARED_BY_A_WRAPPER, _with  # noqa: E402
 from tests.training.test_task_api import make_plugin  # noqa: E402
 
 STEPS = 10
@@ -178,6 +179,24 @@ def test_aModelCarryingStateFromOneMicroBatchToTheNext_isRefusedOnTheWorkers(
     cfg = load_config(tmp_path / "kept" / "task.toml").replace(steps=3, accumulate=2)
     train_ps(cfg, "cpu-1t", tmp_path / "k", PsOptions(workers=2), cluster=cluster, search=[tmp_path / "kept"])
     assert audit(tmp_path / "k", "noisy").match
+
+
+def test_aStateThatDoesNotLoadBack_isRefusedAfterTheFirstUpdate(cluster: PsCluster, tmp_path: Path) -> None:
+    """The driver holds the state after its first update to its committed bytes, as a one-process
+    trainer does after step 1: a wrapper optimizer whose load_state_dict loses its shared state
+    stops the run, naming what is lost."""
+    body = _with("Lookahead(torch.optim.AdamW(m.parameters(), lr=0.02))", SHARED_BY_A_WRAPPER)
+    make_plugin(tmp_path / "wrapped", body)
+    cfg = load_config(tmp_path / "wrapped" / "task.toml").replace(steps=3, accumulate=2)
+    with pytest.raises(CarriedStateError, match=r"step 1: the state does not come back .*lost: optim/"):
+        train_ps(
+            cfg,
+            "cpu-1t",
+            tmp_path / "t",
+            PsOptions(workers=2),
+            cluster=cluster,
+            search=[tmp_path / "wrapped"],
+        )
 
 
 def test_recoveryBench_measuresEachModesLoss_andDrawsTheFigure(cluster: PsCluster, tmp_path: Path) -> None:

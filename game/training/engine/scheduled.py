@@ -132,10 +132,10 @@ def write_scheduled(
                 state, [(a, kept[a.version]) for a in entry.applied], mode="record"
             )
             assert step_log is not None
-            if u == first:  # the optimizer's state exists now
-                check_reloads(state, cfg)
             chunk = ScheduledLog(entry, step_log) if cfg.scheduled else step_log
             data = encode_state(state)
+            if u == first:  # the optimizer's state exists now
+                check_reloads(data, cfg)
             writer.append_step(u, state_hash(state), chunk, data if writer.wants_checkpoint(u) else None)
             if uses.get(u, 0) > u:
                 kept[u] = weights_of(state)

@@ -16,7 +16,7 @@ from game.training.engine.runtime import TaskRuntime, runtime_for
 from game.training.numerics import rounding
 from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import CheckpointError, parse_state
-from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers, state_tensors
+from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers
 from game.training.task.config import TaskConfig
 
 
@@ -99,32 +99,31 @@ def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
         raise CheckpointError(f"optimizer state does not load: {exc}") from exc
 
 
-def check_reloads(state: TrainState, cfg: TaskConfig) -> None:
-    """Refuse a state that does not come back as it was from the bytes a step commits (encoded,
-    decoded into a model and an optimizer built afresh, encoded again), naming where it differs.
+def check_reloads(saved: bytes, cfg: TaskConfig) -> None:
+    """Refuse a state whose committed bytes ``saved`` do not come back as they were (decoded into
+    a model and an optimizer built afresh, encoded again), naming the tensors lost, new or changed.
 
     Why: a judge, or an auditor starting from a checkpoint, runs a step from those bytes. An
     optimizer of the task's own whose ``load_state_dict`` loses what its step keeps (a wrapper that
     hands it to an inner optimizer, which puts a new ``state`` dict in place of the one the wrapper
     shares), or a module whose ``_load_from_state_dict`` skips a buffer, trains and audits from
-    step 1 in one process, and every later step is ruled against the honest trainer. The engine
-    runs this once, after the first step it records (the optimizer's state exists then)."""
-    saved = encode_state(state)
-    back = decode_state(saved, cfg)
-    if encode_state(back) == saved:
+    step 1 in one process, and every later step is ruled against the honest trainer. The trainer
+    runs this once, on the state after the first step or update it records (the optimizer's state
+    exists then)."""
+    again = encode_state(decode_state(saved, cfg))
+    if again == saved:
         return
-    was, now = state_tensors(state), state_tensors(back)
+    step, was = parse_state(saved)
+    now = parse_state(again)[1]
     lost, came = sorted(was.keys() - now.keys()), sorted(now.keys() - was.keys())
-    differ = sorted(
-        k for k in was.keys() & now.keys() if not torch.equal(was[k].detach().cpu(), now[k].detach().cpu())
-    )
+    differ = sorted(k for k in was.keys() & now.keys() if not torch.equal(was[k], now[k]))
     where = "; ".join(
         f"{what}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
         for what, keys in (("lost", lost), ("new", came), ("other values", differ))
         if keys
     )
     raise CarriedStateError(
-        f"step {state.step}: the state does not come back as it was from the bytes a step commits "
+        f"step {step}: the state does not come back as it was from the bytes a step commits "
         f"(decoded into a model and an optimizer built afresh, then encoded again: {where or 'other bytes'}). "
         "A judge re-running a step from its committed state, or an auditor starting from a checkpoint, "
         "would start from another state and rule an honest step wrong: an optimizer of the task's own "

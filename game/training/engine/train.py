@@ -28,7 +28,13 @@ from game.training.engine.states import check_reloads
 from game.training.engine.step import StepEngine, engine_for
 from game.training.log.formats import ChunkLog, new_step_log
 from game.training.log.schedule import ScheduleEntry
-from game.training.state.canonical import encode_streamed, encoded_size, hash_streamed, state_buffer
+from game.training.state.canonical import (
+    encode_state,
+    encode_streamed,
+    encoded_size,
+    hash_streamed,
+    state_buffer,
+)
 from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import device_leaf
 from game.training.state.tensors import TrainState
@@ -292,7 +298,7 @@ def _write_steps(
             loss = step_loss if step_loss is not None else loss
             steps_run += 1
             if steps_run == 1:  # the optimizer's state exists now: a checkpoint has its full size
-                check_reloads(state, cfg)
+                check_reloads(encode_state(state), cfg)
                 _warn_if_no_room(out, cfg, state, step)
             if observe is not None:
                 observe(step, step_loss, state)

@@ -31,6 +31,7 @@ import ray
 
 from game.errors import TrainingError
 from game.training.engine.scheduled import next_checkpoint
+from game.training.engine.states import check_reloads
 from game.training.engine.step import engine_for
 from game.training.log.chunks import EncodedChunk
 from game.training.log.formats import new_step_log
@@ -112,6 +113,7 @@ class _Run:
         self.kills = list(opts.kills)
         self.fire_at: float | None = None
         self.applied_total = 0
+        self.reloads_checked = False  # the state after this run's first update, against its bytes
         self.resumed_from: int | None = None
         self.applying = False
         self.down = False  # the serving server was killed and has not recovered yet
@@ -331,6 +333,9 @@ class _Run:
             )[0]
             self.inflight[spare] = ("done", None)  # warm another in its place, meanwhile
         self.pool.confirm(meta.leaf)
+        if not self.reloads_checked:  # the optimizer's state exists now
+            check_reloads(ray.get(data), cfg)
+            self.reloads_checked = True
         self.applied_total += 1
         self.versions[u] = data
         for v in entry.versions:  # a state a later update computes on across a checkpoint
