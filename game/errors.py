@@ -72,6 +72,12 @@ class CarriedStateError(TrainingError):
     the run."""
 
 
+class StateReloadError(CarriedStateError):
+    """The state after the first step a trainer records does not come back from the bytes a step
+    commits (``game.training.engine.states.check_reloads``): the task's code loses or changes what
+    a judge would load."""
+
+
 class RoundingLogError(TrainingError):
     """A rounding-log chunk is truncated, corrupt, reordered, foreign or of the wrong length."""
 

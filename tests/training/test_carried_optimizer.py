@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from game.errors import CarriedStateError
+from game.errors import CarriedStateError, StateReloadError
 from game.training.engine.replay import replay_transcript_step
 from game.training.engine.step import StepEngine
 from game.training.engine.train import train
@@ -199,7 +199,7 @@ def test_aStateThatDoesNotLoadBack_isRefusedAfterStep1(tmp_path: Path, staleness
     out = tmp_path / "t"
     cfg = load_config(tmp_path / "task.toml").replace(steps=3, max_staleness=staleness, accumulate=2)
     with pytest.raises(
-        CarriedStateError, match=r"step 1: the state does not come back .*lost: optim/a\.bias/exp_avg"
+        StateReloadError, match=r"step 1: the state does not come back .*lost: optim/a\.bias/exp_avg"
     ):
         train(cfg, "cpu-1t", out)
     if not staleness:

@@ -19,7 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from game.errors import CarriedStateError  # noqa: E402
+from game.errors import CarriedStateError, StateReloadError  # noqa: E402
 from game.training.engine.audit import audit  # noqa: E402
 from game.training.engine.scheduled import train_scheduled  # noqa: E402
 from game.training.engine.train import train  # noqa: E402
@@ -188,7 +188,7 @@ def test_aStateThatDoesNotLoadBack_isRefusedAfterTheFirstUpdate(cluster: PsClust
     body = _with("Lookahead(torch.optim.AdamW(m.parameters(), lr=0.02))", SHARED_BY_A_WRAPPER)
     make_plugin(tmp_path / "wrapped", body)
     cfg = load_config(tmp_path / "wrapped" / "task.toml").replace(steps=3, accumulate=2)
-    with pytest.raises(CarriedStateError, match=r"step 1: the state does not come back .*lost: optim/"):
+    with pytest.raises(StateReloadError, match=r"step 1: the state does not come back .*lost: optim/"):
         train_ps(
             cfg,
             "cpu-1t",

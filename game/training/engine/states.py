@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from game.errors import CarriedStateError, TrainingError
+from game.errors import StateReloadError, TrainingError
 from game.training.engine.runtime import TaskRuntime, runtime_for
 from game.training.numerics import rounding
 from game.training.state.canonical import encode_state
@@ -122,7 +122,7 @@ def check_reloads(saved: bytes, cfg: TaskConfig) -> None:
         for what, keys in (("lost", lost), ("new", came), ("other values", differ))
         if keys
     )
-    raise CarriedStateError(
+    raise StateReloadError(
         f"step {step}: the state does not come back as it was from the bytes a step commits "
         f"(decoded into a model and an optimizer built afresh, then encoded again: {where or 'other bytes'}). "
         "A judge re-running a step from its committed state, or an auditor starting from a checkpoint, "

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from rich import filesize
 
-from game.errors import ConfigError, NonFiniteError, TranscriptError, VGameError
+from game.errors import ConfigError, NonFiniteError, StateReloadError, TranscriptError, VGameError
 from game.fsio import exclusive_directory
 from game.training.engine.memory import trimmed
 from game.training.engine.replay import own_start, replay_forward
@@ -263,8 +263,11 @@ def _train_alone(
         writer = TranscriptWriter.create(out, cfg, profile)
     try:
         return _write_steps(writer, engine, state, out, profile, run, dev, progress, observe, resumed_from)
-    except VGameError:
-        if created and writer.num_done <= 2:  # refused in step 1 or after it: leaf 0 and step 1 alone
+    except VGameError as exc:
+        # refused in step 1 (leaf 0 alone on disk), or by the check after it (and step 1): the run
+        # with the code fixed is not refused into this transcript as another task's; a run that
+        # failed later keeps the steps it finished
+        if created and writer.num_done <= (2 if isinstance(exc, StateReloadError) else 1):
             writer.discard()
         raise
 
