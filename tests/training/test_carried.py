@@ -99,6 +99,19 @@ CARRIED = {
 }
 
 
+def counted_reruns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps the step engine runs again afresh from here on (``StepEngine._rerun_afresh``)."""
+    afresh: list[int] = []
+    rerun = StepEngine._rerun_afresh
+
+    def counted(self: StepEngine, before: bytes, step: int, *rest: Any) -> bytes:
+        afresh.append(step)
+        return rerun(self, before, step, *rest)
+
+    monkeypatch.setattr(StepEngine, "_rerun_afresh", counted)
+    return afresh
+
+
 @pytest.mark.parametrize("kind", sorted(CARRIED))
 def test_stateCarriedFromStepToStep_stopsTheTrainerAtStep2_namingIt(tmp_path: Path, kind: str) -> None:
     body, where = CARRIED[kind]
@@ -185,14 +198,7 @@ def test_buffersTheEnginePutsBack_betweenMicroBatches_areNotTheModelsOwnWrites(
     (``StepBuffers``), gpt-shakespeare's non-persistent causal mask too: through ``.data``, so its
     version stays the model's own, and no step is run afresh (two were, at steps 2 and 4). A running
     mean the model keeps in such a buffer is still found at step 2."""
-    afresh: list[int] = []
-    rerun = StepEngine._rerun_afresh
-
-    def counted(self: StepEngine, before: bytes, step: int, *rest: Any) -> bytes:
-        afresh.append(step)
-        return rerun(self, before, step, *rest)
-
-    monkeypatch.setattr(StepEngine, "_rerun_afresh", counted)
+    afresh = counted_reruns(monkeypatch)
     train(small_cfg("gpt-shakespeare", steps=4, accumulate=2, dropout=0.1), "cpu-1t", tmp_path / "t")
     assert afresh == []
     body, where = CARRIED["buffer_not_persistent"]

@@ -16,15 +16,14 @@ writes to the param groups (a cyclic one's momentum too) are no carried state.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from game.errors import CarriedStateError, StateReloadError
 from game.training.engine.replay import replay_transcript_step
-from game.training.engine.step import StepEngine
 from game.training.engine.train import train
 from game.training.task.config import load_config
+from tests.training.test_carried import counted_reruns
 from tests.training.test_task_api import TASK_PY, make_plugin
 
 _SCHEDULER = "        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR("
@@ -118,19 +117,6 @@ def _with(optimizer: str, classes: str = "", scheduler: str = "") -> str:
     return body
 
 
-def _counted_reruns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The steps the engine runs again afresh from here on."""
-    afresh: list[int] = []
-    rerun = StepEngine._rerun_afresh
-
-    def counted(self: StepEngine, before: bytes, step: int, *rest: Any) -> bytes:
-        afresh.append(step)
-        return rerun(self, before, step, *rest)
-
-    monkeypatch.setattr(StepEngine, "_rerun_afresh", counted)
-    return afresh
-
-
 @pytest.mark.parametrize(
     ("body", "where"),
     [
@@ -162,7 +148,7 @@ def test_anOptimizerKeepingItsStateInSelfState_trains_andTheJudgeAgrees(
     """The same Lookahead with its slow weights and count in ``self.state`` (committed with each
     step), under a OneCycle schedule that writes the learning rate and Adam's betas every step:
     no step is run afresh, and the judge's re-run of steps 3 and 4 gives the trainer's leaves."""
-    afresh = _counted_reruns(monkeypatch)
+    afresh = counted_reruns(monkeypatch)
     body = _with(
         "Lookahead(m.parameters(), lr=0.02)",
         LOOKAHEAD_STATE,
@@ -181,7 +167,7 @@ def test_aCounterKeptInAParamGroup_thatNoStepReads_trains(
 ) -> None:
     """A number a param group keeps for a log line changes every step: each such step runs again
     afresh, shows the same leaf, and the run trains."""
-    afresh = _counted_reruns(monkeypatch)
+    afresh = counted_reruns(monkeypatch)
     body = _with("Adaptive(m.parameters(), lr=0.05)", ESTIMATE_IN_GROUP.replace('g["d"] * 1.5', 'g["d"]'))
     make_plugin(tmp_path, body)
     train(load_config(tmp_path / "task.toml").replace(steps=3), "cpu-1t", tmp_path / "t")
