@@ -82,6 +82,15 @@ def serves(*funcs: Any) -> Callable[[Handler], Handler]:
     return register
 
 
+def named_args(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A served call's arguments by name, ``names`` in order (the first, ``self`` or ``input``, as
+    ``self``), keywords as given."""
+    given = dict(zip(names, args, strict=False)) | kwargs
+    if "input" in given:
+        given["self"] = given.pop("input")
+    return given
+
+
 def name_of(func: Any) -> str:
     """The name a served function's draws are keyed by (``F.dropout`` -> ``dropout``)."""
     return str(getattr(func, "__name__", func))
@@ -259,4 +268,14 @@ class ServingMode(TorchFunctionMode):
         return handler(self.draws, func, args, kwargs or {})
 
 
-__all__ = ["SERVED", "Draws", "Handler", "ServingMode", "beneath_dispatch", "name_of", "serves", "suspended"]
+__all__ = [
+    "SERVED",
+    "Draws",
+    "Handler",
+    "ServingMode",
+    "beneath_dispatch",
+    "name_of",
+    "named_args",
+    "serves",
+    "suspended",
+]

@@ -29,21 +29,13 @@ from typing import Any
 
 import torch
 
-from game.training.dispatch.draws import Draws, serves
-
-
-def _given(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A call's arguments by name (the first, ``self`` or ``input``, as ``self``)."""
-    given = dict(zip(names, args, strict=False)) | kwargs
-    if "input" in given:
-        given["self"] = given.pop("input")
-    return given
+from game.training.dispatch.draws import Draws, named_args, serves
 
 
 def _stable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``sort``'s or ``argsort``'s call as a stable sort: the sort's (values, indices), or None for
     a call with keywords not served (``out=``)."""
-    given = _given(("self", "dim", "descending"), args, kwargs)
+    given = named_args(("self", "dim", "descending"), args, kwargs)
     if given.keys() - {"self", "dim", "descending", "stable"}:
         return None
     dim, descending = given.get("dim", -1), bool(given.get("descending", False))
@@ -64,7 +56,7 @@ def _argsort(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 @serves(torch.topk, torch.Tensor.topk)
 def _topk(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = _given(("self", "k", "dim", "largest", "sorted"), args, kwargs)
+    given = named_args(("self", "k", "dim", "largest", "sorted"), args, kwargs)
     if given.keys() - {"self", "k", "dim", "largest", "sorted"}:
         return func(*args, **kwargs)
     x, k, dim = given["self"], int(given["k"]), given.get("dim", -1)
@@ -90,7 +82,7 @@ def _selection(
 ) -> tuple[torch.Tensor, int, bool, dict[str, Any]] | None:
     """A selection's (input, dim, keepdim, arguments), or None for a call left to torch: no dim
     where that means a value alone (``median``'s), ``out=``, a scalar or an empty row."""
-    given = _given(names, args, kwargs)
+    given = named_args(names, args, kwargs)
     x = given.get("self")
     if given.keys() - set(names) or ("dim" not in given and not dim_optional):
         return None
