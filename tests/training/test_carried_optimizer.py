@@ -10,20 +10,24 @@ step 1, and the judge's re-run of a later step ruled the honest trainer wrong. T
 now judged as a model's attributes are (run afresh at step 2, refused where the leaf differs),
 the third refused after step 1 by a round trip through the committed bytes; the same optimizers
 written to keep their state in ``self.state`` train and the judge agrees, and a scheduler's
-writes to the param groups (a cyclic one's momentum too) are no carried state.
+writes to the param groups (a cyclic one's momentum too) are no carried state. An asynchronous
+task's updates (its scratch model, the state's optimizer) and a parameter server's optimizer are
+watched the same way (a Lookahead's count there trained, and the judge's re-run of update 2 failed).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from game.errors import CarriedStateError, StateReloadError
 from game.training.engine.replay import replay_transcript_step
 from game.training.engine.train import train
+from game.training.engine.update import UpdateEngine
 from game.training.task.config import load_config
-from tests.training.test_carried import counted_reruns
+from tests.training.test_carried import COUNTED, KEPT, counted_reruns
 from tests.training.test_task_api import TASK_PY, make_plugin
 
 _SCHEDULER = "        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR("
@@ -190,3 +194,61 @@ def test_aStateThatDoesNotLoadBack_isRefusedAfterStep1(tmp_path: Path, staleness
         train(cfg, "cpu-1t", out)
     if not staleness:
         assert not any(out.iterdir())
+
+
+def _updates_afresh(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The updates a one-process asynchronous run applies again afresh (``UpdateEngine._update_afresh``)."""
+    afresh: list[int] = []
+    run = UpdateEngine._update_afresh
+
+    def counted(self: UpdateEngine, before: bytes, work: Any, log: Any, step: int) -> bytes:
+        afresh.append(step)
+        return run(self, before, work, log, step)
+
+    monkeypatch.setattr(UpdateEngine, "_update_afresh", counted)
+    return afresh
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (
+            _with("Lookahead(m.parameters(), lr=0.02)", LOOKAHEAD_ATTRIBUTES),
+            r"optimizer\.count: 0 at step 1, 1 now",
+        ),
+        (COUNTED, r"model\.calls: 0 at step 1, 2 now"),
+    ],
+    ids=["optimizer", "scratch_model"],
+)
+def test_onTheAsynchronousPath_carriedState_stopsTheTrainerAtUpdate2(
+    tmp_path: Path, body: str, where: str
+) -> None:
+    """An asynchronous task's updates (each micro-batch on a version of its own, in a scratch model
+    that lives on from update to update) trained with either carrier, and the judge's re-run of
+    update 2 failed ("log tampering"): both are now judged by the update applied again afresh."""
+    make_plugin(tmp_path, body)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=3, max_staleness=1, accumulate=2)
+    with pytest.raises(CarriedStateError, match=rf"step 2: .*{where}.*afresh"):
+        train(cfg, "cpu-1t", tmp_path / "t")
+
+
+def test_onTheAsynchronousPath_stateKeptWhereItIsCommitted_trains_andTheJudgeAgrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Lookahead that keeps its state in ``self.state`` applies no update afresh; a model that
+    keeps its last activations for a plot applies update 2 afresh, shows the same leaf, and
+    trains. The judge's re-run of updates 3 and 4 gives the trainer's leaves in both."""
+    afresh = _updates_afresh(monkeypatch)
+    for name, body, again in (
+        ("state", _with("Lookahead(m.parameters(), lr=0.02)", LOOKAHEAD_STATE), []),
+        ("kept", KEPT, [2, 4]),
+    ):
+        make_plugin(tmp_path / name, body)
+        cfg = load_config(tmp_path / name / "task.toml").replace(
+            steps=4, max_staleness=1, accumulate=2, checkpoint_interval=1
+        )
+        train(cfg, "cpu-1t", tmp_path / name / "t")
+        assert afresh == again
+        afresh.clear()
+        for step in (3, 4):
+            assert replay_transcript_step(tmp_path / name / "t", step, "noisy").matches_transcript

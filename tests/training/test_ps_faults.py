@@ -30,7 +30,7 @@ from game.training.task.config import TaskConfig, load_config  # noqa: E402
 from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
 from tests.training.test_carried import COUNTED, KEPT  # noqa: E402
-from tests.training.test_carried_optimizer import SHARED_BY_A_WRAPPER, _with  # noqa: E402
+from tests.training.test_carried_optimizer import LOOKAHEAD_ATTRIBUTES, SHARED_BY_A_WRAPPER, _with  # noqa: E402
 from tests.training.test_task_api import make_plugin  # noqa: E402
 
 STEPS = 10
@@ -265,3 +265,30 @@ def test_poisonedWorkers_asyncRun_divergesExactlyAtTheFirstUpdateApplyingThePois
     assert ref.manifest.state_root == t.manifest.state_root
     verdict = audit(t.directory, "cpu-2t")
     assert not verdict.match and verdict.first_divergent_step == first
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_anOptimizerCarryingStateOnTheServer_isRefusedAtTheSecondUpdate(
+    cluster: PsCluster, tmp_path: Path, mode: str
+) -> None:
+    """A server's optimizer lives on from one update to the next, where a judge's is built afresh
+    from the committed state: a Lookahead keeping its count and slow weights as attributes trained,
+    and the judge would have ruled the honest trainer wrong. The server now watches it as a step
+    engine does, and the run stops at update 2 naming the attribute."""
+    body = _with("Lookahead(m.parameters(), lr=0.02)", LOOKAHEAD_ATTRIBUTES)
+    make_plugin(tmp_path / "carried", body)
+    staleness = 1 if mode == "async" else 0
+    cfg = load_config(tmp_path / "carried" / "task.toml").replace(
+        steps=3, accumulate=2, max_staleness=staleness
+    )
+    with pytest.raises(
+        CarriedStateError, match=r"step 2: the task's optimizer .*optimizer\.count: 0 at step 1"
+    ):
+        train_ps(
+            cfg,
+            "cpu-1t",
+            tmp_path / "t",
+            PsOptions(mode=mode, workers=2),
+            cluster=cluster,
+            search=[tmp_path / "carried"],
+        )

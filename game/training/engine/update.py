@@ -41,10 +41,13 @@ from game.training.dispatch.modestate import Mode
 from game.training.engine import carried
 from game.training.engine.microbatch import Segment, apply_update, fold_grads, run_micro_batch
 from game.training.engine.runtime import Batch
+from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine
-from game.training.log.formats import ChunkLog, new_step_log
+from game.training.log.formats import ChunkLog, decode_chunk, new_step_log
 from game.training.log.schedule import Applied, MicroBatchId
+from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import parse_state
+from game.training.state.leaves import state_hash
 from game.training.state.tensors import TrainState, persistent_buffers, step_scheduler
 
 #: A version's model: ``param/<name>`` and ``buffer/<name>`` tensors (float64, on the grid).
@@ -94,6 +97,10 @@ class UpdateEngine:
         self._scratch: nn.Module | None = None
         self._batches: dict[int, list[Batch]] = {}
         self._watch = carried.Watch(engine.runtime)  # what the scratch model carries (a worker's)
+        #: what an update's optimizer carries, with the model that runs its micro-batches (the
+        #: scratch model in one process, the server's own where it only applies): a watch apart,
+        #: since a watch follows one model
+        self._update_watch = carried.Watch(engine.runtime)
 
     # ---- inputs ----------------------------------------------------------------------------------
 
@@ -213,12 +220,47 @@ class UpdateEngine:
         return h.digest()
 
     def record_apply(self, state: TrainState, results: Sequence[MicroWork]) -> Segment:
-        """The server's part of update ``state.step + 1``: the fold and the update, recorded."""
+        """The server's part of update ``state.step + 1``: the fold and the update, recorded. The
+        server's optimizer lives on from one update to the next, where a judge's is built afresh
+        from the committed state: what it carries is watched as a step engine watches its
+        (:class:`~.carried.Watch`), the update applied again to a state decoded from its bytes
+        where it changed."""
+        step = state.step + 1
+        watch = self._update_watch
+        before = (
+            encode_state(state) if watch.look(state.model, step, state.optimizer, state.scheduled) else None
+        )
+        segment = self._apply(self.engine, state, results)
+        if before is not None:
+            watch.judge(step, state_hash(state), lambda: self._apply_afresh(before, results, segment))
+        return segment
+
+    def _apply(
+        self, engine: StepEngine, state: TrainState, results: Sequence[MicroWork], log: ChunkLog | None = None
+    ) -> Segment:
+        """The fold of ``results``' gradients and the update on ``state``: recorded, or replayed
+        from ``log``."""
         if not results:
             raise TrainingError(f"update {state.step + 1}: no gradients to apply")
         grads = fold_grads([r.grads for r in results], self.cfg.bits)
         self.take_buffers(state, results[-1])
-        return apply_update(self.engine, state, grads, state.step + 1)
+        if log is None:
+            return apply_update(engine, state, grads, state.step + 1)
+        return apply_update(engine, state, grads, state.step + 1, mode="replay", log=log)
+
+    def _apply_afresh(self, before: bytes, results: Sequence[MicroWork], segment: Segment) -> bytes:
+        """The leaf of :meth:`record_apply`'s update as a judge computes it: on the state decoded
+        from ``before`` (an optimizer built afresh), replaying the update's segment."""
+        judge = self.engine.judge_engine()
+        state = decode_state(before, self.cfg, device=judge.profile.device)
+        assert segment.log is not None
+        self._apply(judge, state, results, self._fresh_log(segment.log, state.step + 1))
+        return state_hash(state)
+
+    def _fresh_log(self, log: ChunkLog, step: int) -> ChunkLog:
+        """``log`` through its bytes: a chunk to replay from its start, as a judge reads it."""
+        spec = self.cfg.spec_hash()
+        return decode_chunk(log.encode(step, spec), spec, step)
 
     def run_update(
         self,
@@ -232,8 +274,35 @@ class UpdateEngine:
         ``work`` (in fold order, each on its version's weights), the fold and the update. Returns
         the log (recorded, or the one replayed), the micro-batches' results and the corrections."""
         step = state.step + 1
-        if mode == "record" and log is None:
-            log = new_step_log(self.cfg.log_format, step)
+        before: bytes | None = None
+        if mode == "record":
+            log = new_step_log(self.cfg.log_format, step) if log is None else log
+            if self._update_watch.look(self.scratch, step, state.optimizer, state.scheduled):
+                before = encode_state(state)
+        result = self._run_update(state, work, mode, log)
+        if before is not None:
+            assert log is not None
+            recorded = log
+            self._update_watch.judge(
+                step, state_hash(state), lambda: self._update_afresh(before, work, recorded, step)
+            )
+        return result
+
+    def _update_afresh(
+        self, before: bytes, work: Sequence[tuple[Applied, Weights]], log: ChunkLog, step: int
+    ) -> bytes:
+        """The leaf of a recorded :meth:`run_update` as a judge computes it: a scratch model and a
+        state (an optimizer) built afresh, from ``before``, replaying the update's chunk."""
+        judge = UpdateEngine(self.engine.judge_engine(), self.poison)
+        state = decode_state(before, self.cfg, device=judge.engine.profile.device)
+        judge._run_update(state, work, "replay", self._fresh_log(log, step))
+        return state_hash(state)
+
+    def _run_update(
+        self, state: TrainState, work: Sequence[tuple[Applied, Weights]], mode: Mode, log: ChunkLog | None
+    ) -> tuple[ChunkLog | None, list[MicroWork], int]:
+        """:meth:`run_update`'s work, unwatched."""
+        step = state.step + 1
         micros = [self.micro_batch(a.micro) for a, _ in work]  # on the grid before the mode
         rm = self.engine.interceptor(step, mode, log)
         with self.engine.profile.apply(), rm:
