@@ -1,5 +1,6 @@
 """Linear algebra with the same bits on every machine, for a model's construction: sums, products
-and a QR factorisation (``nn.init.orthogonal_``'s).
+and a QR factorisation (``nn.init.orthogonal_``'s), also in LAPACK's compact form with its
+product (``nn.utils.parametrizations.orthogonal``'s ``geqrf`` and ``householder_product``).
 
 A sum's order is the machine's: torch's reductions and BLAS and LAPACK kernels split and vectorise
 by library, machine and thread count, so a matrix product, a power iteration
@@ -17,6 +18,9 @@ factor with a positive diagonal in ``R``, drawn from the Haar measure as torch's
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -93,4 +97,64 @@ def qr(a: Tensor) -> tuple[Tensor, Tensor]:
     return q, r[:k, :]
 
 
-__all__ = ["matmul", "qr", "tree_sum"]
+def _batched(f: Callable[..., Tensor | tuple[Tensor, ...]], *xs: Tensor, cores: tuple[int, ...]) -> Any:
+    """``f`` on each matrix of a batch: ``xs`` share leading dims, ``cores`` gives each one's own
+    trailing dims (2 for a matrix, 1 for a vector); results stacked back into the batch's shape."""
+    lead = xs[0].shape[: xs[0].dim() - cores[0]]
+    flat = [x.reshape(-1, *x.shape[x.dim() - c :]) for x, c in zip(xs, cores, strict=True)]
+    outs = [f(*parts) for parts in zip(*flat, strict=True)]
+    if not outs:  # an empty batch: f's shapes from a zero matrix
+        probe = f(*(x.new_zeros(x.shape[x.dim() - c :]) for x, c in zip(xs, cores, strict=True)))
+        single = probe if isinstance(probe, tuple) else (probe,)
+        empty = tuple(t.new_zeros(*lead, *t.shape) for t in single)
+        return empty if isinstance(probe, tuple) else empty[0]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(parts).reshape(*lead, *parts[0].shape) for parts in zip(*outs, strict=True))
+    return torch.stack(outs).reshape(*lead, *outs[0].shape)
+
+
+def _geqrf(a: Tensor) -> tuple[Tensor, Tensor]:
+    m, n = a.shape
+    r, taus = a.clone(), a.new_zeros(min(m, n))
+    for j in range(min(m, n)):
+        alpha, below = r[j, j], r[j + 1 :, j]
+        below_sq = tree_sum(below * below, 0)
+        if bool(below_sq == 0):  # LAPACK leaves such a column as it is: H = I, tau = 0
+            continue
+        norm = torch.sqrt(alpha * alpha + below_sq)
+        beta = torch.where(alpha >= 0, -norm, norm)  # LAPACK's dlarfg: -sign(alpha) * norm
+        v = torch.cat((alpha.new_ones(1), below / (alpha - beta)))
+        tau = (beta - alpha) / beta
+        r[j:, j + 1 :] = _reflect(r[j:, j + 1 :], v, tau)
+        r[j, j], taus[j] = beta, tau
+        r[j + 1 :, j] = v[1:]
+    return r, taus
+
+
+def geqrf(a: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.geqrf(a)`` of a real float64 ``a`` (``... x m x n``), in LAPACK's format: ``R`` on and
+    above the diagonal, the Householder vectors below it (their first entry, 1, left out) and
+    their scales ``tau``, each bit the same on every machine. Reflections as LAPACK's ``dlarfg``
+    makes them (``R``'s diagonal of the sign opposite to the column's first entry; a column
+    already 0 below the diagonal left with ``tau`` 0, which ``orthogonal``'s parametrization reads)."""
+    out: tuple[Tensor, Tensor] = _batched(_geqrf, a, cores=(2,))
+    return out
+
+
+def _householder_product(a: Tensor, tau: Tensor) -> Tensor:
+    m, n = a.shape
+    q = torch.eye(m, n, dtype=a.dtype, device=a.device)
+    for j in reversed(range(tau.shape[0])):
+        v = torch.cat((a.new_ones(1), a[j + 1 :, j]))
+        q[j:, :] = _reflect(q[j:, :], v, tau[j])
+    return q
+
+
+def householder_product(a: Tensor, tau: Tensor) -> Tensor:
+    """``torch.linalg.householder_product(a, tau)``: the first ``n`` columns of the product of the
+    reflections :func:`geqrf` leaves in ``a`` (``... x m x n``) and ``tau``, in a fixed order."""
+    out: Tensor = _batched(_householder_product, a, tau, cores=(2, 1))
+    return out
+
+
+__all__ = ["geqrf", "householder_product", "matmul", "qr", "tree_sum"]

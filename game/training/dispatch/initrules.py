@@ -179,6 +179,28 @@ def _qr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] 
     return fixedorder.qr(a)
 
 
+def _real64(*xs: Any) -> bool:
+    """Whether every one of ``xs`` is a real float64 tensor with values (not on "meta")."""
+    return all(isinstance(x, Tensor) and x.dtype == torch.float64 and not x.is_meta for x in xs)
+
+
+def _geqrf(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """``aten.geqrf`` of a real float64 matrix (or batch): ``nn.utils.parametrizations.orthogonal``
+    makes its weight orthogonal with it, and with :func:`_householder_product`, as it is registered."""
+    if kwargs or len(args) != 1 or not _real64(args[0]) or args[0].dim() < 2:
+        return None
+    return fixedorder.geqrf(args[0])
+
+
+def _householder_product(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """``aten.linalg_householder_product`` (and ``orgqr``) of real float64 reflections."""
+    if kwargs or len(args) != 2 or not _real64(*args) or args[0].dim() < 2:
+        return None
+    if args[0].shape[-2] < args[0].shape[-1] or args[1].shape[-1] > args[0].shape[-1]:
+        return None  # torch's own error
+    return fixedorder.householder_product(args[0], args[1])
+
+
 def _product(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     """``aten.mm``, ``mv``, ``dot`` and ``vdot`` of real float64 tensors: each value a sum in a fixed order
     (:func:`~game.training.dispatch.fixedorder.matmul`); a spectral norm's power iteration at
@@ -198,6 +220,9 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten.linalg_vector_norm.default": _vector_norm,
     "aten._weight_norm_interface.default": _weight_norm,
     "aten.linalg_qr.default": _qr,
+    "aten.geqrf.default": _geqrf,
+    "aten.linalg_householder_product.default": _householder_product,
+    "aten.orgqr.default": _householder_product,
     "aten.mm.default": _product,
     "aten.mv.default": _product,
     "aten.dot.default": _product,
