@@ -20,7 +20,6 @@ factor with a positive diagonal in ``R``, drawn from the Haar measure as torch's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -97,20 +96,16 @@ def qr(a: Tensor) -> tuple[Tensor, Tensor]:
     return q, r[:k, :]
 
 
-def _batched(f: Callable[..., Tensor | tuple[Tensor, ...]], *xs: Tensor, cores: tuple[int, ...]) -> Any:
+def _batched(f: Callable[..., tuple[Tensor, ...]], *xs: Tensor, cores: tuple[int, ...]) -> tuple[Tensor, ...]:
     """``f`` on each matrix of a batch: ``xs`` share leading dims, ``cores`` gives each one's own
-    trailing dims (2 for a matrix, 1 for a vector); results stacked back into the batch's shape."""
+    trailing dims (2 for a matrix, 1 for a vector); its results stacked back into the batch's shape."""
     lead = xs[0].shape[: xs[0].dim() - cores[0]]
-    flat = [x.reshape(-1, *x.shape[x.dim() - c :]) for x, c in zip(xs, cores, strict=True)]
-    outs = [f(*parts) for parts in zip(*flat, strict=True)]
-    if not outs:  # an empty batch: f's shapes from a zero matrix
+    own = [x.reshape(-1, *x.shape[x.dim() - c :]) for x, c in zip(xs, cores, strict=True)]
+    outs = [f(*parts) for parts in zip(*own, strict=True)]
+    if not outs:  # an empty batch: the shapes of f's results on zero matrices
         probe = f(*(x.new_zeros(x.shape[x.dim() - c :]) for x, c in zip(xs, cores, strict=True)))
-        single = probe if isinstance(probe, tuple) else (probe,)
-        empty = tuple(t.new_zeros(*lead, *t.shape) for t in single)
-        return empty if isinstance(probe, tuple) else empty[0]
-    if isinstance(outs[0], tuple):
-        return tuple(torch.stack(parts).reshape(*lead, *parts[0].shape) for parts in zip(*outs, strict=True))
-    return torch.stack(outs).reshape(*lead, *outs[0].shape)
+        return tuple(t.new_zeros(*lead, *t.shape) for t in probe)
+    return tuple(torch.stack(parts).reshape(*lead, *parts[0].shape) for parts in zip(*outs, strict=True))
 
 
 def _geqrf(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,24 +132,23 @@ def geqrf(a: Tensor) -> tuple[Tensor, Tensor]:
     their scales ``tau``, each bit the same on every machine. Reflections as LAPACK's ``dlarfg``
     makes them (``R``'s diagonal of the sign opposite to the column's first entry; a column
     already 0 below the diagonal left with ``tau`` 0, which ``orthogonal``'s parametrization reads)."""
-    out: tuple[Tensor, Tensor] = _batched(_geqrf, a, cores=(2,))
-    return out
+    compact, tau = _batched(_geqrf, a, cores=(2,))
+    return compact, tau
 
 
-def _householder_product(a: Tensor, tau: Tensor) -> Tensor:
+def _householder_product(a: Tensor, tau: Tensor) -> tuple[Tensor]:
     m, n = a.shape
     q = torch.eye(m, n, dtype=a.dtype, device=a.device)
     for j in reversed(range(tau.shape[0])):
         v = torch.cat((a.new_ones(1), a[j + 1 :, j]))
         q[j:, :] = _reflect(q[j:, :], v, tau[j])
-    return q
+    return (q,)
 
 
 def householder_product(a: Tensor, tau: Tensor) -> Tensor:
     """``torch.linalg.householder_product(a, tau)``: the first ``n`` columns of the product of the
     reflections :func:`geqrf` leaves in ``a`` (``... x m x n``) and ``tau``, in a fixed order."""
-    out: Tensor = _batched(_householder_product, a, tau, cores=(2, 1))
-    return out
+    return _batched(_householder_product, a, tau, cores=(2, 1))[0]
 
 
 __all__ = ["geqrf", "householder_product", "matmul", "qr", "tree_sum"]
