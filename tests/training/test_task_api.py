@@ -418,6 +418,35 @@ def test_anOptimizerWithATensorLearningRate_trainsOnItsPerTensorLoop_andAudits(t
 
 
 @pytest.mark.parametrize(
+    ("returned", "pick"),
+    [
+        ('(loss_of(m, b), {"acc": 0.5})', r"\[0\]"),
+        ('{"loss": loss_of(m, b), "logits": m(b["x"])}', r'\["loss"\]'),
+        ("types.SimpleNamespace(loss=loss_of(m, b))", r"\.loss"),
+    ],
+    ids=["tuple", "dict", "output"],
+)
+def test_aLossReturnedWithMetrics_isOneErrorSayingWhereTheLossIs(
+    tmp_path: Path, returned: str, pick: str
+) -> None:
+    """A loss function written for a framework that logs (``(loss, logs)``, ``{"loss": ...}``, a
+    model's output with ``.loss``) was refused as "got tuple" alone."""
+    body = TASK_PY.replace(
+        "import torch, torch.nn.functional as F", "import types, torch, torch.nn.functional as F"
+    )
+    body = body.replace(
+        '        loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]),',
+        f"        loss=lambda m, b: {returned},",
+    ).replace("@task(", 'def loss_of(m, b):\n    return F.cross_entropy(m(b["x"]), b["y"])\n\n\n@task(')
+    make_plugin(tmp_path, body)
+    with pytest.raises(
+        ConfigError,
+        match=rf"Task\.loss: expected a scalar tensor, got \w+: it holds one at {pick}; return that alone .*Task\.metrics",
+    ):
+        train(load_config(tmp_path / "task.toml").replace(steps=1), "cpu-1t", tmp_path / "t")
+
+
+@pytest.mark.parametrize(
     ("line", "message"),
     [
         (

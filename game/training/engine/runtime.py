@@ -195,7 +195,7 @@ class TaskRuntime:
                 "(run with VGAME_DEBUG=1 for the traceback)"
             ) from exc
         if not isinstance(loss, Tensor) or loss.dim() != 0:
-            raise ConfigError(f"Task.loss: expected a scalar tensor, got {_describe(loss)}")
+            raise ConfigError(f"Task.loss: expected a scalar tensor, got {_describe(loss)}{_loss_hint(loss)}")
         return loss
 
     def poison(self, batch: Batch, step: int) -> Batch:
@@ -261,6 +261,28 @@ def _dtype_hint(exc: Exception) -> str:
 
 def _describe(x: Any) -> str:
     return f"a tensor of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+
+
+def _scalar(x: Any) -> bool:
+    return isinstance(x, Tensor) and x.dim() == 0
+
+
+def _loss_hint(loss: Any) -> str:
+    """How to hand over a loss returned with metrics (``(loss, logs)``, ``{"loss": ...}``, a
+    model's output with ``.loss``), where one is: the step trains on one value, and metrics are the
+    task's ``metrics`` function's, on the eval set."""
+    if isinstance(loss, Mapping) and _scalar(loss.get("loss")):
+        pick = '["loss"]'
+    elif _scalar(getattr(loss, "loss", None)):
+        pick = ".loss"
+    elif isinstance(loss, tuple | list) and loss and _scalar(loss[0]):
+        pick = "[0]"
+    else:
+        return ""
+    return (
+        f": it holds one at {pick}; return that alone (loss=lambda m, b: my_loss(m, b){pick}), and report "
+        "metrics with Task.metrics (on the eval_dataset, every --eval-every steps)"
+    )
 
 
 @functools.cache
