@@ -1,4 +1,4 @@
-"""Ties in sort, argsort and topk in a step (dispatch/tieorder.py).
+"""Ties in sort, argsort, topk, the selections, msort and quantile in a step (dispatch/tieorder.py).
 
 Why: the order of equal values is a sort's algorithm's: torch's CPU ``topk`` returned tied
 elements out of index order, and CUDA's kernels give another order, so a step that used the
@@ -8,6 +8,8 @@ device; values and gradients stay torch's.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -153,3 +155,53 @@ def test_selectionsGradient_reachesThePickedElement_andTheSameOnBothInterceptors
     expected = torch.zeros(2, 600, dtype=torch.float64)
     expected[0, indices[0]], expected[1, indices[1]] = 1.0, 3.0
     assert torch.equal(grad, expected)
+
+
+QUANTILE_MODES = ("linear", "lower", "higher", "nearest", "midpoint")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_quantiles_areTorchsValuesBitForBit_inEveryForm(dtype: torch.dtype) -> None:
+    """Every interpolation, scalar and 1-D ``q``, a dim, none, ``keepdim``, rows with a NaN, and
+    ``nanquantile``: the same shapes and bits as torch's own."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 25, generator=g, dtype=dtype)
+    x[x.abs() < 0.3] = 0.0
+    x[1, 2, 5] = float("nan")
+    qs = (0.3, torch.tensor(0.71, dtype=dtype), torch.tensor([0.0, 0.25, 0.5, 0.9, 1.0], dtype=dtype))
+    for f, q, dim, keepdim, how in itertools.product(
+        (torch.quantile, torch.nanquantile), qs, (None, 0, -1), (False, True), QUANTILE_MODES
+    ):
+        want = f(x, q, dim=dim, keepdim=keepdim, interpolation=how)
+        with _ops():
+            got = f(x, q, dim=dim, keepdim=keepdim, interpolation=how)
+        assert got.shape == want.shape and torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (
+            f,
+            q,
+            dim,
+            how,
+        )
+
+
+def test_quantileAndMsortGradients_reachTheStableSortsElements_theSameOnBothInterceptors() -> None:
+    """Among ties, the elements a quantile interpolates between, and those ``msort`` puts in a
+    place, are the stable sort's (this CPU's own sort names elements thousands of places on), the
+    same through the C++ front and the Python mode on ``noisy``."""
+    x0 = _tied(1, 6000)[0]
+    q = torch.tensor([0.3, 0.75], dtype=torch.float64)
+
+    def run() -> list[Tensor]:
+        x = x0.clone().requires_grad_(True)
+        y = x0.clone().requires_grad_(True)
+        torch.quantile(x * 1.0, q).sum().backward()
+        torch.msort((y * 1.0)[:, None])[1000:1003].sum().backward()
+        assert x.grad is not None and y.grad is not None
+        return [x.grad, y.grad]
+
+    recorded, replayed, _ = _across_interceptors(run)
+    assert all(torch.equal(r, p) for r, p in zip(recorded, replayed, strict=True))
+    order = torch.sort(x0, stable=True).indices
+    ranks = q * (x0.numel() - 1)
+    picked = torch.cat((order[ranks.floor().long()], order[ranks.ceil().long()]))
+    assert torch.equal(torch.nonzero(recorded[0]).flatten(), picked.unique())
+    assert torch.equal(torch.nonzero(recorded[1]).flatten(), order[1000:1003].sort().values)

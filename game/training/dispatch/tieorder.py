@@ -1,5 +1,5 @@
-"""Ties in ``sort``, ``argsort``, ``topk`` and the selections (``kthvalue``, ``median``,
-``nanmedian``, ``mode``), broken the same way on every device.
+"""Ties in ``sort``, ``argsort``, ``topk``, the selections (``kthvalue``, ``median``,
+``nanmedian``, ``mode``), ``msort`` and ``quantile``, broken the same way on every device.
 
 Why: a sort's values are the same everywhere, but the order of equal values is its algorithm's:
 torch's CPU ``topk`` (a selection) and its unstable sort return tied elements in an order of their
@@ -20,7 +20,10 @@ median (or the first NaN, whose value torch returns when a row has one), ``nanme
 median of the row's numbers, ``mode`` the smallest of the most frequent values at its last
 index (NaN counted as one value, as torch counts it). Values are torch's; the gradient reaches the
 element through the sort's own backward. Their forms without a dim are left to torch (a value
-alone).
+alone). ``msort`` and ``quantile`` (``nanquantile``) sort inside ATen, where this mode cannot
+reach, and their backward puts each place's gradient on the element the sort put there: they
+run here as a stable sort, ``quantile`` as ATen's own steps after it (the same ops, so torch's
+values bit for bit).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 import torch
 
-from game.training.dispatch.draws import Draws, named_args, serves
+from game.training.dispatch.draws import Draws, name_of, named_args, serves
 
 
 def _stable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -163,6 +166,67 @@ def _mode(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return func(*args, **kwargs)
     x, dim, keepdim, _ = call
     return torch.return_types.mode(_pick(x, dim, keepdim, _last_of_commonest))
+
+
+@serves(torch.msort, torch.Tensor.msort)
+def _msort(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    given = named_args(("self",), args, kwargs)
+    if given.keys() != {"self"} or not isinstance(given["self"], torch.Tensor):
+        return func(*args, **kwargs)
+    return torch.sort(given["self"], dim=0, stable=True).values
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "nearest", "midpoint")
+
+
+@serves(torch.quantile, torch.Tensor.quantile, torch.nanquantile, torch.Tensor.nanquantile)
+def _quantile(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """ATen's ``quantile_compute`` step by step (the same ops, so the same values), on a stable
+    sort: the gradient reaches the same elements among ties on every device."""
+    names = ("self", "q", "dim", "keepdim")
+    given = named_args(names, args, kwargs)
+    x, q, dim = given.get("self"), given.get("q"), given.get("dim")
+    how = given.get("interpolation", "linear")
+    if (
+        given.keys() - {*names, "interpolation"}
+        or not isinstance(x, torch.Tensor)
+        or x.dtype not in (torch.float32, torch.float64)
+        or x.numel() == 0
+        or how not in _INTERPOLATIONS
+        or not (dim is None or isinstance(dim, int))
+        or not (
+            isinstance(q, float | int)
+            or (isinstance(q, torch.Tensor) and q.dtype == x.dtype and q.dim() <= 1)
+        )
+    ):
+        return func(*args, **kwargs)  # torch's own answer, or its own error
+    q = q if isinstance(q, torch.Tensor) else torch.tensor(float(q), dtype=x.dtype, device=x.device)
+    if q.device.type == "cpu" and not bool(((q >= 0) & (q <= 1)).all()):
+        return func(*args, **kwargs)  # its error
+    keepdim = bool(given.get("keepdim", False))
+    if dim is None:
+        rows = x.flatten()
+        kept = [1] * x.dim() if keepdim else []
+    else:
+        dim = dim % max(x.dim(), 1)
+        rows = x.unsqueeze(-1).transpose(dim, -1)
+        kept = list(x.shape)
+        kept[dim : dim + 1] = [1] if keepdim else []
+    ordered = torch.sort(rows, dim=-1, stable=True).values.reshape(*kept, rows.shape[-1])
+    if name_of(func) == "nanquantile":
+        ranks = q * ((~ordered.isnan()).sum(-1, keepdim=True) - 1)
+        ranks = ranks.masked_fill(ranks < 0, 0)
+    else:
+        last = ordered.shape[-1] - 1
+        scaled, nan = torch.broadcast_tensors(q * last, ordered.isnan().any(-1, keepdim=True))
+        ranks = scaled.masked_fill(nan, last)
+    ranks = {"lower": torch.floor, "higher": torch.ceil, "nearest": torch.round}.get(how, lambda r: r)(ranks)
+    below = ranks.to(torch.long)
+    values = ordered.gather(-1, below)
+    if how in ("linear", "midpoint"):
+        weights = torch.full_like(ranks, 0.5) if how == "midpoint" else ranks - below
+        values = values.lerp(ordered.gather(-1, ranks.ceil().to(torch.long)), weights)
+    return values.squeeze(-1) if q.dim() == 0 else values.unsqueeze(0).transpose(0, -1).squeeze(-1)
 
 
 __all__: list[str] = []
