@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 
 from game.errors import CarriedStateError, StateReloadError  # noqa: E402
 from game.training.engine.audit import audit  # noqa: E402
+from game.training.engine.replay import replay_transcript_step  # noqa: E402
 from game.training.engine.scheduled import train_scheduled  # noqa: E402
 from game.training.engine.train import train  # noqa: E402
 from game.training.ps.cluster import PsCluster, ray_session  # noqa: E402
@@ -31,6 +32,7 @@ from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
 from tests.training.test_carried import COUNTED, KEPT  # noqa: E402
 from tests.training.test_carried_optimizer import LOOKAHEAD_ATTRIBUTES, SHARED_BY_A_WRAPPER, _with  # noqa: E402
+from tests.training.test_schedule import PARAMETRIZED  # noqa: E402
 from tests.training.test_task_api import make_plugin  # noqa: E402
 
 STEPS = 10
@@ -292,3 +294,27 @@ def test_anOptimizerCarryingStateOnTheServer_isRefusedAtTheSecondUpdate(
             cluster=cluster,
             search=[tmp_path / "carried"],
         )
+
+
+def test_aModelWhoseConstructionRoundsOps_trainedByAnAsynchronousServer_isJudgedAlike(
+    cluster: PsCluster, tmp_path: Path
+) -> None:
+    """The workers' scratch models are built outside their interceptors, and a judge's re-run of
+    an update built its own inside one, logging the construction's ops (a parametrization
+    evaluated as it is registered): every update was ruled against the honest trainer. The
+    judge's scratch model is built before its interceptor too now."""
+    make_plugin(tmp_path / "parametrized", PARAMETRIZED)
+    cfg = load_config(tmp_path / "parametrized" / "task.toml").replace(
+        steps=4, accumulate=2, max_staleness=1, checkpoint_interval=1
+    )
+    result = train_ps(
+        cfg,
+        "cpu-1t",
+        tmp_path / "t",
+        PsOptions(mode="async", workers=2),
+        cluster=cluster,
+        search=[tmp_path / "parametrized"],
+    )
+    assert audit(tmp_path / "t", "noisy").match
+    for step in (2, 3, 4):
+        assert replay_transcript_step(result.transcript.directory, step, "noisy").matches_transcript

@@ -37,9 +37,11 @@ from game.training.log.schedule import (
 from game.training.log.sparse import SparseStepLog
 from game.training.ps.pool import WorkPool
 from game.training.state.leaves import state_hash
-from game.training.task.config import TaskConfig
+from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.reader import Transcript, steps_on_disk
 from tests.training.schedules import fake_leaf, repeating_schedule, simulated_schedule, write_unchecked
+from tests.training.test_carried import _body
+from tests.training.test_task_api import make_plugin
 from tests.training.test_unfit_chunks import replace_chunks, short_of_its_last_record
 
 SPEC = bytes(range(32))
@@ -521,3 +523,32 @@ def test_envelopeHeader_layoutIsTheDocumented(async_run: tuple) -> None:
     step, spec = struct.unpack_from("<Q32s", data, len(magic))
     (count,) = struct.unpack_from("<I", data, len(magic) + 40)
     assert (step, spec, count) == (3, t.spec_hash, len(entries[2].applied))
+
+
+#: A model whose construction runs inexact ops: registering a parametrization evaluates it once.
+PARAMETRIZED = _body(
+    "        return self.b(torch.tanh(self.a(x)))",
+    "        nn.utils.parametrize.register_parametrization(self.a, 'weight', Standardized())\n",
+    before=(
+        "class Standardized(nn.Module):\n"
+        "    def forward(self, w):\n"
+        "        return (w - w.mean(1, keepdim=True)) / (w.std(1, keepdim=True) + 1e-5)\n\n\n"
+    ),
+)
+
+
+def test_aModelWhoseConstructionRoundsOps_trainsAsynchronously_auditsAndIsJudgedAlike(tmp_path: Path) -> None:
+    """A scratch model was built on its first use, inside the update's interceptor, so its
+    construction's ops (a parametrization evaluated as it is registered) went into the log of the
+    first update it ran: the trainer's update 1 and no other, but every judge's update, whose
+    scratch model is new. The judge's re-run of update 3 failed, ruling the honest trainer wrong.
+    Built before the interceptor now: the audit on ``noisy`` and the judge's re-runs agree."""
+    make_plugin(tmp_path, PARAMETRIZED)
+    cfg = load_config(tmp_path / "task.toml").replace(
+        steps=4, max_staleness=1, accumulate=2, checkpoint_interval=1
+    )
+    result = train(cfg, "cpu-1t", tmp_path / "t")
+    report = audit(tmp_path / "t", "noisy")
+    assert report.match and report.trainer_state_root == result.state_root
+    for step in (1, 3, 4):
+        assert replay_transcript_step(tmp_path / "t", step, "noisy").matches_transcript

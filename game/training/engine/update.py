@@ -304,6 +304,7 @@ class UpdateEngine:
         """:meth:`run_update`'s work, unwatched."""
         step = state.step + 1
         micros = [self.micro_batch(a.micro) for a, _ in work]  # on the grid before the mode
+        _ = self.scratch  # built before the mode: a construction's ops (a parametrization's) are no update's
         rm = self.engine.interceptor(step, mode, log)
         with self.engine.profile.apply(), rm:
             results = [self.gradient_pass(a, w, m) for (a, w), m in zip(work, micros, strict=True)]
