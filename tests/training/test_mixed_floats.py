@@ -127,6 +127,24 @@ def test_mixedCalls_recordedOnOneInterceptor_replayBitExactlyOnTheOther(trainer:
 
 
 @pytest.mark.parametrize("profile", PROFILES)
+def test_anInPlaceOpOnFloat64WithAFloat32Argument_isAppliedOnce(profile: str) -> None:
+    """A float64 ``self`` written in place with a float32 argument beside it (ASGD's ``ax += mu *
+    (p - ax)`` with ``mu`` a float32 scalar tensor, an EMA's ``lerp_`` by a float32 weight): the op
+    ran, and its float64 twin ran again on the same ``self``, so ``ax`` held twice ``p``."""
+    p = torch.tensor([0.25, 0.5, -1.0], dtype=torch.float64)
+    mu = torch.ones((), dtype=torch.float32)
+    axs = [torch.zeros(3, dtype=torch.float64) for _ in range(2)]
+    ax, ema = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    with _mode(profile, "record", StepLog()):
+        torch._foreach_addcmul_(axs, torch._foreach_sub([p, p], axs), [mu, mu])
+        ax.addcmul_(p - ax, mu)
+        ema.lerp_(p, torch.full((), 0.5, dtype=torch.float32))
+    for got in (*axs, ax):
+        assert torch.equal(got, p)
+    assert torch.equal(ema, p / 2)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 def test_aMixedCallTorchRefusesForAnotherReason_raisesTorchsError(profile: str) -> None:
     """Widening fixes dtypes, not shapes: the twin's error reaches the model's code as torch's."""
     x, w = _inputs()

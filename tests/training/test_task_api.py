@@ -20,6 +20,7 @@ import torch
 
 from game.errors import ConfigError
 from game.training.engine.audit import audit
+from game.training.engine.replay import replay_transcript_step
 from game.training.engine.runtime import runtime_for
 from game.training.engine.states import decode_state, fresh_state
 from game.training.engine.train import train
@@ -402,6 +403,32 @@ def test_aFusedOptimizer_trainsAsItsForeachPath_andAudits(tmp_path: Path, cls: s
         )
         roots[path] = trains_and_audits(root, body, steps=3)
     assert roots["fused"] == roots["foreach"]
+
+
+@pytest.mark.parametrize(
+    ("opt", "why"),
+    [
+        (
+            "ASGD(m.parameters(), lr=cfg.lr)",
+            "its float32 mu beside float64 averages: the average added twice",
+        ),
+        (
+            "Adafactor(m.parameters(), lr=cfg.lr)",
+            "its factored second moments: a row and a column, refused as state",
+        ),
+    ],
+    ids=["asgd", "adafactor"],
+)
+def test_anOptimizerOfTorch_trainsAudits_andIsJudgedAlike(tmp_path: Path, opt: str, why: str) -> None:
+    """Torch's ASGD trained and audited, and the judge's re-run of every step from step 2 on gave
+    another leaf; Adafactor stopped after step 1 (``why``). Both now train, audit, and the judge's
+    re-run of steps 2 and 3 gives the trainer's leaves."""
+    body = TASK_PY.replace(
+        "        init_weights=", f"        optimizer=lambda m: torch.optim.{opt},\n        init_weights="
+    )
+    trains_and_audits(tmp_path, body, steps=3, checkpoint_interval=1)
+    for step in (2, 3):
+        assert replay_transcript_step(tmp_path / "t", step, "noisy").matches_transcript, why
 
 
 def test_anOptimizerWithATensorLearningRate_trainsOnItsPerTensorLoop_andAudits(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch import nearest, stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
-from game.training.dispatch.optable import OpClass, classify, op_name, refusal, touched_tensors
+from game.training.dispatch.optable import OpClass, _plan, classify, op_name, refusal, touched_tensors
 from game.training.dispatch.provisional import OVERWRITES, SCALAR, LeakGuard, Provisional
 
 #: A call's arguments: positional and keyword.
@@ -112,7 +112,7 @@ class _ExactOnly(TorchDispatchMode):
         )
         narrow = widen.AT_CONSTRUCTION
         wide = (
-            widen.widened(args, kwargs, narrow)
+            widen.writes_apart(*_writes(func), (args, kwargs), widen.widened(args, kwargs, narrow))
             if given is not None and widen.narrow_inputs(args, kwargs, narrow)
             else None
         )
@@ -165,6 +165,12 @@ class _ExactOnly(TorchDispatchMode):
             return False
         nearest.to_nearest(func, floating, given)
         return True
+
+
+def _writes(func: Any) -> tuple[tuple[tuple[int, str, bool], ...], tuple[tuple[int, ...], int] | None]:
+    """The arguments an op writes (its plan's ``written`` and ``hidden``)."""
+    plan = _plan(func)
+    return plan.written, plan.hidden
 
 
 class InitMode:

@@ -144,7 +144,8 @@ class RoundingMode(FrontMode):
         """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,
         and again on its arguments widened to float64 under the profile's emulation; the twin's
         float64 results are rounded (and logged) as the op's, then written into its results."""
-        wide_args, wide_kwargs = widen.widened(args, kwargs)  # before the op: an in-place op's start
+        twin = widen.widened(args, kwargs)  # before the op: an in-place op's start
+        wide_args, wide_kwargs = widen.writes_apart(plan.written, plan.hidden, (args, kwargs), twin)
         try:
             out = func(*args, **kwargs)
         except Exception as exc:

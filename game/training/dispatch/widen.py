@@ -135,6 +135,39 @@ def widened(
     return _widen(args, narrow), {k: _widen(v, narrow) for k, v in kwargs.items()}
 
 
+def _apart(given: Any, wide: Any) -> Any:
+    if isinstance(wide, Tensor):
+        return wide.clone() if wide is given else wide
+    if isinstance(wide, list | tuple) and isinstance(given, list | tuple):
+        return type(wide)(_apart(g, w) for g, w in zip(given, wide, strict=False))
+    return wide
+
+
+def writes_apart(
+    written: tuple[tuple[int, str, bool], ...],
+    hidden: tuple[tuple[int, ...], int] | None,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    twin: tuple[tuple[Any, ...], dict[str, Any]],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The twin's arguments (``twin``, :func:`widened` of ``call``) with its own copy of each tensor
+    the op writes that widening left as it was: a float64 one is the same tensor, and the twin
+    wrote it a second time after the op, so an in-place op with a float32 argument beside a float64
+    ``self`` applied twice (ASGD's ``ax += mu * (p - ax)``, ``mu`` a float32 scalar tensor: ``ax``
+    twice ``p``). ``written`` and ``hidden`` are the op's plan's (``optable._Plan``)."""
+    (args, kwargs), (wide_args, wide_kwargs) = call, twin
+    out_args, out_kwargs = list(wide_args), dict(wide_kwargs)
+    places = list(written)
+    if hidden is not None and len(args) > hidden[1] and args[hidden[1]]:
+        places += [(i, "", False) for i in hidden[0]]
+    for i, name, kwarg_only in places:
+        if kwarg_only or name in kwargs:
+            if name in kwargs:
+                out_kwargs[name] = _apart(kwargs[name], wide_kwargs.get(name))
+        elif i < len(args):
+            out_args[i] = _apart(args[i], wide_args[i])
+    return tuple(out_args), out_kwargs
+
+
 @contextmanager
 def _default_float64() -> Iterator[None]:
     before = torch.get_default_dtype()
@@ -205,4 +238,5 @@ __all__ = [
     "unaliased",
     "widened",
     "write_back",
+    "writes_apart",
 ]

@@ -87,10 +87,8 @@ def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
         pname, sep, key = name[len("optim/") :].rpartition("/")
         if not sep or pname not in params:
             raise CheckpointError(f"{name}: names no parameter of model {state.model.__class__.__name__}")
-        p = params[pname]
-        if t.dim() > 0 and tuple(t.shape) != tuple(p.shape):
-            raise CheckpointError(f"{name}: shape {tuple(t.shape)}, parameter has {tuple(p.shape)}")
-        per_param.setdefault(index[id(p)], {})[key] = t
+        # any shape: Adafactor keeps a matrix's second moments as a row and a column
+        per_param.setdefault(index[id(params[pname])], {})[key] = t
     sd = state.optimizer.state_dict()
     sd["state"] = per_param
     try:

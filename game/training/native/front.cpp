@@ -517,6 +517,31 @@ torch::jit::Stack widen_stack(const c10::FunctionSchema& schema, const torch::ji
   return wide;
 }
 
+// widen.writes_apart: the twin's own copy of each tensor the op writes that widening left as it was
+// (a float64 one, the same tensor): else the twin writes it a second time, and an in-place op with a
+// float32 argument beside a float64 self (ASGD's ax += mu * (p - ax), mu a float32 scalar) adds twice.
+void writes_apart(const Plan& plan, torch::jit::Stack& wide, const torch::jit::Stack& stack, size_t base) {
+  std::vector<int> at(plan.written.begin(), plan.written.end());
+  if (plan.training >= 0 && stack[base + plan.training].toBool()) at.insert(at.end(), plan.hidden.begin(), plan.hidden.end());
+  for (int i : at) {
+    c10::IValue& w = wide[i];
+    const c10::IValue& v = stack[base + i];
+    if (w.isTensor() && v.isTensor()) {
+      if (w.toTensor().is_same(v.toTensor())) w = c10::IValue(w.toTensor().clone());
+    } else if (w.isTensorList() && v.isTensorList()) {
+      const c10::List<at::Tensor> mine = v.toTensorList();
+      const c10::List<at::Tensor> theirs = w.toTensorList();
+      c10::List<at::Tensor> own;
+      own.reserve(theirs.size());
+      for (size_t j = 0; j < theirs.size(); ++j) {
+        const at::Tensor t = theirs.get(j);
+        own.push_back(j < mine.size() && t.is_same(mine.get(j)) ? t.clone() : t);
+      }
+      w = c10::IValue(own);
+    }
+  }
+}
+
 // widen.pairs: the op's results beside its twin's, one for one; a result whose twin is not float64
 // (or that is neither float32 nor float64) stands for itself, and Python's checks see it.
 std::vector<std::pair<at::Tensor, at::Tensor>> twin_pairs(const Plan& plan, const std::vector<at::Tensor>& out,
@@ -620,6 +645,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   std::vector<at::Tensor> wide_found;
   if (narrow) {
     wide = widen_stack(op.schema(), *stack, base);
+    writes_apart(plan, wide, *stack, base);
     wide_found = written(wide, 0);
   }
   // widen.default_twin: a float32 result from no float32 argument is in torch's default dtype; its
