@@ -4,11 +4,12 @@ parametrization's ``geqrf`` and ``householder_product``): the same bits everywhe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from game.training.dispatch import fixedorder
 from game.training.dispatch.initmode import init_module
@@ -94,18 +95,22 @@ def test_qr_factorsLikeLapack_upToTheSignsOfRsDiagonal(shape: tuple[int, int]) -
     assert torch.allclose(q * signs, lq * lsigns, atol=1e-12)  # the unique Q of R's positive diagonal
 
 
-def test_qr_isTheSameAtEveryThreadCount() -> None:
-    g = torch.Generator().manual_seed(3)
-    a = torch.randn(300, 200, generator=g, dtype=torch.float64)
+def _same_at_every_thread_count(factor: Callable[[Tensor], tuple[Tensor, Tensor]], a: Tensor) -> bool:
+    """Whether ``factor(a)`` gives the same bits on one thread and on several."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = fixedorder.qr(a)
+        one = factor(a)
         torch.set_num_threads(max(2, before))
-        many = fixedorder.qr(a)
+        many = factor(a)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+    return torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
+def test_qr_isTheSameAtEveryThreadCount() -> None:
+    g = torch.Generator().manual_seed(3)
+    assert _same_at_every_thread_count(fixedorder.qr, torch.randn(300, 200, generator=g, dtype=torch.float64))
 
 
 def test_treeSum_addsHalves_alongADim() -> None:
@@ -208,16 +213,9 @@ def test_geqrf_leavesAColumnAlreadyZeroBelowTheDiagonal_withTauZero_andIsTheSame
     assert tau[0] == 0 == ltau[0] and compact[0, 0] == -2.0 == lapack[0, 0]
     assert torch.allclose(compact, lapack, atol=1e-12) and torch.allclose(tau, ltau, atol=1e-12)
     g = torch.Generator().manual_seed(9)
-    big = torch.randn(200, 120, generator=g, dtype=torch.float64)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = fixedorder.geqrf(big)
-        torch.set_num_threads(max(2, before))
-        many = fixedorder.geqrf(big)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+    assert _same_at_every_thread_count(
+        fixedorder.geqrf, torch.randn(200, 120, generator=g, dtype=torch.float64)
+    )
 
 
 class _Orthogonal(nn.Module):

@@ -50,6 +50,14 @@ def _cfg(asynchronous: bool) -> TaskConfig:
     )
 
 
+def _run_own(cluster: PsCluster, root: Path, cfg: TaskConfig, mode: str = "sync") -> PsResult:
+    """``cfg``'s run (a task of the test's own under ``root``) on the cluster's two workers, into
+    ``root/t``."""
+    return train_ps(
+        cfg, "cpu-1t", root / "t", PsOptions(mode=mode, workers=2), cluster=cluster, search=[root]
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PsCluster]:
     """One Ray instance and one set of actors for the module: each run assigns them its task."""
@@ -137,15 +145,8 @@ def test_aUsersOwnTask_foundByItsConfigsDirectory_trainsOnTheActors_asOneProcess
     cfg = load_config(tmp_path / "own" / "task.toml").replace(
         steps=4, accumulate=2, checkpoint_interval=2, max_staleness=2 if MODES[mode][0] else 0
     )
-    result = train_ps(
-        cfg,
-        "cpu-1t",
-        tmp_path / "t",
-        PsOptions(mode=mode, workers=2),
-        cluster=cluster,
-        search=[tmp_path / "own"],
-    )
-    assert audit(tmp_path / "t", "noisy").match
+    result = _run_own(cluster, tmp_path / "own", cfg, mode)
+    assert audit(tmp_path / "own" / "t", "noisy").match
     if not MODES[mode][0]:  # synchronous: one process's roots
         one = train(cfg, "cpu-1t", tmp_path / "one")
         manifest = result.transcript.manifest
@@ -286,14 +287,7 @@ def test_anOptimizerCarryingStateOnTheServer_isRefusedAtTheSecondUpdate(
     with pytest.raises(
         CarriedStateError, match=r"step 2: the task's optimizer .*optimizer\.count: 0 at step 1"
     ):
-        train_ps(
-            cfg,
-            "cpu-1t",
-            tmp_path / "t",
-            PsOptions(mode=mode, workers=2),
-            cluster=cluster,
-            search=[tmp_path / "carried"],
-        )
+        _run_own(cluster, tmp_path / "carried", cfg, mode)
 
 
 def test_aModelWhoseConstructionRoundsOps_trainedByAnAsynchronousServer_isJudgedAlike(
@@ -307,14 +301,7 @@ def test_aModelWhoseConstructionRoundsOps_trainedByAnAsynchronousServer_isJudged
     cfg = load_config(tmp_path / "parametrized" / "task.toml").replace(
         steps=4, accumulate=2, max_staleness=1, checkpoint_interval=1
     )
-    result = train_ps(
-        cfg,
-        "cpu-1t",
-        tmp_path / "t",
-        PsOptions(mode="async", workers=2),
-        cluster=cluster,
-        search=[tmp_path / "parametrized"],
-    )
-    assert audit(tmp_path / "t", "noisy").match
+    result = _run_own(cluster, tmp_path / "parametrized", cfg, "async")
+    assert audit(result.transcript.directory, "noisy").match
     for step in (2, 3, 4):
         assert replay_transcript_step(result.transcript.directory, step, "noisy").matches_transcript

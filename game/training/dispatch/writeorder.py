@@ -54,6 +54,21 @@ def _agreeing(values: Tensor, winner: Tensor, dim: int = 0) -> Tensor:
     return torch.where(own, values, values.detach().index_select(dim, winner))
 
 
+def _write_call(
+    names: tuple[str, ...], values: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], Tensor, Tensor, Tensor] | None:
+    """A write's arguments by name and its ``self``, ``index`` and values (the argument named
+    ``values``), or None for a call torch makes as it is: another keyword (``value=``, ``reduce=``,
+    ``out=``), an ``accumulate`` set, a number where a tensor goes, a single index."""
+    given = named_args(names, args, kwargs)
+    if given.keys() - set(names) or given.get("accumulate", False):
+        return None
+    x, index, source = given.get("self"), given.get("index"), given.get(values)
+    if not (isinstance(x, Tensor) and isinstance(index, Tensor) and isinstance(source, Tensor)):
+        return None
+    return (given, x, index, source) if index.numel() > 1 else None
+
+
 def _may_repeat(key: Any) -> bool:
     """Whether an index (a ``__getitem__`` key) may name one place twice: it holds an integer
     tensor of more than one element, or a list or array."""
@@ -126,18 +141,10 @@ def _index_put(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 @serves(torch.scatter, torch.Tensor.scatter, torch.Tensor.scatter_)
 def _scatter(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = named_args(("self", "dim", "index", "src"), args, kwargs)
-    x, index, src = given.get("self"), given.get("index"), given.get("src")
-    if (
-        given.keys() != {"self", "dim", "index", "src"}  # ``value=``, ``reduce=``, ``out=``
-        or not isinstance(src, Tensor)
-        or not isinstance(x, Tensor)
-        or not isinstance(index, Tensor)
-        or index.numel() <= 1
-        or src.dim() != index.dim()
-        or x.dim() != index.dim()
-    ):
+    call = _write_call(("self", "dim", "index", "src"), "src", args, kwargs)
+    if call is None or "dim" not in call[0] or not call[1].dim() == call[2].dim() == call[3].dim():
         return func(*args, **kwargs)
+    given, x, index, src = call
     dim = int(given["dim"]) % index.dim()
     with suspended():
         places = torch.zeros_like(index)
@@ -152,17 +159,10 @@ def _scatter(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 @serves(torch.index_copy, torch.Tensor.index_copy, torch.Tensor.index_copy_)
 def _index_copy(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = named_args(("self", "dim", "index", "source"), args, kwargs)
-    x, index, source = given.get("self"), given.get("index"), given.get("source")
-    if (
-        given.keys() != {"self", "dim", "index", "source"}
-        or not isinstance(x, Tensor)
-        or not isinstance(index, Tensor)
-        or not isinstance(source, Tensor)
-        or index.numel() <= 1
-        or source.dim() == 0
-    ):
+    call = _write_call(("self", "dim", "index", "source"), "source", args, kwargs)
+    if call is None or "dim" not in call[0] or call[3].dim() == 0:
         return func(*args, **kwargs)
+    given, x, index, source = call
     dim = int(given["dim"]) % source.dim()
     agreed = _agreeing(source, last_of_each_place(index), dim)
     return func(x, given["dim"], index, agreed)
@@ -170,19 +170,10 @@ def _index_copy(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 @serves(torch.put, torch.Tensor.put, torch.Tensor.put_)
 def _put(d: Draws, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    given = named_args(("self", "index", "source", "accumulate"), args, kwargs)
-    x, index, source = given.get("self"), given.get("index"), given.get("source")
-    if (
-        given.keys() - {"self", "index", "source", "accumulate"}
-        or given.get("accumulate", False)
-        or not isinstance(x, Tensor)
-        or not isinstance(index, Tensor)
-        or not isinstance(source, Tensor)
-        or index.numel() <= 1
-        or index.numel() != source.numel()
-        or x.numel() == 0
-    ):
+    call = _write_call(("self", "index", "source", "accumulate"), "source", args, kwargs)
+    if call is None or call[2].numel() != call[3].numel() or call[1].numel() == 0:
         return func(*args, **kwargs)
+    _, x, index, source = call
     with suspended():
         places = torch.remainder(index, x.numel())  # put_ takes negative indices from the end
     agreed = _agreeing(source.reshape(-1), last_of_each_place(places)).view(source.shape)
