@@ -24,8 +24,10 @@ import pytest
 
 from game.errors import CarriedStateError, StateReloadError
 from game.training.engine.replay import replay_transcript_step
+from game.training.engine.step import engine_for
 from game.training.engine.train import train
-from game.training.engine.update import UpdateEngine
+from game.training.engine.update import UpdateEngine, weights_of
+from game.training.log.schedule import Applied, MicroBatchId
 from game.training.task.config import load_config
 from tests.training.test_carried import COUNTED, KEPT, counted_reruns
 from tests.training.test_task_api import TASK_PY, make_plugin
@@ -252,3 +254,30 @@ def test_onTheAsynchronousPath_stateKeptWhereItIsCommitted_trains_andTheJudgeAgr
         afresh.clear()
         for step in (3, 4):
             assert replay_transcript_step(tmp_path / name / "t", step, "noisy").matches_transcript
+
+
+NOISY_COUNTED = """
+class NoisySGD(torch.optim.SGD):
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            g["seen"] = g.get("seen", 0) + 1  # for a log line: no step reads it
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.grad.add_(torch.randn_like(p.grad) * 0.01)  # Langevin-style noise, in place
+        return super().step(closure)
+"""
+
+
+def test_aServersUpdateAppliedAgainAfresh_takesTheGradientsAsTheyCame(tmp_path: Path) -> None:
+    """A server judges an update whose optimizer's param group changed (a counter no step reads) by
+    applying it again afresh. With one micro-batch an update's folded gradients are the worker's own
+    tensors, which an optimizer may change in place (noise added to ``p.grad``): applied again, they
+    must be the worker's as it sent them, or the harmless counter is refused."""
+    make_plugin(tmp_path, _with("NoisySGD(m.parameters(), lr=0.05)", NOISY_COUNTED))
+    ue = UpdateEngine(engine_for(load_config(tmp_path / "task.toml").replace(steps=3), "cpu-1t"))
+    state = ue.engine.init_state()
+    for u in (1, 2, 3):
+        work, _ = ue.record_micro(Applied(MicroBatchId(u, 0), u - 1), weights_of(state))
+        ue.record_apply(state, [work])
+    assert state.step == 3

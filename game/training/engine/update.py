@@ -29,6 +29,7 @@ synchronous update runs the ops of :meth:`~.step.StepEngine.run_step`: the same 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -230,9 +231,15 @@ class UpdateEngine:
         before = (
             encode_state(state) if watch.look(state.model, step, state.optimizer, state.scheduled) else None
         )
-        segment = self._apply(self.engine, state, results)
-        if before is not None:
-            watch.judge(step, state_hash(state), lambda: self._apply_afresh(before, results, segment))
+        if before is None:
+            return self._apply(self.engine, state, results)
+        # one micro-batch's gradients are folded as they are, and clipping scales them in place:
+        # the update applied afresh takes them as they came
+        copies = [
+            dataclasses.replace(r, grads=[None if g is None else g.clone() for g in r.grads]) for r in results
+        ]
+        segment = self._apply(self.engine, state, copies)
+        watch.judge(step, state_hash(state), lambda: self._apply_afresh(before, results, segment))
         return segment
 
     def _apply(
