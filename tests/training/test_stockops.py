@@ -858,3 +858,14 @@ def test_rngsOwnTorchCalls_areNeverSeenByAFunctionMode() -> None:
     with library.disabled(), Seen():
         words = rng.random_u32(SEED, STEP, "p", IDS, (3,))
     assert set(seen) <= {"__get__", "reshape", "squeeze"} and words.shape == (8, 3)  # only the shaping after
+
+
+def test_anInterruptWhileTorchHasTheModePopped_leavesAsTheInterrupt() -> None:
+    """Torch pops a function mode in Python to handle each call; a SIGHUP that landed between the
+    pop and its ``try`` left the mode off, and leaving the step's StockOps raised "trying to pop
+    from empty mode stack" over the interrupt: the CLI exited 1 with a traceback, not 129 with
+    its message (seen once in CI)."""
+    with pytest.raises(KeyboardInterrupt, match="SIGHUP"), _ops():
+        torch.overrides._pop_mode()  # as _pop_mode_temporarily does, the interrupt before its try
+        raise KeyboardInterrupt("SIGHUP")
+    assert not torch.overrides._get_current_function_mode_stack()

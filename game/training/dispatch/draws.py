@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
 from game.errors import ConfigError, UnsupportedOpError, VGameError
@@ -242,6 +242,15 @@ class ServingMode(TorchFunctionMode):
         super().__init__()
         self.draws = draws
         self.handled: Counter[str] = Counter()
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        """Off again; but an interrupt (Ctrl-C, SIGTERM, SIGHUP: the CLI raises them as
+        ``KeyboardInterrupt``) that lands while torch has this mode popped to handle a call
+        (``_pop_mode_temporarily``, in Python, before its ``try``) leaves it off already, and the
+        pop would raise "empty mode stack" over the interrupt, which the CLI reports cleanly."""
+        if exc_type is not None and self not in _get_current_function_mode_stack():
+            return
+        super().__exit__(exc_type, exc_value, traceback)
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
