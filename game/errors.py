@@ -96,6 +96,10 @@ class TranscriptError(TrainingError):
     """A transcript directory is missing files, inconsistent or does not match its manifest."""
 
 
+class CheckpointError(TranscriptError, ValueError):
+    """Canonical state bytes (a checkpoint) are truncated, corrupt, or do not fit the task's model."""
+
+
 class StepWriteError(TranscriptError):
     """A step's files could not be written (a full disk, a path that is not writable). The steps
     before it are on disk; the same run, started again once the cause is gone, goes on from there."""

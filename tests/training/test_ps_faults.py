@@ -19,7 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from game.errors import CarriedStateError, StateReloadError  # noqa: E402
+from game.errors import CarriedStateError, ConfigError, StateReloadError  # noqa: E402
 from game.training.engine.audit import audit  # noqa: E402
 from game.training.engine.replay import replay_transcript_step  # noqa: E402
 from game.training.engine.scheduled import train_scheduled  # noqa: E402
@@ -32,6 +32,7 @@ from game.training.task.plugins import PluginError  # noqa: E402
 from game.training.transcript.reader import Transcript  # noqa: E402
 from tests.training.test_carried import COUNTED, KEPT  # noqa: E402
 from tests.training.test_carried_optimizer import LOOKAHEAD_ATTRIBUTES, SHARED_BY_A_WRAPPER, _with  # noqa: E402
+from tests.training.test_plateau import PLATEAU  # noqa: E402
 from tests.training.test_schedule import PARAMETRIZED  # noqa: E402
 from tests.training.test_task_api import make_plugin  # noqa: E402
 
@@ -305,3 +306,18 @@ def test_aModelWhoseConstructionRoundsOps_trainedByAnAsynchronousServer_isJudged
     assert audit(result.transcript.directory, "noisy").match
     for step in (2, 3, 4):
         assert replay_transcript_step(result.transcript.directory, step, "noisy").matches_transcript
+
+
+def test_aSchedulerSteppedWithTheLoss_isRefusedByTheServerInOneLine(
+    cluster: PsCluster, tmp_path: Path
+) -> None:
+    """A server applies workers' gradients and has no step's loss to give a ReduceLROnPlateau
+    (tests/training/test_plateau.py): its first update stops the run, naming the scheduler."""
+    make_plugin(tmp_path / "own", PLATEAU)
+    cfg = load_config(tmp_path / "own" / "task.toml").replace(steps=3, accumulate=2)
+    with pytest.raises(
+        ConfigError, match=r"ReduceLROnPlateau is stepped with the step's loss.*parameter server"
+    ):
+        train_ps(
+            cfg, "cpu-1t", tmp_path / "t", PsOptions(workers=2), cluster=cluster, search=[tmp_path / "own"]
+        )

@@ -481,17 +481,18 @@ def test_aLossReturnedWithMetrics_isOneErrorSayingWhereTheLossIs(
             r"Task\.optimizer: LBFGS\.step needs a closure .* use an optimizer whose step takes none",
         ),
         (
-            "scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)",
-            r"Task\.scheduler: ReduceLROnPlateau .*\(its step needs metrics",
+            'scheduler=lambda opt: type("TwoArgs", (torch.optim.lr_scheduler.ReduceLROnPlateau,), '
+            '{"step": lambda self, metrics, other: None})(opt)',
+            r"Task\.scheduler: TwoArgs is not .* with nothing or the step's loss given \(its step needs metrics, other",
         ),
     ],
 )
 def test_anOptimizerOrSchedulerWhoseStepNeedsAnArgument_isRefusedAtStepZeroByName(
     tmp_path: Path, line: str, message: str
 ) -> None:
-    """The engine steps a task's optimizer and scheduler with nothing given. LBFGS's step needs a
-    closure that runs the loss again; it stopped at step 1 with torch's own TypeError. A scheduler
-    that needs a metric was refused by its class's name only."""
+    """The engine steps a task's optimizer with nothing given and its scheduler with nothing or
+    the step's loss. LBFGS's step needs a closure that runs the loss again; it stopped at step 1
+    with torch's own TypeError. A scheduler whose step needs two arguments is refused by name."""
     body = TASK_PY.replace("        init_weights=", f"        {line},\n        init_weights=")
     if "scheduler" in line:
         body = body.replace(

@@ -159,11 +159,12 @@ def apply_update(
     *,
     mode: Mode = "record",
     log: ChunkLog | None = None,
+    loss: float | None = None,
 ) -> Segment:
     """The end of step ``step`` on ``state``: ``grads`` (folded, one per ``model.parameters()``)
     into ``.grad``, clipping and the optimizer's step under an interceptor of its own, ``.grad``
-    emptied, the scheduler stepped, ``state.step`` set. ``log`` as :func:`run_micro_batch`'s.
-    Returns the update's segment."""
+    emptied, the scheduler stepped (given ``loss``, the step's, where it takes one), ``state.step``
+    set. ``log`` as :func:`run_micro_batch`'s. Returns the update's segment."""
     if mode not in PIECE_MODES:
         raise ConfigError(f"mode: an update runs in {', '.join(PIECE_MODES)}, not {mode!r}")
     if mode == "replay" and log is None:
@@ -182,7 +183,7 @@ def apply_update(
         engine.update(state, step)
     state.optimizer.zero_grad(set_to_none=True)
     rm.finish()
-    step_scheduler(state)  # as StepEngine.run_step: Python floats only
+    step_scheduler(state, loss)  # as StepEngine.run_step: Python floats only
     state.step = step
     return Segment(log if mode != "round" else None, rm.op_index)
 

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.stockops import collating
+from game.training.state import schedstate
 from game.training.state.tensors import TrainState, step_scheduler
 from game.training.task import datasets, weights
 from game.training.task.config import TaskConfig, factory_of
@@ -138,19 +139,26 @@ class TaskRuntime:
             scheduler = task.scheduler(opt)
             step = getattr(type(scheduler), "step", None)
             needs = required_arguments(step) if callable(step) else ["a step method"]
-            if needs:
+            if len(needs) > 1 or not callable(step):
                 raise ConfigError(
                     f"Task.scheduler: {type(scheduler).__name__} is not a scheduler stepped once a step "
-                    f"with nothing given (its step needs {', '.join(needs)}: ReduceLROnPlateau needs a "
-                    "metric): use a schedule of the step instead"
+                    f"with nothing or the step's loss given (its step needs {', '.join(needs)}): use a "
+                    "schedule of the step instead"
+                )
+            if needs and self.cfg.scheduled:
+                raise ConfigError(
+                    f"Task.scheduler: {type(scheduler).__name__} is stepped with the step's loss, which a "
+                    "task whose updates apply stale gradients (max_staleness > 0) has no one of: use a "
+                    "schedule of the step"
                 )
         return opt, scheduler
 
     @staticmethod
     def advance_scheduler(state: TrainState, steps: int) -> None:
         """Step a fresh state's scheduler ``steps`` times: where it stands after that many training
-        steps (a checkpoint holds no scheduler; its schedule is a function of the step)."""
-        if state.scheduler is None or steps <= 0:
+        steps (its schedule is a function of the step). One stepped with the loss is not: its state
+        comes with the checkpoint's (:mod:`~game.training.state.schedstate`)."""
+        if state.scheduler is None or steps <= 0 or schedstate.takes_metric(state.scheduler):
             return
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose here
             warnings.simplefilter("ignore", UserWarning)

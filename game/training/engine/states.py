@@ -14,6 +14,7 @@ from torch import Tensor
 from game.errors import StateReloadError, TrainingError
 from game.training.engine.runtime import TaskRuntime, runtime_for
 from game.training.numerics import rounding
+from game.training.state import schedstate
 from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import CheckpointError, parse_state
 from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers
@@ -53,7 +54,7 @@ def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "
     state.step = step
     expected: dict[str, Tensor] = {f"param/{n}": p for n, p in state.model.named_parameters()}
     expected.update({f"buffer/{n}": b for n, b in persistent_buffers(state.model).items()})
-    model_names = {n for n in tensors if not n.startswith("optim/")}
+    model_names = {n for n in tensors if not n.startswith(("optim/", schedstate.PREFIX))}
     missing, extra = sorted(set(expected) - model_names), sorted(model_names - set(expected))
     if missing or extra:
         raise CheckpointError(
@@ -70,7 +71,8 @@ def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "
                 raise CheckpointError(f"{name}: dtype {src.dtype} in the bytes, model has {target.dtype}")
             target.copy_(src.to(target.dtype))
     _load_optimizer(state, {n: t for n, t in tensors.items() if n.startswith("optim/")})
-    TaskRuntime.advance_scheduler(state, step)
+    schedstate.load(state, {n: t for n, t in tensors.items() if n.startswith(schedstate.PREFIX)})
+    TaskRuntime.advance_scheduler(state, step)  # a schedule of the step (one with the loss: loaded)
     if torch.device(device) != torch.device("cpu"):
         move_state(state, device)
     return state

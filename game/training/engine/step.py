@@ -49,6 +49,7 @@ from game.training.log.sparse import SparseStepLog
 from game.training.numerics import rounding
 from game.training.numerics.reach import CHECKS, Checks
 from game.training.state.leaves import state_hash
+from game.training.state.schedstate import step_loss
 from game.training.state.tensors import (
     Precision,
     StepBuffers,
@@ -201,7 +202,8 @@ class StepEngine:
                 rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
         else:
             rm, loss = self._attempt(state, step, mode, log, batch, defer=False)
-        step_scheduler(state)  # after the update, outside the rounding: Python floats only
+        mean_loss = step_loss(loss)
+        step_scheduler(state, mean_loss)  # after the update, outside the rounding: Python floats only
         state.step = step
         self.last_mode = rm
         if logger.isEnabledFor(logging.DEBUG):  # counting the op kinds adds up the front's tallies
@@ -227,7 +229,7 @@ class StepEngine:
             state_hash=leaf if has_bytes else None,
             log=log if mode in ("record", "replay") else None,
             corrections=rm.corrections,
-            loss=sum(float(v) for v in loss) / len(loss),
+            loss=mean_loss,
             mode=rm,
         )
 

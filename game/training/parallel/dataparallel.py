@@ -36,6 +36,7 @@ from game.training.engine.runtime import runtime_for
 from game.training.engine.step import StepEngine, engine_for
 from game.training.engine.train import Deviation, StepRunner, TrainResult, queue_step, train
 from game.training.parallel.group import WorkerGroup
+from game.training.state.schedstate import step_loss
 from game.training.state.tensors import StepBuffers, TrainState
 from game.training.task.config import TaskConfig
 from game.training.transcript.writer import TranscriptWriter
@@ -127,14 +128,17 @@ class DataParallel(StepRunner):
         gathered = self._micro_batches(state, step)
         assert gathered is not None  # rank 0
         cfg = engine.cfg
-        update = apply_update(engine, state, fold_grads([r.grads for r in gathered], cfg.bits), step)
+        loss = step_loss([r.loss for r in gathered])  # in micro-batch order, as one process adds them
+        update = apply_update(
+            engine, state, fold_grads([r.grads for r in gathered], cfg.bits), step, loss=loss
+        )
         self._share_update(state)  # the others start the next step while this one is written
         chunk = merge_logs(cfg.log_format, step, [r.segment for r in gathered] + [update])
         if judged is not None:
             engine.carried_judge(state, step, judged, chunk)
         queue_step(writer, step, state, chunk)
         self.step_ends.append(time.perf_counter())
-        return sum(r.loss for r in gathered) / len(gathered)
+        return loss
 
     # ---- the other ranks ----------------------------------------------------------------------
 

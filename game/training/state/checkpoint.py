@@ -14,12 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from game.errors import TranscriptError
+from game.errors import CheckpointError
 from game.training.state.canonical import NUMPY_DTYPES, STATE_MAGIC, tag_width
-
-
-class CheckpointError(TranscriptError, ValueError):
-    """Canonical state bytes (a checkpoint) are truncated, corrupt, or do not fit the task's model."""
 
 
 class _Reader:

@@ -1,8 +1,9 @@
 """The training state in memory: :class:`TrainState`, its tensors by canonical name, and what is done
 to them in place (the grid check, moving them to a device, a snapshot to go back to).
 
-State = parameters + persistent buffers (BatchNorm running stats) + optimizer state + the step number
-(docs/architecture.md, "Training state and leaves"). Floating tensors are float64 in memory and lie
+State = parameters + persistent buffers (BatchNorm running stats) + optimizer state + the state of a
+scheduler stepped with the loss (:mod:`.schedstate`) + the step number (docs/architecture.md,
+"Training state and leaves"). Floating tensors are float64 in memory and lie
 on the ``bits`` grid after every step. How they are written (:mod:`.canonical`) and read back
 (:mod:`.checkpoint`) lives beside this module.
 """
@@ -17,8 +18,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from game.errors import TrainingError
+from game.errors import ConfigError, TrainingError
 from game.training.numerics import rounding
+from game.training.state import schedstate
 
 Precision = Literal["fp64", "fp32"]
 
@@ -34,7 +36,8 @@ class TrainState:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     step: int
-    #: the task's LR scheduler, stepped after each update (not state: a function of ``step``)
+    #: the task's LR scheduler, stepped after each update (not state: a function of ``step``, but
+    #: for one stepped with the loss, whose state is committed: :mod:`.schedstate`)
     scheduler: Any = field(default=None, compare=False)
     #: The keys of the optimizer's param groups the scheduler has written (its ``lr``; a cyclic
     #: one's ``momentum`` or ``betas``): a judge's scheduler, fast-forwarded, writes them again, so
@@ -43,6 +46,9 @@ class TrainState:
     #: What :func:`~game.training.state.canonical.state_buffer` worked out from the tensors last time
     #: (its ``_BufferPlan``, checked before each use; only that module reads or sets it).
     buffer_plan: object | None = field(default=None, init=False, repr=False, compare=False)
+    #: The committed tensors of a scheduler stepped with the loss, written in place
+    #: (:func:`~.schedstate.scheduler_tensors` keeps them; empty for any other scheduler).
+    scheduler_tensors: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def parameters(self) -> dict[str, Tensor]:
         """Parameters by model name (for distances between two parties' weights)."""
@@ -54,21 +60,34 @@ class TrainState:
         return next(self.model.parameters()).device
 
 
-def step_scheduler(state: TrainState) -> None:
+def step_scheduler(state: TrainState, loss: float | None = None) -> None:
     """Step ``state``'s scheduler (if any) once, noting the param-group keys it wrote in
     :attr:`TrainState.scheduled`: an entry set anew (an lr of equal value set again is written) or
     a tensor filled in place. The objects held before are kept while it steps, so that no new one
-    takes an old one's ``id``."""
+    takes an old one's ``id``. A scheduler stepped with a metric is given ``loss``, the step's
+    (:func:`.schedstate.step_loss`); ConfigError on a path that has none for it."""
     if state.scheduler is None:
         return
     groups = state.optimizer.param_groups
     before = [{k: (v, _version(v)) for k, v in g.items() if k != "params"} for g in groups]
-    state.scheduler.step()
+    metric = schedstate.takes_metric(state.scheduler)
+    if metric and loss is None:
+        raise ConfigError(
+            f"Task.scheduler: {type(state.scheduler).__name__} is stepped with the step's loss, which "
+            "only a synchronous run has (one process or data-parallel workers), not an update of "
+            "stale gradients or a parameter server's: use a schedule of the step there"
+        )
+    if metric:
+        state.scheduler.step(loss)
+    else:
+        state.scheduler.step()
     for was, group in zip(before, groups, strict=False):
         for k, v in group.items():
             old = was.get(k)
             if k != "params" and (old is None or old[0] is not v or old[1] != _version(v)):
                 state.scheduled.add(k)
+    if metric:
+        schedstate.check_writes(state.scheduler, state.scheduled)
 
 
 def _version(v: Any) -> int:
@@ -157,6 +176,7 @@ def state_tensors(state: TrainState) -> dict[str, Tensor]:
     for name, b in buffers.items():
         out[f"buffer/{name}"] = b
     out.update(_optimizer_tensors(state, names))
+    out.update(schedstate.scheduler_tensors(state))
     return dict(sorted(out.items()))
 
 

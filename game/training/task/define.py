@@ -75,7 +75,9 @@ class Task:
       None: the config's standard optimizer (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
       ``betas``, ``eps``).
     * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step, with nothing
-      given (one that needs a metric, ``ReduceLROnPlateau``, is refused).
+      given; one whose step takes a metric (``ReduceLROnPlateau``) is given the step's loss (the
+      mean of its micro-batches'), and its state is committed with the step's (a task of stale
+      gradients or a parameter server has no step's loss and refuses it).
     * ``init_weights``: a ``state_dict`` or a ``.safetensors``/``.pt`` file to fine-tune from; leaf 0
       is these weights on the grid. ``init_strict=False`` lets the model's own initialisation
       fill the tensors they do not hold (a new head).
