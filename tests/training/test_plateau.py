@@ -6,7 +6,7 @@ judge re-runs step ``k`` alone from the committed state. Now the engine steps it
 loss and the leaf commits its best loss, its counters and the learning rates it has cut to: a run
 whose learning rate is cut trains, audits on another profile, and the judge's re-run of a step
 after a cut gives the trainer's leaf; a state that differs only there has another leaf; the
-paths that have no step's loss (stale gradients, a parameter server) refuse it in one line.
+same holds for an asynchronous task's updates, on many workers and on a parameter server.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from game.errors import CheckpointError, ConfigError
+from game.judgeupdate import judged_step
 from game.training.engine.audit import audit
 from game.training.engine.replay import replay_transcript_step
 from game.training.engine.states import decode_state, fresh_state
@@ -98,12 +99,23 @@ def test_bytesWithoutTheSchedulersState_doNotFitTheTask(tmp_path: Path) -> None:
         decode_state(plain, _cfg(tmp_path / "plateau"))
 
 
-def test_staleGradients_haveNoStepLoss_andRefuseItInOneLine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", ["cpu-1t", "noisy"])
+def test_staleGradients_theUpdatesLossIsItsMicroBatches_andTheJudgeAgrees(
+    tmp_path: Path, profile: str
+) -> None:
+    """An asynchronous task's update gives the scheduler the mean of the losses of the micro-batches
+    it applies (each computed on its own version): the run's learning rate is cut, the audit on
+    another profile matches, and the judge's re-run of each update after a cut (from the committed
+    states the schedule names, on either profile) gives the trainer's leaf."""
     cfg = _cfg(tmp_path, max_staleness=1, accumulate=2)
-    with pytest.raises(
-        ConfigError, match=r"ReduceLROnPlateau is stepped with the step's loss.*max_staleness"
-    ):
-        train(cfg, "cpu-1t", tmp_path / "t")
+    out = tmp_path / "t"
+    result = train(cfg, "cpu-1t", out)
+    assert len(set(_lrs(out, cfg))) >= 3
+    report = audit(out, "noisy")
+    assert report.match and report.trainer_state_root == result.state_root
+    for step in range(3, STEPS + 1):
+        judged = judged_step(out, step, profile)
+        assert judged.matches_transcript and not judged.rejected, step
 
 
 def test_aSchedulerWritingMoreThanTheLearningRate_isRefusedAfterItsFirstStep(tmp_path: Path) -> None:

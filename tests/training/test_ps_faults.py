@@ -19,10 +19,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from game.errors import CarriedStateError, ConfigError, StateReloadError  # noqa: E402
+from game.errors import CarriedStateError, StateReloadError  # noqa: E402
+from game.judgeupdate import judged_step  # noqa: E402
 from game.training.engine.audit import audit  # noqa: E402
 from game.training.engine.replay import replay_transcript_step  # noqa: E402
 from game.training.engine.scheduled import train_scheduled  # noqa: E402
+from game.training.engine.states import decode_state  # noqa: E402
 from game.training.engine.train import train  # noqa: E402
 from game.training.ps.cluster import PsCluster, ray_session  # noqa: E402
 from game.training.ps.driver import MODES, PsOptions, PsResult, train_ps  # noqa: E402
@@ -308,16 +310,25 @@ def test_aModelWhoseConstructionRoundsOps_trainedByAnAsynchronousServer_isJudged
         assert replay_transcript_step(result.transcript.directory, step, "noisy").matches_transcript
 
 
-def test_aSchedulerSteppedWithTheLoss_isRefusedByTheServerInOneLine(
-    cluster: PsCluster, tmp_path: Path
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_aSchedulerSteppedWithTheLoss_onTheServer_isOneProcesssRun(
+    cluster: PsCluster, tmp_path: Path, mode: str
 ) -> None:
-    """A server applies workers' gradients and has no step's loss to give a ReduceLROnPlateau
-    (tests/training/test_plateau.py): its first update stops the run, naming the scheduler."""
+    """The server gives a ReduceLROnPlateau (tests/training/test_plateau.py) the mean of the losses
+    the workers computed for the micro-batches it applies, added in fold order: the run commits
+    what one process commits by the same schedule, and the judge's re-run of its last update from
+    the committed states agrees."""
     make_plugin(tmp_path / "own", PLATEAU)
-    cfg = load_config(tmp_path / "own" / "task.toml").replace(steps=3, accumulate=2)
-    with pytest.raises(
-        ConfigError, match=r"ReduceLROnPlateau is stepped with the step's loss.*parameter server"
-    ):
-        train_ps(
-            cfg, "cpu-1t", tmp_path / "t", PsOptions(workers=2), cluster=cluster, search=[tmp_path / "own"]
-        )
+    cfg = load_config(tmp_path / "own" / "task.toml").replace(
+        steps=6, accumulate=2, checkpoint_interval=1, max_staleness=1 if mode == "async" else 0
+    )
+    t = _run_own(cluster, tmp_path / "own", cfg, mode).transcript
+    if mode == "sync":
+        train(cfg, "cpu-1t", tmp_path / "one")
+        one = Transcript(tmp_path / "one")
+    else:
+        one = train_scheduled(t.config, "cpu-1t", tmp_path / "one", t.schedule())
+    assert (t.manifest.state_root, t.manifest.log_root) == (one.manifest.state_root, one.manifest.log_root)
+    lrs = {decode_state(t.load_checkpoint(s), t.config).optimizer.param_groups[0]["lr"] for s in range(7)}
+    assert len(lrs) >= 2  # a cut
+    assert judged_step(t.directory, 6, "noisy").matches_transcript

@@ -145,12 +145,6 @@ class TaskRuntime:
                     f"with nothing or the step's loss given (its step needs {', '.join(needs)}): use a "
                     "schedule of the step instead"
                 )
-            if needs and self.cfg.scheduled:
-                raise ConfigError(
-                    f"Task.scheduler: {type(scheduler).__name__} is stepped with the step's loss, which a "
-                    "task whose updates apply stale gradients (max_staleness > 0) has no one of: use a "
-                    "schedule of the step"
-                )
         return opt, scheduler
 
     @staticmethod

@@ -49,6 +49,7 @@ from game.training.log.schedule import Applied, MicroBatchId
 from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import parse_state
 from game.training.state.leaves import state_hash
+from game.training.state.schedstate import step_loss
 from game.training.state.tensors import TrainState, persistent_buffers, step_scheduler
 
 #: A version's model: ``param/<name>`` and ``buffer/<name>`` tensors (float64, on the grid).
@@ -205,7 +206,9 @@ class UpdateEngine:
         self.load(weights)
         done = run_micro_batch(self.engine, self.scratch, m.step, m.index, micro, total=self.cfg.accumulate)
         buffers = {n: b.clone() for n, b in persistent_buffers(self.scratch).items()}
-        return MicroWork(applied, done.grads, buffers, torch.tensor(done.loss)), done.segment
+        return MicroWork(
+            applied, done.grads, buffers, torch.tensor(done.loss, dtype=torch.float64)
+        ), done.segment
 
     def _digest(self, work: MicroWork, segment: Segment) -> bytes:
         """A micro-batch's results as bytes to compare: its gradients, buffers and log segment."""
@@ -251,9 +254,10 @@ class UpdateEngine:
             raise TrainingError(f"update {state.step + 1}: no gradients to apply")
         grads = fold_grads([r.grads for r in results], self.cfg.bits)
         self.take_buffers(state, results[-1])
+        loss = step_loss([r.loss_value for r in results])
         if log is None:
-            return apply_update(engine, state, grads, state.step + 1)
-        return apply_update(engine, state, grads, state.step + 1, mode="replay", log=log)
+            return apply_update(engine, state, grads, state.step + 1, loss=loss)
+        return apply_update(engine, state, grads, state.step + 1, mode="replay", log=log, loss=loss)
 
     def _apply_afresh(self, before: bytes, results: Sequence[MicroWork], segment: Segment) -> bytes:
         """The leaf of :meth:`record_apply`'s update as a judge computes it: on the state decoded
@@ -318,13 +322,14 @@ class UpdateEngine:
             self.apply_pass(state, results)
         state.optimizer.zero_grad(set_to_none=True)
         rm.finish()
-        self.finish_update(state, step)
+        self.finish_update(state, step, step_loss([r.loss_value for r in results]))
         return log, results, rm.corrections
 
     @staticmethod
-    def finish_update(state: TrainState, step: int) -> None:
-        """After the update, outside the rounding: the scheduler's next lr, the step number."""
-        step_scheduler(state)
+    def finish_update(state: TrainState, step: int, loss: float) -> None:
+        """After the update, outside the rounding: the scheduler's next lr (given ``loss``, the
+        mean of the applied micro-batches' losses, where it takes one), the step number."""
+        step_scheduler(state, loss)
         state.step = step
 
 

@@ -34,6 +34,7 @@ from game.training.log.formats import decode_chunk
 from game.training.log.schedule import Applied, MicroBatchId, ScheduledLog, ScheduleEntry
 from game.training.state.canonical import encode_state
 from game.training.state.leafhash import leaf_of
+from game.training.state.schedstate import step_loss
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
 
@@ -92,13 +93,16 @@ def apply_outs(
     if [(o.micro, o.version) for o in outs] != [(a.micro, a.version) for a in entry.applied]:
         raise RuntimeError(f"update {u}: the gradients handed over are not the entry's")
     spec = cfg.spec_hash()
-    results = [MicroWork(Applied(o.micro, o.version), o.grads, o.buffers, torch.tensor(o.loss)) for o in outs]
+    results = [
+        MicroWork(Applied(o.micro, o.version), o.grads, o.buffers, torch.tensor(o.loss, dtype=torch.float64))
+        for o in outs
+    ]
     segments = [Segment(decode_chunk(o.segment, spec, 0), o.ops) for o in outs]
     segments.append(ue.record_apply(state, results))
     step_log = merge_logs(cfg.log_format, u, segments)
     chunk = ScheduledLog(entry, step_log).encode(u, spec) if cfg.scheduled else step_log.encode(u, spec)
     data = encode_state(state)
-    loss = sum(o.loss for o in outs) / len(outs)
+    loss = step_loss([o.loss for o in outs])
     return UpdateMeta(u, leaf_of(data), chunk, loss), data
 
 

@@ -6,8 +6,10 @@ checkpoint rebuilds it and nothing of it is committed. A scheduler whose ``step`
 depends on every loss before step ``k``, which no one re-running step ``k`` alone has: its best
 loss, its count of bad steps, its cooldown and the learning rates it has cut to. So where the task
 has one, they are part of the state a leaf commits to, as the optimizer's moments are. The engine
-steps it once a step with the step's loss (:func:`step_loss`: the mean of its micro-batches'
-losses, each a value on the grid, the same on every machine), after the update.
+steps it once a step with the step's loss (:func:`step_loss`: the mean of the losses of the
+micro-batches the update applies, each a value on the grid, the same on every machine; an
+asynchronous update's are those it applies, computed on the states they were computed on), after
+the update, on every path: one process, data-parallel rank 0, a parameter server.
 
 Bytes: one ``sched/<key>`` int64 tensor of shape ``(n, 2)`` for every entry of the scheduler's
 ``state_dict()`` that is a number or a list of numbers (``n`` numbers), and ``sched/param_groups.lr``

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from game.errors import ConfigError, TrainingError
+from game.errors import TrainingError
 from game.training.numerics import rounding
 from game.training.state import schedstate
 
@@ -65,18 +65,14 @@ def step_scheduler(state: TrainState, loss: float | None = None) -> None:
     :attr:`TrainState.scheduled`: an entry set anew (an lr of equal value set again is written) or
     a tensor filled in place. The objects held before are kept while it steps, so that no new one
     takes an old one's ``id``. A scheduler stepped with a metric is given ``loss``, the step's
-    (:func:`.schedstate.step_loss`); ConfigError on a path that has none for it."""
+    (:func:`.schedstate.step_loss`), which every path that steps one hands on."""
     if state.scheduler is None:
         return
     groups = state.optimizer.param_groups
     before = [{k: (v, _version(v)) for k, v in g.items() if k != "params"} for g in groups]
     metric = schedstate.takes_metric(state.scheduler)
     if metric and loss is None:
-        raise ConfigError(
-            f"Task.scheduler: {type(state.scheduler).__name__} is stepped with the step's loss, which "
-            "only a synchronous run has (one process or data-parallel workers), not an update of "
-            "stale gradients or a parameter server's: use a schedule of the step there"
-        )
+        raise TrainingError(f"step {state.step + 1}: {type(state.scheduler).__name__} needs the step's loss")
     if metric:
         state.scheduler.step(loss)
     else:

@@ -76,8 +76,8 @@ class Task:
       ``betas``, ``eps``).
     * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step, with nothing
       given; one whose step takes a metric (``ReduceLROnPlateau``) is given the step's loss (the
-      mean of its micro-batches'), and its state is committed with the step's (a task of stale
-      gradients or a parameter server has no step's loss and refuses it).
+      mean of the losses of the micro-batches the update applies), and its state is committed
+      with the step's.
     * ``init_weights``: a ``state_dict`` or a ``.safetensors``/``.pt`` file to fine-tune from; leaf 0
       is these weights on the grid. ``init_strict=False`` lets the model's own initialisation
       fill the tensors they do not hold (a new head).
