@@ -245,18 +245,27 @@ def _training_progress(label: str, quiet: bool) -> Iterator[tuple[ProgressFn | N
 def _observer(
     cfg: Any, eval_every: int, evals: list[dict[str, Any]], show: Callable[[str], None]
 ) -> Callable[[int, float | None, Any], None]:
-    """What `vgame train` does after each step: the loss on the bar, and the task's held-out
-    metrics every ``eval_every`` steps (kept in ``evals`` for --json)."""
+    """What `vgame train` does after each step: the loss on the bar (and the learning rate, where
+    the task has a scheduler), a line where a scheduler stepped with the loss (ReduceLROnPlateau)
+    has cut the learning rate, and the task's held-out metrics every ``eval_every`` steps (kept in
+    ``evals`` for --json)."""
     from game.training.engine.runtime import runtime_for
+    from game.training.state.schedstate import takes_metric
 
     runtime = runtime_for(cfg)
     if eval_every and not runtime.has_eval:
         show(f"[yellow]--eval-every:[/] task {cfg.preset} has no eval_dataset; nothing to evaluate")
         eval_every = 0
 
+    seen: list[float] = []  # the learning rates after the step before
+
     def observe(step: int, loss: float | None, state: Any) -> None:
+        lrs = [float(g["lr"]) for g in state.optimizer.param_groups] if state.scheduler is not None else []
         if loss is not None:
-            show(f"loss {loss:.4f}")
+            show(f"loss {loss:.4f}" + (f"  lr {lrs[0]:.3g}" if lrs else ""))
+        if seen and lrs != seen and takes_metric(state.scheduler):
+            show(f"step {step:>6}  {type(state.scheduler).__name__} cut the learning rate to {lrs[0]:.3g}")
+        seen[:] = lrs
         if eval_every and (step % eval_every == 0 or step == cfg.steps):
             metrics = runtime.evaluate(state.model)
             evals.append({"step": step, **metrics})

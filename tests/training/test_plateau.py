@@ -29,6 +29,7 @@ from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.layout import TranscriptPaths
 from tests.training.helpers import file_tree
+from tests.training.test_cli_training import vgame
 from tests.training.test_task_api import TASK_PY, make_plugin
 
 _OLD = "scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.params.warmup)),"
@@ -146,3 +147,16 @@ def test_twoWorkers_writeTheOneProcessTranscript(tmp_path: Path) -> None:
     assert launched.workers == 2
     assert file_tree(tmp_path / "two") == file_tree(tmp_path / "one")
     assert len(set(_lrs(tmp_path / "one", cfg))) >= 2  # a cut
+
+
+def test_cli_train_showsTheLearningRate_andALineAtEachCut(tmp_path: Path) -> None:
+    make_plugin(tmp_path, PLATEAU)
+    run = vgame(
+        "train", "--config", str(tmp_path / "task.toml"), "--steps", "4", "--out", str(tmp_path / "t")
+    )
+    assert run.returncode == 0, run.stderr
+    cuts = [line.split() for line in run.stderr.splitlines() if "cut the learning rate" in line]
+    assert cuts == [
+        ["step", "2", "ReduceLROnPlateau", "cut", "the", "learning", "rate", "to", "0.025"],
+        ["step", "4", "ReduceLROnPlateau", "cut", "the", "learning", "rate", "to", "0.0125"],
+    ]
