@@ -65,6 +65,12 @@ OPS: dict[str, Op] = {
     "cdist": lambda x, v, y: torch.cdist(v, v.flip(0)),
     "logsumexp": lambda x, v, y: torch.logsumexp(v, 1),
     "cumsum": lambda x, v, y: torch.cumsum(v, 1),
+    "prod_cumprod": lambda x, v, y: (
+        v.sigmoid().prod(1, keepdim=True)
+        + torch.cumprod(v.tanh(), 1)
+        + torch.relu(v).prod(0)
+        + v[:, :3].prod()
+    ),
     "cummax": lambda x, v, y: torch.cummax(v, 1)[0],
     "sort_topk": lambda x, v, y: torch.sort(v, 1)[0] + torch.topk(v, 16)[0],
     "median_kthvalue": lambda x, v, y: torch.median(v, 1)[0] + torch.kthvalue(v, 3)[0],
@@ -260,12 +266,13 @@ def test_anOptimizer_overThreeSteps_replaysAcrossTheInterceptors(name: str) -> N
 
 
 def test_whatStillCannotRun_stopsAtItsFirstCall_namingItself() -> None:
-    """The battery's refusals: a product's gradient (torch computes it otherwise under a Python
-    mode) and a draw made by calling ATen directly (``torch.ops.aten.poisson``, which no function
-    mode sees); each named, in the step, before any value is wrong."""
+    """The battery's refusals: a product's gradient where ATen is called directly (torch computes
+    it otherwise under a Python mode; ``torch.cumprod`` is served, ``torch.ops.aten.cumprod`` no
+    function mode sees) and a draw made so (``torch.ops.aten.poisson``); each named, in the step,
+    before any value is wrong."""
     _, rows, _ = _inputs()
     for run, op in (
-        (lambda v: torch.cumprod(v[:, :4], 1), "cumprod"),
+        (lambda v: torch.ops.aten.cumprod.default(v[:, :4], 1), "cumprod"),
         (lambda v: v * torch.ops.aten.poisson.default(torch.ones_like(v)), "poisson"),
     ):
 

@@ -166,7 +166,7 @@ REFUSED_OPS: dict[str, str] = {
 #: mode on), and why: PyTorch's backward formula for them takes another path where a Python
 #: dispatch mode is on (``areAnyTensorSubclassLike``: the Python mode computes prod's gradient from
 #: cumulative products, the C++ front by a division), so the two interceptors would compute, and
-#: log, different ops, and a trainer and an auditor or judge on different ones would disagree.
+#: log, different ops (a step serves ``torch.prod``/``cumprod`` with its own backward: :mod:`.products`).
 GRADIENT_REFUSED: dict[str, str] = {
     name: (
         f"is refused where it is differentiated: PyTorch computes its gradient one way under a Python "

@@ -58,12 +58,21 @@ import torch
 from torch import Tensor
 
 from game.errors import UnsupportedOpError
-from game.training.dispatch import counts, gammas, tieorder, torchnn, torchrandom, vectorsigns, writeorder
+from game.training.dispatch import (
+    counts,
+    gammas,
+    products,
+    tieorder,
+    torchnn,
+    torchrandom,
+    vectorsigns,
+    writeorder,
+)
 from game.training.dispatch.checkpointing import ServedCheckpoint
 from game.training.dispatch.draws import Draws, ServingMode
 
 #: The handler modules, imported for their registrations (``draws.SERVED``).
-HANDLERS = (counts, gammas, tieorder, torchnn, torchrandom, vectorsigns, writeorder)
+HANDLERS = (counts, gammas, products, tieorder, torchnn, torchrandom, vectorsigns, writeorder)
 
 AUTOCAST_FIX = (
     "autocast is on: its float16/bfloat16 results are not rounded to the grid and another device "
