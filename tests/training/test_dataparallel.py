@@ -28,7 +28,7 @@ from tests.training.helpers import file_tree
 from tests.training.test_carried import COUNTED, KEPT
 from tests.training.test_cli_training import vgame
 from tests.training.test_step import SMALL, small_cfg
-from tests.training.test_task_api import make_plugin
+from tests.training.test_task_api import TASK_PY, make_plugin
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_task"
 M = 4
@@ -140,6 +140,40 @@ def test_aModelCarryingStateFromStepToStep_onTwoWorkers_stopsAtStep2_asInOneProc
     one = train(cfg, "cpu-1t", tmp_path / "kept" / "one")
     two = launch(cfg, "cpu-1t", tmp_path / "kept" / "two", 2).result
     assert (two.state_root, two.log_root) == (one.state_root, one.log_root)
+
+
+#: A task whose module, imported on rank 1, ends that process with code 3 at the interpreter's exit
+#: (as a crash of a library's threads going down would), and whose held-out metric keeps rank 0
+#: busy after the last step, so that rank 1 has left by then.
+CRASH_AT_EXIT = TASK_PY.replace(
+    "HERE = Path(__file__).parent",
+    """HERE = Path(__file__).parent
+
+import atexit, os, time
+if os.environ.get("RANK") == "1":
+    atexit.register(os._exit, 3)
+
+
+def slow_metrics(m, b):
+    time.sleep(1.5)
+    return {"loss": float(F.cross_entropy(m(b["x"]), b["y"]))}""",
+).replace(
+    "        init_weights=",
+    '        eval_dataset=HERE / "data.npz",\n        metrics=slow_metrics,\n        init_weights=',
+)
+
+
+def test_aRankEndingBadlyAfterItsWorkIsDone_doesNotFailTheRun(tmp_path: Path) -> None:
+    """A rank that has finished its part leaves without the interpreter's teardown: a crash there
+    ended it with another code after its work was done, torchrun stopped rank 0 while it was
+    finishing, and a complete run failed as "KeyboardInterrupt: SIGTERM (rank 0 of 2; 3 of 3 steps
+    are complete ...)"."""
+    make_plugin(tmp_path / "own", CRASH_AT_EXIT)
+    cfg = load_config(tmp_path / "own" / "task.toml").replace(accumulate=2, steps=3)
+    two = launch(cfg, "cpu-1t", tmp_path / "own" / "two", 2, eval_every=3, search=[tmp_path / "own"])
+    one = train(cfg, "cpu-1t", tmp_path / "own" / "one")
+    assert (two.result.state_root, two.result.log_root) == (one.state_root, one.log_root)
+    assert [e["step"] for e in two.evals] == [3]
 
 
 def test_aWorkerCountThatDoesNotDivideTheMicroBatches_isOneError() -> None:

@@ -6,7 +6,7 @@ It writes its pid (``rank-R.pid``, for tests that kill a rank), runs its part
 (``result.json``; its warnings in ``messages-0.log``) and ``done-R``, or the error that stopped it (``error-R.json``: class, message,
 whether it is one of vgame's own), for the launcher to show; a rank that left neither was killed. SIGTERM (torchrun stopping the group when another rank
 failed, or the launcher on Ctrl-C) unwinds like Ctrl-C, so rank 0's transcript writer still writes
-the steps it was handed.
+the steps it was handed. A rank that finished leaves without the interpreter's teardown (:func:`_leave`).
 """
 
 from __future__ import annotations
@@ -72,5 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _leave(code: int) -> None:
+    """Exit with ``code``. A rank whose work is done (its ``done-R`` written, every file synced)
+    leaves without the interpreter's teardown: a crash there (a communication library's threads
+    going down, a task's own exit handler) would end the rank with another code after the fact, and
+    torchrun would stop the ranks still finishing, rank 0 among them, and fail a complete run."""
+    if code != 0:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())
