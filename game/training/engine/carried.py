@@ -267,9 +267,9 @@ def refusal(
         )
     elif all(k.startswith(_OPTIMIZER) for k in keys):
         fix = (
-            "keep such a value in the optimizer's per-parameter state as a tensor (self.state[p]['slow'] "
-            "= p.detach().clone(); a count as self.state[p]['step'] = torch.tensor(0.0), as torch's "
-            "Adam keeps it), which every step commits, or compute it afresh in each step"
+            "keep such a value in the optimizer's per-parameter state, as a tensor or a number "
+            "(self.state[p]['slow'] = p.detach().clone(); a count as self.state[p]['step'] = 0), which "
+            "every step commits, or compute it afresh in each step"
         )
     else:
         fix = (

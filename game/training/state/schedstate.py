@@ -11,25 +11,22 @@ micro-batches the update applies, each a value on the grid, the same on every ma
 asynchronous update's are those it applies, computed on the states they were computed on), after
 the update, on every path: one process, data-parallel rank 0, a parameter server.
 
-Bytes: one ``sched/<key>`` int64 tensor of shape ``(n, 2)`` for every entry of the scheduler's
-``state_dict()`` that is a number or a list of numbers (``n`` numbers), and ``sched/param_groups.lr``
-for the param groups' learning rates; a row is (kind, payload): an int as it is, a float as its
-IEEE-754 bits, a bool as 0 or 1. Exact, and the same bytes on every machine. Entries of any other
-kind (``mode``, a string) are the construction's. Only the ``lr`` of the param groups is committed:
+Bytes: one ``sched/<key>`` tensor of numbers (:mod:`.numbers`) for every entry of the scheduler's
+``state_dict()`` that is a number or a list of numbers, and ``sched/param_groups.lr`` for the param
+groups' learning rates. Entries of any other kind (``mode``, a string) are the construction's. Only the ``lr`` of the param groups is committed:
 a scheduler stepped with the loss that writes another entry is refused after its first step
 (:func:`check_writes`).
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from game.errors import CheckpointError, ConfigError
+from game.training.state import numbers
 from game.training.task.optimizers import required_arguments
 
 if TYPE_CHECKING:
@@ -40,7 +37,6 @@ PREFIX = "sched/"
 LR = PREFIX + "param_groups.lr"
 #: The param-group entries a scheduler stepped with the loss may write (those committed).
 WRITABLE = frozenset({"lr"})
-_INT, _FLOAT, _BOOL = 0, 1, 2
 
 
 _TAKES_METRIC: dict[type, bool] = {}  # by scheduler class: the signature is read once
@@ -65,42 +61,13 @@ def step_loss(losses: Sequence[float | Tensor]) -> float:
     return sum(float(v) for v in losses) / len(losses)
 
 
-def _row(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, bool):
-        return (_BOOL, int(value))
-    if isinstance(value, int):
-        return (_INT, value)
-    if isinstance(value, float):
-        return (_FLOAT, struct.unpack("<q", struct.pack("<d", value))[0])
-    if isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point():
-        return (_FLOAT, struct.unpack("<q", struct.pack("<d", float(value)))[0])  # an lr as a tensor
-    return None
-
-
-def _rows(value: Any) -> list[tuple[int, int]] | None:
-    """``value`` (a number, or a list or tuple of numbers) as rows; None for anything else."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    rows = [_row(v) for v in items]
-    return None if any(r is None for r in rows) else rows  # type: ignore[return-value]
-
-
-def _value(kind: int, payload: int) -> Any:
-    if kind == _BOOL:
-        return bool(payload)
-    if kind == _INT:
-        return payload
-    if kind == _FLOAT:
-        return struct.unpack("<d", struct.pack("<q", payload))[0]
-    raise CheckpointError(f"scheduler state: row kind {kind} is none of int, float, bool")
-
-
-def _entries(state: TrainState) -> dict[str, list[tuple[int, int]]]:
-    out: dict[str, list[tuple[int, int]]] = {}
+def _entries(state: TrainState) -> dict[str, numbers.Rows]:
+    out: dict[str, numbers.Rows] = {}
     for key, value in state.scheduler.state_dict().items():
-        rows = _rows(value)
+        rows = numbers.rows(value)
         if rows is not None:
             out[PREFIX + key] = rows
-    lrs = _rows([g["lr"] for g in state.optimizer.param_groups])
+    lrs = numbers.rows([g["lr"] for g in state.optimizer.param_groups])
     if lrs is None:
         raise ConfigError(
             "Task.scheduler: a scheduler stepped with the loss needs every param group's lr a number"
@@ -111,19 +78,10 @@ def _entries(state: TrainState) -> dict[str, list[tuple[int, int]]]:
 
 def scheduler_tensors(state: TrainState) -> dict[str, Tensor]:
     """The ``sched/...`` tensors of ``state`` (none without a scheduler stepped with the loss), as
-    its scheduler stands now. Kept on the state and written in place, so that the canonical bytes'
-    plan (made from the tensors' addresses) still fits them the next step."""
+    its scheduler stands now (:func:`.numbers.kept`)."""
     if not takes_metric(state.scheduler):
         return {}
-    kept = state.scheduler_tensors
-    for name, rows in _entries(state).items():
-        fresh = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2)
-        t = kept.get(name)
-        if t is None or t.shape != fresh.shape:
-            kept[name] = fresh
-        else:
-            t.copy_(fresh)
-    return kept
+    return {name: numbers.kept(state.numbers, name, rows) for name, rows in _entries(state).items()}
 
 
 def load(state: TrainState, tensors: dict[str, Tensor]) -> None:
@@ -137,7 +95,7 @@ def load(state: TrainState, tensors: dict[str, Tensor]) -> None:
         )
     if not expected:
         return
-    decoded = {n: [_value(int(k), int(p)) for k, p in t.tolist()] for n, t in tensors.items()}
+    decoded = {n: numbers.values(t) for n, t in tensors.items()}
     sd = state.scheduler.state_dict()
     for key, was in sd.items():
         values = decoded.get(PREFIX + key)

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from game.errors import TrainingError
+from game.errors import ConfigError, TrainingError
 from game.training.numerics import rounding
-from game.training.state import schedstate
+from game.training.state import numbers, schedstate
 
 Precision = Literal["fp64", "fp32"]
 
@@ -46,9 +46,9 @@ class TrainState:
     #: What :func:`~game.training.state.canonical.state_buffer` worked out from the tensors last time
     #: (its ``_BufferPlan``, checked before each use; only that module reads or sets it).
     buffer_plan: object | None = field(default=None, init=False, repr=False, compare=False)
-    #: The committed tensors of a scheduler stepped with the loss, written in place
-    #: (:func:`~.schedstate.scheduler_tensors` keeps them; empty for any other scheduler).
-    scheduler_tensors: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: The committed tensors of the Python numbers in the state (an optimizer's step count, a
+    #: scheduler's best loss) by canonical name, written in place (:func:`.numbers.kept`).
+    numbers: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def parameters(self) -> dict[str, Tensor]:
         """Parameters by model name (for distances between two parties' weights)."""
@@ -112,8 +112,13 @@ def persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+#: The suffix of an optimizer's state entry that is a Python number (:mod:`.numbers`).
+NUMBER = "#number"
+
+
 def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
-    """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state."""
+    """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state, and
+    ``optim/<param name>/<key>#number`` for every Python number there (a step count kept as an int)."""
     return _optimizer_tensors(state, _param_names(state.model))
 
 
@@ -127,11 +132,18 @@ def _optimizer_tensors(state: TrainState, names: dict[int, str]) -> dict[str, Te
         for key, value in entries.items():
             if value is None:
                 continue  # SGD without momentum keeps momentum_buffer = None
-            if not isinstance(value, Tensor):
-                raise TrainingError(
-                    f"optimizer state {pname}/{key} is a {type(value).__name__}, not a tensor"
+            if isinstance(value, Tensor):
+                out[f"optim/{pname}/{key}"] = value
+                continue
+            rows = numbers.rows(value) if isinstance(value, (bool, int, float)) else None
+            if rows is None:
+                raise ConfigError(
+                    f"Task.optimizer: {type(state.optimizer).__name__} keeps {pname}/{key} in its state as "
+                    f"a {type(value).__name__}: a step commits an optimizer's per-parameter state as "
+                    "tensors and numbers, so keep it as a tensor (or a number)"
                 )
-            out[f"optim/{pname}/{key}"] = value
+            name = f"optim/{pname}/{key}{NUMBER}"
+            out[name] = numbers.kept(state.numbers, name, rows)
     return out
 
 
@@ -261,6 +273,7 @@ class StepBuffers:
 
 
 __all__ = [
+    "NUMBER",
     "OffGridError",
     "Precision",
     "StepBuffers",
