@@ -477,8 +477,9 @@ def test_aLossReturnedWithMetrics_isOneErrorSayingWhereTheLossIs(
     ("line", "message"),
     [
         (
-            "optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=cfg.lr)",
-            r"Task\.optimizer: LBFGS\.step needs a closure .* use an optimizer whose step takes none",
+            'optimizer=lambda m: type("NeedsMore", (torch.optim.SGD,), '
+            '{"step": lambda self, closure, scale: None})(m.parameters(), lr=cfg.lr)',
+            r"Task\.optimizer: NeedsMore\.step needs closure, scale, .* use an optimizer whose step takes none",
         ),
         (
             'scheduler=lambda opt: type("TwoArgs", (torch.optim.lr_scheduler.ReduceLROnPlateau,), '
@@ -490,9 +491,9 @@ def test_aLossReturnedWithMetrics_isOneErrorSayingWhereTheLossIs(
 def test_anOptimizerOrSchedulerWhoseStepNeedsAnArgument_isRefusedAtStepZeroByName(
     tmp_path: Path, line: str, message: str
 ) -> None:
-    """The engine steps a task's optimizer with nothing given and its scheduler with nothing or
-    the step's loss. LBFGS's step needs a closure that runs the loss again; it stopped at step 1
-    with torch's own TypeError. A scheduler whose step needs two arguments is refused by name."""
+    """The engine steps a task's optimizer with nothing given (or a closure, L-BFGS's) and its
+    scheduler with nothing or the step's loss: one whose step needs more is refused by name at
+    step 0 (L-BFGS had stopped at step 1 with torch's own TypeError)."""
     body = TASK_PY.replace("        init_weights=", f"        {line},\n        init_weights=")
     if "scheduler" in line:
         body = body.replace(

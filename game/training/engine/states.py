@@ -8,18 +8,16 @@ Why in the engine: the model, the optimizer and the scheduler are the task's cod
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from game.errors import StateReloadError, TrainingError
 from game.training.engine.runtime import TaskRuntime, runtime_for
 from game.training.numerics import rounding
-from game.training.state import numbers, schedstate
+from game.training.state import optstate, schedstate
 from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import CheckpointError, parse_state
-from game.training.state.tensors import NUMBER, Precision, TrainState, move_state, persistent_buffers
+from game.training.state.tensors import Precision, TrainState, move_state, persistent_buffers
 from game.training.task.config import TaskConfig
 
 
@@ -86,28 +84,19 @@ def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
     for group in state.optimizer.param_groups:
         for p in group["params"]:
             index[id(p)] = len(index)
-    per_param: dict[int, dict[str, Any]] = {}
+    committed: dict[str, dict[str, Tensor]] = {}
     for name, t in tensors.items():
         pname, sep, key = name[len("optim/") :].rpartition("/")
         if not sep or pname not in params:
             raise CheckpointError(f"{name}: names no parameter of model {state.model.__class__.__name__}")
-        value: Any = t  # any shape: Adafactor keeps a matrix's second moments as a row and a column
-        if key.endswith(NUMBER):  # a Python number the optimizer keeps (a step count as an int)
-            key, value = key[: -len(NUMBER)], _one_number(name, t)
-        per_param.setdefault(index[id(params[pname])], {})[key] = value
+        committed.setdefault(pname, {})[key] = t
+    per_param = {index[id(params[p])]: optstate.decode(p, entries) for p, entries in committed.items()}
     sd = state.optimizer.state_dict()
     sd["state"] = per_param
     try:
         state.optimizer.load_state_dict(sd)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"optimizer state does not load: {exc}") from exc
-
-
-def _one_number(name: str, t: Tensor) -> Any:
-    got = numbers.values(t)
-    if len(got) != 1:
-        raise CheckpointError(f"{name}: {len(got)} numbers where the optimizer keeps one")
-    return got[0]
 
 
 def check_reloads(saved: bytes, cfg: TaskConfig) -> None:

@@ -61,6 +61,7 @@ from game.training.state.tensors import (
 )
 from game.training.task import datasets
 from game.training.task.config import TaskConfig
+from game.training.task.optimizers import needs_closure
 from game.training.task.profiles import Profile, get_profile
 
 logger = logging.getLogger(__name__)
@@ -356,6 +357,8 @@ class StepEngine:
         under the interceptor). ``serve`` False runs the model's random ops and attention as stock
         torch does (the plain baselines)."""
         micro = self.runtime.micro_batches(batch)
+        if needs_closure(state.optimizer):
+            return self._closure_update(state, micro, step, serve=serve)
         losses: list[Tensor] = []
         start = StepBuffers(state.model) if len(micro) > 1 else None
         for j, mb in enumerate(micro):
@@ -364,6 +367,34 @@ class StepEngine:
             losses.append(self.micro_batch(state.model, mb, step, j, len(micro), serve=serve))
         self.update(state, step, serve=serve)
         return losses
+
+    def _closure_update(
+        self, state: TrainState, micro: list[Batch], step: int, *, serve: bool
+    ) -> list[Tensor]:
+        """The step of an optimizer that evaluates the loss again inside its step (L-BFGS): its
+        closure runs the step's micro-batches as :meth:`_forward_backward_update` does (from the
+        step's buffers, their draws the same each time: the same function), clips, and returns the
+        mean loss; the step's losses are its first evaluation's, at the step's parameters."""
+        start, first, calls = StepBuffers(state.model), list[Tensor](), [0]
+
+        def closure() -> float:
+            state.optimizer.zero_grad(set_to_none=True)
+            losses = []
+            for j, mb in enumerate(micro):
+                if calls[0] or j:
+                    start.restore()
+                losses.append(self.micro_batch(state.model, mb, step, j, len(micro), serve=serve))
+            if self.cfg.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(
+                    state.model.parameters(), self.cfg.clip_grad_norm, foreach=True
+                )
+            if not calls[0]:
+                first.extend(losses)
+            calls[0] += 1
+            return step_loss(losses)
+
+        state.optimizer.step(closure)
+        return first
 
     def micro_batch(
         self, model: nn.Module, mb: Batch, step: int, index: int, total: int, *, serve: bool = True
@@ -386,6 +417,12 @@ class StepEngine:
         """Step ``step``'s update on the gradients in ``.grad``: ``clip_grad_norm_`` (foreach) when
         the task clips, then the optimizer's step, what they draw served (:func:`updating`) unless
         ``serve`` is False (the plain baselines: stock torch)."""
+        if needs_closure(state.optimizer):  # the data-parallel and the asynchronous updates
+            raise ConfigError(
+                f"Task.optimizer: {type(state.optimizer).__name__} evaluates the loss again inside its step, "
+                "which only a step run in one process can give it: train it without --workers or a "
+                "parameter server"
+            )
         with updating(self.cfg.seed, step, bits=self.cfg.bits) if serve else contextlib.nullcontext():
             if self.cfg.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(

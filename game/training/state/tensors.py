@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from game.errors import ConfigError, TrainingError
+from game.errors import TrainingError
 from game.training.numerics import rounding
-from game.training.state import numbers, schedstate
+from game.training.state import optstate, schedstate
 
 Precision = Literal["fp64", "fp32"]
 
@@ -112,38 +112,21 @@ def persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-#: The suffix of an optimizer's state entry that is a Python number (:mod:`.numbers`).
-NUMBER = "#number"
-
-
 def optimizer_state_tensors(state: TrainState) -> dict[str, Tensor]:
-    """``optim/<param name>/<key>`` for every tensor in the optimizer's per-parameter state, and
-    ``optim/<param name>/<key>#number`` for every Python number there (a step count kept as an int)."""
+    """``optim/<param name>/<key>`` for every entry of the optimizer's per-parameter state: a
+    tensor, a Python number, a list of tensors (:mod:`.optstate`)."""
     return _optimizer_tensors(state, _param_names(state.model))
 
 
 def _optimizer_tensors(state: TrainState, names: dict[int, str]) -> dict[str, Tensor]:
     """:func:`optimizer_state_tensors` with the parameters' names (by ``id``) already known."""
     out: dict[str, Tensor] = {}
+    owner = type(state.optimizer).__name__
     for p, entries in state.optimizer.state.items():
         pname = names.get(id(p))
         if pname is None:
             raise TrainingError("optimizer holds state for a tensor that is not a model parameter")
-        for key, value in entries.items():
-            if value is None:
-                continue  # SGD without momentum keeps momentum_buffer = None
-            if isinstance(value, Tensor):
-                out[f"optim/{pname}/{key}"] = value
-                continue
-            rows = numbers.rows(value) if isinstance(value, (bool, int, float)) else None
-            if rows is None:
-                raise ConfigError(
-                    f"Task.optimizer: {type(state.optimizer).__name__} keeps {pname}/{key} in its state as "
-                    f"a {type(value).__name__}: a step commits an optimizer's per-parameter state as "
-                    "tensors and numbers, so keep it as a tensor (or a number)"
-                )
-            name = f"optim/{pname}/{key}{NUMBER}"
-            out[name] = numbers.kept(state.numbers, name, rows)
+        out.update(optstate.encode(owner, pname, entries, state.numbers))
     return out
 
 
@@ -273,7 +256,6 @@ class StepBuffers:
 
 
 __all__ = [
-    "NUMBER",
     "OffGridError",
     "Precision",
     "StepBuffers",

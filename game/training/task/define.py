@@ -71,7 +71,8 @@ class Task:
       (default: torch's ``default_collate``), its float tensors float64 and on the rounding grid.
     * ``optimizer(model) -> torch.optim.Optimizer``: any optimizer with a ``foreach`` path (SGD,
       Adam, AdamW, RMSprop, Adagrad, ...; one built ``fused=True`` runs its foreach path: a fused
-      kernel leaves no result to round). One whose ``step`` needs a closure (LBFGS) is refused.
+      kernel leaves no result to round). One whose ``step`` needs a closure (L-BFGS) is given one
+      that runs the step's micro-batches again, in one process.
       None: the config's standard optimizer (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
       ``betas``, ``eps``).
     * ``scheduler(optimizer) -> LRScheduler``: stepped after every optimizer step, with nothing

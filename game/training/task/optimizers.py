@@ -74,6 +74,12 @@ def required_arguments(method: Any) -> list[str]:
     return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
+def needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer``'s step needs a closure that evaluates the loss again (L-BFGS): the
+    engine gives it one that runs the step's micro-batches (:mod:`game.training.engine.step`)."""
+    return required_arguments(type(optimizer).step) == ["closure"]
+
+
 def _list_ops_take(group: dict[str, Any]) -> bool:
     """Whether torch's foreach path takes a group's settings: not a ``differentiable`` one (list ops
     have no autograd formulas) nor one with a tensor hyperparameter (an ``lr`` as a tensor, as
@@ -93,16 +99,17 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
     needs = required_arguments(type(optimizer).step)
-    if needs:
-        what = (
-            "a closure that evaluates the loss again inside a step"
-            if needs == ["closure"]
-            else ", ".join(needs)
-        )
+    if needs == ["closure"] and cfg.scheduled:
         raise ConfigError(
-            f"Task.optimizer: {type(optimizer).__name__}.step needs {what}, and vgame runs a step as one "
-            "forward and backward pass, calling step() with nothing: use an optimizer whose step takes "
-            "none (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+            f"Task.optimizer: {type(optimizer).__name__}.step evaluates the loss again inside a step, and an "
+            "update of stale gradients (max_staleness > 0) has no loss to evaluate: use an optimizer "
+            "whose step takes none (SGD, Adam, AdamW, ...)"
+        )
+    if needs and needs != ["closure"]:
+        raise ConfigError(
+            f"Task.optimizer: {type(optimizer).__name__}.step needs {', '.join(needs)}, and vgame calls step() "
+            "with nothing (or, for L-BFGS, a closure that evaluates the step's loss again): use an "
+            "optimizer whose step takes none (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
         )
     own = {id(p) for p in model.parameters()}
     fused = False
@@ -137,4 +144,4 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     return optimizer
 
 
-__all__ = ["checked", "required_arguments", "standard_optimizer"]
+__all__ = ["checked", "needs_closure", "required_arguments", "standard_optimizer"]
