@@ -74,10 +74,17 @@ def required_arguments(method: Any) -> list[str]:
     return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
+_NEEDS_CLOSURE: dict[type, bool] = {}  # by optimizer class: the signature is read once
+
+
 def needs_closure(optimizer: Any) -> bool:
     """Whether ``optimizer``'s step needs a closure that evaluates the loss again (L-BFGS): the
     engine gives it one that runs the step's micro-batches (:mod:`game.training.engine.step`)."""
-    return required_arguments(type(optimizer).step) == ["closure"]
+    cls = type(optimizer)
+    known = _NEEDS_CLOSURE.get(cls)
+    if known is None:
+        known = _NEEDS_CLOSURE[cls] = required_arguments(cls.step) == ["closure"]
+    return known
 
 
 def _list_ops_take(group: dict[str, Any]) -> bool:
