@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import CarriedStateError, TrainingError
+from game.training.state import schedstate
 from game.training.state.canonical import encode_state
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ _WIDTH = 64  # items a container may have to be walked
 _NON_PERSISTENT = " (a non-persistent buffer)"  # the suffix of such a buffer's key
 _OPTIMIZER = "optimizer."  # the prefix of an optimizer's attribute's key
 _GROUPS = "optimizer.param_groups"  # the prefix of a param group's entry's key
+#: The key a step is judged under for a scheduler of the task's own class (Watch._own_schedule).
+SCHEDULE = "(the scheduler's learning rates)"
 
 
 def _scheduled(keys: set[str], scheduled: set[str]) -> frozenset[str]:
@@ -320,12 +323,14 @@ class Watch:
         self.runtime = runtime
         self._first: _First | None = None
         self._pending: tuple[list[str], dict[str, Any]] = ([], {})  # changed keys, their values
+        self._scheduler = ""  # the class of the scheduler judged (SCHEDULE)
 
     def before(self, state: TrainState, step: int) -> bytes | None:
         """:meth:`look` at ``state``'s model before a recorded step ``step``; where something is to
         be judged, the state's bytes before the step, for :meth:`judge` (by way of a re-run
         afresh) once the step has run."""
-        return encode_state(state) if self.look(state.model, step, state.optimizer, state.scheduled) else None
+        looked = self.look(state.model, step, state.optimizer, state.scheduled, state.scheduler)
+        return encode_state(state) if looked else None
 
     def look(
         self,
@@ -333,6 +338,7 @@ class Watch:
         step: int,
         optimizer: torch.optim.Optimizer | None = None,
         scheduled: set[str] | frozenset[str] = frozenset(),
+        scheduler: Any = None,
     ) -> bool:
         """What ``model`` holds as recorded step ``step`` starts against what it held at its first
         step here. A function's data that changed is refused at once (a model built afresh in this
@@ -348,13 +354,37 @@ class Watch:
         ignored = _scheduled(first.values.keys() | now.keys(), set(scheduled))
         keys = changed(first.values, now, ignored | (frozenset() if self._rejudges(step) else first.ignored))
         keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, _ABSENT) != v)
+        if not keys and self._own_schedule(scheduler) and self._rejudges(step):
+            keys = [SCHEDULE]  # whether a fresh scheduler stepped to here gives its learning rates
+            self._scheduler = type(scheduler).__name__
         if not keys:
             return False
-        outside = [k for k in keys if not in_model(k)]
+        outside = [k for k in keys if not in_model(k) and k != SCHEDULE]
         if outside:
             raise refusal(first.values, now, outside, first.step, step)
         self._pending = (keys, now)
         return True
+
+    def _schedule_refusal(self, step: int, what: str) -> CarriedStateError:
+        return CarriedStateError(
+            f"step {step}: the task's scheduler, {self._scheduler}, is not a schedule of the step alone: "
+            f"in a model, an optimizer and a scheduler built afresh, the scheduler stepped to the step as "
+            f"a judge's is, {what}. A judge re-running a step from its committed state, or an auditor "
+            "starting from a checkpoint, steps a fresh scheduler so, and would rule an honest step wrong: "
+            "compute the learning rate from the count of steps alone (self.last_epoch), or take the loss "
+            "in its step (step(self, metrics), as ReduceLROnPlateau does: its state is then committed)"
+        )
+
+    def _own_schedule(self, scheduler: Any) -> bool:
+        """Whether ``scheduler`` is of the task's own class and a schedule of the step (a judge
+        fast-forwards it): its learning rates are then judged at the steps :meth:`_rejudges` names,
+        a step run afresh there as a judge runs it. A schedule that reads more than its count of
+        steps (the parameters' norms, a loss kept aside) gives another rate there."""
+        return (
+            scheduler is not None
+            and not _library(scheduler, self.runtime.libraries)
+            and not schedstate.takes_metric(scheduler)
+        )
 
     def _rejudges(self, step: int) -> bool:
         """Whether attributes shown harmless before are judged again at ``step``: at each power of
@@ -375,14 +405,18 @@ class Watch:
         try:
             again = afresh()
         except TrainingError as exc:
+            if keys == [SCHEDULE]:
+                raise self._schedule_refusal(step, f"the step does not fit its own log ({exc})") from exc
             why = f"{_AFRESH} the step does not fit its own log ({exc})"
             raise refusal(first.values, now, keys, first.step, step, why) from exc
         if again != leaf:
+            if keys == [SCHEDULE]:
+                raise self._schedule_refusal(step, "the step computes another state")
             raise refusal(
                 first.values, now, keys, first.step, step, f"{_AFRESH} the step computes another state"
             )
-        first.ignored |= frozenset(keys)
-        numbers = {k: now[k] for k in keys if isinstance(now.get(k), _PLAIN)}
+        first.ignored |= frozenset(keys) - {SCHEDULE}
+        numbers = {k: now[k] for k in keys if k in now and isinstance(now[k], _PLAIN)}
         fresh = sorted(numbers.keys() - first.numbers.keys())
         if fresh:
             log.warning(

@@ -232,7 +232,9 @@ class UpdateEngine:
         step = state.step + 1
         watch = self._update_watch
         before = (
-            encode_state(state) if watch.look(state.model, step, state.optimizer, state.scheduled) else None
+            encode_state(state)
+            if watch.look(state.model, step, state.optimizer, state.scheduled, state.scheduler)
+            else None
         )
         if before is None:
             return self._apply(self.engine, state, results)
@@ -288,7 +290,7 @@ class UpdateEngine:
         before: bytes | None = None
         if mode == "record":
             log = new_step_log(self.cfg.log_format, step) if log is None else log
-            if self._update_watch.look(self.scratch, step, state.optimizer, state.scheduled):
+            if self._update_watch.look(self.scratch, step, state.optimizer, state.scheduled, state.scheduler):
                 before = encode_state(state)
         result = self._run_update(state, work, mode, log)
         if before is not None:
