@@ -61,9 +61,12 @@ def test_aScheduleOfTheStepAlone_trains_itsStepsAtPowersOfTwoRunTwice(
     assert replay_transcript_step(tmp_path / "t", 5, "noisy").matches_transcript
 
 
-def test_aSchedulerWithAHistory_stopsTheTrainerAtTheNextPowerOfTwo_namingIt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "asynchronous"])
+def test_aSchedulerWithAHistory_stopsTheTrainerAtTheNextPowerOfTwo_namingIt(
+    tmp_path: Path, staleness: int
+) -> None:
     make_plugin(tmp_path, _body(BY_NORM, "ByNorm(opt)"))
-    cfg = load_config(tmp_path / "task.toml").replace(steps=4)
+    cfg = load_config(tmp_path / "task.toml").replace(steps=4, accumulate=2, max_staleness=staleness)
     with pytest.raises(
         CarriedStateError, match=r"step 4: the task's scheduler, ByNorm, is not a schedule of the step alone"
     ):
