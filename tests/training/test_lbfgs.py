@@ -25,6 +25,7 @@ from game.training.native import front
 from game.training.parallel.launch import launch
 from game.training.state.canonical import encode_state
 from game.training.state.checkpoint import parse_state
+from game.training.state.tensors import move_state
 from game.training.task.config import TaskConfig, load_config
 from game.training.transcript.layout import TranscriptPaths
 from tests.training.test_carried_optimizer import _with
@@ -75,3 +76,15 @@ def test_dataParallelWorkers_refuseIt_atStepOne(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, LBFGS)
     with pytest.raises(ConfigError, match=r"LBFGS evaluates the loss again .* without --workers"):
         launch(cfg, "cpu-1t", tmp_path / "t", 2, search=[tmp_path])
+
+
+def test_aStateMovedToADevice_takesTheCurvaturePairsWithIt(tmp_path: Path) -> None:
+    """A checkpoint is decoded on the CPU and moved to the profile's device: L-BFGS's lists of
+    tensors go with the rest (``meta`` stands in for a GPU)."""
+    cfg = _cfg(tmp_path, LBFGS, steps=2)
+    train(cfg, "cpu-1t", tmp_path / "t")
+    state = decode_state(TranscriptPaths(tmp_path / "t").checkpoint(2).read_bytes(), cfg)
+    move_state(state, "meta")
+    (kept,) = state.optimizer.state.values()  # L-BFGS keeps its state under its first parameter
+    held = [kept["d"], *kept["old_dirs"], *kept["old_stps"], *kept["ro"]]
+    assert len(held) > 4 and all(t.device.type == "meta" for t in held)

@@ -184,13 +184,21 @@ def check_on_grid(state: TrainState, bits: int) -> None:
 
 
 def move_state(state: TrainState, device: str | torch.device) -> None:
-    """Move model and optimizer state to ``device`` in place (0-dim float32 step counters stay put)."""
+    """Move model and optimizer state to ``device`` in place (0-dim float32 step counters stay put;
+    the tensors of a list there, L-BFGS's curvature pairs, go too)."""
     dev = torch.device(device)
     state.model.to(dev)
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, Tensor) and not (value.dim() == 0 and value.dtype == torch.float32):
+            return value.to(dev)
+        if isinstance(value, list):
+            return [moved(v) for v in value]
+        return value
+
     for entries in state.optimizer.state.values():
         for key, value in entries.items():
-            if isinstance(value, Tensor) and not (value.dim() == 0 and value.dtype == torch.float32):
-                entries[key] = value.to(dev)
+            entries[key] = moved(value)
 
 
 def copies(tensors: list[Tensor]) -> list[Tensor]:
