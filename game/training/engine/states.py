@@ -71,7 +71,8 @@ def decode_state(data: bytes, cfg: TaskConfig, *, device: str | torch.device = "
                 raise CheckpointError(f"{name}: dtype {src.dtype} in the bytes, model has {target.dtype}")
             target.copy_(src.to(target.dtype))
     _load_optimizer(state, {n: t for n, t in tensors.items() if n.startswith("optim/")})
-    schedstate.load(state, {n: t for n, t in tensors.items() if n.startswith(schedstate.PREFIX)})
+    sched = {n: t for n, t in tensors.items() if n.startswith(schedstate.PREFIX)}
+    schedstate.load(state.scheduler, state.optimizer, sched)
     TaskRuntime.advance_scheduler(state, step)  # a schedule of the step (one with the loss: loaded)
     if torch.device(device) != torch.device("cpu"):
         move_state(state, device)

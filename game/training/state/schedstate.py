@@ -21,16 +21,14 @@ a scheduler stepped with the loss that writes another entry is refused after its
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 from torch import Tensor
 
 from game.errors import CheckpointError, ConfigError
 from game.training.state import numbers
 from game.training.task.optimizers import required_arguments
-
-if TYPE_CHECKING:
-    from game.training.state.tensors import TrainState
 
 PREFIX = "sched/"
 #: The committed tensor of the param groups' learning rates.
@@ -61,13 +59,13 @@ def step_loss(losses: Sequence[float | Tensor]) -> float:
     return sum(float(v) for v in losses) / len(losses)
 
 
-def _entries(state: TrainState) -> dict[str, numbers.Rows]:
+def _entries(scheduler: Any, optimizer: torch.optim.Optimizer) -> dict[str, numbers.Rows]:
     out: dict[str, numbers.Rows] = {}
-    for key, value in state.scheduler.state_dict().items():
+    for key, value in scheduler.state_dict().items():
         rows = numbers.rows(value)
         if rows is not None:
             out[PREFIX + key] = rows
-    lrs = numbers.rows([g["lr"] for g in state.optimizer.param_groups])
+    lrs = numbers.rows([g["lr"] for g in optimizer.param_groups])
     if lrs is None:
         raise ConfigError(
             "Task.scheduler: a scheduler stepped with the loss needs every param group's lr a number"
@@ -76,18 +74,20 @@ def _entries(state: TrainState) -> dict[str, numbers.Rows]:
     return out
 
 
-def scheduler_tensors(state: TrainState) -> dict[str, Tensor]:
-    """The ``sched/...`` tensors of ``state`` (none without a scheduler stepped with the loss), as
-    its scheduler stands now (:func:`.numbers.kept`)."""
-    if not takes_metric(state.scheduler):
+def scheduler_tensors(
+    scheduler: Any, optimizer: torch.optim.Optimizer, kept: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """The ``sched/...`` tensors of a state's ``scheduler`` over ``optimizer`` (none without a
+    scheduler stepped with the loss), as it stands now, kept in ``kept`` (:func:`.numbers.kept`)."""
+    if not takes_metric(scheduler):
         return {}
-    return {name: numbers.kept(state.numbers, name, rows) for name, rows in _entries(state).items()}
+    return {name: numbers.kept(kept, name, rows) for name, rows in _entries(scheduler, optimizer).items()}
 
 
-def load(state: TrainState, tensors: dict[str, Tensor]) -> None:
+def load(scheduler: Any, optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
     """Put the committed ``sched/...`` tensors into a fresh state's scheduler and param groups;
     CheckpointError where they do not fit the task's scheduler."""
-    expected = set(_entries(state)) if takes_metric(state.scheduler) else set()
+    expected = set(_entries(scheduler, optimizer)) if takes_metric(scheduler) else set()
     if set(tensors) != expected:
         missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
         raise CheckpointError(
@@ -96,13 +96,13 @@ def load(state: TrainState, tensors: dict[str, Tensor]) -> None:
     if not expected:
         return
     decoded = {n: numbers.values(t) for n, t in tensors.items()}
-    sd = state.scheduler.state_dict()
+    sd = scheduler.state_dict()
     for key, was in sd.items():
         values = decoded.get(PREFIX + key)
         if values is not None:
             sd[key] = type(was)(values) if isinstance(was, (list, tuple)) else values[0]
-    state.scheduler.load_state_dict(sd)
-    groups = state.optimizer.param_groups
+    scheduler.load_state_dict(sd)
+    groups = optimizer.param_groups
     if len(decoded[LR]) != len(groups):
         raise CheckpointError(
             f"{LR}: {len(decoded[LR])} learning rates, the optimizer has {len(groups)} groups"

@@ -167,7 +167,7 @@ def state_tensors(state: TrainState) -> dict[str, Tensor]:
     for name, b in buffers.items():
         out[f"buffer/{name}"] = b
     out.update(_optimizer_tensors(state, names))
-    out.update(schedstate.scheduler_tensors(state))
+    out.update(schedstate.scheduler_tensors(state.scheduler, state.optimizer, state.numbers))
     return dict(sorted(out.items()))
 
 
