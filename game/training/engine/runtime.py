@@ -138,7 +138,7 @@ class TaskRuntime:
         if task.scheduler is not None:
             scheduler = task.scheduler(opt)
             step = getattr(type(scheduler), "step", None)
-            needs = required_arguments(step) if callable(step) else ["a step method"]
+            needs = required_arguments(step) if callable(step) else ("a step method",)
             if len(needs) > 1 or not callable(step):
                 raise ConfigError(
                     f"Task.scheduler: {type(scheduler).__name__} is not a scheduler stepped once a step "

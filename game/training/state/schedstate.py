@@ -37,20 +37,11 @@ LR = PREFIX + "param_groups.lr"
 WRITABLE = frozenset({"lr"})
 
 
-_TAKES_METRIC: dict[type, bool] = {}  # by scheduler class: the signature is read once
-
-
 def takes_metric(scheduler: Any) -> bool:
     """Whether ``scheduler``'s ``step`` takes one argument (a metric: the engine gives it the step's
     loss), so that its state is committed."""
-    if scheduler is None:
-        return False
-    cls = type(scheduler)
-    known = _TAKES_METRIC.get(cls)
-    if known is None:
-        step = getattr(cls, "step", None)
-        known = _TAKES_METRIC[cls] = callable(step) and len(required_arguments(step)) == 1
-    return known
+    step = getattr(type(scheduler), "step", None) if scheduler is not None else None
+    return callable(step) and len(required_arguments(step)) == 1
 
 
 def step_loss(losses: Sequence[float | Tensor]) -> float:

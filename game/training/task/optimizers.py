@@ -17,6 +17,7 @@ nothing, which stopped at step 1 with torch's ``TypeError``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -62,29 +63,24 @@ def standard_optimizer(cfg: TaskConfig, model: nn.Module) -> torch.optim.Optimiz
     raise ConfigError(f"optimizer: {cfg.optimizer!r} is not supported")  # validate() prevents this
 
 
-def required_arguments(method: Any) -> list[str]:
+@functools.cache
+def required_arguments(method: Any) -> tuple[str, ...]:
     """The arguments ``method`` (a class's, ``self`` aside) cannot be called without: the engine
-    calls an optimizer's and a scheduler's ``step()`` with none."""
+    calls an optimizer's step with none (L-BFGS's with a closure) and a scheduler's with none (one
+    taking a metric with the step's loss). Read once a method: the engine asks every step."""
     params = list(inspect.signature(method).parameters.values())[1:]
     kinds = (
         inspect.Parameter.POSITIONAL_ONLY,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         inspect.Parameter.KEYWORD_ONLY,
     )
-    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
-
-
-_NEEDS_CLOSURE: dict[type, bool] = {}  # by optimizer class: the signature is read once
+    return tuple(p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
 
 
 def needs_closure(optimizer: Any) -> bool:
     """Whether ``optimizer``'s step needs a closure that evaluates the loss again (L-BFGS): the
     engine gives it one that runs the step's micro-batches (:mod:`game.training.engine.step`)."""
-    cls = type(optimizer)
-    known = _NEEDS_CLOSURE.get(cls)
-    if known is None:
-        known = _NEEDS_CLOSURE[cls] = required_arguments(cls.step) == ["closure"]
-    return known
+    return required_arguments(type(optimizer).step) == ("closure",)
 
 
 def _list_ops_take(group: dict[str, Any]) -> bool:
@@ -106,13 +102,13 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
     needs = required_arguments(type(optimizer).step)
-    if needs == ["closure"] and cfg.scheduled:
+    if needs == ("closure",) and cfg.scheduled:
         raise ConfigError(
             f"Task.optimizer: {type(optimizer).__name__}.step evaluates the loss again inside a step, and an "
             "update of stale gradients (max_staleness > 0) has no loss to evaluate: use an optimizer "
             "whose step takes none (SGD, Adam, AdamW, ...)"
         )
-    if needs and needs != ["closure"]:
+    if needs and needs != ("closure",):
         raise ConfigError(
             f"Task.optimizer: {type(optimizer).__name__}.step needs {', '.join(needs)}, and vgame calls step() "
             "with nothing (or, for L-BFGS, a closure that evaluates the step's loss again): use an "
