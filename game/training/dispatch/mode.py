@@ -126,7 +126,7 @@ class RoundingMode(FrontMode):
             if self.role.rounds:
                 self._round_results(True, _touched(plan, args, kwargs, out), name)
             return out
-        if self.role.rounds and widen.narrow_inputs(args, kwargs):
+        if self.role.rounds and widen.narrow_inputs(args, kwargs, widen.IN_STEP):
             return self._widened(func, plan, args, kwargs)
         try:
             out = self.profile.compute(func, args, kwargs)
@@ -141,10 +141,11 @@ class RoundingMode(FrontMode):
         return out
 
     def _widened(self, func: Any, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """An inexact op on float32 tensors (:mod:`~game.training.dispatch.widen`): run as it is,
+        """An inexact op on float32, half or bfloat16 tensors (:mod:`~game.training.dispatch.widen`,
+        ``IN_STEP``): run as it is,
         and again on its arguments widened to float64 under the profile's emulation; the twin's
         float64 results are rounded (and logged) as the op's, then written into its results."""
-        twin = widen.widened(args, kwargs)  # before the op: an in-place op's start
+        twin = widen.widened(args, kwargs, widen.IN_STEP)  # before the op: an in-place op's start
         wide_args, wide_kwargs = widen.writes_apart(plan.written, plan.hidden, (args, kwargs), twin)
         try:
             out = func(*args, **kwargs)
@@ -205,7 +206,7 @@ class RoundingMode(FrontMode):
     def _round_twin(self, plan: _Plan, touched: list[torch.Tensor], twins: list[torch.Tensor]) -> None:
         """Round (and log) an op's float64 twin's results as the op's, then write them into its own."""
         name, where = plan.name, f"step {self.step}: "
-        found = widen.pairs(name, touched, twins, where)
+        found = widen.pairs(name, touched, twins, where, widen.IN_STEP)
         rounded = [w for _, w in found]
         refuse_unrounded(name, rounded, where)
         self._round_results(False, rounded, name)

@@ -269,17 +269,17 @@ def refusal(func: Any, where: str = "") -> UnsupportedOpError:
     return UnsupportedOpError(f"{where}{name} {fix}", op=name, fix=fix)
 
 
-#: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own (a
-#: float32 one is rounded by way of its float64 twin, see :mod:`~game.training.dispatch.widen`,
-#: where the op has a float32 argument or its result is in the default dtype; one no twin gives in
-#: float64 is not).
+#: Floating dtypes a step never rounds: an inexact op's result in one is the machine's own (one is
+#: rounded by way of its float64 twin, see :mod:`~game.training.dispatch.widen`, where the op has
+#: a float32, half or bfloat16 argument or its result is in the default dtype; one no twin gives
+#: in float64 is not).
 UNROUNDED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex32)
 #: What to do instead of an inexact op with such a result in a step.
 UNROUNDED_FIX = (
-    "compute it in float32 or float64: a step runs in float64 and rounds every result to the task's "
-    "grid (an inexact op on float32 tensors, or with a result in the default dtype, is computed in "
-    "float64 and rounded), and an inexact result in half or bfloat16, or a float32 one that cannot "
-    "be computed so, is this machine's own, which another machine's would differ from"
+    "compute it from float64, float32, half or bfloat16 tensors: a step runs in float64 and rounds "
+    "every result to the task's grid (an inexact op on float32, half or bfloat16 tensors, or with a "
+    "result in the default dtype, is computed in float64, rounded and converted), and an inexact "
+    "result that cannot be computed so is this machine's own, which another machine's would differ from"
 )
 
 

@@ -22,9 +22,15 @@ call runs as its float64 twin alone, whose float64 results are the op's.
 
 The Python dispatch mode and the model's construction call here; the C++ front
 (``native/front.cpp``, ``widen_stack`` and ``default_twin``) does the same on its boxed stack, and
-the two must agree. Half and bfloat16 are not widened in a step, where an op with such a result
-stays refused, but for a call that mixes them with float64 (:data:`MIXED`); at construction they
-are (:data:`AT_CONSTRUCTION`).
+the two must agree.
+
+Half and bfloat16 are widened too (:data:`IN_STEP`): torch's own optimizers compute in them on
+purpose (``torch.optim.Muon`` runs its Newton-Schulz iteration on ``grad.bfloat16()``), and a
+model may cast to them. Their inexact ops' results are the machine's own (a GPU's bfloat16 matrix
+product accumulates in its own order), so such an op's twin runs in float64, is rounded to the grid
+as a float32 result's is, and its value is then converted to half or bfloat16: an IEEE conversion
+of a value both sides agree on, the same everywhere. Their exact ops (a product, a sum of two)
+run as they are: torch computes them in float32 and converts once, on every device.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from game.errors import UnsupportedOpError
 
 #: The dtype an inexact op's tensors are widened from.
 NARROW = torch.float32
+#: The dtypes an inexact op's tensors are widened from in a step: float32's, and float16's and
+#: bfloat16's, whose rounded value is converted to them when it is written back.
+IN_STEP = (torch.float32, torch.float16, torch.bfloat16)
 #: The dtypes widened at a model's construction: float32's, and float16's and bfloat16's, whose
 #: result there is the nearest float32 converted once more (IEEE conversion, the same everywhere),
 #: as torch computes them (in float32, then converted). A step leaves those two refused.
@@ -220,7 +229,8 @@ def _twinned(t: Tensor, w: Tensor, narrow: tuple[torch.dtype, ...]) -> bool:
 
 
 def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
-    """Each result takes its twin's rounded values (exactly: they are on the float32 grid)."""
+    """Each result takes its twin's rounded values: exactly where it is float32 (they are on the
+    float32 grid), converted by IEEE rounding to nearest where it is half or bfloat16."""
     for t, w in found:
         if t is not w:
             t.copy_(w)
@@ -228,6 +238,7 @@ def write_back(found: list[tuple[Tensor, Tensor]]) -> None:
 
 __all__ = [
     "AT_CONSTRUCTION",
+    "IN_STEP",
     "MIXED",
     "NARROW",
     "default_twin",

@@ -98,6 +98,9 @@ def _load_optimizer(state: TrainState, tensors: dict[str, Tensor]) -> None:
         state.optimizer.load_state_dict(sd)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"optimizer state does not load: {exc}") from exc
+    by_index = [p for group in state.optimizer.param_groups for p in group["params"]]
+    for i, entries in per_param.items():
+        optstate.keep_dtypes(state.optimizer.state[by_index[i]], entries)
 
 
 def check_reloads(saved: bytes, cfg: TaskConfig) -> None:
@@ -117,10 +120,12 @@ def check_reloads(saved: bytes, cfg: TaskConfig) -> None:
     step, was = parse_state(saved)
     now = parse_state(again)[1]
     lost, came = sorted(was.keys() - now.keys()), sorted(now.keys() - was.keys())
-    differ = sorted(k for k in was.keys() & now.keys() if not torch.equal(was[k], now[k]))
+    differ = sorted(
+        k for k in was.keys() & now.keys() if was[k].dtype != now[k].dtype or not torch.equal(was[k], now[k])
+    )
     where = "; ".join(
         f"{what}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
-        for what, keys in (("lost", lost), ("new", came), ("other values", differ))
+        for what, keys in (("lost", lost), ("new", came), ("other values or dtypes", differ))
         if keys
     )
     raise StateReloadError(

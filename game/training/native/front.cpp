@@ -453,11 +453,13 @@ bool narrow_value(const c10::IValue& v, bool halves = false) {
   return false;
 }
 
-// widen.narrow_inputs: a float32 (or complex64) tensor among the arguments, or a float32 dtype asked for.
-bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base) {
+// widen.narrow_inputs: a float32 (or complex64) tensor among the arguments, or a float32 dtype asked
+// for; with `halves` (a step's, widen.IN_STEP) float16 and bfloat16 too.
+bool narrow_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base,
+                   bool halves = false) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i)
-    if (narrow_value(stack[base + i]) || asks_float(args[i], stack[base + i])) return true;
+    if (narrow_value(stack[base + i], halves) || asks_float(args[i], stack[base + i], halves)) return true;
   return false;
 }
 
@@ -543,7 +545,7 @@ void writes_apart(const Plan& plan, torch::jit::Stack& wide, const torch::jit::S
 }
 
 // widen.pairs: the op's results beside its twin's, one for one; a result whose twin is not float64
-// (or that is neither float32 nor float64) stands for itself, and Python's checks see it.
+// (or that is none of float32, half, bfloat16 and float64) stands for itself, and Python's checks see it.
 std::vector<std::pair<at::Tensor, at::Tensor>> twin_pairs(const Plan& plan, const std::vector<at::Tensor>& out,
                                                           const std::vector<at::Tensor>& wide) {
   bool same = out.size() == wide.size();
@@ -555,7 +557,8 @@ std::vector<std::pair<at::Tensor, at::Tensor>> twin_pairs(const Plan& plan, cons
   for (size_t i = 0; i < out.size(); ++i) {
     const at::ScalarType st = out[i].scalar_type();
     const at::ScalarType wt = wide[i].scalar_type();  // widen._twinned
-    const bool twin = ((st == at::kFloat || st == at::kDouble) && wt == at::kDouble) ||
+    const bool real = st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16;
+    const bool twin = (real && wt == at::kDouble) ||
                       ((st == at::kComplexFloat || st == at::kComplexDouble) && wt == at::kComplexDouble);
     found.emplace_back(out[i], twin ? wide[i] : out[i]);
   }
@@ -638,13 +641,13 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     hand_back();
     return;
   }
-  // An inexact op on float32 runs again on its float64 twin (dispatch/widen.py), whose results are
-  // rounded as the op's and then written into its own.
-  bool narrow = cls == kInexact && narrow_inputs(op.schema(), *stack, base);
+  // An inexact op on float32 (or half, bfloat16: widen.IN_STEP) runs again on its float64 twin
+  // (dispatch/widen.py), whose results are rounded as the op's and then written into its own.
+  bool narrow = cls == kInexact && narrow_inputs(op.schema(), *stack, base, true);
   torch::jit::Stack wide;
   std::vector<at::Tensor> wide_found;
   if (narrow) {
-    wide = widen_stack(op.schema(), *stack, base);
+    wide = widen_stack(op.schema(), *stack, base, true);
     writes_apart(plan, wide, *stack, base);
     wide_found = written(wide, 0);
   }

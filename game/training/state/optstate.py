@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from game.errors import CheckpointError, ConfigError
@@ -88,4 +89,33 @@ def decode(name: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["LIST", "NUMBER", "decode", "encode"]
+#: The dtypes a loaded state tensor is given back (the committed bytes tell them from float64).
+_KEPT = (torch.float16, torch.bfloat16)
+
+
+def keep_dtypes(loaded: dict[str, Any], committed: dict[str, Any]) -> None:
+    """Give each half or bfloat16 tensor of one parameter's ``loaded`` state back its dtype.
+
+    Why: torch's ``load_state_dict`` casts floating state to its parameter's dtype, and an
+    optimizer that keeps its moments leaner than its parameters (``zeros_like(p,
+    dtype=torch.bfloat16)``) stepped on float64 ones once loaded: a judge's re-run, or an audit
+    from a checkpoint, computed another step than the trainer's. The values come back exactly (a
+    narrower float widens without loss), so the cast back is exact too. A float32 tensor is left
+    to torch: the committed bytes write float64 as float32 (``canonical.DTYPE_TAGS``), so its
+    dtype there says nothing, and a step computes the same on either (float32 ops are widened)."""
+    for key, want in committed.items():
+        have = loaded.get(key)
+        if isinstance(want, Tensor) and isinstance(have, Tensor):
+            loaded[key] = _narrowed(have, want)
+        elif isinstance(want, list) and isinstance(have, list):
+            loaded[key] = [
+                _narrowed(h, w) if isinstance(h, Tensor) and isinstance(w, Tensor) else h
+                for h, w in zip(have, want, strict=True)
+            ]
+
+
+def _narrowed(have: Tensor, want: Tensor) -> Tensor:
+    return have.to(want.dtype) if want.dtype in _KEPT and have.dtype != want.dtype else have
+
+
+__all__ = ["LIST", "NUMBER", "decode", "encode", "keep_dtypes"]
