@@ -29,16 +29,9 @@ from game.training.native import front
 from game.training.numerics import rounding
 from game.training.state.tensors import TrainState
 from game.training.task.config import load_config
-from game.training.task.profiles import get_profile
 from game.training.transcript.reader import Transcript
+from tests.training.test_mixed_floats import BITS, PROFILES, _mode
 from tests.training.test_task_api import TASK_PY, trains_and_audits
-
-BITS = 32
-PROFILES = ["cpu-1t", "noisy"]  # through the C++ front where it loads; the Python mode
-
-
-def _mode(profile: str, mode: str, log: StepLog) -> RoundingMode:
-    return RoundingMode(bits=BITS, tau=0.25, mode=mode, profile=get_profile(profile), step=2, log=log)  # type: ignore[arg-type]
 
 
 def _inputs() -> tuple[Tensor, Tensor]:
