@@ -183,6 +183,25 @@ def _library(obj: Any, libraries: frozenset[str]) -> bool:
     return type(obj).__module__.partition(".")[0] in libraries
 
 
+def _holds_own_code(scheduler: Any, libraries: frozenset[str]) -> bool:
+    """Whether a library's ``scheduler`` (or one it chains) holds a function of the task's own
+    code, whose rates a judge's fast-forward may not give again (:meth:`Watch.check_rates`)."""
+    for v in vars(scheduler).values():
+        for x in v if isinstance(v, list | tuple) else (v,):
+            if hasattr(x, "step") and hasattr(x, "optimizer") and _holds_own_code(x, libraries):
+                return True  # SequentialLR's and ChainedScheduler's schedulers
+            fn = getattr(x, "func", x)  # a partial's function
+            if isinstance(fn, types.FunctionType | types.MethodType):
+                where = getattr(fn, "__module__", None)
+            elif callable(fn) and not isinstance(fn, type | types.BuiltinFunctionType | weakref.ref):
+                where = type(fn).__module__  # a callable object (a warm-up schedule of one's own class)
+            else:
+                continue
+            if str(where or "").partition(".")[0] not in libraries:
+                return True
+    return False
+
+
 def _optimizer(
     optimizer: torch.optim.Optimizer,
     at: str,
@@ -330,6 +349,7 @@ class Watch:
         be judged, the state's bytes before the step, for :meth:`judge` (by way of a re-run
         afresh) once the step has run."""
         looked = self.look(state.model, step, state.optimizer, state.scheduled, state.scheduler)
+        self.check_rates(state, step)
         return encode_state(state) if looked else None
 
     def look(
@@ -371,7 +391,8 @@ class Watch:
             f"in a model, an optimizer and a scheduler built afresh, the scheduler stepped to the step as "
             f"a judge's is, {what}. A judge re-running a step from its committed state, or an auditor "
             "starting from a checkpoint, steps a fresh scheduler so, and would rule an honest step wrong: "
-            "compute the learning rate from the count of steps alone (self.last_epoch), or take the loss "
+            "compute the learning rate from the count of steps alone (self.last_epoch, or the step "
+            "number a LambdaLR's function is given), or take the loss "
             "in its step (step(self, metrics), as ReduceLROnPlateau does: its state is then committed)"
         )
 
@@ -385,6 +406,40 @@ class Watch:
             and not _library(scheduler, self.runtime.libraries)
             and not schedstate.takes_metric(scheduler)
         )
+
+    def check_rates(self, state: TrainState, step: int) -> None:
+        """Before recorded step ``step``, at the steps :meth:`_rejudges` names: where torch's
+        scheduler holds a function of the task's own (``LambdaLR``'s and ``MultiplicativeLR``'s
+        lambdas, ``CyclicLR``'s ``scale_fn``), the rates a judge's fresh scheduler gives, fast-
+        forwarded on the state decoded from this one's bytes, against this run's.
+
+        Why: torch's schedule is a function of the step only if that function is; one that keeps
+        a history (``MultiplicativeLR`` by the parameters' norm, a lambda averaging what it saw)
+        trained and audited from step 1, and a judge starting from a checkpoint ruled every later
+        step against the honest trainer. Only the optimizer's rates are compared (no step runs
+        again): the decode costs a model's construction, log2(steps) + 1 times a run."""
+        scheduler = state.scheduler
+        if (
+            step < 2
+            or not self._rejudges(step)
+            or scheduler is None
+            or self._own_schedule(scheduler)  # of the task's own class: the whole step is judged
+            or not _holds_own_code(scheduler, self.runtime.libraries)
+        ):
+            return
+        from game.training.engine.states import decode_state  # states builds on the runtime, as this does
+
+        fresh = decode_state(encode_state(state), self.runtime.cfg)
+        for i, (mine, theirs) in enumerate(
+            zip(state.optimizer.param_groups, fresh.optimizer.param_groups, strict=True)
+        ):
+            for key in sorted(state.scheduled):
+                if mine.get(key) != theirs.get(key):
+                    self._scheduler = type(scheduler).__name__
+                    raise self._schedule_refusal(
+                        step,
+                        f"gives param group {i}'s {key} as {theirs.get(key)!r} where this run's is {mine.get(key)!r}",
+                    )
 
     def _rejudges(self, step: int) -> bool:
         """Whether attributes shown harmless before are judged again at ``step``: at each power of

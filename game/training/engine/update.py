@@ -231,6 +231,7 @@ class UpdateEngine:
         where it changed."""
         step = state.step + 1
         watch = self._update_watch
+        watch.check_rates(state, step)
         before = (
             encode_state(state)
             if watch.look(state.model, step, state.optimizer, state.scheduled, state.scheduler)
@@ -290,6 +291,7 @@ class UpdateEngine:
         before: bytes | None = None
         if mode == "record":
             log = new_step_log(self.cfg.log_format, step) if log is None else log
+            self._update_watch.check_rates(state, step)
             if self._update_watch.look(self.scratch, step, state.optimizer, state.scheduled, state.scheduler):
                 before = encode_state(state)
         result = self._run_update(state, work, mode, log)
