@@ -12,7 +12,6 @@ events (printed, so a failure shows where they landed).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -333,40 +332,3 @@ def test_aSchedulerSteppedWithTheLoss_onTheServer_isOneProcesssRun(
     lrs = {decode_state(t.load_checkpoint(s), t.config).optimizer.param_groups[0]["lr"] for s in range(7)}
     assert len(lrs) >= 2  # a cut
     assert judged_step(t.directory, 6, "noisy").matches_transcript
-
-
-def test_raySession_asksForTokenAuthentication_soRayPrintsNoOptOutLine(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ray turns token authentication on for a new local cluster and says so in a warning, with how
-    to opt out, ahead of `vgame ps train`'s own output. The session asks for it by name: the same
-    mode, no line; a user's own ``RAY_AUTH_MODE`` stands."""
-    import logging
-
-    from ray._private.authentication import authentication_token_setup as auth
-
-    said: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    seen: list[str | None] = []
-
-    def init(**_: object) -> None:  # what ray.init does first about authentication
-        seen.append(os.environ.get("RAY_AUTH_MODE"))
-        auth.enable_token_auth_by_default()
-
-    monkeypatch.setenv("RAY_AUTH_MODE", "")  # so that the test's end puts the variable back as it was
-    monkeypatch.delenv("RAY_AUTH_MODE")
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(ray, "shutdown", lambda: None)
-    auth.logger.addHandler(handler)
-    try:
-        with ray_session(num_cpus=1):
-            pass
-        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-        with ray_session(num_cpus=1):
-            pass
-    finally:
-        auth.logger.removeHandler(handler)
-    assert seen == ["token", "disabled"]
-    assert not [s for s in said if "Token authentication" in s], said

@@ -39,10 +39,6 @@ def ray_session(num_cpus: int | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    # token authentication, which Ray turns on for a new local cluster anyway, asked for by name:
-    # Ray then starts without its line on how to opt out ahead of the run's output; a user's own
-    # RAY_AUTH_MODE stands
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     root = str(Path(__file__).resolve().parents[3])
     paths = [root, os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     ray.init(
