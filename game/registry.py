@@ -9,6 +9,7 @@ entries were given in (the order ``--help`` lists them) and refuses an unknown n
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
@@ -18,6 +19,16 @@ T = TypeVar("T")
 
 #: the default wording of an unknown name; ``{where}`` is ``"<where>: "`` or empty
 UNKNOWN = "{where}unknown {kind} {name!r}; valid: {valid}"
+
+
+def did_you_mean(name: object, valid: Iterable[str]) -> str:
+    """`` (did you mean 'steps'?)`` when ``name`` is a near miss of one valid name, else ``""``:
+    a mistyped key or option is the commonest bad input, and a list of twenty names hides the one
+    meant."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Registry(Generic[T]):
@@ -46,11 +57,10 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise ConfigError(
-                self._unknown.format(
-                    where=self._where, kind=self.kind, name=name, valid=", ".join(self._entries)
-                )
-            ) from None
+            message = self._unknown.format(
+                where=self._where, kind=self.kind, name=name, valid=", ".join(self._entries)
+            )
+            raise ConfigError(message + did_you_mean(name, self._entries)) from None
 
     def names(self) -> tuple[str, ...]:
         """Every name, in the order given."""

@@ -125,12 +125,19 @@ def test_declaredKeys_areChecked(plugin: tuple[Path, str]) -> None:
     root, name = plugin
     target = f"{name}.tasks:build"
     load_config(root / "task.toml")  # puts the directory on the search path
-    with pytest.raises(ConfigError, match=r"model\.hiden: unknown size for this task \(valid: hidden\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model\.hiden: unknown size for this task \(did you mean 'hidden'\?\) \(valid: hidden\)",
+    ):
         TaskConfig.for_task(target, model={"hiden": 16})
     with pytest.raises(ConfigError, match=r"model\.hidden: expected int"):
         TaskConfig.for_task(target, model={"hidden": "wide"})
-    with pytest.raises(ConfigError, match="warmpu: unknown config key"):
+    with pytest.raises(
+        ConfigError, match=r"warmpu: unknown config key \(did you mean 'warmup'\?\) \(valid: .*\bwarmup\b"
+    ):
         TaskConfig.from_dict({"task": target, "warmpu": 3}, partial=True)
+    with pytest.raises(ConfigError, match=r"^learning_rate: unknown config key \(valid: "):  # nothing near
+        TaskConfig.from_dict({"task": target, "learning_rate": 3}, partial=True)
     cfg = TaskConfig.from_dict({"task": target, "warmup": 5, "model": {"hidden": 16}}, partial=True)
     assert cfg.params.warmup == 5 and cfg.model.hidden == 16
     assert cfg.replace(model={"hidden": 4}).model.hidden == 4

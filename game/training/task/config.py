@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from game.errors import ConfigError
+from game.registry import did_you_mean
 from game.training.log import LOG_FORMATS
 from game.training.numerics.bandfile import Band, BandsOrigin, BandTable, load_bands_file, preset_bands
 from game.training.task import plugins
@@ -197,7 +198,8 @@ class TaskConfig:
             if key not in known:
                 if key not in decl.params:
                     valid = sorted({*known, *decl.params} - {"task"})
-                    raise ConfigError(f"{key}: unknown config key (valid: {', '.join(valid)})")
+                    hint = did_you_mean(key, valid)
+                    raise ConfigError(f"{key}: unknown config key{hint} (valid: {', '.join(valid)})")
                 own[key] = data[key]
         values: dict[str, Any] = {"task": name}
         for fname, f in known.items():

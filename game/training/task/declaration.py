@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from game.errors import ConfigError
+from game.registry import did_you_mean
 
 #: A value a table may hold: what TOML and JSON both write the same way.
 Scalar = bool | int | float | str
@@ -105,7 +106,8 @@ class Declaration:
                     "model sizes" if kind == "model" else "hyper-parameters of its own"
                 )
                 where = f"{kind}.{key}" if kind == "model" else key
-                raise ConfigError(f"{where}: unknown {_noun(kind)} for this task (valid: {valid})")
+                hint = did_you_mean(key, declared)
+                raise ConfigError(f"{where}: unknown {_noun(kind)} for this task{hint} (valid: {valid})")
             values[key] = coerce_like(f"{kind}.{key}" if kind == "model" else key, value, declared[key])
         for key, default in declared.items():
             if key not in values:

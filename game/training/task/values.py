@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from game.errors import ConfigError
+from game.registry import did_you_mean
 from game.training.task.catalog import ModelShape
 from game.training.task.declaration import Declaration, Table
 
@@ -32,8 +33,9 @@ def shape_from(shape_cls: type[ModelShape], data: Any, *, partial: bool) -> Mode
     fields = {f.name: f for f in dataclasses.fields(shape_cls)}
     for key in data:
         if key not in fields:
+            hint = did_you_mean(key, fields)
             raise ConfigError(
-                f"model.{key}: unknown size for this preset (valid: {', '.join(sorted(fields))})"
+                f"model.{key}: unknown size for this preset{hint} (valid: {', '.join(sorted(fields))})"
             )
     values: dict[str, Any] = {}
     for name, f in fields.items():
