@@ -121,7 +121,8 @@ def test_trainingTimeDropout_inTheFactory_passes() -> None:
     [
         (lambda t: t.uniform_(-1, 1).erfinv_(), "erfinv"),  # the old trunc_normal_'s inverse CDF
         (lambda t: t.copy_(torch.full((3, 3), 2.0).lgamma()), "lgamma"),
-        (lambda t: t.copy_(torch.ones(3, 3).cumsum(0)), "cumsum"),  # a sum, in the machine's order
+        (lambda t: t.copy_(torch.ones(3, 3).logcumsumexp(0)), "logcumsumexp"),
+        (lambda t: t.copy_(torch.ones(3, 3).cumsum(0, dtype=torch.half)), "cumsum"),  # a half scan
         (lambda t: t.copy_(torch.full((3, 3), 2.0).digamma()), "digamma"),
     ],
 )
@@ -225,3 +226,60 @@ def test_linspace_atConstruction_isEachValueRoundedOnce(start: float, end: float
     assert narrow.dtype == torch.float32 and narrow.tolist() == torch.tensor(want).float().tolist()
     torch_own = torch.linspace(start, end, steps, dtype=torch.float64)
     assert torch.allclose(got, torch_own, rtol=1e-15, atol=1e-300)  # torch's values, up to its rounding
+
+
+def test_cumsumAndCumprod_atConstruction_areTheRunningSumAndProductInOrder() -> None:
+    """A diffusion model keeps ``alphas_cumprod = torch.cumprod(1 - betas, 0)`` as a buffer, made at
+    construction; torch's scan kernels sum in an order of their own, so it was refused. It is
+    served: the running sum or product taken one element after another in float64 (each step one
+    IEEE operation, as Python's floats do it), cast to the op's dtype; an integer scan is exact and
+    runs as it is."""
+
+    class Schedule(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            betas = torch.linspace(1e-4, 0.02, 1000)
+            self.register_buffer("abar", torch.cumprod(1 - betas, 0))
+            self.register_buffer("total", torch.rand(4, 37).cumsum(-1))
+            self.register_buffer("narrow", torch.rand(50, dtype=torch.float32).cumsum(0))
+            self.register_buffer("counts", torch.arange(1, 9).cumprod(0))
+            self.scale = nn.Parameter(torch.randn(6).cumsum(0, dtype=torch.float32))
+
+    before = torch.get_num_threads()
+    built = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            built.append(init_module(Schedule, seed=SEED))
+    finally:
+        torch.set_num_threads(before)
+    assert state_digest(built[0]) == state_digest(built[1])
+    model = built[0]
+
+    def running(values: list[float], combine: Callable[[float, float], float]) -> list[float]:
+        out = [values[0]]
+        for v in values[1:]:
+            out.append(combine(out[-1], v))
+        return out
+
+    with InitMode(SEED):
+        betas = torch.linspace(1e-4, 0.02, 1000)
+    want_abar = running((1 - betas).tolist(), lambda a, b: a * b)
+    assert model.abar.dtype == torch.float64 and model.abar.tolist() == want_abar
+    assert model.abar[-1] < 1e-4  # the schedule itself, not just any product
+    with InitMode(SEED):  # the same draws, in the same order
+        torch.linspace(1e-4, 0.02, 1000)
+        total_in = torch.rand(4, 37)
+        narrow_in = torch.rand(50, dtype=torch.float32)
+        torch.arange(1, 9)
+        scale_in = torch.randn(6)
+    assert model.total.tolist() == [running(row, lambda a, b: a + b) for row in total_in.tolist()]
+    assert narrow_in.dtype == torch.float32  # a float32 scan's values, widened exactly with the model
+    assert (
+        model.narrow.tolist()
+        == torch.tensor(running(narrow_in.tolist(), lambda a, b: a + b)).float().tolist()
+    )
+    assert model.counts.dtype == torch.int64 and model.counts.tolist() == [1, 2, 6, 24, 120, 720, 5040, 40320]
+    assert (
+        model.scale.tolist() == torch.tensor(running(scale_in.tolist(), lambda a, b: a + b)).float().tolist()
+    )

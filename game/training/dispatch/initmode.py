@@ -13,8 +13,9 @@ count, would build another model. Inside :class:`InitMode`:
 * an inexact op of IEEE arithmetic or libm (``pow``, ``exp``, ``sin``: a sinusoid or rotary table),
   in float32 or float64, is rounded to nearest float32, the same on every machine (in float16 or
   bfloat16, that float32 value converted: Apertus builds its activation's parameters so);
-  ``torch.linspace``, a 2-norm (a weight norm's), matrix products (a spectral norm's) and a QR
-  factorisation (``orthogonal_``'s) are served by rules of their own, the same bits on every machine
+  ``torch.linspace``, a 2-norm (a weight norm's), matrix products (a spectral norm's), a QR
+  factorisation (``orthogonal_``'s) and running sums and products (``cumprod``: a diffusion
+  model's noise schedule) are served by rules of their own, the same bits on every machine
   (:mod:`~game.training.dispatch.initrules`);
 * any other op that produces or changes a floating tensor runs as this machine computes it, and its
   results are provisional (:mod:`~game.training.dispatch.provisional`): a throwaway forward pass

@@ -8,7 +8,8 @@ the same bits: ``torch.linspace`` (each value worked out exactly and rounded onc
 HuBERT's and WavLM's positional convolution), whose kernels sum in an order each machine's vector
 code chooses, and matrix products (a spectral norm's power iteration) and a QR factorisation
 (``nn.init.orthogonal_``'s), by :mod:`~game.training.dispatch.fixedorder`, where BLAS and LAPACK
-sum in an order of their own.
+sum in an order of their own, and running sums and products (a diffusion model's noise schedule)
+taken one element after another.
 """
 
 from __future__ import annotations
@@ -212,6 +213,39 @@ def _product(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     return fixedorder.matmul(args[0], args[1])
 
 
+def _scan(
+    combine: Callable[[Tensor, Tensor], Tensor],
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None]:
+    """``aten.cumsum`` / ``aten.cumprod`` ``(x, dim, *, dtype=None)`` of a real float32 or float64
+    ``x``: the running sum or product along ``dim`` taken one element after another in float64, each
+    step one IEEE operation, and the result cast to the op's dtype. A diffusion model's noise
+    schedule is one (``alphas_cumprod = torch.cumprod(1 - betas, 0)``, kept as a buffer); torch's
+    kernels scan in an order of their own (a GPU's in parallel blocks). None for anything else
+    (an integer scan, exact, never reaches here; half, complex), which runs as it is."""
+
+    def rule(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+        x = args[0] if args else kwargs.get("self")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        dtype = kwargs.get("dtype") or (x.dtype if isinstance(x, Tensor) else None)
+        if not isinstance(x, Tensor) or not isinstance(dim, int) or kwargs.keys() - {"self", "dim", "dtype"}:
+            return None
+        if (
+            x.is_meta
+            or x.dtype not in (torch.float32, torch.float64)
+            or dtype not in (torch.float32, torch.float64)
+        ):
+            return None
+        if x.dim() == 0 or x.numel() == 0:
+            return x.detach().to(dtype, copy=True)
+        lanes = x.detach().to(torch.float64).movedim(dim, -1)
+        running = [lanes[..., 0].clone()]
+        for i in range(1, lanes.shape[-1]):
+            running.append(combine(running[-1], lanes[..., i]))
+        return torch.stack(running, dim=-1).movedim(-1, dim).to(dtype).contiguous()
+
+    return rule
+
+
 #: Inexact ops served at construction by an exact rule of their own (ATen name -> the rule, which
 #: returns None where it does not apply).
 SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
@@ -227,6 +261,8 @@ SERVED: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten.mv.default": _product,
     "aten.dot.default": _product,
     "aten.vdot.default": _product,  # of real tensors, dot
+    "aten.cumsum.default": _scan(torch.add),
+    "aten.cumprod.default": _scan(torch.mul),
 }
 
 
