@@ -153,9 +153,9 @@ class TranscriptReplay:
         update ``hi``'s schedule computes on (by own replay with the trainer's log)."""
         if not t.config.scheduled:
             return {lo: self.state_after(t, lo)}
+        from game.training.dispatch.profiles import get_profile
         from game.training.engine.scheduled import states_for
         from game.training.engine.step import StepEngine
-        from game.training.task.profiles import get_profile
 
         try:  # the pinned update's entry alone: another update's, broken, is no matter here
             entry = t.update_entry(hi)
@@ -168,10 +168,10 @@ class TranscriptReplay:
     def state_after(self, t: Transcript, step: int) -> bytes:
         """Own canonical state after ``step``, replayed on own profile with the trainer's log (a
         step whose chunk does not decode or fit without it, as the audit ran it)."""
+        from game.training.dispatch.profiles import get_profile
         from game.training.engine.replay import own_start, replayed
         from game.training.engine.step import StepEngine
         from game.training.state.canonical import encode_state
-        from game.training.task.profiles import get_profile
 
         engine = StepEngine(t.config, get_profile(self.agent.profile), checks="audit")  # as the audit ran
         return encode_state(replayed(t, engine, own_start(t, engine, step), step, check_leaves=False))

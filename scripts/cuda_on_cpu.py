@@ -62,8 +62,8 @@ def engines(preset: str, model: str | None, batch_size: int | None, steps: int) 
     trainer's logs of steps ``1 .. steps`` recorded by an ordinary CPU engine (their entries are
     what an auditor's host reads)."""
     from game.cli.options import parse_model_overrides, task_config
+    from game.training.dispatch.profiles import get_profile
     from game.training.engine.step import StepEngine
-    from game.training.task.profiles import get_profile
 
     cfg = task_config(preset, model=parse_model_overrides(model), batch_size=batch_size).replace(steps=steps)
     engine = StepEngine(cfg, get_profile("cpu-1t"))

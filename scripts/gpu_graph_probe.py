@@ -142,10 +142,10 @@ def main() -> None:
     import torch
 
     from game.cli.options import parse_model_overrides, task_config
+    from game.training.dispatch.profiles import get_profile
     from game.training.engine.step import StepEngine
     from game.training.log.formats import new_step_log
     from game.training.state.tensors import snapshot
-    from game.training.task.profiles import get_profile
 
     cfg = task_config(args.preset, model=parse_model_overrides(args.model), batch_size=args.batch_size)
     cfg = cfg.replace(steps=WARM + 2 + args.steps)

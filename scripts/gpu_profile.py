@@ -93,10 +93,10 @@ def main() -> None:
     import torch
 
     from game.cli.options import parse_model_overrides, task_config
+    from game.training.dispatch.profiles import get_profile
     from game.training.engine.step import StepEngine
     from game.training.engine.train import initial_step, train_step
     from game.training.state.leaves import LeafHasher
-    from game.training.task.profiles import get_profile
     from game.training.transcript.reader import Transcript
     from game.training.transcript.writer import TranscriptWriter
 

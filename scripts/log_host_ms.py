@@ -108,8 +108,8 @@ def main() -> None:
     ap.add_argument("--step-sleeps", action="store_true", help="the stand-in step sleeps (waits for its GPU)")
     args = ap.parse_args()
 
+    from game.training.dispatch.profiles import get_profile
     from game.training.engine.step import StepEngine
-    from game.training.task.profiles import get_profile
     from game.training.transcript.readahead import GPU_DEPTH
     from game.training.transcript.reader import Transcript
 

@@ -32,11 +32,11 @@ from torch import Tensor
 from game.errors import ConfigError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import OpClass, classify, op_name, touched_tensors
+from game.training.dispatch.profiles import Profile, get_profile
 from game.training.engine.step import StepEngine
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, MIN_EXP, Band, BandsOrigin, BandTable
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import Profile, get_profile
 
 log = logging.getLogger(__name__)
 

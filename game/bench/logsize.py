@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from game.errors import ConfigError, TrainingError
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.step import StepEngine
 from game.training.log.formats import bits_per_value, decode_chunk
 from game.training.log.trits import packed_size
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 
 log = logging.getLogger(__name__)
 

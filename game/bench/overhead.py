@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from game.errors import TrainingError
+from game.training.dispatch.profiles import Profile, get_profile
 from game.training.engine.step import StepEngine
 from game.training.engine.train import initial_step, train_step
 from game.training.log.formats import ChunkLog
@@ -67,7 +68,6 @@ from game.training.state.canonical import hash_streamed, state_buffer
 from game.training.state.leaves import LeafHasher, PendingLeaf, device_leaf
 from game.training.state.tensors import TrainState
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import Profile, get_profile
 from game.training.transcript.pipeline import StepJob
 from game.training.transcript.readahead import ReadAhead, read_log
 from game.training.transcript.reader import Transcript
@@ -130,7 +130,7 @@ class OverheadReport:
     #: threads of the process (the module docstring)
     thread_cpu: dict[str, list[float]]
     other_cpu: dict[str, list[float]]
-    #: what met the rounding variants' ops (:meth:`~game.training.task.profiles.Profile.interceptor`):
+    #: what met the rounding variants' ops (:meth:`~game.training.dispatch.profiles.Profile.interceptor`):
     #: ``front`` or ``python``, so that a run on other hardware says which ran
     interceptor: str = ""
 

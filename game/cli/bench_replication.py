@@ -30,8 +30,8 @@ def replication(
 ) -> None:
     """Train on every profile and audit every ordered pair of distinct profiles; exit 1 on any mismatch."""
     from game.bench.replication import replication_matrix
+    from game.training.dispatch.profiles import available_profiles
     from game.training.task.config import TaskConfig
-    from game.training.task.profiles import available_profiles
 
     try:
         names = [p.strip() for p in profiles.split(",") if p.strip()] or [

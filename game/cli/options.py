@@ -138,7 +138,7 @@ def parse_model_overrides(text: str | None) -> dict[str, int | str]:
 def check_profile(name: str) -> None:
     """Refuse at once a profile this machine cannot run: an unknown name (the error lists the valid
     ones) or a CUDA profile without a GPU, before any work (or, for a node, hours of waiting)."""
-    from game.training.task.profiles import get_profile
+    from game.training.dispatch.profiles import get_profile
 
     if not get_profile(name).available():
         raise ConfigError(f"profile {name!r} is not available on this machine (see `vgame profiles`)")

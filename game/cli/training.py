@@ -50,7 +50,7 @@ ProgressFn = Callable[[int, int], None]
 @app.command("profiles")
 def profiles_cmd(as_json: JsonOpt = False) -> None:
     """List the hardware profiles a trainer, auditor or judge can run on."""
-    from game.training.task.profiles import list_profiles
+    from game.training.dispatch.profiles import list_profiles
     from game.training.transcript import stepwriter
 
     rows = [_profile_row(p) for p in list_profiles()]

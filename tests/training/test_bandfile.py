@@ -8,6 +8,7 @@ import pytest
 
 from game.bench.calibrate import OpStats, calibrate
 from game.errors import ConfigError
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.step import StepEngine
 from game.training.numerics.bandfile import (
     Band,
@@ -20,7 +21,6 @@ from game.training.numerics.bandfile import (
 )
 from game.training.task.catalog import PRESET_NAMES
 from game.training.task.config import TaskConfig, load_config
-from game.training.task.profiles import get_profile
 
 
 def _table() -> BandTable:

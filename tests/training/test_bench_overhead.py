@@ -25,13 +25,13 @@ from game.bench.overhead import (
     targets_for,
 )
 from game.errors import ConfigError, TrainingError
+from game.training.dispatch.profiles import get_profile
 from game.training.log.packed import StepLog
 from game.training.log.trits import BLOCK_BYTES, BLOCK_TRITS, packed_size
 from game.training.native import front
 from game.training.numerics.bandfile import Band, BandTable
 from game.training.state.leaves import state_hash
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 from game.training.transcript.layout import LEAVES_NAME, LOG_DIR_NAME
 
 

@@ -15,9 +15,9 @@ from torch import Tensor, nn
 
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.log.formats import new_step_log
-from game.training.task.profiles import get_profile
 from tests.training.test_task_api import trains_and_audits
 
 SEED, BITS = 5, 32

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from game.training.dispatch.profiles import available_profiles
 from game.training.engine.audit import audit
 from game.training.engine.train import train
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import available_profiles
 from game.training.transcript.reader import Transcript
 
 STEPS = 50

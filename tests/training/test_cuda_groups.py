@@ -18,10 +18,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.step import StepEngine
 from game.training.native import front, library
 from game.training.numerics import rounding
-from game.training.task.profiles import get_profile
 
 from .test_cuda_kernels import BAND, DEV, _auditor_case, _bits, _copy, _engines, _far_lane, _params
 from .test_native import _values

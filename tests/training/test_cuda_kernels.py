@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from game.training.dispatch.profiles import get_profile
 from game.training.engine import step as step_mod
 from game.training.engine.step import StepEngine
 from game.training.log.sparse import SparseStepLog
@@ -23,7 +24,6 @@ from game.training.native import bindings, library
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
 from game.training.task.config import TaskConfig, load_config
-from game.training.task.profiles import get_profile
 
 from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name, classify, touched_tensors
+from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.engine.step import StepEngine
 from game.training.log.packed import StepLog
@@ -28,7 +29,6 @@ from game.training.numerics import rounding
 from game.training.state.tensors import check_on_grid
 from game.training.task.catalog import PRESET_NAMES
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 
 aten = torch.ops.aten
 BITS = 32

@@ -18,12 +18,12 @@ from game.errors import NonFiniteError
 from game.training.dispatch import front as session
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import LOG_NAMES, OpClass
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.step import StepEngine
 from game.training.log.formats import new_step_log
 from game.training.log.sparse import SparseStepLog
 from game.training.native import front, library
 from game.training.numerics.bandfile import Band, BandTable
-from game.training.task.profiles import get_profile
 from tests.training.test_step import SMALL, small_cfg
 
 pytestmark = pytest.mark.skipif(

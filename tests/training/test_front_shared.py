@@ -21,11 +21,11 @@ import torch
 
 from game.training.dispatch import front as session
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.step import StepEngine
 from game.training.native import front, library
 from game.training.numerics import rounding
 from game.training.state.tensors import OffGridError
-from game.training.task.profiles import get_profile
 
 from .test_cuda_kernels import _engines
 

@@ -11,6 +11,7 @@ import pytest
 
 from game.errors import RoundingLogError
 from game.strategies.trainers import Poison, SkipStep, SteeredLog, TamperedLog, WrongLR
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.audit import audit
 from game.training.engine.step import StepEngine
 from game.training.engine.train import train
@@ -19,7 +20,6 @@ from game.training.state.canonical import encode_state
 from game.training.state.leaves import LeafHasher, state_hash
 from game.training.state.tensors import TrainState, snapshot
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 
 STEPS = 6
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.engine import microbatch as mb
 from game.training.engine.step import StepEngine
 from game.training.log.formats import ChunkLog
@@ -20,7 +21,6 @@ from game.training.numerics import rounding
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import StepBuffers, TrainState, persistent_buffers
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 from tests.training.test_step import SMALL, small_cfg
 
 M = 4

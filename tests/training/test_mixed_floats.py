@@ -21,12 +21,12 @@ from torch import Tensor
 
 from game.errors import TaskCodeError
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.train import train
 from game.training.log.packed import StepLog
 from game.training.native import front
 from game.training.numerics import rounding
 from game.training.task.config import load_config
-from game.training.task.profiles import get_profile
 from tests.training.test_task_api import TASK_PY, make_plugin, trains_and_audits
 
 BITS = 32

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from game.errors import ConfigError
+from game.training.dispatch.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 from game.training.native import front, library
-from game.training.task.profiles import DEFAULT_NOISE, PROFILE_NAMES, get_profile, list_profiles
 
 aten = torch.ops.aten
 

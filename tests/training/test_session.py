@@ -324,9 +324,9 @@ def test_checkpointsAfter_countsTheCheckpointStepsStillToCome(steps: int, k: int
 
 @pytest.mark.parametrize("preset", ["mlp-digits", "gpt-shakespeare"])  # AdamW's moments come at step 1
 def test_encodedSize_isTheLengthOfTheCanonicalBytes(preset: str) -> None:
+    from game.training.dispatch.profiles import get_profile
     from game.training.engine.step import StepEngine
     from game.training.state.canonical import encode_state, encoded_size
-    from game.training.task.profiles import get_profile
 
     engine = StepEngine(tiny(preset), get_profile("cpu-1t"))
     state = engine.init_state()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from game.errors import TranscriptError
+from game.training.dispatch.profiles import get_profile
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine
 from game.training.native import front
@@ -21,7 +22,6 @@ from game.training.state.leafhash import leaf_of
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import OffGridError, TrainState, check_on_grid, move_state, state_tensors
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import get_profile
 
 SMALL = {
     "mlp-digits": {"model": {"hidden": 16}, "batch_size": 8},

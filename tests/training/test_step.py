@@ -11,6 +11,7 @@ import torch
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError, TrainingError
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import Profile, get_profile
 from game.training.engine.states import decode_state
 from game.training.engine.step import StepEngine
 from game.training.native import library
@@ -20,7 +21,6 @@ from game.training.state.canonical import encode_state
 from game.training.state.leaves import state_hash
 from game.training.state.tensors import check_on_grid
 from game.training.task.config import TaskConfig
-from game.training.task.profiles import Profile, get_profile
 
 SMALL = {
     "mlp-digits": {"model": {"hidden": 24}, "batch_size": 8},

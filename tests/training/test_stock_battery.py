@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from game.errors import UnsupportedOpError
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.log.formats import new_step_log
 from game.training.numerics import rounding
-from game.training.task.profiles import get_profile
 
 STEP, BITS = 3, 32
 ROWS = 4

@@ -25,13 +25,13 @@ from game.training.dispatch.draws import name_of
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.optable import OpClass, classify, refusal
+from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.dispatch.torchnn import MASK_FILL
 from game.training.log.formats import decode_chunk, new_step_log
 from game.training.native import front, library
 from game.training.numerics import rng, rounding
 from game.training.task.models import ATTENTION_MASK_FILL
-from game.training.task.profiles import get_profile
 
 SEED, STEP, BITS = 11, 4, 32
 IDS = torch.arange(40, 48)  # a micro-batch of 8 examples

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.vectorsigns import negative
 from game.training.engine.replay import replay_transcript_step
-from game.training.task.profiles import get_profile
 from tests.training.test_carried import _body
 from tests.training.test_stockops import _across_interceptors
 from tests.training.test_task_api import trains_and_audits

@@ -14,10 +14,10 @@ from torch import Tensor, nn
 from game.training.dispatch import widen
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
+from game.training.dispatch.profiles import get_profile
 from game.training.log.packed import StepLog
 from game.training.native import front
 from game.training.numerics import rounding
-from game.training.task.profiles import get_profile
 
 BITS = 32
 TAU = 0.25

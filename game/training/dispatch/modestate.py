@@ -23,6 +23,7 @@ from game.errors import ConfigError, TrainingError
 from game.training.dispatch.front import Left
 from game.training.dispatch.optable import OpClass
 from game.training.dispatch.policies import ROLES, Role
+from game.training.dispatch.profiles import NoiseSource, Profile
 from game.training.log.chunks import ChunkMismatchError, RecordCursor
 from game.training.log.formats import ChunkLog
 from game.training.log.sparse import SparseRecord, SparseStepLog
@@ -30,7 +31,6 @@ from game.training.native import bindings, library
 from game.training.numerics import rounding
 from game.training.numerics.bandfile import MAX_EXP, Band, BandTable
 from game.training.numerics.reach import Checks
-from game.training.task.profiles import NoiseSource, Profile
 
 if TYPE_CHECKING:  # imported when a step defers its checks (Triton loads only for CUDA tensors)
     from game.training.numerics.cuda_deferred import Deferred, Settled

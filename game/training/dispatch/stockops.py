@@ -49,7 +49,7 @@ import random
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -109,21 +109,20 @@ class SeededGlobals:
     def __init__(self, state: bytes) -> None:
         self.state = state
         self._saved: tuple[Any, ...] | None = None
+        self._entropy = random.Random()
 
     def __enter__(self) -> SeededGlobals:
         randbits, seed, module_seed = getattr(bit_generator, _ENTROPY), random.Random.seed, random.seed
         self._saved = (random.getstate(), np.random.get_state(), randbits, seed, module_seed)
-        random.seed(int.from_bytes(self.state, "big"))
-        np.random.seed(np.frombuffer(self.state, dtype="<u4"))
-        entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + self.state).digest())
-        owner = threading.get_ident()
+        self.reseed(self.state)
+        owner, scope = threading.get_ident(), self
 
         def served_randbits(k: int) -> int:
-            return entropy.getrandbits(k) if threading.get_ident() == owner else randbits(k)
+            return scope._entropy.getrandbits(k) if threading.get_ident() == owner else randbits(k)
 
         def served_seed(self: random.Random, a: Any = None, version: int = 2) -> None:
             if a is None and threading.get_ident() == owner:
-                a = entropy.getrandbits(256)
+                a = scope._entropy.getrandbits(256)
             seed(self, a, version)
 
         def served_module_seed(a: Any = None, version: int = 2) -> None:  # ``random.seed``: bound at import
@@ -133,6 +132,15 @@ class SeededGlobals:
         random.Random.seed = served_seed  # type: ignore[method-assign]
         random.seed = served_module_seed
         return self
+
+    def reseed(self, state: bytes) -> None:
+        """Seed the generators from ``state`` as entering would, inside the scope: what is put back
+        after it stays what was there before it. Why: saving and restoring numpy's state costs
+        some 100 us, seeding some 25; the data digest seeds once per item."""
+        self.state = state
+        random.seed(int.from_bytes(state, "big"))
+        np.random.seed(np.frombuffer(state, dtype="<u4"))
+        self._entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + state).digest())
 
     def __exit__(self, *exc: Any) -> None:
         if self._saved is not None:
@@ -163,6 +171,62 @@ def collating(seed: int, step: int, example_ids: Tensor, *, bits: int = 32) -> I
     mode = ServingMode(Draws(seed, step, "collate", micro_batch=0, example_ids=example_ids, bits=bits))
     with SeededGlobals(collate_seed(seed, step)), mode:
         yield mode.handled
+
+
+def build_seed(seed: int) -> bytes:
+    """The 32 bytes that seed Python's and numpy's global generators while a task is built."""
+    return hashlib.sha256(f"vgame/build/{seed}".encode()).digest()
+
+
+@contextlib.contextmanager
+def building(seed: int) -> Iterator[Counter[str]]:
+    """Serve the randomness of a task's build function (:class:`~game.training.task.define.TaskFactory`)
+    for the task's ``seed``; yields the served calls by name.
+
+    Why: a build that splits its data at random (``random_split(ds, [0.9, 0.1])``, a
+    ``np.random.permutation`` of the rows) drew from unseeded generators, so each process trained
+    on another subset: the trainer trained, and every auditor was refused with "this machine's
+    inputs are not the task's". Here torch's random functions come from the counter RNG under the
+    purpose ``build/...`` (53-bit uniforms, exact normals) and Python's and numpy's global
+    generators, and any generator made without a seed (``np.random.default_rng()``), are seeded
+    from the task's seed (:func:`build_seed`): the same split in every process, on every machine,
+    and another with another seed."""
+    mode = ServingMode(Draws(seed, 0, "build"))
+    with SeededGlobals(build_seed(seed)), mode:
+        yield mode.handled
+
+
+def item_seed(index: int) -> bytes:
+    """The 32 bytes that seed Python's and numpy's global generators while the data digest reads
+    item ``index``."""
+    return hashlib.sha256(f"vgame/item/{index}".encode()).digest()
+
+
+@contextlib.contextmanager
+def reading_items() -> Iterator[Callable[[Any, int], Any]]:
+    """Serve the randomness of a dataset's ``__getitem__`` while the data digest reads its items
+    (:func:`~game.training.task.datasets.digest`); yields ``read(dataset, index)``, which reads one
+    with its draws served.
+
+    Why: a dataset that augments its items (a random flip or crop, noise: torchvision's habit) drew
+    from torch's, Python's and numpy's unseeded generators while its content was hashed, so the
+    digest, and with it the spec hash, came out otherwise in every process: the trainer trained, and
+    every auditor was refused with "this machine's inputs are not the task's". Here item ``i``'s
+    draws come from the counter RNG under the purpose ``item/{i}/...`` (53-bit uniforms, exact
+    normals: no grid, nothing is rounded) and the global generators are seeded from the index alone
+    (:func:`item_seed`): not the task's seed, since the digest names the data, whatever task trains
+    on it. An item reads the same on every machine, in every process and in any order; a training
+    step's batch draws its own (:func:`collating`). The generators are saved once for all the items
+    and reseeded per item (:meth:`SeededGlobals.reseed`)."""
+    seeded = SeededGlobals(item_seed(0))
+
+    def read(dataset: Any, index: int) -> Any:
+        seeded.reseed(item_seed(index))
+        with ServingMode(Draws(0, 0, f"item/{index}")):
+            return dataset[index]
+
+    with seeded:
+        yield read
 
 
 def update_seed(seed: int, step: int) -> bytes:
@@ -259,9 +323,13 @@ __all__ = [
     "HANDLERS",
     "SeededGlobals",
     "StockOps",
+    "build_seed",
+    "building",
     "collate_seed",
     "collating",
     "global_seed",
+    "item_seed",
+    "reading_items",
     "update_seed",
     "updating",
 ]

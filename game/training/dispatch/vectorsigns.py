@@ -8,7 +8,7 @@ and the honest trainer failed its audit. Each vector is now turned so that its e
 magnitude (the first such) is positive. The turn is taken on the results as rounded, which two
 machines agree on up to each vector's sign (rounding works on magnitudes), and it is a negation,
 exact, so every later op of the step, the backward's included, sees one sign. The ``noisy``
-profile emulates another LAPACK by negating every other vector (task/profiles.py).
+profile emulates another LAPACK by negating every other vector (dispatch/profiles.py).
 
 Served: ``torch.linalg.eigh``, ``torch.linalg.svd``, ``torch.svd`` and ``Tensor.svd``; a
 singular pair turns with its left vector. Left as the machine gives them: vectors of a repeated

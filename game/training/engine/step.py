@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
+from game.training.dispatch.profiles import Profile, get_profile
 from game.training.dispatch.stockops import StockOps, updating
 from game.training.engine import carried
 from game.training.engine.runtime import Batch, runtime_for
@@ -62,7 +63,6 @@ from game.training.state.tensors import (
 from game.training.task import datasets
 from game.training.task.config import TaskConfig
 from game.training.task.optimizers import needs_closure
-from game.training.task.profiles import Profile, get_profile
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,9 @@ Why the digest is of the *content*: the spec hash must change when one value of 
 and only then, so an auditor or judge whose copy differs says so before replaying (issue 43). A
 dataset made of tensors (:class:`TensorData`, :class:`TokenWindows`, a file of arrays) is hashed
 tensor by tensor in one pass; any other map-style ``Dataset`` item by item in index order, streamed
-(a progress callback reports it), from the canonical bytes of each item (:func:`item_bytes`).
+(a progress callback reports it), from the canonical bytes of each item (:func:`item_bytes`), each
+read with its random draws served (:func:`~game.training.dispatch.stockops.reading_items`), so that
+a dataset that augments its items hashes the same in every process.
 
 Which rows a step trains on is a pure function of (seed, step, example id): row ``i`` of step
 ``s`` is example ``(s - 1) * batch_size + i``, and which item that example is comes from the
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from game.errors import ConfigError
+from game.training.dispatch.stockops import reading_items
 from game.training.numerics import rng
 from game.training.task.inputs import Digest
 
@@ -180,11 +183,24 @@ def digest(dataset: Any, progress: ProgressFn | None = None) -> Digest:
         return found
     n = len(dataset)
     h = hashlib.sha256(DATA_FORMAT + b"items\0" + n.to_bytes(8, "little"))
-    for i in range(n):
-        data = item_bytes(dataset[i])
-        h.update(len(data).to_bytes(8, "little") + data)
-        if progress is not None and (i + 1 == n or (i + 1) % 4096 == 0):
-            progress(i + 1, n)
+    first = b""
+    with reading_items() as read:  # an item that draws (an augmentation) reads the same everywhere
+        for i in range(n):
+            data = item_bytes(read(dataset, i))
+            first = first or data
+            h.update(len(data).to_bytes(8, "little") + data)
+            if progress is not None and (i + 1 == n or (i + 1) % 4096 == 0):
+                progress(i + 1, n)
+        again = item_bytes(read(dataset, 0))
+    if again != first:
+        raise ConfigError(
+            f"Task.dataset: {type(dataset).__name__}'s item 0 read twice gave two different items, so "
+            "a judge re-running one step would train on other data than the trainer did: its "
+            "__getitem__ draws from a generator of its own (made with the dataset, such as "
+            "np.random.default_rng() or torch.Generator()) or changes with every read. Draw from "
+            "torch's, numpy's or Python's global functions (torch.rand, np.random.normal, "
+            "random.random: vgame serves them per item) or make the generator in __getitem__"
+        )
     return Digest("items", h.hexdigest(), {"items": n})
 
 

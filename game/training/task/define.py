@@ -46,6 +46,9 @@ class TaskConfig(Protocol):
     @property
     def task(self) -> str: ...
 
+    @property
+    def seed(self) -> int: ...
+
     def config_json(self) -> str: ...
 
 
@@ -154,8 +157,11 @@ class TaskFactory:
         with self._lock:
             made = self._made.get(key)
             if made is None:
+                from game.training.dispatch.stockops import building  # torch, imported where used
+
                 try:
-                    made = self.build(cfg)
+                    with building(cfg.seed):  # a random split of the data: the same in every process
+                        made = self.build(cfg)
                 except VGameError:
                     raise
                 except Exception as exc:  # the task's own code: one line, as for its loss

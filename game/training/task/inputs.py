@@ -101,8 +101,10 @@ class Inputs:
                 out.append(f"{what}: the task {has} {what}; here: {mine.describe() if mine else 'none'}")
             else:
                 hint = (
-                    " (a dataset whose items draw at random hashes otherwise every time: augment in "
-                    "the task's collate, whose draws vgame serves)"
+                    " (if the files are the same: the dataset is made otherwise in every process, its "
+                    "split or items drawn from a generator made outside the task's build function, "
+                    "such as one made at import, or from the clock; vgame serves the draws a build, "
+                    "an item or a collate makes)"
                     if what == "data" and mine.kind == theirs.kind == "items"
                     else ""
                 )
