@@ -481,6 +481,38 @@ def test_aLossReturnedWithMetrics_isOneErrorSayingWhereTheLossIs(
 
 
 @pytest.mark.parametrize(
+    ("returned", "hint"),
+    [
+        (
+            'F.cross_entropy(m(b["x"]), b["y"], reduction="none")',
+            r"one loss per example .*\(reduction='none'\); reduce it .*loss\.mean\(\)",
+        ),
+        (
+            'F.cross_entropy(m(b["x"]), b["y"]).reshape(1, 1)',
+            r"one value with dimensions; .*loss\.reshape\(\(\)\)",
+        ),
+        (
+            'float(F.cross_entropy(m(b["x"]), b["y"]))',
+            r"a Python number, which has no gradient .*return the tensor",
+        ),
+    ],
+    ids=["unreduced", "shaped", "number"],
+)
+def test_aLossNotAScalarTensor_isOneErrorSayingHowToMakeItOne(
+    tmp_path: Path, returned: str, hint: str
+) -> None:
+    """A loss left per example (``reduction="none"``), kept with dimensions or taken as a Python
+    number was refused as "got a tensor of shape (16,)" or "got float" alone."""
+    body = TASK_PY.replace(
+        '        loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]),',
+        f"        loss=lambda m, b: {returned},",
+    )
+    make_plugin(tmp_path, body)
+    with pytest.raises(ConfigError, match=rf"Task\.loss: expected a scalar tensor, got .*: {hint}"):
+        train(load_config(tmp_path / "task.toml").replace(steps=1), "cpu-1t", tmp_path / "t")
+
+
+@pytest.mark.parametrize(
     ("line", "message"),
     [
         (

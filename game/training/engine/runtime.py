@@ -272,13 +272,25 @@ def _scalar(x: Any) -> bool:
 def _loss_hint(loss: Any) -> str:
     """How to hand over a loss returned with metrics (``(loss, logs)``, ``{"loss": ...}``, a
     model's output with ``.loss``), where one is: the step trains on one value, and metrics are the
-    task's ``metrics`` function's, on the eval set."""
+    task's ``metrics`` function's, on the eval set; or one left unreduced, shaped, or a number."""
     if isinstance(loss, Mapping) and _scalar(loss.get("loss")):
         pick = '["loss"]'
     elif _scalar(getattr(loss, "loss", None)):
         pick = ".loss"
     elif isinstance(loss, tuple | list) and loss and _scalar(loss[0]):
         pick = "[0]"
+    elif isinstance(loss, Tensor) and loss.is_floating_point() and loss.numel() > 1:
+        return (
+            ": one loss per example or element (reduction='none'); reduce it to the one value the step "
+            "trains on (loss.mean(), or the loss function's reduction='mean')"
+        )
+    elif isinstance(loss, Tensor) and loss.is_floating_point() and loss.numel() == 1:
+        return ": one value with dimensions; take it as a scalar (loss.reshape(()) or loss.squeeze())"
+    elif isinstance(loss, float | int):
+        return (
+            ": a Python number, which has no gradient (float(loss) or loss.item() cut it from the "
+            "model); return the tensor"
+        )
     else:
         return ""
     return (
