@@ -99,6 +99,43 @@ CARRIED = {
 }
 
 
+@pytest.mark.parametrize("kept", ["LOSSES.append(float(loss))", "LOSSES[len(LOSSES)] = float(loss)"])
+def test_aLogOfLossesKeptInAGlobal_isRefusedSayingToKeepItOnTheModel_whereItTrains(
+    tmp_path: Path, kept: str
+) -> None:
+    """A list (or dict) of losses kept for a plot in a module's global stays the same in every model
+    the process builds, so the trainer cannot show it harmless and stops; the error said to keep a
+    persistent buffer ('calls'), which is no place for a log. It now says to keep it on the model,
+    where the same log trains and the judge agrees."""
+    container = "[]" if "append" in kept else "{}"
+    glob = _body(
+        loss="        loss=logged,\n",
+        before=f"LOSSES = {container}\n\n\ndef logged(m, b):\n"
+        "    loss = F.cross_entropy(m(b['x']), b['y'])\n"
+        f"    {kept}\n"
+        "    return loss\n\n\n",
+    )
+    make_plugin(tmp_path / "global", glob)
+    cfg = load_config(tmp_path / "global" / "task.toml").replace(steps=3)
+    with pytest.raises(
+        CarriedStateError, match=r"step 2: .*\.tasks\.LOSSES.*keep it on the model \(self\.losses = \[\]"
+    ):
+        train(cfg, "cpu-1t", tmp_path / "global" / "t")
+
+    on_model = _body(
+        loss="        loss=logged,\n",
+        before="def logged(m, b):\n"
+        "    loss = F.cross_entropy(m(b['x']), b['y'])\n"
+        f"    m.{kept.replace('LOSSES', 'losses').replace('len(losses)', 'len(m.losses)')}\n"
+        "    return loss\n\n\n",
+        layers=f"        self.losses = {container}\n",
+    )
+    make_plugin(tmp_path / "model", on_model)
+    cfg = load_config(tmp_path / "model" / "task.toml").replace(steps=4, checkpoint_interval=1)
+    train(cfg, "cpu-1t", tmp_path / "model" / "t")
+    assert replay_transcript_step(tmp_path / "model" / "t", 4, "noisy").matches_transcript
+
+
 def counted_reruns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The steps the step engine runs again afresh from here on (``StepEngine._rerun_afresh``)."""
     afresh: list[int] = []

@@ -287,6 +287,14 @@ def refusal(
             f"register {', '.join(repr(b) for b in buffers)} as a persistent buffer (persistent=True, "
             "the default), which every step commits, or compute it afresh in each step"
         )
+    elif all(not in_model(k) and _grown(first.get(k), now.get(k)) for k in keys):
+        fix = (
+            "a list or dict that only grows (losses kept for a log or a plot) is the same in every "
+            "model this process builds, so the trainer cannot show it harmless; keep it on the model "
+            "(self.losses = [] in its __init__, appended in the loss): a judge's model built afresh "
+            "starts without it, and the trainer re-runs a step so to show it does not reach the "
+            "step's work; or report values with Task.metrics"
+        )
     elif all(k.startswith(_OPTIMIZER) for k in keys):
         fix = (
             "keep such a value in the optimizer's per-parameter state, as a tensor or a number "
@@ -309,6 +317,15 @@ def refusal(
         "state, or an auditor starting from a checkpoint, starts without it, and would rule an honest "
         f"step wrong: {fix}"
     )
+
+
+def _grown(first: Any, now: Any) -> bool:
+    """Whether a list's or dict's stand-in (:func:`_value`) only gained entries at its end."""
+    if not (isinstance(first, tuple) and isinstance(now, tuple) and len(first) == len(now) == 2):
+        return False
+    if first[0] != now[0] or first[0] not in ("list", "dict"):
+        return False
+    return len(now[1]) > len(first[1]) and now[1][: len(first[1])] == first[1]
 
 
 def _whose(keys: list[str]) -> str:
