@@ -19,7 +19,7 @@ import torch
 
 from game.errors import ConfigError
 from game.training.dispatch.stockops import building, collating, reading_items
-from game.training.task import datasets
+from game.training.task import datasets, sampling
 from game.training.task.config import factory_of, load_config
 from tests.training.test_task_api import _vgame, make_plugin
 
@@ -107,7 +107,7 @@ def test_theSplitFollowsTheSeed_andAnItemsDrawsAreItsOwn_perReadAndPerStep(tmp_p
         assert torch.equal(read(kept, 5)["x"], item)  # another item between: the same
     with reading_items() as read:
         neighbour = read(_Shifted(kept), 6)["x"]  # item 5, under item 6's draws
-    ids = datasets.example_ids(1, 8)
+    ids = sampling.example_ids(1, 8)
     with collating(cfg.seed, 1, ids):
         at_step_1 = kept[5]["x"]
     with collating(cfg.seed, 2, ids):

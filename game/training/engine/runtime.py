@@ -9,7 +9,7 @@ that make a step replayable live here once, whatever the task's code:
   would not be bound into the spec);
 * the optimizer is the task's (checked: never fused, foreach where it can) or the config's
   standard one, and its scheduler is rebuilt at any step by stepping it from step 0;
-* a step's batch is a pure function of (seed, step): which rows (:func:`.datasets.pick`), collated
+* a step's batch is a pure function of (seed, step): which rows (:func:`.sampling.pick`), collated
   (a collate that augments draws served randomness: :func:`~game.training.dispatch.stockops.collating`),
   and cut into ``accumulate`` micro-batches along dim 0.
 """
@@ -34,7 +34,7 @@ from game.training.dispatch.initmode import init_module
 from game.training.dispatch.stockops import collating
 from game.training.state import schedstate
 from game.training.state.tensors import TrainState, step_scheduler
-from game.training.task import datasets, weights
+from game.training.task import datasets, sampling, weights
 from game.training.task.config import TaskConfig, factory_of
 from game.training.task.define import Task, TaskFactory
 from game.training.task.optimizers import checked, required_arguments, standard_optimizer
@@ -80,6 +80,7 @@ class TaskRuntime:
         self.factory: TaskFactory = PRESETS.get(cfg.task) if cfg.builtin else factory_of(cfg.task)
         self.task: Task = self.factory.make(cfg)
         self.dataset = datasets.as_dataset(self.task.dataset, "Task.dataset")
+        self.sampling = sampling.plan(self.task.sampling, len(self.dataset))
         self._eval = (
             datasets.as_dataset(self.task.eval_dataset, "Task.eval_dataset")
             if self.task.eval_dataset is not None
@@ -164,8 +165,8 @@ class TaskRuntime:
     def batch(self, step: int) -> Batch:
         """Step ``step``'s rows on the CPU (``step >= 1``), a pure function of (seed, step)."""
         cfg = self.cfg
-        ids = datasets.example_ids(step, cfg.batch_size)
-        index = datasets.pick(cfg.seed, step, ids, len(self.dataset), self.task.sampling)
+        ids = sampling.example_ids(step, cfg.batch_size)
+        index = sampling.pick(cfg.seed, step, ids, len(self.dataset), self.sampling)
         with collating(cfg.seed, step, ids, bits=cfg.bits):  # an augmenting collate's draws
             data = datasets.collate_rows(self.dataset, index, self.task.collate)
         rows = datasets.first_dim(data)

@@ -2,7 +2,7 @@
 
 The digits are a :class:`~.datasets.TensorData` of (image, label) rows; Tiny Shakespeare is
 :class:`~.datasets.TokenWindows` over its characters. Which rows a step takes is the task API's rule
-(:func:`.datasets.pick`), the same as for a user's data. The poisoned batches the demo's dishonest
+(:func:`.sampling.pick`), the same as for a user's data. The poisoned batches the demo's dishonest
 trainer trains on are here too.
 """
 

@@ -1,4 +1,4 @@
-"""A task's data: what a user may give as a dataset, its content digest, and each step's rows.
+"""A task's data: what a user may give as a dataset, its content digest, and a step's rows collated.
 
 Why the digest is of the *content*: the spec hash must change when one value of the data changes
 and only then, so an auditor or judge whose copy differs says so before replaying (issue 43). A
@@ -8,16 +8,11 @@ tensor by tensor in one pass; any other map-style ``Dataset`` item by item in in
 read with its random draws served (:func:`~game.training.dispatch.stockops.reading_items`), so that
 a dataset that augments its items hashes the same in every process.
 
-Which rows a step trains on is a pure function of (seed, step, example id): row ``i`` of step
-``s`` is example ``(s - 1) * batch_size + i``, and which item that example is comes from the
-counter-based RNG (``sampling = "replacement"``: each example an independent draw, keyed like the
-built-in presets' batches) or from a keyed shuffle of the whole dataset per epoch
-(``"epochs"``). Neither depends on the device, the thread count or how a step is split.
+Which rows a step trains on: :mod:`.sampling`.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +25,6 @@ from torch import Tensor
 
 from game.errors import ConfigError
 from game.training.dispatch.stockops import reading_items
-from game.training.numerics import rng
 from game.training.task.inputs import Digest
 
 #: Prefix of a data digest (its format).
@@ -265,37 +259,8 @@ def _as_tensor(x: Any, name: Any) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
-# Which rows a step trains on
+# A step's rows
 # --------------------------------------------------------------------------------------------------
-
-
-def example_ids(step: int, batch_size: int) -> Tensor:
-    """Global ids of step ``step``'s examples (steps start at 1)."""
-    if step < 1:
-        raise ConfigError(f"step: batches exist for steps >= 1, got {step}")
-    return torch.arange(batch_size, dtype=torch.int64) + (step - 1) * batch_size
-
-
-def pick(seed: int, step: int, ids: Tensor, n: int, sampling: str) -> Tensor:
-    """The dataset index of each example id (module docstring: the two samplings)."""
-    if sampling == "replacement":
-        return rng.randbelow(seed, step, "data", ids, (), n)
-    if sampling == "epochs":
-        epochs = ids // n
-        out = torch.empty_like(ids)
-        for epoch in torch.unique(epochs).tolist():
-            rows = epochs == epoch
-            out[rows] = _epoch_order(seed, int(epoch), n)[ids[rows] - epoch * n]
-        return out
-    raise ConfigError(f"sampling: {sampling!r} is not replacement or epochs")
-
-
-@functools.lru_cache(maxsize=4)
-def _epoch_order(seed: int, epoch: int, n: int) -> Tensor:
-    """A keyed shuffle of ``range(n)`` for one epoch (the RNG's step counter holds the epoch)."""
-    if not 0 <= epoch < 2**32:
-        raise ConfigError(f"epoch {epoch} is past what the RNG counter holds")
-    return rng.permutation(seed, epoch, "data/epoch", n)
 
 
 def collate_rows(dataset: Any, index: Tensor, collate: Callable[[list[Any]], Any] | None) -> Any:
@@ -364,11 +329,9 @@ __all__ = [
     "as_dataset",
     "collate_rows",
     "digest",
-    "example_ids",
     "first_dim",
     "item_bytes",
     "load_arrays",
     "map_tensors",
-    "pick",
     "split_rows",
 ]

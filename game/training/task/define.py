@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 #: How the rows of a step are picked from the dataset (``Task.sampling``): "replacement" draws
 #: every example independently (keyed by seed, step and example id); "epochs" walks a keyed
-#: shuffle of the whole dataset, epoch after epoch.
+#: shuffle of the whole dataset, epoch after epoch; a ``WeightedRandomSampler`` given in their
+#: place draws by its weights (:mod:`.sampling`).
 SAMPLINGS = ("replacement", "epochs")
 
 
@@ -102,7 +103,7 @@ class Task:
     init_weights: Mapping[str, Any] | str | Path | None = None
     init_strict: bool = True
     collate: Callable[[list[Any]], Any] | None = None
-    sampling: str = "replacement"
+    sampling: Any = "replacement"  # a name of SAMPLINGS, or a torch WeightedRandomSampler
     eval_dataset: Any = None
     metrics: Callable[[Any, Any], Mapping[str, float]] | None = None
     libraries: tuple[str, ...] = ()
@@ -122,8 +123,16 @@ class Task:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ConfigError(f"Task.{name}: expected a function or None, got {value!r}")
-        if self.sampling not in SAMPLINGS:
-            raise ConfigError(f"Task.sampling: {self.sampling!r} is not one of {', '.join(SAMPLINGS)}")
+        if isinstance(self.sampling, str) and self.sampling not in SAMPLINGS:
+            raise ConfigError(
+                f"Task.sampling: {self.sampling!r} is not one of {', '.join(SAMPLINGS)}, or a "
+                "WeightedRandomSampler"
+            )
+        if not isinstance(self.sampling, str) and not hasattr(self.sampling, "weights"):
+            raise ConfigError(
+                f"Task.sampling: expected one of {', '.join(SAMPLINGS)} or a torch WeightedRandomSampler, "
+                f"got {type(self.sampling).__name__} (vgame picks each step's rows itself, from the seed)"
+            )
         if isinstance(self.libraries, str) or not all(isinstance(d, str) for d in self.libraries):
             raise ConfigError(
                 f"Task.libraries: expected a tuple of distribution names, got {self.libraries!r}"
@@ -178,11 +187,12 @@ class TaskFactory:
 
     def inputs(self, cfg: TaskConfig) -> tuple[Digest, Digest | None, dict[str, str]]:
         """Digests of the task's data and initial weights, and its libraries' versions."""
-        from game.training.task import datasets, weights
+        from game.training.task import datasets, sampling, weights
         from game.training.task.plugins import library_versions
 
         made = self.make(cfg)
-        data = datasets.digest(datasets.as_dataset(made.dataset, "Task.dataset"), _log_progress)
+        dataset = datasets.as_dataset(made.dataset, "Task.dataset")
+        data = sampling.bind(datasets.digest(dataset, _log_progress), made.sampling, len(dataset))
         init = weights.digest(made.init_weights) if made.init_weights is not None else None
         return data, init, library_versions(made.libraries)
 
