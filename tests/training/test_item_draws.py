@@ -5,7 +5,7 @@ Why: each process hashed another dataset (the items' augmentation, or the split,
 unseeded generators), so the spec hash differed: the trainer trained, and every auditor was refused
 with "this machine's inputs are not the task's". Now the draws a build function makes are served
 from the task's seed (``stockops.building``), the draws an item makes while the digest reads it from
-its index (``stockops.reading_items``), and a step's batch draws its own (``collating``).
+its index and the generators seeded for the reading (``stockops.reading_items``), and a step's batch draws its own (``collating``).
 """
 
 from __future__ import annotations
@@ -102,17 +102,18 @@ def test_theSplitFollowsTheSeed_andAnItemsDrawsAreItsOwn_perReadAndPerStep(tmp_p
     torch.rand(3), np.random.rand()  # the process's generators elsewhere change nothing
     assert datasets.digest(kept) == datasets.digest(same)
     with reading_items() as read:
-        item = read(kept, 5)["x"]
-        assert torch.equal(read(kept, 6)["x"], read(kept, 6)["x"])
-        assert torch.equal(read(kept, 5)["x"], item)  # another item between: the same
+        first = [read(kept, i)["x"] for i in (5, 6)]
     with reading_items() as read:
-        neighbour = read(_Shifted(kept), 6)["x"]  # item 5, under item 6's draws
+        again = [read(kept, i)["x"] for i in (5, 6)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    with reading_items() as read:
+        neighbour = read(_Shifted(kept), 6)["x"]  # item 5, first in its scope too, under item 6's draws
     ids = sampling.example_ids(1, 8)
     with collating(cfg.seed, 1, ids):
         at_step_1 = kept[5]["x"]
     with collating(cfg.seed, 2, ids):
         at_step_2 = kept[5]["x"]
-    assert not torch.equal(item, neighbour) and not torch.equal(at_step_1, at_step_2)
+    assert not torch.equal(first[0], neighbour) and not torch.equal(at_step_1, at_step_2)
 
 
 class _Shifted(torch.utils.data.Dataset[object]):

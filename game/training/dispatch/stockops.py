@@ -109,20 +109,21 @@ class SeededGlobals:
     def __init__(self, state: bytes) -> None:
         self.state = state
         self._saved: tuple[Any, ...] | None = None
-        self._entropy = random.Random()
 
     def __enter__(self) -> SeededGlobals:
         randbits, seed, module_seed = getattr(bit_generator, _ENTROPY), random.Random.seed, random.seed
         self._saved = (random.getstate(), np.random.get_state(), randbits, seed, module_seed)
-        self.reseed(self.state)
-        owner, scope = threading.get_ident(), self
+        random.seed(int.from_bytes(self.state, "big"))
+        np.random.seed(np.frombuffer(self.state, dtype="<u4"))
+        entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + self.state).digest())
+        owner = threading.get_ident()
 
         def served_randbits(k: int) -> int:
-            return scope._entropy.getrandbits(k) if threading.get_ident() == owner else randbits(k)
+            return entropy.getrandbits(k) if threading.get_ident() == owner else randbits(k)
 
         def served_seed(self: random.Random, a: Any = None, version: int = 2) -> None:
             if a is None and threading.get_ident() == owner:
-                a = scope._entropy.getrandbits(256)
+                a = entropy.getrandbits(256)
             seed(self, a, version)
 
         def served_module_seed(a: Any = None, version: int = 2) -> None:  # ``random.seed``: bound at import
@@ -132,15 +133,6 @@ class SeededGlobals:
         random.Random.seed = served_seed  # type: ignore[method-assign]
         random.seed = served_module_seed
         return self
-
-    def reseed(self, state: bytes) -> None:
-        """Seed the generators from ``state`` as entering would, inside the scope: what is put back
-        after it stays what was there before it. Why: saving and restoring numpy's state costs
-        some 100 us, seeding some 25; the data digest seeds once per item."""
-        self.state = state
-        random.seed(int.from_bytes(state, "big"))
-        np.random.seed(np.frombuffer(state, dtype="<u4"))
-        self._entropy = random.Random(hashlib.sha256(b"vgame/unseeded/" + state).digest())
 
     def __exit__(self, *exc: Any) -> None:
         if self._saved is not None:
@@ -196,10 +188,10 @@ def building(seed: int) -> Iterator[Counter[str]]:
         yield mode.handled
 
 
-def item_seed(index: int) -> bytes:
-    """The 32 bytes that seed Python's and numpy's global generators while the data digest reads
-    item ``index``."""
-    return hashlib.sha256(f"vgame/item/{index}".encode()).digest()
+def items_seed() -> bytes:
+    """The 32 bytes that seed Python's and numpy's global generators while the data digest reads a
+    dataset's items."""
+    return hashlib.sha256(b"vgame/items").digest()
 
 
 @contextlib.contextmanager
@@ -212,20 +204,18 @@ def reading_items() -> Iterator[Callable[[Any, int], Any]]:
     from torch's, Python's and numpy's unseeded generators while its content was hashed, so the
     digest, and with it the spec hash, came out otherwise in every process: the trainer trained, and
     every auditor was refused with "this machine's inputs are not the task's". Here item ``i``'s
-    draws come from the counter RNG under the purpose ``item/{i}/...`` (53-bit uniforms, exact
-    normals: no grid, nothing is rounded) and the global generators are seeded from the index alone
-    (:func:`item_seed`): not the task's seed, since the digest names the data, whatever task trains
-    on it. An item reads the same on every machine, in every process and in any order; a training
-    step's batch draws its own (:func:`collating`). The generators are saved once for all the items
-    and reseeded per item (:meth:`SeededGlobals.reseed`)."""
-    seeded = SeededGlobals(item_seed(0))
+    torch draws come from the counter RNG under the purpose ``item/{i}/...`` (53-bit uniforms,
+    exact normals: no grid, nothing is rounded), and the global generators are seeded once for the
+    scope (:func:`items_seed`), not from the task's seed, since the digest names the data, whatever
+    task trains on it: the same items read in the same order read the same on every machine and in
+    every process. Seeding numpy's generator costs some 20 us, a third of reading a small item, so
+    it is not done per item. A training step's batch draws its own (:func:`collating`)."""
 
     def read(dataset: Any, index: int) -> Any:
-        seeded.reseed(item_seed(index))
         with ServingMode(Draws(0, 0, f"item/{index}")):
             return dataset[index]
 
-    with seeded:
+    with SeededGlobals(items_seed()):
         yield read
 
 
@@ -328,7 +318,7 @@ __all__ = [
     "collate_seed",
     "collating",
     "global_seed",
-    "item_seed",
+    "items_seed",
     "reading_items",
     "update_seed",
     "updating",

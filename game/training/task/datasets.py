@@ -185,6 +185,7 @@ def digest(dataset: Any, progress: ProgressFn | None = None) -> Digest:
             h.update(len(data).to_bytes(8, "little") + data)
             if progress is not None and (i + 1 == n or (i + 1) % 4096 == 0):
                 progress(i + 1, n)
+    with reading_items() as read:  # afresh: the generators as they were for the first read
         again = item_bytes(read(dataset, 0))
     if again != first:
         raise ConfigError(
@@ -193,7 +194,7 @@ def digest(dataset: Any, progress: ProgressFn | None = None) -> Digest:
             "__getitem__ draws from a generator of its own (made with the dataset, such as "
             "np.random.default_rng() or torch.Generator()) or changes with every read. Draw from "
             "torch's, numpy's or Python's global functions (torch.rand, np.random.normal, "
-            "random.random: vgame serves them per item) or make the generator in __getitem__"
+            "random.random: vgame serves them) or make the generator in __getitem__"
         )
     return Digest("items", h.hexdigest(), {"items": n})
 
