@@ -11,6 +11,7 @@ its index and the generators seeded for the reading (``stockops.reading_items``)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from tests.training.test_task_api import _vgame, make_plugin
 
 JITTERED = """
 import random
+from collections.abc import Iterator
 from pathlib import Path
 import numpy as np, torch, torch.nn.functional as F
 from torch import nn
@@ -55,6 +57,7 @@ def build(cfg):
 """
 
 OWN_GENERATOR = """
+from collections.abc import Iterator
 from pathlib import Path
 import numpy as np, torch, torch.nn.functional as F
 from torch import nn
@@ -146,3 +149,21 @@ def test_aDatasetWithAGeneratorOfItsOwn_isRefusedBeforeTraining_namingTheWayOut(
     assert "make the generator in __getitem__" in str(caught.value)
     trained = _vgame(tmp_path, "train", "--config", "task.toml", "--out", "t")
     assert trained.returncode == 2 and not (tmp_path / "t" / "manifest.json").exists()
+
+
+class _Stream(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(4))
+
+
+class _SizedStream(_Stream):
+    def __len__(self) -> int:  # a stream that knows its length is still read front to back
+        return 4
+
+
+@pytest.mark.parametrize("stream", [_Stream(), _SizedStream()])
+def test_anIterableDataset_isRefusedSayingWhatAJudgeNeedsAndTheWayOut(stream: object) -> None:
+    """It was refused as "expected a map-style Dataset ..., got _Stream" alone, or, given a
+    ``__len__``, taken and failed in the digest with torch's NotImplementedError."""
+    with pytest.raises(ConfigError, match=r"IterableDataset, read only front to back.*\.npz"):
+        datasets.as_dataset(stream, "Task.dataset")

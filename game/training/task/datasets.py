@@ -153,6 +153,13 @@ def as_dataset(obj: Any, where: str) -> Any:
         return TensorData(**obj)
     if isinstance(obj, tuple | list) and obj and all(isinstance(t, Tensor | np.ndarray) for t in obj):
         return TensorData(*obj)
+    if isinstance(obj, torch.utils.data.IterableDataset):
+        raise ConfigError(
+            f"{where}: {type(obj).__name__} is an IterableDataset, read only front to back, and a judge "
+            "re-runs one step alone, reading just that step's items: give a map-style Dataset "
+            "(__len__ and __getitem__), or write the stream's items to a file of arrays (.npz, "
+            ".safetensors) once and give that"
+        )
     if hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
         if len(obj) == 0:
             raise ConfigError(f"{where}: the dataset is empty")
