@@ -100,7 +100,19 @@ def checked(optimizer: Any, model: nn.Module, cfg: TaskConfig) -> torch.optim.Op
     model's parameters, never fused, foreach wherever it has a foreach path (a fused one is switched
     to it: module docstring)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        several = isinstance(optimizer, list | tuple) and optimizer
+        raise ConfigError(
+            f"Task.optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer"
+            + (
+                ": a step updates the model with one optimizer; give it a param group per part "
+                "(torch.optim.Adam([{'params': model.G.parameters(), 'lr': 2e-4}, {'params': "
+                "model.D.parameters()}])), and for two networks trained against each other (a GAN) "
+                "one loss whose parts reach only their own network (README, 'A step updates the "
+                "model with one optimizer')"
+                if several
+                else ""
+            )
+        )
     needs = required_arguments(type(optimizer).step)
     if needs == ("closure",) and cfg.scheduled:
         raise ConfigError(
