@@ -283,3 +283,23 @@ def test_cumsumAndCumprod_atConstruction_areTheRunningSumAndProductInOrder() -> 
     assert (
         model.scale.tolist() == torch.tensor(running(scale_in.tolist(), lambda a, b: a + b)).float().tolist()
     )
+
+
+def test_resizingTokenEmbeddingsAroundTheirMean_isRefusedNamingTheSwitch_andWithoutItIsBuilt() -> None:
+    """transformers' ``resize_token_embeddings`` (adding special tokens before a fine-tune) draws
+    the added rows from the old rows' mean and covariance, refused with the generic advice alone;
+    the refusal now names ``mean_resizing=False``, with which the model builds the same twice."""
+    transformers = pytest.importorskip("transformers")
+
+    def gpt2(**resize: Any) -> nn.Module:
+        cfg = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2)
+        model = transformers.GPT2LMHeadModel(cfg)
+        model.resize_token_embeddings(34, **resize)
+        return model
+
+    with pytest.raises(UnsupportedOpError, match=r"resize_token_embeddings .*mean_resizing=False") as caught:
+        init_module(gpt2, seed=SEED)
+    assert "mean_resizing=False" in (caught.value.fix or "")
+    built = [init_module(lambda: gpt2(mean_resizing=False), seed=SEED) for _ in range(2)]
+    assert built[0].get_input_embeddings().weight.shape[0] == 34
+    assert state_digest(built[0]) == state_digest(built[1])

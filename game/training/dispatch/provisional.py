@@ -22,6 +22,7 @@ The storages are held until construction ends, so no address is reused under the
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -42,6 +43,29 @@ SCALAR = "aten._local_scalar_dense.default"
 
 #: In-place ops whose result does not depend on what their first argument held: they overwrite it.
 OVERWRITES = frozenset({"aten.fill_.Scalar", "aten.fill_.Tensor", "aten.zero_.default", "aten.copy_.default"})
+
+
+#: Library functions known to compute inexactly at construction, by the name of their Python
+#: function, with the switch that builds the model without that: said first where one of them is on
+#: the stack when the refusal comes.
+KNOWN: dict[str, str] = {
+    "_init_added_embeddings_weights_with_mean": (
+        "transformers' resize_token_embeddings draws the added rows around the old rows' mean and "
+        "covariance, which another machine computes otherwise: call it with mean_resizing=False "
+        "(the added rows then take the model's own initialiser, served the same everywhere)"
+    ),
+}
+
+
+def known_fix() -> str:
+    """The switch for the first :data:`KNOWN` function on the caller's stack, with a separator; or ''."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = KNOWN.get(frame.f_code.co_name)
+        if found is not None:
+            return found + "; otherwise, "
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 def _storage(t: Tensor) -> Any | None:
@@ -94,12 +118,13 @@ class Provisional:
             self._tensors.pop(t, None)
 
     def refuse_leak(self, origin: str, how: str) -> UnsupportedOpError:
+        fix = known_fix() + INIT_FIX
         return UnsupportedOpError(
             f"{WHERE}a value computed by {origin}, which is not exact (its float64 result may differ on "
             f"another machine), leaves torch by {how}: it could make the model otherwise there. A "
-            f"throwaway forward pass may compute anything, as long as only shapes leave it: {INIT_FIX}",
+            f"throwaway forward pass may compute anything, as long as only shapes leave it: {fix}",
             op=origin,
-            fix=INIT_FIX,
+            fix=fix,
         )
 
     def check_model(self, model: nn.Module) -> None:
@@ -169,4 +194,4 @@ class LeakGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["LEAKS", "OVERWRITES", "SCALAR", "LeakGuard", "Provisional"]
+__all__ = ["KNOWN", "LEAKS", "OVERWRITES", "SCALAR", "LeakGuard", "Provisional", "known_fix"]
