@@ -134,3 +134,38 @@ def test_aBaseModelsCheckpoint_fitsAModelWithAHead_andBack_byTheBaseModelPrefix(
     assert all(torch.equal(t, body[f"bert.{n}"]) for n, t in again.state_dict().items())
     with pytest.raises(ConfigError, match=r"the model has no bert\."):  # a head it does not have: no fit
         weights.apply(_bert("BertModel", 5), headed.state_dict(), strict=False)
+
+
+def test_aCheckpointsVocabulary_givesTheFirstRowsOfAVocabularyGrownInTheFactory(tmp_path: Path) -> None:
+    """Fine-tuning with special tokens added (``resize_token_embeddings(34, mean_resizing=False)`` in
+    the factory) was refused: the checkpoint's embedding has 32 rows, the model's 34. As
+    ``from_pretrained`` then resizing does, the given rows are the first ones and the added ones
+    keep the model's own initialisation; the tied output layer follows. Any other tensor, or a
+    vocabulary with more rows than the model's, is refused as before."""
+    trained = _gpt2(1)
+    trained.save_pretrained(tmp_path / "ckpt")
+
+    def grown() -> nn.Module:
+        config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2)
+        model = transformers.GPT2LMHeadModel(config)
+        model.resize_token_embeddings(34, mean_resizing=False)
+        return model
+
+    model = init_module(grown, seed=2)
+    added = model.transformer.wte.weight[32:].detach().clone()
+    weights.apply(model, tmp_path / "ckpt", strict=True)
+    wte = model.transformer.wte.weight
+    assert torch.equal(wte[:32], trained.transformer.wte.weight) and torch.equal(wte[32:], added)
+    assert model.lm_head.weight is wte or torch.equal(model.lm_head.weight, wte)
+    others = {
+        n: t for n, t in trained.state_dict().items() if n not in ("transformer.wte.weight", "lm_head.weight")
+    }
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in others.items())
+
+    shrunk = dict(trained.state_dict())
+    shrunk["transformer.h.0.mlp.c_fc.weight"] = shrunk["transformer.h.0.mlp.c_fc.weight"][:8]
+    with pytest.raises(ConfigError, match=r"c_fc\.weight has shape \(8, 64\), the model's is \(16, 64\)"):
+        weights.apply(init_module(grown, seed=2), shrunk, strict=False)
+    bigger = {"transformer.wte.weight": torch.zeros(40, 16, dtype=torch.float64)}
+    with pytest.raises(ConfigError, match=r"wte\.weight has shape \(40, 16\)"):
+        weights.apply(init_module(grown, seed=2), bigger, strict=False)

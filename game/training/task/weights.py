@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from torch import Tensor, nn
 
 from game.errors import ConfigError
 from game.training.task.inputs import Digest
+
+log = logging.getLogger(__name__)
 
 #: Prefix of a weights digest (its format).
 WEIGHTS_FORMAT = b"vgame-weights-v1\0"
@@ -122,7 +125,8 @@ def digest(source: Mapping[str, Any] | str | Path) -> Digest:
 @torch.no_grad()
 def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: bool) -> None:
     """Load the weights into ``model`` (whose float tensors are float64): every tensor they hold
-    must exist in the model with its shape (names fitted to a Hugging Face model's base-model
+    must exist in the model with its shape, or, for a vocabulary's tensors, fewer rows (the first
+    rows are given: :func:`_vocabulary_tensors`) (names fitted to a Hugging Face model's base-model
     prefix where that makes them fit: :func:`_fitted`); with ``strict`` every tensor of the model's
     state must be given (ConfigError listing what is missing or extra)."""
     own = model.state_dict(keep_vars=True)
@@ -141,13 +145,42 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
             f"init_weights: no values for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
             "(pass init_strict=False to keep the model's own initialisation for them)"
         )
+    vocabulary = _vocabulary_tensors(model)
     for name, t in given.items():
         target = own[name]
-        if tuple(t.shape) != tuple(target.shape):
+        if tuple(t.shape) == tuple(target.shape):
+            target.data.copy_(t.to(target.dtype))
+        elif (
+            id(target) in vocabulary
+            and t.dim() >= 1
+            and t.shape[1:] == target.shape[1:]
+            and t.shape[0] < target.shape[0]
+        ):
+            target.data[: t.shape[0]].copy_(t.to(target.dtype))
+            log.info(
+                "init_weights: %s gives %d of the model's %d rows; the %d added (a vocabulary grown in "
+                "the model's factory) keep the model's own initialisation",
+                name, t.shape[0], target.shape[0], target.shape[0] - t.shape[0],
+            )  # fmt: skip
+        else:
             raise ConfigError(
                 f"init_weights: {name} has shape {tuple(t.shape)}, the model's is {tuple(target.shape)}"
             )
-        target.data.copy_(t.to(target.dtype))
+
+
+def _vocabulary_tensors(model: nn.Module) -> set[int]:
+    """The ids of the tensors a grown vocabulary adds rows to: every ``nn.Embedding``'s weight and a
+    Hugging Face model's output embedding (weight and bias). Why: fine-tuning with special tokens
+    added (``resize_token_embeddings`` in the factory) gives the checkpoint's rows, fewer than the
+    model's, which ``from_pretrained`` then resizing keeps, the added rows initialised anew."""
+    found = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    output = getattr(model, "get_output_embeddings", None)
+    head = output() if callable(output) else None
+    for attr in ("weight", "bias"):
+        t = getattr(head, attr, None)
+        if isinstance(t, Tensor):
+            found.add(id(t))
+    return found
 
 
 def _fitted(given: dict[str, Tensor], own: Mapping[str, Any], prefix: Any) -> dict[str, Tensor]:
