@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import CarriedStateError, TrainingError
+from game.training.engine.carriedfix import ABSENT, NON_PERSISTENT, OPTIMIZER, in_model, refusal
 from game.training.state import schedstate
 from game.training.state.canonical import encode_state
 
@@ -70,8 +71,6 @@ _TORCH_OWN = frozenset(vars(nn.Module()))
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _DEPTH = 2  # container levels walked
 _WIDTH = 64  # items a container may have to be walked
-_NON_PERSISTENT = " (a non-persistent buffer)"  # the suffix of such a buffer's key
-_OPTIMIZER = "optimizer."  # the prefix of an optimizer's attribute's key
 _GROUPS = "optimizer.param_groups"  # the prefix of a param group's entry's key
 #: The key a step is judged under for a scheduler of the task's own class (Watch._own_schedule).
 SCHEDULE = "(the scheduler's learning rates)"
@@ -239,7 +238,7 @@ def carried(
         for name in module._non_persistent_buffers_set:
             b = module._buffers.get(name)
             where = f"model.{prefix}.{name}" if prefix else f"model.{name}"
-            found[where + _NON_PERSISTENT] = None if b is None else _Buffer.of(b)
+            found[where + NON_PERSISTENT] = None if b is None else _Buffer.of(b)
         if _library(module, libraries):
             continue
         at = f"model.{prefix}." if prefix else "model."
@@ -247,7 +246,7 @@ def carried(
             if name not in _TORCH_OWN and not isinstance(v, nn.Module):
                 found[at + name] = _value(v, owned)
     if optimizer is not None:
-        _optimizer(optimizer, _OPTIMIZER, owned, libraries, found)
+        _optimizer(optimizer, OPTIMIZER, owned, libraries, found)
         for i, group in enumerate(optimizer.param_groups):
             for name, v in group.items():
                 if name != "params":
@@ -259,83 +258,12 @@ def carried(
     return found
 
 
-_ABSENT = "(absent)"
-
-
 def changed(first: dict[str, Any], now: dict[str, Any], ignored: frozenset[str] = frozenset()) -> list[str]:
     """Where ``now`` differs from ``first`` (a value changed, came or went), ``ignored`` aside."""
     if now == first:
         return []
     keys = (now.keys() | first.keys()) - ignored
-    return sorted(k for k in keys if now.get(k, _ABSENT) != first.get(k, _ABSENT))
-
-
-def in_model(key: str) -> bool:
-    """Whether a :func:`carried` key is a module's or the optimizer's attribute, which a judge's
-    model and optimizer, built afresh, start without (a function's data otherwise)."""
-    return key.startswith(("model.", _OPTIMIZER))
-
-
-def refusal(
-    first: dict[str, Any], now: dict[str, Any], keys: list[str], first_step: int, step: int, why: str = ""
-) -> CarriedStateError:
-    """The error naming what changed (``keys``) between the model's first step here
-    (``first_step``) and step ``step``; ``why``: what showed it matters, where something did."""
-    buffers = [k.partition(" ")[0].rpartition(".")[2] for k in keys if k.endswith(_NON_PERSISTENT)]
-    if buffers:
-        fix = (
-            f"register {', '.join(repr(b) for b in buffers)} as a persistent buffer (persistent=True, "
-            "the default), which every step commits, or compute it afresh in each step"
-        )
-    elif all(not in_model(k) and _grown(first.get(k), now.get(k)) for k in keys):
-        fix = (
-            "a list or dict that only grows (losses kept for a log or a plot) is the same in every "
-            "model this process builds, so the trainer cannot show it harmless; keep it on the model "
-            "(self.losses = [] in its __init__, appended in the loss): a judge's model built afresh "
-            "starts without it, and the trainer re-runs a step so to show it does not reach the "
-            "step's work; or report values with Task.metrics"
-        )
-    elif all(k.startswith(_OPTIMIZER) for k in keys):
-        fix = (
-            "keep such a value in the optimizer's per-parameter state, as a tensor or a number "
-            "(self.state[p]['slow'] = p.detach().clone(); a count as self.state[p]['step'] = 0), which "
-            "every step commits, or compute it afresh in each step"
-        )
-    else:
-        fix = (
-            "keep such a value in a persistent buffer (self.register_buffer('calls', "
-            "torch.zeros((), dtype=torch.long)), updated in place), or compute it afresh in each step"
-        )
-    shown = "; ".join(
-        f"{k}: {_shown(first.get(k, _ABSENT))} at step {first_step}, {_shown(now.get(k, _ABSENT))} now"
-        for k in keys[:3]
-    )
-    more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
-    return CarriedStateError(
-        f"step {step}: the task's {_whose(keys)} carries Python state from step to step, outside the "
-        f"state a step commits ({shown}{more}){why}. A judge re-running a step from its committed "
-        "state, or an auditor starting from a checkpoint, starts without it, and would rule an honest "
-        f"step wrong: {fix}"
-    )
-
-
-def _grown(first: Any, now: Any) -> bool:
-    """Whether a list's or dict's stand-in (:func:`_value`) only gained entries at its end."""
-    if not (isinstance(first, tuple) and isinstance(now, tuple) and len(first) == len(now) == 2):
-        return False
-    if first[0] != now[0] or first[0] not in ("list", "dict"):
-        return False
-    return len(now[1]) > len(first[1]) and now[1][: len(first[1])] == first[1]
-
-
-def _whose(keys: list[str]) -> str:
-    """Who carries what ``keys`` name: the model, the optimizer or the loss, or several."""
-    who = {
-        "model" if k.startswith("model.") else "optimizer" if k.startswith(_OPTIMIZER) else "loss"
-        for k in keys
-    }
-    names = [w for w in ("model", "optimizer", "loss") if w in who]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return sorted(k for k in keys if now.get(k, ABSENT) != first.get(k, ABSENT))
 
 
 _AFRESH = ": in a model and an optimizer built afresh from the state before it, as a judge's are,"
@@ -390,7 +318,7 @@ class Watch:
             return False
         ignored = _scheduled(first.values.keys() | now.keys(), set(scheduled))
         keys = changed(first.values, now, ignored | (frozenset() if self._rejudges(step) else first.ignored))
-        keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, _ABSENT) != v)
+        keys += sorted(k for k, v in first.numbers.items() if k not in keys and now.get(k, ABSENT) != v)
         if not keys and self._own_schedule(scheduler) and self._rejudges(step):
             keys = [SCHEDULE]  # whether a fresh scheduler stepped to here gives its learning rates
             self._scheduler = type(scheduler).__name__
@@ -504,9 +432,4 @@ class Watch:
         first.numbers.update(numbers)
 
 
-def _shown(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-__all__ = ["Watch", "carried", "changed", "in_model", "refusal"]
+__all__ = ["Watch", "carried", "changed"]
