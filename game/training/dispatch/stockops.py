@@ -208,7 +208,7 @@ def reading_items() -> Iterator[Callable[[Any, int], Any]]:
     exact normals: no grid, nothing is rounded), and the global generators are seeded once for the
     scope (:func:`items_seed`), not from the task's seed, since the digest names the data, whatever
     task trains on it: the same items read in the same order read the same on every machine and in
-    every process. Seeding numpy's generator costs some 20 us, a third of reading a small item, so
+    every process. Seeding numpy's generator costs some 20 us, longer than reading a small item, so
     it is not done per item. A training step's batch draws its own (:func:`collating`)."""
 
     def read(dataset: Any, index: int) -> Any:
