@@ -31,7 +31,8 @@ from torch import Tensor
 
 from game.errors import ConfigError
 from game.training.dispatch.mode import RoundingMode
-from game.training.dispatch.optable import OpClass, classify, op_name, touched_tensors
+from game.training.dispatch.opplan import classify, touched_tensors
+from game.training.dispatch.optable import OpClass, op_name
 from game.training.dispatch.profiles import Profile, get_profile
 from game.training.engine.step import StepEngine
 from game.training.numerics import rounding

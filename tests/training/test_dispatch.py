@@ -18,7 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from game.errors import ConfigError, NonFiniteError, RoundingLogError
 from game.training.dispatch.mode import RoundingMode
-from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name, classify, touched_tensors
+from game.training.dispatch.opplan import classify, touched_tensors
+from game.training.dispatch.optable import EXACT_OPS, MOVE_OPS, OpClass, base_name
 from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.engine.step import StepEngine

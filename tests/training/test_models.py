@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from game.errors import ConfigError
-from game.training.dispatch.optable import OpClass, classify
+from game.training.dispatch.opplan import classify
+from game.training.dispatch.optable import OpClass
 from game.training.dispatch.stockops import StockOps
 from game.training.engine.runtime import Batch, TaskRuntime, runtime_for
 from game.training.numerics import rng

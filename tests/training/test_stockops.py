@@ -24,7 +24,8 @@ from game.errors import UnsupportedOpError
 from game.training.dispatch.draws import name_of
 from game.training.dispatch.initmode import init_module
 from game.training.dispatch.mode import RoundingMode
-from game.training.dispatch.optable import OpClass, classify, refusal
+from game.training.dispatch.opplan import classify
+from game.training.dispatch.optable import OpClass, refusal
 from game.training.dispatch.profiles import get_profile
 from game.training.dispatch.stockops import StockOps
 from game.training.dispatch.torchnn import MASK_FILL

@@ -18,14 +18,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from game.training.dispatch.opplan import OpPlan, conditional_class, plan_of
 from game.training.dispatch.optable import (
     COMPLEX_INEXACT,
     FULL_CALLS,
     GRADIENT_REFUSED,
     OpClass,
-    _conditional_class,
-    _Plan,
-    _plan,
     base_name,
     refusal,
 )
@@ -34,7 +32,7 @@ from game.training.native.front import compiled
 from game.training.numerics.bandfile import BandTable
 
 #: Kinds the C++ side knows (``front.cpp``'s ``Kind``): the three classes, then the conditional ops
-#: whose class it works out from the arguments, as :func:`~game.training.dispatch.optable._conditional_class` does.
+#: whose class it works out from the arguments, as :func:`~game.training.dispatch.opplan.conditional_class` does.
 #: ``GRADIENT``: inexact, or refused where differentiated (``optable.GRADIENT_REFUSED``); then the front
 #: hands the call to Python as ``REFUSED``, to be refused by name. ``COMPLEX``: exact, unless a tensor
 #: argument is complex (``optable.COMPLEX_INEXACT``; ``DIV`` asks the same first).
@@ -127,7 +125,7 @@ def leave() -> Left:
 
 
 #: Plans of the ops the front has met, by row id (the front keeps the id, not the plan).
-rows: list[_Plan] = []
+rows: list[OpPlan] = []
 #: Their names, by the same row id: the sparse log reads a row's name here (it only grows).
 names: list[str] = []
 #: The kernels' bands of every row in ``rows``, by (band table, grid k0, grid's largest finite
@@ -146,14 +144,14 @@ def row_for(
     argument a conditional kind reads or -1, written positions, hidden positions, position of their
     ``training`` flag or -1, the op's name in the log, position of the flag the front sets true or
     -1: :data:`~game.training.dispatch.optable.FULL_CALLS`). The kinds and positions say what
-    :func:`~game.training.dispatch.optable.classify` and ``optable._touched`` do, for the boxed arguments the front sees (all of them,
+    :func:`~game.training.dispatch.opplan.classify` and :func:`~game.training.dispatch.opplan.touched_by` do, for the boxed arguments the front sees (all of them,
     in schema order). A ``REFUSED`` op raises :class:`~game.errors.UnsupportedOpError` (``where``
     prefixes its message): the front keeps no row for it, so it asks, and raises, at each call,
     and the error reaches the op's caller as itself (pybind11 carries a Python error through
     the dispatcher, forward and backward)."""
     ns, _, name = schema_name.partition("::")
     func = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-    plan = _plan(func)
+    plan = plan_of(func)
     if plan.fixed is OpClass.REFUSED:
         raise refusal(func, where)
     positions = {a.name: i for i, a in enumerate(func._schema.arguments)}
@@ -173,7 +171,7 @@ def row_for(
         elif base in COMPLEX_INEXACT:
             kind = COMPLEX
         else:  # the rest depend on the overload alone
-            kind = KINDS[_conditional_class(func, (), {})]
+            kind = KINDS[conditional_class(func, (), {})]
     hidden, training = plan.hidden if plan.hidden is not None else ((), -1)
     rows.append(plan)
     names.append(plan.name)

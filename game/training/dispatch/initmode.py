@@ -45,7 +45,8 @@ from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.dispatch import nearest, stockops, torchrandom, widen
 from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
-from game.training.dispatch.optable import OpClass, _plan, classify, op_name, refusal, touched_tensors
+from game.training.dispatch.opplan import classify, plan_of, touched_tensors
+from game.training.dispatch.optable import OpClass, op_name, refusal
 from game.training.dispatch.provisional import OVERWRITES, SCALAR, LeakGuard, Provisional
 
 #: A call's arguments: positional and keyword.
@@ -170,7 +171,7 @@ class _ExactOnly(TorchDispatchMode):
 
 def _writes(func: Any) -> tuple[tuple[tuple[int, str, bool], ...], tuple[tuple[int, ...], int] | None]:
     """The arguments an op writes (its plan's ``written`` and ``hidden``)."""
-    plan = _plan(func)
+    plan = plan_of(func)
     return plan.written, plan.hidden
 
 

@@ -29,15 +29,8 @@ import torch
 from game.training.dispatch import front, widen
 from game.training.dispatch.frontmode import FrontMode
 from game.training.dispatch.modestate import DeferredChecksFailed
-from game.training.dispatch.optable import (
-    OpClass,
-    _conditional_class,
-    _Plan,
-    _plan,
-    _touched,
-    refusal,
-    refuse_unrounded,
-)
+from game.training.dispatch.opplan import OpPlan, conditional_class, plan_of, touched_by
+from game.training.dispatch.optable import OpClass, refusal, refuse_unrounded
 from game.training.dispatch.roles import RoleKernels
 
 
@@ -106,8 +99,8 @@ class RoundingMode(FrontMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        plan = _plan(func)
-        cls = plan.fixed if plan.fixed is not None else _conditional_class(func, args, kwargs)
+        plan = plan_of(func)
+        cls = plan.fixed if plan.fixed is not None else conditional_class(func, args, kwargs)
         name = plan.name
         if cls is OpClass.REFUSED:  # always fixed but for GRADIENT_REFUSED's, whose calls differ
             raise refusal(func, f"step {self.step}: ")
@@ -124,7 +117,7 @@ class RoundingMode(FrontMode):
             except Exception as exc:
                 return self._mixed(func, plan, cls, args, kwargs, exc)
             if self.role.rounds:
-                self._round_results(True, _touched(plan, args, kwargs, out), name)
+                self._round_results(True, touched_by(plan, args, kwargs, out), name)
             return out
         if self.role.rounds and widen.narrow_inputs(args, kwargs, widen.IN_STEP):
             return self._widened(func, plan, args, kwargs)
@@ -132,7 +125,7 @@ class RoundingMode(FrontMode):
             out = self.profile.compute(func, args, kwargs)
         except Exception as exc:
             return self._mixed(func, plan, cls, args, kwargs, exc)
-        touched = _touched(plan, args, kwargs, out)
+        touched = touched_by(plan, args, kwargs, out)
         if self.role.rounds:
             if widen.defaulted(touched) and not plan.written and plan.hidden is None:  # writes none twice
                 return self._defaulted(func, plan, args, kwargs, out, touched)
@@ -140,7 +133,7 @@ class RoundingMode(FrontMode):
         self._round_results(False, touched, name)
         return out
 
-    def _widened(self, func: Any, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _widened(self, func: Any, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An inexact op on float32, half or bfloat16 tensors (:mod:`~game.training.dispatch.widen`,
         ``IN_STEP``): run as it is,
         and again on its arguments widened to float64 under the profile's emulation; the twin's
@@ -153,14 +146,14 @@ class RoundingMode(FrontMode):
             return self._mixed(func, plan, OpClass.INEXACT, args, kwargs, exc)
         wide_out = self.profile.compute(func, wide_args, wide_kwargs)
         self._round_twin(
-            plan, _touched(plan, args, kwargs, out), _touched(plan, wide_args, wide_kwargs, wide_out)
+            plan, touched_by(plan, args, kwargs, out), touched_by(plan, wide_args, wide_kwargs, wide_out)
         )
         return out
 
     def _mixed(
         self,
         func: Any,
-        plan: _Plan,
+        plan: OpPlan,
         cls: OpClass,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -176,13 +169,17 @@ class RoundingMode(FrontMode):
         compute = self.profile.compute if cls is OpClass.INEXACT else _call
         out = compute(func, wide_args, wide_kwargs)
         if cls is OpClass.INEXACT or (cls is OpClass.EXACT and self.role.rounds):
-            touched = _touched(plan, wide_args, wide_kwargs, out)
+            touched = touched_by(plan, wide_args, wide_kwargs, out)
             if self.role.rounds:
                 refuse_unrounded(plan.name, touched, f"step {self.step}: ")
             self._round_results(cls is OpClass.EXACT, touched, plan.name)
-        # the tensors it writes (no output: ``_touched`` then lists those alone), beside their copies
+        # the tensors it writes (no output: ``touched_by`` then lists those alone), beside their copies
         back = list(
-            zip(_touched(plan, args, kwargs, None), _touched(plan, wide_args, wide_kwargs, None), strict=True)
+            zip(
+                touched_by(plan, args, kwargs, None),
+                touched_by(plan, wide_args, wide_kwargs, None),
+                strict=True,
+            )
         )
         widen.write_back(back)
         return widen.unaliased(out, back)
@@ -190,7 +187,7 @@ class RoundingMode(FrontMode):
     def _defaulted(
         self,
         func: Any,
-        plan: _Plan,
+        plan: OpPlan,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         out: Any,
@@ -200,10 +197,10 @@ class RoundingMode(FrontMode):
         (:func:`~game.training.dispatch.widen.default_twin`): its twin runs under a float64 default
         and is rounded as the op's, as :meth:`_widened`'s is."""
         wide_out = widen.default_twin(lambda: self.profile.compute(func, args, kwargs))
-        self._round_twin(plan, touched, _touched(plan, args, kwargs, wide_out))
+        self._round_twin(plan, touched, touched_by(plan, args, kwargs, wide_out))
         return out
 
-    def _round_twin(self, plan: _Plan, touched: list[torch.Tensor], twins: list[torch.Tensor]) -> None:
+    def _round_twin(self, plan: OpPlan, touched: list[torch.Tensor], twins: list[torch.Tensor]) -> None:
         """Round (and log) an op's float64 twin's results as the op's, then write them into its own."""
         name, where = plan.name, f"step {self.step}: "
         found = widen.pairs(name, touched, twins, where, widen.IN_STEP)

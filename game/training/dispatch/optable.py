@@ -17,16 +17,16 @@ Each op falls in one class (docs/architecture.md, "What is rounded"):
   (:mod:`~game.training.dispatch.stockops`); what still reaches ATen is refused here.
 
 Apart from the mode (:mod:`~game.training.dispatch.mode`) because it is a table, not behaviour: the
-Python mode and the C++ front (:mod:`~game.training.dispatch.front`) read the same plans, worked out
-once per op overload, so both round the same tensors of the same ops.
+Python mode and the C++ front (:mod:`~game.training.dispatch.front`) read the same plans
+(:mod:`~game.training.dispatch.opplan`, worked out from these tables once per op overload), so
+both round the same tensors of the same ops.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -192,7 +192,7 @@ CONDITIONAL_OPS: frozenset[str] = frozenset(
 )
 
 #: Ops that mutate arguments their schema does not mark ``(a!)``: (positions, position of ``training``).
-_HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
+HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
     "native_batch_norm": ((3, 4), 5),
     "cudnn_batch_norm": ((3, 4), 5),
     "miopen_batch_norm": ((3, 4), 5),
@@ -239,7 +239,7 @@ def base_name(func: Any) -> str:
 
 
 @functools.cache
-def _static_class(func: Any) -> OpClass | None:
+def static_class(func: Any) -> OpClass | None:
     """The class an op has whatever its arguments, or None when it depends on them."""
     schema = func._schema
     if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
@@ -260,6 +260,14 @@ def _draws(func: Any) -> bool:
     """Whether the op draws from a torch generator: it is listed, or its schema takes one (a new
     random op is caught without a list)."""
     return base_name(func) in RANDOM_OPS or any("Generator" in str(a.type) for a in func._schema.arguments)
+
+
+@functools.cache
+def op_name(func: Any) -> str:
+    """``str(func)``, e.g. ``aten.addmm.default``, or its name in :data:`LOG_NAMES`: the op name in
+    the log, in band tables and in coverage sets."""
+    name = str(func)
+    return LOG_NAMES.get(name, name)
 
 
 def refusal(func: Any, where: str = "") -> UnsupportedOpError:
@@ -321,165 +329,13 @@ def refuse_unrounded(name: str, tensors: list[Tensor], where: str = "") -> None:
             raise unrounded_refusal(name, t.dtype, where)
 
 
-def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, default: Any) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    i = _positions(func).get(name)
-    return args[i] if i is not None and i < len(args) else default
-
-
-_arg_positions: dict[int, tuple[Any, dict[str, int]]] = {}
-
-
-def _positions(func: Any) -> dict[str, int]:
-    """Positions of ``func``'s arguments that may be passed positionally (reading the schema's
-    arguments costs microseconds, and add/sub/div ask on every call)."""
-    entry = _arg_positions.get(id(func))
-    if entry is None or entry[0] is not func:
-        found = {a.name: i for i, a in enumerate(func._schema.arguments) if not a.kwarg_only}
-        entry = _arg_positions[id(func)] = (func, found)
-    return entry[1]
-
-
-def _is_big_tensor(x: Any) -> bool:
-    if isinstance(x, list | tuple):
-        return all(_is_big_tensor(v) for v in x)
-    return isinstance(x, Tensor) and x.dim() > 0
-
-
-class _Plan(NamedTuple):
-    """What the mode needs to know of an op whatever its arguments, worked out once per overload."""
-
-    func: Any
-    name: str  # str(func): the op name in the log and in coverage sets
-    fixed: OpClass | None  # the op's class, or None when it depends on the arguments
-    written: tuple[tuple[int, str, bool], ...]  # see _written_args
-    hidden: tuple[tuple[int, ...], int] | None  # see _HIDDEN_WRITES
-
-
-#: Plans by ``id(func)``: an int key, where a dict keyed by the OpOverload itself would call its
-#: Python ``__hash__`` (some 600 ops a step, each looked up several times, made that milliseconds).
-_plans: dict[int, _Plan] = {}
-
-
-def _plan(func: Any) -> _Plan:
-    plan = _plans.get(id(func))
-    if plan is None or plan.func is not func:  # ids of overloads are stable (their packets keep them)
-        plan = _Plan(
-            func, op_name(func), _static_class(func), _written_args(func), _HIDDEN_WRITES.get(base_name(func))
-        )
-        _plans[id(func)] = plan
-    return plan
-
-
-def classify(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> OpClass:
-    """The class of one call of ``func`` (an OpOverload) with these arguments."""
-    fixed = _plan(func).fixed
-    if fixed is not None:
-        return fixed
-    return _conditional_class(func, args, kwargs or {})
-
-
-def _conditional_class(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpClass:
-    """The class of a call of one of the ``CONDITIONAL_OPS``, from its arguments."""
-    name = base_name(func)
-    if name in COMPLEX_INEXACT:
-        if any(isinstance(a, Tensor) and a.is_complex() for a in (*args, *kwargs.values())):
-            return OpClass.INEXACT
-        if name != "div":
-            return OpClass.EXACT
-    if name in ("add", "sub", "rsub"):
-        # a + alpha*b is fused (FMA) for alpha != 1: not IEEE-exact.
-        return OpClass.EXACT if _arg(func, args, kwargs, "alpha", 1) == 1 else OpClass.INEXACT
-    if name == "div":
-        # No rounding mode and a real tensor divisor: CUDA turns division by a scalar into a multiply
-        # by its reciprocal, which is not correctly rounded.
-        if _arg(func, args, kwargs, "rounding_mode", None) is not None or len(args) < 2:
-            return OpClass.INEXACT
-        return OpClass.EXACT if _is_big_tensor(args[1]) else OpClass.INEXACT
-    if name == "index_put":
-        return OpClass.INEXACT if _arg(func, args, kwargs, "accumulate", False) else OpClass.MOVE
-    if name == "scatter":
-        return OpClass.INEXACT if "reduce" in func._overloadname else OpClass.MOVE
-    if name == "round":  # round to integer is exact; round(decimals=n) scales by 10**n
-        return OpClass.EXACT if func._overloadname in ("default", "out") else OpClass.INEXACT
-    if name in GRADIENT_REFUSED:
-        x = args[0] if args else None
-        differentiated = isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled()
-        return OpClass.REFUSED if differentiated else OpClass.INEXACT
-    return OpClass.INEXACT
-
-
-# --------------------------------------------------------------------------------------------------
-# Which tensors an op produced or changed
-# --------------------------------------------------------------------------------------------------
-
-
-def _tensors(x: Any) -> Iterator[Tensor]:
-    if isinstance(x, Tensor):
-        yield x
-    elif isinstance(x, list | tuple):
-        for v in x:
-            yield from _tensors(v)
-
-
-def _key(t: Tensor) -> tuple[Any, ...]:
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-@functools.cache
-def _written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
-    """(position, name, kwarg-only) of the arguments the schema marks as written (``Tensor(a!)``)."""
-    return tuple(
-        (i, a.name, a.kwarg_only)
-        for i, a in enumerate(func._schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
-    )
-
-
-@functools.cache
-def op_name(func: Any) -> str:
-    """``str(func)``, e.g. ``aten.addmm.default``, or its name in :data:`LOG_NAMES`: the op name in
-    the log, in band tables and in coverage sets."""
-    name = str(func)
-    return LOG_NAMES.get(name, name)
-
-
-def touched_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
-    """Arguments the op mutates (schema ``(a!)`` plus known hidden writes), then its fresh outputs."""
-    return _touched(_plan(func), args, kwargs, out)
-
-
-def _touched(plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[Tensor]:
-    if not plan.written and plan.hidden is None:  # a functional op: only its fresh outputs
-        return [out] if isinstance(out, Tensor) else list(_tensors(out))
-    found: list[Tensor] = []
-    for i, name, kwarg_only in plan.written:
-        value = kwargs.get(name) if kwarg_only or name in kwargs else (args[i] if i < len(args) else None)
-        found.extend(_tensors(value))
-    hidden = plan.hidden
-    if hidden is not None:
-        positions, training_pos = hidden
-        if len(args) > training_pos and args[training_pos]:
-            found.extend(t for p in positions for t in _tensors(args[p]))
-    if not found:  # a functional op: its outputs are fresh tensors, distinct from each other
-        return list(_tensors(out))
-    if isinstance(out, Tensor) and any(out is t for t in found):  # an in-place op returns its self
-        return found
-    seen = {_key(t) for t in found}
-    for t in _tensors(out):
-        k = _key(t)
-        if k not in seen:
-            seen.add(k)
-            found.append(t)
-    return found
-
-
 __all__ = [
     "COMPLEX_INEXACT",
     "CONDITIONAL_OPS",
     "EXACT_OPS",
+    "FULL_CALLS",
     "GRADIENT_REFUSED",
+    "HIDDEN_WRITES",
     "LOG_NAMES",
     "MOVE_OPS",
     "RANDOM_FIX",
@@ -490,11 +346,10 @@ __all__ = [
     "UNROUNDED_FIX",
     "OpClass",
     "base_name",
-    "classify",
     "op_name",
     "refusal",
     "refuse_unrounded",
     "sparse_refusal",
-    "touched_tensors",
+    "static_class",
     "unrounded_refusal",
 ]

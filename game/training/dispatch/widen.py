@@ -162,7 +162,7 @@ def writes_apart(
     the op writes that widening left as it was: a float64 one is the same tensor, and the twin
     wrote it a second time after the op, so an in-place op with a float32 argument beside a float64
     ``self`` applied twice (ASGD's ``ax += mu * (p - ax)``, ``mu`` a float32 scalar tensor: ``ax``
-    twice ``p``). ``written`` and ``hidden`` are the op's plan's (``optable._Plan``)."""
+    twice ``p``). ``written`` and ``hidden`` are the op's plan's (:class:`~game.training.dispatch.opplan.OpPlan`)."""
     (args, kwargs), (wide_args, wide_kwargs) = call, twin
     out_args, out_kwargs = list(wide_args), dict(wide_kwargs)
     places = list(written)

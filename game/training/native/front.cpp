@@ -5,7 +5,7 @@
 // ops of a step round nothing (views, copies, indexing). Here those ops run with no Python at all,
 // and an op that rounds calls Python once, with only the float64 tensors it produced or changed.
 // What counts as produced or changed, and each op's class, is what dispatch/optable.py says: the classes
-// come from its Python code (once per op), and touched() below mirrors its _touched() line by line.
+// come from its Python code (once per op), and touched() below mirrors opplan.touched_by() line by line.
 //
 // Where the C kernels take a tensor (a contiguous float64 CPU tensor: an exact op's output, or an
 // inexact op's output in a record or replay of either log format), the front calls the kernel
@@ -243,7 +243,7 @@ bool complex_argument(const torch::jit::Stack& stack, size_t base) {  // optable
   return false;
 }
 
-int conditional(const Plan& plan, const torch::jit::Stack& stack, size_t base) {  // _conditional_class
+int conditional(const Plan& plan, const torch::jit::Stack& stack, size_t base) {  // opplan.conditional_class
   switch (plan.kind) {
     case kComplex:
       return complex_argument(stack, base) ? kInexact : kExact;
@@ -254,7 +254,7 @@ int conditional(const Plan& plan, const torch::jit::Stack& stack, size_t base) {
       return big_tensors(stack[base + 1]) ? kExact : kInexact;
     case kAccumulate:
       return stack[base + plan.arg].toBool() ? kInexact : kMove;
-    case kGradient: {  // optable._conditional_class: its first argument requires grad, grad mode on
+    case kGradient: {  // opplan.conditional_class: its first argument requires grad, grad mode on
       const c10::IValue& x = stack[base];
       return x.isTensor() && x.toTensor().requires_grad() && at::GradMode::is_enabled() ? kRefused : kInexact;
     }
@@ -279,7 +279,7 @@ bool same_key(const at::Tensor& a, const at::Tensor& b) {  // intercept._key equ
          a.sizes() == b.sizes() && a.strides() == b.strides() && a.scalar_type() == b.scalar_type();
 }
 
-// intercept._touched: arguments the op wrote, then its outputs that are not among them.
+// opplan.touched_by: arguments the op wrote, then its outputs that are not among them.
 std::vector<at::Tensor> touched(std::vector<at::Tensor> found, const torch::jit::Stack& stack, size_t nret) {
   const size_t rbase = stack.size() - nret;
   std::vector<at::Tensor> outs;
