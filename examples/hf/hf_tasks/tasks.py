@@ -1,5 +1,6 @@
-"""GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``) on Tiny Shakespeare's characters, and
-ResNet (``ResNetForImageClassification``) on the 8x8 digits, each a build function of a few lines.
+"""GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``) on Tiny Shakespeare's characters, GPT-2
+fine-tuned with LoRA adapters (PEFT), and ResNet (``ResNetForImageClassification``) on the 8x8
+digits, each a build function of a few lines.
 
 ``libraries=("transformers",)`` binds transformers' version into the spec: the model's code is
 transformers', so another version is another task. Set ``init`` to a ``.safetensors`` file (for
@@ -42,7 +43,9 @@ def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def shakespeare_lm(model: Callable[[], torch.nn.Module], cfg) -> Task:  # type: ignore[no-untyped-def]
+def shakespeare_lm(
+    model: Callable[[], torch.nn.Module], cfg, libraries: tuple[str, ...] = ("transformers",)
+) -> Task:  # type: ignore[no-untyped-def]
     """A language model's task on Tiny Shakespeare's characters, in windows of the model's context."""
     windows = cfg.model.block_size
     return Task(
@@ -51,7 +54,24 @@ def shakespeare_lm(model: Callable[[], torch.nn.Module], cfg) -> Task:  # type: 
         eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), windows),
         loss=lm_loss,
         init_weights=init_weights(cfg.params.init),
-        libraries=("transformers",),
+        libraries=libraries,
+    )
+
+
+def gpt2_config(cfg) -> GPT2Config:  # type: ignore[no-untyped-def]
+    """The GPT-2 of ``cfg.model``'s shape, every dropout at ``cfg.dropout``."""
+    shape = cfg.model
+    return GPT2Config(
+        vocab_size=len(packaged.vocab()),
+        n_positions=shape.block_size,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=0,
+        eos_token_id=0,
     )
 
 
@@ -68,20 +88,39 @@ def shakespeare_lm(model: Callable[[], torch.nn.Module], cfg) -> Task:  # type: 
 def gpt2(cfg):  # type: ignore[no-untyped-def]
     """A small GPT-2 language model; embedding, residual and attention dropout at ``cfg.dropout``,
     attention through torch's SDPA (transformers' default)."""
-    shape = cfg.model
-    config = GPT2Config(
-        vocab_size=len(packaged.vocab()),
-        n_positions=shape.block_size,
-        n_embd=shape.n_embd,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        resid_pdrop=cfg.dropout,
-        embd_pdrop=cfg.dropout,
-        attn_pdrop=cfg.dropout,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+    config = gpt2_config(cfg)
     return shakespeare_lm(lambda: GPT2LMHeadModel(config), cfg)
+
+
+@task(
+    model={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16},
+    params={"init": "", "rank": 8},
+    optimizer="adamw",
+    lr=1e-3,
+    weight_decay=0.0,
+    dropout=0.1,
+    batch_size=4,
+    steps=50,
+)
+def gpt2_lora(cfg):  # type: ignore[no-untyped-def]
+    """GPT-2 fine-tuned with LoRA: PEFT's ``get_peft_model`` freezes the base model and adds
+    rank-``rank`` adapters to its attention and MLP projections, with dropout at ``cfg.dropout``.
+    ``init`` names the base model's weights (a GPT-2 checkpoint of this shape, such as the model
+    a ``gpt2.toml`` run delivered): vgame puts them in by the base model's names, and the adapters
+    keep PEFT's initialisation (``lora_B`` zero: the fine-tune starts as the base model)."""
+    from peft import LoraConfig, get_peft_model  # this task alone needs PEFT (`pip install vgame[lora]`)
+
+    config, rank = gpt2_config(cfg), int(cfg.params.rank)
+    lora = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["c_attn", "c_proj", "c_fc"],
+        lora_dropout=cfg.dropout,
+        fan_in_fan_out=True,  # GPT-2's Conv1D layers hold their weights transposed
+    )
+    return shakespeare_lm(
+        lambda: get_peft_model(GPT2LMHeadModel(config), lora), cfg, libraries=("transformers", "peft")
+    )
 
 
 @task(

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import ConfigError
+from game.training.task import adapters
 from game.training.task.inputs import Digest
 
 log = logging.getLogger(__name__)
@@ -127,15 +128,25 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
     """Load the weights into ``model`` (whose float tensors are float64): every tensor they hold
     must exist in the model with its shape, or, for a vocabulary's tensors, fewer rows (the first
     rows are given: :func:`_vocabulary_tensors`) (names fitted to a Hugging Face model's base-model
-    prefix where that makes them fit: :func:`_fitted`); with ``strict`` every tensor of the model's
-    state must be given (ConfigError listing what is missing or extra)."""
+    prefix where that makes them fit: :func:`_fitted`; a model wrapped with adapters, PEFT's LoRA,
+    read by its base model's names: :mod:`~game.training.task.adapters`); with ``strict`` every
+    tensor of the model's state but the adapters' own must be given (ConfigError listing what is
+    missing or extra)."""
     own = model.state_dict(keep_vars=True)
-    given = _fitted(load(source), own, getattr(model, "base_model_prefix", ""))
-    extra = sorted(set(given) - set(own))
+    loaded = load(source)
+    # a model wrapped with adapters (PEFT's LoRA) is read by its base model's names, unless the
+    # weights name its own tensors (an earlier run of the wrapped model)
+    view = adapters.unwrapped(model, own)
+    if all(n in own for n in loaded) or not view.wrapped:
+        view = adapters.Unwrapped({n: [n] for n in own})
+    base = view.base if view.base is not None else model
+    given = _fitted(loaded, view.names, getattr(base, "base_model_prefix", ""))
+    extra = sorted(set(given) - set(view.names))
+    targets = {n: given[b] for b in given if b in view.names for n in view.names[b]}
     # a tensor the model ties to a given one (an output layer sharing the input embedding, which a
     # Hugging Face checkpoint stores once) is given with it
-    tied = {id(own[n]) for n in given if n in own}
-    missing = sorted(n for n in set(own) - set(given) if id(own[n]) not in tied)
+    tied = {id(own[n]) for n in targets}
+    missing = sorted(n for n in set(own) - set(targets) - view.adapters if id(own[n]) not in tied)
     if extra:
         raise ConfigError(
             f"init_weights: the model has no {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
@@ -145,8 +156,13 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
             f"init_weights: no values for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
             "(pass init_strict=False to keep the model's own initialisation for them)"
         )
+    if view.adapters - set(targets):
+        log.info(
+            "init_weights: the model's %d adapter tensors (%s ...) keep the factory's initialisation",
+            len(view.adapters), min(view.adapters),
+        )  # fmt: skip
     vocabulary = _vocabulary_tensors(model)
-    for name, t in given.items():
+    for name, t in targets.items():
         target = own[name]
         if tuple(t.shape) == tuple(target.shape):
             target.data.copy_(t.to(target.dtype))

@@ -1,0 +1,103 @@
+"""A model wrapped with adapters (PEFT's LoRA and kin) read by its base model's names, so that
+``init_weights`` fine-tunes it from the base model's checkpoint.
+
+Why: the training people buy is mostly a pretrained model fine-tuned with LoRA. PEFT's
+``get_peft_model`` renames every tensor it wraps: GPT-2's ``transformer.h.0.attn.c_attn.weight``
+becomes ``base_model.model.transformer.h.0.attn.c_attn.base_layer.weight``, beside the new
+``...c_attn.lora_A.default.weight``. A base checkpoint given as ``init_weights`` then fitted none of
+the model's names and was refused. Outside vgame one loads the base model first and wraps it after;
+here the factory builds the wrapped model and vgame puts the weights in, so the names are mapped
+back: what the weights fill is decided by the wrapped model's own structure, not by guessing from
+names (a module holding a ``base_layer`` and listing its ``adapter_layer_names`` is a tuner layer; one
+holding an ``original_module`` and a ``modules_to_save`` dict keeps a trainable copy of a module,
+both filled from the checkpoint, as PEFT copies the module when it wraps it). The adapters' own
+tensors are not in a base checkpoint: they keep the initialisation the factory gave them (PEFT's
+LoRA: ``lora_B`` zero, so the wrapped model starts as its base), even with ``init_strict``.
+
+Nothing here imports PEFT: a model is read by duck typing, so a hand-written adapter that keeps
+PEFT's layout is read alike, and a model without wrappers has no renamed tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+
+@dataclass
+class Unwrapped:
+    """A wrapped model's state names read as its base model's."""
+
+    #: each base name (a checkpoint's) -> the model's state names holding that tensor (two for a
+    #: module kept with a trainable copy)
+    names: dict[str, list[str]] = field(default_factory=dict)
+    #: the model's state names that are adapters' own (in no base checkpoint)
+    adapters: set[str] = field(default_factory=set)
+    #: the base model inside the wrapper (its ``base_model_prefix`` fits a headless checkpoint)
+    base: nn.Module | None = None
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether any name differs from its base name."""
+        return bool(self.adapters) or any(own != [base] for base, own in self.names.items())
+
+
+def _wrappers(model: nn.Module) -> tuple[dict[str, int], set[str], str]:
+    """What to take out of a state name: each wrapper's own segments, by their full path, with how
+    many they are (``base_layer``, ``original_module``: one; ``modules_to_save.<adapter>``: two),
+    the adapters' module paths, and the path of the base model inside the wrapper (PEFT's
+    ``base_model.model``), '' if none."""
+    drop: dict[str, int] = {}
+    adapters: set[str] = set()
+    for path, m in model.named_modules():
+        at = f"{path}." if path else ""
+        layer_names = getattr(m, "adapter_layer_names", None)
+        if isinstance(getattr(m, "base_layer", None), nn.Module) and isinstance(layer_names, tuple):
+            drop[f"{at}base_layer"] = 1
+            adapters.update(f"{at}{n}" for n in layer_names if isinstance(n, str))
+        kept = getattr(m, "modules_to_save", None)
+        if isinstance(getattr(m, "original_module", None), nn.Module) and isinstance(kept, nn.ModuleDict):
+            drop[f"{at}original_module"] = 1
+            drop.update((f"{at}modules_to_save.{adapter}", 2) for adapter in kept)
+    prefix = ""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base) and hasattr(model, "peft_config"):
+        inner = get_base()
+        prefix = next((p for p, m in model.named_modules() if m is inner and p), "")
+    return drop, adapters, prefix
+
+
+def _base_name(name: str, drop: dict[str, int], prefix: str) -> str:
+    """``name`` with the wrappers' own segments and the base model's path taken out."""
+    parts = name.split(".")
+    kept: list[str] = []
+    i = 0
+    while i < len(parts):
+        own = next((k for k in (2, 1) if drop.get(".".join(parts[: i + k])) == k), 0)
+        if not own:
+            kept.append(parts[i])
+        i += max(own, 1)
+    base = ".".join(kept)
+    return base[len(prefix) + 1 :] if prefix and base.startswith(f"{prefix}.") else base
+
+
+def unwrapped(model: nn.Module, state_names: Iterable[str]) -> Unwrapped:
+    """The model's state names (``state_names``) read as its base model's (module docstring)."""
+    drop, adapter_paths, prefix = _wrappers(model)
+    out = Unwrapped()
+    if not drop and not prefix:
+        out.names = {n: [n] for n in state_names}
+        return out
+    get_base = getattr(model, "get_base_model", None)
+    out.base = get_base() if prefix and callable(get_base) else None
+    for name in state_names:
+        if any(name.startswith(f"{a}.") for a in adapter_paths):
+            out.adapters.add(name)
+            continue
+        out.names.setdefault(_base_name(name, drop, prefix), []).append(name)
+    return out
+
+
+__all__ = ["Unwrapped", "unwrapped"]
