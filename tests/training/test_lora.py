@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from game.errors import ConfigError
+from game.errors import ConfigError, TaskCodeError
 from game.training.dispatch.initmode import init_module
 from game.training.engine.audit import audit
 from game.training.engine.replay import replay_transcript_step
@@ -77,6 +77,35 @@ def test_aBaseCheckpoint_fillsAPeftModel_asLoadingTheBaseThenWrappingDoes(
     x = torch.randint(0, 32, (2, 8))
     model.eval(), trained.eval()
     assert torch.equal(model(input_ids=x).logits, trained(input_ids=x).logits)
+
+
+OTHERS = {
+    "ia3": lambda: peft.IA3Config(
+        target_modules=["c_attn", "c_fc"], feedforward_modules=["c_fc"], fan_in_fan_out=True
+    ),
+    "vera": lambda: peft.VeraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True),
+    "prompt": lambda: peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3),
+}
+
+
+@pytest.mark.parametrize("method", list(OTHERS))
+def test_peftsOtherMethods_areFilledAlike_whatTheyAddKeepingItsInitialisation(
+    tmp_path: Path, method: str
+) -> None:
+    """IA3's scales, VeRA's shared projections (held beside its layers' own vectors) and prompt
+    tuning's virtual tokens (held beside the base model, whose path is then ``base_model.``) are
+    the method's own: the base checkpoint fills everything else, with ``strict``."""
+    model = init_module(
+        lambda: peft.get_peft_model(transformers.GPT2LMHeadModel(_config()), OTHERS[method]()), seed=2
+    )
+    before = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    weights.apply(model, _base(1).state_dict(), strict=True)
+    reference = peft.get_peft_model(_base(1), OTHERS[method]()).state_dict()
+    view = adapters.unwrapped(model, model.state_dict(keep_vars=True))
+    got = model.state_dict()
+    assert view.adapters and set(got) == set(reference)
+    assert all(torch.equal(got[n], before[n]) for n in view.adapters)
+    assert all(torch.equal(got[n], reference[n].to(got[n].dtype)) for n in set(got) - view.adapters)
 
 
 def test_aCheckpointTheBaseModelLacks_orABaseTensorMissing_isStillRefused(tmp_path: Path) -> None:
@@ -220,3 +249,71 @@ def test_theLoraExample_fineTunesTheGpt2ExamplesModel_andAuditsOnTwoProfiles(tmp
         kept = start[f"param/base_model.model.transformer.{name}.base_layer.weight"]
         assert torch.equal(kept, base[f"transformer.{name}.weight"])
     assert set(cfg.inputs().libraries) == {"transformers", "peft"}
+
+
+def test_adaptersPeftComputesFromTheBaseWeights_areRefusedNamingTheWay_whichWorks(tmp_path: Path) -> None:
+    """``init_lora_weights="pissa"`` (or OLoRA, CorDA, LoftQ) decomposes the base weights in the
+    factory, before ``init_weights`` replaces them, and on the machine's own SVD: the factory's
+    error (PEFT refuses float64 first) says so and names the way, and that way trains and audits:
+    the model wrapped once outside vgame, its state given as ``init_weights`` to a factory that
+    wraps with ``init_lora_weights=True``."""
+    for how in ("pissa", "olora"):
+        lora = peft.LoraConfig(r=4, target_modules=TARGETS, fan_in_fan_out=True, init_lora_weights=how)
+        with pytest.raises(TaskCodeError, match=r"computes such adapters from the base model's weights"):
+            init_module(
+                lambda c=lora: peft.get_peft_model(transformers.GPT2LMHeadModel(_config()), c), seed=2
+            )
+    model = init_module(_factory(), seed=2)
+    model.peft_config["default"].init_lora_weights = "pissa"  # as a PEFT that allowed float64 would leave it
+    with pytest.raises(ConfigError, match=r"init_lora_weights='pissa': PEFT computes such adapters"):
+        weights.apply(model, _base(1).state_dict(), strict=True)
+    dora = peft.LoraConfig(r=4, target_modules=TARGETS, fan_in_fan_out=True, use_dora=True)
+    model = init_module(lambda: peft.get_peft_model(transformers.GPT2LMHeadModel(_config()), dora), seed=2)
+    with pytest.raises(
+        ConfigError, match=r"use_dora=True: PEFT computes such adapters .* DoRA takes their norms"
+    ):
+        weights.apply(model, _base(1).state_dict(), strict=True)
+
+    torch.manual_seed(1)
+    base = transformers.GPT2LMHeadModel(_config())  # float32, as PiSSA wants it
+    lora = peft.LoraConfig(r=4, target_modules=TARGETS, fan_in_fan_out=True, init_lora_weights="pissa")
+    pissa = peft.get_peft_model(base, lora).state_dict()
+    body = PISSA.replace("TARGETS", repr(TARGETS))
+
+    def prepare(pkg: Path) -> None:
+        (pkg / "pissa.safetensors").write_bytes(weights.save(pissa, pkg / "pissa.safetensors"))
+
+    trains_and_audits(tmp_path / "pissa", body, prepare, checkpoint_interval=2)
+    _, start = parse_state(Transcript(tmp_path / "pissa" / "t").load_checkpoint(0))
+    held = {n: t for n, t in pissa.items() if n != "base_model.model.lm_head.weight"}  # tied to wte
+    for name, t in held.items():
+        assert torch.equal(start[f"param/{name}"], t), name
+    assert any(".lora_B." in n and t.abs().sum() > 0 for n, t in held.items())  # PiSSA's: not zero
+
+
+PISSA = """
+    from pathlib import Path
+    import torch.nn.functional as F
+    import peft, transformers
+    from game.api import Task, task
+
+    HERE = Path(__file__).parent
+
+
+    def model():
+        config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2)
+        lora = peft.LoraConfig(r=4, target_modules=TARGETS, fan_in_fan_out=True, init_lora_weights=True)
+        return peft.get_peft_model(transformers.GPT2LMHeadModel(config), lora)
+
+
+    def loss(m, b):
+        tokens = (b["x"].abs() * 7).long() % 32
+        logits = m(input_ids=tokens[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
+
+
+    @task(lr=0.01, batch_size=8, steps=4, optimizer="adamw")
+    def build(cfg):
+        return Task(model=model, dataset=HERE / "data.npz", loss=loss, init_weights=HERE / "pissa.safetensors",
+                    libraries=("transformers", "peft"))
+    """

@@ -47,7 +47,7 @@ from game.training.dispatch.draws import Draws, ServingMode
 from game.training.dispatch.initrules import INIT_FIX, SERVED, WHERE
 from game.training.dispatch.opplan import classify, plan_of, touched_tensors
 from game.training.dispatch.optable import OpClass, op_name, refusal
-from game.training.dispatch.provisional import OVERWRITES, SCALAR, LeakGuard, Provisional
+from game.training.dispatch.provisional import OVERWRITES, SCALAR, LeakGuard, Provisional, known_cause
 
 #: A call's arguments: positional and keyword.
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -224,9 +224,10 @@ def init_module(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
         except VGameError:
             raise
         except Exception as exc:  # the task's own code (a model's constructor): one line
+            cause = known_cause(exc.__traceback__)  # a library call vgame knows, with its fix
             raise TaskCodeError(
                 f"the task's model factory raised {type(exc).__name__}: {exc} "
-                "(run with VGAME_DEBUG=1 for the traceback)"
+                + (f"({cause})" if cause else "(run with VGAME_DEBUG=1 for the traceback)")
             ) from exc
         if not isinstance(model, nn.Module):
             raise ConfigError(f"the model factory returned a {type(model).__name__}, not an nn.Module")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterable, Iterator
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -56,6 +57,20 @@ KNOWN: dict[str, str] = {
     ),
 }
 
+#: PEFT's adapter initialisations that decompose the base model's weights (SVD, QR) or fit them
+#: (LoftQ, LoRA-GA); in the model factory they would decompose weights that ``init_weights``
+#: then replaces, so they are refused at once (their own dtype check refuses float64 first).
+PEFT_FROM_BASE = ("pissa_init", "corda_init", "olora_init", "mica_init", "loftq_init", "lora_ga_init")
+PEFT_FROM_BASE_FIX = (
+    "PEFT computes such adapters from the base model's weights (PiSSA, OLoRA, CorDA and LoftQ "
+    "decompose them, DoRA takes their norms), which vgame puts in only after the model factory "
+    "has run, and a decomposition is the machine's own: wrap the base model once outside vgame "
+    "(load its weights, then get_peft_model), save the wrapped model's state_dict, and give that "
+    "as init_weights to a factory that wraps it alike but with init_lora_weights=True (the names "
+    "are the wrapped model's own, so base layers and adapters are filled as saved)"
+)
+KNOWN.update(dict.fromkeys(PEFT_FROM_BASE, PEFT_FROM_BASE_FIX))
+
 
 def known_fix() -> str:
     """The switch for the first :data:`KNOWN` function on the caller's stack, with a separator; or ''."""
@@ -66,6 +81,16 @@ def known_fix() -> str:
             return found + "; otherwise, "
         frame = frame.f_back  # type: ignore[assignment]
     return ""
+
+
+def known_cause(tb: TracebackType | None) -> str | None:
+    """The fix for the innermost :data:`KNOWN` function an exception passed through (its
+    traceback ``tb``), or None: a model factory's own error then says why and what to do."""
+    found = None
+    while tb is not None:
+        found = KNOWN.get(tb.tb_frame.f_code.co_name, found)
+        tb = tb.tb_next
+    return found
 
 
 def _storage(t: Tensor) -> Any | None:
@@ -194,4 +219,15 @@ class LeakGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["KNOWN", "LEAKS", "OVERWRITES", "SCALAR", "LeakGuard", "Provisional", "known_fix"]
+__all__ = [
+    "KNOWN",
+    "LEAKS",
+    "OVERWRITES",
+    "PEFT_FROM_BASE",
+    "PEFT_FROM_BASE_FIX",
+    "SCALAR",
+    "LeakGuard",
+    "Provisional",
+    "known_cause",
+    "known_fix",
+]

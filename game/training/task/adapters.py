@@ -11,8 +11,10 @@ back: what the weights fill is decided by the wrapped model's own structure, not
 names (a module holding a ``base_layer`` and listing its ``adapter_layer_names`` is a tuner layer; one
 holding an ``original_module`` and a ``modules_to_save`` dict keeps a trainable copy of a module,
 both filled from the checkpoint, as PEFT copies the module when it wraps it). The adapters' own
-tensors are not in a base checkpoint: they keep the initialisation the factory gave them (PEFT's
-LoRA: ``lora_B`` zero, so the wrapped model starts as its base), even with ``init_strict``.
+tensors, and whatever the wrapper holds beside its base model (prompt tuning's virtual tokens, VeRA's
+shared projections), are not in a base checkpoint: they keep the initialisation the factory gave
+them (PEFT's LoRA: ``lora_B`` zero, so the wrapped model starts as its base), even with
+``init_strict``.
 
 Nothing here imports PEFT: a model is read by duck typing, so a hand-written adapter that keeps
 PEFT's layout is read alike, and a model without wrappers has no renamed tensors.
@@ -20,8 +22,9 @@ PEFT's layout is read alike, and a model without wrappers has no renamed tensors
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -56,7 +59,9 @@ def _wrappers(model: nn.Module) -> tuple[dict[str, int], set[str], str]:
         layer_names = getattr(m, "adapter_layer_names", None)
         if isinstance(getattr(m, "base_layer", None), nn.Module) and isinstance(layer_names, tuple):
             drop[f"{at}base_layer"] = 1
-            adapters.update(f"{at}{n}" for n in layer_names if isinstance(n, str))
+            # its adapters, and what else it holds for them (VeRA's shared projections)
+            held = (*layer_names, *getattr(m, "other_param_names", ()))
+            adapters.update(f"{at}{n}" for n in held if isinstance(n, str))
         kept = getattr(m, "modules_to_save", None)
         if isinstance(getattr(m, "original_module", None), nn.Module) and isinstance(kept, nn.ModuleDict):
             drop[f"{at}original_module"] = 1
@@ -83,21 +88,49 @@ def _base_name(name: str, drop: dict[str, int], prefix: str) -> str:
     return base[len(prefix) + 1 :] if prefix and base.startswith(f"{prefix}.") else base
 
 
-def unwrapped(model: nn.Module, state_names: Iterable[str]) -> Unwrapped:
-    """The model's state names (``state_names``) read as its base model's (module docstring)."""
+#: ``init_lora_weights`` values (as they begin) by which PEFT computes the adapters from the base
+#: model's weights or from data (:data:`~game.training.dispatch.provisional.PEFT_FROM_BASE`).
+FROM_BASE = ("pissa", "corda", "olora", "mica", "loftq", "eva", "lora_ga")
+
+
+def initialised_from_base(model: nn.Module) -> str | None:
+    """How a PEFT model's adapter is computed from the base model's weights, which the factory
+    had before ``init_weights`` replaced them: an ``init_lora_weights`` of :data:`FROM_BASE`, or
+    DoRA (its magnitudes are the base weights' norms); None if no adapter is."""
+    configs = getattr(model, "peft_config", None)
+    for config in configs.values() if isinstance(configs, dict) else ():
+        how = getattr(config, "init_lora_weights", None)
+        if isinstance(how, str) and how.lower().startswith(FROM_BASE):
+            return f"init_lora_weights={how!r}"
+        if getattr(config, "use_dora", False) is True:
+            return "use_dora=True"
+    return None
+
+
+def unwrapped(model: nn.Module, state: Mapping[str, Any]) -> Unwrapped:
+    """The model's state (``model.state_dict(keep_vars=True)``) read by its base model's names
+    (module docstring)."""
     drop, adapter_paths, prefix = _wrappers(model)
     out = Unwrapped()
     if not drop and not prefix:
-        out.names = {n: [n] for n in state_names}
+        out.names = {n: [n] for n in state}
         return out
     get_base = getattr(model, "get_base_model", None)
     out.base = get_base() if prefix and callable(get_base) else None
-    for name in state_names:
-        if any(name.startswith(f"{a}.") for a in adapter_paths):
+    held = {n for n in state if any(n.startswith(f"{a}.") for a in adapter_paths)}
+    base = (
+        {id(t) for n, t in state.items() if n.startswith(f"{prefix}.") and n not in held} if prefix else set()
+    )
+    for name, t in state.items():
+        # a tuner layer's adapters, and whatever the wrapper holds beside its base model (prompt
+        # tuning's virtual tokens, VeRA's shared projections), unless it is a base tensor under a
+        # second name (prompt tuning's word embeddings: the base model's, tied)
+        beside = bool(prefix) and not name.startswith(f"{prefix}.") and id(t) not in base
+        if name in held or beside:
             out.adapters.add(name)
-            continue
-        out.names.setdefault(_base_name(name, drop, prefix), []).append(name)
+        elif name.startswith(f"{prefix}.") or not prefix:
+            out.names.setdefault(_base_name(name, drop, prefix), []).append(name)
     return out
 
 
-__all__ = ["Unwrapped", "unwrapped"]
+__all__ = ["FROM_BASE", "Unwrapped", "initialised_from_base", "unwrapped"]

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from game.errors import ConfigError
+from game.training.dispatch.provisional import PEFT_FROM_BASE_FIX
 from game.training.task import adapters
 from game.training.task.inputs import Digest
 
@@ -139,6 +140,8 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
     view = adapters.unwrapped(model, own)
     if all(n in own for n in loaded) or not view.wrapped:
         view = adapters.Unwrapped({n: [n] for n in own})
+    elif (how := adapters.initialised_from_base(model)) is not None:
+        raise ConfigError(f"init_weights: the model's adapters use {how}: {PEFT_FROM_BASE_FIX}")
     base = view.base if view.base is not None else model
     given = _fitted(loaded, view.names, getattr(base, "base_model_prefix", ""))
     extra = sorted(set(given) - set(view.names))
