@@ -117,9 +117,7 @@ def test_aCheckpointTheBaseModelLacks_orABaseTensorMissing_isStillRefused(tmp_pa
     with pytest.raises(ConfigError, match=r"the model has no transformer\.h\.9\.attn\.c_attn\.weight"):
         weights.apply(init_module(_factory(), seed=2), extra, strict=False)
     lacking = {n: t for n, t in state.items() if n != "transformer.h.1.mlp.c_fc.weight"}
-    with pytest.raises(
-        ConfigError, match=r"no values for base_model\.model\.transformer\.h\.1\.mlp\.c_fc\.weight"
-    ):
+    with pytest.raises(ConfigError, match=r"no values for transformer\.h\.1\.mlp\.c_fc\.weight"):
         weights.apply(init_module(_factory(), seed=2), lacking, strict=True)
     weights.apply(init_module(_factory(), seed=2), lacking, strict=False)
 
@@ -317,3 +315,41 @@ PISSA = """
         return Task(model=model, dataset=HERE / "data.npz", loss=loss, init_weights=HERE / "pissa.safetensors",
                     libraries=("transformers", "peft"))
     """
+
+
+def test_aClassifierFineTune_fromAHeadlessCheckpoint_fillsTheEncoder_andNamesTheNewHead() -> None:
+    """PEFT's sequence classification (``TaskType.SEQ_CLS``) keeps the new head in
+    ``modules_to_save``; a headless BERT checkpoint (no ``bert.`` prefix) fits the wrapped model's
+    encoder by the inner model's ``base_model_prefix``. With ``strict`` the head is named by the
+    names a checkpoint would give it, as ``from_pretrained`` warns of a new head; without, it keeps
+    the factory's initialisation."""
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(1)
+    encoder = transformers.BertModel(config).state_dict()
+
+    def factory() -> nn.Module:
+        lora = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=4, target_modules=["query", "value"])
+        return peft.get_peft_model(transformers.BertForSequenceClassification(config), lora)
+
+    with pytest.raises(
+        ConfigError, match=r"no values for classifier\.bias, classifier\.weight \(pass init_strict"
+    ):
+        weights.apply(init_module(factory, seed=2), encoder, strict=True)
+    model = init_module(factory, seed=2)
+    head = model.base_model.model.classifier.original_module.weight.detach().clone()
+    weights.apply(model, encoder, strict=False)
+    got = model.state_dict()
+    query = "base_model.model.bert.encoder.layer.1.attention.self.query.base_layer.weight"
+    assert torch.equal(got[query], encoder["encoder.layer.1.attention.self.query.weight"].double())
+    assert torch.equal(
+        got["base_model.model.bert.embeddings.word_embeddings.weight"],
+        encoder["embeddings.word_embeddings.weight"].double(),
+    )
+    assert torch.equal(got["base_model.model.classifier.original_module.weight"], head)

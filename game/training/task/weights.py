@@ -149,7 +149,10 @@ def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: b
     # a tensor the model ties to a given one (an output layer sharing the input embedding, which a
     # Hugging Face checkpoint stores once) is given with it
     tied = {id(own[n]) for n in targets}
-    missing = sorted(n for n in set(own) - set(targets) - view.adapters if id(own[n]) not in tied)
+    lacking = {n for n in set(own) - set(targets) - view.adapters if id(own[n]) not in tied}
+    # said by the names the weights would give them (a wrapped model's base names)
+    said = {n: b for b, names in view.names.items() for n in names}
+    missing = sorted({said.get(n, n) for n in lacking})
     if extra:
         raise ConfigError(
             f"init_weights: the model has no {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
