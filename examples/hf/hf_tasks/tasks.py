@@ -108,7 +108,7 @@ def gpt2_lora(cfg):  # type: ignore[no-untyped-def]
     ``init`` names the base model's weights (a GPT-2 checkpoint of this shape, such as the model
     a ``gpt2.toml`` run delivered): vgame puts them in by the base model's names, and the adapters
     keep PEFT's initialisation (``lora_B`` zero: the fine-tune starts as the base model)."""
-    from peft import LoraConfig, get_peft_model  # this task alone needs PEFT (`pip install vgame[lora]`)
+    from peft import LoraConfig, get_peft_model  # this task alone needs PEFT (the `lora` extra)
 
     config, rank = gpt2_config(cfg), int(cfg.params.rank)
     lora = LoraConfig(
