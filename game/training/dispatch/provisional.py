@@ -57,10 +57,22 @@ KNOWN: dict[str, str] = {
     ),
 }
 
-#: PEFT's adapter initialisations that decompose the base model's weights (SVD, QR) or fit them
-#: (LoftQ, LoRA-GA); in the model factory they would decompose weights that ``init_weights``
-#: then replaces, so they are refused at once (their own dtype check refuses float64 first).
-PEFT_FROM_BASE = ("pissa_init", "corda_init", "olora_init", "mica_init", "loftq_init", "lora_ga_init")
+#: PEFT's adapter initialisations that decompose the base model's weights (SVD, QR), fit them
+#: (LoftQ, LoRA-GA) or fit data (EVA): the ``init_lora_weights`` value (as it begins) that asks for
+#: one, and the PEFT function that computes it while the factory wraps the model (EVA's runs later,
+#: called by the factory itself). In the factory they would work from weights that ``init_weights``
+#: then replaces, so the functions are refused at once (their own dtype check refuses float64
+#: first), and :func:`~game.training.task.adapters.initialised_from_base` refuses the values where
+#: weights are given.
+PEFT_FROM_BASE: dict[str, str | None] = {
+    "pissa": "pissa_init",
+    "corda": "corda_init",
+    "olora": "olora_init",
+    "mica": "mica_init",
+    "loftq": "loftq_init",
+    "lora_ga": "lora_ga_init",
+    "eva": None,
+}
 PEFT_FROM_BASE_FIX = (
     "PEFT computes such adapters from the base model's weights (PiSSA, OLoRA, CorDA and LoftQ "
     "decompose them, DoRA takes their norms), which vgame puts in only after the model factory "
@@ -69,7 +81,7 @@ PEFT_FROM_BASE_FIX = (
     "as init_weights to a factory that wraps it alike but with init_lora_weights=True (the names "
     "are the wrapped model's own, so base layers and adapters are filled as saved)"
 )
-KNOWN.update(dict.fromkeys(PEFT_FROM_BASE, PEFT_FROM_BASE_FIX))
+KNOWN.update((f, PEFT_FROM_BASE_FIX) for f in PEFT_FROM_BASE.values() if f is not None)
 
 
 def known_fix() -> str:

@@ -28,6 +28,8 @@ from typing import Any
 
 from torch import nn
 
+from game.training.dispatch.provisional import PEFT_FROM_BASE
+
 
 @dataclass
 class Unwrapped:
@@ -47,11 +49,11 @@ class Unwrapped:
         return bool(self.adapters) or any(own != [base] for base, own in self.names.items())
 
 
-def _wrappers(model: nn.Module) -> tuple[dict[str, int], set[str], str]:
+def _wrappers(model: nn.Module) -> tuple[dict[str, int], set[str], str, nn.Module | None]:
     """What to take out of a state name: each wrapper's own segments, by their full path, with how
     many they are (``base_layer``, ``original_module``: one; ``modules_to_save.<adapter>``: two),
-    the adapters' module paths, and the path of the base model inside the wrapper (PEFT's
-    ``base_model.model``), '' if none."""
+    the adapters' module paths, and the base model inside the wrapper (PEFT's), with its path
+    (``base_model.model``; '' and None if none)."""
     drop: dict[str, int] = {}
     adapters: set[str] = set()
     for path, m in model.named_modules():
@@ -66,12 +68,12 @@ def _wrappers(model: nn.Module) -> tuple[dict[str, int], set[str], str]:
         if isinstance(getattr(m, "original_module", None), nn.Module) and isinstance(kept, nn.ModuleDict):
             drop[f"{at}original_module"] = 1
             drop.update((f"{at}modules_to_save.{adapter}", 2) for adapter in kept)
-    prefix = ""
+    prefix, inner = "", None
     get_base = getattr(model, "get_base_model", None)
     if callable(get_base) and hasattr(model, "peft_config"):
         inner = get_base()
         prefix = next((p for p, m in model.named_modules() if m is inner and p), "")
-    return drop, adapters, prefix
+    return drop, adapters, prefix, inner if prefix else None
 
 
 def _base_name(name: str, drop: dict[str, int], prefix: str) -> str:
@@ -90,7 +92,7 @@ def _base_name(name: str, drop: dict[str, int], prefix: str) -> str:
 
 #: ``init_lora_weights`` values (as they begin) by which PEFT computes the adapters from the base
 #: model's weights or from data (:data:`~game.training.dispatch.provisional.PEFT_FROM_BASE`).
-FROM_BASE = ("pissa", "corda", "olora", "mica", "loftq", "eva", "lora_ga")
+FROM_BASE = tuple(PEFT_FROM_BASE)
 
 
 def initialised_from_base(model: nn.Module) -> str | None:
@@ -107,17 +109,27 @@ def initialised_from_base(model: nn.Module) -> str | None:
     return None
 
 
+def _under(name: str, paths: set[str]) -> bool:
+    """Whether the state name ``name`` lies under one of the module ``paths``: each of its dotted
+    prefixes looked up (not every path tested against every name: a 7B model's LoRA has hundreds
+    of each)."""
+    at = name.find(".")
+    while at > 0:
+        if name[:at] in paths:
+            return True
+        at = name.find(".", at + 1)
+    return False
+
+
 def unwrapped(model: nn.Module, state: Mapping[str, Any]) -> Unwrapped:
     """The model's state (``model.state_dict(keep_vars=True)``) read by its base model's names
     (module docstring)."""
-    drop, adapter_paths, prefix = _wrappers(model)
-    out = Unwrapped()
+    drop, adapter_paths, prefix, inner = _wrappers(model)
+    out = Unwrapped(base=inner)
     if not drop and not prefix:
         out.names = {n: [n] for n in state}
         return out
-    get_base = getattr(model, "get_base_model", None)
-    out.base = get_base() if prefix and callable(get_base) else None
-    held = {n for n in state if any(n.startswith(f"{a}.") for a in adapter_paths)}
+    held = {n for n in state if _under(n, adapter_paths)}
     base = (
         {id(t) for n, t in state.items() if n.startswith(f"{prefix}.") and n not in held} if prefix else set()
     )
