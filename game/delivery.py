@@ -9,6 +9,9 @@ and each is checked against the chain: the config against the task's spec hash, 
 against its last leaf. The model goes out as a PyTorch ``state_dict`` in float32 (every value lies
 on the float32 grid, so nothing is lost), which ``model.load_state_dict(torch.load(path))`` reads
 into the task's own model class, called as ``model(x)``; a ``.safetensors`` name writes that format.
+A Hugging Face or PEFT model can go out as a directory its own ``save_pretrained`` writes
+(:func:`write_pretrained`): a LoRA fine-tune's buyer wants the adapter, a few megabytes that
+``PeftModel.from_pretrained`` puts onto the base model it already holds, not the whole wrapped model.
 
 Whether the model is beyond dispute is the task's status, not the files': it is reported with it
 (a challenge window still open, a game in play, or a game the trainer lost).
@@ -17,15 +20,18 @@ Whether the model is beyond dispute is the task's status, not the files': it is 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from game import clock
 from game.chain.client import VerificationGameClient
 from game.chain.types import Task, TaskStatus
 from game.errors import DeliveryError, RoundingLogError, TranscriptError
-from game.fsio import atomic_write
+from game.fsio import atomic_write, fsync_dir
 from game.store.archive import SealedArchive
 from game.store.blobs import BlobStore
 from game.store.sealing import StoreError
@@ -34,6 +40,9 @@ from game.training.task.config import TaskConfig, load_recorded
 from game.training.task.spec import recorded_spec_hash
 from game.training.transcript.manifest import Manifest
 from game.training.transcript.reader import model_files
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +55,7 @@ class DeliveredModel:
     path: Path
     preset: str
     steps: int
-    values: int  # numbers in the state_dict
+    values: int  # numbers written (a PEFT adapter's alone, for one written by save_pretrained)
     final_leaf: bytes  # the committed hash of the final state the model comes from
     status: TaskStatus
     trainer_lost: bool  # an auditor showed a step wrong
@@ -197,8 +206,10 @@ def fetch_model(
     out: Path,
     *,
     profile: str = "cpu-1t",
+    pretrained: bool = False,
 ) -> DeliveredModel:
-    """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all).
+    """Write task ``task_id``'s trained model to ``out`` (a ``state_dict``, whole or not at all; with
+    ``pretrained``, the directory the model's own ``save_pretrained`` writes: :func:`write_pretrained`).
     Where the final checkpoint is missing or altered, the model is replayed on ``profile`` from the
     transcript (:func:`_rebuilt`)."""
     import torch  # only once there is a model to write
@@ -206,7 +217,9 @@ def fetch_model(
     from game.training.engine.memory import trimmed
     from game.training.engine.states import decode_state
 
-    if Path(out).is_dir():
+    if pretrained:
+        _check_free(Path(out))
+    elif Path(out).is_dir():
         raise DeliveryError(f"{out} is a directory: name the file to write (e.g. {Path(out) / 'model.pt'})")
     task = _committed(client, task_id)
     with trimmed():  # a client script may run on: the state's memory goes back
@@ -216,6 +229,10 @@ def fetch_model(
         )
         state = decode_state(state_bytes, cfg)
         del state_bytes
+        if pretrained:
+            values = write_pretrained(state.model, Path(out))
+            del state
+            return _delivered(task_id, Path(out), cfg, task, values)
         weights = {
             name: t.detach().to(torch.float32) if t.is_floating_point() else t.detach()
             for name, t in state.model.state_dict().items()
@@ -226,9 +243,13 @@ def fetch_model(
         atomic_write(Path(out), save(weights, Path(out)))
         values = sum(t.numel() for t in weights.values())
         del weights
+    return _delivered(task_id, Path(out), cfg, task, values)
+
+
+def _delivered(task_id: int, path: Path, cfg: TaskConfig, task: Task, values: int) -> DeliveredModel:
     return DeliveredModel(
         task_id=task_id,
-        path=Path(out),
+        path=path,
         preset=cfg.preset,
         steps=task.num_leaves - 1,
         values=values,
@@ -240,4 +261,49 @@ def fetch_model(
     )
 
 
-__all__ = ["DeliveredModel", "fetch_model"]
+def _check_free(out: Path) -> None:
+    """Refuse a ``save_pretrained`` target that holds something (checked before the state is read:
+    that takes seconds at paper size)."""
+    if out.is_file() or (out.is_dir() and any(out.iterdir())):
+        raise DeliveryError(
+            f"{out} exists{' and is not empty' if out.is_dir() else ''}: name a new directory for "
+            "save_pretrained to write"
+        )
+
+
+def write_pretrained(model: nn.Module, out: Path) -> int:
+    """Write ``model`` (the decoded final state's, float64) to the directory ``out`` by its own
+    ``save_pretrained``, in float32 (every value lies on the float32 grid: nothing is lost), whole
+    or not at all: a Hugging Face model writes its config and weights (``from_pretrained`` loads
+    them), a PEFT model its adapter alone (``PeftModel.from_pretrained(base, out)``). Returns the
+    values written. DeliveryError for a model without ``save_pretrained`` or a target not free.
+
+    Why the library's own writer: the names, the config files and the tied or adapter-only tensors
+    are what its loader expects, which a file written here would only imitate."""
+    import torch
+    from safetensors import safe_open
+
+    save = getattr(model, "save_pretrained", None)
+    if not callable(save):
+        raise DeliveryError(
+            f"the task's model ({type(model).__name__}) has no save_pretrained (neither a Hugging Face "
+            "nor a PEFT model): write it as a state_dict file instead"
+        )
+    _check_free(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float32)
+    with tempfile.TemporaryDirectory(prefix=".vgame-pretrained-", dir=out.parent) as tmp:
+        staged = Path(tmp) / "model"
+        save(str(staged))
+        values = 0
+        for f in sorted(staged.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as held:
+                values += sum(math.prod(held.get_slice(k).get_shape()) for k in held.keys())  # noqa: SIM118 (not iterable)
+        if out.is_dir():
+            out.rmdir()  # empty (:func:`_check_free`): the staged directory takes its place
+        os.replace(staged, out)
+    fsync_dir(out.parent)
+    return values
+
+
+__all__ = ["DeliveredModel", "fetch_model", "write_pretrained"]

@@ -368,7 +368,14 @@ def show_cmd(
 def model_cmd(
     task_id: Annotated[int, typer.Argument(help="Task id.")],
     store: Annotated[Path, typer.Option("--store", help="Blob store the trainer published to.")],
-    out: Annotated[Path, typer.Option("--out", help="File to write the model's state_dict to (.pt).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="File to write the model's state_dict to (.pt, or .safetensors); with --pretrained, "
+            "a new directory.",
+        ),
+    ],
     data_key: DataKeyOpt = None,
     chain: ChainOpt = "",
     contract: ContractOpt = "",
@@ -389,12 +396,21 @@ def model_cmd(
             "or altered (the model is then rebuilt from the log, every leaf checked).",
         ),
     ] = "cpu-1t",
+    pretrained: Annotated[
+        bool,
+        typer.Option(
+            "--pretrained",
+            help="Write --out as a directory by the model's own save_pretrained: a Hugging Face "
+            "model's config and weights (from_pretrained loads them), a PEFT model's adapter alone "
+            "(PeftModel.from_pretrained puts it onto the base model).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Take the trained model: the committed final state, checked against the chain, written as a
-    PyTorch state_dict (reads only: takes no key). Exits 1 unless the task is settled (or
-    --accept-unsettled), so a script that ships the file only on success never ships a model that
-    can still be shown wrong."""
+    PyTorch state_dict, or by its library's save_pretrained (reads only: takes no key). Exits 1
+    unless the task is settled (or --accept-unsettled), so a script that ships the file only on
+    success never ships a model that can still be shown wrong."""
     from game.delivery import fetch_model
     from game.store.blobs import BlobStore
 
@@ -404,14 +420,14 @@ def model_cmd(
     with _client(chain, None, _required_contract(contract), reads_only=True) as c:
         # decrypting and decoding the final state takes seconds at paper size (18 s at GPT-2 small)
         with err_console.status(f"taking the model of task {task_id} from {store}"):
-            got = fetch_model(c, task_id, BlobStore(store), dkey, out, profile=profile)
+            got = fetch_model(c, task_id, BlobStore(store), dkey, out, profile=profile, pretrained=pretrained)
         now = c.chain.now()
     if as_json:
         emit_json(got.to_dict(now))
     else:
         console.print(
             f"[bold green]model of task {task_id}[/] written to {got.path}: {got.preset}, {got.steps} "
-            f"steps, {got.values:,} values (float32 state_dict)"
+            f"steps, {got.values:,} values ({'save_pretrained, float32' if pretrained else 'float32 state_dict'})"
         )
         console.print(f"  final state  {got.final_leaf.hex()} (the committed last leaf)")
         style = "green" if got.settled else "yellow"

@@ -31,7 +31,7 @@ def test_readme_pythonExample_trainsAuditsAndOpensATask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blocks = _python_blocks(README.read_text())
-    assert len(blocks) == 2, "the README's Python examples changed; run each of them here"
+    assert len(blocks) == 3, "the README's Python examples changed; run each of them here"
     monkeypatch.chdir(tmp_path)  # the example writes runs/mlp relative to where it runs
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -63,6 +63,32 @@ def test_readme_loadingExample_readsTheFileTaskModelWrites(
     exec(compile(blocks[1], str(README), "exec"), scope)
     loaded = scope["model"].state_dict()  # type: ignore[attr-defined]
     assert set(loaded) == set(final) and all(torch.equal(loaded[k], final[k]) for k in final)
+
+
+def test_readme_peftExample_putsTheAdapterWrittenOntoTheBaseModel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third example loads what `vgame task model --pretrained` writes for a LoRA fine-tune
+    (game.delivery.write_pretrained) onto the client's base model: the adapter's values come back."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from game.delivery import write_pretrained
+
+    config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    lora = peft.LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, init_lora_weights=False)
+    tuned = peft.get_peft_model(transformers.GPT2LMHeadModel(config), lora)
+    base_weights = {k: v.clone() for k, v in tuned.get_base_model().state_dict().items() if "lora_" not in k}
+    adapter = {k: v.clone() for k, v in tuned.state_dict().items() if "lora_" in k}
+    monkeypatch.chdir(tmp_path)
+    write_pretrained(tuned, Path("adapter"))
+    base_model = transformers.GPT2LMHeadModel(config)
+    base_model.load_state_dict({k.replace("base_layer.", ""): v for k, v in base_weights.items()})
+    scope: dict[str, object] = {"__name__": "readme_example", "base_model": base_model}
+    exec(compile(_python_blocks(README.read_text())[2], str(README), "exec"), scope)
+    loaded = scope["model"].state_dict()  # type: ignore[attr-defined]
+    assert adapter and all(torch.equal(loaded[k], v) for k, v in adapter.items())
 
 
 def test_readme_ownTaskExcerpt_isTheExamplesCode() -> None:
