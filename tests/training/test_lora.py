@@ -353,3 +353,91 @@ def test_aClassifierFineTune_fromAHeadlessCheckpoint_fillsTheEncoder_andNamesThe
         encoder["embeddings.word_embeddings.weight"].double(),
     )
     assert torch.equal(got["base_model.model.classifier.original_module.weight"], head)
+
+
+def _trained_adapters(model: nn.Module, seed: int) -> None:
+    """Give ``model``'s adapters (and a kept module's trainable copy) values a fine-tune might have
+    left, on the float32 grid (``lora_B`` is zero at first, which would hide a tensor left out)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name or ".modules_to_save." in name:
+                p.copy_((p + torch.randn_like(p)).float().double())
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_anAdapterPeftSaved_besideItsBase_goesOnFromBoth_asPeftsLoaderPutsThem(
+    tmp_path: Path, dora: bool
+) -> None:
+    """To go on fine-tuning an adapter PEFT saved (``save_pretrained``: its names lose the adapter's
+    name, DoRA's magnitudes lose ``.default.weight``, a kept module's copy is saved by its base
+    name), ``init_weights`` takes the base checkpoint and the adapter's directory together: the
+    wrapped model then holds what ``PeftModel.from_pretrained`` on the base gives, tensor for
+    tensor. DoRA's magnitudes, given, are no longer the base's norms to refuse."""
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=TARGETS, fan_in_fan_out=True, modules_to_save=["ln_f"], use_dora=dora
+    )  # fmt: skip
+    tuned = peft.get_peft_model(_base(1), lora)
+    _trained_adapters(tuned, seed=7)
+    tuned.save_pretrained(tmp_path / "adapter")
+    _base(1).float().save_pretrained(tmp_path / "base")
+
+    model = init_module(lambda: peft.get_peft_model(transformers.GPT2LMHeadModel(_config()), lora), seed=2)
+    weights.apply(model, [tmp_path / "base", tmp_path / "adapter"], strict=True)
+    reference = peft.PeftModel.from_pretrained(
+        transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base"), tmp_path / "adapter"
+    ).state_dict()
+    got = model.state_dict()
+    assert set(got) == set(reference)
+    for name, value in got.items():
+        assert torch.equal(value, reference[name].to(value.dtype)), name
+    moved = [n for n in got if ".lora_" in n or ".modules_to_save." in n]
+    assert moved and all(torch.equal(got[n], tuned.state_dict()[n]) for n in moved)
+    if dora:
+        with pytest.raises(ConfigError, match="use_dora=True"):  # the base alone: still refused
+            weights.apply(model, tmp_path / "base", strict=True)
+
+
+def test_twoSourcesGivingOneName_orAnAdapterOfAnotherShape_areRefused(tmp_path: Path) -> None:
+    base = _base(1).state_dict()
+    with pytest.raises(ConfigError, match=r"transformer\.wte\.weight given by two of the sources"):
+        weights.load([base, {"transformer.wte.weight": base["transformer.wte.weight"]}])
+    with pytest.raises(ConfigError, match="an empty list"):
+        weights.load([])
+    other = peft.LoraConfig(r=2, target_modules=TARGETS, fan_in_fan_out=True)
+    peft.get_peft_model(_base(1), other).save_pretrained(tmp_path / "r2")
+    with pytest.raises(
+        ConfigError, match=r"lora_A\.default\.weight has shape \(2, 16\), the model's is \(4, 16\)"
+    ):
+        weights.apply(init_module(_factory(), seed=2), [base, tmp_path / "r2"], strict=True)
+
+
+def test_theLoraExample_goesOnFromTheAdapterItDelivered_andAuditsOnAnotherProfile(tmp_path: Path) -> None:
+    """``examples/hf/lora.toml`` run twice: the first run's adapter, as ``vgame task model
+    --pretrained`` writes it (``delivery.write_pretrained``), is the second run's ``adapter`` beside
+    the same base: leaf 0 of the second is the first's final adapters on that base, and it audits."""
+    from game.delivery import write_pretrained
+    from game.training.engine.states import decode_state
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    hf = tmp_path / "hf"
+    shutil.copytree(examples / "hf", hf, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    cfg = load_config(hf / "lora.toml").replace(steps=3, checkpoint_interval=3)
+    first = train(cfg, "cpu-1t", tmp_path / "first")
+    final = decode_state(Transcript(tmp_path / "first").load_checkpoint(3), cfg).model
+    base = {
+        k.replace(".base_layer", ""): v
+        for k, v in final.get_base_model().state_dict().items()
+        if ".lora_" not in k
+    }
+    (hf / "base.safetensors").write_bytes(weights.save(base, Path("w.safetensors")))
+    tuned = {k: v.clone() for k, v in final.state_dict().items() if ".lora_" in k}
+    write_pretrained(final, hf / "adapter")
+
+    again = cfg.replace(init=str(hf / "base.safetensors"), adapter=str(hf / "adapter"))
+    second = train(again, "cpu-1t", tmp_path / "second")
+    _, start = parse_state(Transcript(tmp_path / "second").load_checkpoint(0))
+    assert tuned and all(torch.equal(start[f"param/{n}"], v) for n, v in tuned.items())
+    assert any(".lora_B." in n and v.abs().sum() > 0 for n, v in tuned.items())
+    report = audit(tmp_path / "second", "noisy")
+    assert report.match and report.trainer_state_root == second.state_root != first.state_root

@@ -32,9 +32,15 @@ from game.training.task import data as packaged
 HERE = Path(__file__).resolve().parent.parent
 
 
-def init_weights(path: str) -> Path | None:
-    """The ``init`` key as a file: None when empty, relative paths beside the package."""
-    return HERE / path if path else None
+def init_weights(path: str, adapter: str = "") -> Path | list[Path] | None:
+    """The ``init`` key as a file: None when empty, relative paths beside the package; with an
+    ``adapter`` directory (PEFT's ``save_pretrained``), both: the base and the adapter to go on from."""
+    base = HERE / path if path else None
+    if not adapter:
+        return base
+    if base is None:
+        raise ValueError("adapter: give the base model's weights as init as well")
+    return [base, HERE / adapter]
 
 
 def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -53,7 +59,7 @@ def shakespeare_lm(
         dataset=TokenWindows(packaged.shakespeare_tokens("train"), windows),
         eval_dataset=TokenWindows(packaged.shakespeare_tokens("test"), windows),
         loss=lm_loss,
-        init_weights=init_weights(cfg.params.init),
+        init_weights=init_weights(cfg.params.init, getattr(cfg.params, "adapter", "")),
         libraries=libraries,
     )
 
@@ -94,7 +100,7 @@ def gpt2(cfg):  # type: ignore[no-untyped-def]
 
 @task(
     model={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16},
-    params={"init": "", "rank": 8},
+    params={"init": "", "adapter": "", "rank": 8},
     optimizer="adamw",
     lr=1e-3,
     weight_decay=0.0,
@@ -107,7 +113,9 @@ def gpt2_lora(cfg):  # type: ignore[no-untyped-def]
     rank-``rank`` adapters to its attention and MLP projections, with dropout at ``cfg.dropout``.
     ``init`` names the base model's weights (a GPT-2 checkpoint of this shape, such as the model
     a ``gpt2.toml`` run delivered): vgame puts them in by the base model's names, and the adapters
-    keep PEFT's initialisation (``lora_B`` zero: the fine-tune starts as the base model)."""
+    keep PEFT's initialisation (``lora_B`` zero: the fine-tune starts as the base model).
+    ``adapter`` names an adapter PEFT saved for that base (a directory, such as ``vgame task model
+    --pretrained`` of an earlier run of this task) to go on fine-tuning from."""
     from peft import LoraConfig, get_peft_model  # this task alone needs PEFT (the `lora` extra)
 
     config, rank = gpt2_config(cfg), int(cfg.params.rank)

@@ -16,7 +16,13 @@ shared projections), are not in a base checkpoint: they keep the initialisation 
 them (PEFT's LoRA: ``lora_B`` zero, so the wrapped model starts as its base), even with
 ``init_strict``.
 
-Nothing here imports PEFT: a model is read by duck typing, so a hand-written adapter that keeps
+A fine-tune that goes on from an adapter PEFT saved (``save_pretrained``'s
+``adapter_model.safetensors``, given beside the base checkpoint) has its tensors named as PEFT
+saves them (``...c_attn.lora_A.weight``, a kept module's trainable copy by its base name):
+:func:`saved_names` places them by PEFT's own ``get_peft_model_state_dict``, which names the live
+tensors as a save would.
+
+Nothing else here imports PEFT: a model is read by duck typing, so a hand-written adapter that keeps
 PEFT's layout is read alike, and a model without wrappers has no renamed tensors.
 """
 
@@ -145,4 +151,28 @@ def unwrapped(model: nn.Module, state: Mapping[str, Any]) -> Unwrapped:
     return out
 
 
-__all__ = ["FROM_BASE", "Unwrapped", "initialised_from_base", "unwrapped"]
+def saved_names(model: nn.Module, state: Mapping[str, Any]) -> dict[str, list[str]]:
+    """For a PEFT model, the names its active adapter's tensors have in a file PEFT saved
+    (``save_pretrained``), each with the model's state names (``state``, kept as variables) holding
+    that tensor; empty for any other model. Why PEFT's function and not a rule here: PEFT renames
+    as it saves in more than one way (``lora_A.default.weight`` -> ``lora_A.weight``,
+    ``lora_magnitude_vector.default.weight`` -> ``lora_magnitude_vector``, a kept module's
+    ``modules_to_save.default.weight`` -> ``weight``), and its own function is the one its loader
+    undoes. A tensor PEFT computes only to save it (prompt tuning's ``prompt_embeddings``) is held
+    by no state name and left out."""
+    if not isinstance(getattr(model, "peft_config", None), dict):
+        return {}
+    from peft import get_peft_model_state_dict  # a PEFT model: PEFT is installed
+
+    adapter = getattr(model, "active_adapter", "default")
+    saved = get_peft_model_state_dict(
+        model, state_dict=dict(state), adapter_name=adapter if isinstance(adapter, str) else "default",
+        save_embedding_layers=False,
+    )  # fmt: skip
+    holders: dict[int, list[str]] = {}
+    for name, t in state.items():
+        holders.setdefault(id(t), []).append(name)
+    return {key: holders[id(t)] for key, t in saved.items() if id(t) in holders}
+
+
+__all__ = ["FROM_BASE", "Unwrapped", "initialised_from_base", "saved_names", "unwrapped"]

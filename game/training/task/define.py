@@ -31,12 +31,14 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from game.errors import ConfigError, TaskCodeError, VGameError
 from game.training.task.declaration import Declaration
 from game.training.task.inputs import Digest
+
+if TYPE_CHECKING:
+    from game.training.task.weights import Sources
 
 
 class TaskConfig(Protocol):
@@ -83,9 +85,10 @@ class Task:
       given; one whose step takes a metric (``ReduceLROnPlateau``) is given the step's loss (the
       mean of the losses of the micro-batches the update applies), and its state is committed
       with the step's.
-    * ``init_weights``: a ``state_dict`` or a ``.safetensors``/``.pt`` file to fine-tune from; leaf 0
-      is these weights on the grid. ``init_strict=False`` lets the model's own initialisation
-      fill the tensors they do not hold (a new head).
+    * ``init_weights``: a ``state_dict`` or a ``.safetensors``/``.pt`` file or model directory to
+      fine-tune from, or a list of them (a base checkpoint and the adapter PEFT saved for it, to
+      go on fine-tuning that adapter); leaf 0 is these weights on the grid. ``init_strict=False``
+      lets the model's own initialisation fill the tensors they do not hold (a new head).
     * ``eval_dataset`` and ``metrics(model, batch) -> {name: value}``: reported every N steps
       (``vgame train --eval-every``); never trained on, never in the transcript.
     * ``libraries``: distributions that define the model (e.g. ``("transformers",)``): their
@@ -100,7 +103,7 @@ class Task:
     loss: Callable[[Any, Any], Any]
     optimizer: Callable[[Any], Any] | None = None
     scheduler: Callable[[Any], Any] | None = None
-    init_weights: Mapping[str, Any] | str | Path | None = None
+    init_weights: Sources | None = None
     init_strict: bool = True
     collate: Callable[[list[Any]], Any] | None = None
     sampling: Any = "replacement"  # a name of SAMPLINGS, or a torch WeightedRandomSampler

@@ -32,21 +32,43 @@ WEIGHTS_FORMAT = b"vgame-weights-v1\0"
 
 
 #: What a model directory holds its weights in, as Hugging Face's ``save_pretrained`` writes them:
-#: one file, or an index of shards (a model over its shard size), looked for in this order.
+#: one file, or an index of shards (a model over its shard size), looked for in this order; then
+#: what PEFT's ``save_pretrained`` writes, an adapter alone.
 DIRECTORY_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
 )
 
+#: One source of initial weights: a ``state_dict``, or a file or directory holding one.
+Source = Mapping[str, Any] | str | Path
+#: What ``Task.init_weights`` takes: one source, or several (a base checkpoint and an adapter).
+Sources = Source | list[Source] | tuple[Source, ...]
 
-def load(source: Mapping[str, Any] | str | Path) -> dict[str, Tensor]:
+
+def load(source: Sources) -> dict[str, Tensor]:
     """The weights a task gives: a ``state_dict`` as is, or read from a ``.safetensors`` or
     ``.pt``/``.pth``/``.bin`` file (``torch.load`` with ``weights_only=True``: no code runs), a
     shard index (``*.index.json``, its ``weight_map`` naming each tensor's shard beside it), or a
     model directory holding one of :data:`DIRECTORY_FILES` (a Hugging Face checkpoint, sharded or
-    not)."""
+    not, or a PEFT adapter); or a list of such sources, their tensors together (a base model's
+    checkpoint and an adapter PEFT saved for it), each name given once."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ConfigError("init_weights: an empty list of sources")
+        out: dict[str, Tensor] = {}
+        for one in source:
+            got = load(one)
+            twice = sorted(set(out) & set(got))
+            if twice:
+                raise ConfigError(
+                    f"init_weights: {', '.join(twice[:5])} given by two of the sources (each name once)"
+                )
+            out.update(got)
+        return out
     if isinstance(source, Mapping):
         out = dict(source)
     else:
@@ -111,7 +133,7 @@ def _sharded(index: Path) -> dict[str, Tensor]:
     return out
 
 
-def digest(source: Mapping[str, Any] | str | Path) -> Digest:
+def digest(source: Sources) -> Digest:
     """The digest of the weights' values (module docstring: why not the file's bytes)."""
     tensors = load(source)
     h = hashlib.sha256(WEIGHTS_FORMAT)
@@ -125,27 +147,35 @@ def digest(source: Mapping[str, Any] | str | Path) -> Digest:
 
 
 @torch.no_grad()
-def apply(model: nn.Module, source: Mapping[str, Any] | str | Path, *, strict: bool) -> None:
+def apply(model: nn.Module, source: Sources, *, strict: bool) -> None:
     """Load the weights into ``model`` (whose float tensors are float64): every tensor they hold
     must exist in the model with its shape, or, for a vocabulary's tensors, fewer rows (the first
     rows are given: :func:`_vocabulary_tensors`) (names fitted to a Hugging Face model's base-model
     prefix where that makes them fit: :func:`_fitted`; a model wrapped with adapters, PEFT's LoRA,
-    read by its base model's names: :mod:`~game.training.task.adapters`); with ``strict`` every
-    tensor of the model's state but the adapters' own must be given (ConfigError listing what is
-    missing or extra)."""
+    read by its base model's names, and an adapter PEFT saved by the names it saves under:
+    :mod:`~game.training.task.adapters`); with ``strict`` every tensor of the model's state but the
+    adapters' own must be given (ConfigError listing what is missing or extra)."""
     own = model.state_dict(keep_vars=True)
     loaded = load(source)
     # a model wrapped with adapters (PEFT's LoRA) is read by its base model's names, unless the
-    # weights name its own tensors (an earlier run of the wrapped model)
+    # weights name its own tensors (an earlier run of the wrapped model); an adapter PEFT saved
+    # goes to the tensors it was saved from
     view = adapters.unwrapped(model, own)
+    saved: dict[str, list[str]] = {}
     if all(n in own for n in loaded) or not view.wrapped:
         view = adapters.Unwrapped({n: [n] for n in own})
-    elif (how := adapters.initialised_from_base(model)) is not None:
-        raise ConfigError(f"init_weights: the model's adapters use {how}: {PEFT_FROM_BASE_FIX}")
+    else:
+        saved = adapters.saved_names(model, own)
+    from_adapter = {k: t for k, t in loaded.items() if k in saved and k not in view.names}
+    loaded = {k: t for k, t in loaded.items() if k not in from_adapter}
     base = view.base if view.base is not None else model
     given = _fitted(loaded, view.names, getattr(base, "base_model_prefix", ""))
     extra = sorted(set(given) - set(view.names))
     targets = {n: given[b] for b in given if b in view.names for n in view.names[b]}
+    # after the base's: a kept module's trainable copy takes the adapter's values
+    targets.update((n, t) for k, t in from_adapter.items() for n in saved[k])
+    if view.adapters - set(targets) and (how := adapters.initialised_from_base(model)) is not None:
+        raise ConfigError(f"init_weights: the model's adapters use {how}: {PEFT_FROM_BASE_FIX}")
     # a tensor the model ties to a given one (an output layer sharing the input embedding, which a
     # Hugging Face checkpoint stores once) is given with it
     tied = {id(own[n]) for n in targets}
