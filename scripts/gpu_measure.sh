@@ -138,14 +138,14 @@ for stage in "${stages[@]}"; do
         ;;
     hf)
         # a task of one's own on real hardware (issue 43): Hugging Face's GPT-2 (stock SDPA and dropout,
-        # served) and Llama (float32 rotary table and RMSNorm, rounded by way of their float64 twins),
-        # each trained on one side and audited on the other, both ways
+        # served), Llama (float32 rotary table and RMSNorm, rounded by way of their float64 twins) and
+        # GPT-2 with PEFT's LoRA adapters, each trained on one side and audited on the other, both ways
         f=$out/audits.jsonl
         runs=$(mktemp -d)
         (
             cd examples/hf || exit 1
             export HF_HUB_OFFLINE=1
-            for model in gpt2 llama; do
+            for model in gpt2 llama lora; do
                 run 120 "${vgame[@]}" train --config "$model.toml" --steps 10 --profile cuda --out "$runs/gpu-$model"
                 json 120 "$f" "${vgame[@]}" audit --transcript "$runs/gpu-$model" --profile cpu-1t --json
                 run 120 "${vgame[@]}" train --config "$model.toml" --steps 10 --profile cpu-1t --out "$runs/cpu-$model"
