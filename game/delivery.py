@@ -296,7 +296,7 @@ def write_pretrained(model: nn.Module, out: Path) -> int:
         staged = Path(tmp) / "model"
         save(str(staged))
         values = 0
-        for f in sorted(staged.glob("*.safetensors")):
+        for f in sorted(staged.rglob("*.safetensors")):  # a PEFT model's other adapters: subdirectories
             with safe_open(str(f), framework="pt") as held:
                 values += sum(math.prod(held.get_slice(k).get_shape()) for k in held.keys())  # noqa: SIM118 (not iterable)
         if out.is_dir():
