@@ -24,6 +24,16 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+# Triton reads TRITON_INTERPRET once, when it is first imported, and a library that a test module
+# imports at collection may import Triton (PEFT does): so on a machine without a GPU the switch
+# that runs the kernels' tests in Triton's interpreter is set here, before any test module is
+# collected, not in those modules, which a module collected before them would make too late.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 ROLES = {"client": 0, "trainer": 1, "judge": 2, "auditor": 3, "auditor2": 4, "stranger": 5}
 
 
