@@ -273,7 +273,8 @@ def _check_free(out: Path) -> None:
 
 def write_pretrained(model: nn.Module, out: Path) -> int:
     """Write ``model`` (the decoded final state's, float64) to the directory ``out`` by its own
-    ``save_pretrained``, in float32 (every value lies on the float32 grid: nothing is lost), whole
+    ``save_pretrained``, cast to float32 in place (every value lies on the float32 grid: nothing is
+    lost), whole
     or not at all: a Hugging Face model writes its config and weights (``from_pretrained`` loads
     them), a PEFT model its adapter alone (``PeftModel.from_pretrained(base, out)``). Returns the
     values written. DeliveryError for a model without ``save_pretrained`` or a target not free.
