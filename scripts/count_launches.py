@@ -199,7 +199,7 @@ def parts(record_ms: Callable[[], float]) -> dict[str, float]:
     nothing once the first is gone."""
     import torch
 
-    from game.training.dispatch.draws import Draws
+    from game.training.dispatch.draws import Draws, suspended
     from game.training.dispatch.frontmode import FrontMode
     from game.training.engine import step as step_module
 
@@ -212,15 +212,18 @@ def parts(record_ms: Callable[[], float]) -> dict[str, float]:
     def no_snapshot(state: Any) -> Any:
         return lambda: None
 
-    def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any) -> Any:
-        return torch.ones(tuple(shape), dtype=torch.bool, device=device)
+    def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any, scale: float, dtype: Any) -> Any:
+        with suspended():
+            return torch.ones(tuple(shape), dtype=torch.bool, device=device), torch.ones(
+                tuple(shape), dtype=dtype
+            )
 
     out = {"step": record_ms()}
     with contextlib.ExitStack() as stack:
         for name, target, attr, stand_in in (
             ("without_rounding_calls", FrontMode, "_front_op", no_rounding),
             ("and_without_state_copy", step_module, "snapshot", no_snapshot),
-            ("and_without_dropout_masks", Draws, "mask", ones),
+            ("and_without_dropout_masks", Draws, "scaled_mask", ones),
         ):
             stack.enter_context(mock.patch.object(target, attr, stand_in))
             out[name] = record_ms()

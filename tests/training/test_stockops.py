@@ -39,6 +39,11 @@ IDS = torch.arange(40, 48)  # a micro-batch of 8 examples
 SPEC = b"\x07" * 32
 
 
+def _on_grid(x: float) -> float:
+    """``x`` rounded to nearest on the grid: what a step's rounding makes of a dropout scale."""
+    return float(rounding.rnd(torch.tensor([x], dtype=torch.float64), BITS)[0])
+
+
 def _ops(ids: Tensor = IDS, micro_batch: int = 0, step: int = STEP, bits: int = BITS) -> StockOps:
     return StockOps(SEED, step, micro_batch, ids, bits=bits)
 
@@ -68,7 +73,7 @@ def test_dropout_maskIsTheCounterRngsPerExampleMask() -> None:
         first = nn.Dropout(0.25)(x)
         second = F.dropout(x, 0.5)
     keep = rng.bernoulli_mask(SEED, STEP, "torch/0/dropout", IDS, (5, 3), 0.75)
-    assert torch.equal(first, keep.double() * (1 / 0.75))
+    assert torch.equal(first, keep.double() * _on_grid(1 / 0.75))  # the scale as a step rounds it
     keep = rng.bernoulli_mask(SEED, STEP, "torch/1/dropout", IDS, (5, 3), 0.5)
     assert torch.equal(second, keep.double() * 2.0)
     assert ops.drawn == 2 and ops.served["dropout"] == 2
@@ -128,8 +133,45 @@ def test_alphaDropout_keepsTorchsAffineMap() -> None:
         out = F.alpha_dropout(x, p, training=True)
     keep = rng.bernoulli_mask(SEED, STEP, "torch/0/alpha_dropout", IDS, (6,), 1 - p)
     a = 1 / math.sqrt((alpha * alpha * p + 1) * (1 - p))
-    assert torch.equal(out[keep], x[keep] * a + alpha * a * p)
+    assert torch.equal(out[keep], x[keep] * _on_grid(a) + alpha * a * p)
     assert torch.equal(out[~keep], torch.full_like(out[~keep], alpha * a * p - alpha * a))
+
+
+@pytest.mark.parametrize("alpha", [False, True], ids=["dropout", "alpha"])
+@pytest.mark.parametrize("p", [0.1, 0.25, 0.3])
+@pytest.mark.parametrize("bits", [32, 16])
+def test_dropout_scaledMaskMadeWithoutTheInterceptor_givesTheRoundedOpsValues_twoRoundedOpsFewer(
+    alpha: bool, p: float, bits: int
+) -> None:
+    """Issue 46: dropout's scaled mask is made with the interceptor suspended; what the step computes
+    is bit for bit what the conversion and the product rounded by the interceptor gave, and the step
+    rounds neither of them (one Python call and one CUDA launch each, a draw)."""
+    x = rounding.rnd(torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5)), bits)
+
+    def mode() -> RoundingMode:
+        log = new_step_log("sparse", STEP)
+        return RoundingMode(
+            bits=bits, tau=0.25, mode="record", profile=get_profile("cpu-1t"), step=STEP, log=log
+        )
+
+    served = mode()
+    with _ops(bits=bits), served:
+        out = F.alpha_dropout(x, p, training=True) if alpha else F.dropout(x, p)
+    name = "alpha_dropout" if alpha else "dropout"
+    keep = rng.bernoulli_mask(SEED, STEP, f"torch/0/{name}", IDS, (6,), 1 - p).expand(8, 6)
+    a, k = 1 / math.sqrt((1.7580993408473766**2 * p + 1) * (1 - p)), 1.7580993408473766
+    ops_as_written = mode()
+    with ops_as_written:  # the served function's ops before: every one under the interceptor
+        m = keep.to(torch.float64) * (a if alpha else 1 / (1 - p))
+        if alpha:
+            shift = torch.full((8, 6), k * a * p - k * a, dtype=torch.float64).masked_fill_(keep, k * a * p)
+            expected = x * m + shift
+        else:
+            expected = x * m
+    assert torch.equal(out, expected)
+    assert ops_as_written.rounded["aten._to_copy.default"] == 1
+    assert served.rounded["aten._to_copy.default"] == 0
+    assert served.rounded["aten.mul.Tensor"] == 1 == ops_as_written.rounded["aten.mul.Tensor"] - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,7 +226,7 @@ def test_sdpa_dropout_isTheServedMaskOnTheWeights() -> None:
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
     weights = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
     keep = rng.bernoulli_mask(SEED, STEP, "torch/0/scaled_dot_product_attention", IDS, (2, 3, 3), 0.75)
-    torch.testing.assert_close(out, (weights * (keep.double() / 0.75)) @ v, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, (weights * (keep.double() * _on_grid(1 / 0.75))) @ v, rtol=0, atol=1e-12)
 
 
 def test_maskFill_isTheModelsFill() -> None:
@@ -216,7 +258,7 @@ def test_multiheadAttention_attentionDropoutInTraining_isTheServedMaskOnTheWeigh
     q, k, v = (t.reshape(8, 5, 2, 4).transpose(1, 2) for t in (q, k, v))
     weights = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
     keep = rng.bernoulli_mask(SEED, STEP, "torch/0/multi_head_attention_forward", IDS, (2, 5, 5), 0.75)
-    heads = (weights * (keep.double() / 0.75)) @ v
+    heads = (weights * (keep.double() * _on_grid(1 / 0.75))) @ v
     want = F.linear(heads.transpose(1, 2).reshape(8, 5, 8), mha.out_proj.weight, mha.out_proj.bias)
     torch.testing.assert_close(served, want, rtol=0, atol=1e-12)
 
@@ -280,7 +322,7 @@ def test_lstmDropoutBetweenLayers_isTheServedMask_onTheFirstLayersOutput(batch_f
             getattr(layer, f"{name}_l0").data.copy_(getattr(lstm, f"{name}_l{i}"))
     first, (h0, c0) = one[0](x if batch_first else x.transpose(0, 1))
     keep = rng.bernoulli_mask(SEED, STEP, "torch/0/lstm", IDS, (4, 5), 0.6)
-    second, (h1, c1) = one[1](first * (keep.double() * (1 / 0.6)))
+    second, (h1, c1) = one[1](first * (keep.double() * _on_grid(1 / 0.6)))
     torch.testing.assert_close(out, second if batch_first else second.transpose(0, 1), rtol=0, atol=0)
     assert torch.equal(h, torch.cat((h0, h1))) and torch.equal(c, torch.cat((c0, c1)))
     lstm.eval()

@@ -11,13 +11,17 @@ data-parallel workers write the one-process transcript.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.overrides import _get_current_function_mode_stack
 
 from game.training.dispatch.draws import Draws
-from game.training.dispatch.stockops import StockOps, update_seed, updating
+from game.training.dispatch.stockops import StockOps, draws_nothing, update_seed, updating
 from game.training.engine.replay import replay_transcript_step
 from game.training.engine.step import engine_for
 from game.training.engine.train import train
@@ -95,3 +99,59 @@ def test_theServedUpdate_leavesTorchsOptimizerStateAsTorchMakesIt(tmp_path: Path
     engine.run_step(state, 1, mode="record")
     steps = [s["step"] for s in state.optimizer.state.values()]
     assert steps and all(t.dtype == torch.float32 and float(t) == 1.0 for t in steps)
+
+
+def _sgd() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))], lr=0.1)
+
+
+def _hooked(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    optimizer.register_step_pre_hook(lambda *_: None)
+    return optimizer
+
+
+class _OwnSGD(torch.optim.SGD):
+    pass
+
+
+def _replaced_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    optimizer.step = lambda closure=None: None  # type: ignore[method-assign]
+    return optimizer
+
+
+@pytest.mark.parametrize(
+    ("make", "serves"),
+    [
+        (_sgd, False),
+        (lambda: torch.optim.Adam(_sgd().param_groups[0]["params"]), False),
+        (lambda: _hooked(_sgd()), True),
+        (lambda: _OwnSGD(_sgd().param_groups[0]["params"], lr=0.1), True),
+        (lambda: _replaced_step(_sgd()), True),
+    ],
+    ids=["sgd", "adam", "a step hook", "a task's subclass", "step replaced"],
+)
+def test_updating_servesWhereTheOptimizerMayDraw_andSkipsTheModeForTorchsOwnStep(
+    make: Callable[[], torch.optim.Optimizer], serves: bool
+) -> None:
+    """Issue 46: torch's own optimizers draw nothing, so their update runs without the function
+    mode (its Python for each torch call was about 1 ms of a GPT-2-shape step); an optimizer that may draw
+    (a task's class, a hook, a replaced step) is served as before. Python's generator is seeded
+    for the update either way."""
+    optimizer = make()
+    assert draws_nothing(optimizer) is not serves
+    seeded = random.Random(int.from_bytes(update_seed(9, 4), "big")).random()
+    with updating(9, 4, bits=32, optimizer=optimizer) as served:
+        assert bool(_get_current_function_mode_stack()) is serves
+        assert random.random() == seeded
+        if serves:
+            torch.randn(2, dtype=torch.float64)
+    assert served["randn"] == (1 if serves else 0)
+
+
+def test_updating_aGlobalStepHook_keepsTheMode() -> None:
+    handle = register_optimizer_step_post_hook(lambda *_: None)
+    try:
+        assert not draws_nothing(_sgd())
+    finally:
+        handle.remove()
+    assert draws_nothing(_sgd())

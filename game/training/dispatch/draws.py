@@ -32,8 +32,10 @@ float32's) as ``(word >> (32 - k)) * 2**-k``, on the grid by construction and be
 construction); a normal is Irwin-Hall (:func:`rng.irwin_hall`: twelve words, exact integer sums, no
 transcendental function), then rounded to the grid; an integer below ``n`` (``n < 2**31``) is
 ``(word * n) >> 32``. These standard values are made with the dispatch modes suspended (integer
-arithmetic, the same everywhere); what a function makes of them (``x * mask * 1/(1-p)``, ``mean +
-std * z``) runs as ordinary ops under the step's interceptor, which rounds them as any others.
+arithmetic, the same everywhere); what a function makes of them (``x * mask``, ``mean + std * z``)
+runs as ordinary ops under the step's interceptor, which rounds them as any others. One exception,
+for speed: dropout's scaled mask ``keep * 1/(1-p)`` is made suspended too (:meth:`Draws.scaled_mask`),
+as 0 or the scale rounded to the grid, the values the interceptor's rounding gives.
 
 A ``generator=`` argument is ignored: every served draw comes from the counter RNG. Calls made while
 a ``__torch_dispatch__`` runs (the interceptor's own work: the ``noisy`` profile's perturbation,
@@ -47,6 +49,8 @@ call only.)
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -143,6 +147,33 @@ class Draws:
         with suspended():
             return rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
 
+    def scaled_mask(
+        self,
+        name: str,
+        shape: Sequence[int],
+        p_keep: float,
+        device: torch.device,
+        scale: float,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`mask`'s keep mask, and ``keep.to(dtype) * scale`` as a rounding step computes it
+        (0, or ``scale`` rounded to the grid's nearest), both made with the interceptor suspended.
+
+        Why: dropout's scaled mask was two rounded ops a draw (the conversion and the product), each
+        a Python call of the interceptor and, on a GPU, a kernel launch: 74 of a GPT-2-shape step's
+        632 (issue 46). The product of 0 or 1 by the rounded scale is exact, so the values are the
+        ones the step's rounding gave. Where nothing is rounded (``bits`` None), ``dtype`` is not
+        the step's float64, or the scale is past the grid's range (its rounding says so), the
+        product runs under the interceptor as written.
+        """
+        purpose, ids, rest = self.key(name, shape)
+        value = _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
+        with suspended():
+            keep = rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
+            if value is not None:
+                return keep, keep.to(dtype).mul_(value)
+        return keep, keep.to(dtype) * scale
+
     def words(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
         """One uint32 word per element (int64), for draws that compare against a tensor."""
         purpose, ids, rest = self.key(name, shape)
@@ -205,6 +236,17 @@ def suspended() -> Iterator[None]:
     devices, the same whatever is on."""
     with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
         yield
+
+
+@functools.cache
+def _on_grid(scale: float, bits: int) -> float | None:
+    """``scale`` rounded half-to-even onto the ``bits`` grid (:func:`rounding.rnd`, the rule an
+    exact op's result is rounded by); None where it is not finite or not below the grid's largest
+    value (the interceptor's rounding then speaks for it)."""
+    if not (math.isfinite(scale) and abs(scale) < rounding.grid_max(bits)):
+        return None
+    with suspended():
+        return float(rounding.rnd(torch.tensor([scale], dtype=torch.float64), bits)[0])
 
 
 def beneath_dispatch() -> bool:

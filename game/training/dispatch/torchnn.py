@@ -73,14 +73,13 @@ def dropout(
     if feature and x.dim() < 2:
         raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
     shape = (x.shape[0], x.shape[1], *(1,) * (x.dim() - 2)) if feature else x.shape
-    keep = d.mask(name, shape, 1.0 - p, x.device).to(x.dtype)
     if not alpha:
-        m = keep * (1.0 / (1.0 - p))
+        _, m = d.scaled_mask(name, shape, 1.0 - p, x.device, 1.0 / (1.0 - p), x.dtype)
         return x.mul_(m) if inplace else x * m
     a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1.0) * (1.0 - p))
     kept, dropped = _ALPHA * a * p, _ALPHA * a * p - _ALPHA * a
-    shift = torch.full(shape, dropped, dtype=x.dtype, device=x.device).masked_fill_(keep.bool(), kept)
-    m = keep * a
+    keep, m = d.scaled_mask(name, shape, 1.0 - p, x.device, a, x.dtype)
+    shift = torch.full(shape, dropped, dtype=x.dtype, device=x.device).masked_fill_(keep, kept)
     return x.mul_(m).add_(shift) if inplace else x * m + shift
 
 
