@@ -6,6 +6,7 @@ it sees every op's results after rounding and checks them against the grid and a
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from typing import Any
@@ -423,6 +424,14 @@ def test_exactOps_areRoundedWithoutLog() -> None:
         (lambda: _SELECTIONS_BACKWARD["select"], OpClass.MOVE),
         (lambda: _SELECTIONS_BACKWARD["diagonal"], OpClass.MOVE),
         (lambda: _SELECTIONS_BACKWARD["value_selecting_reduction"], OpClass.MOVE),
+        # values kept, put to 0, negated or +-1 (issue 46: they were exact, rounded for nothing)
+        (lambda: (aten.relu.default, (torch.ones(2),), {}), OpClass.MOVE),
+        (lambda: (aten.relu_.default, (torch.ones(2),), {}), OpClass.MOVE),
+        (lambda: (aten.threshold_backward.default, (torch.ones(2), torch.ones(2), 0.0), {}), OpClass.MOVE),
+        (lambda: (aten.neg.default, (torch.ones(2),), {}), OpClass.MOVE),
+        (lambda: (aten._foreach_neg.default, ([torch.ones(2)],), {}), OpClass.MOVE),
+        (lambda: (aten.sign.default, (torch.ones(2),), {}), OpClass.MOVE),
+        (lambda: (aten.threshold.default, (torch.ones(2), 0.5, 0.1), {}), OpClass.EXACT),  # its value
     ],
 )
 def test_classify_dependsOnOpAndArguments(call: Any, expected: OpClass) -> None:
@@ -452,6 +461,45 @@ def test_aSelectionsBackward_isABitCopyOfItsGradientIntoZeros(name: str) -> None
     grad = args[0]
     nonzero = out[out != 0]
     assert set(nonzero.tolist()) == set(grad.flatten().tolist()) and nonzero.numel() == grad.numel()
+
+
+@pytest.mark.parametrize("bits", [32, 24, 16])
+@pytest.mark.parametrize("op", ["relu", "threshold_backward", "neg", "sign"])
+def test_theMovesThatKeepOrNegateValues_giveGridValuesFromGridValues(op: str, bits: int) -> None:
+    """What makes relu, its backward, neg and sign moves: from values on the grid (normal,
+    subnormal, the largest, signed zeros, infinities) every result is on the grid, so rounding
+    it changes no bit (issue 46)."""
+    g = torch.Generator().manual_seed(bits)
+    big = rounding.grid_max(bits)
+    edge = torch.tensor(
+        [0.0, -0.0, big, -big, math.inf, -math.inf, 2.0**-140, -(2.0**-149)], dtype=torch.float64
+    )
+    x = rounding.rnd(torch.cat([torch.randn(500, dtype=torch.float64, generator=g) * 10.0**-30, edge]), bits)
+    y = rounding.rnd(torch.randn(x.numel(), dtype=torch.float64, generator=g), bits)
+    out = {
+        "relu": lambda: torch.relu(x),
+        "threshold_backward": lambda: aten.threshold_backward.default(y, x, 0.0),
+        "neg": lambda: torch.neg(x),
+        "sign": lambda: torch.sign(x),
+    }[op]()
+    assert torch.equal(rounding.rnd(out, bits).view(torch.int64), out.view(torch.int64))
+
+
+def test_aReluModelsRecordStep_roundsNoReluNorItsBackward() -> None:
+    """Through the front and through the Python mode, a record step of a ReLU network hands the
+    rounding no ReLU output and no ReLU gradient, and both give the same state bit for bit."""
+    states = []
+    for interceptor in ("front", "python"):
+        engine = StepEngine(TaskConfig.for_preset("cnn-digits", **SMALL["cnn-digits"]), get_profile("cpu-1t"))
+        state = engine.init_state()
+        with contextlib.nullcontext() if interceptor == "front" else front.disabled():
+            engine.run_step(state, 1, mode="record")
+        mode = engine.last_mode
+        assert mode is not None and mode.via_front is (interceptor == "front" and front.available())
+        assert not {n for n in mode.rounded if "relu" in n or "threshold" in n}
+        assert mode.classes.get("aten.relu.default") is OpClass.MOVE
+        states.append([p.detach().clone() for p in state.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*states, strict=True))
 
 
 def test_classify_unknownCustomOp_isInexact() -> None:

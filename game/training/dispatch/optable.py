@@ -69,6 +69,10 @@ MOVE_OPS: frozenset[str] = frozenset(
         "tril", "triu", "diag_embed", "block_diag", "diagonal_copy", "reflection_pad1d", "reflection_pad2d",
         "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "slice_backward",
         "select_backward", "diagonal_backward", "value_selecting_reduction_backward",
+        # values kept, put to 0 or negated, or +-1: on the grid where their inputs are, as a
+        # move's are, so rounding them was a call and a launch for nothing (issue 46: ReLU and
+        # its backward were 98 of a ResNet-50-shape trainer step's 575 rounding launches)
+        "relu", "threshold_backward", "neg", "sign",
     }
 )  # fmt: skip
 
@@ -76,8 +80,8 @@ MOVE_OPS: frozenset[str] = frozenset(
 #: selections that may meet off-grid scalars (clamp bounds, fill values), and conversions.
 EXACT_OPS: frozenset[str] = frozenset(
     {
-        "mul", "neg", "abs", "sqrt", "relu", "threshold", "threshold_backward", "where", "maximum",
-        "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "hardtanh", "sign", "sgn",
+        "mul", "abs", "sqrt", "threshold", "where", "maximum",
+        "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "hardtanh", "sgn",
         "copysign", "max", "min", "amax", "amin", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
         "logical_or", "logical_not", "logical_xor", "isnan", "isinf", "isfinite", "floor", "ceil",
         "trunc", "fill", "full", "full_like", "new_full", "scalar_tensor", "masked_fill", "_to_copy",
@@ -89,7 +93,7 @@ EXACT_OPS: frozenset[str] = frozenset(
 #: Exact ops that are not on complex tensors: a complex product sums two products, a complex
 #: quotient, square root or sign divides, and a modulus is a hypot, in ways that differ between
 #: libraries in the last bit. With a complex tensor argument a call is inexact, rounded with the
-#: log; the componentwise ones (add, sub, neg, where, ...) stay exact on complex tensors.
+#: log; the componentwise ones (add, sub, where, ...) stay exact on complex tensors, and neg a move.
 COMPLEX_INEXACT: frozenset[str] = frozenset({"mul", "abs", "sqrt", "sgn", "div"})
 
 #: Ops that draw from torch's generator (base names; every overload, also those whose schema takes
