@@ -143,9 +143,13 @@ class Draws:
 
     def mask(self, name: str, shape: Sequence[int], p_keep: float, device: torch.device) -> Tensor:
         """A bool keep mask of ``shape``: True with probability ``ceil(p_keep * 2**32) / 2**32``."""
-        purpose, ids, rest = self.key(name, shape)
         with suspended():
-            return rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
+            return self._keep(name, shape, p_keep, device)
+
+    def _keep(self, name: str, shape: Sequence[int], p_keep: float, device: torch.device) -> Tensor:
+        """:meth:`mask`'s draw, for a caller that has suspended the interceptors."""
+        purpose, ids, rest = self.key(name, shape)
+        return rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
 
     def scaled_mask(
         self,
@@ -166,10 +170,9 @@ class Draws:
         the step's float64, or the scale is past the grid's range (its rounding says so), the
         product runs under the interceptor as written.
         """
-        purpose, ids, rest = self.key(name, shape)
         value = _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
         with suspended():
-            keep = rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
+            keep = self._keep(name, shape, p_keep, device)
             if value is not None:
                 return keep, keep.to(dtype).mul_(value)
         return keep, keep.to(dtype) * scale

@@ -423,8 +423,11 @@ class StepEngine:
                 "which only a step run in one process can give it: train it without --workers or a "
                 "parameter server"
             )
-        served = updating(self.cfg.seed, step, bits=self.cfg.bits, optimizer=state.optimizer)
-        with served if serve else contextlib.nullcontext():
+        with (
+            updating(self.cfg.seed, step, bits=self.cfg.bits, optimizer=state.optimizer)
+            if serve
+            else contextlib.nullcontext()
+        ):
             if self.cfg.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(
                     state.model.parameters(), self.cfg.clip_grad_norm, foreach=True
