@@ -254,6 +254,68 @@ def _deferred_oneFailedCheck_settlesToNone(failing: str) -> None:
     assert deferred.settle().failed == (1,)  # the second call; the others passed
 
 
+def _dense_entries(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values a hair from their float32 grid's midpoints, each nearer its odd neighbour where its
+    lane is to be listed: every other lane, but all of the second block (1,024 entries in one
+    program's lanes), none of the third, and both lanes of every block edge; and the trainer's
+    entries for them, more than a program samples at once (so its search for a block's first entry
+    narrows in rounds)."""
+    k = torch.arange(size, dtype=torch.float64)
+    listed = k % 2 == 0
+    listed[1024:2048], listed[2048:3072] = True, False
+    for edge in range(3072, size, 1024):
+        listed[edge - 1 : edge + 1] = True
+    up_is_odd = k % 2 == 0  # grid point k of [1, 2) is odd where k is
+    x = 1.0 + k * 2.0**-23 + 2.0**-24 + torch.where(listed == up_is_odd, 2.0**-45, -(2.0**-45))
+    with library.disabled():
+        _, honest = bandcheck.round_and_band(x, 32, BAND)
+    assert torch.equal(honest, listed.nonzero().squeeze(1)) and honest.numel() > cuda_kernels.BLOCK
+    return x, honest
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_deferredAuditor_denseEntriesAcrossBlocks_equalsTorch(grouped: bool) -> None:
+    """A deferred auditor's one pass after the scan (check, round, write the listed lanes) against the
+    torch path: a block listed whole, a block with none, entries on both sides of every edge, a last
+    partial block; as one call, and in a group (chunks of two blocks) beside a tensor with none."""
+    x_t, honest = _dense_entries(5 * 1024 + 37)
+    x_a = _perturb(x_t, 2.0**-40, 3)  # across some midpoints: the entries correct them
+    other = _values(8, 32, "none", 2.0)
+    with library.disabled():
+        want = bandcheck.round_with_entries(x_a, 32, BAND, honest, count_free=True)
+        want_other = bandcheck.round_with_entries(other, 32, BAND, honest[:0], count_free=True)
+    bufs = [_copy(x_a), _copy(other)]
+    deferred = cuda_deferred.Deferred(torch.device(DEV))
+    saved = cuda_kernels.ONE_PROGRAM_MAX
+    cuda_kernels.ONE_PROGRAM_MAX = 0
+    try:
+        if grouped:
+            from game.training.numerics import cuda_groups
+
+            chunk, cuda_groups.CHUNK = cuda_groups.CHUNK, 2 * cuda_kernels.BLOCK
+            try:
+                assert deferred.takes_group(bufs, [True, True])
+                deferred.round_with_entries_group(
+                    bufs, _params(32, BAND), [honest.numel(), 0], honest.to(DEV), [0, honest.numel()]
+                )
+            finally:
+                cuda_groups.CHUNK = chunk
+        else:
+            assert deferred.round_with_entries(bufs[0], _params(32, BAND), honest, honest.to(DEV), True)
+            assert deferred.round_with_entries(
+                bufs[1], _params(32, BAND), honest[:0], honest[:0].to(DEV), True
+            )
+    finally:
+        cuda_kernels.ONE_PROGRAM_MAX = saved
+    settled = deferred.settle()
+    assert settled.failed == ()
+    assert torch.equal(_bits(bufs[0]), _bits(want.rounded)) and torch.equal(
+        _bits(bufs[1]), _bits(want_other.rounded)
+    )
+    assert settled.corrections == want.corrections + want_other.corrections > 0
+    assert settled.free == want.free + want_other.free
+
+
 def test_deferred_entriesOutOfOrder_launchNothing() -> None:
     """Order and range are checked on the host copy at once: nothing launched, the caller goes on
     with the immediate path (which words the error)."""

@@ -71,9 +71,9 @@ class Deferred:
     step again with the synchronous functions, from a copy of the state taken before, which also
     words any error (:class:`game.training.engine.step.StepEngine`; it then leaves those calls undeferred
     in later steps: at the ResNet-50 shape some tensors hold values below 2**-126 every step).
-    Since nothing a failed step computed is kept, an auditor's call may write its listed lanes in
-    its check pass, before it knows it is refused: one launch fewer for a large tensor
-    (``listed_first``).
+    Since nothing a failed step computed is kept, an auditor's call may check its entries, round
+    and write its listed lanes in one pass, before it knows it is refused: two launches for a large
+    tensor, not four (``listed_first``).
     """
 
     ROWS = 512  # counter rows per buffer (a buffer is zeroed in one launch)

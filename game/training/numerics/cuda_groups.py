@@ -97,9 +97,10 @@ def round_with_entries(
 ) -> None:
     """The auditor's passes over ``xs`` with their entries: tensor ``i``'s are ``counts[i]`` values
     of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``. In
-    chunks, the check pass writes the listed lanes itself (``listed_first`` of
-    :func:`~game.training.numerics.cuda_kernels._launch_round_with_entries`: a group is a deferred
-    step's), so only one program per tensor needs the scratch for their neighbours. Counts go into
+    chunks, one pass after the scan checks the entries, rounds and writes the listed lanes
+    (``listed_first`` of :func:`~game.training.numerics.cuda_kernels._launch_round_with_entries`:
+    a group is a deferred step's), so only one program per tensor needs the scratch for their
+    neighbours. Counts go into
     the counter rows at the addresses ``stats`` (one a tensor)."""
     sizes = [x.numel() for x in xs]
     one = _one_program(sizes)
@@ -124,11 +125,7 @@ def round_with_entries(
         return
     grid = _grid(max(sizes), len(xs))
     k["scan"][grid](table, p.max_finite, CHUNK=CHUNK, BLOCK=BLOCK)
-    if total:
-        k["check_and_write_listed"][_grid(max(counts), len(xs))](
-            table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK
-        )
-    k["round_with_band"][grid](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
+    k["round_and_write_listed"][grid](table, p.k0, p.rel, p.abs, CHUNK=CHUNK, BLOCK=BLOCK)
 
 
 def round_inplace(

@@ -108,9 +108,10 @@ def _launch_round_with_entries(
 ) -> None:
     """The auditor's kernels on the flat int64 view ``x`` with the entries ``pos`` (on its device,
     in order and range), counters into ``stats``. ``listed_first`` (a deferred step's call): a
-    large tensor's check pass also writes its listed lanes, one launch fewer than a write pass
-    after the round pass, but a refused call has then written them (the deferred step runs again
-    from a copy; a call read back at once must leave a refused tensor as it was)."""
+    large tensor's pass after the scan checks the entries, rounds and writes the listed lanes at
+    once: two launches, as the trainer's, where a call read back at once has four (scan, check,
+    round, write); but a refused call has then written its lanes (the deferred step runs again from a
+    copy; a call read back at once must leave a refused tensor as it was)."""
     n, npos = x.numel(), pos.numel()
     one = n <= ONE_PROGRAM_MAX
     # the listed lanes' neighbours, taken before the round pass overwrites them, where a pass after
@@ -125,12 +126,13 @@ def _launch_round_with_entries(
         )
         return
     k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-    if npos and listed_first:
-        k["check_and_write_listed"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-    elif npos:
+    if listed_first:
+        k["round_and_write_listed"][_grid(n)](x, pos, npos, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+        return
+    if npos:
         k["check_entries"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, near, odd, stats, BLOCK=BLOCK)
     k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-    if npos and not listed_first:
+    if npos:
         k["write_listed"][_grid(npos)](x, pos, npos, near, odd, stats, BLOCK=BLOCK)
 
 

@@ -29,12 +29,12 @@ if triton is not None:
     import triton.language as tl
 
     from game.training.numerics.triton_kernels import (
-        _check_and_write_block,
+        _first_at_least,
         _nearest,
         _rare,
         _round_and_band_one,
+        _round_and_write_block,
         _round_band_block,
-        _round_with_band_block,
         _round_with_entries_one,
         _scan_block,
         _top_of,
@@ -49,11 +49,6 @@ if triton is not None:
     @triton.jit
     def _counters(table, j):
         return tl.load(table + j * 8 + 6).to(tl.pointer_type(tl.int64))
-
-    @triton.jit
-    def _accepted(stats_ptr):
-        # no rare lane, no entry outside its band, no listed zero (the counters of the checks)
-        return (tl.load(stats_ptr + 1) == 0) & (tl.load(stats_ptr + 2) == 0) & (tl.load(stats_ptr + 3) == 0)
 
     @triton.jit
     def _entries(table, j):
@@ -116,48 +111,35 @@ if triton is not None:
             tl.atomic_add(stats_ptr + 4, tl.sum(listed, axis=0))
 
     @triton.jit
-    def _group_check_and_write_listed(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        # the entries checked and the listed lanes written at once (a group is a deferred step's:
-        # a refused call's values are never kept), so no write pass follows the round pass
-        j = tl.program_id(1)
-        x_ptr, _n = _lanes(table, j)
-        pos, npos, _near, _odd = _entries(table, j)
-        start = tl.program_id(0) * CHUNK
-        if start < npos:
-            stats_ptr = _counters(table, j)
-            top = _top_of(stats_ptr)
-            outside = tl.zeros([BLOCK], tl.int64)
-            zero = tl.zeros([BLOCK], tl.int64)
-            moved = tl.zeros([BLOCK], tl.int64)
-            free = tl.zeros([BLOCK], tl.int64)
-            for i in range(0, CHUNK, BLOCK):
-                e = start + i + tl.arange(0, BLOCK)
-                o, z, mv, fr = _check_and_write_block(x_ptr, pos, e, npos, k0, rel, abs_, top)
-                outside = tl.maximum(outside, o)
-                zero = zero | z
-                moved += mv
-                free += fr
-            tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
-            tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
-            tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
-            tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
-
-    @triton.jit
-    def _group_round_with_band(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _group_round_and_write_listed(table, k0, rel, abs_, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        # the auditor's one pass after the scan: the entries checked, the lanes rounded and the
+        # listed ones written, block by block of the chunk (a group is a deferred step's: a
+        # refused call's values are never kept)
         j = tl.program_id(1)
         x_ptr, n = _lanes(table, j)
         stats_ptr = _counters(table, j)
         start = tl.program_id(0) * CHUNK
-        if (start < n) & _accepted(stats_ptr):
+        if (start < n) & (tl.load(stats_ptr + 1) == 0):
+            pos, npos, _near, _odd = _entries(table, j)
             top = _top_of(stats_ptr)
-            moved = tl.zeros([BLOCK], tl.int64)
-            free = tl.zeros([BLOCK], tl.int64)
+            first = _first_at_least(pos, npos, start, BLOCK)
+            outside = tl.full([], 0, tl.int64)
+            zero = tl.full([], 0, tl.int64)
+            moved = tl.full([], 0, tl.int64)
+            free = tl.full([], 0, tl.int64)
             for i in range(0, CHUNK, BLOCK):
-                mv, fr = _round_with_band_block(x_ptr, start + i + tl.arange(0, BLOCK), n, k0, rel, abs_, top)
+                o, z, mv, fr, taken = _round_and_write_block(
+                    x_ptr, pos, start + i, n, first, npos, k0, rel, abs_, top, BLOCK
+                )
+                first += taken
+                outside = tl.maximum(outside, o)
+                zero = tl.maximum(zero, z)
                 moved += mv
                 free += fr
-            tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
-            tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
+            tl.atomic_max(stats_ptr + 2, outside)
+            tl.atomic_max(stats_ptr + 3, zero)
+            tl.atomic_add(stats_ptr + 4, moved)
+            tl.atomic_add(stats_ptr + 5, free)
 
     @triton.jit
     def _group_round_inplace(table, k0, max_finite, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -185,8 +167,7 @@ GROUP_KERNELS: dict[str, Any] = (
         "round_with_entries_one": _group_round_with_entries_one,
         "scan": _group_scan,
         "round_and_band": _group_round_and_band,
-        "check_and_write_listed": _group_check_and_write_listed,
-        "round_with_band": _group_round_with_band,
+        "round_and_write_listed": _group_round_and_write_listed,
         "round_inplace": _group_round_inplace,
     }
 )

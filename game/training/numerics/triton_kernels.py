@@ -1,9 +1,9 @@
 """The sparse log's Triton programs (JIT-compiled on first launch); launched by :mod:`cuda_kernels`.
 
 Apart from the launching code so that each module stays one thing: these are the device programs,
-pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries
-(a deferred step's check also writes its listed lanes), round with the band, write the listed
-lanes, round in place), and for small tensors the same passes in one program. Their formulas are
+pass by pass (scan a block for rare lanes, round and flag the band, check the auditor's entries,
+round with the band, write the listed lanes, round in place; for a deferred step the auditor's
+last three in one pass), and for small tensors the same passes in one program. Their formulas are
 the C kernels' (``native/kernels.c``), bit for bit. Without Triton (a CPU-only install)
 ``triton`` is None and :data:`KERNELS` is empty.
 """
@@ -69,14 +69,13 @@ if triton is not None:
     @triton.jit
     def _entry(v, k0, rel, abs_, top):
         # a listed lane's value v: whether it lies within 16 bands of its midpoint (an entry outside
-        # is refused), whether it is off the grid, its nearest and its odd neighbour (where the
-        # trainer's log sends it)
+        # is refused), its nearest and its odd neighbour (where the trainer's log sends it)
         step = (tl.zeros_like(v) + 1) << k0
         low = v & (step - 1)
         band = _band_of(v & 0x7FFFFFFFFFFFFFFF, k0, rel, 52 + abs_ + top)
         inside = tl.abs(low - (step >> 1)) <= (band << 4)
         lo = v - low
-        return inside, low != 0, _nearest(v, k0), tl.where((lo & step) != 0, lo, lo + step)
+        return inside, _nearest(v, k0), tl.where((lo & step) != 0, lo, lo + step)
 
     @triton.jit
     def _check_entries_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top, near_ptr, odd_ptr):
@@ -85,38 +84,16 @@ if triton is not None:
         m = j < npos
         p = tl.load(pos_ptr + j, mask=m, other=0)
         v = tl.load(x_ptr + p, mask=m, other=0)
-        inside, _off, near, odd = _entry(v, k0, rel, abs_, top)
+        inside, near, odd = _entry(v, k0, rel, abs_, top)
         tl.store(near_ptr + j, near, mask=m)
         tl.store(odd_ptr + j, odd, mask=m)
         zero = (v & 0x7FFFFFFFFFFFFFFF) == 0
         return tl.where(m & ~inside, npos - j.to(tl.int64), 0), (m & zero).to(tl.int64)
 
     @triton.jit
-    def _check_and_write_block(x_ptr, pos_ptr, j, npos, k0, rel, abs_, top):
-        # auditor, deferred: _check_entries_block's checks, and each listed lane written to its odd
-        # neighbour at once, counted as the round pass and the write pass would count it (moved off
-        # its nearest; free: within 16 bands and not on the grid). The round pass after it leaves
-        # the lane as it is (a value on the grid is its own nearest), so no pass has to write it
-        # after. A refused call has written these lanes too, which is why only a deferred step
-        # does this: it never keeps a refused call's values, it runs again from a copy.
-        m = j < npos
-        p = tl.load(pos_ptr + j, mask=m, other=0)
-        v = tl.load(x_ptr + p, mask=m, other=0)
-        inside, off, near, odd = _entry(v, k0, rel, abs_, top)
-        tl.store(x_ptr + p, odd, mask=m)
-        return (
-            tl.where(m & ~inside, npos - j.to(tl.int64), 0),
-            (m & ((v & 0x7FFFFFFFFFFFFFFF) == 0)).to(tl.int64),
-            (m & (odd != near)).to(tl.int64),
-            (m & inside & off).to(tl.int64),
-        )
-
-    @triton.jit
-    def _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, top):
-        # auditor: within one band of a midpoint -> even neighbour, else nearest, in place; returns
-        # per lane (moved off its nearest, within 16 bands)
-        m = offs < n
-        v = tl.load(x_ptr + offs, mask=m, other=0)
+    def _with_band(v, k0, rel, abs_, top):
+        # auditor, one lane: within one band of a midpoint -> even neighbour, else nearest; and
+        # whether that moved it off its nearest, whether it lies within 16 bands (a free lane)
         step = (tl.zeros_like(v) + 1) << k0
         low = v & (step - 1)
         off = low != 0
@@ -125,8 +102,66 @@ if triton is not None:
         r = _nearest(v, k0)
         lo = v - low
         out = tl.where(off & (d <= band), tl.where((lo & step) != 0, lo + step, lo), r)
+        return out, out != r, off & (d <= (band << 4))
+
+    @triton.jit
+    def _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, top):
+        # auditor: every lane as _with_band says, in place; returns per lane (moved off its
+        # nearest, within 16 bands)
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0)
+        out, moved, free = _with_band(v, k0, rel, abs_, top)
         tl.store(x_ptr + offs, out, mask=m)
-        return (m & (out != r)).to(tl.int64), (m & off & (d <= (band << 4))).to(tl.int64)
+        return (m & moved).to(tl.int64), (m & free).to(tl.int64)
+
+    @triton.jit
+    def _first_at_least(pos_ptr, npos, key, BLOCK: tl.constexpr):
+        # the index of the first of the ascending entries pos[0:npos] at or past lane ``key`` (npos
+        # if none): BLOCK entries sampled at once narrow the range BLOCK-fold, so a few loads find
+        # it among millions. The answer stays within [lo, hi]: the samples before it are below key
+        lo = tl.full([], 0, tl.int64)
+        hi = lo + npos
+        while lo < hi:
+            stride = (hi - lo + BLOCK - 1) // BLOCK
+            at = lo + tl.arange(0, BLOCK).to(tl.int64) * stride
+            inside = at < hi
+            below = tl.sum(
+                (inside & (tl.load(pos_ptr + at, mask=inside, other=0) < key)).to(tl.int64), axis=0
+            )
+            was = lo
+            lo = tl.where(below > 0, was + (below - 1) * stride + 1, was)
+            hi = tl.minimum(was + below * stride, hi)
+        return lo
+
+    @triton.jit
+    def _round_and_write_block(
+        x_ptr, pos_ptr, start, n, first, npos, k0, rel, abs_, top, BLOCK: tl.constexpr
+    ):
+        # auditor, deferred: lanes start .. start + BLOCK rounded with the band, and those of them
+        # the log lists (entries first .. , at most BLOCK: positions ascend strictly) checked and
+        # written to their odd neighbour. A listed lane is counted as the entry says (moved off its
+        # nearest; free: within 16 bands and not on the grid, which is _with_band's free too), not
+        # as the round says. Returns (npos - j for the first entry j outside 16 bands, else 0;
+        # whether a listed lane is zero; moved; free; the entries taken). A refused call has
+        # written its lanes too: a deferred step never keeps them, it runs again from a copy.
+        j = first + tl.arange(0, BLOCK).to(tl.int64)
+        p = tl.load(pos_ptr + j, mask=j < npos, other=0)
+        mine = (j < npos) & (p < start + BLOCK)
+        v = tl.load(x_ptr + p, mask=mine, other=0)
+        inside, near, odd = _entry(v, k0, rel, abs_, top)
+        _out, moved_by_round, _free = _with_band(v, k0, rel, abs_, top)
+        tl.debug_barrier()  # every listed lane read before the round writes any of them
+        moved, free = _round_with_band_block(x_ptr, start + tl.arange(0, BLOCK), n, k0, rel, abs_, top)
+        tl.debug_barrier()  # the round's writes land before the listed lanes' (the same addresses)
+        tl.store(x_ptr + p, odd, mask=mine)
+        relisted = (mine & (odd != near)).to(tl.int64) - (mine & moved_by_round).to(tl.int64)
+        return (
+            tl.max(tl.where(mine & ~inside, npos - j, 0), axis=0),
+            tl.max((mine & ((v & 0x7FFFFFFFFFFFFFFF) == 0)).to(tl.int64), axis=0),
+            tl.sum(moved, axis=0) + tl.sum(relisted, axis=0),
+            tl.sum(free, axis=0),
+            tl.sum(mine.to(tl.int64), axis=0),
+        )
 
     @triton.jit
     def _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr):
@@ -178,16 +213,22 @@ if triton is not None:
         tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
 
     @triton.jit
-    def _check_and_write_listed_kernel(x_ptr, pos_ptr, npos, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
-        # a deferred auditor's check pass, which also writes the listed lanes (no write pass after)
-        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        outside, zero, moved, free = _check_and_write_block(
-            x_ptr, pos_ptr, j, npos, k0, rel, abs_, _top_of(stats_ptr)
+    def _round_and_write_listed_kernel(
+        x_ptr, pos_ptr, npos, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr
+    ):
+        # a deferred auditor's one pass after the scan: entries checked, lanes rounded, listed lanes
+        # written, each program its own block's (so no pass has to wait for another's)
+        if tl.load(stats_ptr + 1) != 0:
+            return
+        start = tl.program_id(0) * BLOCK
+        first = _first_at_least(pos_ptr, npos, start, BLOCK)
+        outside, zero, moved, free, _taken = _round_and_write_block(
+            x_ptr, pos_ptr, start, n, first, npos, k0, rel, abs_, _top_of(stats_ptr), BLOCK
         )
-        tl.atomic_max(stats_ptr + 2, tl.max(outside, axis=0))
-        tl.atomic_max(stats_ptr + 3, tl.max(zero, axis=0))
-        tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
-        tl.atomic_add(stats_ptr + 5, tl.sum(free, axis=0))
+        tl.atomic_max(stats_ptr + 2, outside)
+        tl.atomic_max(stats_ptr + 3, zero)
+        tl.atomic_add(stats_ptr + 4, moved)
+        tl.atomic_add(stats_ptr + 5, free)
 
     @triton.jit
     def _round_with_band_kernel(x_ptr, n, k0, rel, abs_, stats_ptr, BLOCK: tl.constexpr):
@@ -283,7 +324,7 @@ KERNELS: dict[str, Any] = (
         "scan": _scan_kernel,
         "round_and_band": _round_and_band_kernel,
         "check_entries": _check_entries_kernel,
-        "check_and_write_listed": _check_and_write_listed_kernel,
+        "round_and_write_listed": _round_and_write_listed_kernel,
         "round_with_band": _round_with_band_kernel,
         "write_listed": _write_listed_kernel,
         "round_inplace": _round_inplace_kernel,
