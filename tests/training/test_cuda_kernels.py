@@ -520,6 +520,42 @@ def test_onlyACudaEngineThatDefers_pinsTheChunksItReplays() -> None:
         assert not engine.pins_logs
 
 
+def test_deferredReplay_ofADecodedChunk_buildsNoRecord_andEqualsTheImmediateReplay(
+    settles: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deferring auditor checks each record of a chunk against its op from the chunk's columns
+    and sends the entries to the device from the one array it decoded into: no record object is
+    built (some thousand a GPT-2-shape step, a millisecond or more of the step's thread). The
+    leaves and corrections are the immediate replay's."""
+    deferring, immediate = _engines("cnn-digits")
+    noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
+    spec = deferring.cfg.spec_hash()
+    s_noisy, s_deferred, s_immediate = noisy.init_state(), deferring.init_state(), immediate.init_state()
+    built: list[int] = []
+    real = SparseStepLog._records
+
+    def records(self: SparseStepLog) -> object:
+        built.append(id(self))
+        return real(self)
+
+    corrections = 0
+    for step in (1, 2):
+        chunk = noisy.run_step(s_noisy, step, mode="record").log
+        assert chunk is not None
+        data = chunk.encode(step, spec)
+        decoded = SparseStepLog.decode(data, step=step, spec_hash=spec)
+        with monkeypatch.context() as m:
+            m.setattr(SparseStepLog, "_records", records)
+            a = deferring.run_step(s_deferred, step, mode="replay", log=decoded)
+        assert id(decoded) not in built
+        b = immediate.run_step(
+            s_immediate, step, mode="replay", log=SparseStepLog.decode(data, step=step, spec_hash=spec)
+        )
+        assert (a.leaf, a.corrections) == (b.leaf, b.corrections)
+        corrections += a.corrections
+    assert corrections > 0 and len(settles) == 2
+
+
 def test_deferredReplay_ofAPinnedChunk_copiesItsEntriesFromThePinnedCopy_withoutWaiting(
     settles: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

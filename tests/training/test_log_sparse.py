@@ -342,6 +342,40 @@ def test_decodedChunk_cursor_readsRecordsOnlyWhenOneIsTaken(monkeypatch: pytest.
         cursor.finish()
 
 
+def test_decodedChunk_cursorCheck_readsTheColumnsOnly_withTakesWords(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a deferring replay has a chunk's entries on the device: it checks each record against its op
+    # from the columns, builds no record, and a mismatch is worded as take words it
+    log = _log(records=4)
+    data = log.encode(3, SPEC)
+    reads: list[int] = []
+    real = SparseStepLog._records
+    monkeypatch.setattr(SparseStepLog, "_records", lambda self: reads.append(1) or real(self))
+    recs = log.records
+
+    def cursor() -> object:
+        back = decode_chunk(data, SPEC, 3)
+        assert isinstance(back, SparseStepLog)
+        return back.cursor()
+
+    for bad, words in (
+        ((0, "aten.other.default", recs[0].count), "does not match log record 0"),
+        ((1, recs[0].op_name, recs[0].count), "does not match log record 0"),
+        ((0, recs[0].op_name, recs[0].count + 1), "values but log record 0 has"),
+    ):
+        for how in ("check", "take"):
+            with pytest.raises(LogSequenceError, match=words):
+                getattr(cursor(), how)(*bad)
+    want = log.entries()[2].positions
+    reads.clear()
+    cur = cursor()
+    assert [cur.check(r.op_index, r.op_name, r.count) for r in recs] == [0, 1, 2, 3]
+    with pytest.raises(LogSequenceError, match="past the end"):
+        cur.check(4, recs[0].op_name, recs[0].count)
+    cur.finish()
+    assert reads == [] and cur.position == 4
+    assert torch.equal(cur.item(2).positions, want) and reads == [1]
+
+
 # ---- the C parser of a chunk's records against the numpy one ------------------------------------
 
 

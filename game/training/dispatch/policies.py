@@ -242,11 +242,12 @@ class Replay(Logged):
     def deferred(self, m: ModeHooks, t: Tensor, index: int, name: str) -> tuple[bool, SparseRecord | None]:
         assert m._defer is not None and m._cursor is not None
         params = m._band_params(name)
-        entry = m._cursor.take(index, name, t.numel())  # LogSequenceError on mismatch
-        i = m._cursor.position - 1
+        # the entries are on the device already: the record is only checked, not built
+        i = m._cursor.check(index, name, t.numel())  # LogSequenceError on mismatch
         listed = m._device_positions[m._offsets[i] : m._offsets[i + 1]]
-        fit = m._fits[i]
-        return m._deferred(m._defer.round_with_entries(t, params, entry.positions, listed, fit)), entry
+        if m._deferred(m._defer.round_with_entries(t, params, None, listed, m._fits[i])):
+            return True, None
+        return False, m._cursor.item(i)  # for the torch path
 
     def deferred_group(self, m: ModeHooks, ts: list[Tensor], index: int, name: str) -> bool:
         defer, cursor = m._defer, m._cursor
@@ -257,7 +258,7 @@ class Replay(Logged):
         if end > len(m._fits) or not defer.takes_group(ts, m._fits[first:end]):
             return False
         for i, t in enumerate(ts):
-            cursor.take(index + i, name, t.numel())  # LogSequenceError on mismatch
+            cursor.check(index + i, name, t.numel())  # LogSequenceError on mismatch
         starts = m._offsets[first:end]
         counts = [b - a for a, b in zip(starts, m._offsets[first + 1 : end + 1], strict=True)]
         defer.round_with_entries_group(ts, m._band_params(name), counts, m._device_positions, starts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from game.chunkleaf import chunk_leaf
 from game.errors import RoundingLogError
@@ -139,6 +139,14 @@ class EncodedChunk:
         return PreparedChunk(step, spec_hash, lambda: data)
 
 
+class Heads(NamedTuple):
+    """What a cursor checks of each record, in order, without the records themselves."""
+
+    op_indices: list[int]
+    op_names: list[str]
+    counts: list[int]
+
+
 class RecordCursor(Generic[_Item]):
     """The auditor's view of a log: records taken in order, each checked against the op asking.
 
@@ -149,17 +157,24 @@ class RecordCursor(Generic[_Item]):
         self._step = step
         self._lists: tuple[list[LogRecord], list[_Item]] | None = (list(records), list(items))
         self._load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]] | None = None
+        self._heads: Callable[[], Heads] | Heads | None = None
         self._count = len(records)
         self._pos = 0
 
     @classmethod
     def later(
-        cls, step: int | None, count: int, load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]]
+        cls,
+        step: int | None,
+        count: int,
+        load: Callable[[], tuple[Sequence[LogRecord], Sequence[_Item]]],
+        heads: Callable[[], Heads] | None = None,
     ) -> RecordCursor[_Item]:
         """A cursor over ``count`` records that ``load`` gives only when one is read: a replay the C++
-        front runs reads none of them here, only moves the cursor."""
+        front runs reads none of them here, only moves the cursor. ``heads`` gives what
+        :meth:`check` compares without the records (a deferred replay has their entries on the
+        device already, so it reads none of them either)."""
         cursor = cls(step, (), ())
-        cursor._lists, cursor._load, cursor._count = None, load, count
+        cursor._lists, cursor._load, cursor._count, cursor._heads = None, load, count, heads
         return cursor
 
     @property
@@ -193,27 +208,48 @@ class RecordCursor(Generic[_Item]):
             )
         self._pos = position
 
-    def take(self, op_index: int, op_name: str, numel: int) -> _Item:
-        """The next record's payload, after checking it was recorded for this op."""
+    def _head(self, i: int) -> tuple[int, str, int]:
+        """Record ``i``'s op index, op name and value count: from the heads while the records are
+        not loaded (and the heads are there), else from the record."""
+        if self._lists is None and self._heads is not None:
+            if callable(self._heads):
+                self._heads = self._heads()
+                if len(self._heads.op_indices) != self._count:
+                    raise LogSequenceError(f"{step_label(self._step)}: the log changed under its cursor")
+            h = self._heads
+            return h.op_indices[i], h.op_names[i], h.counts[i]
+        rec = self._records[i]
+        return rec.op_index, rec.op_name, rec.count
+
+    def check(self, op_index: int, op_name: str, numel: int) -> int:
+        """Take the next record without its payload, after checking it was recorded for this op;
+        its index (:meth:`item` gives the payload, should it be needed after all)."""
         where = step_label(self._step)
         if self._pos >= self._count:
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
                 f"({self._count} records)"
             )
-        rec = self._records[self._pos]
-        if rec.op_index != op_index or rec.op_name != op_name:
+        index, name, count = self._head(self._pos)
+        if index != op_index or name != op_name:
             raise LogSequenceError(
                 f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
-                f"(op #{rec.op_index} {rec.op_name})"
+                f"(op #{index} {name})"
             )
-        if rec.count != numel:
+        if count != numel:
             raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {rec.count}"
+                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {count}"
             )
-        item = self._items[self._pos]
         self._pos += 1
-        return item
+        return self._pos - 1
+
+    def take(self, op_index: int, op_name: str, numel: int) -> _Item:
+        """The next record's payload, after checking it was recorded for this op."""
+        return self._items[self.check(op_index, op_name, numel)]
+
+    def item(self, i: int) -> _Item:
+        """Record ``i``'s payload."""
+        return self._items[i]
 
     def finish(self) -> None:
         """Raise when records remain unread: the replay ran fewer ops than the trainer logged."""

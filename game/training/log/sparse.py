@@ -42,6 +42,7 @@ from game.training.log.chunks import (
     HASH_SIZE,
     BuildLater,
     ChunkFormatError,
+    Heads,
     LogRecord,
     PreparedChunk,
     RecordCursor,
@@ -317,15 +318,25 @@ class SparseStepLog:
 
     def cursor(self) -> SparseCursor:
         """A reader that hands the records out in order to the replaying computation (it turns
-        records given as columns into records one by one only when it reads one)."""
+        records given as columns into records one by one only when it hands one out; checking a
+        record against its op reads the columns)."""
 
         def load() -> tuple[list[LogRecord], list[SparseRecord]]:
             records = self._records()
             return [e.record for e in records], records
 
-        if self._has_rows:
+        if not self._has_rows:
+            return RecordCursor(self.step, *load())
+        rows = self._parts[0] if len(self._parts) == 1 else None
+        if not isinstance(rows, RecordRows):  # columns and records mixed: the records are checked
             return RecordCursor.later(self.step, self._count, load)
-        return RecordCursor(self.step, *load())
+        table, names = rows.table, rows.names  # a log's columns are never changed, only replaced
+
+        def heads() -> Heads:
+            ids = table[:, 1].tolist()
+            return Heads(table[:, 0].tolist(), [names[i] for i in ids], table[:, 2].tolist())
+
+        return RecordCursor.later(self.step, self._count, load, heads)
 
 
 def _parse_payload(payload: bytes, n_records: int) -> RecordRows:

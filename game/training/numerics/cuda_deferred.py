@@ -151,17 +151,18 @@ class Deferred:
         return len(self._tickets) - 1
 
     def round_with_entries(
-        self, xf: Tensor, p: BandParams, positions: Tensor, on_device: Tensor, fit: bool | None = None
+        self, xf: Tensor, p: BandParams, positions: Tensor | None, on_device: Tensor, fit: bool | None = None
     ) -> bool:
         """Auditor: check the entries and round ``xf`` in place; False (nothing launched) when the
         tensor is not the kernels' or the entries are out of order or range (checked on the host
-        copy ``positions``, unless ``fit`` says already, :func:`entries_fit`; ``on_device`` is the
-        same on the tensor's device)."""
+        copy ``positions``, unless ``fit`` says already, :func:`entries_fit`, when ``positions`` may
+        be None; ``on_device`` is the same on the tensor's device)."""
         k = self._takes(xf)
         if k is None:
             return False
         x = xf.view(torch.int64).view(-1)
         if fit is None:
+            assert positions is not None, "the host copy of the entries, or their fit"
             fit = positions.numel() == 0 or _ordered_in_range(positions, x.numel())
         if not fit:
             return False
