@@ -224,21 +224,21 @@ class RecordCursor(Generic[_Item]):
     def check(self, op_index: int, op_name: str, numel: int) -> int:
         """Take the next record without its payload, after checking it was recorded for this op;
         its index (:meth:`item` gives the payload, should it be needed after all)."""
-        where = step_label(self._step)
         if self._pos >= self._count:
             raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} ({numel} values) is past the end of the log "
-                f"({self._count} records)"
+                f"{step_label(self._step)}: op #{op_index} {op_name} ({numel} values) is past the end "
+                f"of the log ({self._count} records)"
             )
         index, name, count = self._head(self._pos)
         if index != op_index or name != op_name:
             raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} does not match log record {self._pos} "
-                f"(op #{index} {name})"
+                f"{step_label(self._step)}: op #{op_index} {op_name} does not match log record "
+                f"{self._pos} (op #{index} {name})"
             )
         if count != numel:
             raise LogSequenceError(
-                f"{where}: op #{op_index} {op_name} has {numel} values but log record {self._pos} has {count}"
+                f"{step_label(self._step)}: op #{op_index} {op_name} has {numel} values but log "
+                f"record {self._pos} has {count}"
             )
         self._pos += 1
         return self._pos - 1

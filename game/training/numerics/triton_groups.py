@@ -122,7 +122,7 @@ if triton is not None:
         if (start < n) & (tl.load(stats_ptr + 1) == 0):
             pos, npos, _near, _odd = _entries(table, j)
             top = _top_of(stats_ptr)
-            first = _first_at_least(pos, npos, start, BLOCK)
+            first = _first_at_least(pos, npos, start)
             outside = tl.full([], 0, tl.int64)
             zero = tl.full([], 0, tl.int64)
             moved = tl.full([], 0, tl.int64)
