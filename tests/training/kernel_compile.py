@@ -5,7 +5,9 @@ tests set, would hand back interpreted functions).
 Triton lowers a kernel to PTX and assembles it with the ``ptxas`` its wheel carries, so no driver
 and no device are needed: what the interpreter cannot show (a type the compiler refuses, an integer
 cast to a pointer, a called kernel inlined) fails here as it would on the first launch on a GPU.
-The signatures are those the launch sites give (ints that fit in 32 bits arrive as ``i32``).
+The signatures are those the launch sites give (ints that fit in 32 bits arrive as ``i32``; a
+per-tensor kernel's lanes as the step's float64 tensor, which also stands in for the entries and
+their scratch where a call has no entries, so those kernels compile both ways).
 
     python -m tests.training.kernel_compile 80 90   # compute capabilities; prints JSON
     python -m tests.training.kernel_compile --broken  # a kernel that must fail (the harness's own check)
@@ -21,7 +23,7 @@ from typing import Any
 #: Types of the kernels' parameters by name, as the launches pass them.
 _TYPES = {
     "table": "*i64",
-    "x_ptr": "*i64",
+    "x_ptr": "*fp64",
     "flag_ptr": "*i8",
     "pos_ptr": "*i64",
     "near_ptr": "*i64",
@@ -37,32 +39,43 @@ _TYPES = {
 }
 
 
-def _kernels() -> dict[str, tuple[Any, dict[str, Any]]]:
-    """Every kernel with the constexpr values it is launched with."""
+#: A per-tensor auditor kernel's entries and scratch where the call has none: the lanes stand in.
+_STAND_INS = {"pos_ptr": "*fp64", "near_ptr": "*fp64", "odd_ptr": "*fp64"}
+
+
+def _kernels() -> dict[str, tuple[Any, dict[str, Any], dict[str, str]]]:
+    """Every kernel with the constexpr values it is launched with, and the types of its parameters
+    that differ from :data:`_TYPES` in that launch."""
     from game.training.numerics import cuda_groups, cuda_kernels, cuda_rng
     from game.training.numerics.triton_groups import GROUP_KERNELS
     from game.training.numerics.triton_kernels import KERNELS
     from game.training.state import sha256_kernel
 
     block = {"BLOCK": cuda_kernels.BLOCK}
-    out: dict[str, tuple[Any, dict[str, Any]]] = {f"tensor {n}": (k, block) for n, k in KERNELS.items()}
+    out: dict[str, tuple[Any, dict[str, Any], dict[str, str]]] = {}
+    for n, k in KERNELS.items():
+        out[f"tensor {n}"] = (k, block, {})
+        if any(p.name == "pos_ptr" for p in k.params):
+            out[f"tensor {n} without entries"] = (k, block, _STAND_INS)
     chunked = {**block, "CHUNK": cuda_groups.CHUNK}
     for name, kernel in GROUP_KERNELS.items():
         params = {p.name for p in kernel.params}
-        out[f"group {name}"] = (kernel, chunked if "CHUNK" in params else block)
+        out[f"group {name}"] = (kernel, chunked if "CHUNK" in params else block, {})
     for has_ids in (True, False):
         out[f"rng ids={has_ids}"] = (
             cuda_rng._philox_stream_kernel,
             {"HAS_IDS": has_ids, "BLOCK": cuda_rng.BLOCK},
+            {},
         )
     out["sha256 chunks"] = (
         sha256_kernel._sha256_chunks,
         {"CHUNK": sha256_kernel._CHUNK, "BLOCK": sha256_kernel.BLOCK},
+        {},
     )
     return out
 
 
-def _broken() -> dict[str, tuple[Any, dict[str, Any]]]:
+def _broken() -> dict[str, tuple[Any, dict[str, Any], dict[str, str]]]:
     """A kernel the compiler refuses (a block of 3 lanes: Triton's blocks are powers of two), to show
     that a failure is reported, not swallowed."""
     import triton
@@ -72,7 +85,7 @@ def _broken() -> dict[str, tuple[Any, dict[str, Any]]]:
     def broken(x_ptr, BLOCK: tl.constexpr):
         tl.store(x_ptr + tl.arange(0, BLOCK), 0)
 
-    return {"broken": (broken, {"BLOCK": 3})}
+    return {"broken": (broken, {"BLOCK": 3}, {})}
 
 
 def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]:
@@ -82,9 +95,10 @@ def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]
     from triton.compiler import ASTSource
 
     result: dict[str, Any] = {}
-    for name, (kernel, constexprs) in (_broken() if broken else _kernels()).items():
+    for name, (kernel, constexprs, types) in (_broken() if broken else _kernels()).items():
         signature = {
-            p.name: "constexpr" if p.name in constexprs else _TYPES.get(p.name, "i32") for p in kernel.params
+            p.name: "constexpr" if p.name in constexprs else types.get(p.name, _TYPES.get(p.name, "i32"))
+            for p in kernel.params
         }
         for cc in capabilities:
             key = f"{name} sm_{cc}"

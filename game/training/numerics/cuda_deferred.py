@@ -142,10 +142,9 @@ class Deferred:
         k = self._takes(xf)
         if k is None:
             return None
-        x = xf.view(torch.int64).view(-1)
-        n = x.numel()
-        flags = torch.empty(n, dtype=torch.int8, device=x.device)
-        _launch_round_and_band(k, x, flags, p, self._row())
+        n = xf.numel()
+        flags = torch.empty(n, dtype=torch.int8, device=xf.device)
+        _launch_round_and_band(k, xf, flags, p, self._row())
         self._tickets.append((self._rows - 1, len(self._pieces), n))
         self._pieces.append(flags)
         return len(self._tickets) - 1
@@ -160,13 +159,12 @@ class Deferred:
         k = self._takes(xf)
         if k is None:
             return False
-        x = xf.view(torch.int64).view(-1)
         if fit is None:
             assert positions is not None, "the host copy of the entries, or their fit"
-            fit = positions.numel() == 0 or _ordered_in_range(positions, x.numel())
+            fit = positions.numel() == 0 or _ordered_in_range(positions, xf.numel())
         if not fit:
             return False
-        _launch_round_with_entries(k, x, on_device, p, self._row(), listed_first=True)
+        _launch_round_with_entries(k, xf, on_device, p, self._row(), listed_first=True)
         self._replays.append(self._rows - 1)
         return True
 
@@ -175,8 +173,8 @@ class Deferred:
         k = self._takes(xf)
         if k is None:
             return False
-        x = xf.view(torch.int64).view(-1)
-        k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, self._row(), BLOCK=BLOCK)
+        n = xf.numel()
+        k["round_inplace"][_grid(n)](xf, n, k0, max_finite, self._row(), BLOCK=BLOCK)
         return True
 
     # ---- a group: a foreach op's tensors, one launch a pass (:mod:`cuda_groups`) ---------------

@@ -94,7 +94,8 @@ ONE_PROGRAM_MAX = 1 << 14
 
 
 def _launch_round_and_band(k: dict[str, Any], x: Tensor, flags: Tensor, p: BandParams, stats: Tensor) -> None:
-    """The trainer's kernels on the flat int64 view ``x``, counters into ``stats``."""
+    """The trainer's kernels on ``x`` (contiguous float64 lanes, or their int64 view: the kernels read
+    either as int64 patterns), counters into ``stats``."""
     n = x.numel()
     if n <= ONE_PROGRAM_MAX:
         k["round_and_band_one"][(1,)](x, flags, n, p.k0, p.rel, p.abs, p.max_finite, stats, BLOCK=BLOCK)
@@ -106,12 +107,13 @@ def _launch_round_and_band(k: dict[str, Any], x: Tensor, flags: Tensor, p: BandP
 def _launch_round_with_entries(
     k: dict[str, Any], x: Tensor, pos: Tensor, p: BandParams, stats: Tensor, *, listed_first: bool = False
 ) -> None:
-    """The auditor's kernels on the flat int64 view ``x`` with the entries ``pos`` (on its device,
-    in order and range), counters into ``stats``. ``listed_first`` (a deferred step's call): a
-    large tensor's pass after the scan checks the entries, rounds and writes the listed lanes at
-    once: two launches, as the trainer's, where a call read back at once has four (scan, check,
-    round, write); but a refused call has then written its lanes (the deferred step runs again from a
-    copy; a call read back at once must leave a refused tensor as it was)."""
+    """The auditor's kernels on ``x`` (as :func:`_launch_round_and_band` takes it) with the entries
+    ``pos`` (on its device, in order and range), counters into ``stats``. ``listed_first`` (a
+    deferred step's call): a large tensor's pass after the scan checks the entries, rounds and
+    writes the listed lanes at once: two launches, as the trainer's, where a call read back at once
+    has four (scan, check, round, write); but a refused call has then written its lanes (the
+    deferred step runs again from a copy; a call read back at once must leave a refused tensor as
+    it was)."""
     n, npos = x.numel(), pos.numel()
     one = n <= ONE_PROGRAM_MAX
     # the listed lanes' neighbours, taken before the round pass overwrites them, where a pass after
@@ -150,16 +152,15 @@ def round_and_band(xf: Tensor, p: BandParams) -> Tensor | None:
     k = _kernels()
     if k is None or not usable(xf):
         return None
-    x = xf.view(torch.int64).view(-1)
-    n = x.numel()
-    stats = _stats(x)
-    flags = torch.empty(n, dtype=torch.int8, device=x.device)
-    _launch_round_and_band(k, x, flags, p, stats)
+    n = xf.numel()
+    stats = _stats(xf)
+    flags = torch.empty(n, dtype=torch.int8, device=xf.device)
+    _launch_round_and_band(k, xf, flags, p, stats)
     _top, bad, _, _, listed, _ = stats.tolist()  # one synchronisation
     if bad:
         return None
     if listed == 0:  # most tensors: no nonzero (two more launches and a synchronisation)
-        return torch.empty(0, dtype=torch.int64, device=x.device)
+        return torch.empty(0, dtype=torch.int64, device=xf.device)
     return flags.nonzero().squeeze(1)
 
 
@@ -171,13 +172,12 @@ def round_with_entries(xf: Tensor, p: BandParams, positions: Tensor, count_free:
     k = _kernels()
     if k is None or not usable(xf):
         return None
-    x = xf.view(torch.int64).view(-1)
-    n, npos = x.numel(), positions.numel()
+    n, npos = xf.numel(), positions.numel()
     if npos and not _ordered_in_range(positions.cpu(), n):  # on the host, where the log was decoded
         return None
-    pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
-    stats = _stats(x)
-    _launch_round_with_entries(k, x, pos, p, stats)
+    pos = positions.to(device=xf.device, dtype=torch.int64).contiguous()
+    stats = _stats(xf)
+    _launch_round_with_entries(k, xf, pos, p, stats)
     _top, bad, outside, listed_zero, corrections, free = stats.tolist()
     if bad or outside or listed_zero:
         return None
@@ -191,9 +191,8 @@ def round_inplace(xf: Tensor, k0: int, max_finite: int) -> bool:
     k = _kernels()
     if k is None or not usable(xf):
         return False
-    x = xf.view(torch.int64).view(-1)
-    stats = _stats(x)
-    k["round_inplace"][_grid(x.numel())](x, x.numel(), k0, max_finite, stats, BLOCK=BLOCK)
+    stats = _stats(xf)
+    k["round_inplace"][_grid(xf.numel())](xf, xf.numel(), k0, max_finite, stats, BLOCK=BLOCK)
     return int(stats[1]) == 0
 
 

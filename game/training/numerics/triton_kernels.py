@@ -23,6 +23,13 @@ if triton is not None:
     # for large tensors, one program for a whole small tensor) share every formula.
 
     @triton.jit
+    def _int64s(ptr):
+        # the lanes as int64 patterns, whether the launch passed float64 values or their int64
+        # view: a launch passes the step's float64 tensor itself, since two views a call (to int64,
+        # flat) cost the host some 1.6 us, five hundred times a GPT-2-shape step
+        return ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+
+    @triton.jit
     def _band_of(a, k0, rel, floor_base):
         # kernels.c band_of: min(cap >> clamp(k0 - 3 - shift, 0, 63) + rel_units, cap), with
         # rel_units = 2^(52 + rel) (0 below 2^0) and shift = floor_base - exponent(a)
@@ -190,6 +197,7 @@ if triton is not None:
     @triton.jit
     def _scan_kernel(x_ptr, n, max_finite, stats_ptr, BLOCK: tl.constexpr):
         # read-only: the largest magnitude's pattern and whether any lane is rare (atomics)
+        x_ptr = _int64s(x_ptr)
         a, rare = _scan_block(x_ptr, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), n, max_finite)
         tl.atomic_max(stats_ptr, tl.max(a, axis=0))
         tl.atomic_max(stats_ptr + 1, tl.max(rare, axis=0))
@@ -199,6 +207,7 @@ if triton is not None:
         # trainer, unless the scan found a rare lane
         if tl.load(stats_ptr + 1) != 0:
             return
+        x_ptr = _int64s(x_ptr)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         listed = _round_band_block(x_ptr, flag_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
         tl.atomic_add(stats_ptr + 4, tl.sum(listed, axis=0))
@@ -207,6 +216,12 @@ if triton is not None:
     def _check_entries_kernel(
         x_ptr, pos_ptr, npos, k0, rel, abs_, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
     ):
+        x_ptr, pos_ptr, near_ptr, odd_ptr = (
+            _int64s(x_ptr),
+            _int64s(pos_ptr),
+            _int64s(near_ptr),
+            _int64s(odd_ptr),
+        )
         j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         outside, zero = _check_entries_block(
             x_ptr, pos_ptr, j, npos, k0, rel, abs_, _top_of(stats_ptr), near_ptr, odd_ptr
@@ -223,6 +238,7 @@ if triton is not None:
         # written, each program its own block's (so no pass has to wait for another's)
         if tl.load(stats_ptr + 1) != 0:
             return
+        x_ptr, pos_ptr = _int64s(x_ptr), _int64s(pos_ptr)
         start = tl.program_id(0) * BLOCK
         first = _first_at_least(pos_ptr, npos, start)
         outside, zero, moved, free, _taken = _round_and_write_block(
@@ -238,6 +254,7 @@ if triton is not None:
         # auditor, when the checks passed
         if _refused(stats_ptr):
             return
+        x_ptr = _int64s(x_ptr)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         moved, free = _round_with_band_block(x_ptr, offs, n, k0, rel, abs_, _top_of(stats_ptr))
         tl.atomic_add(stats_ptr + 4, tl.sum(moved, axis=0))
@@ -247,6 +264,12 @@ if triton is not None:
     def _write_listed_kernel(x_ptr, pos_ptr, npos, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr):
         if _refused(stats_ptr):
             return
+        x_ptr, pos_ptr, near_ptr, odd_ptr = (
+            _int64s(x_ptr),
+            _int64s(pos_ptr),
+            _int64s(near_ptr),
+            _int64s(odd_ptr),
+        )
         j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         delta = _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr)
         tl.atomic_add(stats_ptr + 4, tl.sum(delta, axis=0))
@@ -255,6 +278,7 @@ if triton is not None:
     def _round_inplace_kernel(x_ptr, n, k0, max_finite, stats_ptr, BLOCK: tl.constexpr):
         # round the common lanes to nearest and flag a rare one: rounding again leaves a rounded
         # lane as it is, so the torch path may then redo the whole tensor
+        x_ptr = _int64s(x_ptr)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         v = tl.load(x_ptr + offs, mask=m, other=0)
@@ -280,6 +304,7 @@ if triton is not None:
 
     @triton.jit
     def _round_and_band_one(x_ptr, flag_ptr, n, k0, rel, abs_, max_finite, stats_ptr, BLOCK: tl.constexpr):
+        x_ptr = _int64s(x_ptr)
         if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
             tl.debug_barrier()
             top = _top_of(stats_ptr)
@@ -293,6 +318,12 @@ if triton is not None:
     def _round_with_entries_one(
         x_ptr, pos_ptr, npos, n, k0, rel, abs_, max_finite, near_ptr, odd_ptr, stats_ptr, BLOCK: tl.constexpr
     ):
+        x_ptr, pos_ptr, near_ptr, odd_ptr = (
+            _int64s(x_ptr),
+            _int64s(pos_ptr),
+            _int64s(near_ptr),
+            _int64s(odd_ptr),
+        )
         if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
             top = _top_of(stats_ptr)
             outside = tl.zeros([BLOCK], tl.int64)
