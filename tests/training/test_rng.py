@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.errors import ConfigError
 from game.training.native import library
@@ -306,3 +307,40 @@ def test_deviceIds_areRangeCheckedOncePerTensorAndVersion(monkeypatch: pytest.Mo
     rng._check_ids(1, cpu)
     rng._check_ids(1, cpu)  # CPU ids cost no synchronisation: checked every time
     assert checked[-2:] == [id(cpu), id(cpu)]
+
+
+class _Seen(TorchDispatchMode):
+    """Records the ATen ops that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_suspended_nestedOnce_modesOffThroughout_andBackAfter(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a served draw suspends around its own ops and the words': the modes are popped once, not
+    # again inside; every op inside is unseen, the inner block's too, and the mode is back after
+    # (also when the inner block raises)
+    pops: list[int] = []
+    real = rng._disable_current_modes
+    monkeypatch.setattr(rng, "_disable_current_modes", lambda: pops.append(1) or real())
+    with _Seen() as seen:
+        with rng.suspended():
+            torch.ones(3).add_(1)
+            with rng.suspended():
+                torch.ones(3).mul_(2)
+            words = rng.random_u32(3, 1, "dropout/x", None, (5,))
+            with pytest.raises(ValueError), rng.suspended():
+                torch.ones(1).sub_(1)
+                raise ValueError
+            torch.ones(3).div_(2)
+        assert seen.ops == [] and pops == [1] and words.shape == (5,)
+        torch.ones(2).add_(1)
+        assert any("add_" in op for op in seen.ops)
+        with rng.suspended():  # a fresh one after the first has ended pops again
+            torch.ones(1).neg_()
+    assert pops == [1, 1] and not any("neg" in op for op in seen.ops)

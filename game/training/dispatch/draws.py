@@ -48,23 +48,20 @@ call only.)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils._python_dispatch import _disable_current_modes
 
 from game.errors import ConfigError, UnsupportedOpError, VGameError
 from game.training.dispatch import widen
-from game.training.native import front
 from game.training.numerics import rng, rounding
 
 #: A served function's handler: (the context's draws, the function, its args, its kwargs) -> result.
@@ -232,13 +229,9 @@ class Draws:
             return torch.sort(keys, stable=True).indices
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """Neither the dispatch modes, the C++ front nor any function mode (a user's ``torch.device``
-    context, say) see the ops inside: a draw's standard values are integer arithmetic on explicit
-    devices, the same whatever is on."""
-    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
-        yield
+#: Neither the dispatch modes, the C++ front nor any function mode see the ops inside (a draw's
+#: standard values are integer arithmetic on explicit devices); one level deep however nested.
+suspended = rng.suspended
 
 
 @functools.cache

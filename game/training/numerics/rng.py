@@ -30,10 +30,12 @@ hold both to it bit for bit) and runs on other devices, without a C compiler or 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -168,6 +170,33 @@ def stream(
     return torch.stack(words, dim=2).reshape(size[0], 4 * blocks)[:, :count]
 
 
+class _Depth(threading.local):
+    """How deep this thread is in :func:`suspended` (each thread has its own modes)."""
+
+    n = 0
+
+
+_depth = _Depth()
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Neither the dispatch modes, the C++ front nor any function mode (a user's ``torch.device``
+    context, say) see the ops inside: a draw is integer arithmetic on explicit devices, the same
+    whatever is on. Inside another, it does nothing: a served draw suspends once around its own ops
+    and the words', where each suspending again cost some 7 us a draw (more with the step's modes
+    on their stack), 37 draws a GPT-2-shape step."""
+    if _depth.n:
+        yield
+        return
+    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
+        _depth.n += 1
+        try:
+            yield
+        finally:
+            _depth.n -= 1
+
+
 def _words(
     seed: int,
     step: int,
@@ -186,7 +215,7 @@ def _words(
     see the RNG's own torch calls, and a user's ``torch.device`` context must not move them.
     """
     n = math.prod(shape)
-    with _disable_current_modes(), front.suspended(), torch._C.DisableTorchFunction():
+    with suspended():
         flat = stream(seed, step, purpose, example_ids, n * k, device)
     out_shape = (*shape, k) if example_ids is None else (flat.shape[0], *shape, k)
     return flat.reshape(out_shape)
