@@ -273,11 +273,13 @@ def _dense_entries(size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, honest
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("grouped", [False, True])
-def test_deferredAuditor_denseEntriesAcrossBlocks_equalsTorch(grouped: bool) -> None:
+def test_deferredAuditor_denseEntriesAcrossBlocks_equalsTorch(grouped: bool, layout: str) -> None:
     """A deferred auditor's one pass after the scan (check, round, write the listed lanes) against the
     torch path: a block listed whole, a block with none, entries on both sides of every edge, a last
-    partial block; as one call, and in a group (chunks of two blocks) beside a tensor with none."""
+    partial block; as one call, and in a group (chunks of two blocks) beside a tensor with none; in
+    one program, and a program a block (a chunk)."""
     x_t, honest = _dense_entries(5 * 1024 + 37)
     x_a = _perturb(x_t, 2.0**-40, 3)  # across some midpoints: the entries correct them
     other = _values(8, 32, "none", 2.0)
@@ -287,7 +289,7 @@ def test_deferredAuditor_denseEntriesAcrossBlocks_equalsTorch(grouped: bool) -> 
     bufs = [_copy(x_a), _copy(other)]
     deferred = cuda_deferred.Deferred(torch.device(DEV))
     saved = cuda_kernels.ONE_PROGRAM_MAX
-    cuda_kernels.ONE_PROGRAM_MAX = 0
+    cuda_kernels.ONE_PROGRAM_MAX = 1 << 62 if layout == "one program" else 0
     try:
         if grouped:
             from game.training.numerics import cuda_groups

@@ -54,11 +54,11 @@ def test_everyKernel_compilesForA100AndH100() -> None:
     failed = {k: v["error"] for k, v in result.items() if "error" in v}
     assert not failed, failed
     names = {k.rsplit(" ", 1)[0] for k in result}
-    # the per-tensor rounding kernels (9, with a deferred auditor's one pass after the scan; the
-    # auditor's 4 also with the lanes standing in for entries), the group kernels (6: a group's
-    # auditor has that one pass only), the RNG's two variants, SHA-256
+    # the per-tensor rounding kernels (10, with a deferred auditor's one pass after the scan and its
+    # one program for a small tensor; the auditor's 5 also with the lanes standing in for entries),
+    # the group kernels (6: a group's auditor has that one pass only), the RNG's two variants, SHA-256
     tensor = [n for n in names if n.startswith("tensor ")]
-    assert len(tensor) == 13 and sum(n.endswith(" without entries") for n in tensor) == 4
+    assert len(tensor) == 15 and sum(n.endswith(" without entries") for n in tensor) == 5
     assert sum(n.startswith("group ") for n in names) == 6
     assert {"rng ids=True", "rng ids=False", "sha256 chunks"} <= names
     assert all(v["cubin_bytes"] > 0 for v in result.values())

@@ -55,7 +55,7 @@ def test_graph_stability_a_trainer_step_is_the_same_launches_every_step(preset: 
     # the auditor's entries differ step by step: its launches carry their counts
     assert replay["launches"] >= record["launches"]
     assert set(replay["differ_by_kind"]) <= {
-        f"launch {k}" for k in ("round_with_entries_one", "round_and_write_listed", "scan")
+        f"launch {k}" for k in ("round_and_write_listed_one", "round_and_write_listed", "scan")
     }
 
 

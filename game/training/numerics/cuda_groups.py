@@ -96,32 +96,21 @@ def round_with_entries(
     p: BandParams,
 ) -> None:
     """The auditor's passes over ``xs`` with their entries: tensor ``i``'s are ``counts[i]`` values
-    of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``. In
-    chunks, one pass after the scan checks the entries, rounds and writes the listed lanes
-    (``listed_first`` of :func:`~game.training.numerics.cuda_kernels._launch_round_with_entries`:
-    a group is a deferred step's), so only one program per tensor needs the scratch for their
-    neighbours. Counts go into
-    the counter rows at the addresses ``stats`` (one a tensor)."""
+    of ``positions`` (int64, on the device, checked for order and range) from ``starts[i]``. One
+    pass checks the entries, rounds and writes the listed lanes, after the scan (``listed_first``
+    of :func:`~game.training.numerics.cuda_kernels._launch_round_with_entries`: a group is a
+    deferred step's), in one program per tensor or in chunks. Counts go into the counter rows at
+    the addresses ``stats`` (one a tensor)."""
     sizes = [x.numel() for x in xs]
-    one = _one_program(sizes)
-    total = sum(counts)
-    scratch = torch.empty(2 * total, dtype=torch.int64, device=xs[0].device) if total and one else None
     rows: list[int] = []
-    taken = 0
     for x, n, npos, start, s in zip(xs, sizes, counts, starts, stats, strict=True):
         lanes = x.data_ptr()
-        if npos:
-            pos = positions.data_ptr() + _INT64 * start
-            # in chunks the lanes stand in for the scratch, never read
-            near = scratch.data_ptr() + _INT64 * taken if scratch is not None else lanes
-            odd = near + _INT64 * total if scratch is not None else lanes
-            rows += (lanes, n, pos, npos, near, odd, s, 0)
-        else:  # no entries: the lanes stand in for the addresses, never read
-            rows += (lanes, n, lanes, 0, lanes, lanes, s, 0)
-        taken += npos
+        # no entries: the lanes stand in for their address, never read
+        pos = positions.data_ptr() + _INT64 * start if npos else lanes
+        rows += (lanes, n, pos, npos, 0, 0, s, 0)
     table = _table(rows, xs[0].device)
-    if one:  # every count is at most its tensor's size
-        k["round_with_entries_one"][(len(xs),)](table, p.k0, p.rel, p.abs, p.max_finite, BLOCK=BLOCK)
+    if _one_program(sizes):  # every count is at most its tensor's size
+        k["round_and_write_listed_one"][(len(xs),)](table, p.k0, p.rel, p.abs, p.max_finite, BLOCK=BLOCK)
         return
     grid = _grid(max(sizes), len(xs))
     k["scan"][grid](table, p.max_finite, CHUNK=CHUNK, BLOCK=BLOCK)

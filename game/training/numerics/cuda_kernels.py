@@ -109,28 +109,32 @@ def _launch_round_with_entries(
 ) -> None:
     """The auditor's kernels on ``x`` (as :func:`_launch_round_and_band` takes it) with the entries
     ``pos`` (on its device, in order and range), counters into ``stats``. ``listed_first`` (a
-    deferred step's call): a large tensor's pass after the scan checks the entries, rounds and
-    writes the listed lanes at once: two launches, as the trainer's, where a call read back at once
-    has four (scan, check, round, write); but a refused call has then written its lanes (the
-    deferred step runs again from a copy; a call read back at once must leave a refused tensor as
-    it was)."""
+    deferred step's call): one pass after the scan checks the entries, rounds and writes the listed
+    lanes at once: a small tensor in one program with no scratch for the neighbours, a large one in
+    two launches, as the trainer's, where a call read back at once has four (scan, check, round,
+    write); but a refused call has then written its lanes (the deferred step runs again from a
+    copy; a call read back at once must leave a refused tensor as it was)."""
     n, npos = x.numel(), pos.numel()
-    one = n <= ONE_PROGRAM_MAX
-    # the listed lanes' neighbours, taken before the round pass overwrites them, where a pass after
-    # it writes them (x stands in when there are none: never read then)
-    kept = npos > 0 and (one or not listed_first)
-    near = torch.empty(npos, dtype=torch.int64, device=x.device) if kept else x
-    odd = torch.empty_like(near) if kept else x
-    pos = pos if npos else x
-    if one:
+    pos = pos if npos else x  # x stands in where there are no entries: never read then
+    if listed_first:
+        if n <= ONE_PROGRAM_MAX:
+            k["round_and_write_listed_one"][(1,)](
+                x, pos, npos, n, p.k0, p.rel, p.abs, p.max_finite, stats, BLOCK=BLOCK
+            )
+            return
+        k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
+        k["round_and_write_listed"][_grid(n)](x, pos, npos, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
+        return
+    # the listed lanes' neighbours, taken before the round pass overwrites them: a pass after it
+    # writes them (x stands in when there are none: never read then)
+    near = torch.empty(npos, dtype=torch.int64, device=x.device) if npos else x
+    odd = torch.empty_like(near) if npos else x
+    if n <= ONE_PROGRAM_MAX:
         k["round_with_entries_one"][(1,)](
             x, pos, npos, n, p.k0, p.rel, p.abs, p.max_finite, near, odd, stats, BLOCK=BLOCK
         )
         return
     k["scan"][_grid(n)](x, n, p.max_finite, stats, BLOCK=BLOCK)
-    if listed_first:
-        k["round_and_write_listed"][_grid(n)](x, pos, npos, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)
-        return
     if npos:
         k["check_entries"][_grid(npos)](x, pos, npos, p.k0, p.rel, p.abs, near, odd, stats, BLOCK=BLOCK)
     k["round_with_band"][_grid(n)](x, n, p.k0, p.rel, p.abs, stats, BLOCK=BLOCK)

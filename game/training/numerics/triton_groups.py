@@ -5,8 +5,7 @@ Why: an optimizer step is a few foreach ops, each writing one tensor per paramet
 tensor at a time, they made 214 of the 352 kernel calls of a gpt-shakespeare step, and over a
 thousand at the GPT-2-small shape, each some tens of microseconds of host work on a GPU. Here a
 group's tensors are rows of a table on the device (:data:`ROW` int64 values each: the lanes'
-address and count, the flags' or the entries' address and count, the auditor's scratch, the
-counter row), and every pass reads its tensor's row; each tensor keeps its own counter row, so the
+address and count, the flags' or the entries' address and count, the counter row), and every pass reads its tensor's row; each tensor keeps its own counter row, so the
 checks, the flags and the refusals are per tensor exactly as when it is done alone. The formulas are
 those of :mod:`triton_kernels` (the same helpers, called from here), so the bits are the same.
 
@@ -22,7 +21,8 @@ from typing import Any
 from game.training.numerics.triton_kernels import triton
 
 #: int64 values per tensor in a group's table: lanes' address, lane count, flags' (trainer) or
-#: entries' (auditor) address, entry count, the auditor's two scratch addresses, the counter row's.
+#: entries' (auditor) address, entry count, two spare (0: the auditor's scratch for its listed
+#: lanes' neighbours until its one pass needed none), the counter row's, one more spare.
 ROW = 8
 
 if triton is not None:
@@ -34,8 +34,8 @@ if triton is not None:
         _rare,
         _round_and_band_one,
         _round_and_write_block,
+        _round_and_write_listed_one,
         _round_band_block,
-        _round_with_entries_one,
         _scan_block,
         _top_of,
     )
@@ -52,12 +52,9 @@ if triton is not None:
 
     @triton.jit
     def _entries(table, j):
-        # the auditor's entries of tensor j, their count and the scratch for their neighbours
+        # the auditor's entries of tensor j and their count
         row = table + j * 8
-        pos = tl.load(row + 2).to(tl.pointer_type(tl.int64))
-        near = tl.load(row + 4).to(tl.pointer_type(tl.int64))
-        odd = tl.load(row + 5).to(tl.pointer_type(tl.int64))
-        return pos, tl.load(row + 3), near, odd
+        return tl.load(row + 2).to(tl.pointer_type(tl.int64)), tl.load(row + 3)
 
     # ---- one program per tensor (every tensor of the group small) ---------------------------------
 
@@ -69,12 +66,12 @@ if triton is not None:
         _round_and_band_one(x_ptr, flag_ptr, n, k0, rel, abs_, max_finite, _counters(table, j), BLOCK)
 
     @triton.jit
-    def _group_round_with_entries_one(table, k0, rel, abs_, max_finite, BLOCK: tl.constexpr):
+    def _group_round_and_write_listed_one(table, k0, rel, abs_, max_finite, BLOCK: tl.constexpr):
         j = tl.program_id(0)
         x_ptr, n = _lanes(table, j)
-        pos, npos, near, odd = _entries(table, j)
-        _round_with_entries_one(
-            x_ptr, pos, npos, n, k0, rel, abs_, max_finite, near, odd, _counters(table, j), BLOCK
+        pos, npos = _entries(table, j)
+        _round_and_write_listed_one(
+            x_ptr, pos, npos, n, k0, rel, abs_, max_finite, _counters(table, j), BLOCK
         )
 
     # ---- programs over chunks (grid: chunks x tensors) --------------------------------------------
@@ -120,7 +117,7 @@ if triton is not None:
         stats_ptr = _counters(table, j)
         start = tl.program_id(0) * CHUNK
         if (start < n) & (tl.load(stats_ptr + 1) == 0):
-            pos, npos, _near, _odd = _entries(table, j)
+            pos, npos = _entries(table, j)
             top = _top_of(stats_ptr)
             first = _first_at_least(pos, npos, start)
             outside = tl.full([], 0, tl.int64)
@@ -164,7 +161,7 @@ GROUP_KERNELS: dict[str, Any] = (
     if triton is None
     else {
         "round_and_band_one": _group_round_and_band_one,
-        "round_with_entries_one": _group_round_with_entries_one,
+        "round_and_write_listed_one": _group_round_and_write_listed_one,
         "scan": _group_scan,
         "round_and_band": _group_round_and_band,
         "round_and_write_listed": _group_round_and_write_listed,

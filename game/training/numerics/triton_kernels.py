@@ -350,6 +350,36 @@ if triton is not None:
                 tl.store(stats_ptr + 4, tl.sum(moved, axis=0))
                 tl.store(stats_ptr + 5, tl.sum(free, axis=0))
 
+    @triton.jit
+    def _round_and_write_listed_one(
+        x_ptr, pos_ptr, npos, n, k0, rel, abs_, max_finite, stats_ptr, BLOCK: tl.constexpr
+    ):
+        # a deferred auditor's small tensor in one program: the scan, then block by block the one
+        # pass of _round_and_write_block, each block's entries going on from the last's (no search,
+        # and no scratch for the neighbours: a refused call's values are never kept)
+        x_ptr, pos_ptr = _int64s(x_ptr), _int64s(pos_ptr)
+        if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
+            tl.debug_barrier()
+            top = _top_of(stats_ptr)
+            first = tl.full([], 0, tl.int64)
+            outside = tl.full([], 0, tl.int64)
+            zero = tl.full([], 0, tl.int64)
+            moved = tl.full([], 0, tl.int64)
+            free = tl.full([], 0, tl.int64)
+            for start in range(0, n, BLOCK):
+                o, z, mv, fr, taken = _round_and_write_block(
+                    x_ptr, pos_ptr, start, n, first, npos, k0, rel, abs_, top, BLOCK
+                )
+                first += taken
+                outside = tl.maximum(outside, o)
+                zero = tl.maximum(zero, z)
+                moved += mv
+                free += fr
+            tl.store(stats_ptr + 2, outside)
+            tl.store(stats_ptr + 3, zero)
+            tl.store(stats_ptr + 4, moved)
+            tl.store(stats_ptr + 5, free)
+
 
 KERNELS: dict[str, Any] = (
     {}
@@ -364,5 +394,6 @@ KERNELS: dict[str, Any] = (
         "round_inplace": _round_inplace_kernel,
         "round_and_band_one": _round_and_band_one,
         "round_with_entries_one": _round_with_entries_one,
+        "round_and_write_listed_one": _round_and_write_listed_one,
     }
 )
