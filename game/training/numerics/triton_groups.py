@@ -5,9 +5,10 @@ Why: an optimizer step is a few foreach ops, each writing one tensor per paramet
 tensor at a time, they made 214 of the 352 kernel calls of a gpt-shakespeare step, and over a
 thousand at the GPT-2-small shape, each some tens of microseconds of host work on a GPU. Here a
 group's tensors are rows of a table on the device (:data:`ROW` int64 values each: the lanes'
-address and count, the flags' or the entries' address and count, the counter row), and every pass reads its tensor's row; each tensor keeps its own counter row, so the
-checks, the flags and the refusals are per tensor exactly as when it is done alone. The formulas are
-those of :mod:`triton_kernels` (the same helpers, called from here), so the bits are the same.
+address and count, the flags' or the entries' address and count, the counter row), and every
+pass reads its tensor's row; each tensor keeps its own counter row, so the checks, the flags and
+the refusals are per tensor exactly as when it is done alone. The formulas are those of
+:mod:`triton_kernels` (the same helpers, called from here), so the bits are the same.
 
 Two layouts, picked per group by its largest tensor: one program per tensor running every pass
 (small tensors; one launch in all), or programs over chunks of :data:`CHUNK` lanes of every tensor
