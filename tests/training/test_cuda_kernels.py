@@ -522,6 +522,17 @@ def test_onlyACudaEngineThatDefers_pinsTheChunksItReplays() -> None:
         assert not engine.pins_logs
 
 
+def _noisy_chunks(cfg: TaskConfig, steps: int) -> Iterator[tuple[int, bytes]]:
+    """Steps ``1 .. steps`` of a trainer whose log needs corrections (the noisy profile), each with
+    its chunk's bytes, as an auditor reads them."""
+    noisy = StepEngine(cfg, get_profile("noisy"))
+    state = noisy.init_state()
+    for step in range(1, steps + 1):
+        chunk = noisy.run_step(state, step, mode="record").log
+        assert chunk is not None
+        yield step, chunk.encode(step, cfg.spec_hash())
+
+
 def test_deferredReplay_ofADecodedChunk_buildsNoRecord_andEqualsTheImmediateReplay(
     settles: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -530,9 +541,8 @@ def test_deferredReplay_ofADecodedChunk_buildsNoRecord_andEqualsTheImmediateRepl
     built (some thousand a GPT-2-shape step, a millisecond or more of the step's thread). The
     leaves and corrections are the immediate replay's."""
     deferring, immediate = _engines("cnn-digits")
-    noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     spec = deferring.cfg.spec_hash()
-    s_noisy, s_deferred, s_immediate = noisy.init_state(), deferring.init_state(), immediate.init_state()
+    s_deferred, s_immediate = deferring.init_state(), immediate.init_state()
     built: list[int] = []
     real = SparseStepLog._records
 
@@ -541,10 +551,7 @@ def test_deferredReplay_ofADecodedChunk_buildsNoRecord_andEqualsTheImmediateRepl
         return real(self)
 
     corrections = 0
-    for step in (1, 2):
-        chunk = noisy.run_step(s_noisy, step, mode="record").log
-        assert chunk is not None
-        data = chunk.encode(step, spec)
+    for step, data in _noisy_chunks(deferring.cfg, 2):  # a trainer whose log needs corrections
         decoded = SparseStepLog.decode(data, step=step, spec_hash=spec)
         with monkeypatch.context() as m:
             m.setattr(SparseStepLog, "_records", records)
@@ -567,9 +574,8 @@ def test_deferredReplay_ofAPinnedChunk_copiesItsEntriesFromThePinnedCopy_without
     if not ON_GPU:
         monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
     deferring, _ = _engines("mlp-digits")
-    noisy = StepEngine(deferring.cfg, get_profile("noisy"))  # a trainer whose log needs corrections
     spec = deferring.cfg.spec_hash()
-    s_noisy, s_plain, s_pinned = noisy.init_state(), deferring.init_state(), deferring.init_state()
+    s_plain, s_pinned = deferring.init_state(), deferring.init_state()
     copies: list[tuple[int, bool]] = []  # (address, non_blocking) of each int64 tensor sent with .to
     real_to = torch.Tensor.to
 
@@ -579,10 +585,7 @@ def test_deferredReplay_ofAPinnedChunk_copiesItsEntriesFromThePinnedCopy_without
         return real_to(self, *a, **k)  # type: ignore[arg-type]
 
     corrections = 0
-    for step in (1, 2):
-        chunk = noisy.run_step(s_noisy, step, mode="record").log
-        assert chunk is not None
-        data = chunk.encode(step, spec)
+    for step, data in _noisy_chunks(deferring.cfg, 2):  # a trainer whose log needs corrections
         plain = SparseStepLog.decode(data, step=step, spec_hash=spec)
         pinned = SparseStepLog.decode(data, step=step, spec_hash=spec)
         pinned.pin()

@@ -309,7 +309,7 @@ def test_deviceIds_areRangeCheckedOncePerTensorAndVersion(monkeypatch: pytest.Mo
     assert checked[-2:] == [id(cpu), id(cpu)]
 
 
-class _Seen(TorchDispatchMode):
+class SeenOps(TorchDispatchMode):
     """Records the ATen ops that reach it."""
 
     def __init__(self) -> None:
@@ -328,7 +328,7 @@ def test_suspended_nestedOnce_modesOffThroughout_andBackAfter(monkeypatch: pytes
     pops: list[int] = []
     real = rng._disable_current_modes
     monkeypatch.setattr(rng, "_disable_current_modes", lambda: pops.append(1) or real())
-    with _Seen() as seen:
+    with SeenOps() as seen:
         with rng.suspended():
             torch.ones(3).add_(1)
             with rng.suspended():

@@ -34,6 +34,8 @@ from game.training.native import front, library
 from game.training.numerics import rng, rounding
 from game.training.task.models import ATTENTION_MASK_FILL
 
+from .test_rng import SeenOps
+
 SEED, STEP, BITS = 11, 4, 32
 IDS = torch.arange(40, 48)  # a micro-batch of 8 examples
 SPEC = b"\x07" * 32
@@ -592,18 +594,9 @@ def test_drawsBeneathADispatchMode_areTorchsOwn() -> None:
 
 
 def test_compiledFunction_runsEagerlyInside_soItsOpsAreSeen() -> None:
-    class Seen(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     compiled = torch.compile(lambda x: (x * 2).sin() + 1)
     x = torch.ones(3, dtype=torch.float64)
-    with _ops(), Seen() as seen:
+    with _ops(), SeenOps() as seen:
         compiled(x)
     assert seen.ops == ["aten.mul.Tensor", "aten.sin.default", "aten.add.Tensor"]
 

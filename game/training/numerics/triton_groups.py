@@ -34,7 +34,7 @@ if triton is not None:
         _nearest,
         _rare,
         _round_and_band_one,
-        _round_and_write_block,
+        _round_and_write_blocks,
         _round_and_write_listed_one,
         _round_band_block,
         _scan_block,
@@ -119,21 +119,10 @@ if triton is not None:
         start = tl.program_id(0) * CHUNK
         if (start < n) & (tl.load(stats_ptr + 1) == 0):
             pos, npos = _entries(table, j)
-            top = _top_of(stats_ptr)
-            first = _first_at_least(pos, npos, start)
-            outside = tl.full([], 0, tl.int64)
-            zero = tl.full([], 0, tl.int64)
-            moved = tl.full([], 0, tl.int64)
-            free = tl.full([], 0, tl.int64)
-            for i in range(0, CHUNK, BLOCK):
-                o, z, mv, fr, taken = _round_and_write_block(
-                    x_ptr, pos, start + i, n, first, npos, k0, rel, abs_, top, BLOCK
-                )
-                first += taken
-                outside = tl.maximum(outside, o)
-                zero = tl.maximum(zero, z)
-                moved += mv
-                free += fr
+            outside, zero, moved, free = _round_and_write_blocks(
+                x_ptr, pos, start, CHUNK, n, _first_at_least(pos, npos, start), npos, k0, rel, abs_,
+                _top_of(stats_ptr), BLOCK,
+            )  # fmt: skip
             tl.atomic_max(stats_ptr + 2, outside)
             tl.atomic_max(stats_ptr + 3, zero)
             tl.atomic_add(stats_ptr + 4, moved)

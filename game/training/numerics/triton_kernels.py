@@ -174,6 +174,28 @@ if triton is not None:
         )
 
     @triton.jit
+    def _round_and_write_blocks(
+        x_ptr, pos_ptr, start, length, n, first, npos, k0, rel, abs_, top, BLOCK: tl.constexpr
+    ):
+        # _round_and_write_block over lanes start .. start + length, block by block, each block's
+        # entries going on from where the last one's stopped (``first``: the first block's first
+        # entry); returns its first four results, the blocks' together
+        outside = tl.full([], 0, tl.int64)
+        zero = tl.full([], 0, tl.int64)
+        moved = tl.full([], 0, tl.int64)
+        free = tl.full([], 0, tl.int64)
+        for i in range(0, length, BLOCK):
+            o, z, mv, fr, taken = _round_and_write_block(
+                x_ptr, pos_ptr, start + i, n, first, npos, k0, rel, abs_, top, BLOCK
+            )
+            first += taken
+            outside = tl.maximum(outside, o)
+            zero = tl.maximum(zero, z)
+            moved += mv
+            free += fr
+        return outside, zero, moved, free
+
+    @triton.jit
     def _write_listed_block(x_ptr, pos_ptr, j, npos, near_ptr, odd_ptr):
         # auditor, last: listed lanes go to their odd neighbour; returns the change in corrections
         m = j < npos
@@ -360,21 +382,10 @@ if triton is not None:
         x_ptr, pos_ptr = _int64s(x_ptr), _int64s(pos_ptr)
         if _scan_all(x_ptr, n, max_finite, stats_ptr, BLOCK):
             tl.debug_barrier()
-            top = _top_of(stats_ptr)
             first = tl.full([], 0, tl.int64)
-            outside = tl.full([], 0, tl.int64)
-            zero = tl.full([], 0, tl.int64)
-            moved = tl.full([], 0, tl.int64)
-            free = tl.full([], 0, tl.int64)
-            for start in range(0, n, BLOCK):
-                o, z, mv, fr, taken = _round_and_write_block(
-                    x_ptr, pos_ptr, start, n, first, npos, k0, rel, abs_, top, BLOCK
-                )
-                first += taken
-                outside = tl.maximum(outside, o)
-                zero = tl.maximum(zero, z)
-                moved += mv
-                free += fr
+            outside, zero, moved, free = _round_and_write_blocks(
+                x_ptr, pos_ptr, 0, n, n, first, npos, k0, rel, abs_, _top_of(stats_ptr), BLOCK
+            )
             tl.store(stats_ptr + 2, outside)
             tl.store(stats_ptr + 3, zero)
             tl.store(stats_ptr + 4, moved)
