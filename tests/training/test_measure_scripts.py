@@ -126,6 +126,36 @@ def test_gpu_profile_runs_on_a_cpu_profile(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_gpu_profile_clocksTheRoundingsHostWork_byThread_downTheCudaPath(tmp_path: Path) -> None:
+    """The host clocks (``host``) see what a deferring step adds: the front's calls, the Triton
+    launches inside them, the snapshot and the read-back, all on the step's thread here (on CPU,
+    autograd runs the backward pass on the caller's thread); nothing on another."""
+    out = tmp_path / "profile.json"
+    run_script(
+        "gpu_profile.py",
+        "--preset",
+        "mlp-digits",
+        "--steps",
+        "1",
+        "--profile",
+        "cpu-1t",
+        "--cuda-path-on-cpu",
+        "--out",
+        str(out),
+    )
+    host = json.loads(out.read_text())["host"]
+    assert sorted(host) == ["auditor", "trainer"]
+    for role, got in host.items():
+        step, other = got["step"], got["other"]
+        assert step["rounding_calls"] > 0 and step["launches"] >= step["rounding_calls"], role
+        # mlp-digits draws no dropout: every launch is inside a call, every call inside the step
+        assert 0 < step["launches_ms"] <= step["rounding_calls_ms"] < got["wall_ms"], role
+        assert got["snapshot_ms"] > 0 and got["settle_ms"] > 0, role
+        assert (got["queue_ms"] > 0) is (role == "trainer"), role  # the auditor here writes nothing
+        assert set(other.values()) == {0}, role
+
+
+@pytest.mark.slow
 def test_gpu_leaf_check_in_the_interpreter() -> None:
     out = run_script(
         "gpu_leaf_check.py",
