@@ -292,8 +292,7 @@ def calibrate(
         )
     resolved = [get_profile(p) for p in profiles]
     for p in resolved:
-        if not p.available():
-            raise ConfigError(f"profile {p.name!r} is not available on this machine")
+        p.require()
     if not 1 <= steps <= cfg.steps:
         raise ConfigError(f"steps: {steps} is outside 1..{cfg.steps} (the task's steps)")
     reference, others = resolved[0], resolved[1:]

@@ -140,8 +140,7 @@ def check_profile(name: str) -> None:
     ones) or a CUDA profile without a GPU, before any work (or, for a node, hours of waiting)."""
     from game.training.dispatch.profiles import get_profile
 
-    if not get_profile(name).available():
-        raise ConfigError(f"profile {name!r} is not available on this machine (see `vgame profiles`)")
+    get_profile(name).require()
 
 
 def check_out_file(path: Path, option: str = "--out", *, example: str = "out") -> None:

@@ -322,11 +322,15 @@ def test_profilesThisMachineCannotRun_areRefusedBeforeAnyTraining(tmp_path: Path
     work = tmp_path / "work"
     r = vgame("bench", "replication", "--preset", "mlp-digits", "--steps", "2", "--profiles", "cpu-1t,cuda",
               "--workdir", str(work))  # fmt: skip
-    assert r.returncode == 2 and "profile 'cuda' is not available on this machine" in r.stderr
+    hint = "profile 'cuda' is not available on this machine (see `vgame profiles`)"
+    assert r.returncode == 2 and hint in r.stderr
     assert not work.exists() or not any(work.iterdir())  # cpu-1t's run was trained first, and kept
     r = vgame("calibrate", "--preset", "mlp-digits", "--steps", "2", "--profiles", "cpu-1t,cuda",
               "--out", str(tmp_path / "b.toml"))  # fmt: skip
-    assert r.returncode == 2 and "not available on this machine (see `vgame profiles`)" in r.stderr
+    assert r.returncode == 2 and hint in r.stderr
+    # the bench of issue 46's GPU figures says the same, before any step
+    r = vgame("bench", "overhead", "--preset", "mlp-digits", "--profile", "cuda", "--steps", "2")
+    assert r.returncode == 2 and hint in r.stderr
 
 
 def test_audit_keepProgress_goesOnFromTheLastSave(trained: Path, tmp_path: Path) -> None:

@@ -61,6 +61,14 @@ class Profile:
             return bool(torch.cuda.is_available())
         return True
 
+    def require(self) -> None:
+        """Raise :class:`ConfigError` where this machine cannot run the profile: one wording for
+        every command that takes one (``vgame train``, ``audit``, ``bench``, a node's start)."""
+        if not self.available():
+            raise ConfigError(
+                f"profile {self.name!r} is not available on this machine (see `vgame profiles`)"
+            )
+
     def rounding_kernels(self) -> str:
         """Which kernels round this profile's tensors: ``c`` (CPU, compiled on first use), ``triton``
         (CUDA), ``torch`` (the reference kernels, everywhere), or ``none`` when it cannot run here."""
@@ -95,8 +103,7 @@ class Profile:
         ``cudnn_batch_norm`` instead of ``native_batch_norm``, a different op sequence from a CPU
         party's, so the two could not share a rounding log.
         """
-        if not self.available():
-            raise ConfigError(f"profile {self.name!r} is not available on this machine")
+        self.require()
         old_threads = torch.get_num_threads()
         old_cudnn = torch.backends.cudnn.enabled
         if self.threads is not None:

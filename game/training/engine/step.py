@@ -111,8 +111,7 @@ class StepEngine:
     ) -> None:
         if checks not in CHECKS:
             raise ConfigError(f"checks: {checks!r} is not one of {', '.join(CHECKS)}")
-        if not profile.available():  # before a caller writes anything (a transcript directory)
-            raise ConfigError(f"profile {profile.name!r} is not available on this machine")
+        profile.require()  # before a caller writes anything (a transcript directory)
         self.cfg = cfg
         self.profile = profile
         self.runtime = runtime_for(cfg)
