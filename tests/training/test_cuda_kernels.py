@@ -15,12 +15,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.training.dispatch.profiles import get_profile
 from game.training.engine import step as step_mod
 from game.training.engine.step import StepEngine
 from game.training.log.sparse import SparseStepLog
-from game.training.native import bindings, library
+from game.training.native import bindings, front, library
 from game.training.numerics import bandcheck, rounding
 from game.training.numerics.bandfile import Band
 from game.training.task.config import TaskConfig, load_config
@@ -638,3 +639,77 @@ def test_listedLanes_areEachFlagsOwnNonzero_andTheirCounts(shapes: list[tuple[in
     assert torch.equal(joined.cpu(), lanes.cpu()) and torch.equal(counts.cpu(), sizes.cpu())
     host = cuda_deferred.host_array(lanes)
     assert host.tolist() == lanes.cpu().tolist()
+
+
+#: ATen ops after which a GPU's host waits for its device when their input lives there: a value
+#: read back (``item``, ``bool``, ``int``), or an output whose size the data decides.
+SYNCING_OPS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "masked_select",
+        "is_nonzero",
+        "equal",
+        "allclose",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+        "_assert_async",
+    }
+)
+
+
+class _SyncingOps(TorchDispatchMode):
+    """Records the ops of :data:`SYNCING_OPS` that run before the step's read-back (``settled``
+    set by the patched ``Deferred.settle``), with their tensors' shapes and dtypes, and counts
+    every op it sees (so that an empty list means something)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled = False
+        self.seen = 0
+        self.syncing: list[tuple[str, list[tuple[tuple[int, ...], torch.dtype]]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen += 1
+        name = func.overloadpacket.__name__
+        if name in SYNCING_OPS and not self.settled:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            self.syncing.append((name, [(tuple(t.shape), t.dtype) for t in tensors]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("preset", ["gpt-shakespeare", "cnn-digits"])
+def test_deferredStep_makesNoHostSynchronisation_beforeItsReadBack(
+    preset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: a CUDA step keeps its checks on the device until it ends. No op of a deferring
+    step, trainer or auditor, may make the host wait for the device before the one read-back
+    (``Deferred.settle``), or the host cannot run ahead of the device. The one exception is the
+    optimizer's step counter, a 0-dim float32 tensor torch's Adam keeps on the host (its
+    ``item()`` waits for nothing). Run down the CUDA path on CPU tensors, through the Python
+    dispatch mode: the recorder sits under it, so it sees the ops the rounding code issues itself
+    (the C++ front calls the same code, but from below any Python mode). A draw's own ops are out
+    of sight here (the draws suspend the modes); its ids' range check, once a step, is held by
+    ``test_cuda_rng.py``."""
+    deferring, immediate = _engines(preset)
+    recorder = _SyncingOps()
+    real = cuda_deferred.Deferred.settle
+
+    def settle(self: cuda_deferred.Deferred) -> cuda_deferred.Settled:
+        recorder.settled = True
+        return real(self)
+
+    monkeypatch.setattr(cuda_deferred.Deferred, "settle", settle)
+    s_rec, s_imm, s_aud = deferring.init_state(), immediate.init_state(), deferring.init_state()
+    for step in (1, 2):  # step 1 makes the optimizer's state; step 2 is a step like any later
+        log = immediate.run_step(s_imm, step, mode="record").log
+        for mode, state in (("record", s_rec), ("replay", s_aud)):
+            recorder.settled, recorder.seen, recorder.syncing = False, 0, []
+            with front.disabled(), recorder:
+                deferring.run_step(state, step, mode=mode, log=log if mode == "replay" else None)
+            assert recorder.settled and recorder.seen > 100, (mode, step)
+            host_counters = ("_local_scalar_dense", [((), torch.float32)])
+            assert [s for s in recorder.syncing if s != host_counters] == [], (mode, step)
