@@ -10,12 +10,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from game.training.dispatch.profiles import get_profile
 from game.training.engine import step as step_mod
@@ -28,6 +28,7 @@ from game.training.task.config import TaskConfig, load_config
 
 from .test_bandcheck import _mixed_values, _perturb
 from .test_native import AUDITOR_CASES, TAILS, TRAINER_CASES, _values, block_edge_case
+from .test_rng import SeenOps
 from .test_step import small_cfg
 from .test_task_api import CTC_PY, TASK_PY, make_plugin
 from .test_unusual_results import FORWARDS
@@ -661,24 +662,22 @@ SYNCING_OPS = frozenset(
 )
 
 
-class _SyncingOps(TorchDispatchMode):
-    """Records the ops of :data:`SYNCING_OPS` that run before the step's read-back (``settled``
-    set by the patched ``Deferred.settle``), with their tensors' shapes and dtypes, and counts
-    every op it sees (so that an empty list means something)."""
+class _SyncingOps(SeenOps):
+    """:class:`SeenOps`, and apart the ops of :data:`SYNCING_OPS` that run before the step's
+    read-back (``settled``, set by the patched ``Deferred.settle``) with their tensors' shapes and
+    dtypes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.settled = False
-        self.seen = 0
         self.syncing: list[tuple[str, list[tuple[tuple[int, ...], torch.dtype]]]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.seen += 1
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__
         if name in SYNCING_OPS and not self.settled:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             self.syncing.append((name, [(tuple(t.shape), t.dtype) for t in tensors]))
-        return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @pytest.mark.parametrize("preset", ["gpt-shakespeare", "cnn-digits"])
@@ -707,9 +706,9 @@ def test_deferredStep_makesNoHostSynchronisation_beforeItsReadBack(
     for step in (1, 2):  # step 1 makes the optimizer's state; step 2 is a step like any later
         log = immediate.run_step(s_imm, step, mode="record").log
         for mode, state in (("record", s_rec), ("replay", s_aud)):
-            recorder.settled, recorder.seen, recorder.syncing = False, 0, []
+            recorder.settled, recorder.ops, recorder.syncing = False, [], []
             with front.disabled(), recorder:
                 deferring.run_step(state, step, mode=mode, log=log if mode == "replay" else None)
-            assert recorder.settled and recorder.seen > 100, (mode, step)
+            assert recorder.settled and len(recorder.ops) > 100, (mode, step)
             host_counters = ("_local_scalar_dense", [((), torch.float32)])
             assert [s for s in recorder.syncing if s != host_counters] == [], (mode, step)
