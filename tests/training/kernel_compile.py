@@ -11,6 +11,7 @@ their scratch where a call has no entries, so those kernels compile both ways).
 
     python -m tests.training.kernel_compile 80 90   # compute capabilities; prints JSON
     python -m tests.training.kernel_compile --broken  # a kernel that must fail (the harness's own check)
+    python -m tests.training.kernel_compile 90 --lane-loads  # how the large-tensor passes read lanes
 """
 
 from __future__ import annotations
@@ -115,6 +116,54 @@ def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]
     return result
 
 
+#: The per-tensor kernels of a large tensor that read its lanes block by block (a program a block).
+_LANE_READERS = ("scan", "round_and_band", "round_with_band", "round_inplace")
+
+
+def lane_loads(capability: int) -> dict[str, Any]:
+    """How the large-tensor kernels read their lanes, compiled as a launch specialises them when the
+    tensor's address and lane count are multiples of 16 (Triton's ``tt.divisibility``, which its
+    launcher sets for such arguments): the PTX's 16-byte vector loads of 8-byte values, its scalar
+    ones, and the lanes a thread holds. Reading the lanes in vectors is what lets these passes run
+    at the memory's speed; a kernel change that loses it (a cast, a mask the compiler cannot prove
+    uniform) would halve that without failing any interpreter test."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from game.training.numerics import cuda_kernels
+    from game.training.numerics.triton_kernels import KERNELS
+
+    result: dict[str, Any] = {}
+    for name in _LANE_READERS:
+        kernel = KERNELS[name]
+        signature: dict[str, str] = {}
+        attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+        for i, param in enumerate(kernel.params):
+            if param.name == "BLOCK":
+                signature[param.name] = "constexpr"
+                continue
+            signature[param.name] = _TYPES.get(param.name, "i32")
+            if signature[param.name].startswith("*") or param.name == "n":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": cuda_kernels.BLOCK}, attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32))
+        ptx = compiled.asm["ptx"]
+        result[name] = {
+            "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v2\.b64", ptx)),
+            "scalar_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.b64\b", ptx))
+            - len(re.findall(r"ld\.global(?:\.\w+)*\.v\d\.b64", ptx)),
+            "lanes_per_thread": cuda_kernels.BLOCK // (32 * compiled.metadata.num_warps),
+        }
+    return result
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    print(json.dumps(compile_all([int(a) for a in args if a.isdigit()] or [90], broken="--broken" in args)))
+    caps = [int(a) for a in args if a.isdigit()] or [90]
+    if "--lane-loads" in args:
+        print(json.dumps(lane_loads(caps[0])))
+    else:
+        print(json.dumps(compile_all(caps, broken="--broken" in args)))

@@ -67,3 +67,15 @@ def test_everyKernel_compilesForA100AndH100() -> None:
 def test_aKernelTheCompilerRefuses_isReported() -> None:
     result = _compile("90", "--broken")
     assert list(result) == ["broken sm_90"] and "error" in result["broken sm_90"]
+
+
+def test_largeTensorPasses_readTheirLanesIn16ByteVectors_onH100() -> None:
+    """Compiled as a launch specialises them for a tensor whose address and lane count are
+    multiples of 16, each pass over a large tensor reads every lane a thread holds in 16-byte
+    vectors (two lanes a load); the only scalar loads left are the counter row's fields. Issue 46's
+    device cost of these passes rests on it, and the interpreter's tests cannot see it."""
+    result = _compile("90", "--lane-loads")
+    assert sorted(result) == ["round_and_band", "round_inplace", "round_with_band", "scan"]
+    for name, got in result.items():
+        assert 2 * got["vector_loads"] >= got["lanes_per_thread"] > 1, (name, got)
+        assert got["scalar_loads"] < got["lanes_per_thread"], (name, got)
