@@ -89,6 +89,15 @@ def _broken() -> dict[str, tuple[Any, dict[str, Any], dict[str, str]]]:
     return {"broken": (broken, {"BLOCK": 3}, {})}
 
 
+def _signature(kernel: Any, constexprs: dict[str, Any], types: dict[str, str]) -> dict[str, str]:
+    """A kernel's parameter types as a launch passes them (:data:`_TYPES`, ``types`` where they
+    differ), its constexprs marked."""
+    return {
+        p.name: "constexpr" if p.name in constexprs else types.get(p.name, _TYPES.get(p.name, "i32"))
+        for p in kernel.params
+    }
+
+
 def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]:
     """Compile each kernel for each capability: its cubin's size, or the error."""
     import triton
@@ -97,10 +106,7 @@ def compile_all(capabilities: list[int], broken: bool = False) -> dict[str, Any]
 
     result: dict[str, Any] = {}
     for name, (kernel, constexprs, types) in (_broken() if broken else _kernels()).items():
-        signature = {
-            p.name: "constexpr" if p.name in constexprs else types.get(p.name, _TYPES.get(p.name, "i32"))
-            for p in kernel.params
-        }
+        signature = _signature(kernel, constexprs, types)
         for cc in capabilities:
             key = f"{name} sm_{cc}"
             t0 = time.perf_counter()
@@ -137,18 +143,16 @@ def lane_loads(capability: int) -> dict[str, Any]:
     from game.training.numerics.triton_kernels import KERNELS
 
     result: dict[str, Any] = {}
+    constexprs = {"BLOCK": cuda_kernels.BLOCK}
     for name in _LANE_READERS:
         kernel = KERNELS[name]
-        signature: dict[str, str] = {}
-        attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-        for i, param in enumerate(kernel.params):
-            if param.name == "BLOCK":
-                signature[param.name] = "constexpr"
-                continue
-            signature[param.name] = _TYPES.get(param.name, "i32")
-            if signature[param.name].startswith("*") or param.name == "n":
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        src = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": cuda_kernels.BLOCK}, attrs=attrs)
+        signature = _signature(kernel, constexprs, {})
+        attrs = {
+            (i,): [["tt.divisibility", 16]]
+            for i, param in enumerate(kernel.params)
+            if signature[param.name].startswith("*") or param.name == "n"
+        }
+        src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32))
         ptx = compiled.asm["ptx"]
         result[name] = {
