@@ -119,7 +119,7 @@ def test_huggingFaceActivationCheckpointing_withDropout_trainsAsWithout(reentran
             model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": reentrant}
             )
-            assert model.is_gradient_checkpointing
+            assert model.is_activation_checkpointing
         return model
 
     def loss(model: nn.Module) -> Tensor:
