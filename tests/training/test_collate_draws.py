@@ -8,16 +8,20 @@ per example) and Python's and numpy's global generators are seeded for the step.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from game.training.dispatch.stockops import StockOps, collating
+from game.training.engine import step
 from game.training.engine.audit import audit
 from game.training.engine.runtime import runtime_for
+from game.training.engine.step import engine_for
 from game.training.engine.train import train
 from game.training.task.config import load_config
 from tests.training.test_task_api import TASK_PY, make_plugin, trains_and_audits
@@ -64,6 +68,29 @@ def test_aStepsAugmentedBatch_isAFunctionOfSeedAndStep_andTheGeneratorsArePutBac
     assert np.array_equal(np.random.get_state()[1], np_state) and random.getstate() == py_state
     torch.rand(5), np.random.rand(3)
     assert torch.equal(runtime.batch(2).data["x"], first)
+
+
+def test_aRecordedStep_drawsAsItsScopesAlone_andLeavesTheGeneratorsAsItFoundThem(tmp_path: Path) -> None:
+    """``run_step`` holds the global generators for the step (saved and put back once, not once a
+    scope): the augmenting collate draws the same batch, so the step's leaf is the one a step
+    without the hold gives, and Python's and numpy's generators are as they were before it."""
+    cfg = load_config(_task(tmp_path, "numpy")).replace(steps=2)
+    leaves = []
+    for hold in (True, False):
+        engine = engine_for(cfg, "cpu-1t")
+        state = engine.init_state()
+        np.random.seed(3)
+        random.seed(3)
+        np_state, py_state = np.random.get_state()[1].copy(), random.getstate()
+        unheld = mock.patch.object(step, "globals_held", contextlib.nullcontext)
+        with (
+            contextlib.nullcontext() if hold else unheld,
+            mock.patch.object(np.random, "get_state", wraps=np.random.get_state) as reads,
+        ):
+            leaves.append([engine.run_step(state, s, mode="record").state_hash for s in (1, 2)])
+        assert np.array_equal(np.random.get_state()[1], np_state) and random.getstate() == py_state
+        assert reads.call_count == (2 if hold else 6)  # once a step, or once in each of its 3 scopes
+    assert leaves[0] == leaves[1]
 
 
 def test_theCollatesDraws_areNotTheSteps() -> None:

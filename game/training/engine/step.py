@@ -41,7 +41,7 @@ from game.errors import ConfigError, TrainingError
 from game.training.dispatch.mode import RoundingMode
 from game.training.dispatch.modestate import MODES, DeferredChecksFailed, Mode
 from game.training.dispatch.profiles import Profile, get_profile
-from game.training.dispatch.stockops import StockOps, updating
+from game.training.dispatch.stockops import StockOps, globals_held, updating
 from game.training.engine import carried
 from game.training.engine.runtime import Batch, runtime_for
 from game.training.engine.states import decode_state, fresh_state
@@ -164,8 +164,23 @@ class StepEngine:
         ``log``: the trainer's chunk to replay (``replay``), or an empty one to record into
         (``record``; a fresh one when None). ``hash_state`` False: no state hash in the result (the
         caller takes the state's bytes itself). If the step raises, ``state`` is half-updated:
-        rebuild it.
+        rebuild it. Python's and numpy's global generators are as they were after it (seeded for
+        its collate, micro-batches and update, saved and put back once: :func:`globals_held`).
         """
+        with globals_held():
+            return self._run_step(state, step, mode, log, batch_override, precision, hash_state)
+
+    def _run_step(
+        self,
+        state: TrainState,
+        step: int,
+        mode: Mode,
+        log: ChunkLog | None,
+        batch_override: Batch | None,
+        precision: Precision,
+        hash_state: bool,
+    ) -> StepResult:
+        """:meth:`run_step`'s work."""
         if mode not in MODES:
             raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         if precision not in ("fp64", "fp32"):
