@@ -214,16 +214,14 @@ def parts(record_ms: Callable[[], float]) -> dict[str, float]:
 
     def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any, scale: float, dtype: Any) -> Any:
         with suspended():
-            return torch.ones(tuple(shape), dtype=torch.bool, device=device), torch.ones(
-                tuple(shape), dtype=dtype
-            )
+            return torch.ones(tuple(shape), dtype=dtype, device=device)
 
     out = {"step": record_ms()}
     with contextlib.ExitStack() as stack:
         for name, target, attr, stand_in in (
             ("without_rounding_calls", FrontMode, "_front_op", no_rounding),
             ("and_without_state_copy", step_module, "snapshot", no_snapshot),
-            ("and_without_dropout_masks", Draws, "scaled_mask", ones),
+            ("and_without_dropout_masks", Draws, "scaled", ones),
         ):
             stack.enter_context(mock.patch.object(target, attr, stand_in))
             out[name] = record_ms()

@@ -68,6 +68,13 @@ def _kernels() -> dict[str, tuple[Any, dict[str, Any], dict[str, str]]]:
             {"HAS_IDS": has_ids, "BLOCK": cuda_rng.BLOCK},
             {},
         )
+        # a keep probability below 1/2 passes its threshold as an i32, one above as an i64
+        for threshold in ("i32", "i64"):
+            out[f"rng scaled_keep ids={has_ids} threshold={threshold}"] = (
+                cuda_rng._philox_scaled_keep_kernel,
+                {"HAS_IDS": has_ids, "BLOCK": cuda_rng.BLOCK},
+                {"out_ptr": "*fp64", "threshold": threshold, "value_bits": "i64"},
+            )
     out["sha256 chunks"] = (
         sha256_kernel._sha256_chunks,
         {"CHUNK": sha256_kernel._CHUNK, "BLOCK": sha256_kernel.BLOCK},

@@ -8,6 +8,7 @@ first imported); with one, on the GPU. The reference is ``rng.stream`` on CPU wi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
@@ -219,3 +220,74 @@ def test_cuda_idsChangedAfterACheck_areCheckedAgain() -> None:
     ids[0] = -1
     with pytest.raises(ConfigError, match="must lie in"):
         rng.stream(3, 1, "x", ids, 4)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dropout's scaled keep mask in one pass (rng.scaled_keep)
+# --------------------------------------------------------------------------------------------------
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor's bits: equal bits, not equal values (+0 and -0 differ)."""
+    return t.cpu().contiguous().view(torch.int64)
+
+
+def _mask_times(seed, step, purpose, ids, shape, p, value) -> torch.Tensor:
+    """The reference: the torch code's keep mask, converted and multiplied as dropout did."""
+    with library.disabled():
+        return rng.bernoulli_mask(seed, step, purpose, ids, shape, p).to(torch.float64) * value
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    step=U32,
+    ids=st.one_of(st.none(), st.lists(st.one_of(st.sampled_from(EDGE_IDS), U32), max_size=5)),
+    shape=st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    p=st.one_of(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]), st.floats(0.0, 1.0)),
+    value=st.floats(2.0**-1000, 2.0**1000),
+    lanes=st.sampled_from(BLOCKS),
+)
+def test_scaledKeep_kernelCAndTorch_giveTheMaskTimesTheValue_bitForBit(
+    seed, step, ids, shape, p, value, lanes
+):
+    """The Triton kernel, the C kernel and the torch code each give ``bernoulli_mask(...) * value``
+    as float64, bit for bit, from the same words: what dropout's step computed before."""
+    ids_t = _ids(ids)
+    want = _mask_times(seed, step, "torch/0/dropout", ids_t, shape, p, value)
+    threshold, key = math.ceil(p * 2**32), rng.purpose_key(seed, "torch/0/dropout")
+    with _block(lanes):
+        got = cuda_rng.scaled_keep(step, ids_t, math.prod(shape), key, threshold, value, DEV)
+    assert got is not None and got.dtype == torch.float64
+    assert torch.equal(_bits(got.reshape(want.shape)), _bits(want))
+    with library.disabled():
+        assert torch.equal(
+            _bits(rng.scaled_keep(seed, step, "torch/0/dropout", ids_t, shape, p, value)), _bits(want)
+        )
+    if library.available():
+        c = rng.scaled_keep(seed, step, "torch/0/dropout", ids_t, shape, p, value)
+        assert c.shape == want.shape and torch.equal(_bits(c), _bits(want))
+
+
+def test_scaledKeep_offTheCpu_isOneLaunchOfTheKernel(monkeypatch) -> None:
+    """For a CUDA device the mask is the kernel's (without a GPU: redirected to the interpreter's
+    CPU tensors), one call a draw, with no stream words drawn apart; on CPU it never is."""
+    calls: list[torch.device] = []
+    real = cuda_rng.scaled_keep
+
+    def spy(step, ids, count, key, threshold, value, device):
+        calls.append(torch.device(device))
+        return real(step, ids, count, key, threshold, value, DEV)
+
+    monkeypatch.setattr(cuda_rng, "scaled_keep", spy)
+    monkeypatch.setattr(cuda_rng, "stream_words", lambda *a: pytest.fail("words drawn apart"))
+    ids = torch.tensor([0, 5, 2**32 - 1])
+    got = rng.scaled_keep(1, 2, "torch/3/dropout", ids, (3, 5), 0.75, 4 / 3, device="cuda")
+    assert [d.type for d in calls] == ["cuda"]
+    assert torch.equal(_bits(got), _bits(_mask_times(1, 2, "torch/3/dropout", ids, (3, 5), 0.75, 4 / 3)))
+    rng.scaled_keep(1, 2, "torch/3/dropout", ids, (3, 5), 0.75, 4 / 3)
+    with library.disabled():
+        monkeypatch.undo()
+        monkeypatch.setattr(cuda_rng, "scaled_keep", spy)
+        rng.scaled_keep(1, 2, "torch/3/dropout", ids, (3, 5), 0.75, 4 / 3)
+    assert len(calls) == 1

@@ -56,11 +56,13 @@ def test_everyKernel_compilesForA100AndH100() -> None:
     names = {k.rsplit(" ", 1)[0] for k in result}
     # the per-tensor rounding kernels (10, with a deferred auditor's one pass after the scan and its
     # one program for a small tensor; the auditor's 5 also with the lanes standing in for entries),
-    # the group kernels (6: a group's auditor has that one pass only), the RNG's two variants, SHA-256
+    # the group kernels (6: a group's auditor has that one pass only), the RNG's stream (2 variants)
+    # and dropout's scaled keep mask (4), SHA-256
     tensor = [n for n in names if n.startswith("tensor ")]
     assert len(tensor) == 15 and sum(n.endswith(" without entries") for n in tensor) == 5
     assert sum(n.startswith("group ") for n in names) == 6
     assert {"rng ids=True", "rng ids=False", "sha256 chunks"} <= names
+    assert sum(n.startswith("rng scaled_keep ") for n in names) == 4
     assert all(v["cubin_bytes"] > 0 for v in result.values())
 
 

@@ -287,26 +287,32 @@ def test_cuda_sameBitsAsCpu() -> None:
     )
 
 
-def test_deviceIds_areRangeCheckedOncePerTensorAndVersion(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A range check of ids on a GPU is a host synchronisation: made again only for another tensor
-    # or one changed in place since (meta tensors stand in for a GPU's: they are not on the CPU).
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_ids_areRangeCheckedOncePerTensorAndVersion(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # A range check of ids on a GPU is a host synchronisation (meta tensors stand in for a GPU's:
+    # they are not on the CPU), on CPU two reductions a draw: made again only for another tensor or
+    # one changed in place since.
     checked: list[int] = []
     monkeypatch.setattr(rng, "_check_range", lambda ids: checked.append(id(ids)))
     monkeypatch.setattr(rng, "_last_checked", None)
-    ids = torch.arange(8, dtype=torch.int64, device="meta")
+    ids = torch.arange(8, dtype=torch.int64, device=device)
     for _ in range(3):
         rng._check_ids(1, ids)
     assert checked == [id(ids)]
     ids.add_(1)  # changed in place: its version moves
     rng._check_ids(1, ids)
-    other = torch.arange(8, dtype=torch.int64, device="meta")
+    other = torch.arange(8, dtype=torch.int64, device=device)
     rng._check_ids(1, other)
     rng._check_ids(1, ids)
     assert checked == [id(ids), id(ids), id(other), id(ids)]
-    cpu = torch.arange(8, dtype=torch.int64)
-    rng._check_ids(1, cpu)
-    rng._check_ids(1, cpu)  # CPU ids cost no synchronisation: checked every time
-    assert checked[-2:] == [id(cpu), id(cpu)]
+
+
+def test_cpuIdsChangedAfterACheck_areRefused() -> None:
+    ids = torch.arange(8, dtype=torch.int64)
+    rng.stream(3, 1, "x", ids, 4)
+    ids[0] = -1  # in place, after the check
+    with pytest.raises(ConfigError, match="must lie in"):
+        rng.stream(3, 1, "x", ids, 4)
 
 
 class SeenOps(TorchDispatchMode):

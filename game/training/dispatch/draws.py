@@ -35,7 +35,8 @@ transcendental function), then rounded to the grid; an integer below ``n`` (``n 
 arithmetic, the same everywhere); what a function makes of them (``x * mask``, ``mean + std * z``)
 runs as ordinary ops under the step's interceptor, which rounds them as any others. One exception,
 for speed: dropout's scaled mask ``keep * 1/(1-p)`` is made suspended too (:meth:`Draws.scaled_mask`),
-as 0 or the scale rounded to the grid, the values the interceptor's rounding gives.
+as 0 or the scale rounded to the grid, the values the interceptor's rounding gives; dropout's own
+(:meth:`Draws.scaled`) comes from the words in one pass (:func:`rng.scaled_keep`).
 
 A ``generator=`` argument is ignored: every served draw comes from the counter RNG. Calls made while
 a ``__torch_dispatch__`` runs (the interceptor's own work: the ``noisy`` profile's perturbation,
@@ -147,6 +148,24 @@ class Draws:
         """:meth:`mask`'s draw, for a caller that has suspended the interceptors."""
         purpose, ids, rest = self.key(name, shape)
         return rng.bernoulli_mask(self.seed, self.step, purpose, ids, rest, p_keep, device).reshape(shape)
+
+    def scaled(
+        self,
+        name: str,
+        shape: Sequence[int],
+        p_keep: float,
+        device: torch.device,
+        scale: float,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """:meth:`scaled_mask`'s scaled mask alone (dropout's, which does not need the keep mask),
+        made from the words in one pass where it is rounded float64 (:func:`rng.scaled_keep`:
+        the same values)."""
+        value = _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
+        if value is None:
+            return self.scaled_mask(name, shape, p_keep, device, scale, dtype)[1]
+        purpose, ids, rest = self.key(name, shape)
+        return rng.scaled_keep(self.seed, self.step, purpose, ids, rest, p_keep, value, device).reshape(shape)
 
     def scaled_mask(
         self,

@@ -74,7 +74,7 @@ def dropout(
         raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
     shape = (x.shape[0], x.shape[1], *(1,) * (x.dim() - 2)) if feature else x.shape
     if not alpha:
-        _, m = d.scaled_mask(name, shape, 1.0 - p, x.device, 1.0 / (1.0 - p), x.dtype)
+        m = d.scaled(name, shape, 1.0 - p, x.device, 1.0 / (1.0 - p), x.dtype)
         return x.mul_(m) if inplace else x * m
     a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1.0) * (1.0 - p))
     kept, dropped = _ALPHA * a * p, _ALPHA * a * p - _ALPHA * a

@@ -233,8 +233,12 @@ def carried(
     the task declares) is not walked itself, only a module's children."""
     found: dict[str, Any] = {}
     committed = [] if optimizer is None else [v for s in optimizer.state.values() for v in s.values()]
-    owned = frozenset(id(t) for t in (*model.parameters(), *model.buffers(), *committed))
-    for prefix, module in model.named_modules():
+    modules = list(model.named_modules())  # one walk (parameters() and buffers() walk it again each)
+    owned = frozenset(
+        [id(t) for _, m in modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+        + [id(t) for t in committed]
+    )
+    for prefix, module in modules:
         for name in module._non_persistent_buffers_set:
             b = module._buffers.get(name)
             where = f"model.{prefix}.{name}" if prefix else f"model.{name}"

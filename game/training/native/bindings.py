@@ -376,12 +376,31 @@ def philox_stream(step: int, ids: Tensor | None, count: int, key: tuple[int, int
     return out
 
 
+def philox_scaled_keep(
+    step: int, ids: Tensor | None, count: int, key: tuple[int, int], threshold: int, value: float
+) -> Tensor | None:
+    """Dropout's scaled keep mask on CPU (rng.scaled_keep's values): float64 ``[len(ids), count]``,
+    ``value`` where :func:`philox_stream`'s word is below ``threshold``, else 0; None: use the
+    torch code (no kernels). The caller has checked the step and the ids fit 32 bits."""
+    lib = _running()
+    if lib is None:
+        return None
+    rows = 1 if ids is None else ids.numel()
+    out = torch.empty((rows, count), dtype=torch.float64)
+    if ids is not None:
+        ids = ids.to(dtype=torch.int64).contiguous()
+    address = ids.data_ptr() if ids is not None and rows else None
+    lib.vg_philox_scaled_keep(step, address, rows, count, key[0], key[1], threshold, value, out.data_ptr())
+    return out
+
+
 __all__ = [
     "STEP_FILES",
     "BandParams",
     "Replay",
     "float32_at",
     "pack_trit_blocks",
+    "philox_scaled_keep",
     "philox_stream",
     "round_and_band",
     "round_and_trits",

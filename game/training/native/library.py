@@ -171,6 +171,8 @@ def _load() -> ctypes.CDLL | None:
         lib.vg_init()  # the kernels' tables, before any of them runs
         lib.vg_philox_stream.restype = None
         lib.vg_philox_stream.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _PTR]
+        lib.vg_philox_scaled_keep.restype = None
+        lib.vg_philox_scaled_keep.argtypes = [_I64, _PTR, _I64, _I64, _I64, _I64, _I64, ctypes.c_double, _PTR]
         lib.vg_write_step.restype = _I64
         _path = ctypes.c_char_p
         lib.vg_write_step.argtypes = [

@@ -18,6 +18,7 @@ words equal bit for bit (tests/training/test_cuda_rng.py).
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import torch
@@ -39,22 +40,15 @@ BLOCK = 256
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["step", "k0", "k1", "count", "blocks", "total", "first_block"])
-    def _philox_stream_kernel(
-        ids_ptr,
-        out_ptr,
-        step,
-        k0,
-        k1,
-        count,
-        blocks,
-        total,
-        first_block,
-        HAS_IDS: tl.constexpr,
-        BLOCK: tl.constexpr,
+    @triton.jit
+    def _philox_lanes(
+        ids_ptr, step, k0, k1, blocks, total, first_block, HAS_IDS: tl.constexpr, BLOCK: tl.constexpr
     ):
-        # lane i: example row = i // blocks, block b = first_block + i % blocks; the scalars step, k0
-        # and k1 arrive as int32 (their uint32 bits), so one compiled kernel serves every key
+        """This program's lanes: each one's Philox block (its four words c0 .. c3, Philox4x32-10 of
+        the counter (step, example id, b mod 2**32, b >> 32)), its example row, its block's index
+        in the row, and whether it is live. Lane i: row = i // blocks, b = first_block + i % blocks;
+        the scalars step, k0 and k1 arrive as int32 (their uint32 bits), so one compiled kernel
+        serves every key."""
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = i < total
         row = i // blocks
@@ -85,12 +79,54 @@ if triton is not None:
             c3 = lo0
             key0 = key0 + w0  # mod 2**32
             key1 = key1 + w1
-        pos = local * 4  # the block's first position in the row
-        # each lane stores its four words as one contiguous 32 bytes (four strided stores ran at a
-        # third of the write bandwidth on an H100); uint32 -> int64 zero-extends
+        # each lane's four words as one [BLOCK, 4] (four strided stores ran at a third of the write
+        # bandwidth on an H100: a lane stores its four contiguous words at once)
         words = tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [BLOCK, 4])  # c0 c1 c2 c3
-        at = pos[:, None] + tl.arange(0, 4)[None, :]
+        return words, row, local, live
+
+    @triton.jit(do_not_specialize=["step", "k0", "k1", "count", "blocks", "total", "first_block"])
+    def _philox_stream_kernel(
+        ids_ptr,
+        out_ptr,
+        step,
+        k0,
+        k1,
+        count,
+        blocks,
+        total,
+        first_block,
+        HAS_IDS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        words, row, local, live = _philox_lanes(
+            ids_ptr, step, k0, k1, blocks, total, first_block, HAS_IDS, BLOCK
+        )
+        at = (local * 4)[:, None] + tl.arange(0, 4)[None, :]  # the block's positions in the row
+        # uint32 -> int64 zero-extends
         tl.store(out_ptr + (row * count)[:, None] + at, words.to(tl.int64), mask=live[:, None] & (at < count))
+
+    @triton.jit(do_not_specialize=["step", "k0", "k1", "count", "blocks", "total", "threshold", "value_bits"])
+    def _philox_scaled_keep_kernel(
+        ids_ptr,
+        out_ptr,
+        step,
+        k0,
+        k1,
+        count,
+        blocks,
+        total,
+        threshold,
+        value_bits,
+        HAS_IDS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        # rng.scaled_keep: value where the word is below threshold (<= 2**32, as int64), else +0;
+        # value arrives as its float64 bits in an int64 (Triton would pass a Python float as float32)
+        words, row, local, live = _philox_lanes(ids_ptr, step, k0, k1, blocks, total, 0, HAS_IDS, BLOCK)
+        value = value_bits.to(tl.int64).to(tl.float64, bitcast=True)
+        kept = tl.where(words.to(tl.int64) < threshold.to(tl.int64), value, 0.0)
+        at = (local * 4)[:, None] + tl.arange(0, 4)[None, :]
+        tl.store(out_ptr + (row * count)[:, None] + at, kept, mask=live[:, None] & (at < count))
 
 
 def _i32(word: int) -> int:
@@ -137,6 +173,47 @@ def _launch(
     )
 
 
+def scaled_keep(
+    step: int,
+    example_ids: Tensor | None,
+    count: int,
+    key: tuple[int, int],
+    threshold: int,
+    value: float,
+    device: torch.device | str,
+) -> Tensor | None:
+    """Dropout's scaled keep mask under ``key`` (``rng.scaled_keep``'s values): float64
+    ``[len(example_ids), count]`` on ``device``, ``value`` where :func:`stream_words`' word is below
+    ``threshold`` (at most 2**32), else +0, in one launch; None where the kernel does not run. The
+    caller has checked the step and the ids fit 32 bits."""
+    device = torch.device(device)
+    if not runs_on(device):
+        return None
+    ids = None if example_ids is None else example_ids.to(device=device, dtype=torch.int64).contiguous()
+    rows = 1 if ids is None else ids.numel()
+    out = torch.empty((rows, count), dtype=torch.float64, device=device)
+    blocks = (count + 3) // 4
+    total = rows * blocks
+    if total == 0:
+        return out
+    kernel: Any = _philox_scaled_keep_kernel
+    kernel[(triton.cdiv(total, BLOCK),)](
+        out if ids is None else ids,  # never read without ids
+        out,
+        _i32(step),
+        _i32(key[0]),
+        _i32(key[1]),
+        count,
+        blocks,
+        total,
+        threshold,
+        struct.unpack("<q", struct.pack("<d", value))[0],
+        HAS_IDS=ids is not None,
+        BLOCK=BLOCK,
+    )
+    return out
+
+
 def stream_words(
     step: int, example_ids: Tensor | None, count: int, key: tuple[int, int], device: torch.device | str
 ) -> Tensor | None:
@@ -154,4 +231,4 @@ def stream_words(
     return out
 
 
-__all__ = ["BLOCK", "available", "runs_on", "stream_words"]
+__all__ = ["BLOCK", "available", "runs_on", "scaled_keep", "stream_words"]
