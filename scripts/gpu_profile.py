@@ -81,8 +81,9 @@ class HostClock:
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[None]:
-        """Clocks around the front's calls, every Triton launch (the rounding tables' and dropout's
-        words), the state's snapshot and the step's read-back; all put back after."""
+        """Clocks around the front's calls, every Triton launch (the rounding tables', the RNG's
+        words and dropout's masks), the state's snapshot and the step's read-back; all put back
+        after."""
         from game.training.dispatch.frontmode import FrontMode
         from game.training.engine import step as step_module
         from game.training.engine import train as train_module
@@ -109,9 +110,9 @@ class HostClock:
             stack.enter_context(mock.patch.object(Deferred, "settle", self._timed("settle", Deferred.settle)))
             queue = self._timed("queue", train_module.queue_step)
             stack.enter_context(mock.patch.object(train_module, "queue_step", queue))
-            if hasattr(cuda_rng, "_philox_stream_kernel"):  # None of it without Triton
-                rng = cuda_rng._philox_stream_kernel
-                stack.enter_context(mock.patch.object(cuda_rng, "_philox_stream_kernel", Launch(rng)))
+            for name in ("_philox_stream_kernel", "_philox_scaled_keep_kernel"):  # dropout's is the second
+                if hasattr(cuda_rng, name):  # neither without Triton (nor the second in older trees)
+                    stack.enter_context(mock.patch.object(cuda_rng, name, Launch(getattr(cuda_rng, name))))
             tables = [cuda_kernels.KERNELS, cuda_groups.GROUP_KERNELS]
             for table in tables:
                 stack.enter_context(mock.patch.dict(table, {n: Launch(k) for n, k in table.items()}))

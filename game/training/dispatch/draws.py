@@ -161,7 +161,7 @@ class Draws:
         """:meth:`scaled_mask`'s scaled mask alone (dropout's, which does not need the keep mask),
         made from the words in one pass where it is rounded float64 (:func:`rng.scaled_keep`:
         the same values)."""
-        value = _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
+        value = self._scale_on_grid(scale, dtype)
         if value is None:
             return self.scaled_mask(name, shape, p_keep, device, scale, dtype)[1]
         purpose, ids, rest = self.key(name, shape)
@@ -186,12 +186,17 @@ class Draws:
         the step's float64, or the scale is past the grid's range (its rounding says so), the
         product runs under the interceptor as written.
         """
-        value = _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
+        value = self._scale_on_grid(scale, dtype)
         with suspended():
             keep = self._keep(name, shape, p_keep, device)
             if value is not None:
                 return keep, keep.to(dtype).mul_(value)
         return keep, keep.to(dtype) * scale
+
+    def _scale_on_grid(self, scale: float, dtype: torch.dtype) -> float | None:
+        """A mask's scale rounded to the grid's nearest, where the step rounds a float64 mask;
+        None where it does not, or where the scale is past the grid's range."""
+        return _on_grid(scale, self.bits) if self.bits is not None and dtype == torch.float64 else None
 
     def words(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
         """One uint32 word per element (int64), for draws that compare against a tensor."""

@@ -367,11 +367,8 @@ def philox_stream(step: int, ids: Tensor | None, count: int, key: tuple[int, int
     lib = _running()
     if lib is None:
         return None
-    rows = 1 if ids is None else ids.numel()
+    rows, address, _held = _stream_rows(ids)  # the ids' tensor, alive through the call
     out = torch.empty((rows, count), dtype=torch.int64)
-    if ids is not None:
-        ids = ids.to(dtype=torch.int64).contiguous()
-    address = ids.data_ptr() if ids is not None and rows else None
     lib.vg_philox_stream(step, address, rows, count, key[0], key[1], out.data_ptr())
     return out
 
@@ -385,13 +382,19 @@ def philox_scaled_keep(
     lib = _running()
     if lib is None:
         return None
-    rows = 1 if ids is None else ids.numel()
+    rows, address, _held = _stream_rows(ids)  # the ids' tensor, alive through the call
     out = torch.empty((rows, count), dtype=torch.float64)
-    if ids is not None:
-        ids = ids.to(dtype=torch.int64).contiguous()
-    address = ids.data_ptr() if ids is not None and rows else None
     lib.vg_philox_scaled_keep(step, address, rows, count, key[0], key[1], threshold, value, out.data_ptr())
     return out
+
+
+def _stream_rows(ids: Tensor | None) -> tuple[int, int | None, Tensor | None]:
+    """A draw's rows (1 without ids), the address of its ids as contiguous int64 (None without
+    them), and that tensor, to be held until the call has read it."""
+    if ids is None:
+        return 1, None, None
+    ids = ids.to(dtype=torch.int64).contiguous()
+    return ids.numel(), ids.data_ptr() if ids.numel() else None, ids
 
 
 __all__ = [

@@ -754,15 +754,23 @@ static inline void philox_block(uint32_t c[4], uint32_t k0, uint32_t k1) {
     }
 }
 
+/* The four words at positions p .. p+3 (p a multiple of 4) of row id's stream, into c. */
+static inline void philox_at(int64_t step, uint32_t id, int64_t p, int64_t k0, int64_t k1, uint32_t c[4]) {
+    uint64_t b = (uint64_t)p / 4;
+    c[0] = (uint32_t)step;
+    c[1] = id;
+    c[2] = (uint32_t)b;
+    c[3] = (uint32_t)(b >> 32);
+    philox_block(c, (uint32_t)k0, (uint32_t)k1);
+}
+
 void vg_philox_stream(int64_t step, const int64_t *ids, int64_t rows, int64_t count, int64_t k0, int64_t k1,
                       int64_t *restrict out) {
     for (int64_t e = 0; e < rows; e++) {
-        uint32_t id = ids ? (uint32_t)ids[e] : 0;
+        uint32_t id = ids ? (uint32_t)ids[e] : 0, c[4];
         int64_t *restrict row = out + e * count;
         for (int64_t p = 0; p < count; p += 4) {
-            uint64_t b = (uint64_t)p / 4;
-            uint32_t c[4] = {(uint32_t)step, id, (uint32_t)b, (uint32_t)(b >> 32)};
-            philox_block(c, (uint32_t)k0, (uint32_t)k1);
+            philox_at(step, id, p, k0, k1, c);
             for (int j = 0; j < 4 && p + j < count; j++) row[p + j] = c[j];
         }
     }
@@ -775,12 +783,10 @@ void vg_philox_stream(int64_t step, const int64_t *ids, int64_t rows, int64_t co
 void vg_philox_scaled_keep(int64_t step, const int64_t *ids, int64_t rows, int64_t count, int64_t k0, int64_t k1,
                            int64_t threshold, double value, double *restrict out) {
     for (int64_t e = 0; e < rows; e++) {
-        uint32_t id = ids ? (uint32_t)ids[e] : 0;
+        uint32_t id = ids ? (uint32_t)ids[e] : 0, c[4];
         double *restrict row = out + e * count;
         for (int64_t p = 0; p < count; p += 4) {
-            uint64_t b = (uint64_t)p / 4;
-            uint32_t c[4] = {(uint32_t)step, id, (uint32_t)b, (uint32_t)(b >> 32)};
-            philox_block(c, (uint32_t)k0, (uint32_t)k1);
+            philox_at(step, id, p, k0, k1, c);
             for (int j = 0; j < 4 && p + j < count; j++) row[p + j] = (int64_t)c[j] < threshold ? value : 0.0;
         }
     }

@@ -151,14 +151,21 @@ def _launch(
 ) -> None:
     """Fill ``out`` (int64 ``[rows, count]``, contiguous) with positions ``4 * first_block ..`` of
     each row's stream (``first_block``, below 2**64, is 0 but in tests of the counter's last words)."""
+    first = first_block - (1 << 64) if first_block >= 1 << 63 else first_block  # the int64 with its bits
+    _run(_philox_stream_kernel, out, ids, step, count, key, first)
+
+
+def _run(
+    kernel: Any, out: Tensor, ids: Tensor | None, step: int, count: int, key: tuple[int, int], *own: int
+) -> None:
+    """One launch of ``kernel`` over ``out``'s rows (``[rows, count]``, contiguous): a lane a Philox
+    block of a row, the lanes' own scalars, then the kernel's ``own``."""
     rows = out.shape[0]
     blocks = (count + 3) // 4
     total = rows * blocks
     if total == 0:
         return
-    kernel: Any = _philox_stream_kernel
-    grid = (triton.cdiv(total, BLOCK),)
-    kernel[grid](
+    kernel[(triton.cdiv(total, BLOCK),)](
         out if ids is None else ids,  # never read without ids
         out,
         _i32(step),
@@ -167,10 +174,22 @@ def _launch(
         count,
         blocks,
         total,
-        first_block - (1 << 64) if first_block >= 1 << 63 else first_block,  # the int64 with its bits
+        *own,
         HAS_IDS=ids is not None,
         BLOCK=BLOCK,
     )
+
+
+def _ids_and_out(
+    example_ids: Tensor | None, count: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[Tensor | None, Tensor] | None:
+    """A draw's ids on ``device`` and its output, ``[len(example_ids), count]`` (one row without ids)
+    of ``dtype``; None where the kernels do not run on ``device``."""
+    device = torch.device(device)
+    if not runs_on(device):
+        return None
+    ids = None if example_ids is None else example_ids.to(device=device, dtype=torch.int64).contiguous()
+    return ids, torch.empty((1 if ids is None else ids.numel(), count), dtype=dtype, device=device)
 
 
 def scaled_keep(
@@ -186,31 +205,12 @@ def scaled_keep(
     ``[len(example_ids), count]`` on ``device``, ``value`` where :func:`stream_words`' word is below
     ``threshold`` (at most 2**32), else +0, in one launch; None where the kernel does not run. The
     caller has checked the step and the ids fit 32 bits."""
-    device = torch.device(device)
-    if not runs_on(device):
+    made = _ids_and_out(example_ids, count, torch.float64, device)
+    if made is None:
         return None
-    ids = None if example_ids is None else example_ids.to(device=device, dtype=torch.int64).contiguous()
-    rows = 1 if ids is None else ids.numel()
-    out = torch.empty((rows, count), dtype=torch.float64, device=device)
-    blocks = (count + 3) // 4
-    total = rows * blocks
-    if total == 0:
-        return out
-    kernel: Any = _philox_scaled_keep_kernel
-    kernel[(triton.cdiv(total, BLOCK),)](
-        out if ids is None else ids,  # never read without ids
-        out,
-        _i32(step),
-        _i32(key[0]),
-        _i32(key[1]),
-        count,
-        blocks,
-        total,
-        threshold,
-        struct.unpack("<q", struct.pack("<d", value))[0],
-        HAS_IDS=ids is not None,
-        BLOCK=BLOCK,
-    )
+    ids, out = made
+    value_bits = struct.unpack("<q", struct.pack("<d", value))[0]
+    _run(_philox_scaled_keep_kernel, out, ids, step, count, key, threshold, value_bits)
     return out
 
 
@@ -221,12 +221,10 @@ def stream_words(
     count]`` on ``device`` (one row, example id 0, when ``example_ids`` is None), ``rng.stream``'s
     words; None where the kernel does not run (the caller runs the torch code). The caller has
     checked the step and the ids fit 32 bits."""
-    device = torch.device(device)
-    if not runs_on(device):
+    made = _ids_and_out(example_ids, count, torch.int64, device)
+    if made is None:
         return None
-    ids = None if example_ids is None else example_ids.to(device=device, dtype=torch.int64).contiguous()
-    rows = 1 if ids is None else ids.numel()
-    out = torch.empty((rows, count), dtype=torch.int64, device=device)
+    ids, out = made
     _launch(out, ids, step, count, key)
     return out
 

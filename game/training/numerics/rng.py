@@ -274,10 +274,15 @@ def bernoulli_mask(
 
     Decided on integers only: ``word < ceil(p * 2**32)``, i.e. ``word * 2**-32 < p`` exactly.
     """
+    return random_u32(seed, step, purpose, example_ids, shape, device) < _threshold(p)
+
+
+def _threshold(p: float) -> int:
+    """The keep threshold of probability ``p``: ``ceil(p * 2**32)``, exact (``p * 2**32`` only moves
+    the exponent)."""
     if not 0.0 <= p <= 1.0:
         raise ConfigError(f"p: {p} is outside [0, 1]")
-    threshold = math.ceil(p * 2**32)  # exact: p * 2**32 only moves the exponent
-    return random_u32(seed, step, purpose, example_ids, shape, device) < threshold
+    return math.ceil(p * 2**32)
 
 
 def scaled_keep(
@@ -299,10 +304,7 @@ def scaled_keep(
     Why: a served dropout made its mask as int64 words, then a compare, a conversion and a product:
     four passes over the mask and three tensors more, some 0.1 ms of a gpt-shakespeare draw on
     CPU, and on a GPU four launches a draw, 37 draws a GPT-2-shape step."""
-    if not 0.0 <= p <= 1.0:
-        raise ConfigError(f"p: {p} is outside [0, 1]")
-    threshold = math.ceil(p * 2**32)
-    n = math.prod(shape)
+    threshold, n = _threshold(p), math.prod(shape)
     _check_ids(step, example_ids)
     device = _device(example_ids, device)
     key = purpose_key(seed, purpose)
