@@ -209,7 +209,7 @@ def parts(record_ms: Callable[[], float]) -> dict[str, float]:
         self._front_sync(op_index, cursor, records)
         return self.op_index, self._cursor.position if self._cursor is not None else 0
 
-    def no_snapshot(state: Any) -> Any:
+    def no_snapshot(state: Any, kept: Any = None) -> Any:
         return lambda: None
 
     def ones(self: Draws, name: str, shape: Any, p_keep: float, device: Any, scale: float, dtype: Any) -> Any:

@@ -282,6 +282,70 @@ def test_copies_areDistinct_andKeepDtypeDeviceAndBits() -> None:
     assert torch.signbit(out[0][0])
 
 
+def test_keptCopies_areWrittenAgainInPlace_whileEachStillFitsItsSource() -> None:
+    """:class:`StateCopies` writes the same copies again while each source keeps its shape, dtype
+    and device, and makes new ones when any changes (a broadcastable shape too), or once a restore
+    handed them over: never a copy that is not bit for bit its source."""
+    kept = tensors_mod.StateCopies()
+    src = [
+        torch.tensor([-0.0, 1.5, 2.0], dtype=torch.float64),
+        torch.tensor(3.0),
+        torch.arange(4).view(2, 2).t(),
+    ]
+    first = kept.of(src)
+    with torch.no_grad():
+        src[0].mul_(2.0)
+        src[1].add_(1.0)
+    again = kept.of(src)
+    assert all(a is b for a, b in zip(first, again, strict=True))
+
+    def exact(out: list[torch.Tensor]) -> bool:
+        return all(
+            (o.dtype, o.shape) == (s.dtype, s.shape)
+            and torch.equal(o.reshape(-1).view(torch.uint8), s.reshape(-1).view(torch.uint8))
+            and o.data_ptr() != s.data_ptr()
+            for s, o in zip(src, out, strict=True)
+        )
+
+    assert exact(again) and torch.signbit(again[0][0])
+    for changed in (torch.tensor([7.0], dtype=torch.float64), torch.tensor([1.0, 2.0, 3.0])):
+        src[0] = changed  # a shape that would broadcast into the copy; then a dtype
+        out = kept.of(src)
+        assert exact(out) and not any(o is a for o, a in zip(out, again, strict=True))
+        again = out
+    kept.handed_over()
+    out = kept.of(src)
+    assert exact(out) and not any(o is a for o, a in zip(out, again, strict=True))
+
+
+@pytest.mark.parametrize("name", ["cnn-digits", "gpt-shakespeare"])
+def test_snapshotIntoKeptCopies_restoresEachStep_andNeverWritesIntoTheState(name: str) -> None:
+    """A deferring engine's snapshots, step after step into the same copies: a restore at step 3
+    (from step 2's copies, written again in place) and one at step 4 (after step 3's restore gave
+    the optimizer those copies as its state, so the snapshot must make new ones: copies that were
+    the optimizer's moments would take the step's update) each give back their step's state; the
+    steps run again to the state of a run never restored."""
+    cfg, state = trained(name, steps=1)
+    _, plain = trained(name, steps=1)
+    engine = StepEngine(cfg, get_profile("cpu-1t"))
+    kept = tensors_mod.StateCopies()
+    held: list[int] = []
+    for step in (2, 3, 4):
+        before = encode_state(state)
+        restore = tensors_mod.snapshot(state, kept)
+        if step == 3:
+            assert [id(t) for t in kept._copies] == held  # written again, not made anew
+        held = [id(t) for t in kept._copies]
+        engine.run_step(state, step, mode="record")
+        if step >= 3:
+            restore()
+            state.step = step - 1
+            assert encode_state(state) == before
+            engine.run_step(state, step, mode="record")
+        engine.run_step(plain, step, mode="record")
+        assert encode_state(state) == encode_state(plain)
+
+
 def test_hash_isStable_andChangesWithOneUlp() -> None:
     _, state = trained("mlp-digits", steps=1)
     h = state_hash(state)

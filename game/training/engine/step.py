@@ -53,6 +53,7 @@ from game.training.state.leaves import state_hash
 from game.training.state.schedstate import step_loss
 from game.training.state.tensors import (
     Precision,
+    StateCopies,
     StepBuffers,
     TrainState,
     check_on_grid,
@@ -129,6 +130,7 @@ class StepEngine:
         self._defer_failures = 0  # steps run twice; after MAX_DEFER_FAILURES deferral stops
         self._watch = carried.Watch(self.runtime)  # what the model carries from step to step
         self._judge: StepEngine | None = None  # the engine a step is run afresh on (its task loaded once)
+        self._state_copies = StateCopies()  # a deferred step's copy of its state, kept for the next
 
     @contextmanager
     def checking(self, checks: Checks) -> Iterator[None]:
@@ -201,7 +203,7 @@ class StepEngine:
         judged = self._watch.before(state, step) if mode == "record" else None
 
         if self._defers(mode, log):
-            restore = snapshot(state)
+            restore = snapshot(state, self._state_copies)
             try:
                 rm, loss = self._attempt(state, step, mode, log, batch, defer=True)
             except DeferredChecksFailed as failed:

@@ -205,33 +205,86 @@ def copies(tensors: list[Tensor]) -> list[Tensor]:
     """Copies of ``tensors`` where they live, made by one foreach copy per device and dtype rather
     than a clone each: on a GPU a clone is a launch and some microseconds of host work, and a state
     is hundreds of tensors (the parameters, the optimizer's moments)."""
-    out = [torch.empty_like(t) for t in tensors]
-    groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
-    for dst, src in zip(out, tensors, strict=True):
-        group = groups.setdefault((src.device, src.dtype), ([], []))
-        group[0].append(dst)
-        group[1].append(src)
-    with torch.no_grad():
-        for dsts, srcs in groups.values():
-            torch._foreach_copy_(dsts, srcs)
+    out, groups = _empty_copies(tensors)
+    _copy_into(groups, tensors)
     return out
 
 
-def snapshot(state: TrainState) -> Callable[[], None]:
+#: A foreach copy's destinations, and the positions of its sources among the tensors copied.
+_Group = tuple[list[Tensor], list[int]]
+
+
+def _empty_copies(tensors: list[Tensor]) -> tuple[list[Tensor], list[_Group]]:
+    """Uninitialised tensors like ``tensors``, and their groups by device and dtype."""
+    out = [torch.empty_like(t) for t in tensors]
+    groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
+    for i, (dst, src) in enumerate(zip(out, tensors, strict=True)):
+        group = groups.setdefault((src.device, src.dtype), ([], []))
+        group[0].append(dst)
+        group[1].append(i)
+    return out, list(groups.values())
+
+
+def _copy_into(groups: list[_Group], tensors: list[Tensor]) -> None:
+    """``tensors`` into their groups' destinations, one foreach copy a group."""
+    with torch.no_grad():
+        for dsts, at in groups:
+            torch._foreach_copy_(dsts, [tensors[i] for i in at])
+
+
+class StateCopies:
+    """The copies a deferring engine takes of its state before each step (:func:`snapshot`), kept
+    from one step to the next and written again in place while the state's tensors keep their
+    shapes, dtypes and devices: a step then allocates none.
+
+    Why: a state is hundreds of tensors (a GPT-2-small one some 600 with Adam's moments and
+    counters), and a fresh copy of each is an allocation and some microseconds of the step's host
+    work, on a GPU through the caching allocator (issue 46). A restore hands the copies to the
+    optimizer as its state; the next snapshot then makes new ones (:meth:`handed_over`).
+    """
+
+    def __init__(self) -> None:
+        self._copies: list[Tensor] = []
+        self._groups: list[_Group] = []
+
+    def of(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Copies of ``tensors``, as :func:`copies` makes them, in the last call's tensors where
+        each still fits its source."""
+        if not self._fit(tensors):
+            self._copies, self._groups = _empty_copies(tensors)
+        _copy_into(self._groups, tensors)
+        return self._copies
+
+    def _fit(self, tensors: list[Tensor]) -> bool:
+        """Whether the kept copies match ``tensors`` one for one: shape, dtype and device."""
+        return len(tensors) == len(self._copies) and all(
+            c.shape == t.shape and c.dtype == t.dtype and c.get_device() == t.get_device()
+            for c, t in zip(self._copies, tensors, strict=True)
+        )
+
+    def handed_over(self) -> None:
+        """The copies now belong to the state (a restore put them there): keep none."""
+        self._copies, self._groups = [], []
+
+
+def snapshot(state: TrainState, kept: StateCopies | None = None) -> Callable[[], None]:
     """Copy the state's tensors where they live; the returned function puts the copy back.
 
     For a step that must run again from where it started (a CUDA step whose deferred checks failed,
     :class:`game.training.engine.step.StepEngine`): parameters and buffers are written back in place (the
     model keeps its tensors), the optimizer's state is replaced (a first step creates it).
+    ``kept``: where the copies of the step before are written again (:class:`StateCopies`); the
+    returned function must then run, if at all, before its next snapshot.
     """
     live = [*state.model.parameters(), *state.model.buffers()]
     optimizer = state.optimizer
     entries = [(p, k, v) for p, s in optimizer.state.items() for k, v in s.items()]
-    saved = copies(live + [v for _, _, v in entries if isinstance(v, Tensor)])
+    tensors = live + [v for _, _, v in entries if isinstance(v, Tensor)]
+    saved = kept.of(tensors) if kept is not None else copies(tensors)
     moments = iter(saved[len(live) :])
-    kept: dict[Any, dict[str, Any]] = {p: {} for p in optimizer.state}
+    state_then: dict[Any, dict[str, Any]] = {p: {} for p in optimizer.state}
     for p, k, v in entries:
-        kept[p][k] = next(moments) if isinstance(v, Tensor) else copy.deepcopy(v)
+        state_then[p][k] = next(moments) if isinstance(v, Tensor) else copy.deepcopy(v)
     saved = saved[: len(live)]
 
     def restore() -> None:
@@ -239,7 +292,9 @@ def snapshot(state: TrainState) -> Callable[[], None]:
             for t, s in zip(live, saved, strict=True):
                 t.copy_(s)
         optimizer.state.clear()
-        optimizer.state.update(kept)
+        optimizer.state.update(state_then)
+        if kept is not None:
+            kept.handed_over()
 
     return restore
 
@@ -266,6 +321,7 @@ class StepBuffers:
 __all__ = [
     "OffGridError",
     "Precision",
+    "StateCopies",
     "StepBuffers",
     "TrainState",
     "check_on_grid",
